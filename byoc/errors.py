@@ -1,0 +1,33 @@
+"""Error types a user can catch; every message names the thing and what was expected."""
+
+
+class ByocError(Exception):
+    """Base class of every error byoc raises on purpose."""
+
+
+class ModelError(ByocError):
+    """The model file is not a readable, well-formed model."""
+
+
+class UnsupportedOpError(ByocError):
+    """The model uses operators (or operator variants) that byoc does not support."""
+
+
+class TypeInferenceError(ByocError):
+    """An operator was called with arguments whose types it cannot accept."""
+
+
+class ParseError(ByocError):
+    """IR text could not be parsed."""
+
+
+class ConfigError(ByocError):
+    """A build configuration is invalid."""
+
+
+class BuildError(ByocError):
+    """Building a model failed (codegen, compiler or linker)."""
+
+
+class RuntimeError(ByocError):  # noqa: A001 - deliberately byoc.RuntimeError
+    """Running a built model failed."""

@@ -1,0 +1,127 @@
+"""The reference interpreter: runs an IRModule with the ops' NumPy references.
+
+It is the golden model for every correctness check and the engine of constant folding.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import ByocError, TypeInferenceError
+from .ir.expr import (Call, Constant, Expr, ExternFunc, Function, GlobalVar, Tuple,
+                      TupleGetItem, Var)
+from .ir.module import IRModule
+from .ir.op import Op
+from .ir.types import TensorType, TupleType, numpy_dtype
+
+
+class InterpreterError(ByocError):
+    """The interpreter was given inputs that do not fit the function, or met an extern call."""
+
+
+def interpret(mod, *args, entry: str = "main", **kwargs):
+    """Run `mod[entry]` (or a Function) on NumPy-convertible inputs.
+
+    Inputs are given positionally or by parameter name; each must have the parameter's
+    shape, and is converted to its dtype only when the conversion is exact in kind
+    (a float64 array for a float32 parameter is accepted, a float array for an int
+    parameter is not). Returns an array, or a tuple for a tuple result.
+    """
+    func = mod if isinstance(mod, Function) else mod[entry]
+    module = mod if isinstance(mod, IRModule) else None
+    values = _bind_inputs(func, args, kwargs)
+    return _Interpreter(module).run_function(func, values)
+
+
+def _bind_inputs(func: Function, args, kwargs) -> list:
+    params = func.params
+    if len(args) > len(params):
+        raise InterpreterError(f"expected at most {len(params)} inputs, got {len(args)}")
+    by_name = {p.name_hint: i for i, p in enumerate(params)}
+    values: list = list(args) + [None] * (len(params) - len(args))
+    for name, value in kwargs.items():
+        if name not in by_name:
+            raise InterpreterError(
+                f"unknown input {name!r}; the inputs are {', '.join(by_name)}")
+        if values[by_name[name]] is not None:
+            raise InterpreterError(f"input {name!r} given twice")
+        values[by_name[name]] = value
+    bound = []
+    for param, value in zip(params, values):
+        if value is None:
+            raise InterpreterError(f"input {param.name_hint!r} ({param.type}) is missing")
+        bound.append(_check_value(param.name_hint, param.type, value))
+    return bound
+
+
+def _check_value(name: str, type_, value):
+    if isinstance(type_, TupleType):
+        return tuple(_check_value(f"{name}.{i}", t, v) for i, (t, v) in enumerate(zip(type_.fields, value)))
+    array = np.asarray(value)
+    if tuple(array.shape) != type_.shape:
+        raise InterpreterError(
+            f"input {name!r}: expected shape {type_.shape}, got {tuple(array.shape)}")
+    expected = numpy_dtype(type_.dtype)
+    if array.dtype != expected:
+        if array.dtype.kind != expected.kind and not (array.dtype.kind in "fV" and expected.kind in "fV"):
+            raise InterpreterError(
+                f"input {name!r}: expected dtype {type_.dtype}, got {array.dtype}")
+        array = array.astype(expected)
+    return array
+
+
+def evaluate_call(op: Op, arg_values: list, attrs: dict, result_type):
+    """Run one op's reference and check what it returned against the inferred type."""
+    result = op.reference(*arg_values, **attrs)
+    return _conform(op.name, result, result_type)
+
+
+def _conform(what: str, result, type_):
+    if isinstance(type_, TupleType):
+        return tuple(_conform(what, r, t) for r, t in zip(result, type_.fields))
+    array = np.asarray(result)
+    if tuple(array.shape) != type_.shape:
+        raise TypeInferenceError(
+            f"reference of {what} returned shape {tuple(array.shape)}, inferred {type_.shape}")
+    return array.astype(numpy_dtype(type_.dtype), copy=False)
+
+
+class _Interpreter:
+    def __init__(self, module: IRModule | None):
+        self.module = module
+
+    def run_function(self, func: Function, args: list):
+        if func.is_extern:
+            raise InterpreterError(
+                "cannot interpret an extern function: its body was compiled by a backend")
+        env: dict[Var, object] = dict(zip(func.params, args))
+        for binding in func.bindings:
+            env[binding.var] = self.evaluate(binding.value, env)
+        return self.evaluate(func.result, env)
+
+    def evaluate(self, expr: Expr, env):
+        if isinstance(expr, Var):
+            return env[expr]
+        if isinstance(expr, Constant):
+            return expr.data
+        if isinstance(expr, Tuple):
+            return tuple(self.evaluate(f, env) for f in expr.fields)
+        if isinstance(expr, TupleGetItem):
+            return self.evaluate(expr.tuple_value, env)[expr.index]
+        if isinstance(expr, Function):
+            return expr  # a closure over nothing: local functions only see their params
+        if isinstance(expr, Call):
+            args = [self.evaluate(a, env) for a in expr.args]
+            callee = expr.op
+            if isinstance(callee, Op):
+                return evaluate_call(callee, args, expr.attrs, expr.type)
+            if isinstance(callee, GlobalVar):
+                if self.module is None:
+                    raise InterpreterError(f"call to @{callee.name} needs the IRModule")
+                return self.run_function(self.module[callee.name], args)
+            if isinstance(callee, Var):
+                callee = env[callee]
+            if isinstance(callee, Function):
+                return self.run_function(callee, args)
+            if isinstance(callee, ExternFunc):
+                raise InterpreterError(f"cannot interpret a call to extern symbol {callee.symbol!r}")
+        raise InterpreterError(f"cannot evaluate {type(expr).__name__}")

@@ -1,0 +1,57 @@
+"""IRModule: global functions (defined, or extern declarations) by name."""
+from __future__ import annotations
+
+from .expr import Function, GlobalVar
+
+
+class IRModule:
+    def __init__(self, functions: dict[str, Function] | None = None, attrs: dict | None = None):
+        self.functions: dict[str, Function] = {}
+        self.attrs = dict(attrs or {})
+        for name, func in (functions or {}).items():
+            self[name] = func
+
+    def __getitem__(self, name: str) -> Function:
+        if isinstance(name, GlobalVar):
+            name = name.name
+        if name not in self.functions:
+            raise KeyError(f"IRModule has no global {name!r}; it has {', '.join(self.functions)}")
+        return self.functions[name]
+
+    def __setitem__(self, name: str, func: Function):
+        if isinstance(name, GlobalVar):
+            name = name.name
+        if not isinstance(func, Function):
+            raise TypeError(f"global {name!r} must be a Function, got {type(func).__name__}")
+        self.functions[name] = func
+
+    def __contains__(self, name) -> bool:
+        if isinstance(name, GlobalVar):
+            name = name.name
+        return name in self.functions
+
+    def __delitem__(self, name):
+        del self.functions[name if isinstance(name, str) else name.name]
+
+    def __iter__(self):
+        return iter(self.functions)
+
+    def items(self):
+        return self.functions.items()
+
+    def get_global_var(self, name: str) -> GlobalVar:
+        return GlobalVar(name, self[name].type)
+
+    def copy(self) -> "IRModule":
+        return IRModule(dict(self.functions), self.attrs)
+
+    def script(self, **options) -> str:
+        from .printer import print_module
+        return print_module(self, **options)
+
+    def __str__(self):
+        return self.script()
+
+    @staticmethod
+    def from_expr(func: Function, name: str = "main") -> "IRModule":
+        return IRModule({name: func})

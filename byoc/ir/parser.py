@@ -1,0 +1,738 @@
+"""The text parser: reads what `byoc.ir.printer` writes back into an IRModule.
+
+A hand-written tokenizer and a recursive-descent parser. Binding types are inferred by
+constructing each `Call` (the op registry infers op results; calls to globals, local
+functions and nested functions take the callee's return type). A binding may carry a
+type annotation `%x: T = ...`: for a call to an ExternFunc it is the call's type (which
+cannot be inferred), anywhere else it must equal the inferred type.
+
+Parsing a module takes two passes over its tokens: the first reads every function
+signature and the metadata block, skipping bodies, so that a function may call a global
+defined after it and use `meta[i]` before the block that defines it; the second parses
+the bodies.
+
+Comments run from `#` to the end of the line. Every error is a `byoc.errors.ParseError` whose message starts with "line L, col C:".
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import re
+import sys
+from typing import Any
+
+import numpy as np
+
+from ..errors import ParseError, TypeInferenceError
+from .expr import (Binding, Call, Constant, Expr, ExternFunc, Function, GlobalVar, Tuple,
+                   TupleGetItem, Var)
+from .module import IRModule
+from .op import OP_REGISTRY, Op, get_op
+from .types import FuncType, TensorType, TupleType, Type, numpy_dtype
+
+# ---------------------------------------------------------------- tokens
+
+# Kinds of tokens.
+LOCAL, GLOBAL, NAME, INT, FLOAT, STRING, PUNCT, END = (
+    "local", "global", "name", "int", "float", "string", "punct", "end")
+
+# A JSON string on one line; the unrolled loop keeps huge metadata strings fast to match.
+_STRING = r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"'
+
+_TOKEN = re.compile(rf"""
+    (?P<space>[ \t\r\n]+ | \#[^\n]*)
+  | (?P<local>%[A-Za-z0-9_]+)
+  | (?P<global>@(?:[A-Za-z_][A-Za-z0-9_]*|{_STRING}))
+  | (?P<string>{_STRING})
+  | (?P<number>-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)
+  | (?P<name>[A-Za-z_][A-Za-z0-9_.]*)
+  | (?P<punct>->|[()\[\]{{}},=:;.\-])
+""", re.VERBOSE)
+
+# After a "." (tuple-get-item) only digits follow, so that `%t.0.1` is two indices and
+# not `%t` "." `0.1`.
+_INDEX = re.compile(r"[0-9]+")
+
+
+class Token:
+    __slots__ = ("kind", "value", "offset", "text")
+
+    def __init__(self, kind: str, value: Any, offset: int, text: str):
+        self.kind = kind
+        self.value = value  # the name, number or decoded string; the text for punctuation
+        self.offset = offset
+        self.text = text
+
+    def describe(self) -> str:
+        """How an error message names this token."""
+        if self.kind == END:
+            return "end of input"
+        text = self.text if len(self.text) <= 40 else self.text[:37] + "..."
+        return repr(text) if self.kind != STRING else text
+
+    def __repr__(self):
+        return f"Token({self.kind}, {self.text!r})"
+
+
+def _location(text: str, offset: int) -> str:
+    line = text.count("\n", 0, offset) + 1
+    column = offset - (text.rfind("\n", 0, offset) + 1) + 1
+    return f"line {line}, col {column}"
+
+
+def tokenize(text: str) -> list[Token]:
+    """The tokens of `text`, ending with an END token; comments run from `#` to the end
+    of the line."""
+    tokens: list[Token] = []
+    position = 0
+    length = len(text)
+    while position < length:
+        if tokens and tokens[-1].kind == PUNCT and tokens[-1].value == ".":
+            match = _INDEX.match(text, position)
+            if match:
+                tokens.append(Token(INT, int(match.group()), position, match.group()))
+                position = match.end()
+                continue
+        match = _TOKEN.match(text, position)
+        if match is None:
+            character = text[position]
+            if character == '"':
+                message = "unterminated string (strings end on the line they start)"
+            else:
+                message = f"unexpected character {character!r}"
+            raise ParseError(f"{_location(text, position)}: {message}")
+        kind = match.lastgroup
+        token_text = match.group()
+        if kind == "space":
+            pass
+        elif kind == "local":
+            tokens.append(Token(LOCAL, token_text[1:], position, token_text))
+        elif kind == "global":
+            name = token_text[1:]
+            if name.startswith('"'):
+                name = _decode_string(name, text, position)
+            tokens.append(Token(GLOBAL, name, position, token_text))
+        elif kind == "string":
+            tokens.append(Token(STRING, _decode_string(token_text, text, position), position, token_text))
+        elif kind == "number":
+            is_float = any(c in token_text for c in ".eE")
+            value = float(token_text) if is_float else int(token_text)
+            tokens.append(Token(FLOAT if is_float else INT, value, position, token_text))
+        elif kind == "name":
+            tokens.append(Token(NAME, token_text, position, token_text))
+        else:
+            tokens.append(Token(PUNCT, token_text, position, token_text))
+        position = match.end()
+    tokens.append(Token(END, None, length, ""))
+    return tokens
+
+
+def _decode_string(token_text: str, text: str, offset: int) -> str:
+    try:
+        return json.loads(token_text)
+    except json.JSONDecodeError as error:
+        raise ParseError(f"{_location(text, offset)}: bad string literal: {error.msg}") from None
+
+
+# ---------------------------------------------------------------- literals
+
+
+def parse_literal(text: str):
+    """A literal value (number, string, true/false/none, inf/nan, or a [list]) from text."""
+    parser = _Parser(text)
+    value = parser.parse_value()
+    parser.expect_end()
+    return value
+
+
+def literal_to_array(value, dtype: str) -> np.ndarray:
+    """The array a `const(value, dtype)` literal stands for; raises ValueError when the
+    value does not fit the dtype (a float for an int dtype, an out-of-range number, a
+    ragged list)."""
+    np_dtype = numpy_dtype(dtype)
+    if dtype == "bool":
+        allowed, expected = (bool,), "true or false"
+    elif np.issubdtype(np_dtype, np.integer):
+        allowed, expected = (int,), "integers"
+    else:
+        allowed, expected = (int, float), "numbers"
+
+    def check(item):
+        if isinstance(item, list):
+            for element in item:
+                check(element)
+        elif isinstance(item, bool) and bool not in allowed or not isinstance(item, allowed):
+            raise ValueError(f"{dtype} constant holds {item!r}; expected {expected}")
+
+    check(value)
+    try:
+        array = np.array(value, dtype=np_dtype)
+    except (OverflowError, ValueError, TypeError) as error:
+        raise ValueError(f"{value!r} is not a {dtype} constant: {error}") from None
+    if np.issubdtype(np_dtype, np.floating) or dtype == "bfloat16":
+        # A finite number too large for the dtype would silently become inf.
+        exact = np.array(value, dtype=np.float64)
+        if np.any(np.isinf(array.astype(np.float64)) & np.isfinite(exact)):
+            raise ValueError(f"{value!r} is out of range for {dtype}")
+    return array
+
+
+# ---------------------------------------------------------------- public entry points
+
+
+def parse_module(text: str) -> IRModule:
+    """The IRModule written in `text` (the format of `byoc.ir.printer.print_module`)."""
+    return _Parser(text).parse_module()
+
+
+def parse_function(text: str) -> Function:
+    """The function written in `text`: either `fn (...) ...` or one `def @name(...) ...`,
+    followed by its metadata block if it has large constants."""
+    return _Parser(text).parse_function()
+
+
+# ---------------------------------------------------------------- the parser
+
+
+class _Signature:
+    """What pass one learns of a function: enough to call it, and where its body is."""
+
+    def __init__(self, name, params, ret_type, attrs, body_position, token):
+        self.name = name
+        self.params = params
+        self.ret_type = ret_type
+        self.attrs = attrs
+        self.body_position = body_position  # index of the "{" token; None for a declaration
+        self.token = token
+
+    @property
+    def type(self) -> FuncType:
+        return FuncType(tuple(p.type for p in self.params), self.ret_type)
+
+
+class _Parser:
+    def __init__(self, text: str):
+        self.text = text
+        self.tokens = tokenize(text)
+        self.position = 0
+        self.globals: dict[str, _Signature] = {}
+        self.metadata: dict[int, Constant] = {}
+        # Local scopes, innermost last: printed name -> Var.
+        self.scopes: list[dict[str, Var]] = []
+
+    # ----------------------------------------------------------- token helpers
+
+    def peek(self, ahead: int = 0) -> Token:
+        # `position` never passes the END token, which is last.
+        if ahead == 0:
+            return self.tokens[self.position]
+        return self.tokens[min(self.position + ahead, len(self.tokens) - 1)]
+
+    def advance(self) -> Token:
+        token = self.tokens[self.position]
+        if token.kind != END:
+            self.position += 1
+        return token
+
+    def error(self, message: str, token: Token | None = None) -> ParseError:
+        token = token or self.peek()
+        return ParseError(f"{_location(self.text, token.offset)}: {message}")
+
+    def at(self, kind: str, value=None, ahead: int = 0) -> bool:
+        token = self.peek(ahead)
+        return token.kind == kind and (value is None or token.value == value)
+
+    def at_punct(self, value: str, ahead: int = 0) -> bool:
+        return self.at(PUNCT, value, ahead)
+
+    def at_keyword(self, value: str, ahead: int = 0) -> bool:
+        return self.at(NAME, value, ahead)
+
+    def expect_punct(self, value: str) -> Token:
+        if not self.at_punct(value):
+            raise self.error(f"expected {value!r} but found {self.peek().describe()}")
+        return self.advance()
+
+    def expect_separator(self, closing: str) -> Token:
+        """The "," between items of a list that ends with `closing`."""
+        if not self.at_punct(","):
+            raise self.error(f"expected ',' or {closing!r} but found {self.peek().describe()}")
+        return self.advance()
+
+    def expect_keyword(self, value: str) -> Token:
+        if not self.at_keyword(value):
+            raise self.error(f"expected {value!r} but found {self.peek().describe()}")
+        return self.advance()
+
+    def expect(self, kind: str, what: str) -> Token:
+        if not self.at(kind):
+            raise self.error(f"expected {what} but found {self.peek().describe()}")
+        return self.advance()
+
+    def expect_end(self):
+        if not self.at(END):
+            raise self.error(f"expected end of input but found {self.peek().describe()}")
+
+    def skip_braces(self):
+        """Skip from a "{" to just after its matching "}" (strings hold no brace tokens)."""
+        opening = self.expect_punct("{")
+        depth = 1
+        while depth:
+            token = self.advance()
+            if token.kind == END:
+                raise self.error("expected '}' to close the '{' at "
+                                 f"{_location(self.text, opening.offset)} but found end of input", token)
+            if token.kind == PUNCT:
+                if token.value == "{":
+                    depth += 1
+                elif token.value == "}":
+                    depth -= 1
+
+    # ----------------------------------------------------------- module level
+
+    def parse_module(self) -> IRModule:
+        module_attrs: dict = {}
+        order: list[_Signature] = []
+        # Pass one: signatures and metadata.
+        while not self.at(END):
+            token = self.peek()
+            if self.at_keyword("def"):
+                signature = self.parse_global_signature()
+                if signature.name in self.globals:
+                    raise self.error(f"global @{signature.name} is defined twice", signature.token)
+                self.globals[signature.name] = signature
+                order.append(signature)
+            elif self.at_keyword("metadata"):
+                self.parse_metadata()
+            elif self.at_keyword("module"):
+                self.advance()
+                if module_attrs:
+                    raise self.error("the module attributes are given twice", token)
+                module_attrs = self.parse_attr_dict()
+            else:
+                raise self.error(f"expected 'def' or 'metadata' but found {token.describe()}")
+        # Pass two: bodies.
+        functions = {signature.name: self.build_function(signature) for signature in order}
+        return IRModule(functions, module_attrs)
+
+    def parse_function(self) -> Function:
+        if self.at_keyword("def"):
+            module = self.parse_module()
+            if len(module.functions) != 1:
+                raise ParseError(f"expected one function but the text defines {len(module.functions)}: "
+                                 + ", ".join("@" + name for name in module.functions))
+            return next(iter(module.functions.values()))
+        start = self.expect_keyword("fn")
+        signature = self.parse_signature_rest(None, start)
+        while not self.at(END):
+            if self.at_keyword("metadata"):
+                self.parse_metadata()
+            else:
+                raise self.error(f"expected 'metadata' or end of input but found {self.peek().describe()}")
+        return self.build_function(signature)
+
+    def parse_global_signature(self) -> _Signature:
+        start = self.expect_keyword("def")
+        name_token = self.expect(GLOBAL, "a global name '@name'")
+        return self.parse_signature_rest(name_token.value, start)
+
+    def parse_signature_rest(self, name, start: Token) -> _Signature:
+        """`(params) -> type [attrs]` then `;` or a body, which is skipped for pass two."""
+        params = self.parse_params()
+        ret_type, attrs = self.parse_return_and_attrs()
+        if self.at_punct(";"):
+            self.advance()
+            return _Signature(name, params, ret_type, attrs, None, start)
+        body_position = self.position
+        if not self.at_punct("{"):
+            raise self.error(f"expected '{{' or ';' but found {self.peek().describe()}")
+        self.skip_braces()
+        return _Signature(name, params, ret_type, attrs, body_position, start)
+
+    def parse_params(self) -> list[Var]:
+        self.expect_punct("(")
+        params: list[Var] = []
+        seen: dict[str, Token] = {}
+        while not self.at_punct(")"):
+            if params:
+                self.expect_separator(")")
+            token = self.expect(LOCAL, "a parameter '%name: type'")
+            if token.value in seen:
+                raise self.error(f"parameter %{token.value} is declared twice", token)
+            seen[token.value] = token
+            self.expect_punct(":")
+            params.append(Var(token.value, self.parse_type()))
+        self.expect_punct(")")
+        return params
+
+    def parse_return_and_attrs(self) -> tuple[Type, dict]:
+        self.expect_punct("->")
+        ret_type = self.parse_type()
+        attrs = self.parse_attr_dict() if self.at_punct("[") else {}
+        return ret_type, attrs
+
+    def build_function(self, signature: _Signature) -> Function:
+        """Pass two for one top-level function: parse its body with its params in scope."""
+        if signature.body_position is None:
+            return Function(signature.params, None, None, signature.ret_type, signature.attrs)
+        self.position = signature.body_position
+        self.scopes = []
+        return self.parse_body(signature.params, signature.ret_type, signature.attrs)
+
+    def parse_body(self, params: list[Var], ret_type: Type, attrs: dict) -> Function:
+        """`{ bindings; return result }` of a function whose params are `params`."""
+        self.scopes.append({})
+        for param in params:
+            self.scopes[-1][param.name_hint] = param
+        self.expect_punct("{")
+        bindings: list[Binding] = []
+        while not self.at_keyword("return"):
+            bindings.append(self.parse_binding())
+        return_token = self.advance()
+        result = self.parse_expr()
+        self.expect_punct("}")
+        self.scopes.pop()
+        if result.type != ret_type:
+            raise self.error(f"the function returns {result.type} but its signature says {ret_type}",
+                             return_token)
+        return Function(params, bindings, result, ret_type, attrs)
+
+    def parse_binding(self) -> Binding:
+        name_token = self.peek()
+        if name_token.kind != LOCAL:
+            raise self.error(f"expected a binding '%name = ...' or 'return' but found {name_token.describe()}")
+        self.advance()
+        if self.lookup_local(name_token.value) is not None:
+            raise self.error(f"%{name_token.value} is already defined", name_token)
+        annotation = None
+        if self.at_punct(":"):
+            self.advance()
+            annotation = self.parse_type()
+        self.expect_punct("=")
+        value_token = self.peek()
+        value = self.parse_expr(annotation)
+        if annotation is not None and value.type != annotation:
+            raise self.error(f"%{name_token.value} is annotated {annotation} but its value has type "
+                             f"{value.type}", value_token)
+        var = Var(name_token.value, value.type)
+        self.scopes[-1][name_token.value] = var
+        return Binding(var, value)
+
+    def lookup_local(self, name: str) -> Var | None:
+        for scope in reversed(self.scopes):
+            if name in scope:
+                return scope[name]
+        return None
+
+    # ----------------------------------------------------------- metadata
+
+    def parse_metadata(self):
+        """`metadata { meta[i] = Tensor[...] "base64" ... }`."""
+        self.expect_keyword("metadata")
+        self.expect_punct("{")
+        while not self.at_punct("}"):
+            entry_token = self.expect_keyword("meta")
+            self.expect_punct("[")
+            index = self.expect(INT, "an integer index").value
+            self.expect_punct("]")
+            if index in self.metadata:
+                raise self.error(f"meta[{index}] is defined twice", entry_token)
+            self.expect_punct("=")
+            type_token = self.peek()
+            type_ = self.parse_type()
+            if not isinstance(type_, TensorType):
+                raise self.error(f"expected a tensor type for meta[{index}] but found {type_}", type_token)
+            data_token = self.expect(STRING, "a base64 string")
+            try:
+                raw = base64.b64decode(data_token.value, validate=True)
+            except (binascii.Error, ValueError) as error:
+                raise self.error(f"meta[{index}] is not valid base64: {error}", data_token) from None
+            if len(raw) != type_.nbytes:
+                raise self.error(f"meta[{index}] holds {len(raw)} bytes but {type_} needs {type_.nbytes}",
+                                 data_token)
+            array = np.frombuffer(raw, dtype=numpy_dtype(type_.dtype))
+            if sys.byteorder == "big" and array.dtype.itemsize > 1:
+                array = array.byteswap()  # the text holds little-endian bytes
+            self.metadata[index] = Constant(array.reshape(type_.shape), type_.dtype)
+        self.expect_punct("}")
+
+    # ----------------------------------------------------------- types
+
+    def parse_type(self) -> Type:
+        token = self.peek()
+        if self.at_keyword("Tensor"):
+            self.advance()
+            self.expect_punct("[")
+            self.expect_punct("(")
+            dims = []
+            while not self.at_punct(")"):
+                dims.append(self.expect(INT, "a dimension (an integer)").value)
+                if not self.at_punct(")"):
+                    self.expect_separator(")")
+            self.expect_punct(")")
+            self.expect_punct(",")
+            dtype_token = self.expect(NAME, "a dtype")
+            self.expect_punct("]")
+            try:
+                return TensorType(tuple(dims), dtype_token.value)
+            except TypeError as error:
+                raise self.error(str(error), dtype_token) from None
+        if self.at_keyword("Tuple"):
+            self.advance()
+            self.expect_punct("[")
+            fields = []
+            while not self.at_punct("]"):
+                if fields:
+                    self.expect_separator("]")
+                fields.append(self.parse_type())
+            self.expect_punct("]")
+            return TupleType(tuple(fields))
+        if self.at_keyword("Fn"):
+            self.advance()
+            self.expect_punct("[")
+            self.expect_punct("(")
+            params = []
+            while not self.at_punct(")"):
+                if params:
+                    self.expect_separator(")")
+                params.append(self.parse_type())
+            self.expect_punct(")")
+            self.expect_punct(",")
+            ret = self.parse_type()
+            self.expect_punct("]")
+            return FuncType(tuple(params), ret)
+        raise self.error(f"expected a type (Tensor[...], Tuple[...] or Fn[...]) but found {token.describe()}")
+
+    # ----------------------------------------------------------- values (attributes, literals)
+
+    def parse_value(self):
+        """int, float, "string", true/false/none, inf/-inf/nan, or a [list] of values."""
+        token = self.peek()
+        if token.kind in (INT, FLOAT, STRING):
+            self.advance()
+            return token.value
+        if token.kind == NAME and token.value in _WORD_VALUES:
+            self.advance()
+            return _WORD_VALUES[token.value]
+        if self.at_punct("-") and self.at_keyword("inf", 1):
+            self.advance()
+            self.advance()
+            return -math.inf
+        if self.at_punct("["):
+            self.advance()
+            items = []
+            while not self.at_punct("]"):
+                if items:
+                    self.expect_separator("]")
+                items.append(self.parse_value())
+            self.expect_punct("]")
+            return items
+        raise self.error(f"expected a value (number, string, true, false, none or [list]) but found "
+                         f"{token.describe()}")
+
+    def parse_attr_dict(self) -> dict:
+        """`[key=value, ...]` (function and module attributes)."""
+        self.expect_punct("[")
+        attrs: dict = {}
+        while not self.at_punct("]"):
+            if attrs:
+                self.expect_separator("]")
+            key_token = self.peek()
+            if key_token.kind not in (NAME, STRING):
+                raise self.error(f"expected an attribute name but found {key_token.describe()}")
+            self.advance()
+            if key_token.value in attrs:
+                raise self.error(f"attribute {key_token.value!r} is given twice", key_token)
+            self.expect_punct("=")
+            attrs[key_token.value] = self.parse_value()
+        self.expect_punct("]")
+        return attrs
+
+    # ----------------------------------------------------------- expressions
+
+    def parse_expr(self, type_hint: Type | None = None) -> Expr:
+        """An expression: a primary followed by calls `(...)` and tuple indices `.i`.
+
+        `type_hint` is the binding's annotation: the type of a call to an ExternFunc that
+        is the whole expression."""
+        start_token = self.peek()
+        expr = self.parse_primary()
+        while True:
+            if self.at_punct("("):
+                args, attrs = self.parse_call_arguments()
+                whole_expression = not (self.at_punct("(") or self.at_punct("."))
+                expr = self.make_call(expr, args, attrs, type_hint if whole_expression else None,
+                                      start_token)
+            elif self.at_punct("."):
+                dot = self.advance()
+                index = self.expect(INT, "a tuple index").value
+                try:
+                    expr = TupleGetItem(expr, index)
+                except TypeInferenceError as error:
+                    raise self.error(str(error), dot) from None
+            else:
+                return expr
+
+    def parse_primary(self) -> Expr:
+        token = self.peek()
+        if token.kind == LOCAL:
+            self.advance()
+            var = self.lookup_local(token.value)
+            if var is None:
+                raise self.error(f"undefined variable %{token.value}", token)
+            return var
+        if token.kind == GLOBAL:
+            self.advance()
+            signature = self.globals.get(token.value)
+            if signature is None:
+                raise self.error(f"undefined global @{token.value}", token)
+            return GlobalVar(token.value, signature.type)
+        if self.at_punct("("):
+            return self.parse_tuple()
+        if token.kind == NAME:
+            if token.value == "const":
+                return self.parse_const()
+            if token.value == "meta":
+                return self.parse_meta_reference()
+            if token.value == "extern":
+                self.advance()
+                self.expect_punct("(")
+                symbol = self.expect(STRING, "the extern symbol (a string)").value
+                self.expect_punct(")")
+                return ExternFunc(symbol)
+            if token.value == "fn":
+                return self.parse_function_expr()
+            self.advance()
+            if not self.at_punct("("):
+                raise self.error(f"expected '(' after the op name {token.value!r} but found "
+                                 f"{self.peek().describe()}")
+            return self.resolve_op(token)
+        raise self.error(f"expected an expression but found {token.describe()}")
+
+    def resolve_op(self, token: Token) -> Op:
+        op = OP_REGISTRY.get(token.value)
+        if op is None:
+            try:
+                op = get_op(token.value)  # loads byoc.ops on first use
+            except KeyError:
+                raise self.error(f"unknown op {token.value!r}", token) from None
+        return op
+
+    def parse_tuple(self) -> Expr:
+        """`()`, `(a,)`, `(a, b, ...)`; `(a)` is just `a`."""
+        self.expect_punct("(")
+        fields = []
+        trailing_comma = False
+        while not self.at_punct(")"):
+            fields.append(self.parse_expr())
+            trailing_comma = False
+            if not self.at_punct(")"):
+                self.expect_separator(")")
+                trailing_comma = True
+        self.expect_punct(")")
+        if len(fields) == 1 and not trailing_comma:
+            return fields[0]
+        return Tuple(fields)
+
+    def parse_const(self) -> Constant:
+        """`const(<literal>, <dtype>)`."""
+        self.expect_keyword("const")
+        self.expect_punct("(")
+        value_token = self.peek()
+        value = self.parse_value()
+        self.expect_punct(",")
+        dtype_token = self.expect(NAME, "a dtype")
+        self.expect_punct(")")
+        try:
+            numpy_dtype(dtype_token.value)
+        except TypeError as error:
+            raise self.error(str(error), dtype_token) from None
+        try:
+            array = literal_to_array(value, dtype_token.value)
+        except ValueError as error:
+            raise self.error(str(error), value_token) from None
+        return Constant(array, dtype_token.value)
+
+    def parse_meta_reference(self) -> Constant:
+        token = self.expect_keyword("meta")
+        self.expect_punct("[")
+        index = self.expect(INT, "an integer index").value
+        self.expect_punct("]")
+        if index not in self.metadata:
+            raise self.error(f"meta[{index}] is not defined in the metadata block", token)
+        return self.metadata[index]
+
+    def parse_function_expr(self) -> Function:
+        """A nested function `fn (params) -> type [attrs] { body }` or declaration `...;`."""
+        self.expect_keyword("fn")
+        params = self.parse_params()
+        ret_type, attrs = self.parse_return_and_attrs()
+        if self.at_punct(";"):
+            self.advance()
+            return Function(params, None, None, ret_type, attrs)
+        for param in params:
+            if self.lookup_local(param.name_hint) is not None:
+                raise self.error(f"parameter %{param.name_hint} of a nested function is already defined "
+                                 "in the enclosing function")
+        return self.parse_body(params, ret_type, attrs)
+
+    def parse_call_arguments(self) -> tuple[list[Expr], dict]:
+        """`(arg, ..., name=value, ...)`: expressions first, then attributes."""
+        self.expect_punct("(")
+        args: list[Expr] = []
+        attrs: dict = {}
+        while not self.at_punct(")"):
+            if args or attrs:
+                self.expect_separator(")")
+            if self.at(NAME) and self.at_punct("=", 1):
+                key_token = self.advance()
+                self.advance()
+                if key_token.value in attrs:
+                    raise self.error(f"attribute {key_token.value!r} is given twice", key_token)
+                attrs[key_token.value] = self.parse_value()
+            elif self.at(STRING) and self.at_punct("=", 1):
+                key_token = self.advance()
+                self.advance()
+                attrs[key_token.value] = self.parse_value()
+            else:
+                if attrs:
+                    raise self.error("expected an attribute 'name=value' (arguments come before "
+                                     f"attributes) but found {self.peek().describe()}")
+                args.append(self.parse_expr())
+        self.expect_punct(")")
+        return args, attrs
+
+    def make_call(self, callee: Expr | Op, args: list[Expr], attrs: dict, type_hint: Type | None,
+                  token: Token) -> Call:
+        if isinstance(callee, Op):
+            try:
+                return Call(callee, args, attrs)
+            except (TypeInferenceError, TypeError, ValueError) as error:
+                message = str(error)
+                if not message.startswith(callee.name):
+                    message = f"{callee.name}: {message}"
+                raise self.error(message, token) from None
+        if isinstance(callee, ExternFunc):
+            if type_hint is None:
+                raise self.error(f"a call to extern({json.dumps(callee.symbol)}) needs its result type "
+                                 "on its binding: '%name: <type> = extern(...)(...)'", token)
+            return Call(callee, args, attrs, type_=type_hint)
+        callee_type = callee.type
+        if not isinstance(callee_type, FuncType):
+            raise self.error(f"cannot call a value of type {callee_type}", token)
+        arg_types = [arg.type for arg in args]
+        if tuple(arg_types) != callee_type.params:
+            if isinstance(callee, GlobalVar):
+                callee_text = "@" + callee.name
+            elif isinstance(callee, Var):
+                callee_text = "%" + callee.name_hint
+            else:
+                callee_text = "the function"
+            raise self.error(f"{callee_text} takes ({', '.join(map(str, callee_type.params))}) but is "
+                             f"called with ({', '.join(map(str, arg_types))})", token)
+        return Call(callee, args, attrs)
+
+
+_WORD_VALUES = {"true": True, "false": False, "none": None, "inf": math.inf, "nan": math.nan}
