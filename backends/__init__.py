@@ -1,0 +1,1 @@
+"""Backends: one folder each; importing a folder registers that backend."""
