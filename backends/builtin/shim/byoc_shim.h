@@ -1,0 +1,161 @@
+/* The built-in backend's shim library: the kernels that the runtime library already
+ * contains. Generated partition code calls these with configuration arguments fixed at
+ * build time (shapes are static, so every size below is a compile-time constant at the
+ * call site).
+ *
+ * One header, two implementations with identical symbols:
+ *   shim_cpu/  (C++17, g++)           -> libbyoc_shim_cpu.a      `stream` is ignored
+ *   shim_cuda/ (CUDA, nvcc, per arch)  -> libbyoc_shim_cuda_smXX.a `stream` is a cudaStream_t
+ * Pointers are device pointers for CUDA and host pointers for CPU. All tensors are dense,
+ * row-major (C-contiguous). No function allocates memory except through the caller-given
+ * workspace, and none synchronizes the stream.
+ *
+ * Every function returns 0 on success and a nonzero code on failure; then
+ * byoc_shim_last_error() returns a message naming the function and what was wrong
+ * (thread-local; valid until the next failing call on the same thread).
+ */
+#ifndef BYOC_SHIM_H_
+#define BYOC_SHIM_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Element types. Numbering is part of the ABI (generated code passes these numbers). */
+typedef enum {
+  BYOC_FLOAT32 = 0,
+  BYOC_FLOAT16 = 1,
+  BYOC_BFLOAT16 = 2,
+  BYOC_FLOAT64 = 3,
+  BYOC_INT64 = 4,
+  BYOC_INT32 = 5,
+  BYOC_INT16 = 6,
+  BYOC_INT8 = 7,
+  BYOC_UINT8 = 8,
+  BYOC_BOOL = 9 /* one byte, 0 or 1 */
+} byoc_dtype;
+
+#define BYOC_SHIM_MAX_DIMS 8
+
+const char* byoc_shim_last_error(void);
+
+/* ---- data movement --------------------------------------------------------------
+ * out[i0..i{ndim-1}] = in[in_offset + sum_k i_k * in_strides[k]]   (strides in ELEMENTS,
+ * may be 0 for broadcast or negative for reversed slices). Covers transpose, broadcast_to,
+ * strided_slice, split (one call per output) and concat (one call per input, with
+ * out_strides placing it inside the larger output).
+ * out_strides gives the element strides of `out` for the same index (row-major dense when
+ * NULL). shape/in_strides/out_strides have `ndim` entries, ndim <= BYOC_SHIM_MAX_DIMS. */
+int byoc_shim_copy_strided(const void* in, void* out, int elem_size, int ndim,
+                           const int64_t* shape, int64_t in_offset, const int64_t* in_strides,
+                           const int64_t* out_strides, void* stream);
+
+/* Onnx Tile: out shape = in_shape[k] * repeats[k]; out[i] = in[i_k % in_shape[k]]. */
+int byoc_shim_tile(const void* in, void* out, int elem_size, int ndim, const int64_t* in_shape,
+                   const int64_t* repeats, void* stream);
+
+/* gather(data, indices, axis): data viewed as (outer, axis_len, inner); indices has
+ * num_indices entries (int64 or int32 per index_dtype), negative indices wrap; an index
+ * outside [-axis_len, axis_len) is an error (CPU) or clamps (CUDA, reported via a device flag is
+ * not required). out is (outer, num_indices, inner). */
+int byoc_shim_gather(const void* data, const void* indices, void* out, int elem_size,
+                     byoc_dtype index_dtype, int64_t outer, int64_t axis_len, int64_t inner,
+                     int64_t num_indices, void* stream);
+
+/* gather_elements: out and indices share `shape`; data has `data_shape`; along `axis`
+ * out[i] = data[i with i_axis replaced by indices[i]]. */
+int byoc_shim_gather_elements(const void* data, const void* indices, void* out, int elem_size,
+                              byoc_dtype index_dtype, int ndim, const int64_t* data_shape,
+                              const int64_t* shape, int axis, void* stream);
+
+/* pad: pads_begin/pads_end per dim (may be negative = crop). mode 0 constant (value given
+ * as double, converted to dtype), 1 reflect, 2 edge. */
+int byoc_shim_pad(const void* in, void* out, byoc_dtype dtype, int ndim, const int64_t* in_shape,
+                  const int64_t* pads_begin, const int64_t* pads_end, int mode, double value,
+                  void* stream);
+
+/* trilu on the last two dims (batch, rows, cols): keep j - i >= k (upper) or j - i <= k (lower). */
+int byoc_shim_trilu(const void* in, void* out, int elem_size, int64_t batch, int64_t rows,
+                    int64_t cols, int upper, int64_t k, void* stream);
+
+/* cumsum along the middle axis of (outer, n, inner). */
+int byoc_shim_cumsum(const void* in, void* out, byoc_dtype dtype, int64_t outer, int64_t n,
+                     int64_t inner, int exclusive, int reverse, void* stream);
+
+/* ---- reductions -----------------------------------------------------------------
+ * in viewed as (outer, n, inner), reduced over n -> out (outer, inner). Multi-axis
+ * reductions are emitted as consecutive calls or over merged contiguous axes.
+ * kind: 0 sum, 1 mean, 2 max, 3 min, 4 prod. Floating inputs accumulate in float32
+ * (float64 in float64). */
+int byoc_shim_reduce(const void* in, void* out, byoc_dtype dtype, int kind, int64_t outer,
+                     int64_t n, int64_t inner, void* stream);
+
+/* argmax (kind 0) / argmin (kind 1) over n of (outer, n, inner) -> int64 out (outer, inner);
+ * ties pick the first index, or the last when select_last_index. */
+int byoc_shim_arg_reduce(const void* in, int64_t* out, byoc_dtype dtype, int kind, int64_t outer,
+                         int64_t n, int64_t inner, int select_last_index, void* stream);
+
+/* softmax over n of (outer, n, inner); log_softmax when `log`. Statistics in float32. */
+int byoc_shim_softmax(const void* in, void* out, byoc_dtype dtype, int64_t outer, int64_t n,
+                      int64_t inner, int log, void* stream);
+
+/* layer_norm over the last n elements of each of `rows` rows: (x - mean) / sqrt(var + eps)
+ * * gamma + beta; gamma/beta have n elements (beta may be NULL). rms_norm: x / sqrt(mean(x^2)
+ * + eps) * gamma (beta ignored). Statistics in float32. */
+int byoc_shim_layer_norm(const void* in, const void* gamma, const void* beta, void* out,
+                         byoc_dtype dtype, int64_t rows, int64_t n, float epsilon, void* stream);
+int byoc_shim_rms_norm(const void* in, const void* gamma, void* out, byoc_dtype dtype,
+                       int64_t rows, int64_t n, float epsilon, void* stream);
+
+/* batch_norm inference on (outer, channels, inner):
+ * (x - mean[c]) / sqrt(var[c] + eps) * scale[c] + bias[c]; params share dtype with x. */
+int byoc_shim_batch_norm(const void* in, const void* scale, const void* bias, const void* mean,
+                         const void* var, void* out, byoc_dtype dtype, int64_t outer,
+                         int64_t channels, int64_t inner, float epsilon, void* stream);
+
+/* ---- linear algebra -------------------------------------------------------------
+ * C[b] = A[b] (m x k) * B[b] (k x n), row-major, for b in [0, batch). The batch offset of
+ * each operand is b_index * batch_stride (elements; 0 broadcasts one matrix to all).
+ * trans_a/trans_b: A is stored (k x m) / B is stored (n x k). Float types accumulate in
+ * float32 (float64 in float64), integers in int64.
+ * algo: the GEMM configuration chosen at build time (CUDA: an index into the cuBLASLt
+ * heuristic list for this problem, -1 = first heuristic; CPU: ignored).
+ * workspace/workspace_bytes: scratch the caller owns (may be NULL/0). */
+int byoc_shim_matmul(const void* a, const void* b, void* c, byoc_dtype dtype, int64_t batch,
+                     int64_t m, int64_t n, int64_t k, int trans_a, int trans_b,
+                     int64_t batch_stride_a, int64_t batch_stride_b, int64_t batch_stride_c,
+                     int algo, void* workspace, size_t workspace_bytes, void* stream);
+
+/* conv2d. layout 0 = NCHW input/output with OIHW weights, 1 = NHWC with OHWI weights.
+ * weight has out_channels x (in_channels/groups) x kh x kw (in its layout). pads are
+ * (top, left, bottom, right). Float types accumulate in float32. bias may be NULL. */
+int byoc_shim_conv2d(const void* in, const void* weight, const void* bias, void* out,
+                     byoc_dtype dtype, int layout, int64_t batch, int64_t in_channels,
+                     int64_t in_h, int64_t in_w, int64_t out_channels, int64_t kernel_h,
+                     int64_t kernel_w, int64_t out_h, int64_t out_w, int64_t stride_h,
+                     int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t dilation_h,
+                     int64_t dilation_w, int64_t groups, void* workspace, size_t workspace_bytes,
+                     void* stream);
+
+/* Workspace (bytes) byoc_shim_conv2d needs for these arguments (0 if none). */
+size_t byoc_shim_conv2d_workspace(byoc_dtype dtype, int layout, int64_t batch, int64_t in_channels,
+                                  int64_t in_h, int64_t in_w, int64_t out_channels, int64_t kernel_h,
+                                  int64_t kernel_w, int64_t out_h, int64_t out_w, int64_t groups);
+
+/* pool2d: kind 0 max, 1 average. layout as conv2d (no weights). out sizes are given
+ * (ceil_mode already applied). Padded cells are ignored by max and counted by average only
+ * when count_include_pad. */
+int byoc_shim_pool2d(const void* in, void* out, byoc_dtype dtype, int kind, int layout,
+                     int64_t batch, int64_t channels, int64_t in_h, int64_t in_w, int64_t out_h,
+                     int64_t out_w, int64_t kernel_h, int64_t kernel_w, int64_t stride_h,
+                     int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t dilation_h,
+                     int64_t dilation_w, int count_include_pad, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif  /* BYOC_SHIM_H_ */
