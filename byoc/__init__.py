@@ -3,3 +3,4 @@ frontend/ -> ir/ -> transform/ -> backends/ -> codegen/ -> toolchain/ -> runtime
 from .errors import (ByocError, ModelError, UnsupportedOpError, TypeInferenceError, ParseError,
                      ConfigError, BuildError, RuntimeError)
 from .interpreter import interpret
+from .frontend import from_onnx

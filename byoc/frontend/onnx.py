@@ -1,0 +1,833 @@
+"""ONNX -> IRModule.
+
+`from_onnx(model, input_shapes=None)` reads a model (path, bytes or ModelProto) of the
+default ONNX domain, opsets 13 up to the newest that the installed `onnx` knows, and
+returns an IRModule whose "main" takes the graph inputs (initializers are not inputs:
+they become Constants) and returns the graph outputs (one tensor, or a tuple).
+
+Every value is either a NumPy array (known at import time) or an IR expression. A node
+whose inputs are all known is evaluated on the spot with the ops' NumPy references, so
+shape arithmetic (Shape, Gather on shapes, ConstantOfShape, Range, Expand, ...) folds away
+and an exported transformer becomes a graph of compute ops only.
+
+Each supported ONNX op type has one converter in `SUPPORTED_OPS`. A converter that meets
+an attribute combination byoc does not implement raises UnsupportedOpError naming the
+node and the attribute; a model with op types nobody converts fails before conversion
+with ONE error listing every such type and the first node of each.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ..errors import ByocError, ModelError, UnsupportedOpError
+from ..interpreter import evaluate_call
+from ..ir.builder import FunctionBuilder
+from ..ir.expr import Call, Constant, Expr, Var
+from ..ir.module import IRModule
+from ..ir.op import get_op
+from ..ir.types import NUMPY_DTYPES, TensorType, dtype_of_numpy
+
+MIN_OPSET = 13
+MAX_OPSET = onnx.defs.onnx_opset_version()
+
+# ONNX TensorProto element type -> byoc dtype
+_ONNX_DTYPES = {
+    onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16",
+    onnx.TensorProto.BFLOAT16: "bfloat16", onnx.TensorProto.DOUBLE: "float64",
+    onnx.TensorProto.INT64: "int64", onnx.TensorProto.INT32: "int32",
+    onnx.TensorProto.INT16: "int16", onnx.TensorProto.INT8: "int8",
+    onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.BOOL: "bool",
+}
+
+Value = "np.ndarray | Expr"
+SUPPORTED_OPS: dict[str, Callable] = {}
+
+
+def converter(*op_types: str):
+    """Register a converter `fn(ctx, node, inputs, attrs) -> list of values` for op types."""
+    def register(fn):
+        for op_type in op_types:
+            SUPPORTED_OPS[op_type] = fn
+        return fn
+    return register
+
+
+def from_onnx(model, input_shapes: dict | None = None) -> IRModule:
+    """Import an ONNX model. `input_shapes` maps input names to full static shapes; it is
+    required for inputs with symbolic or unknown dims (the error names them)."""
+    proto = _load(model)
+    return _Importer(proto, dict(input_shapes or {})).run()
+
+
+def _load(model) -> onnx.ModelProto:
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, (str, Path)):
+        path = Path(model)
+        if not path.is_file():
+            raise ModelError(f"ONNX model file {str(path)!r} does not exist")
+        data, where = path.read_bytes(), f"file {str(path)!r}"
+    elif isinstance(model, (bytes, bytearray)):
+        data, where = bytes(model), "the given bytes"
+    else:
+        raise ModelError(f"expected a path, bytes or onnx.ModelProto, got {type(model).__name__}")
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except Exception as error:  # protobuf raises DecodeError or RuntimeWarning-like errors
+        raise ModelError(f"{where} is not a valid ONNX model (truncated or not ONNX): {error}") from None
+    if not proto.HasField("graph") or not proto.graph.node and not proto.graph.output:
+        raise ModelError(f"{where} is not a valid ONNX model: it has no graph")
+    return proto
+
+
+def _dtype_of_elem_type(elem_type: int, what: str) -> str:
+    if elem_type not in _ONNX_DTYPES:
+        name = onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() else elem_type
+        raise UnsupportedOpError(
+            f"{what} has element type {name}; byoc supports {', '.join(NUMPY_DTYPES)}")
+    return _ONNX_DTYPES[elem_type]
+
+
+def _node_label(node: onnx.NodeProto, index: int) -> str:
+    return f"{node.op_type} node {node.name!r}" if node.name else f"{node.op_type} node #{index}"
+
+
+class _Importer:
+    def __init__(self, proto: onnx.ModelProto, input_shapes: dict):
+        self.proto = proto
+        self.graph = proto.graph
+        self.input_shapes = input_shapes
+        self.opset = self._check_opset()
+        self.values: dict[str, object] = {}
+        self.builder = FunctionBuilder("main")
+        self.node_label = ""
+
+    # ---- checks before conversion ------------------------------------------------
+    def _check_opset(self) -> int:
+        opset = None
+        for entry in self.proto.opset_import:
+            if entry.domain in ("", "ai.onnx"):
+                opset = entry.version
+        if opset is None:
+            raise ModelError("the model imports no default-domain ONNX opset")
+        if opset < MIN_OPSET or opset > MAX_OPSET:
+            raise ModelError(
+                f"the model uses ONNX opset {opset}; byoc reads opsets {MIN_OPSET} to {MAX_OPSET} "
+                f"(convert it with onnx.version_converter.convert_version)")
+        return opset
+
+    def _check_supported(self):
+        first_node: dict[str, str] = {}
+        for index, node in enumerate(self.graph.node):
+            key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+            if key not in SUPPORTED_OPS or node.domain not in ("", "ai.onnx"):
+                first_node.setdefault(key, node.name or f"#{index}")
+        if first_node:
+            listing = "; ".join(f"{op} (first node {name!r})" for op, name in sorted(first_node.items()))
+            raise UnsupportedOpError(
+                f"the model uses {len(first_node)} unsupported ONNX op type(s): {listing}. "
+                f"Supported: {', '.join(sorted(SUPPORTED_OPS))}")
+
+    # ---- conversion --------------------------------------------------------------
+    def run(self) -> IRModule:
+        self._check_supported()
+        initializer_names = set()
+        for tensor in self.graph.initializer:
+            self.values[tensor.name] = self._tensor_to_array(tensor, f"initializer {tensor.name!r}")
+            initializer_names.add(tensor.name)
+        for graph_input in self.graph.input:
+            if graph_input.name in initializer_names:
+                continue  # an initializer listed as input: a default we keep constant
+            self.values[graph_input.name] = self.builder.param(graph_input.name, self._input_type(graph_input))
+        unknown = set(self.input_shapes) - {i.name for i in self.graph.input}
+        if unknown:
+            raise ModelError(f"input_shapes names {sorted(unknown)}, which are not model inputs; "
+                             f"the inputs are {[i.name for i in self.graph.input if i.name not in initializer_names]}")
+        for index, node in enumerate(self.graph.node):
+            self._convert_node(index, node)
+        results = []
+        for output in self.graph.output:
+            if output.name not in self.values:
+                raise ModelError(f"graph output {output.name!r} is produced by no node")
+            results.append(self._as_expr(self.values[output.name]))
+        self.builder.ret(*results)
+        return self.builder.module()
+
+    def _tensor_to_array(self, tensor: onnx.TensorProto, what: str) -> np.ndarray:
+        dtype = _dtype_of_elem_type(tensor.data_type, what)
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            raise ModelError(f"{what} stores its data externally; load the model with "
+                             f"onnx.load(path, load_external_data=True) and pass the ModelProto")
+        array = numpy_helper.to_array(tensor)
+        return np.asarray(array).astype(NUMPY_DTYPES[dtype], copy=False)
+
+    def _input_type(self, graph_input: onnx.ValueInfoProto) -> TensorType:
+        name = graph_input.name
+        if not graph_input.type.HasField("tensor_type"):
+            raise UnsupportedOpError(f"input {name!r} is not a tensor; byoc supports tensor inputs only")
+        tensor_type = graph_input.type.tensor_type
+        dtype = _dtype_of_elem_type(tensor_type.elem_type, f"input {name!r}")
+        declared = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+                    for d in tensor_type.shape.dim] if tensor_type.HasField("shape") else None
+        given = self.input_shapes.get(name)
+        if given is not None:
+            given = tuple(int(d) for d in given)
+            if declared is not None and (len(declared) != len(given) or any(
+                    isinstance(d, int) and d != g for d, g in zip(declared, given))):
+                raise ModelError(f"input_shapes[{name!r}] = {given} does not fit the model's "
+                                 f"declared shape {tuple(declared)}")
+            return TensorType(given, dtype)
+        if declared is None:
+            raise ModelError(f"input {name!r} has no declared shape: pass input_shapes={{{name!r}: (...)}}")
+        dynamic = [d for d in declared if not isinstance(d, int)]
+        if dynamic:
+            raise ModelError(
+                f"input {name!r} has dynamic dims {dynamic} in shape {tuple(declared)}: pass "
+                f"input_shapes={{{name!r}: (...)}} with a static shape")
+        return TensorType(tuple(declared), dtype)
+
+    def _convert_node(self, index: int, node: onnx.NodeProto):
+        self.node_label = _node_label(node, index)
+        inputs = []
+        for name in node.input:
+            if name == "":
+                inputs.append(None)  # an omitted optional input
+            elif name not in self.values:
+                raise ModelError(f"{self.node_label}: input {name!r} is not produced by any earlier node "
+                                 f"(the graph is not topologically sorted or is malformed)")
+            else:
+                inputs.append(self.values[name])
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        try:
+            outputs = SUPPORTED_OPS[node.op_type](self, node, inputs, attrs)
+        except ByocError as error:
+            message = str(error)
+            if not message.startswith(self.node_label):
+                message = f"{self.node_label}: {message}"
+            raise type(error)(message) from None
+        for name, value in zip(node.output, outputs):
+            if name:
+                self.values[name] = value
+        wanted = [n for n in node.output[len(outputs):] if n]
+        if wanted:
+            raise UnsupportedOpError(f"{self.node_label}: byoc does not produce its optional "
+                                     f"output(s) {wanted}")
+
+    # ---- helpers for converters ---------------------------------------------------
+    def call(self, op_name: str, *args, name: str | None = None, **attrs):
+        """Apply an op: evaluated now when every argument is known, else emitted."""
+        atoms = [self._as_expr(a) if not isinstance(a, (int, float)) else a for a in args]
+        if all(isinstance(a, Constant) or isinstance(a, (int, float)) for a in atoms):
+            call = Call(op_name, [a if isinstance(a, Expr) else self._scalar_like(a, atoms) for a in atoms], attrs)
+            op = get_op(op_name)
+            return evaluate_call(op, [a.data for a in call.args], call.attrs, call.type)
+        return self.builder.call(op_name, *atoms, name=name, **attrs)
+
+    @staticmethod
+    def _scalar_like(value, atoms):
+        like = next((a for a in atoms if isinstance(a, Expr)), None)
+        return Constant(np.asarray(value), like.type.dtype if like is not None else None)
+
+    def _as_expr(self, value) -> Expr:
+        if isinstance(value, Expr):
+            return value
+        return Constant(np.asarray(value))
+
+    def known(self, value, what: str) -> np.ndarray:
+        """The value of an input that must be known at import time (a shape, axes, ...)."""
+        if isinstance(value, np.ndarray):
+            return value
+        if isinstance(value, Constant):
+            return value.data
+        raise UnsupportedOpError(f"{self.node_label}: input {what!r} must be known at import time "
+                                 f"(byoc compiles static shapes), but it is computed at run time")
+
+    @staticmethod
+    def type_of(value) -> TensorType:
+        if isinstance(value, np.ndarray):
+            return TensorType(value.shape, dtype_of_numpy(value.dtype))
+        return value.type
+
+    def shape(self, value) -> tuple:
+        return self.type_of(value).shape
+
+    def dtype(self, value) -> str:
+        return self.type_of(value).dtype
+
+    def unsupported(self, what: str):
+        raise UnsupportedOpError(f"{self.node_label}: {what}")
+
+
+# ---------------------------------------------------------------------------------
+# converters
+# ---------------------------------------------------------------------------------
+
+def _simple(op_name: str, **fixed):
+    def convert(ctx, node, inputs, attrs):
+        return [ctx.call(op_name, *inputs, name=node.output[0], **fixed)]
+    return convert
+
+
+_UNARY = {
+    "Abs": "abs", "Neg": "negative", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",
+    "Reciprocal": "reciprocal", "Erf": "erf", "Tanh": "tanh", "Sigmoid": "sigmoid",
+    "Relu": "relu", "Floor": "floor", "Ceil": "ceil", "Round": "round", "Sin": "sin",
+    "Cos": "cos", "Sign": "sign", "Softplus": "softplus", "Not": "logical_not",
+    "HardSwish": "hard_swish",
+}
+_BINARY = {
+    "Add": "add", "Sub": "subtract", "Mul": "multiply", "Div": "divide",
+    "Equal": "equal", "Less": "less", "LessOrEqual": "less_equal", "Greater": "greater",
+    "GreaterOrEqual": "greater_equal", "And": "logical_and", "Or": "logical_or",
+    "Xor": "logical_xor", "Where": "where",
+}
+for _onnx_name, _op_name in {**_UNARY, **_BINARY}.items():
+    SUPPORTED_OPS[_onnx_name] = _simple(_op_name)
+
+
+@converter("Identity", "Dropout")
+def _identity(ctx, node, inputs, attrs):
+    if node.op_type == "Dropout" and len(inputs) > 2 and inputs[2] is not None:
+        training = ctx.known(inputs[2], "training_mode")
+        if bool(np.asarray(training).reshape(-1)[0]):
+            ctx.unsupported("training_mode=True (byoc compiles inference graphs)")
+    outputs = [inputs[0]]
+    if node.op_type == "Dropout" and len(node.output) > 1 and node.output[1]:
+        outputs.append(np.ones(ctx.shape(inputs[0]), dtype=bool))  # the inference mask
+    return outputs
+
+
+@converter("LeakyRelu")
+def _leaky_relu(ctx, node, inputs, attrs):
+    return [ctx.call("leaky_relu", inputs[0], alpha=attrs.get("alpha", 0.01), name=node.output[0])]
+
+
+@converter("Elu")
+def _elu(ctx, node, inputs, attrs):
+    return [ctx.call("elu", inputs[0], alpha=attrs.get("alpha", 1.0), name=node.output[0])]
+
+
+@converter("HardSigmoid")
+def _hard_sigmoid(ctx, node, inputs, attrs):
+    return [ctx.call("hard_sigmoid", inputs[0], alpha=attrs.get("alpha", 0.2),
+                     beta=attrs.get("beta", 0.5), name=node.output[0])]
+
+
+@converter("Gelu")
+def _gelu(ctx, node, inputs, attrs):
+    approximate = attrs.get("approximate", b"none")
+    approximate = approximate.decode() if isinstance(approximate, bytes) else approximate
+    if approximate not in ("none", "tanh"):
+        ctx.unsupported(f"approximate={approximate!r} (expected 'none' or 'tanh')")
+    return [ctx.call("gelu", inputs[0], approximate=approximate, name=node.output[0])]
+
+
+@converter("PRelu")
+def _prelu(ctx, node, inputs, attrs):
+    x, slope = inputs
+    negative = ctx.call("less", x, np.zeros((), dtype=NUMPY_DTYPES[ctx.dtype(x)]))
+    return [ctx.call("where", negative, ctx.call("multiply", x, slope), x, name=node.output[0])]
+
+
+@converter("Softsign")
+def _softsign(ctx, node, inputs, attrs):
+    x = inputs[0]
+    one = np.ones((), dtype=NUMPY_DTYPES[ctx.dtype(x)])
+    return [ctx.call("divide", x, ctx.call("add", ctx.call("abs", x), one), name=node.output[0])]
+
+
+@converter("Mish")
+def _mish(ctx, node, inputs, attrs):
+    x = inputs[0]
+    return [ctx.call("multiply", x, ctx.call("tanh", ctx.call("softplus", x)), name=node.output[0])]
+
+
+@converter("Pow")
+def _pow(ctx, node, inputs, attrs):
+    base, exponent = inputs
+    if ctx.dtype(exponent) != ctx.dtype(base):
+        exponent = ctx.call("cast", exponent, dtype=ctx.dtype(base))
+    return [ctx.call("power", base, exponent, name=node.output[0])]
+
+
+@converter("Mod")
+def _mod(ctx, node, inputs, attrs):
+    return [ctx.call("mod", *inputs, fmod=bool(attrs.get("fmod", 0)), name=node.output[0])]
+
+
+@converter("Sum", "Max", "Min", "Mean")
+def _variadic(ctx, node, inputs, attrs):
+    op_name = {"Sum": "add", "Mean": "add", "Max": "maximum", "Min": "minimum"}[node.op_type]
+    result = inputs[0]
+    for other in inputs[1:]:
+        result = ctx.call(op_name, result, other)
+    if node.op_type == "Mean" and len(inputs) > 1:
+        count = np.asarray(len(inputs), dtype=NUMPY_DTYPES[ctx.dtype(result)])
+        result = ctx.call("divide", result, count)
+    if len(inputs) == 1:
+        result = ctx.call("identity", result)
+    return [result]
+
+
+@converter("Cast")
+def _cast(ctx, node, inputs, attrs):
+    dtype = _dtype_of_elem_type(attrs["to"], f"{ctx.node_label} target type")
+    if ctx.dtype(inputs[0]) == dtype:
+        return [inputs[0]]
+    return [ctx.call("cast", inputs[0], dtype=dtype, name=node.output[0])]
+
+
+@converter("CastLike")
+def _cast_like(ctx, node, inputs, attrs):
+    dtype = ctx.dtype(inputs[1])
+    if ctx.dtype(inputs[0]) == dtype:
+        return [inputs[0]]
+    return [ctx.call("cast", inputs[0], dtype=dtype, name=node.output[0])]
+
+
+@converter("Clip")
+def _clip(ctx, node, inputs, attrs):
+    x = inputs[0]
+    low = inputs[1] if len(inputs) > 1 else None
+    high = inputs[2] if len(inputs) > 2 else None
+    bounds = {}
+    for key, bound in (("min", low), ("max", high)):
+        if bound is None:
+            continue
+        if isinstance(bound, np.ndarray) or isinstance(bound, Constant):
+            bounds[key] = float(np.asarray(ctx.known(bound, key)).reshape(-1)[0])
+        else:  # a bound computed at run time: clip as maximum/minimum
+            x = ctx.call("maximum" if key == "min" else "minimum", x, bound)
+    if not bounds:
+        return [x if x is not inputs[0] else ctx.call("identity", x)]
+    return [ctx.call("clip", x, name=node.output[0], **bounds)]
+
+
+# ---- reductions -------------------------------------------------------------------
+
+def _reduce_axes(ctx, node, inputs, attrs):
+    """The axes of a Reduce*/ArgMax node (attribute before opset 18, input after), or
+    None for 'no reduction' (noop_with_empty_axes with empty axes)."""
+    if "axes" in attrs:
+        axes = tuple(attrs["axes"])
+    elif len(inputs) > 1 and inputs[1] is not None:
+        axes = tuple(int(a) for a in np.asarray(ctx.known(inputs[1], "axes")).reshape(-1))
+    else:
+        axes = ()
+    if not axes and attrs.get("noop_with_empty_axes", 0):
+        return None
+    return axes
+
+
+_REDUCE = {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max", "ReduceMin": "min",
+           "ReduceProd": "prod"}
+
+
+@converter(*_REDUCE, "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp")
+def _reduce(ctx, node, inputs, attrs):
+    x = inputs[0]
+    axes = _reduce_axes(ctx, node, inputs, attrs)
+    keepdims = bool(attrs.get("keepdims", 1))
+    op_type = node.op_type
+    if axes is None:
+        if op_type in _REDUCE:
+            return [ctx.call("identity", x)]
+        pre = {"ReduceSumSquare": lambda v: ctx.call("multiply", v, v),
+               "ReduceL1": lambda v: ctx.call("abs", v),
+               "ReduceL2": lambda v: ctx.call("abs", v),
+               "ReduceLogSum": lambda v: ctx.call("log", v),
+               "ReduceLogSumExp": lambda v: v}[op_type]
+        return [pre(x)]
+    if op_type in _REDUCE:
+        if 0 in ctx.shape(x) and op_type in ("ReduceMax", "ReduceMin"):
+            ctx.unsupported("reducing an empty tensor with max/min")
+        return [ctx.call(_REDUCE[op_type], x, axes=axes, keepdims=keepdims, name=node.output[0])]
+    if op_type == "ReduceSumSquare":
+        return [ctx.call("sum", ctx.call("multiply", x, x), axes=axes, keepdims=keepdims)]
+    if op_type == "ReduceL1":
+        return [ctx.call("sum", ctx.call("abs", x), axes=axes, keepdims=keepdims)]
+    if op_type == "ReduceL2":
+        squares = ctx.call("sum", ctx.call("multiply", x, x), axes=axes, keepdims=keepdims)
+        return [ctx.call("sqrt", squares)]
+    if op_type == "ReduceLogSum":
+        return [ctx.call("log", ctx.call("sum", x, axes=axes, keepdims=keepdims))]
+    # ReduceLogSumExp, shifted by the maximum so that large inputs do not overflow
+    if not ctx.dtype(x).startswith(("float", "bfloat")):
+        ctx.unsupported(f"ReduceLogSumExp of {ctx.dtype(x)}")
+    peak = ctx.call("max", x, axes=axes, keepdims=True)
+    total = ctx.call("sum", ctx.call("exp", ctx.call("subtract", x, peak)), axes=axes, keepdims=True)
+    result = ctx.call("add", ctx.call("log", total), peak)
+    if not keepdims:
+        result = ctx.call("squeeze", result, axes=axes or tuple(range(len(ctx.shape(x)))))
+    return [result]
+
+
+@converter("ArgMax", "ArgMin")
+def _arg_reduce(ctx, node, inputs, attrs):
+    op_name = "argmax" if node.op_type == "ArgMax" else "argmin"
+    return [ctx.call(op_name, inputs[0], axis=attrs.get("axis", 0), keepdims=bool(attrs.get("keepdims", 1)),
+                     select_last_index=bool(attrs.get("select_last_index", 0)), name=node.output[0])]
+
+
+@converter("Softmax", "LogSoftmax")
+def _softmax(ctx, node, inputs, attrs):
+    op_name = "softmax" if node.op_type == "Softmax" else "log_softmax"
+    return [ctx.call(op_name, inputs[0], axis=attrs.get("axis", -1), name=node.output[0])]
+
+
+# ---- normalization ------------------------------------------------------------------
+
+@converter("LayerNormalization")
+def _layer_norm(ctx, node, inputs, attrs):
+    x, scale = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    dtype = ctx.dtype(x)
+    if bias is None:  # ONNX's bias is optional; byoc's layer_norm always adds one
+        bias = np.zeros(ctx.shape(scale), dtype=NUMPY_DTYPES[ctx.dtype(scale)])
+    scale, bias = (_cast_to(ctx, p, dtype) for p in (scale, bias))
+    return [ctx.call("layer_norm", x, scale, bias, axis=attrs.get("axis", -1),
+                     epsilon=attrs.get("epsilon", 1e-5), name=node.output[0])]
+
+
+@converter("RMSNormalization")
+def _rms_norm(ctx, node, inputs, attrs):
+    x, scale = inputs
+    axis = attrs.get("axis", -1)
+    return [ctx.call("rms_norm", x, _cast_to(ctx, scale, ctx.dtype(x)), axis=axis,
+                     epsilon=attrs.get("epsilon", 1e-5), name=node.output[0])]
+
+
+@converter("BatchNormalization")
+def _batch_norm(ctx, node, inputs, attrs):
+    if attrs.get("training_mode", 0):
+        ctx.unsupported("training_mode=1 (byoc compiles inference graphs)")
+    x = inputs[0]
+    params = [_cast_to(ctx, p, ctx.dtype(x)) for p in inputs[1:5]]
+    return [ctx.call("batch_norm", x, *params, epsilon=attrs.get("epsilon", 1e-5), name=node.output[0])]
+
+
+def _cast_to(ctx, value, dtype):
+    if ctx.dtype(value) == dtype:
+        return value
+    return ctx.call("cast", value, dtype=dtype)
+
+
+# ---- linear algebra -----------------------------------------------------------------
+
+@converter("MatMul")
+def _matmul(ctx, node, inputs, attrs):
+    return [ctx.call("matmul", *inputs, name=node.output[0])]
+
+
+@converter("Gemm")
+def _gemm(ctx, node, inputs, attrs):
+    a, b = inputs[0], inputs[1]
+    c = inputs[2] if len(inputs) > 2 else None
+    if attrs.get("transA", 0):
+        a = ctx.call("transpose", a, axes=(1, 0))
+    if attrs.get("transB", 0):
+        b = ctx.call("transpose", b, axes=(1, 0))
+    dtype = NUMPY_DTYPES[ctx.dtype(a)]
+    result = ctx.call("matmul", a, b)
+    alpha, beta = attrs.get("alpha", 1.0), attrs.get("beta", 1.0)
+    if alpha != 1.0:
+        result = ctx.call("multiply", result, np.asarray(alpha, dtype=dtype))
+    if c is not None and beta != 0.0:
+        if beta != 1.0:
+            c = ctx.call("multiply", c, np.asarray(beta, dtype=dtype))
+        result = ctx.call("add", result, c)
+    return [result]
+
+
+def _spatial_pads(ctx, attrs, in_spatial, kernel, strides, dilations):
+    """Explicit (begins..., ends...) pads from `pads` or `auto_pad`."""
+    rank = len(in_spatial)
+    auto_pad = attrs.get("auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if auto_pad in ("NOTSET", ""):
+        pads = tuple(attrs.get("pads", (0,) * (2 * rank)))
+        return pads
+    if auto_pad == "VALID":
+        return (0,) * (2 * rank)
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        begins, ends = [], []
+        for size, k, s, d in zip(in_spatial, kernel, strides, dilations):
+            out = -(-size // s)
+            total = max((out - 1) * s + (k - 1) * d + 1 - size, 0)
+            small, large = total // 2, total - total // 2
+            begins.append(small if auto_pad == "SAME_UPPER" else large)
+            ends.append(large if auto_pad == "SAME_UPPER" else small)
+        return tuple(begins + ends)
+    ctx.unsupported(f"auto_pad={auto_pad!r}")
+
+
+def _to_2d_pads(pads):
+    """ONNX (h_begin, w_begin, h_end, w_end) -> byoc (top, left, bottom, right): the same."""
+    return tuple(pads)
+
+
+@converter("Conv")
+def _conv(ctx, node, inputs, attrs):
+    x, weight = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    rank = len(ctx.shape(x)) - 2
+    if rank not in (1, 2):
+        ctx.unsupported(f"{rank}-D convolution (byoc has 1-D and 2-D)")
+    kernel = tuple(attrs.get("kernel_shape", ctx.shape(weight)[2:]))
+    strides = tuple(attrs.get("strides", (1,) * rank))
+    dilations = tuple(attrs.get("dilations", (1,) * rank))
+    pads = _spatial_pads(ctx, attrs, ctx.shape(x)[2:], kernel, strides, dilations)
+    if rank == 1:  # a 1-D convolution is a 2-D one over a height of 1
+        x = ctx.call("expand_dims", x, axes=(2,))
+        weight = ctx.call("expand_dims", weight, axes=(2,))
+        strides, dilations = (1,) + strides, (1,) + dilations
+        pads = (0, pads[0], 0, pads[1])
+    result = ctx.call("conv2d", x, weight, strides=strides, pads=_to_2d_pads(pads), dilations=dilations,
+                      groups=attrs.get("group", 1))
+    if bias is not None:
+        result = ctx.call("add", result, ctx.call("reshape", bias, shape=(-1, 1, 1)))
+    if rank == 1:
+        result = ctx.call("squeeze", result, axes=(2,))
+    return [result]
+
+
+@converter("MaxPool", "AveragePool")
+def _pool(ctx, node, inputs, attrs):
+    x = inputs[0]
+    rank = len(ctx.shape(x)) - 2
+    if rank not in (1, 2):
+        ctx.unsupported(f"{rank}-D pooling (byoc has 1-D and 2-D)")
+    if attrs.get("storage_order", 0):
+        ctx.unsupported("storage_order=1")
+    kernel = tuple(attrs["kernel_shape"])
+    strides = tuple(attrs.get("strides", (1,) * rank))
+    dilations = tuple(attrs.get("dilations", (1,) * rank))
+    pads = _spatial_pads(ctx, attrs, ctx.shape(x)[2:], kernel, strides, dilations)
+    if rank == 1:
+        x = ctx.call("expand_dims", x, axes=(2,))
+        kernel, strides, dilations = (1,) + kernel, (1,) + strides, (1,) + dilations
+        pads = (0, pads[0], 0, pads[1])
+    common = dict(kernel=kernel, strides=strides, pads=pads, dilations=dilations,
+                  ceil_mode=bool(attrs.get("ceil_mode", 0)))
+    if node.op_type == "MaxPool":
+        result = ctx.call("max_pool2d", x, **common)
+    else:
+        result = ctx.call("avg_pool2d", x, count_include_pad=bool(attrs.get("count_include_pad", 0)), **common)
+    if rank == 1:
+        result = ctx.call("squeeze", result, axes=(2,))
+    return [result]
+
+
+@converter("GlobalAveragePool", "GlobalMaxPool")
+def _global_pool(ctx, node, inputs, attrs):
+    x = inputs[0]
+    if len(ctx.shape(x)) != 4:
+        op_name = "mean" if node.op_type == "GlobalAveragePool" else "max"
+        axes = tuple(range(2, len(ctx.shape(x))))
+        return [ctx.call(op_name, x, axes=axes, keepdims=True)]
+    op_name = "global_avg_pool2d" if node.op_type == "GlobalAveragePool" else "global_max_pool2d"
+    return [ctx.call(op_name, x, name=node.output[0])]
+
+
+# ---- shapes and layout --------------------------------------------------------------
+
+@converter("Shape")
+def _shape(ctx, node, inputs, attrs):
+    shape = np.asarray(ctx.shape(inputs[0]), dtype=np.int64)
+    start, end = attrs.get("start", 0), attrs.get("end", None)
+    return [shape[start:end]]
+
+
+@converter("Size")
+def _size(ctx, node, inputs, attrs):
+    return [np.asarray(math.prod(ctx.shape(inputs[0])), dtype=np.int64)]
+
+
+@converter("Constant")
+def _constant(ctx, node, inputs, attrs):
+    if "value" in attrs:
+        return [ctx._tensor_to_array(node.attribute[0].t, f"{ctx.node_label} value")]
+    for key, dtype in (("value_float", np.float32), ("value_floats", np.float32),
+                       ("value_int", np.int64), ("value_ints", np.int64)):
+        if key in attrs:
+            return [np.asarray(attrs[key], dtype=dtype)]
+    ctx.unsupported(f"a Constant given by {sorted(attrs)} (byoc reads value, value_float(s), value_int(s))")
+
+
+@converter("ConstantOfShape")
+def _constant_of_shape(ctx, node, inputs, attrs):
+    shape = tuple(int(d) for d in ctx.known(inputs[0], "input"))
+    if "value" in attrs:
+        fill = ctx._tensor_to_array(attrs["value"], f"{ctx.node_label} value").reshape(-1)[0]
+        return [np.full(shape, fill, dtype=fill.dtype)]
+    return [np.zeros(shape, dtype=np.float32)]
+
+
+@converter("Range")
+def _range(ctx, node, inputs, attrs):
+    start, limit, delta = (ctx.known(v, n) for v, n in zip(inputs, ("start", "limit", "delta")))
+    return [np.arange(start, limit, delta).astype(np.asarray(start).dtype)]
+
+
+@converter("Reshape")
+def _reshape(ctx, node, inputs, attrs):
+    x = inputs[0]
+    target = [int(d) for d in ctx.known(inputs[1], "shape")]
+    in_shape = ctx.shape(x)
+    if not attrs.get("allowzero", 0):  # 0 copies the input's dim
+        target = [in_shape[i] if d == 0 else d for i, d in enumerate(target)]
+    elif 0 in target and -1 in target:
+        ctx.unsupported("allowzero=1 with both 0 and -1 in the shape")
+    return [ctx.call("reshape", x, shape=tuple(target), name=node.output[0])]
+
+
+@converter("Flatten")
+def _flatten(ctx, node, inputs, attrs):
+    shape = ctx.shape(inputs[0])
+    axis = attrs.get("axis", 1)
+    axis = axis + len(shape) if axis < 0 else axis
+    target = (math.prod(shape[:axis]), math.prod(shape[axis:]))
+    return [ctx.call("reshape", inputs[0], shape=target, name=node.output[0])]
+
+
+@converter("Transpose")
+def _transpose(ctx, node, inputs, attrs):
+    rank = len(ctx.shape(inputs[0]))
+    perm = tuple(attrs.get("perm", tuple(reversed(range(rank)))))
+    return [ctx.call("transpose", inputs[0], axes=perm, name=node.output[0])]
+
+
+def _axes_from(ctx, inputs, attrs, index=1):
+    if "axes" in attrs:
+        return tuple(attrs["axes"])
+    if len(inputs) > index and inputs[index] is not None:
+        return tuple(int(a) for a in np.asarray(ctx.known(inputs[index], "axes")).reshape(-1))
+    return None
+
+
+@converter("Squeeze")
+def _squeeze(ctx, node, inputs, attrs):
+    axes = _axes_from(ctx, inputs, attrs)
+    return [ctx.call("squeeze", inputs[0], axes=axes or (), name=node.output[0])]
+
+
+@converter("Unsqueeze")
+def _unsqueeze(ctx, node, inputs, attrs):
+    axes = _axes_from(ctx, inputs, attrs)
+    return [ctx.call("expand_dims", inputs[0], axes=axes, name=node.output[0])]
+
+
+@converter("Expand")
+def _expand(ctx, node, inputs, attrs):
+    x = inputs[0]
+    target = tuple(int(d) for d in ctx.known(inputs[1], "shape"))
+    try:
+        shape = np.broadcast_shapes(ctx.shape(x), target)
+    except ValueError:
+        raise ModelError(f"{ctx.node_label}: cannot expand shape {ctx.shape(x)} to {target}") from None
+    if tuple(shape) == ctx.shape(x):
+        return [x]
+    return [ctx.call("broadcast_to", x, shape=tuple(shape), name=node.output[0])]
+
+
+@converter("Concat")
+def _concat(ctx, node, inputs, attrs):
+    # ONNX allows empty operands; they contribute nothing
+    parts = [v for v in inputs if 0 not in ctx.shape(v)] or inputs[:1]
+    return [ctx.call("concat", *parts, axis=attrs["axis"], name=node.output[0])]
+
+
+@converter("Split")
+def _split(ctx, node, inputs, attrs):
+    x = inputs[0]
+    axis = attrs.get("axis", 0)
+    length = ctx.shape(x)[axis]
+    count = len(node.output)
+    if "split" in attrs:
+        sizes = tuple(attrs["split"])
+    elif len(inputs) > 1 and inputs[1] is not None:
+        sizes = tuple(int(s) for s in ctx.known(inputs[1], "split"))
+    else:
+        parts = attrs.get("num_outputs", count)
+        chunk = -(-length // parts)  # the last chunk is smaller when it does not divide
+        sizes = tuple(min(chunk, length - i * chunk) for i in range(parts))
+    result = ctx.call("split", x, axis=axis, sizes=sizes)
+    if isinstance(result, tuple):
+        return list(result)
+    return [ctx.builder.get_item(result, i, name=name or None) for i, name in enumerate(node.output)]
+
+
+@converter("Slice")
+def _slice(ctx, node, inputs, attrs):
+    x = inputs[0]
+    starts = tuple(int(v) for v in ctx.known(inputs[1], "starts"))
+    ends = tuple(int(v) for v in ctx.known(inputs[2], "ends"))
+    axes = tuple(int(v) for v in ctx.known(inputs[3], "axes")) if len(inputs) > 3 and inputs[3] is not None else ()
+    steps = tuple(int(v) for v in ctx.known(inputs[4], "steps")) if len(inputs) > 4 and inputs[4] is not None else ()
+    # clamp to int64-safe values the op can hold
+    limit = np.iinfo(np.int64).max
+    ends = tuple(max(min(e, limit), -limit) for e in ends)
+    return [ctx.call("strided_slice", x, begin=starts, end=ends, axes=axes, strides=steps, name=node.output[0])]
+
+
+@converter("Gather")
+def _gather(ctx, node, inputs, attrs):
+    return [ctx.call("gather", inputs[0], inputs[1], axis=attrs.get("axis", 0), name=node.output[0])]
+
+
+@converter("GatherElements")
+def _gather_elements(ctx, node, inputs, attrs):
+    return [ctx.call("gather_elements", inputs[0], inputs[1], axis=attrs.get("axis", 0), name=node.output[0])]
+
+
+@converter("Pad")
+def _pad(ctx, node, inputs, attrs):
+    x = inputs[0]
+    rank = len(ctx.shape(x))
+    mode = attrs.get("mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode not in ("constant", "reflect", "edge"):
+        ctx.unsupported(f"mode={mode!r} (byoc pads with constant, reflect or edge)")
+    pads = [int(p) for p in (attrs["pads"] if "pads" in attrs else ctx.known(inputs[1], "pads"))]
+    value = 0.0
+    if len(inputs) > 2 and inputs[2] is not None:
+        value = float(np.asarray(ctx.known(inputs[2], "constant_value")).reshape(-1)[0])
+    elif "value" in attrs:
+        value = float(attrs["value"])
+    if len(inputs) > 3 and inputs[3] is not None:  # opset 18: pads given for some axes only
+        axes = [int(a) % rank for a in ctx.known(inputs[3], "axes")]
+        full = [0] * (2 * rank)
+        for i, axis in enumerate(axes):
+            full[axis], full[rank + axis] = pads[i], pads[len(axes) + i]
+        pads = full
+    return [ctx.call("pad", x, pads=tuple(pads), mode=mode, value=value, name=node.output[0])]
+
+
+@converter("Tile")
+def _tile(ctx, node, inputs, attrs):
+    repeats = tuple(int(r) for r in ctx.known(inputs[1], "repeats"))
+    return [ctx.call("tile", inputs[0], repeats=repeats, name=node.output[0])]
+
+
+@converter("Trilu")
+def _trilu(ctx, node, inputs, attrs):
+    k = int(np.asarray(ctx.known(inputs[1], "k")).reshape(-1)[0]) if len(inputs) > 1 and inputs[1] is not None else 0
+    return [ctx.call("trilu", inputs[0], upper=bool(attrs.get("upper", 1)), k=k, name=node.output[0])]
+
+
+@converter("CumSum")
+def _cumsum(ctx, node, inputs, attrs):
+    axis = int(np.asarray(ctx.known(inputs[1], "axis")).reshape(-1)[0])
+    return [ctx.call("cumsum", inputs[0], axis=axis, exclusive=bool(attrs.get("exclusive", 0)),
+                     reverse=bool(attrs.get("reverse", 0)), name=node.output[0])]
+
+
+def supported_op_types() -> list[str]:
+    return sorted(SUPPORTED_OPS)

@@ -1,0 +1,153 @@
+"""ONNX frontend: fixture models import and match onnxruntime, round-trip through text,
+and bad models fail with clear errors."""
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import byoc
+from byoc.ir import assert_structural_equal, parse_module
+
+FIXTURES = Path(__file__).parent / "fixtures"
+MODELS = ["mlp", "bert2", "bert2_opset14", "gpt2_2l", "resnet_small", "bert12_tiny"]
+
+# What an imported model may contain once shape arithmetic has folded away.
+COMPUTE_OPS = {"matmul", "add", "subtract", "multiply", "divide", "power", "sqrt", "mean",
+               "gelu", "relu", "erf", "tanh", "softmax", "layer_norm", "batch_norm", "conv2d",
+               "max_pool2d", "global_avg_pool2d", "clip", "hard_sigmoid", "reshape", "transpose",
+               "gather", "split", "cast", "where", "logical_and"}
+
+
+def load_fixture(name):
+    data = np.load(FIXTURES / f"{name}.npz")
+    inputs = {key[3:]: data[key] for key in data if key.startswith("in_")}
+    outputs = [data[key] for key in data if key.startswith("out_")]
+    return inputs, outputs
+
+
+def import_fixture(name):
+    inputs, _ = load_fixture(name)
+    return byoc.from_onnx(FIXTURES / f"{name}.onnx", input_shapes={k: v.shape for k, v in inputs.items()})
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_fixture_matches_onnxruntime(name):
+    inputs, expected = load_fixture(name)
+    mod = import_fixture(name)
+    results = byoc.interpret(mod, **inputs)
+    results = results if isinstance(results, tuple) else (results,)
+    assert len(results) == len(expected)
+    for got, want in zip(results, expected):
+        assert got.shape == want.shape
+        scale = np.max(np.abs(want))
+        assert np.max(np.abs(got - want)) <= 1e-4 * scale, name
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_fixture_shape_arithmetic_folds_away(name):
+    mod = import_fixture(name)
+    ops = {b.value.op.name for b in mod["main"].bindings if hasattr(b.value, "op") and hasattr(b.value.op, "name")}
+    assert ops <= COMPUTE_OPS, ops - COMPUTE_OPS
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_fixture_text_round_trip(name):
+    mod = import_fixture(name)
+    reparsed = parse_module(mod.script())
+    assert_structural_equal(reparsed, mod)
+
+
+def test_dynamic_dims_need_input_shapes():
+    with pytest.raises(byoc.ModelError, match=r"input 'input_ids' has dynamic dims \['batch', 'sequence'\]"):
+        byoc.from_onnx(FIXTURES / "bert2.onnx")
+
+
+def test_input_shapes_must_fit_and_exist():
+    with pytest.raises(byoc.ModelError, match="does not fit"):
+        byoc.from_onnx(FIXTURES / "mlp.onnx", input_shapes={"x": (4, 65)})
+    with pytest.raises(byoc.ModelError, match="not model inputs"):
+        byoc.from_onnx(FIXTURES / "mlp.onnx", input_shapes={"nope": (1,)})
+
+
+def test_unsupported_ops_listed_in_one_error():
+    with pytest.raises(byoc.UnsupportedOpError) as info:
+        byoc.from_onnx(FIXTURES / "bad_unsupported.onnx")
+    message = str(info.value)
+    assert "3 unsupported ONNX op type(s)" in message
+    for op_type, first in (("DFT", "dft_0"), ("Det", "det_0"), ("Einsum", "einsum_0")):
+        assert f"{op_type} (first node '{first}')" in message
+    assert "det_1" not in message and "Relu (" not in message
+
+
+def test_truncated_and_non_onnx_files():
+    with pytest.raises(byoc.ModelError, match="not a valid ONNX model"):
+        byoc.from_onnx(FIXTURES / "bad_truncated.onnx")
+    with pytest.raises(byoc.ModelError, match="not a valid ONNX model"):
+        byoc.from_onnx(b"this is a text file, not a model\n" * 10)
+    with pytest.raises(byoc.ModelError, match="does not exist"):
+        byoc.from_onnx(FIXTURES / "no_such_model.onnx")
+
+
+def _model(nodes, inputs, outputs, initializers=(), opset=17):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def test_old_opset_is_refused_with_advice():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    model = _model([helper.make_node("Relu", ["x"], ["y"])], [x], [y], opset=11)
+    with pytest.raises(byoc.ModelError, match="opset 11; byoc reads opsets 13"):
+        byoc.from_onnx(model)
+
+
+def test_runtime_shape_input_is_a_clear_error():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    shape = helper.make_tensor_value_info("shape", TensorProto.INT64, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 2])
+    model = _model([helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape_by_input")],
+                   [x, shape], [y])
+    with pytest.raises(byoc.UnsupportedOpError, match="Reshape node 'reshape_by_input': input 'shape' must be known"):
+        byoc.from_onnx(model)
+
+
+def test_shape_subgraph_folds_to_constants():
+    """Shape -> Gather -> Unsqueeze -> Concat -> Reshape, as exporters write it."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 6])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("z", TensorProto.INT64, [], [0])),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Constant", [], ["axes"], value_ints=[0]),
+        helper.make_node("Unsqueeze", ["n", "axes"], ["n1"]),
+        helper.make_node("Constant", [], ["rest"], value_ints=[2, 3]),
+        helper.make_node("Concat", ["n1", "rest"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["r"]),
+        helper.make_node("Relu", ["r"], ["y"]),
+    ]
+    mod = byoc.from_onnx(_model(nodes, [x], [y]), input_shapes={"x": (4, 6)})
+    expected = parse_module("""
+def @main(%x: Tensor[(4, 6), float32]) -> Tensor[(4, 2, 3), float32] {
+  %r = reshape(%x, shape=[4, 2, 3])
+  %y = relu(%r)
+  return %y
+}
+""")
+    assert_structural_equal(mod, expected)
+
+
+def test_gemm_with_transposed_constant_weight_folds_the_transpose():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])
+    weight = np.arange(12, dtype=np.float32).reshape(4, 3)
+    bias = np.ones(4, dtype=np.float32)
+    model = _model([helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1, alpha=2.0)], [x], [y],
+                   [onnx.numpy_helper.from_array(weight, "w"), onnx.numpy_helper.from_array(bias, "b")])
+    mod = byoc.from_onnx(model)
+    ops = [b.value.op.name for b in mod["main"].bindings]
+    assert ops == ["matmul", "multiply", "add"]
+    data = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_allclose(byoc.interpret(mod, data), 2 * data @ weight.T + bias, rtol=1e-6)
