@@ -1,0 +1,233 @@
+"""Host code: the C++ that owns a model's memory and calls its extern functions in order.
+
+`plan_host(mod)` reads the final main (after MarkCompilerFunctionsAsExtern: a flat list
+of calls to extern globals) and decides where every tensor lives: inputs and outputs are
+the caller's, constants go into one weights blob, everything else into one activation
+arena (offsets from the memory planner, 256-byte aligned). `render_host(plan, ...)` turns
+that plan into source text from templates/host/model.cc.j2.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import BuildError
+from ..ir.expr import Call, Constant, GlobalVar, Tuple, Var
+from ..ir.module import IRModule
+from ..ir.types import TensorType, numpy_dtype
+from .templates import render_template
+
+ALIGNMENT = 256
+
+# byoc dtype -> (DLPack type code, bits)
+DLPACK_DTYPES = {
+    "float32": (2, 32), "float16": (2, 16), "bfloat16": (4, 16), "float64": (2, 64),
+    "int64": (0, 64), "int32": (0, 32), "int16": (0, 16), "int8": (0, 8), "uint8": (1, 8),
+    "bool": (6, 8),
+}
+
+
+def align(offset: int, alignment: int = ALIGNMENT) -> int:
+    return (offset + alignment - 1) // alignment * alignment
+
+
+def nbytes(type_: TensorType) -> int:
+    return math.prod(type_.shape) * numpy_dtype(type_.dtype).itemsize
+
+
+def c_string_literal_body(text: str) -> str:
+    """The inside of a C string literal for any text: everything but [A-Za-z0-9 _.-] is
+    written as a 3-digit octal escape, so quotes, newlines, backslashes, '*/', '#', '??'
+    trigraphs and non-ASCII bytes cannot change the generated program."""
+    out = []
+    for byte in text.encode("utf-8"):
+        char = chr(byte)
+        if char.isascii() and (char.isalnum() or char in " _.-"):
+            out.append(char)
+        else:
+            out.append(f"\\{byte:03o}")
+    return "".join(out)
+
+
+def comment_safe(text: str, limit: int = 60) -> str:
+    """A model-given name reduced to characters that are harmless in a // comment."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:limit]
+
+
+@dataclass
+class TensorPlacement:
+    """Where one tensor lives at run time: a C expression of type void*."""
+    expression: str
+    type: TensorType
+
+
+@dataclass
+class HostPlan:
+    inputs: list  # (name, TensorType)
+    outputs: list  # (name, TensorType)
+    calls: list  # dict(symbol, args, results, label)
+    output_copies: list  # dict(output, source, bytes)
+    weights: bytes
+    constant_offsets: dict = field(default_factory=dict)
+    arena_bytes: int = 0
+    arena_offsets: dict = field(default_factory=dict)
+    extern_symbols: list = field(default_factory=list)
+    workspace_bytes: int = 0
+
+
+def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
+              arena_offsets: dict | None = None, output_names: list[str] | None = None) -> HostPlan:
+    """Place every tensor of mod["main"]. `arena_offsets` (Var -> offset) comes from the
+    memory planner; without it each intermediate gets its own slot (no reuse)."""
+    main = mod["main"]
+    workspace_bytes = workspace_bytes or {}
+    placements: dict = {}
+    inputs = []
+    for index, param in enumerate(main.params):
+        if not isinstance(param.type, TensorType):
+            raise BuildError(f"main parameter {param.name_hint!r} is not a tensor")
+        placements[param] = TensorPlacement(f"in[{index}]", param.type)
+        inputs.append((param.name_hint, param.type))
+
+    results = list(main.result.fields) if isinstance(main.result, Tuple) else [main.result]
+    names = output_names or ([f"output_{i}" for i in range(len(results))] if len(results) > 1 else ["output"])
+    outputs = [(name, result.type) for name, result in zip(names, results)]
+
+    # An output computed by a call is written straight into the caller's buffer (the
+    # first time it appears); anything else is copied at the end of run().
+    direct_output: dict = {}
+    bound = {binding.var for binding in main.bindings}
+    for index, result in enumerate(results):
+        if isinstance(result, Var) and result in bound and result not in direct_output:
+            direct_output[result] = index
+
+    weights = bytearray()
+    constant_offsets: dict = {}
+
+    def place_constant(constant: Constant) -> TensorPlacement:
+        key = id(constant)
+        if key not in constant_offsets:
+            offset = align(len(weights))
+            weights.extend(b"\0" * (offset - len(weights)))
+            weights.extend(np.ascontiguousarray(constant.data).tobytes())
+            constant_offsets[key] = offset
+        return TensorPlacement(f"W + {constant_offsets[key]}", constant.type)
+
+    arena_size = 0
+    own_offsets = {}
+    calls, symbols = [], []
+    for position, binding in enumerate(main.bindings):
+        value = binding.value
+        if not (isinstance(value, Call) and isinstance(value.op, GlobalVar)):
+            raise BuildError(f"main still contains {type(value).__name__} "
+                             f"{getattr(getattr(value, 'op', None), 'name', '')} after partitioning; "
+                             f"every op must belong to a backend's extern function")
+        callee = mod[value.op.name]
+        if not callee.is_extern:
+            raise BuildError(f"main calls @{value.op.name}, which is not an extern function")
+        if not isinstance(binding.var.type, TensorType):
+            raise BuildError(f"@{value.op.name} returns {binding.var.type}; extern functions return one tensor")
+        args = []
+        for arg in value.args:
+            if isinstance(arg, Constant):
+                args.append(place_constant(arg).expression)
+            elif isinstance(arg, Var) and arg in placements:
+                args.append(placements[arg].expression)
+            else:
+                raise BuildError(f"argument {arg!r} of @{value.op.name} is neither a constant nor a computed tensor")
+        var = binding.var
+        if var in direct_output:
+            placements[var] = TensorPlacement(f"out[{direct_output[var]}]", var.type)
+        else:
+            if arena_offsets is not None:
+                offset = arena_offsets[var]
+            else:
+                offset = align(arena_size)
+            own_offsets[var] = offset
+            arena_size = max(arena_size, offset + nbytes(var.type))
+            placements[var] = TensorPlacement(f"A + {offset}", var.type)
+        symbol = value.op.name
+        if symbol not in symbols:
+            symbols.append(symbol)
+        calls.append({"symbol": symbol, "args": args, "results": [placements[var].expression],
+                      "label": f"#{position} {comment_safe(var.name_hint)} = {symbol}"})
+
+    output_copies = []
+    for index, result in enumerate(results):
+        if direct_output.get(result) == index:
+            continue
+        if isinstance(result, Constant):
+            source = place_constant(result).expression
+        elif result in placements:
+            source = placements[result].expression
+        else:
+            raise BuildError(f"output {index} of main is not a tensor main computes")
+        output_copies.append({"output": index, "source": source, "bytes": nbytes(result.type)})
+
+    return HostPlan(inputs=inputs, outputs=outputs, calls=calls, output_copies=output_copies,
+                    weights=bytes(weights), constant_offsets=constant_offsets, arena_bytes=align(arena_size),
+                    arena_offsets=own_offsets, extern_symbols=symbols,
+                    workspace_bytes=max([0] + [workspace_bytes.get(s, 0) for s in symbols]))
+
+
+def _tensor_entry(name: str, type_: TensorType) -> dict:
+    code, bits = DLPACK_DTYPES[type_.dtype]
+    if len(type_.shape) > 8:
+        raise BuildError(f"tensor {name!r} has {len(type_.shape)} dims; the runtime supports up to 8")
+    return {"name_literal": c_string_literal_body(name), "ndim": len(type_.shape),
+            "shape_list": ", ".join(str(d) for d in type_.shape) or "0", "code": code, "bits": bits,
+            "dtype": type_.dtype, "bytes": nbytes(type_)}
+
+
+def metadata_json(plan: HostPlan, *, build_id: str, target: str, arch: str | None,
+                  backends: list, functions: list, weights_location: str) -> str:
+    def tensor(name, type_):
+        return {"name": name, "shape": list(type_.shape), "dtype": type_.dtype}
+    metadata = {
+        "format": "byoc-model", "version": 1, "build_id": build_id, "target": target, "arch": arch,
+        "inputs": [tensor(n, t) for n, t in plan.inputs],
+        "outputs": [tensor(n, t) for n, t in plan.outputs],
+        "backends": backends, "functions": functions,
+        "weights": {"bytes": len(plan.weights), "location": weights_location},
+        "memory": {"arena_bytes": plan.arena_bytes, "workspace_bytes": plan.workspace_bytes},
+    }
+    return json.dumps(metadata, sort_keys=True, separators=(",", ":"))
+
+
+def render_host(plan: HostPlan, *, cuda: bool, build_id: str, metadata: str, arch_number: int | None,
+                weights_embedded: bool, weights_symbol: str = "byoc_weights_blob") -> str:
+    data = metadata.encode("utf-8")
+    metadata_bytes = ",\n".join(", ".join(str(b) for b in data[i:i + 24]) for i in range(0, len(data), 24))
+    return render_template("host/model.cc.j2", {
+        "cuda": cuda, "build_id": build_id, "metadata_bytes": metadata_bytes,
+        "weights": {"embedded": weights_embedded, "bytes": len(plan.weights), "symbol": weights_symbol},
+        "arena_bytes": plan.arena_bytes, "workspace_bytes": plan.workspace_bytes,
+        "inputs": [_tensor_entry(n, t) for n, t in plan.inputs],
+        "outputs": [_tensor_entry(n, t) for n, t in plan.outputs],
+        "extern_symbols": plan.extern_symbols, "calls": plan.calls, "output_copies": plan.output_copies,
+        "arch_number": arch_number or 0,
+    })
+
+
+def render_weights_assembly(blob_path_literal: str, symbol: str = "byoc_weights_blob") -> str:
+    """An assembler file that embeds the weights blob with .incbin (fast for any size,
+    unlike a C array). The symbol is hidden so that two models loaded in one process do
+    not see each other's weights."""
+    return render_template("host/weights.S.j2", {"symbol": symbol, "path": blob_path_literal})
+
+
+def write_safetensors(path, blob: bytes, build_id: str):
+    """The sidecar: one uint8 tensor 'byoc_weights' holding the blob, and the build id in
+    __metadata__ (the library refuses a sidecar of another build)."""
+    header = {"__metadata__": {"build_id": build_id, "format": "byoc"},
+              "byoc_weights": {"dtype": "U8", "shape": [len(blob)], "data_offsets": [0, len(blob)]}}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as file:
+        file.write(len(text).to_bytes(8, "little"))
+        file.write(text)
+        file.write(blob)

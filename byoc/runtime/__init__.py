@@ -1,0 +1,218 @@
+"""Loads a built model.so and runs it from Python (the library itself needs no Python).
+
+    module = byoc.runtime.load("model.so")
+    outputs = module.run(input_ids=ids, attention_mask=mask)
+
+Inputs are NumPy arrays for the cpu target, and CuPy arrays or torch CUDA tensors for
+the cuda target (anything with __cuda_array_interface__). Outputs come back as the same
+kind of array as the first input (NumPy, CuPy or torch), freshly allocated, or are
+written into `out=` arrays the caller provides.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import RuntimeError as ByocRuntimeError
+from ..ir.types import numpy_dtype
+
+C_ABI_HEADER = Path(__file__).with_name("byoc_model.h")
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+# NumPy dtype kind/size -> DLPack (code, bits); typestr as in the array interfaces
+_TYPESTR_DLPACK = {"f4": (2, 32), "f2": (2, 16), "f8": (2, 64), "i8": (0, 64), "i4": (0, 32),
+                   "i2": (0, 16), "i1": (0, 8), "u1": (1, 8), "b1": (6, 8)}
+_DEVICE_CPU, _DEVICE_CUDA = 1, 2
+
+
+def _dlpack_dtype(typestr: str, descr=None) -> tuple[int, int]:
+    key = typestr[1:]
+    if key == "V2" or (descr and "bfloat16" in str(descr)):
+        return 4, 16
+    if key not in _TYPESTR_DLPACK:
+        return 255, 8 * int(key[1:] or 0)  # a type byoc never accepts: run() names it
+    return _TYPESTR_DLPACK[key]
+
+
+class _Prepared:
+    """A caller array described as a DLTensor (keeps the shape/stride buffers alive)."""
+
+    def __init__(self, array, what: str):
+        self.array = array
+        if hasattr(array, "__cuda_array_interface__"):
+            interface, device = array.__cuda_array_interface__, _DEVICE_CUDA
+        elif hasattr(array, "__array_interface__"):
+            interface, device = array.__array_interface__, _DEVICE_CPU
+        elif hasattr(array, "numpy") and hasattr(array, "device"):  # a torch CPU tensor
+            self.array = array = array.numpy()
+            interface, device = array.__array_interface__, _DEVICE_CPU
+        else:
+            raise ByocRuntimeError(f"{what}: expected a NumPy, CuPy or torch array, got {type(array).__name__}")
+        shape = tuple(int(d) for d in interface["shape"])
+        typestr = interface["typestr"]
+        if typestr[1:] == "V2" and hasattr(array, "dtype"):
+            typestr = "<V2"
+        code, bits = _dlpack_dtype(typestr, getattr(array, "dtype", None))
+        itemsize = int(typestr[2:]) if typestr[2:].isdigit() else 1
+        data = interface["data"][0] if interface.get("data") else 0
+        self.shape = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+        strides = interface.get("strides")
+        self.strides = None
+        if strides is not None:
+            self.strides = (ctypes.c_int64 * max(len(shape), 1))(*[s // itemsize for s in strides])
+        self.tensor = _DLTensor(
+            data=data, device=_DLDevice(device, 0), ndim=len(shape), dtype=_DLDataType(code, bits, 1),
+            shape=self.shape, strides=self.strides, byte_offset=0)
+
+
+class Module:
+    """A loaded model: run() it as often as you like; close() (or garbage collection)
+    frees its memory. One Module runs one call at a time."""
+
+    def __init__(self, path, weights_path=None):
+        self.path = str(Path(path).resolve())
+        try:
+            self._lib = ctypes.CDLL(self.path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+        except OSError as error:
+            raise ByocRuntimeError(f"cannot load {self.path}: {error}") from None
+        lib = self._lib
+        lib.byoc_model_metadata.restype = ctypes.c_char_p
+        lib.byoc_last_error.restype = ctypes.c_char_p
+        lib.byoc_model_create.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p]
+        lib.byoc_model_run.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DLTensor), ctypes.c_int32,
+                                       ctypes.POINTER(_DLTensor), ctypes.c_int32, ctypes.c_void_p]
+        lib.byoc_model_destroy.argtypes = [ctypes.c_void_p]
+        self.metadata = json.loads(lib.byoc_model_metadata().decode("utf-8"))
+        if weights_path is None and self.metadata["weights"]["location"] == "sidecar":
+            weights_path = os.path.splitext(self.path)[0] + ".safetensors"
+        handle = ctypes.c_void_p()
+        path_arg = str(weights_path).encode() if weights_path is not None else None
+        if lib.byoc_model_create(ctypes.byref(handle), path_arg) != 0:
+            raise ByocRuntimeError(f"{os.path.basename(self.path)}: {self._error()}")
+        self._handle = handle
+        self.device = "cuda" if self.metadata["target"].startswith("cuda") else "cpu"
+        self.input_names = [t["name"] for t in self.metadata["inputs"]]
+        self.output_names = [t["name"] for t in self.metadata["outputs"]]
+
+    def _error(self) -> str:
+        return self._lib.byoc_last_error().decode("utf-8", "replace")
+
+    def _order_inputs(self, args, kwargs) -> list:
+        names = self.input_names
+        if len(args) > len(names):
+            raise ByocRuntimeError(f"expected at most {len(names)} inputs ({', '.join(names)}), got {len(args)}")
+        values = dict(zip(names, args))
+        for name, value in kwargs.items():
+            if name not in names:
+                raise ByocRuntimeError(f"unknown input {name!r}; the model's inputs are {names}")
+            if name in values:
+                raise ByocRuntimeError(f"input {name!r} given twice")
+            values[name] = value
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise ByocRuntimeError(f"missing input(s) {missing}; the model's inputs are {names}")
+        return [values[n] for n in names]
+
+    def _allocate_outputs(self, like):
+        specs = self.metadata["outputs"]
+        outputs = []
+        for spec in specs:
+            dtype = numpy_dtype(spec["dtype"])
+            if self.device == "cpu":
+                outputs.append(np.empty(spec["shape"], dtype=dtype))
+            elif type(like).__module__.startswith("torch"):
+                import torch
+                torch_dtype = getattr(torch, spec["dtype"])
+                outputs.append(torch.empty(spec["shape"], dtype=torch_dtype, device=like.device))
+            else:
+                import cupy
+                outputs.append(cupy.empty(spec["shape"], dtype=dtype))
+        return outputs
+
+    def run(self, *args, out=None, stream=None, **kwargs):
+        """Run once. Returns one array, or a tuple when the model has several outputs."""
+        if self._handle is None:
+            raise ByocRuntimeError("this module was closed")
+        inputs = self._order_inputs(args, kwargs)
+        prepared_inputs = [_Prepared(a, f"input {n!r}") for a, n in zip(inputs, self.input_names)]
+        outputs = list(out) if out is not None else self._allocate_outputs(inputs[0] if inputs else None)
+        if len(outputs) != len(self.output_names):
+            raise ByocRuntimeError(f"expected {len(self.output_names)} output arrays, got {len(outputs)}")
+        prepared_outputs = [_Prepared(a, f"output {n!r}") for a, n in zip(outputs, self.output_names)]
+        input_array = (_DLTensor * max(len(prepared_inputs), 1))(*[p.tensor for p in prepared_inputs])
+        output_array = (_DLTensor * max(len(prepared_outputs), 1))(*[p.tensor for p in prepared_outputs])
+        stream_pointer = self._stream_pointer(stream, inputs)
+        status = self._lib.byoc_model_run(self._handle, input_array, len(prepared_inputs),
+                                          output_array, len(prepared_outputs), stream_pointer)
+        if status != 0:
+            raise ByocRuntimeError(self._error())
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _stream_pointer(self, stream, inputs):
+        if self.device != "cuda":
+            return None
+        if stream is not None:
+            return getattr(stream, "ptr", getattr(stream, "cuda_stream", stream))
+        first = inputs[0] if inputs else None
+        if first is not None and type(first).__module__.startswith("torch"):
+            import torch
+            return torch.cuda.current_stream().cuda_stream
+        try:
+            import cupy
+            return cupy.cuda.get_current_stream().ptr
+        except ImportError:
+            return None
+
+    def benchmark(self, *args, repeat: int = 100, warmup: int = 10, **kwargs) -> float:
+        """Mean milliseconds per run (inputs reused), measured with the device synchronized."""
+        import time
+        outputs = self.run(*args, **kwargs)
+        outputs = list(outputs) if isinstance(outputs, tuple) else [outputs]
+        for _ in range(warmup):
+            self.run(*args, out=outputs, **kwargs)
+        self._synchronize()
+        start = time.perf_counter()
+        for _ in range(repeat):
+            self.run(*args, out=outputs, **kwargs)
+        self._synchronize()
+        return (time.perf_counter() - start) * 1e3 / repeat
+
+    def _synchronize(self):
+        if self.device == "cuda":
+            import cupy
+            cupy.cuda.runtime.deviceSynchronize()
+
+    def close(self):
+        if getattr(self, "_handle", None) is not None:
+            self._lib.byoc_model_destroy(self._handle)
+            self._handle = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def load(path, weights_path=None) -> Module:
+    """Load a model library built by byoc."""
+    return Module(path, weights_path)

@@ -1,0 +1,58 @@
+/* The C ABI of a library built by byoc (model.so).
+ *
+ *   byoc_model* model = NULL;
+ *   if (byoc_model_create(&model, NULL) != 0) puts(byoc_last_error());
+ *   byoc_model_run(model, inputs, num_inputs, outputs, num_outputs, stream);
+ *   byoc_model_destroy(model);
+ *
+ * Tensors cross the boundary as DLPack DLTensors (the struct below has DLPack's layout,
+ * so a DLManagedTensor's dl_tensor can be passed as it is). Inputs and outputs are given
+ * in the order of the metadata JSON ("inputs", "outputs"); each must have exactly the
+ * declared shape and dtype, live on the model's device and be compact row-major
+ * (strides NULL or the compact ones). run() checks all of this, never allocates, and
+ * enqueues all work on `stream` (a cudaStream_t; NULL = the legacy default stream; ignored
+ * on the cpu target). Every function returns 0 on success; otherwise byoc_last_error()
+ * (thread-local) says what went wrong, and the model stays usable.
+ */
+#ifndef BYOC_MODEL_H_
+#define BYOC_MODEL_H_
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct { int32_t device_type; int32_t device_id; } byoc_dl_device;   /* DLDevice */
+typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } byoc_dl_dtype; /* DLDataType */
+typedef struct {                                                              /* DLTensor */
+  void* data;
+  byoc_dl_device device;
+  int32_t ndim;
+  byoc_dl_dtype dtype;
+  int64_t* shape;
+  int64_t* strides; /* in elements; NULL = compact row-major */
+  uint64_t byte_offset;
+} byoc_dl_tensor;
+
+enum { BYOC_DL_CPU = 1, BYOC_DL_CUDA = 2, BYOC_DL_CUDA_HOST = 3 };
+enum { BYOC_DL_INT = 0, BYOC_DL_UINT = 1, BYOC_DL_FLOAT = 2, BYOC_DL_BFLOAT = 4, BYOC_DL_BOOL = 6 };
+
+typedef struct byoc_model byoc_model;
+
+/* Loads weights (from inside the library, or from `weights_path`, a .safetensors sidecar,
+ * when the model was built with params: sidecar; NULL = next to the library) and
+ * allocates all memory the model will ever use. */
+int byoc_model_create(byoc_model** model, const char* weights_path);
+int byoc_model_run(byoc_model* model, const byoc_dl_tensor* inputs, int32_t num_inputs,
+                   const byoc_dl_tensor* outputs, int32_t num_outputs, void* stream);
+void byoc_model_destroy(byoc_model* model);
+/* JSON: format, version, build_id, target, arch, inputs, outputs, backends, functions, weights. */
+const char* byoc_model_metadata(void);
+const char* byoc_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* BYOC_MODEL_H_ */
