@@ -19,6 +19,7 @@ from ..errors import BuildError
 from ..ir.expr import Call, Constant, GlobalVar, Tuple, Var
 from ..ir.module import IRModule
 from ..ir.types import TensorType, numpy_dtype
+from ..transform.plan_memory import plan_memory
 from .templates import render_template
 
 ALIGNMENT = 256
@@ -77,12 +78,13 @@ class HostPlan:
     arena_offsets: dict = field(default_factory=dict)
     extern_symbols: list = field(default_factory=list)
     workspace_bytes: int = 0
+    memory_plan: object = None
 
 
 def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
-              arena_offsets: dict | None = None, output_names: list[str] | None = None) -> HostPlan:
-    """Place every tensor of mod["main"]. `arena_offsets` (Var -> offset) comes from the
-    memory planner; without it each intermediate gets its own slot (no reuse)."""
+              output_names: list[str] | None = None, reuse_memory: bool = True) -> HostPlan:
+    """Place every tensor of mod["main"]. Intermediates share the arena as PlanMemory
+    decides (`reuse_memory=False` gives each its own slot, for debugging)."""
     main = mod["main"]
     workspace_bytes = workspace_bytes or {}
     placements: dict = {}
@@ -104,6 +106,12 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
     for index, result in enumerate(results):
         if isinstance(result, Var) and result in bound and result not in direct_output:
             direct_output[result] = index
+
+    arena_offsets = None
+    memory_plan = None
+    if reuse_memory:
+        memory_plan = plan_memory(main, exclude=set(direct_output))
+        arena_offsets = memory_plan.offsets
 
     weights = bytearray()
     constant_offsets: dict = {}
@@ -171,7 +179,8 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
     return HostPlan(inputs=inputs, outputs=outputs, calls=calls, output_copies=output_copies,
                     weights=bytes(weights), constant_offsets=constant_offsets, arena_bytes=align(arena_size),
                     arena_offsets=own_offsets, extern_symbols=symbols,
-                    workspace_bytes=max([0] + [workspace_bytes.get(s, 0) for s in symbols]))
+                    workspace_bytes=max([0] + [workspace_bytes.get(s, 0) for s in symbols]),
+                    memory_plan=memory_plan)
 
 
 def _tensor_entry(name: str, type_: TensorType) -> dict:
