@@ -1,0 +1,445 @@
+"""fold_constant and dead_code_elimination, as IR text before and after."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from byoc.interpreter import interpret
+from byoc.ir import Constant, assert_structural_equal, parse
+from byoc.transform import dead_code_elimination, fold_constant
+
+
+def check(before: str, after: str, transform):
+    """Run `transform` on the parsed `before`; the result must equal the parsed `after`,
+    and the input module must be left as it was."""
+    mod = parse(before)
+    text_before = mod.script()
+    result = transform(mod)
+    assert_structural_equal(result, parse(after))
+    assert mod.script() == text_before, "the pass changed its input module"
+    return result
+
+
+# ================================================================= fold_constant
+
+
+def test_fold_shape_chain_into_gather_indices():
+    before = """
+def @main(%x: Tensor[(4, 3), float32]) -> Tensor[(2, 3), float32] {
+  %dims = concat(const([3], int64), const([1], int64), axis=0)
+  %indices = subtract(%dims, const(1, int64))
+  %y = gather(%x, %indices)
+  return %y
+}
+"""
+    after = """
+def @main(%x: Tensor[(4, 3), float32]) -> Tensor[(2, 3), float32] {
+  %y = gather(%x, const([2, 0], int64))
+  return %y
+}
+"""
+    check(before, after, fold_constant)
+
+
+def test_fold_weight_preprocessing_into_its_consumers():
+    before = """
+def @main(%x: Tensor[(3, 2), float32]) -> Tensor[(3, 2), float32] {
+  %w = transpose(const([[1.0, 2.0], [3.0, 4.0]], float32), axes=[1, 0])
+  %m = matmul(%x, %w)
+  %b = reshape(const([0.5, -0.5], float32), shape=[1, 2])
+  %scaled = multiply(%b, const(2.0, float32))
+  %y = add(%m, %scaled)
+  return %y
+}
+"""
+    after = """
+def @main(%x: Tensor[(3, 2), float32]) -> Tensor[(3, 2), float32] {
+  %m = matmul(%x, const([[1.0, 3.0], [2.0, 4.0]], float32))
+  %y = add(%m, const([[1.0, -1.0]], float32))
+  return %y
+}
+"""
+    check(before, after, fold_constant)
+
+
+def test_fold_through_tuples():
+    before = """
+def @main(%x: Tensor[(2,), float32]) -> Tensor[(2,), float32] {
+  %parts = split(const([1.0, 2.0, 3.0], float32), axis=0, sizes=[1, 2])
+  %first = %parts.0
+  %second = %parts.1
+  %pair = (%first, %second)
+  %again = %pair.1
+  %y = add(%x, %again)
+  %z = add(%y, %first)
+  return %z
+}
+"""
+    # The split becomes a tuple of constants, the get-items forward their fields; the
+    # tuple bindings stay for dead_code_elimination.
+    after = """
+def @main(%x: Tensor[(2,), float32]) -> Tensor[(2,), float32] {
+  %parts = (const([1.0], float32), const([2.0, 3.0], float32))
+  %pair = (const([1.0], float32), const([2.0, 3.0], float32))
+  %y = add(%x, const([2.0, 3.0], float32))
+  %z = add(%y, const([1.0], float32))
+  return %z
+}
+"""
+    check(before, after, fold_constant)
+    cleaned = """
+def @main(%x: Tensor[(2,), float32]) -> Tensor[(2,), float32] {
+  %y = add(%x, const([2.0, 3.0], float32))
+  %z = add(%y, const([1.0], float32))
+  return %z
+}
+"""
+    check(before, cleaned, lambda mod: dead_code_elimination(fold_constant(mod)))
+
+
+def test_tuple_of_variables_forwards_its_fields():
+    before = """
+def @main(%x: Tensor[(2,), float32], %y: Tensor[(2,), float32]) -> Tensor[(2,), float32] {
+  %pair = (%x, %y)
+  %second = %pair.1
+  %z = relu(%second)
+  return %z
+}
+"""
+    after = """
+def @main(%x: Tensor[(2,), float32], %y: Tensor[(2,), float32]) -> Tensor[(2,), float32] {
+  %pair = (%x, %y)
+  %z = relu(%y)
+  return %z
+}
+"""
+    check(before, after, fold_constant)
+
+
+def test_calls_to_functions_are_not_folded_but_their_constant_arguments_are():
+    before = """
+def @main(%x: Tensor[(2,), float32]) -> Tensor[(2,), float32] {
+  %a = add(const([1.0, 2.0], float32), const([3.0, 4.0], float32))
+  %b = @double(%a)
+  %c: Tensor[(2,), float32] = extern("byoc_shim_relu")(%a)
+  %f = fn (%p: Tensor[(2,), float32]) -> Tensor[(2,), float32] {
+    %k = multiply(const(2.0, float32), const(3.0, float32))
+    %r = multiply(%p, %k)
+    return %r
+  }
+  %d = %f(%a)
+  %e = multiply(%x, %a)
+  %s = add(%b, %c)
+  %t = add(%s, %d)
+  %u = add(%t, %e)
+  return %u
+}
+
+def @double(%p: Tensor[(2,), float32]) -> Tensor[(2,), float32] {
+  %q = add(%p, %p)
+  return %q
+}
+"""
+    # The calls to @double, the extern symbol and the local function keep their constant
+    # arguments; the local function's own body is folded.
+    after = """
+def @main(%x: Tensor[(2,), float32]) -> Tensor[(2,), float32] {
+  %b = @double(const([4.0, 6.0], float32))
+  %c: Tensor[(2,), float32] = extern("byoc_shim_relu")(const([4.0, 6.0], float32))
+  %f = fn (%p: Tensor[(2,), float32]) -> Tensor[(2,), float32] {
+    %r = multiply(%p, const(6.0, float32))
+    return %r
+  }
+  %d = %f(const([4.0, 6.0], float32))
+  %e = multiply(%x, const([4.0, 6.0], float32))
+  %s = add(%b, %c)
+  %t = add(%s, %d)
+  %u = add(%t, %e)
+  return %u
+}
+
+def @double(%p: Tensor[(2,), float32]) -> Tensor[(2,), float32] {
+  %q = add(%p, %p)
+  return %q
+}
+"""
+    check(before, after, fold_constant)
+
+
+def test_size_limit_keeps_large_results_unfolded():
+    before = """
+def @main(%x: Tensor[(64, 64), float32]) -> Tensor[(64, 64), float32] {
+  %one = add(const(0.5, float32), const(0.5, float32))
+  %ones = broadcast_to(%one, shape=[64, 64])
+  %y = add(%x, %ones)
+  return %y
+}
+"""
+    # 64 * 64 float32 = 16384 bytes: over a 1024-byte limit; the 4-byte scalar still folds.
+    after = """
+def @main(%x: Tensor[(64, 64), float32]) -> Tensor[(64, 64), float32] {
+  %ones = broadcast_to(const(1.0, float32), shape=[64, 64])
+  %y = add(%x, %ones)
+  return %y
+}
+"""
+    check(before, after, lambda mod: fold_constant(mod, size_limit_bytes=1024))
+    # Exactly at the limit folds; without a limit everything folds.
+    for limit in (16384, None):
+        folded = fold_constant(parse(before), size_limit_bytes=limit)["main"]
+        assert len(folded.bindings) == 1
+        weight = folded.bindings[0].value.args[1]
+        assert isinstance(weight, Constant) and weight.type.shape == (64, 64)
+        np.testing.assert_array_equal(weight.data, np.ones((64, 64), np.float32))
+    with pytest.raises(ValueError, match="size_limit_bytes"):
+        fold_constant(parse(before), size_limit_bytes=-1)
+
+
+def test_no_op_calls_are_removed():
+    before = """
+def @main(%x: Tensor[(2, 3), float32], %v: Tensor[(3,), float32]) -> Tuple[Tensor[(2, 3), float32], Tensor[(3, 2), float32], Tensor[(3,), float32]] {
+  %a = identity(%x)
+  %b = reshape(%a, shape=[2, -1])
+  %c = cast(%b, dtype="float32")
+  %d = transpose(%c, axes=[0, 1])
+  %e = broadcast_to(%d, shape=[2, 3])
+  %f = relu(%e)
+  %g = transpose(%f)
+  %h = reshape(%f, shape=[3, 2])
+  %i = transpose(%v)
+  %j = cast(%i, dtype="float16")
+  %k = cast(%j, dtype="float32")
+  return (%f, %g, %k)
+}
+"""
+    # transpose with axes=() reverses the dims: a no-op only up to rank 1. Casts that
+    # change the dtype stay, even as a pair (float16 rounds).
+    after = """
+def @main(%x: Tensor[(2, 3), float32], %v: Tensor[(3,), float32]) -> Tuple[Tensor[(2, 3), float32], Tensor[(3, 2), float32], Tensor[(3,), float32]] {
+  %f = relu(%x)
+  %g = transpose(%f)
+  %h = reshape(%f, shape=[3, 2])
+  %j = cast(%v, dtype="float16")
+  %k = cast(%j, dtype="float32")
+  return (%f, %g, %k)
+}
+"""
+    check(before, after, fold_constant)
+
+
+def test_result_can_become_a_constant():
+    before = """
+def @main(%x: Tensor[(2,), float32]) -> Tensor[(2,), int64] {
+  %a = add(const([1, 2], int64), const([10, 20], int64))
+  return %a
+}
+"""
+    after = """
+def @main(%x: Tensor[(2,), float32]) -> Tensor[(2,), int64] {
+  return const([11, 22], int64)
+}
+"""
+    check(before, after, fold_constant)
+
+
+def test_folding_keeps_results():
+    mod = parse("""
+def @main(%x: Tensor[(2, 4), float32]) -> Tensor[(2, 4), float32] {
+  %w = reshape(const([1.0, -2.0, 3.0, 0.5], float32), shape=[1, 4])
+  %e = exp(%w)
+  %y = multiply(%x, %e)
+  %z = softmax(%y)
+  return %z
+}
+""")
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    folded = fold_constant(mod)
+    assert len(folded["main"].bindings) == 2
+    np.testing.assert_array_equal(interpret(folded, x), interpret(mod, x))
+
+
+def test_extern_declarations_pass_through():
+    before = """
+def @main(%x: Tensor[(4,), float32]) -> Tensor[(4,), float32] {
+  %y = @decl(%x)
+  return %y
+}
+
+def @decl(%a: Tensor[(4,), float32]) -> Tensor[(4,), float32] [Extern=1];
+"""
+    check(before, before, fold_constant)
+
+
+# ================================================================= dead_code_elimination
+
+
+def test_unused_bindings_are_removed_in_cascade():
+    before = """
+def @main(%x: Tensor[(4,), float32], %unused: Tensor[(4,), float32]) -> Tensor[(4,), float32] {
+  %a = relu(%x)
+  %b = exp(%a)
+  %parts = split(%b, axis=0, sizes=[2, 2])
+  %p0 = %parts.0
+  %c = tanh(%x)
+  %t = (%c, %a)
+  %d = %t.0
+  %g = fn (%p: Tensor[(4,), float32]) -> Tensor[(4,), float32] {
+    %dead = exp(%p)
+    %r = relu(%p)
+    return %r
+  }
+  %h = fn (%p: Tensor[(4,), float32]) -> Tensor[(4,), float32] {
+    return %p
+  }
+  %e = %g(%d)
+  return %e
+}
+"""
+    # Unused parameters stay (they are the signature); the dead binding inside the kept
+    # local function goes, and so does the unused local function.
+    after = """
+def @main(%x: Tensor[(4,), float32], %unused: Tensor[(4,), float32]) -> Tensor[(4,), float32] {
+  %a = relu(%x)
+  %c = tanh(%x)
+  %t = (%c, %a)
+  %d = %t.0
+  %g = fn (%p: Tensor[(4,), float32]) -> Tensor[(4,), float32] {
+    %r = relu(%p)
+    return %r
+  }
+  %e = %g(%d)
+  return %e
+}
+"""
+    check(before, after, dead_code_elimination)
+
+
+GLOBALS = """
+def @main(%x: Tensor[(4,), float32]) -> Tensor[(4,), float32] {
+  %a = @f(%x)
+  %dead = @only_from_dead_code(%x)
+  return %a
+}
+
+def @f(%x: Tensor[(4,), float32]) -> Tensor[(4,), float32] {
+  %a = @g(%x)
+  %b = @shim(%a)
+  return %b
+}
+
+def @g(%x: Tensor[(4,), float32]) -> Tensor[(4,), float32] {
+  %a = relu(%x)
+  return %a
+}
+
+def @only_from_dead_code(%x: Tensor[(4,), float32]) -> Tensor[(4,), float32] {
+  %a = relu(%x)
+  return %a
+}
+
+def @other_entry(%x: Tensor[(4,), float32]) -> Tensor[(4,), float32] {
+  %a = @g(%x)
+  %b = @helper(%a)
+  return %b
+}
+
+def @helper(%x: Tensor[(4,), float32]) -> Tensor[(4,), float32] {
+  %a = @unused_shim(%x)
+  return %a
+}
+
+def @shim(%a: Tensor[(4,), float32]) -> Tensor[(4,), float32] [Extern=1];
+
+def @unused_shim(%a: Tensor[(4,), float32]) -> Tensor[(4,), float32] [Extern=1];
+
+def @never_called(%a: Tensor[(4,), float32]) -> Tensor[(4,), float32] [Extern=1];
+"""
+
+MAIN_F_G_SHIM = """
+def @main(%x: Tensor[(4,), float32]) -> Tensor[(4,), float32] {
+  %a = @f(%x)
+  return %a
+}
+
+def @f(%x: Tensor[(4,), float32]) -> Tensor[(4,), float32] {
+  %a = @g(%x)
+  %b = @shim(%a)
+  return %b
+}
+
+def @g(%x: Tensor[(4,), float32]) -> Tensor[(4,), float32] {
+  %a = relu(%x)
+  return %a
+}
+
+def @shim(%a: Tensor[(4,), float32]) -> Tensor[(4,), float32] [Extern=1];
+"""
+
+
+def test_unreachable_globals_are_removed():
+    # @only_from_dead_code is called only by a dead binding of main: unreachable once it
+    # goes. Extern declarations stay only while something reachable calls them.
+    result = check(GLOBALS, MAIN_F_G_SHIM, dead_code_elimination)
+    assert list(result.functions) == ["main", "f", "g", "shim"]  # original order kept
+
+
+def test_several_entry_functions():
+    after = MAIN_F_G_SHIM + """
+def @other_entry(%x: Tensor[(4,), float32]) -> Tensor[(4,), float32] {
+  %a = @g(%x)
+  %b = @helper(%a)
+  return %b
+}
+
+def @helper(%x: Tensor[(4,), float32]) -> Tensor[(4,), float32] {
+  %a = @unused_shim(%x)
+  return %a
+}
+
+def @unused_shim(%a: Tensor[(4,), float32]) -> Tensor[(4,), float32] [Extern=1];
+"""
+    check(GLOBALS, after, lambda mod: dead_code_elimination(mod, entry_functions=("main", "other_entry")))
+
+
+def test_missing_entry_function_is_an_error():
+    with pytest.raises(ValueError, match="@start"):
+        dead_code_elimination(parse(MAIN_F_G_SHIM), entry_functions=("start",))
+
+
+def test_fold_then_eliminate_a_whole_constant_subgraph():
+    before = """
+def @main(%x: Tensor[(2, 2), float32]) -> Tensor[(2, 2), float32] {
+  %shape = concat(const([2], int64), const([2], int64), axis=0)
+  %size = prod(%shape)
+  %scale = cast(%size, dtype="float32")
+  %inverse = divide(const(1.0, float32), %scale)
+  %y = multiply(%x, %inverse)
+  return %y
+}
+"""
+    after = """
+def @main(%x: Tensor[(2, 2), float32]) -> Tensor[(2, 2), float32] {
+  %y = multiply(%x, const(0.25, float32))
+  return %y
+}
+"""
+    check(before, after, lambda mod: dead_code_elimination(fold_constant(mod)))
+
+
+def test_bindings_that_name_an_atom_are_forwarded():
+    before = """
+def @main(%x: Tensor[(2,), float32]) -> Tensor[(2,), float32] {
+  %c = const([1.0, 2.0], float32)
+  %alias = %x
+  %y = add(%c, %c)
+  %z = add(%alias, %y)
+  return %z
+}
+"""
+    after = """
+def @main(%x: Tensor[(2,), float32]) -> Tensor[(2,), float32] {
+  %z = add(%x, const([2.0, 4.0], float32))
+  return %z
+}
+"""
+    check(before, after, fold_constant)
