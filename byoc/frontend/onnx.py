@@ -448,6 +448,11 @@ def _reduce(ctx, node, inputs, attrs):
     if op_type in _REDUCE:
         if 0 in ctx.shape(x) and op_type in ("ReduceMax", "ReduceMin"):
             ctx.unsupported("reducing an empty tensor with max/min")
+        if ctx.dtype(x) == "bool" and op_type in ("ReduceMax", "ReduceMin"):
+            # max/min of booleans are any/all: reduce as uint8 and cast back
+            as_bytes = ctx.call("cast", x, dtype="uint8")
+            reduced = ctx.call(_REDUCE[op_type], as_bytes, axes=axes, keepdims=keepdims)
+            return [ctx.call("cast", reduced, dtype="bool", name=node.output[0])]
         return [ctx.call(_REDUCE[op_type], x, axes=axes, keepdims=keepdims, name=node.output[0])]
     if op_type == "ReduceSumSquare":
         return [ctx.call("sum", ctx.call("multiply", x, x), axes=axes, keepdims=keepdims)]

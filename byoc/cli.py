@@ -1,0 +1,282 @@
+"""The `byoc` command line: one table of subcommands, one place that turns errors into
+messages.
+
+    byoc import MODEL.onnx [--input-shape NAME=1,8 ...] [-o OUT.ir]
+    byoc ops
+    byoc run MODEL.onnx --inputs INPUTS.npz [--input-shape ...] [--save OUT.npz]
+
+A user error (any byoc.ByocError, a missing or unreadable file, a bad YAML file) prints
+`byoc: error: <message>` on stderr and exits 2, with no traceback. Anything else is a bug
+in byoc: it prints a one-line message and exits 1; `--debug` adds the traceback.
+
+A new subcommand is one more row in SUBCOMMANDS: a name, a help line, a function that
+adds its arguments and a function that runs it and returns the exit code.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import textwrap
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .errors import ByocError
+
+EXIT_OK = 0
+EXIT_INTERNAL_ERROR = 1
+EXIT_USER_ERROR = 2  # the same code argparse uses for a bad command line
+
+
+class UsageError(ByocError):
+    """The command line or a file it names is not what the command expects."""
+
+
+# ---- shared argument helpers ---------------------------------------------------------
+
+def _add_input_shape_option(parser: argparse.ArgumentParser):
+    parser.add_argument(
+        "--input-shape", action="append", default=[], metavar="NAME=D1,D2,...",
+        help="static shape of a model input, e.g. input_ids=1,128 (repeat per input; "
+             "'NAME=' is a scalar). Needed for inputs with dynamic dims.")
+
+
+def parse_input_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
+    """['x=1,8', 'mask=1,8'] -> {'x': (1, 8), 'mask': (1, 8)}."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for spec in specs:
+        # the name may itself contain '=' (ONNX names are free text): split at the last one
+        name, equals, dims = spec.rpartition("=")
+        if not equals or not name:
+            raise UsageError(f"--input-shape {spec!r}: expected NAME=D1,D2,... (for example x=1,8)")
+        dims = dims.strip()
+        if dims and not re.fullmatch(r"\d+(\s*,\s*\d+)*", dims):
+            raise UsageError(f"--input-shape {spec!r}: the dims must be non-negative integers "
+                             f"separated by commas (for example {name}=1,8)")
+        if name in shapes:
+            raise UsageError(f"--input-shape gives {name!r} twice")
+        shapes[name] = tuple(int(d) for d in dims.split(",")) if dims else ()
+    return shapes
+
+
+def _graph_io_names(model_path: str) -> tuple[list[str], list[str]] | None:
+    """(non-initializer input names, output names) of an ONNX file, or None when it cannot
+    be read; from_onnx then reports why, in its own words."""
+    import onnx
+
+    try:
+        model = onnx.load_model(model_path, load_external_data=False)
+    except Exception:  # a missing, truncated or foreign file: from_onnx explains it
+        return None
+    initializers = {tensor.name for tensor in model.graph.initializer}
+    inputs = [info.name for info in model.graph.input if info.name not in initializers]
+    return inputs, [info.name for info in model.graph.output]
+
+
+# ---- byoc import -----------------------------------------------------------------------
+
+def _import_arguments(parser: argparse.ArgumentParser):
+    parser.add_argument("model", help="the ONNX model file")
+    _add_input_shape_option(parser)
+    parser.add_argument("-o", "--output", metavar="OUT.ir",
+                        help="write the IR text here instead of printing it")
+
+
+def _import_command(args: argparse.Namespace) -> int:
+    from .frontend import from_onnx
+
+    mod = from_onnx(args.model, input_shapes=parse_input_shapes(args.input_shape))
+    text = mod.script()
+    if args.output:
+        Path(args.output).write_text(text if text.endswith("\n") else text + "\n")
+        print(f"wrote {args.output}")
+    else:
+        print(text)
+    return EXIT_OK
+
+
+# ---- byoc ops --------------------------------------------------------------------------
+
+def _ops_arguments(parser: argparse.ArgumentParser):
+    pass  # no options yet
+
+
+def _ops_command(args: argparse.Namespace) -> int:
+    from .frontend import SUPPORTED_OPS
+    from .ir import get_op, list_ops
+
+    names = list_ops()
+    width = max(map(len, names))
+    print(f"IR ops ({len(names)}), with category:")
+    for name in names:
+        op = get_op(name)
+        summary = op.doc.strip().splitlines()[0] if op.doc.strip() else ""
+        print(f"  {name:<{width}}  {op.category:<9}  {summary}".rstrip())
+    onnx_types = sorted(SUPPORTED_OPS)
+    print(f"\nONNX op types that import ({len(onnx_types)}, default domain):")
+    print(textwrap.fill(", ".join(onnx_types), width=88, initial_indent="  ", subsequent_indent="  "))
+    return EXIT_OK
+
+
+# ---- byoc run ---------------------------------------------------------------------------
+
+def _run_arguments(parser: argparse.ArgumentParser):
+    parser.add_argument("model", help="the ONNX model file")
+    parser.add_argument("--inputs", required=True, metavar="INPUTS.npz",
+                        help="one array per model input, named after it (an 'in_' prefix, "
+                             "as the test fixtures use, is accepted)")
+    _add_input_shape_option(parser)
+    parser.add_argument("--save", metavar="OUT.npz", help="save the outputs, named after the model's outputs")
+
+
+def _load_input_arrays(path: str) -> dict:
+    import zipfile
+
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {key: archive[key] for key in archive.files}
+    except (ValueError, zipfile.BadZipFile) as error:  # OSError (missing file) passes through
+        raise UsageError(f"--inputs {path!r} is not a readable .npz file: {error}") from None
+    prefixed = {key[len("in_"):]: value for key, value in arrays.items() if key.startswith("in_")}
+    return prefixed or arrays
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from .frontend import from_onnx
+    from .interpreter import interpret
+
+    arrays = _load_input_arrays(args.inputs)
+    names = _graph_io_names(args.model)
+    input_names, output_names = names if names else (None, None)
+    shapes = parse_input_shapes(args.input_shape)
+    if input_names is not None:
+        missing = [name for name in input_names if name not in arrays]
+        unknown = sorted(set(arrays) - set(input_names))
+        if missing or unknown:
+            raise UsageError(f"--inputs {args.inputs!r} must hold one array per model input "
+                             f"({', '.join(input_names)}); missing: {missing or 'none'}, "
+                             f"not inputs: {unknown or 'none'}")
+        # the arrays fix dynamic dims; an explicit --input-shape wins (and is checked below)
+        shapes = {**{name: arrays[name].shape for name in input_names}, **shapes}
+
+    mod = from_onnx(args.model, input_shapes=shapes)
+    if input_names is not None:
+        results = interpret(mod, *[arrays[name] for name in input_names])  # params follow graph inputs
+    else:
+        results = interpret(mod, **arrays)
+    results = list(results) if isinstance(results, tuple) else [results]
+    output_names = output_names or [f"output_{i}" for i in range(len(results))]
+
+    for name, value in zip(output_names, results):
+        value = np.asarray(value)
+        first = np.array2string(value.reshape(-1)[:6], precision=5, separator=", ")
+        print(f"{name}: {value.dtype} {tuple(value.shape)}  first values {first}")
+    if args.save:
+        np.savez(args.save, **{name: np.asarray(value) for name, value in zip(output_names, results)})
+        print(f"wrote {args.save}")
+    return EXIT_OK
+
+
+# ---- the table and the driver ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Subcommand:
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+SUBCOMMANDS = [
+    Subcommand("import", "import an ONNX model and print (or write) its IR text",
+               _import_arguments, _import_command),
+    Subcommand("ops", "list the IR ops (with category) and the ONNX op types that import",
+               _ops_arguments, _ops_command),
+    Subcommand("run", "run an ONNX model with the NumPy reference interpreter",
+               _run_arguments, _run_command),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="byoc", description="byoc: split a model among code generators and build one library.")
+    # --debug is accepted before or after the subcommand; SUPPRESS keeps the subparser's
+    # absent flag from overwriting the main parser's value
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an internal error")
+    debug_after_subcommand = argparse.ArgumentParser(add_help=False)
+    debug_after_subcommand.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                                        help=argparse.SUPPRESS)
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for subcommand in SUBCOMMANDS:
+        subparser = subparsers.add_parser(subcommand.name, help=subcommand.help,
+                                          description=subcommand.help, parents=[debug_after_subcommand])
+        subcommand.add_arguments(subparser)
+        subparser.set_defaults(run=subcommand.run)
+    return parser
+
+
+def _user_error_types() -> tuple[type[BaseException], ...]:
+    types: tuple[type[BaseException], ...] = (ByocError, OSError)
+    try:
+        import yaml
+        types += (yaml.YAMLError,)
+    except ImportError:  # pyyaml is a dependency, but a broken install must still report errors
+        pass
+    return types
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_request:  # argparse has printed usage/help already
+        return exit_request.code if isinstance(exit_request.code, int) else EXIT_USER_ERROR
+
+    try:
+        return args.run(args)
+    except BrokenPipeError:  # `byoc ops | head`: the reader left; nothing to report
+        _silence_stdout()
+        return EXIT_OK
+    except _user_error_types() as error:
+        print(f"byoc: error: {_describe(error)}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("byoc: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:
+        if args.debug:
+            traceback.print_exc()
+        print(f"byoc: internal error: {type(error).__name__}: {error}"
+              + ("" if args.debug else "\n(this is a bug in byoc; rerun with --debug for the traceback)"),
+              file=sys.stderr)
+        return EXIT_INTERNAL_ERROR
+
+
+def _silence_stdout():
+    """Point stdout at /dev/null so that the interpreter's final flush does not fail again."""
+    import os
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a real file (pytest's capture): nothing to do
+        pass
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.filename is not None:
+        # "No such file or directory: 'x.onnx'" reads better than "[Errno 2] ..."
+        return f"{error.strerror or error}: {error.filename!r}"
+    message = str(error)
+    if "input_shapes" in message:  # the frontend speaks Python; say it the command-line way
+        message += " (on the command line: --input-shape NAME=D1,D2,...)"
+    return message
+
+
+if __name__ == "__main__":
+    sys.exit(main())

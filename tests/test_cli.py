@@ -1,0 +1,175 @@
+"""The `byoc` command line: subcommands work, and user errors never show a traceback."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import byoc
+from byoc.cli import main, parse_input_shapes, UsageError
+from byoc.ir import assert_structural_equal, parse_module
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "tests" / "fixtures"
+MLP = str(FIXTURES / "mlp.onnx")
+
+# (arguments, a piece of the message the user must see); each exits 2 with no traceback
+USER_ERRORS = {
+    "missing file": (["import", str(FIXTURES / "no_such_model.onnx")], "does not exist"),
+    "truncated model": (["import", str(FIXTURES / "bad_truncated.onnx")], "not a valid ONNX model"),
+    "unsupported ops": (["import", str(FIXTURES / "bad_unsupported.onnx")], "DFT (first node 'dft_0')"),
+    "bad --input-shape": (["import", MLP, "--input-shape", "x:4,64"], "expected NAME=D1,D2"),
+}
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+# ---- --input-shape syntax --------------------------------------------------------------
+
+def test_parse_input_shapes():
+    assert parse_input_shapes(["x=1,8", "mask=2, 3", "scalar="]) == {
+        "x": (1, 8), "mask": (2, 3), "scalar": ()}
+    assert parse_input_shapes(["a=b=4"]) == {"a=b": (4,)}  # ONNX names may contain '='
+
+
+@pytest.mark.parametrize("spec", ["x", "=1,2", "x=1,,2", "x=1.5", "x=-1", "x=a"])
+def test_parse_input_shapes_rejects(spec):
+    with pytest.raises(UsageError, match="--input-shape"):
+        parse_input_shapes([spec])
+
+
+# ---- subcommands --------------------------------------------------------------------------
+
+def test_import_prints_ir_text_that_parses_back(capsys):
+    code, out, err = run_cli(capsys, "import", MLP)
+    assert code == 0, err
+    assert out.startswith("def @main")
+    assert_structural_equal(parse_module(out), byoc.from_onnx(MLP))
+
+
+def test_import_writes_file(capsys, tmp_path):
+    target = tmp_path / "mlp.ir"
+    code, out, err = run_cli(capsys, "import", MLP, "-o", str(target))
+    assert code == 0, err
+    assert str(target) in out
+    assert_structural_equal(parse_module(target.read_text()), byoc.from_onnx(MLP))
+
+
+def test_import_with_input_shapes_fixes_dynamic_dims(capsys):
+    shape_options = []
+    for name in ("input_ids", "attention_mask", "token_type_ids"):
+        shape_options += ["--input-shape", f"{name}=1,8"]
+    code, out, err = run_cli(capsys, "import", str(FIXTURES / "bert2.onnx"), *shape_options)
+    assert code == 0, err
+    assert "Tensor[(1, 8), int64]" in out
+
+
+def test_ops_lists_ir_ops_with_category_and_onnx_types(capsys):
+    code, out, err = run_cli(capsys, "ops")
+    assert code == 0, err
+    lines = out.splitlines()
+    matmul_line = next(line for line in lines if line.split()[:1] == ["matmul"])
+    assert byoc.ir.get_op("matmul").category in matmul_line
+    assert "ONNX op types" in out and "Gemm" in out and "LayerNormalization" in out
+
+
+def test_run_matches_expected_outputs_and_saves(capsys, tmp_path):
+    saved = tmp_path / "out.npz"
+    code, out, err = run_cli(capsys, "run", MLP, "--inputs", str(FIXTURES / "mlp.npz"), "--save", str(saved))
+    assert code == 0, err
+    assert "y: float32 (4, 32)" in out
+    expected = np.load(FIXTURES / "mlp.npz")["out_y"]
+    np.testing.assert_allclose(np.load(saved)["y"], expected, rtol=1e-4, atol=1e-5)
+
+
+def test_run_takes_dynamic_dims_from_the_inputs(capsys, tmp_path):
+    fixture = np.load(FIXTURES / "bert2.npz")
+    inputs = tmp_path / "inputs.npz"
+    # plain names (no in_ prefix) and a shorter sequence than the fixture's
+    np.savez(inputs, **{key[len("in_"):]: value[:, :8] for key, value in fixture.items() if key.startswith("in_")})
+    code, out, err = run_cli(capsys, "run", str(FIXTURES / "bert2.onnx"), "--inputs", str(inputs))
+    assert code == 0, err
+    assert "last_hidden_state: float32 (2, 8, 128)" in out
+    assert "pooler_output: float32 (2, 128)" in out
+
+
+# ---- errors ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", sorted(USER_ERRORS))
+def test_user_error_is_one_line_without_traceback(capsys, case):
+    argv, message = USER_ERRORS[case]
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert err.startswith("byoc: error: ") and message in err
+    assert "Traceback" not in err + out
+
+
+def test_unsupported_ops_error_lists_every_op_type(capsys):
+    code, _, err = run_cli(capsys, "import", str(FIXTURES / "bad_unsupported.onnx"))
+    assert code == 2
+    for op_type in ("DFT", "Det", "Einsum"):
+        assert op_type in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["import", str(FIXTURES / "bert2.onnx")], "--input-shape NAME="),  # dynamic dims, no shape
+    (["run", MLP, "--inputs", str(FIXTURES / "no_such_inputs.npz")], "no_such_inputs.npz"),
+    (["run", MLP, "--inputs", str(FIXTURES / "bert2.npz")], "one array per model input"),
+    (["run", MLP, "--inputs", MLP], "not a readable .npz"),
+])
+def test_more_user_errors(capsys, argv, message):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert err.startswith("byoc: error: ") and message in err
+    assert "Traceback" not in err
+
+
+def test_bad_command_line_exits_2(capsys):
+    assert run_cli(capsys, "frobnicate")[0] == 2
+    assert run_cli(capsys, "run", MLP)[0] == 2  # --inputs is required
+    assert run_cli(capsys)[0] == 2
+
+
+def test_help_exits_0(capsys):
+    code, out, _ = run_cli(capsys, "--help")
+    assert code == 0
+    for command in ("import", "ops", "run"):
+        assert command in out
+
+
+def test_internal_error_hides_traceback_unless_debug(capsys, monkeypatch):
+    def broken_list_ops():
+        raise ZeroDivisionError("simulated bug")
+
+    monkeypatch.setattr(byoc.ir, "list_ops", broken_list_ops)
+    code, _, err = run_cli(capsys, "ops")
+    assert code == 1
+    assert "internal error: ZeroDivisionError: simulated bug" in err and "--debug" in err
+    assert "Traceback" not in err
+
+    for argv in (["--debug", "ops"], ["ops", "--debug"]):
+        code, _, err = run_cli(capsys, *argv)
+        assert code == 1
+        assert "Traceback" in err and "simulated bug" in err
+
+
+# ---- the real process -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", sorted(USER_ERRORS))
+def test_python_dash_m_byoc_user_errors(case):
+    argv, message = USER_ERRORS[case]
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    completed = subprocess.run([sys.executable, "-m", "byoc", *argv], cwd=REPO, env=environment,
+                               capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 2, completed.stderr
+    assert message in completed.stderr
+    assert "Traceback" not in completed.stderr + completed.stdout
