@@ -497,8 +497,20 @@ def _layer_norm(ctx, node, inputs, attrs):
     if bias is None:  # ONNX's bias is optional; byoc's layer_norm always adds one
         bias = np.zeros(ctx.shape(scale), dtype=NUMPY_DTYPES[ctx.dtype(scale)])
     scale, bias = (_cast_to(ctx, p, dtype) for p in (scale, bias))
-    return [ctx.call("layer_norm", x, scale, bias, axis=attrs.get("axis", -1),
-                     epsilon=attrs.get("epsilon", 1e-5), name=node.output[0])]
+    axis, epsilon = attrs.get("axis", -1), attrs.get("epsilon", 1e-5)
+    result = ctx.call("layer_norm", x, scale, bias, axis=axis, epsilon=epsilon, name=node.output[0])
+    if not any(node.output[1:]):
+        return [result]
+    # The optional Mean and InvStdDev outputs, in the stash type (float32 by default).
+    stash = x if attrs.get("stash_type", 1) != 1 else _cast_to(ctx, x, "float32")
+    rank = len(ctx.shape(x))
+    axes = tuple(range(axis % rank, rank))
+    mean = ctx.call("mean", stash, axes=axes, keepdims=True)
+    centered = ctx.call("subtract", stash, mean)
+    variance = ctx.call("mean", ctx.call("multiply", centered, centered), axes=axes, keepdims=True)
+    eps = np.asarray(epsilon, dtype=NUMPY_DTYPES[ctx.dtype(stash)])
+    inv_std_dev = ctx.call("rsqrt", ctx.call("add", variance, eps))
+    return [result, mean, inv_std_dev]
 
 
 @converter("RMSNormalization")
