@@ -4,7 +4,7 @@
  * call site).
  *
  * One header, two implementations with identical symbols:
- *   shim_cpu/  (C++17, g++)           -> libbyoc_shim_cpu.a      `stream` is ignored
+ *   cpu/       (C++17, g++)           -> libbyoc_shim_cpu.a      `stream` is ignored
  *   shim_cuda/ (CUDA, nvcc, per arch)  -> libbyoc_shim_cuda_smXX.a `stream` is a cudaStream_t
  * Pointers are device pointers for CUDA and host pointers for CPU. All tensors are dense,
  * row-major (C-contiguous). No function allocates memory except through the caller-given
@@ -13,6 +13,7 @@
  * Every function returns 0 on success and a nonzero code on failure; then
  * byoc_shim_last_error() returns a message naming the function and what was wrong
  * (thread-local; valid until the next failing call on the same thread).
+ * A pointer may be NULL only when the call touches no element through it.
  */
 #ifndef BYOC_SHIM_H_
 #define BYOC_SHIM_H_
@@ -66,13 +67,15 @@ int byoc_shim_gather(const void* data, const void* indices, void* out, int elem_
                      int64_t num_indices, void* stream);
 
 /* gather_elements: out and indices share `shape`; data has `data_shape`; along `axis`
- * out[i] = data[i with i_axis replaced by indices[i]]. */
+ * out[i] = data[i with i_axis replaced by indices[i]]. shape[d] <= data_shape[d] off `axis`;
+ * indices wrap and are range-checked as in gather. */
 int byoc_shim_gather_elements(const void* data, const void* indices, void* out, int elem_size,
                               byoc_dtype index_dtype, int ndim, const int64_t* data_shape,
                               const int64_t* shape, int axis, void* stream);
 
 /* pad: pads_begin/pads_end per dim (may be negative = crop). mode 0 constant (value given
- * as double, converted to dtype), 1 reflect, 2 edge. */
+ * as double, converted to dtype), 1 reflect (NumPy "reflect": one mirror image, so each
+ * positive pad must be < the kept size of its dim), 2 edge (needs a kept size >= 1). */
 int byoc_shim_pad(const void* in, void* out, byoc_dtype dtype, int ndim, const int64_t* in_shape,
                   const int64_t* pads_begin, const int64_t* pads_end, int mode, double value,
                   void* stream);
@@ -81,7 +84,8 @@ int byoc_shim_pad(const void* in, void* out, byoc_dtype dtype, int ndim, const i
 int byoc_shim_trilu(const void* in, void* out, int elem_size, int64_t batch, int64_t rows,
                     int64_t cols, int upper, int64_t k, void* stream);
 
-/* cumsum along the middle axis of (outer, n, inner). */
+/* cumsum along the middle axis of (outer, n, inner). Sums run in float32 for 16-bit floats
+ * (rounded once per output), integers in int64 wrapped to the dtype. */
 int byoc_shim_cumsum(const void* in, void* out, byoc_dtype dtype, int64_t outer, int64_t n,
                      int64_t inner, int exclusive, int reverse, void* stream);
 
@@ -89,16 +93,20 @@ int byoc_shim_cumsum(const void* in, void* out, byoc_dtype dtype, int64_t outer,
  * in viewed as (outer, n, inner), reduced over n -> out (outer, inner). Multi-axis
  * reductions are emitted as consecutive calls or over merged contiguous axes.
  * kind: 0 sum, 1 mean, 2 max, 3 min, 4 prod. Floating inputs accumulate in float32
- * (float64 in float64). */
+ * (float64 in float64), integers in int64 (wrapping); an integer mean truncates toward 0.
+ * n == 0 gives the identity: sum 0, prod 1, max -inf / dtype min, min +inf / dtype max,
+ * mean NaN (floats) or 0 (integers). max/min propagate NaN. */
 int byoc_shim_reduce(const void* in, void* out, byoc_dtype dtype, int kind, int64_t outer,
                      int64_t n, int64_t inner, void* stream);
 
 /* argmax (kind 0) / argmin (kind 1) over n of (outer, n, inner) -> int64 out (outer, inner);
- * ties pick the first index, or the last when select_last_index. */
+ * ties pick the first index, or the last when select_last_index. n must be >= 1.
+ * NaN counts as the extreme (as NumPy): the first NaN, or the last with select_last_index. */
 int byoc_shim_arg_reduce(const void* in, int64_t* out, byoc_dtype dtype, int kind, int64_t outer,
                          int64_t n, int64_t inner, int select_last_index, void* stream);
 
-/* softmax over n of (outer, n, inner); log_softmax when `log`. Statistics in float32. */
+/* softmax over n of (outer, n, inner); log_softmax when `log`. Statistics in float32
+ * (float64 for float64, here and in the norms below). */
 int byoc_shim_softmax(const void* in, void* out, byoc_dtype dtype, int64_t outer, int64_t n,
                       int64_t inner, int log, void* stream);
 
@@ -123,15 +131,17 @@ int byoc_shim_batch_norm(const void* in, const void* scale, const void* bias, co
  * float32 (float64 in float64), integers in int64.
  * algo: the GEMM configuration chosen at build time (CUDA: an index into the cuBLASLt
  * heuristic list for this problem, -1 = first heuristic; CPU: ignored).
- * workspace/workspace_bytes: scratch the caller owns (may be NULL/0). */
+ * workspace/workspace_bytes: scratch the caller owns (may be NULL/0; CPU: ignored). */
 int byoc_shim_matmul(const void* a, const void* b, void* c, byoc_dtype dtype, int64_t batch,
                      int64_t m, int64_t n, int64_t k, int trans_a, int trans_b,
                      int64_t batch_stride_a, int64_t batch_stride_b, int64_t batch_stride_c,
                      int algo, void* workspace, size_t workspace_bytes, void* stream);
 
 /* conv2d. layout 0 = NCHW input/output with OIHW weights, 1 = NHWC with OHWI weights.
- * weight has out_channels x (in_channels/groups) x kh x kw (in its layout). pads are
- * (top, left, bottom, right). Float types accumulate in float32. bias may be NULL. */
+ * weight has out_channels x (in_channels/groups) x kh x kw (in its layout). Only the top and
+ * left pads are passed: out_h/out_w fix how far windows reach past the bottom/right edge
+ * (cells outside the image are 0). Float types accumulate in float32 (float64 in float64),
+ * integers in int64 (wrapping). bias (out_channels elements) may be NULL. */
 int byoc_shim_conv2d(const void* in, const void* weight, const void* bias, void* out,
                      byoc_dtype dtype, int layout, int64_t batch, int64_t in_channels,
                      int64_t in_h, int64_t in_w, int64_t out_channels, int64_t kernel_h,
@@ -140,19 +150,25 @@ int byoc_shim_conv2d(const void* in, const void* weight, const void* bias, void*
                      int64_t dilation_w, int64_t groups, void* workspace, size_t workspace_bytes,
                      void* stream);
 
-/* Workspace (bytes) byoc_shim_conv2d needs for these arguments (0 if none). */
+/* Workspace (bytes) byoc_shim_conv2d needs for these arguments (0 if none).
+ * CPU: always 0 (an implicit GEMM: im2col blocks are packed on the stack). */
 size_t byoc_shim_conv2d_workspace(byoc_dtype dtype, int layout, int64_t batch, int64_t in_channels,
                                   int64_t in_h, int64_t in_w, int64_t out_channels, int64_t kernel_h,
                                   int64_t kernel_w, int64_t out_h, int64_t out_w, int64_t groups);
 
-/* pool2d: kind 0 max, 1 average. layout as conv2d (no weights). out sizes are given
- * (ceil_mode already applied). Padded cells are ignored by max and counted by average only
- * when count_include_pad. */
+/* pool2d: kind 0 max (float or integer dtypes), 1 average (float dtypes). layout as conv2d
+ * (no weights). out sizes are given (ceil_mode already applied). Padded cells are ignored by
+ * max (a window with no input cell gives -inf / the dtype's minimum) and counted by average
+ * only when count_include_pad: then the divisor counts the window's cells inside
+ * [-pad_top, in_h + pad_bottom) x [-pad_left, in_w + pad_right), so the part of a ceil_mode
+ * window past the explicit padding never counts (ONNX, PyTorch); otherwise it counts the
+ * cells inside the image. A divisor of 0 counts as 1. */
 int byoc_shim_pool2d(const void* in, void* out, byoc_dtype dtype, int kind, int layout,
                      int64_t batch, int64_t channels, int64_t in_h, int64_t in_w, int64_t out_h,
                      int64_t out_w, int64_t kernel_h, int64_t kernel_w, int64_t stride_h,
-                     int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t dilation_h,
-                     int64_t dilation_w, int count_include_pad, void* stream);
+                     int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t pad_bottom,
+                     int64_t pad_right, int64_t dilation_h, int64_t dilation_w,
+                     int count_include_pad, void* stream);
 
 #ifdef __cplusplus
 }

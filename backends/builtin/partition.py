@@ -1,0 +1,269 @@
+"""PartitionBuiltin: every op call still bound in main becomes a call to a builtin function.
+
+Runs after the other backends have taken their patterns, so that every model builds:
+whatever no other backend claimed is run by the built-in (extern-shim) backend.
+
+Rewrites, in `main` only:
+
+- `split` is lowered first into one `strided_slice` per piece, and every `%t.i` of the
+  split's tuple is replaced by piece i. Every builtin function then returns ONE tensor,
+  which is what the host's calling convention (`results[0]`) and the memory planner
+  expect. Where the tuple itself is used (returned, passed to a call), a Tuple of the
+  pieces is bound in its place.
+- Connected elementwise/broadcast ops (op categories "elemwise" and "broadcast") are
+  grouped, maximally, under one rule: every member except the group's output has all of
+  its uses inside the group. A value read outside the group therefore ends a group there
+  (it is never recomputed), and no group can form a cycle through an outside node (the
+  only edges leaving a group leave from its output, which every member feeds). A group
+  becomes one function with Composite="builtin.elementwise".
+- Every other op call becomes a function of its own: Composite="builtin.reshape" for the
+  pure reindexing ops (reshape, squeeze, expand_dims), else "builtin.<op name>".
+  Matmul and convolutions are never fused with their elementwise consumers here: later
+  backends do epilogue fusion.
+
+Each function is written inline in main and called right away:
+
+    %f = fn (%p0: T0, %p1: T1) -> T [Compiler="builtin", Composite="builtin.elementwise"] {...}
+    %y = %f(%x, meta[0])
+
+so that OutlineCompilerFunctions can lift them to globals and share structurally equal
+ones. For that, functions are canonical: parameters in order of first use by the body,
+each outside value once; non-scalar Constants are parameters (the caller passes the
+Constant); scalar constants (0-d or one element) stay inside elementwise bodies, where
+codegen turns them into literals, and are parameters of any other function. The call's
+result variable is the op's original variable, so the rest of main is untouched.
+
+Leaves alone: bindings that are not op calls (tuples, tuple items, local functions and
+calls to them, calls to globals and extern symbols), other globals, and attributes.
+"""
+from __future__ import annotations
+
+from ...ir.expr import Binding, Call, Constant, Expr, Function, Tuple, TupleGetItem, Var
+from ...ir.module import IRModule
+from ...ir.op import Op, get_op
+
+COMPILER = "builtin"
+ELEMENTWISE_CATEGORIES = ("elemwise", "broadcast")
+# Ops that only reindex one input without changing the element order: a copy (later an alias).
+RESHAPE_OPS = ("reshape", "squeeze", "expand_dims")
+
+
+def partition_builtin(mod: IRModule) -> IRModule:
+    """A new module whose main calls builtin functions for every op it still called."""
+    main = _lower_split(mod["main"])
+    groups = _elementwise_groups(main.bindings, main.result)
+
+    bindings: list[Binding] = []
+    for index, binding in enumerate(main.bindings):
+        if not _is_op_call(binding.value):
+            bindings.append(binding)
+            continue
+        group = groups.get(index)
+        if group is None:
+            members = [binding]
+            composite = _composite_name(binding.value.op)
+        elif index == group[-1]:  # the group's output: the last member in binding order
+            members = [main.bindings[i] for i in group]
+            composite = f"{COMPILER}.elementwise"
+        else:
+            continue  # inner member of a group, emitted with the group's output
+        bindings.extend(_outline(members, composite))
+
+    new_main = Function(main.params, bindings, main.result, main.ret_type, main.attrs)
+    result = mod.copy()
+    result["main"] = new_main
+    return result
+
+
+def _composite_name(op: Op) -> str:
+    if op.name in RESHAPE_OPS:
+        return f"{COMPILER}.reshape"
+    if op.category in ELEMENTWISE_CATEGORIES:
+        return f"{COMPILER}.elementwise"
+    return f"{COMPILER}.{op.name}"
+
+
+def _is_op_call(value: Expr) -> bool:
+    return isinstance(value, Call) and isinstance(value.op, Op)
+
+
+def _is_elementwise(value: Expr) -> bool:
+    return _is_op_call(value) and value.op.category in ELEMENTWISE_CATEGORIES
+
+
+def is_scalar_constant(expr: Expr) -> bool:
+    """A Constant with one element (0-d or all dims 1): elementwise bodies keep it inline."""
+    return isinstance(expr, Constant) and expr.type.size == 1
+
+
+# ---------------------------------------------------------------- split lowering
+
+
+def _lower_split(main: Function) -> Function:
+    """main with each split replaced by strided_slices and its tuple items by the pieces."""
+    if not any(_is_op_call(b.value) and b.value.op.name == "split" for b in main.bindings):
+        return main
+    tuple_uses = _uses_other_than_get_item(main)
+    pieces_of: dict[Var, list[Var]] = {}
+    alias: dict[Var, Var] = {}  # tuple-item variable -> the piece it names
+    bindings: list[Binding] = []
+    for binding in main.bindings:
+        value = _substitute(binding.value, alias)
+        if _is_op_call(value) and value.op.name == "split":
+            pieces = _split_pieces(binding.var, value)
+            bindings.extend(pieces)
+            pieces_of[binding.var] = [piece.var for piece in pieces]
+            if binding.var in tuple_uses:
+                bindings.append(Binding(binding.var, Tuple(pieces_of[binding.var])))
+        elif isinstance(value, TupleGetItem) and value.tuple_value in pieces_of:
+            alias[binding.var] = pieces_of[value.tuple_value][value.index]
+        else:
+            bindings.append(Binding(binding.var, value))
+    return Function(main.params, bindings, _substitute(main.result, alias), main.ret_type, main.attrs)
+
+
+def _split_pieces(split_var: Var, split: Call) -> list[Binding]:
+    (data,) = split.args
+    axis = split.attrs["axis"] % data.type.ndim
+    pieces = []
+    begin = 0
+    for index, size in enumerate(split.attrs["sizes"]):
+        piece = Call(get_op("strided_slice"), [data],
+                     {"begin": [begin], "end": [begin + size], "axes": [axis]})
+        pieces.append(Binding(Var(f"{split_var.name_hint}_{index}", piece.type), piece))
+        begin += size
+    return pieces
+
+
+def _uses_other_than_get_item(main: Function) -> set[Var]:
+    """Variables read by something other than a TupleGetItem of them."""
+    used: set[Var] = set()
+    for binding in main.bindings:
+        value = binding.value
+        if isinstance(value, TupleGetItem) and isinstance(value.tuple_value, Var):
+            continue
+        used.update(_vars_read(value))
+    used.update(_vars_read(main.result))
+    return used
+
+
+def _substitute(expr: Expr, alias: dict[Var, Var]) -> Expr:
+    """`expr` with the variables in `alias` replaced (bodies of local functions only see
+    their own parameters, so they are left as they are)."""
+    if not alias:
+        return expr
+    if isinstance(expr, Var):
+        return alias.get(expr, expr)
+    if isinstance(expr, Tuple):
+        return Tuple([_substitute(field, alias) for field in expr.fields])
+    if isinstance(expr, TupleGetItem):
+        return TupleGetItem(_substitute(expr.tuple_value, alias), expr.index)
+    if isinstance(expr, Call):
+        args = [_substitute(arg, alias) for arg in expr.args]
+        callee = alias.get(expr.op, expr.op) if isinstance(expr.op, Var) else expr.op
+        if isinstance(callee, Op):
+            return Call(callee, args, expr.attrs)
+        return Call(callee, args, expr.attrs, type_=expr.type)
+    return expr
+
+
+def _vars_read(expr: Expr) -> list[Var]:
+    """The variables an expression of main reads directly (not inside local functions)."""
+    if isinstance(expr, Var):
+        return [expr]
+    if isinstance(expr, Tuple):
+        return [var for field in expr.fields for var in _vars_read(field)]
+    if isinstance(expr, TupleGetItem):
+        return _vars_read(expr.tuple_value)
+    if isinstance(expr, Call):
+        callee = [expr.op] if isinstance(expr.op, Var) else []
+        return callee + [var for arg in expr.args for var in _vars_read(arg)]
+    return []
+
+
+# ---------------------------------------------------------------- elementwise grouping
+
+
+def _elementwise_groups(bindings, result) -> dict[int, list[int]]:
+    """Binding index -> the sorted binding indices of its elementwise group."""
+    defined_at = {binding.var: index for index, binding in enumerate(bindings)}
+    # Who reads each binding's variable: binding indices, and None for main's result.
+    readers: dict[int, set] = {index: set() for index in range(len(bindings))}
+    for index, binding in enumerate(bindings):
+        for var in _vars_read(binding.value):
+            if var in defined_at:
+                readers[defined_at[var]].add(index)
+    for var in _vars_read(result):
+        if var in defined_at:
+            readers[defined_at[var]].add(None)
+
+    group_of: dict[int, list[int]] = {}
+    # From the back: a group's output is found before its members, which are all earlier.
+    for output in reversed(range(len(bindings))):
+        if output in group_of or not _is_elementwise(bindings[output].value):
+            continue
+        members = {output}
+        grown = True
+        while grown:
+            grown = False
+            for member in sorted(members, reverse=True):
+                for var in _vars_read(bindings[member].value):
+                    producer = defined_at.get(var)
+                    if (producer is None or producer in members or producer in group_of
+                            or not _is_elementwise(bindings[producer].value)):
+                        continue
+                    if readers[producer] <= members:  # no reader outside (None is main's result)
+                        members.add(producer)
+                        grown = True
+        group = sorted(members)
+        for member in group:
+            group_of[member] = group
+    return group_of
+
+
+# ---------------------------------------------------------------- outlining
+
+
+def _outline(members: list[Binding], composite: str) -> list[Binding]:
+    """`%f = fn(...) {members}` and `%output = %f(outside values)`."""
+    keep_scalars_inline = composite == f"{COMPILER}.elementwise"
+    inner: dict[Var, Var] = {}     # main variable defined by a member -> its copy in the body
+    params: dict[int, Var] = {}    # id(outside value) -> parameter
+    call_args: list[Expr] = []
+    body: list[Binding] = []
+
+    def atom(expr: Expr) -> Expr:
+        if isinstance(expr, Var) and expr in inner:
+            return inner[expr]
+        if keep_scalars_inline and is_scalar_constant(expr):
+            return expr
+        if isinstance(expr, Tuple):
+            return Tuple([atom(field) for field in expr.fields])
+        key = id(expr)
+        if key not in params:
+            params[key] = Var(f"p{len(params)}", expr.type)
+            call_args.append(expr)
+        return params[key]
+
+    for binding in members:
+        call = binding.value
+        value = Call(call.op, [atom(arg) for arg in call.args], call.attrs)
+        var = Var(binding.var.name_hint, value.type)
+        inner[binding.var] = var
+        body.append(Binding(var, value))
+
+    output = members[-1].var
+    attrs = {"Compiler": COMPILER, "Composite": composite}
+    func = Function(list(params.values()), body, body[-1].var, output.type, attrs)
+    func_var = Var(composite.replace(".", "_"), func.type)
+    return [Binding(func_var, func), Binding(output, Call(func_var, call_args, type_=output.type))]
+
+
+def builtin_functions(main: Function) -> list[tuple[Var, Function]]:
+    """The (variable, function) pairs of the builtin functions bound in `main`."""
+    return [(b.var, b.value) for b in main.bindings
+            if isinstance(b.value, Function) and b.value.attrs.get("Compiler") == COMPILER]
+
+
+__all__ = ["partition_builtin", "builtin_functions", "is_scalar_constant", "RESHAPE_OPS",
+           "ELEMENTWISE_CATEGORIES", "COMPILER"]

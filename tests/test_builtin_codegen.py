@@ -1,0 +1,766 @@
+"""Tests of the built-in backend: partitioning (IR text before/after) and codegen.
+
+Codegen tests render every case's builtin functions into one source, compile it (g++ with
+the CPU shim; nvcc for CUDA), call each symbol through ctypes with the calling
+convention of codegen.py, and compare main's results with byoc.interpret. CUDA runs are
+`@pytest.mark.gpu` (skipped without a GPU); without one, the CUDA source is only compiled.
+"""
+from __future__ import annotations
+
+import ctypes
+import itertools
+import shutil
+import subprocess
+import tempfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from byoc.backends.builtin.codegen import generate
+from byoc.backends.builtin.partition import builtin_functions, partition_builtin
+from byoc.errors import TypeInferenceError
+from byoc.interpreter import interpret
+from byoc.ir import (Call, Constant, Function, FunctionBuilder, IRModule, TensorType, Tuple,
+                     TupleGetItem, Var, assert_structural_equal, get_op, list_ops, parse)
+from byoc.ir.types import numpy_dtype
+
+REPO = Path(__file__).resolve().parent.parent
+SHIM_DIR = REPO / "backends" / "builtin" / "shim"
+CPU_SHIM_SOURCES = sorted((SHIM_DIR / "cpu").glob("*.cpp")) if (SHIM_DIR / "cpu").is_dir() else []
+CUDA_SHIM_SOURCES = sorted((SHIM_DIR / "cuda").glob("*.cu")) if (SHIM_DIR / "cuda").is_dir() else []
+
+# The runtime's error channel, for the test libraries: keeps the last report.
+ERROR_CHANNEL_SOURCE = r"""
+#include <string>
+static thread_local std::string last_report;
+extern "C" int byoc_report_error(const char* symbol, const char* message) {
+  last_report = std::string(symbol) + ": " + message;
+  return 1;
+}
+extern "C" const char* byoc_test_last_report(void) { return last_report.c_str(); }
+"""
+
+
+# ================================================================= partitioning
+
+
+def test_partition_fuses_chains_stops_at_shared_values_and_lowers_split():
+    before = parse("""
+def @main(%x: Tensor[(4, 6), float32], %w: Tensor[(6, 6), float32]) -> Tuple[Tensor[(4, 2), float32], Tensor[(4, 4), float32], Tensor[(4, 6), float32]] {
+  %m = matmul(%x, %w)
+  %a = add(%m, const([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], float32))
+  %g = gelu(%a)
+  %t = multiply(%g, const(2.0, float32))
+  %s = softmax(%a)
+  %parts = split(%t, axis=1, sizes=[2, 4])
+  %p0 = %parts.0
+  %p1 = %parts.1
+  %r = relu(%p1)
+  return (%p0, %r, %s)
+}
+""")
+    # %a is read by gelu and by softmax: it ends its group and is not recomputed; the
+    # 6-element constant is a parameter, the scalar 2.0 stays inside; split becomes slices.
+    expected = parse("""
+def @main(%x: Tensor[(4, 6), float32], %w: Tensor[(6, 6), float32]) -> Tuple[Tensor[(4, 2), float32], Tensor[(4, 4), float32], Tensor[(4, 6), float32]] {
+  %f0 = fn (%a0: Tensor[(4, 6), float32], %a1: Tensor[(6, 6), float32]) -> Tensor[(4, 6), float32] [Compiler="builtin", Composite="builtin.matmul"] {
+    %a2 = matmul(%a0, %a1)
+    return %a2
+  }
+  %m = %f0(%x, %w)
+  %f1 = fn (%b0: Tensor[(4, 6), float32], %b1: Tensor[(6,), float32]) -> Tensor[(4, 6), float32] [Compiler="builtin", Composite="builtin.elementwise"] {
+    %b2 = add(%b0, %b1)
+    return %b2
+  }
+  %a = %f1(%m, const([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], float32))
+  %f2 = fn (%c0: Tensor[(4, 6), float32]) -> Tensor[(4, 6), float32] [Compiler="builtin", Composite="builtin.elementwise"] {
+    %c1 = gelu(%c0)
+    %c2 = multiply(%c1, const(2.0, float32))
+    return %c2
+  }
+  %t = %f2(%a)
+  %f3 = fn (%d0: Tensor[(4, 6), float32]) -> Tensor[(4, 6), float32] [Compiler="builtin", Composite="builtin.softmax"] {
+    %d1 = softmax(%d0)
+    return %d1
+  }
+  %s = %f3(%a)
+  %f4 = fn (%e0: Tensor[(4, 6), float32]) -> Tensor[(4, 2), float32] [Compiler="builtin", Composite="builtin.strided_slice"] {
+    %e1 = strided_slice(%e0, begin=[0], end=[2], axes=[1])
+    return %e1
+  }
+  %q0 = %f4(%t)
+  %f5 = fn (%g0: Tensor[(4, 6), float32]) -> Tensor[(4, 4), float32] [Compiler="builtin", Composite="builtin.strided_slice"] {
+    %g1 = strided_slice(%g0, begin=[2], end=[6], axes=[1])
+    return %g1
+  }
+  %q1 = %f5(%t)
+  %f6 = fn (%h0: Tensor[(4, 4), float32]) -> Tensor[(4, 4), float32] [Compiler="builtin", Composite="builtin.elementwise"] {
+    %h1 = relu(%h0)
+    return %h1
+  }
+  %r = %f6(%q1)
+  return (%q0, %r, %s)
+}
+""")
+    after = partition_builtin(before)
+    assert_structural_equal(after, expected)
+    _check_same_results(before, after)
+
+
+def test_partition_keeps_other_backends_functions_and_tuple_uses():
+    before = parse("""
+def @main(%x: Tensor[(2, 8), float32]) -> Tuple[Tuple[Tensor[(2, 4), float32], Tensor[(2, 4), float32]], Tensor[(2, 8), float32]] {
+  %other = fn (%q: Tensor[(2, 8), float32]) -> Tensor[(2, 8), float32] [Compiler="cutlass", Composite="cutlass.relu"] {
+    %0 = relu(%q)
+    return %0
+  }
+  %y = %other(%x)
+  %e = exp(%y)
+  %parts = split(%e, axis=-1, sizes=[4, 4])
+  %n = negative(%e)
+  return (%parts, %n)
+}
+""")
+    expected = parse("""
+def @main(%x: Tensor[(2, 8), float32]) -> Tuple[Tuple[Tensor[(2, 4), float32], Tensor[(2, 4), float32]], Tensor[(2, 8), float32]] {
+  %other = fn (%q: Tensor[(2, 8), float32]) -> Tensor[(2, 8), float32] [Compiler="cutlass", Composite="cutlass.relu"] {
+    %0 = relu(%q)
+    return %0
+  }
+  %y = %other(%x)
+  %f0 = fn (%a0: Tensor[(2, 8), float32]) -> Tensor[(2, 8), float32] [Compiler="builtin", Composite="builtin.elementwise"] {
+    %a1 = exp(%a0)
+    return %a1
+  }
+  %e = %f0(%y)
+  %f1 = fn (%b0: Tensor[(2, 8), float32]) -> Tensor[(2, 4), float32] [Compiler="builtin", Composite="builtin.strided_slice"] {
+    %b1 = strided_slice(%b0, begin=[0], end=[4], axes=[1])
+    return %b1
+  }
+  %s0 = %f1(%e)
+  %f2 = fn (%c0: Tensor[(2, 8), float32]) -> Tensor[(2, 4), float32] [Compiler="builtin", Composite="builtin.strided_slice"] {
+    %c1 = strided_slice(%c0, begin=[4], end=[8], axes=[1])
+    return %c1
+  }
+  %s1 = %f2(%e)
+  %parts = (%s0, %s1)
+  %f3 = fn (%d0: Tensor[(2, 8), float32]) -> Tensor[(2, 8), float32] [Compiler="builtin", Composite="builtin.elementwise"] {
+    %d1 = negative(%d0)
+    return %d1
+  }
+  %n = %f3(%e)
+  return (%parts, %n)
+}
+""")
+    after = partition_builtin(before)
+    assert_structural_equal(after, expected)
+    _check_same_results(before, after)
+
+
+def test_partition_does_not_fuse_across_an_outside_path():
+    # %b reads %a directly and through softmax(%a): fusing a into b's group would make
+    # the group both feed and read softmax. %a has two readers, so its group ends there.
+    before = parse("""
+def @main(%x: Tensor[(3, 5), float32]) -> Tensor[(3, 5), float32] {
+  %a = tanh(%x)
+  %s = softmax(%a)
+  %b = add(%a, %s)
+  %c = sqrt(%b)
+  return %c
+}
+""")
+    after = partition_builtin(before)
+    composites = [f.attrs["Composite"] for _, f in builtin_functions(after["main"])]
+    assert composites == ["builtin.elementwise", "builtin.softmax", "builtin.elementwise"]
+    sizes = [len(f.bindings) for _, f in builtin_functions(after["main"])]
+    assert sizes == [1, 1, 2]
+    _check_same_results(before, after)
+
+
+def test_partition_reshape_kinds_and_canonical_params():
+    before = parse("""
+def @main(%x: Tensor[(2, 3), float32]) -> Tensor[(6,), float32] {
+  %a = multiply(%x, %x)
+  %b = add(%a, %x)
+  %r = reshape(%b, shape=[-1])
+  return %r
+}
+""")
+    after = partition_builtin(before)
+    functions = builtin_functions(after["main"])
+    assert [f.attrs["Composite"] for _, f in functions] == ["builtin.elementwise", "builtin.reshape"]
+    assert len(functions[0][1].params) == 1  # %x is passed once, though read three times
+    _check_same_results(before, after)
+
+
+def _check_same_results(before: IRModule, after: IRModule):
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal(p.type.shape).astype(numpy_dtype(p.type.dtype)) for p in before["main"].params]
+    expected = interpret(before, *inputs)
+    got = interpret(after, *inputs)
+    for e, g in zip(_flatten(expected), _flatten(got)):
+        np.testing.assert_array_equal(e, g)
+
+
+def _flatten(value):
+    if isinstance(value, tuple):
+        return [leaf for item in value for leaf in _flatten(item)]
+    return [value]
+
+
+# ================================================================= test cases
+
+
+@dataclass
+class Case:
+    """A one-function-or-so model: `main` to partition, compile and compare."""
+    name: str
+    mod: IRModule
+    inputs: list
+    tolerance: tuple = (1e-5, 1e-6)  # (rtol, atol) for floats; other dtypes compare exactly
+
+
+TOLERANCES = {"float32": (2e-5, 2e-6), "float64": (1e-12, 1e-14), "float16": (2e-3, 2e-3),
+              "bfloat16": (1.6e-2, 1.6e-2)}
+FLOATS = ("float32", "float16", "bfloat16", "float64")
+INTS = ("int64", "int32", "int16", "int8", "uint8")
+ALL_DTYPES = FLOATS + INTS + ("bool",)
+
+
+def random_array(rng, shape, dtype, low=None, high=None):
+    if dtype == "bool":
+        return rng.random(shape) < 0.5
+    if dtype in INTS:
+        low = -20 if low is None else low
+        high = 20 if high is None else high
+        if dtype == "uint8":
+            low = max(low, 0)
+        return rng.integers(low, high + 1, size=shape).astype(numpy_dtype(dtype))
+    values = rng.standard_normal(shape) * 2.0 if low is None else rng.uniform(low, high, size=shape)
+    return np.asarray(values).astype(numpy_dtype(dtype))
+
+
+def make_case(name, op_name, arg_specs, attrs=None, rng=None, constants=()) -> Case | None:
+    """A case calling `op_name` on parameters of `arg_specs` ([(shape, dtype, (low, high))]),
+    or None where the op does not take those dtypes."""
+    rng = rng or np.random.default_rng(zlib.crc32(name.encode()))
+    params, args, inputs = [], [], []
+    for index, (shape, dtype, value_range) in enumerate(arg_specs):
+        data = random_array(rng, shape, dtype, *value_range)
+        if index in constants:
+            args.append(Constant(data))
+            continue
+        var = Var(f"in{index}", TensorType(shape, dtype))
+        params.append(var)
+        args.append(var)
+        inputs.append(data)
+    try:
+        call = Call(get_op(op_name), args, attrs or {})
+    except TypeInferenceError:
+        return None
+    out = Var("out", call.type)
+    from byoc.ir import Binding
+    mod = IRModule({"main": Function(params, [Binding(out, call)], out)})
+    dtype = call.type.dtype if isinstance(call.type, TensorType) else "float32"
+    tolerance = max(TOLERANCES.get(dtype, (0, 0)), TOLERANCES.get(arg_specs[0][1], (0, 0)))
+    return Case(name, mod, inputs, tolerance)
+
+
+# Value ranges that keep references defined (casts of out-of-range floats are undefined).
+UNARY_RANGES = {"acos": (-1, 1)}
+
+
+def elementwise_cases() -> list[Case]:
+    cases = []
+    rng = np.random.default_rng(1)
+    for op_name in list_ops():
+        op = get_op(op_name)
+        if op.category not in ("elemwise", "broadcast") or op_name == "cast":
+            continue
+        arity = op.num_inputs if isinstance(op.num_inputs, int) else op.num_inputs[0]
+        variants = ATTR_VARIANTS.get(op_name, [{}])
+        for dtype, attrs in itertools.product(ALL_DTYPES, variants):
+            if op_name == "where":
+                specs = [((3, 1, 5), "bool", ()), ((4, 5), dtype, ()), ((3, 4, 1), dtype, ())]
+            elif arity == 2:
+                low_high = (-3, 3) if op_name == "power" and dtype in INTS else ()
+                specs = [((3, 4, 5), dtype, ()), ((4, 1), dtype, low_high)]
+            else:
+                specs = [((2, 3, 7), dtype, ())]
+            label = "_".join(f"{k}{v}" for k, v in attrs.items())
+            case = make_case(f"{op_name}_{dtype}{'_' + label if label else ''}", op_name, specs, attrs, rng)
+            if case is not None:
+                cases.append(case)
+    # every cast, with values every target can hold
+    for source, target in itertools.product(ALL_DTYPES, ALL_DTYPES):
+        value_range = (0, 100) if source in FLOATS else ()
+        case = make_case(f"cast_{source}_to_{target}", "cast", [((5, 6), source, value_range)],
+                         {"dtype": target}, rng)
+        if case is not None:
+            cases.append(case)
+    # a scalar constant inside the body and a full-size one as a parameter
+    cases.append(make_case("add_scalar_constant_float16", "add", [((8,), "float16", ()), ((), "float16", ())],
+                           rng=rng, constants=(1,)))
+    cases.append(make_case("multiply_tensor_constant_int32", "multiply",
+                           [((4, 8), "int32", ()), ((4, 8), "int32", ())], rng=rng, constants=(1,)))
+    cases.append(fused_chain_case())
+    return cases
+
+
+ATTR_VARIANTS = {
+    "gelu": [{"approximate": "none"}, {"approximate": "tanh"}],
+    "clip": [{"min": -1.0, "max": 2.0}, {"min": 0.5}, {"max": -0.5}, {"min": 3.0, "max": 1.0}],
+    "leaky_relu": [{"alpha": 0.1}],
+    "elu": [{"alpha": 0.7}],
+    "hard_sigmoid": [{"alpha": 0.3, "beta": 0.4}],
+    "mod": [{"fmod": False}, {"fmod": True}],
+}
+
+
+def fused_chain_case() -> Case:
+    """A GELU-MLP-like chain with broadcast, casts through float16, a comparison and where."""
+    with FunctionBuilder("main") as fb:
+        x = fb.param("x", (2, 3, 8))
+        bias = fb.param("bias", (8,))
+        gate = fb.param("gate", (3, 1), "float16")
+        a = fb.call("add", x, bias)
+        g = fb.call("gelu", a, approximate="tanh")
+        h = fb.call("cast", g, dtype="float16")
+        m = fb.call("multiply", h, gate)
+        positive = fb.call("greater", m, Constant(np.float16(0.0)))
+        y = fb.call("where", positive, m, Constant(np.float16(-1.0)))
+        z = fb.call("cast", y, dtype="float32")
+        fb.ret(fb.call("clip", z, min=-0.5, max=2.0))
+    rng = np.random.default_rng(7)
+    inputs = [random_array(rng, p.type.shape, p.type.dtype) for p in fb.func.params]
+    return Case("fused_chain", fb.module(), inputs, TOLERANCES["float16"])
+
+
+def shim_cases() -> list[Case]:
+    """Every op that is not elementwise, in fp32 and where meaningful fp16/bf16/int."""
+    rng = np.random.default_rng(2)
+    cases: list[Case | None] = []
+
+    def add(name, op_name, specs, attrs=None, constants=()):
+        cases.append(make_case(name, op_name, specs, attrs, rng, constants))
+
+    for dtype in ("float32", "float16", "int32"):
+        add(f"reshape_{dtype}", "reshape", [((2, 3, 4), dtype, ())], {"shape": [6, -1]})
+        add(f"transpose_{dtype}", "transpose", [((2, 3, 4, 5), dtype, ())], {"axes": [0, 2, 3, 1]})
+        add(f"concat_{dtype}", "concat", [((2, 3), dtype, ()), ((2, 5), dtype, ()), ((2, 1), dtype, ())], {"axis": 1})
+    add("squeeze", "squeeze", [((2, 1, 3, 1), "float32", ())], {"axes": [1]})
+    add("expand_dims", "expand_dims", [((2, 3), "bfloat16", ())], {"axes": [0, 3]})
+    add("transpose_reverse", "transpose", [((3, 4, 5), "float64", ())])
+    add("broadcast_to", "broadcast_to", [((3, 1), "float32", ())], {"shape": [2, 3, 4]})
+    add("broadcast_to_bool", "broadcast_to", [((1, 4), "bool", ())], {"shape": [3, 4]})
+    add("strided_slice", "strided_slice", [((6, 7, 8), "float32", ())],
+        {"begin": [1, -1, 0], "end": [5, 0, 8], "strides": [2, -2, 3]})
+    add("strided_slice_axes", "strided_slice", [((4, 10), "int64", ())],
+        {"begin": [2], "end": [2 ** 63 - 1], "axes": [1]})
+    add("split_as_slices", "split", [((4, 9), "float32", ())], {"axis": 1, "sizes": [2, 3, 4]})
+    add("tile", "tile", [((2, 3), "float32", ())], {"repeats": [2, 3]})
+    add("gather", "gather", [((5, 4, 3), "float32", ()), ((2, 3), "int64", (-4, 3))], {"axis": 1})
+    add("gather_int32_indices", "gather", [((6, 4), "float16", ()), ((5,), "int32", (0, 5))], {"axis": 0})
+    add("gather_scalar_index", "gather", [((6, 4), "float32", ()), ((), "int64", (0, 5))], {"axis": 0},
+        constants=(1,))
+    add("gather_elements", "gather_elements", [((4, 5), "float32", ()), ((3, 5), "int64", (-4, 3))], {"axis": 0})
+    add("pad_constant", "pad", [((2, 3), "float32", ())], {"pads": [1, 0, 2, 3], "value": 1.5})
+    add("pad_reflect", "pad", [((3, 4), "float32", ())], {"pads": [1, 2, 1, 1], "mode": "reflect"})
+    add("pad_edge_crop", "pad", [((3, 4), "int32", ())], {"pads": [-1, 2, 1, -1], "mode": "edge"})
+    add("trilu_upper", "trilu", [((2, 4, 5), "float32", ())], {"upper": True, "k": 1})
+    add("trilu_lower", "trilu", [((4, 4), "int64", ())], {"upper": False, "k": -1})
+    add("cumsum", "cumsum", [((3, 4, 5), "float32", ())], {"axis": 1})
+    add("cumsum_exclusive_reverse", "cumsum", [((3, 6), "int32", ())], {"axis": -1, "exclusive": True, "reverse": True})
+    for op_name in ("sum", "mean", "max", "min", "prod"):
+        for dtype in ("float32", "float16", "int32"):
+            value_range = (0.5, 1.5) if op_name == "prod" and dtype != "int32" else ((-2, 2) if op_name == "prod" else ())
+            add(f"{op_name}_{dtype}_last", op_name, [((4, 6), dtype, value_range)], {"axes": [-1]})
+            add(f"{op_name}_{dtype}_two_groups", op_name, [((3, 4, 5, 2), dtype, value_range)],
+                {"axes": [0, 2], "keepdims": True})
+        add(f"{op_name}_all", op_name, [((3, 4, 5), "float32", ())])
+        add(f"{op_name}_size_one_axis", op_name, [((3, 1, 5), "float32", ())], {"axes": [1]})
+    add("mean_int32_two_groups", "mean", [((3, 4, 5), "int32", ())], {"axes": [0, 2]})
+    for op_name in ("argmax", "argmin"):
+        add(f"{op_name}", op_name, [((3, 5, 4), "float32", ())], {"axis": 1})
+        add(f"{op_name}_last_keepdims", op_name, [((3, 6), "int32", (0, 2))],
+            {"axis": -1, "keepdims": True, "select_last_index": True})
+    for dtype in ("float32", "float16", "bfloat16"):
+        add(f"softmax_{dtype}", "softmax", [((2, 3, 16), dtype, ())], {"axis": -1})
+        add(f"log_softmax_middle_{dtype}", "log_softmax", [((2, 5, 3), dtype, ())], {"axis": 1})
+        add(f"layer_norm_{dtype}", "layer_norm", [((4, 32), dtype, ()), ((32,), dtype, ()), ((32,), dtype, ())])
+        add(f"rms_norm_{dtype}", "rms_norm", [((4, 32), dtype, ()), ((32,), dtype, ())])
+        add(f"batch_norm_{dtype}", "batch_norm",
+            [((2, 3, 4, 5), dtype, ()), ((3,), dtype, ()), ((3,), dtype, ()), ((3,), dtype, ()),
+             ((3,), dtype, (0.5, 2.0))])
+    add("layer_norm_two_axes_broadcast_gamma", "layer_norm",
+        [((3, 4, 8), "float32", ()), ((8,), "float32", ()), ((1, 8), "float32", ())], {"axis": -2})
+    for dtype in ("float32", "float16", "bfloat16", "int32", "float64"):
+        add(f"matmul_{dtype}", "matmul", [((5, 7), dtype, ()), ((7, 3), dtype, ())])
+    add("matmul_batched_weights", "matmul", [((2, 4, 5, 6), "float32", ()), ((6, 3), "float32", ())])
+    add("matmul_shared_a", "matmul", [((5, 6), "float32", ()), ((3, 6, 2), "float32", ())])
+    add("matmul_same_batch", "matmul", [((3, 5, 6), "float16", ()), ((3, 6, 2), "float16", ())])
+    add("matmul_uneven_broadcast", "matmul", [((2, 1, 5, 6), "float32", ()), ((1, 3, 6, 2), "float32", ())])
+    add("matmul_vector_matrix", "matmul", [((6,), "float32", ()), ((2, 6, 3), "float32", ())])
+    add("matmul_matrix_vector", "matmul", [((4, 6), "float32", ()), ((6,), "float32", ())])
+    add("matmul_vector_vector", "matmul", [((6,), "float32", ()), ((6,), "float32", ())])
+    for dtype in ("float32", "float16"):
+        add(f"conv2d_{dtype}", "conv2d", [((2, 3, 9, 8), dtype, ()), ((4, 3, 3, 3), dtype, ())],
+            {"strides": [2, 1], "pads": [1, 0, 1, 2], "dilations": [1, 2]})
+    add("conv2d_groups", "conv2d", [((1, 4, 6, 6), "float32", ()), ((6, 2, 3, 3), "float32", ())], {"groups": 2})
+    add("conv2d_depthwise", "conv2d", [((1, 4, 6, 6), "float32", ()), ((4, 1, 3, 3), "float32", ())],
+        {"groups": 4, "pads": [1, 1, 1, 1]})
+    add("conv2d_nhwc", "conv2d", [((2, 7, 6, 3), "float32", ()), ((5, 3, 2, 3), "float32", ())],
+        {"data_layout": "NHWC", "kernel_layout": "OHWI", "pads": [1, 1, 0, 0]})
+    add("conv2d_int32", "conv2d", [((1, 2, 5, 5), "int32", (-3, 3)), ((3, 2, 2, 2), "int32", (-3, 3))])
+    for dtype in ("float32", "float16"):
+        add(f"max_pool2d_{dtype}", "max_pool2d", [((2, 3, 9, 8), dtype, ())],
+            {"kernel": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]})
+        add(f"avg_pool2d_{dtype}", "avg_pool2d", [((2, 3, 9, 8), dtype, ())],
+            {"kernel": [3, 2], "strides": [2, 2], "pads": [1, 0, 1, 1]})
+    add("avg_pool2d_include_pad", "avg_pool2d", [((1, 2, 6, 6), "float32", ())],
+        {"kernel": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": True})
+    add("avg_pool2d_ceil_include_pad", "avg_pool2d", [((1, 2, 6, 6), "float32", ())],
+        {"kernel": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": True, "ceil_mode": True})
+    add("max_pool2d_ceil_nhwc", "max_pool2d", [((1, 7, 7, 3), "float32", ())],
+        {"kernel": [2, 2], "strides": [2, 2], "ceil_mode": True, "layout": "NHWC"})
+    add("max_pool2d_int8", "max_pool2d", [((1, 2, 5, 5), "int8", ())], {"kernel": [2, 2]})
+    for dtype in ("float32", "float16"):
+        add(f"global_avg_pool2d_{dtype}", "global_avg_pool2d", [((2, 3, 5, 4), dtype, ())])
+        add(f"global_max_pool2d_nhwc_{dtype}", "global_max_pool2d", [((2, 5, 4, 3), dtype, ())], {"layout": "NHWC"})
+    return [case for case in cases if case is not None]
+
+
+ELEMENTWISE_CASES = elementwise_cases()
+SHIM_CASES = shim_cases()
+
+
+def test_every_registered_op_has_a_case():
+    covered = set()
+    for case in ELEMENTWISE_CASES + SHIM_CASES:
+        for binding in case.mod["main"].bindings:
+            covered.add(binding.value.op.name)
+    assert sorted(set(list_ops()) - covered) == []
+
+
+# ================================================================= compiling and running
+
+
+@dataclass
+class Partitioned:
+    """A case after partitioning: main, and each builtin function's symbol by variable."""
+    case: Case
+    main: Function
+    symbols: dict  # Var -> symbol
+
+
+def partition_cases(cases: list[Case], prefix: str) -> tuple[list[Partitioned], dict]:
+    partitioned, functions = [], {}
+    for case_index, case in enumerate(cases):
+        main = partition_builtin(case.mod)["main"]
+        symbols = {}
+        for function_index, (var, func) in enumerate(builtin_functions(main)):
+            symbol = f"{prefix}{case_index}_{function_index}"
+            symbols[var] = symbol
+            functions[symbol] = func
+        partitioned.append(Partitioned(case, main, symbols))
+    return partitioned, functions
+
+
+def compile_command(kind: str, sources, output: Path, shared: bool = True) -> list[str]:
+    if kind == "cpu":
+        return (["g++", "-std=c++17", "-O1", "-fPIC", "-I", str(SHIM_DIR)]
+                + (["-shared"] if shared else ["-c"]) + [str(s) for s in sources] + ["-o", str(output)])
+    return (["nvcc", "-std=c++17", "-O2", "-gencode", "arch=compute_90,code=sm_90", "-Xcompiler", "-fPIC",
+             "-I", str(SHIM_DIR)] + (["-shared"] if shared else ["-c"]) + [str(s) for s in sources]
+            + ["-o", str(output)] + (["-lcublasLt", "-lcublas"] if shared else []))
+
+
+def run_command(command: list[str]):
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise AssertionError(f"{' '.join(command)} failed:\n{result.stderr[-6000:]}")
+
+
+class CompiledLibrary:
+    def __init__(self, path: Path, workspace: dict):
+        self.library = ctypes.CDLL(str(path))
+        self.workspace = workspace
+        self.library.byoc_test_last_report.restype = ctypes.c_char_p
+
+    def symbol(self, name: str):
+        function = getattr(self.library, name)
+        function.restype = ctypes.c_int
+        function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        return function
+
+    def last_report(self) -> str:
+        return self.library.byoc_test_last_report().decode()
+
+
+def build_cpu_library(functions: dict, workdir: Path, shim_objects=()) -> CompiledLibrary:
+    generated = generate(functions, "cpu")
+    source = workdir / f"partitions{generated.suffix}"
+    source.write_text(generated.source)
+    channel = workdir / "error_channel.cc"
+    channel.write_text(ERROR_CHANNEL_SOURCE)
+    library = workdir / "partitions.so"
+    run_command(compile_command("cpu", [source, channel, *shim_objects], library))
+    return CompiledLibrary(library, generated.workspace_bytes)
+
+
+class HostMemory:
+    """Buffers for the CPU target: NumPy arrays, host pointers."""
+    stream = None
+
+    def upload(self, array: np.ndarray):
+        array = np.ascontiguousarray(array)
+        return array, array.ctypes.data
+
+    def empty(self, nbytes: int):
+        buffer = np.zeros(max(nbytes, 1), dtype=np.uint8)
+        return buffer, buffer.ctypes.data
+
+    def download(self, buffer, type_: TensorType) -> np.ndarray:
+        return buffer[:type_.nbytes].view(numpy_dtype(type_.dtype)).reshape(type_.shape).copy()
+
+    def synchronize(self):
+        pass
+
+
+def run_partitioned(item: Partitioned, library: CompiledLibrary, memory) -> list:
+    """Run main: builtin calls through the compiled symbols, tuples as the interpreter does."""
+    env: dict = {}
+    keep_alive = []
+    for param, value in zip(item.main.params, item.case.inputs):
+        env[param] = value
+
+    def value_of(expr):
+        if isinstance(expr, Constant):
+            return expr.data
+        if isinstance(expr, Tuple):
+            return tuple(value_of(field) for field in expr.fields)
+        return env[expr]
+
+    for binding in item.main.bindings:
+        value = binding.value
+        if isinstance(value, Function):
+            continue
+        if isinstance(value, Tuple):
+            env[binding.var] = value_of(value)
+        elif isinstance(value, TupleGetItem):
+            env[binding.var] = value_of(value.tuple_value)[value.index]
+        else:
+            symbol = item.symbols[value.op]
+            pointers = []
+            for arg in value.args:
+                holder, pointer = memory.upload(np.asarray(value_of(arg)))
+                keep_alive.append(holder)
+                pointers.append(pointer)
+            out_type = binding.var.type
+            out_buffer, out_pointer = memory.empty(out_type.nbytes)
+            workspace_bytes = library.workspace[symbol]
+            workspace, workspace_pointer = memory.empty(workspace_bytes)
+            keep_alive.extend([out_buffer, workspace])
+            args = (ctypes.c_void_p * max(len(pointers), 1))(*pointers)
+            results = (ctypes.c_void_p * 1)(out_pointer)
+            status = library.symbol(symbol)(args, results, workspace_pointer, workspace_bytes, memory.stream)
+            assert status == 0, f"{symbol} failed: {library.last_report()}"
+            memory.synchronize()
+            env[binding.var] = memory.download(out_buffer, out_type)
+    return _flatten(value_of(item.main.result))
+
+
+def check_case(item: Partitioned, library: CompiledLibrary, memory):
+    case = item.case
+    expected = _flatten(interpret(case.mod, *case.inputs))
+    got = run_partitioned(item, library, memory)
+    for e, g in zip(expected, got):
+        assert e.shape == g.shape and e.dtype == g.dtype
+        if e.dtype.kind == "f" or e.dtype == numpy_dtype("bfloat16"):
+            rtol, atol = case.tolerance
+            np.testing.assert_allclose(g.astype(np.float64), e.astype(np.float64), rtol=rtol, atol=atol,
+                                       equal_nan=True, err_msg=case.name)
+        else:
+            np.testing.assert_array_equal(g, e, err_msg=case.name)
+
+
+# ================================================================= CPU
+
+
+@pytest.fixture(scope="module")
+def workdir():
+    path = Path(tempfile.mkdtemp(prefix="byoc_builtin_test_"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def elementwise_cpu(workdir):
+    partitioned, functions = partition_cases(ELEMENTWISE_CASES, "elementwise_case")
+    directory = workdir / "elementwise_cpu"
+    directory.mkdir()
+    return partitioned, build_cpu_library(functions, directory)
+
+
+@pytest.fixture(scope="module")
+def cpu_shim_objects(workdir):
+    if not CPU_SHIM_SOURCES:
+        pytest.skip("the CPU shim (backends/builtin/shim/cpu/*.cpp) is not there yet")
+    directory = workdir / "shim_cpu"
+    directory.mkdir()
+    objects = []
+    for source in CPU_SHIM_SOURCES:
+        target = directory / (source.stem + ".o")
+        run_command(["g++", "-std=c++17", "-O2", "-fPIC", "-I", str(SHIM_DIR), "-I", str(source.parent),
+                     "-c", str(source), "-o", str(target)])
+        objects.append(target)
+    return objects
+
+
+@pytest.fixture(scope="module")
+def shim_cpu(workdir, cpu_shim_objects):
+    partitioned, functions = partition_cases(SHIM_CASES, "shim_case")
+    directory = workdir / "shim_calls_cpu"
+    directory.mkdir()
+    return partitioned, build_cpu_library(functions, directory, cpu_shim_objects)
+
+
+@pytest.mark.parametrize("index", range(len(ELEMENTWISE_CASES)), ids=[c.name for c in ELEMENTWISE_CASES])
+def test_elementwise_cpu(elementwise_cpu, index):
+    partitioned, library = elementwise_cpu
+    check_case(partitioned[index], library, HostMemory())
+
+
+@pytest.mark.parametrize("index", range(len(SHIM_CASES)), ids=[c.name for c in SHIM_CASES])
+def test_shim_calls_cpu(shim_cpu, index):
+    partitioned, library = shim_cpu
+    check_case(partitioned[index], library, HostMemory())
+
+
+def test_shim_failure_is_reported_with_the_symbol(shim_cpu):
+    """A shim error comes back as a nonzero status and a report naming the symbol."""
+    partitioned, library = shim_cpu
+    item = next(p for p in partitioned if p.case.name == "gather")
+    symbol = next(iter(item.symbols.values()))
+    data = np.zeros((5, 4, 3), np.float32)
+    indices = np.full((2, 3), 99, np.int64)  # out of range: the CPU shim reports it
+    out = np.zeros((5, 2, 3, 3), np.float32)
+    args = (ctypes.c_void_p * 2)(data.ctypes.data, indices.ctypes.data)
+    results = (ctypes.c_void_p * 1)(out.ctypes.data)
+    assert library.symbol(symbol)(args, results, None, 0, None) != 0
+    assert library.last_report().startswith(symbol + ": ")
+
+
+def test_generated_names_only():
+    """Model-given names never reach the source; symbols must be C identifiers."""
+    from byoc.errors import BuildError
+    with FunctionBuilder("main") as fb:
+        x = fb.param('x"); system("rm -rf /"); //', (4,))
+        fb.ret(fb.call("exp", x, name="*/ #include <evil>\n"))
+    main = partition_builtin(fb.module())["main"]
+    (_, func), = builtin_functions(main)
+    source = generate({"builtin_exp": func}, "cpu").source
+    assert "system" not in source and "evil" not in source
+    with pytest.raises(BuildError):
+        generate({"bad symbol": func}, "cpu")
+
+
+def test_conv2d_workspace_mirror_matches_the_shim(workdir, cpu_shim_objects):
+    """The build-time workspace of conv2d is the shim's own formula."""
+    from byoc.backends.builtin.codegen import conv2d_workspace_bytes
+    shapes = [("BYOC_FLOAT32", "float32", 0, (2, 3, 9, 8, 4, 3, 3, 5, 4, 1)),
+              ("BYOC_FLOAT16", "float16", 1, (1, 8, 16, 16, 16, 1, 1, 16, 16, 2)),
+              ("BYOC_FLOAT32", "float32", 0, (1, 4, 6, 6, 4, 3, 3, 6, 6, 4))]
+    lines = ["#include <cstdio>", '#include "byoc_shim.h"', "int main() {"]
+    for enum, _, layout, sizes in shapes:
+        lines.append(f'  std::printf("%zu\\n", byoc_shim_conv2d_workspace({enum}, {layout}, '
+                     + ", ".join(map(str, sizes)) + "));")
+    lines.append("  return 0;\n}")
+    program = workdir / "conv_workspace.cc"
+    program.write_text("\n".join(lines))
+    binary = workdir / "conv_workspace"
+    run_command(["g++", "-std=c++17", "-I", str(SHIM_DIR), str(program), *map(str, cpu_shim_objects),
+                 "-o", str(binary)])
+    printed = subprocess.run([str(binary)], capture_output=True, text=True, check=True).stdout.split()
+    expected = [conv2d_workspace_bytes("cpu", dtype, layout, *sizes) for _, dtype, layout, sizes in shapes]
+    assert [int(v) for v in printed] == expected
+
+
+# ================================================================= CUDA
+
+
+def test_cuda_source_compiles(workdir):
+    """Every case's CUDA source compiles for sm_90 (no GPU needed)."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not installed")
+    _, elementwise = partition_cases(ELEMENTWISE_CASES, "elementwise_case")
+    _, shim = partition_cases(SHIM_CASES, "shim_case")
+    generated = generate({**elementwise, **shim}, "cuda")
+    source = workdir / f"partitions_cuda{generated.suffix}"
+    source.write_text(generated.source)
+    run_command(compile_command("cuda", [source], workdir / "partitions_cuda.o", shared=False))
+
+
+def _gpu_available() -> bool:
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no cupy, no driver or no device
+        return False
+
+
+class DeviceMemory:
+    """Buffers for the CUDA target: raw bytes in cupy arrays, device pointers."""
+
+    def __init__(self):
+        import cupy
+        self.cupy = cupy
+        self.stream = cupy.cuda.get_current_stream().ptr
+
+    def upload(self, array: np.ndarray):
+        raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        device = self.cupy.asarray(raw if raw.size else np.zeros(1, np.uint8))
+        return device, device.data.ptr
+
+    def empty(self, nbytes: int):
+        device = self.cupy.zeros(max(nbytes, 1), dtype=self.cupy.uint8)
+        return device, device.data.ptr
+
+    def download(self, buffer, type_: TensorType) -> np.ndarray:
+        return buffer.get()[:type_.nbytes].view(numpy_dtype(type_.dtype)).reshape(type_.shape)
+
+    def synchronize(self):
+        self.cupy.cuda.get_current_stream().synchronize()
+
+
+@pytest.fixture(scope="module")
+def cuda_library(workdir):
+    if not _gpu_available():
+        pytest.skip("no GPU (cupy with a visible device is needed)")
+    if not CUDA_SHIM_SOURCES:
+        pytest.skip("the CUDA shim (backends/builtin/shim/cuda/*.cu) is not there yet")
+    elementwise, elementwise_functions = partition_cases(ELEMENTWISE_CASES, "elementwise_case")
+    shim, shim_functions = partition_cases(SHIM_CASES, "shim_case")
+    generated = generate({**elementwise_functions, **shim_functions}, "cuda")
+    directory = workdir / "cuda"
+    directory.mkdir()
+    source = directory / f"partitions{generated.suffix}"
+    source.write_text(generated.source)
+    channel = directory / "error_channel.cc"
+    channel.write_text(ERROR_CHANNEL_SOURCE)
+    library = directory / "partitions.so"
+    run_command(compile_command("cuda", [source, channel, *CUDA_SHIM_SOURCES], library))
+    return elementwise + shim, CompiledLibrary(library, generated.workspace_bytes)
+
+
+ALL_CASES = ELEMENTWISE_CASES + SHIM_CASES
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("index", range(len(ALL_CASES)), ids=[c.name for c in ALL_CASES])
+def test_cuda(cuda_library, index):
+    partitioned, library = cuda_library
+    check_case(partitioned[index], library, DeviceMemory())
