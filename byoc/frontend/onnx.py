@@ -158,7 +158,10 @@ class _Importer:
                 raise ModelError(f"graph output {output.name!r} is produced by no node")
             results.append(self._as_expr(self.values[output.name]))
         self.builder.ret(*results)
-        return self.builder.module()
+        mod = self.builder.module()
+        # The graph's output names, for the built library's metadata (main returns a tuple).
+        mod.attrs["output_names"] = [output.name for output in self.graph.output]
+        return mod
 
     def _tensor_to_array(self, tensor: onnx.TensorProto, what: str) -> np.ndarray:
         dtype = _dtype_of_elem_type(tensor.data_type, what)
