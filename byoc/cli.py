@@ -185,6 +185,40 @@ def _run_command(args: argparse.Namespace) -> int:
 
 # ---- the table and the driver ------------------------------------------------------------
 
+def _build_arguments(parser: argparse.ArgumentParser):
+    parser.add_argument("model", help="the ONNX model file")
+    parser.add_argument("-c", "--config", default="default",
+                        help="a build config: a name from build_configs/ (default, cpu, cuda_sm90, ...) or a YAML path")
+    parser.add_argument("-o", "--output", metavar="MODEL.so", help="where to write the library (default: model.so)")
+    parser.add_argument("--target", help="override the config's device target, e.g. 'cpu' or 'cuda -arch=sm_90'")
+    parser.add_argument("--workdir", help="keep generated sources, build.ninja and the partition report here")
+    _add_input_shape_option(parser)
+
+
+def _build_command(args: argparse.Namespace) -> int:
+    from .build import build
+    library = build(args.model, target=args.target, config=args.config, workdir=args.workdir,
+                    input_shapes=parse_input_shapes(args.input_shape) or None)
+    output = args.output or "model.so"
+    written = library.export_library(output)
+    print(f"wrote {written} ({written.stat().st_size} bytes; build {library.metadata['build_id']}, "
+          f"target {library.metadata['target']}; sources in {library.workdir})")
+    if library.report is not None:
+        print(library.report.to_text())
+    return 0
+
+
+def _inspect_arguments(parser: argparse.ArgumentParser):
+    parser.add_argument("library", help="a model library built by byoc")
+
+
+def _inspect_command(args: argparse.Namespace) -> int:
+    import json
+    from .runtime import metadata_of
+    print(json.dumps(metadata_of(args.library), indent=2, sort_keys=True))
+    return 0
+
+
 @dataclass(frozen=True)
 class Subcommand:
     name: str
@@ -200,6 +234,10 @@ SUBCOMMANDS = [
                _ops_arguments, _ops_command),
     Subcommand("run", "run an ONNX model with the NumPy reference interpreter",
                _run_arguments, _run_command),
+    Subcommand("build", "build an ONNX model into one deployable .so",
+               _build_arguments, _build_command),
+    Subcommand("inspect", "print a built library's metadata (inputs, outputs, backends, memory)",
+               _inspect_arguments, _inspect_command),
 ]
 
 

@@ -202,7 +202,8 @@ def metadata_json(plan: HostPlan, *, build_id: str, target: str, arch: str | Non
         "outputs": [tensor(n, t) for n, t in plan.outputs],
         "backends": backends, "functions": functions,
         "weights": {"bytes": len(plan.weights), "location": weights_location},
-        "memory": {"arena_bytes": plan.arena_bytes, "workspace_bytes": plan.workspace_bytes},
+        "memory": {"arena_bytes": plan.arena_bytes, "workspace_bytes": plan.workspace_bytes,
+                   **({"plan": plan.memory_plan.summary()} if plan.memory_plan else {})},
     }
     return json.dumps(metadata, sort_keys=True, separators=(",", ":"))
 

@@ -213,6 +213,18 @@ class Module:
             pass
 
 
+def metadata_of(path) -> dict:
+    """A library's metadata JSON, read without creating the model (no weights loaded)."""
+    try:
+        lib = ctypes.CDLL(str(Path(path).resolve()), mode=os.RTLD_LOCAL | os.RTLD_NOW)
+    except OSError as error:
+        raise ByocRuntimeError(f"cannot load {path}: {error}") from None
+    if not hasattr(lib, "byoc_model_metadata"):
+        raise ByocRuntimeError(f"{path} is not a library built by byoc (no byoc_model_metadata)")
+    lib.byoc_model_metadata.restype = ctypes.c_char_p
+    return json.loads(lib.byoc_model_metadata().decode("utf-8"))
+
+
 def load(path, weights_path=None) -> Module:
     """Load a model library built by byoc."""
     return Module(path, weights_path)

@@ -1,0 +1,169 @@
+"""cutlass codegen: Compiler="cutlass" functions -> one CUDA source per function, each a
+CUTLASS kernel instantiation with its epilogue fused, compiled by nvcc with flags from the
+cutlass Target only.
+
+A function's body (composites inlined) is read as the GEMM chain the patterns admit:
+
+    matmul(a, b | transpose(b)) [+ bias] [-> activation] [+ residual]
+
+and becomes a GemmProblem; the kernel comes from the tuning database, a measurement
+(when a GPU is visible and profiling is on), or the heuristic (kernels.heuristic_kernel).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from byoc.errors import BuildError
+from byoc.ir.expr import Call, Constant, Function, Var
+from byoc.ir.op import Op
+from byoc.ir.types import TensorType
+
+from .kernels import GemmProblem
+
+ACTIVATION_OPS = {"relu": "relu", "silu": "silu", "sigmoid": "sigmoid"}
+WORKSPACE_BYTES = 1 << 20  # CUTLASS's workspace for non-split-K kernels is tiny; keep headroom
+
+
+def flatten(func: Function) -> tuple[list, dict]:
+    """The op calls of `func` with local composite functions inlined: a list of
+    (var, op_name, args, attrs) where args are function params or earlier vars."""
+    steps = []
+    local_functions = {}
+
+    def walk(function: Function, substitution: dict):
+        for binding in function.bindings:
+            value = binding.value
+            if isinstance(value, Function):
+                local_functions[binding.var] = value
+                continue
+            if not isinstance(value, Call):
+                raise BuildError(f"cutlass: unexpected {type(value).__name__} in a partition")
+            args = [substitution.get(a, a) if isinstance(a, Var) else a for a in value.args]
+            if isinstance(value.op, Var) and value.op in local_functions:
+                inner = local_functions[value.op]
+                inner_substitution = dict(zip(inner.params, args))
+                walk(inner, inner_substitution)
+                substitution[binding.var] = inner_substitution[inner.result]
+                continue
+            if isinstance(value.op, Function):
+                inner_substitution = dict(zip(value.op.params, args))
+                walk(value.op, inner_substitution)
+                substitution[binding.var] = inner_substitution[value.op.result]
+                continue
+            if not isinstance(value.op, Op):
+                raise BuildError("cutlass: a partition may only call ops and its own composites")
+            steps.append((binding.var, value.op.name, args, value.attrs))
+            substitution[binding.var] = binding.var
+        result = function.result
+        substitution[result] = substitution.get(result, result)
+
+    top = {p: p for p in func.params}
+    walk(func, top)
+    return steps, top
+
+
+def gemm_problem(func: Function) -> tuple[GemmProblem, dict]:
+    """The GemmProblem a partition computes and where its operands are among the params."""
+    steps, substitution = flatten(func)
+    params = list(func.params)
+    index_of = {p: i for i, p in enumerate(params)}
+
+    def param_index(value, role):
+        if value not in index_of:
+            raise BuildError(f"cutlass: the {role} operand must be a parameter of the partition")
+        return index_of[value]
+
+    produced = {var: (op, args, attrs) for var, op, args, attrs in steps}
+    # find the matmul; its B may come from a transpose of a parameter
+    matmuls = [s for s in steps if s[1] == "matmul"]
+    if len(matmuls) != 1:
+        raise BuildError(f"cutlass: a partition holds exactly one matmul, found {len(matmuls)}")
+    matmul_var, _, (a, b), _ = matmuls[0]
+    b_transposed = False
+    if b in produced and produced[b][0] == "transpose":
+        b = produced[b][1][0]
+        b_transposed = True
+    a_type, b_type, out_type = a.type, b.type, matmul_var.type
+    k = a_type.shape[-1]
+    m = a_type.shape[-2]
+    n = out_type.shape[-1]
+    a_batch = math.prod(a_type.shape[:-2])
+    b_batch = math.prod(b_type.shape[:-2])
+    if b_batch == 1 and len(b_type.shape) == 2:
+        m, batch = m * a_batch, 1  # shared weights: fold the batch into the rows
+    elif a_type.shape[:-2] == b_type.shape[:-2]:
+        batch = a_batch
+    else:
+        raise BuildError("cutlass: batched operands must have equal batch dims")
+    indices = {"a": param_index(a, "A"), "b": param_index(b, "B")}
+    activation, has_bias, has_residual = None, False, False
+    current = matmul_var
+    for var, op, args, attrs in steps:
+        if var is matmul_var or op == "transpose":
+            continue
+        if current not in args:
+            raise BuildError(f"cutlass: {op} does not continue the GEMM chain")
+        other = [x for x in args if x is not current]
+        if op == "add" and not has_bias and activation is None and not has_residual and \
+                other and len(other[0].type.shape) == 1:
+            has_bias, indices["bias"] = True, param_index(other[0], "bias")
+        elif op == "add" and other and other[0].type.shape == var.type.shape:
+            has_residual, indices["residual"] = True, param_index(other[0], "residual")
+        elif op == "gelu":
+            activation = "gelu" if attrs.get("approximate", "none") == "none" else "gelu_tanh"
+        elif op in ACTIVATION_OPS:
+            activation = ACTIVATION_OPS[op]
+        else:
+            raise BuildError(f"cutlass: {op} is not a fusable epilogue")
+        current = var
+    problem = GemmProblem(m=m, n=n, k=k, batch=batch, dtype=out_type.dtype, b_transposed=b_transposed,
+                          activation=activation, has_bias=has_bias, has_residual=has_residual)
+    return problem, indices
+
+
+def codegen(functions: dict, target) -> list:
+    from byoc.backend import Artifact
+    from byoc.codegen.templates import render_template
+    from byoc.toolchain import CompileUnit, cuda_include_dirs, cutlass_include_dirs
+
+    from .tuning import TuningDatabase, choose_kernels
+
+    device = target.device
+    if device is None or device.kind != "cuda":
+        raise BuildError("the cutlass backend needs a cuda device target")
+    sm = int(target.attrs.get("sm") or device.arch_number())
+    workdir = Path(target.workdir)
+    problems = {symbol: gemm_problem(func) for symbol, func in functions.items()}
+    flags = cutlass_flags(target, sm)
+    profile = target.attrs.get("profile", "auto")
+    if profile == "auto":
+        from byoc.target import visible_gpu_arch
+        profile = visible_gpu_arch() is not None
+    database = TuningDatabase(target.attrs.get("tuning_db") or None)
+    chosen = choose_kernels(sorted({p for p, _ in problems.values()}, key=lambda p: p.key), sm, database,
+                            profile=bool(profile), workdir=workdir, compile_flags=flags)
+    units, workspace, kernels = [], {}, {}
+    template = "cutlass/gemm_sm90.cu.j2" if sm >= 90 else "cutlass/gemm_sm80.cu.j2"
+    for symbol, (problem, indices) in problems.items():
+        kernel = chosen[problem]
+        source = workdir / f"{symbol}.cu"
+        source.write_text(render_template(template, kernel.template_data(problem, symbol, indices)))
+        units.append(CompileUnit(source, "cuda", flags, f"{symbol}.o"))
+        workspace[symbol] = WORKSPACE_BYTES
+        kernels[symbol] = kernel.name(problem)
+    return [Artifact(backend="cutlass", kind="source", symbols=list(functions),
+                     payload={"compile_units": units, "workspace_bytes": workspace, "kernels": kernels})]
+
+
+def cutlass_flags(target, sm: int) -> list:
+    """nvcc flags from the cutlass Target alone (sm_90a: the wgmma/TMA kernels need it)."""
+    from byoc.toolchain import cuda_include_dirs, cutlass_include_dirs
+    arch = f"{sm}a" if sm == 90 else str(sm)
+    flags = [f"-gencode=arch=compute_{arch},code=sm_{arch}", "-O3", "-std=c++17", "--expt-relaxed-constexpr",
+             "-Xcompiler=-fPIC", "-Xcompiler=-fvisibility=hidden", "-DNDEBUG"]
+    if target.attrs.get("use_fast_math"):
+        flags.append("--use_fast_math")
+    flags += [f"-I{d}" for d in cutlass_include_dirs()] + [f"-I{d}" for d in cuda_include_dirs()]
+    flags += list(target.attrs.get("extra_nvcc_flags") or [])
+    return flags

@@ -1,0 +1,208 @@
+"""build(): one model in, one deployable .so out. The whole pipeline, top to bottom:
+
+    import (ONNX -> IRModule)
+    simplify: fold_constant, dead_code_elimination, convert_to_float16 when asked
+    partition: each configured backend's patterns in priority order, then the built-in
+               backend takes every op left (so every model builds)
+    OutlineCompilerFunctions (structurally equal partitions share one global)
+    codegen: one call per backend, with its Target current -> Artifacts
+    MarkCompilerFunctionsAsExtern
+    host code (memory planned from liveness) + weights blob + metadata JSON
+    toolchain: build.ninja (one edge per compile unit, one link edge), object cache, link
+
+Everything generated is kept in the work directory (the config's `workdir`, or a fresh
+temporary one): sources, build.ninja, the partition report, weights.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import BuildError, ConfigError
+from .ir.module import IRModule
+
+
+@dataclass
+class Library:
+    """A built model: the .so in the work directory, its metadata and partition report."""
+    path: Path
+    workdir: Path
+    metadata: dict
+    report: object = None
+    sidecar: Path | None = None
+    memory: dict = field(default_factory=dict)
+
+    def export_library(self, path) -> Path:
+        """Copy the library (and its .safetensors sidecar, when the weights live outside)
+        to `path`; the copy needs nothing from the work directory."""
+        destination = Path(path)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(self.path, destination)
+        os.chmod(destination, 0o755)
+        if self.sidecar is not None:
+            shutil.copyfile(self.sidecar, destination.with_suffix(".safetensors"))
+        return destination
+
+    def load(self):
+        from .runtime import load
+        return load(self.path, self.sidecar)
+
+
+def build(model, target=None, config=None, *, input_shapes: dict | None = None, workdir=None,
+          params: str | None = None, precision: str | None = None) -> Library:
+    """Build `model` (an IRModule, an ONNX path/bytes/ModelProto) into a shared library.
+
+    `config` is a build config (a name from build_configs/, a YAML path or a dict;
+    default "default"); `target`, `workdir`, `params` and `precision` override its keys.
+    """
+    from .config import load_config
+    overrides = {key: value for key, value in (("target", target), ("workdir", workdir), ("params", params),
+                                                ("precision", precision)) if value is not None}
+    cfg = load_config(config if config is not None else "default", overrides=overrides)
+    return _Builder(cfg).build(model, input_shapes)
+
+
+class _Builder:
+    def __init__(self, cfg):
+        from .target import Target, auto_device_target
+        self.cfg = cfg
+        device = cfg.target
+        self.target = auto_device_target() if device in (None, "auto") else Target(device)
+        if self.target.kind not in ("cpu", "cuda"):
+            raise ConfigError(f"target: {self.target} is not a device target; expected 'cpu', 'cuda -arch=sm_XX' or 'auto'")
+        self.cuda = self.target.kind == "cuda"
+        self.workdir = Path(cfg.workdir) if cfg.workdir else Path(tempfile.mkdtemp(prefix="byoc-build-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+
+    # ---- the pipeline ----------------------------------------------------------------
+    def build(self, model, input_shapes) -> Library:
+        mod, output_names = self.import_model(model, input_shapes)
+        mod = self.simplify(mod)
+        mod, report = self.partition(mod)
+        mod, artifacts = self.codegen(mod)
+        from .transform.mark_compiler_functions_as_extern import mark_compiler_functions_as_extern
+        mod = mark_compiler_functions_as_extern(mod)
+        (self.workdir / "final.ir").write_text(mod.script())
+        return self.link(mod, artifacts, output_names, report)
+
+    def import_model(self, model, input_shapes):
+        if isinstance(model, IRModule):
+            mod = model
+        else:
+            from .frontend.onnx import from_onnx
+            mod = from_onnx(model, input_shapes or self.cfg.input_shapes or None)
+        output_names = mod.attrs.get("output_names")
+        return mod, output_names
+
+    def simplify(self, mod):
+        from .transform import convert_to_float16, dead_code_elimination, fold_constant
+        mod = dead_code_elimination(fold_constant(mod))
+        if self.cfg.precision in ("float16", "bfloat16"):
+            mod = dead_code_elimination(fold_constant(convert_to_float16(mod, dtype=self.cfg.precision)))
+        return mod
+
+    def partition(self, mod):
+        from .backend import get_backend
+        from .transform.partition import partition_for
+        from byoc.backends.builtin.partition import partition_builtin
+        names = [name for name in self.cfg.backend_names if name != "builtin"]
+        for name in names:
+            get_backend(name)  # an unknown backend fails here, with the known ones
+        mod, report = partition_for(mod, names, finalize=partition_builtin)
+        (self.workdir / "partition_report.json").write_text(json.dumps(report.to_json(), indent=2, sort_keys=True))
+        (self.workdir / "partition_report.txt").write_text(report.to_text())
+        (self.workdir / "partitioned.ir").write_text(mod.script())
+        return mod, report
+
+    def codegen(self, mod):
+        from .transform.run_codegen import run_codegen
+        targets = self.backend_targets()
+        return run_codegen(mod, targets)
+
+    def backend_targets(self) -> dict:
+        from .target import Target
+        targets = {}
+        for name, options in self.cfg.backends:
+            targets[name] = Target(name, **options) if options else Target(name)
+        targets.setdefault("builtin", Target("builtin"))
+        for target in targets.values():
+            target.device = self.target  # backends compile for this device target
+        return targets
+
+    # ---- host code and the toolchain ------------------------------------------------------
+    def link(self, mod, artifacts, output_names, report) -> Library:
+        from .codegen.host import (metadata_json, plan_host, render_host, render_weights_assembly,
+                                   write_safetensors)
+        from .toolchain import CompileUnit, compile_units, link_shared
+        workspace = {}
+        for artifact in artifacts:
+            workspace.update(artifact.payload.get("workspace_bytes", {}))
+        plan = plan_host(mod, workspace, output_names=output_names)
+        sidecar_wanted = self.cfg.params == "sidecar"
+
+        units, link_libraries = [], []
+        for artifact in artifacts:
+            units.extend(artifact.payload.get("compile_units", []))
+            for library in artifact.payload.get("link_libraries", []):
+                if library not in link_libraries:
+                    link_libraries.append(library)
+
+        content = hashlib.sha256()
+        content.update(str(self.target).encode())
+        for unit in units:
+            content.update(Path(unit.source).read_bytes())
+        content.update(plan.weights)
+        build_id = content.hexdigest()[:16]
+        arch = self.target.attrs.get("arch") if self.cuda else None
+        backend_of = {symbol: artifact.backend for artifact in artifacts for symbol in artifact.symbols}
+        functions = [{"symbol": s, "backend": backend_of.get(s, "?"),
+                      "calls": sum(1 for c in plan.calls if c["symbol"] == s)} for s in plan.extern_symbols]
+        backends = sorted({f["backend"] for f in functions})
+        metadata = metadata_json(plan, build_id=build_id, target=str(self.target), arch=arch,
+                                 backends=backends, functions=functions,
+                                 weights_location="sidecar" if sidecar_wanted else "embedded")
+        arch_number = int("".join(ch for ch in arch if ch.isdigit())) if arch else None
+        host_source = render_host(plan, cuda=self.cuda, build_id=build_id, metadata=metadata,
+                                  arch_number=arch_number, weights_embedded=not sidecar_wanted)
+        host_path = self.workdir / "host.cc"
+        host_path.write_text(host_source)
+        from .runtime import C_ABI_HEADER
+        host_flags = self.target.cxx_flags() + [f"-I{C_ABI_HEADER.parent}"]
+        if self.cuda:
+            from .toolchain.compiler import cuda_include_dirs
+            host_flags += [f"-I{d}" for d in cuda_include_dirs()]
+        units.append(CompileUnit(source=host_path, language="cxx", flags=host_flags, output="host.o"))
+
+        weights_path = self.workdir / "weights.bin"
+        sidecar = None
+        if sidecar_wanted:
+            sidecar = self.workdir / "model.safetensors"
+            write_safetensors(sidecar, plan.weights, build_id)
+        else:
+            weights_path.write_bytes(plan.weights)
+            assembly = self.workdir / "weights.S"
+            # .incbin finds the blob through the assembler's include path, so the source
+            # (and its cache key) does not depend on where the build happens.
+            assembly.write_text(render_weights_assembly(weights_path.name))
+            units.append(CompileUnit(source=assembly, language="asm", flags=[f"-Wa,-I,{self.workdir}"],
+                                     output="weights.o", dependencies=[weights_path]))
+
+        objects = compile_units(units, self.workdir, jobs=self.cfg.compile_jobs)
+        version_script = self.workdir / "exports.map"
+        version_script.write_text("{\n  global: byoc_model_*; byoc_last_error;\n  local: *;\n};\n")
+        link_flags = [f"-Wl,--version-script={version_script}", "-Wl,--no-undefined"]
+        libraries = list(link_libraries)
+        if self.cuda:
+            from .toolchain.compiler import cuda_link_flags
+            libraries = cuda_link_flags(libraries)
+        output = self.workdir / "model.so"
+        link_shared(objects, output, link_flags, libraries, workdir=self.workdir)
+        library = Library(path=output, workdir=self.workdir, metadata=json.loads(metadata), report=report,
+                          sidecar=sidecar, memory=plan.memory_plan.summary() if plan.memory_plan else {})
+        (self.workdir / "metadata.json").write_text(json.dumps(library.metadata, indent=2, sort_keys=True))
+        return library

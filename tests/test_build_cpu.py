@@ -1,0 +1,156 @@
+"""Whole models built into a .so for the cpu target, run from a fresh process after the
+build directory is gone, against onnxruntime; run-time input checks; hostile names."""
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import byoc
+from byoc.runtime import load
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def fixture_inputs(name):
+    data = np.load(FIXTURES / f"{name}.npz")
+    inputs = {key[3:]: data[key] for key in data if key.startswith("in_")}
+    outputs = {key[4:]: data[key] for key in data if key.startswith("out_")}
+    return inputs, outputs
+
+
+@pytest.fixture(scope="module")
+def built_models(tmp_path_factory):
+    """mlp, bert2 and resnet_small built for cpu and exported; the build dirs deleted."""
+    root = tmp_path_factory.mktemp("models")
+    exported = {}
+    for name in ("mlp", "bert2", "resnet_small"):
+        inputs, _ = fixture_inputs(name)
+        workdir = root / f"build_{name}"
+        library = byoc.build(FIXTURES / f"{name}.onnx", config="cpu", workdir=str(workdir),
+                             input_shapes={k: v.shape for k, v in inputs.items()})
+        assert (workdir / "build.ninja").exists() and (workdir / "partition_report.json").exists()
+        exported[name] = library.export_library(root / "deploy" / f"{name}.so")
+        shutil.rmtree(workdir)
+    return exported
+
+
+FRESH_PROCESS = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    from byoc.runtime import load
+    path, inputs_path, outputs_path = sys.argv[1:4]
+    module = load(path)
+    data = np.load(inputs_path)
+    inputs = {key[3:]: data[key] for key in data if key.startswith("in_")}
+    results = module.run(**inputs)
+    results = results if isinstance(results, tuple) else (results,)
+    np.savez(outputs_path, **{name: r for name, r in zip(module.output_names, results)})
+""")
+
+
+@pytest.mark.parametrize("name", ["mlp", "bert2", "resnet_small"])
+def test_model_runs_in_fresh_process_and_matches_onnxruntime(built_models, name, tmp_path):
+    results_path = tmp_path / "results.npz"
+    # Run from another directory so nothing relative to the build or the repo is found.
+    subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(built_models[name]), str(FIXTURES / f"{name}.npz"),
+                    str(results_path)], check=True, cwd=tmp_path, capture_output=True, text=True)
+    _, expected = fixture_inputs(name)
+    results = np.load(results_path)
+    assert set(results.files) == set(expected)
+    for key, want in expected.items():
+        got = results[key]
+        assert got.shape == want.shape
+        assert np.max(np.abs(got - want)) <= 1e-3 * np.max(np.abs(want)), key
+
+
+def test_library_depends_only_on_c_runtime(built_models):
+    dynamic = subprocess.run(["readelf", "-d", str(built_models["bert2"])], capture_output=True, text=True).stdout
+    needed = [line.split("[")[1].split("]")[0] for line in dynamic.splitlines() if "(NEEDED)" in line]
+    allowed = ("libstdc++", "libm.", "libgcc_s", "libc.", "ld-linux")
+    assert needed and all(n.startswith(allowed) for n in needed), needed
+
+
+def test_metadata_and_exports(built_models):
+    module = load(built_models["bert2"])
+    metadata = module.metadata
+    assert [t["name"] for t in metadata["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert [t["name"] for t in metadata["outputs"]] == ["last_hidden_state", "pooler_output"]
+    assert metadata["backends"] == ["builtin"] and metadata["weights"]["location"] == "embedded"
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(built_models["bert2"])],
+                             capture_output=True, text=True).stdout
+    exported = sorted(line.split()[-1] for line in symbols.splitlines() if " T " in line)
+    assert exported == ["byoc_last_error", "byoc_model_create", "byoc_model_destroy", "byoc_model_metadata",
+                        "byoc_model_run"]
+
+
+def test_bad_inputs_are_named_and_the_module_keeps_working(built_models):
+    module = load(built_models["mlp"])
+    inputs, expected = fixture_inputs("mlp")
+    x = inputs["x"]
+    cases = [
+        ({"x": x[:, :32].copy()}, r"input 'x' \(#0\): expected shape \(4, 64\), got \(4, 32\)"),
+        ({"x": x.astype(np.float64)}, r"input 'x' \(#0\): expected dtype float32, got float64"),
+        ({"x": np.asfortranarray(x)}, r"input 'x' \(#0\): expected a contiguous"),
+        ({"x": x, "y": x}, r"unknown input 'y'; the model's inputs are \['x'\]"),
+        ({}, r"missing input\(s\) \['x'\]"),
+    ]
+    for kwargs, pattern in cases:
+        with pytest.raises(byoc.RuntimeError, match=pattern):
+            module.run(**kwargs)
+    got = module.run(x=x)
+    want = next(iter(expected.values()))
+    assert np.max(np.abs(got - want)) <= 1e-3 * np.max(np.abs(want))
+
+
+HOSTILE = ['x"; system("rm -rf /"); //', "line\nbreak", "*/ #define int float /*", "#include <evil>",
+           "ünïcødé名前", "a\\", "??=trigraph"]
+
+
+def test_hostile_names_cannot_alter_generated_code(tmp_path):
+    inputs = [helper.make_tensor_value_info(HOSTILE[0], TensorProto.FLOAT, [2, 3])]
+    nodes = [helper.make_node("Relu", [HOSTILE[0]], [HOSTILE[1]], name=HOSTILE[2]),
+             helper.make_node("Exp", [HOSTILE[1]], [HOSTILE[4]], name=HOSTILE[3]),
+             helper.make_node("Neg", [HOSTILE[4]], [HOSTILE[5]], name=HOSTILE[6])]
+    outputs = [helper.make_tensor_value_info(HOSTILE[5], TensorProto.FLOAT, [2, 3])]
+    model = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    library = byoc.build(model, config="cpu", workdir=str(tmp_path / "w"))
+    generated = "".join(p.read_text(errors="replace") for p in (tmp_path / "w").glob("*.c*"))
+    for name in HOSTILE:
+        assert name not in generated
+    module = library.load()
+    assert module.input_names == [HOSTILE[0]] and module.output_names == [HOSTILE[5]]
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_allclose(module.run(x), -np.exp(np.maximum(x, 0)), rtol=1e-6)
+    with pytest.raises(byoc.RuntimeError) as info:
+        module.run(np.zeros((3, 3), np.float32))
+    assert HOSTILE[0] in str(info.value)  # the message still names the input as the model does
+
+
+def test_sidecar_weights(tmp_path):
+    inputs, expected = fixture_inputs("mlp")
+    library = byoc.build(FIXTURES / "mlp.onnx", config="cpu", workdir=str(tmp_path / "w"), params="sidecar")
+    deployed = library.export_library(tmp_path / "deploy" / "mlp.so")
+    assert deployed.with_suffix(".safetensors").exists()
+    assert deployed.stat().st_size < 200_000  # the weights (about 360 kB) are outside
+    got = load(deployed).run(**inputs)
+    want = next(iter(expected.values()))
+    assert np.max(np.abs(got - want)) <= 1e-3 * np.max(np.abs(want))
+
+
+def test_rebuild_of_unchanged_model_hits_the_cache(tmp_path):
+    import time
+    inputs, _ = fixture_inputs("mlp")
+    byoc.build(FIXTURES / "mlp.onnx", config="cpu", workdir=str(tmp_path / "first"))
+    start = time.perf_counter()
+    byoc.build(FIXTURES / "mlp.onnx", config="cpu", workdir=str(tmp_path / "second"))
+    # every object comes from the cache: only the link runs (no assertion on time itself)
+    log = (tmp_path / "second" / "build.ninja").read_text()
+    assert "desc = compile" in log and not (tmp_path / "second" / ".ninja_log").exists()
