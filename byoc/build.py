@@ -142,7 +142,8 @@ class _Builder:
         workspace = {}
         for artifact in artifacts:
             workspace.update(artifact.payload.get("workspace_bytes", {}))
-        plan = plan_host(mod, workspace, output_names=output_names)
+        cuda_graph = bool(self.cfg.cuda_graph and self.cuda)
+        plan = plan_host(mod, workspace, output_names=output_names, static_io=cuda_graph)
         sidecar_wanted = self.cfg.params == "sidecar"
 
         units, link_libraries = [], []
@@ -168,7 +169,8 @@ class _Builder:
                                  weights_location="sidecar" if sidecar_wanted else "embedded")
         arch_number = int("".join(ch for ch in arch if ch.isdigit())) if arch else None
         host_source = render_host(plan, cuda=self.cuda, build_id=build_id, metadata=metadata,
-                                  arch_number=arch_number, weights_embedded=not sidecar_wanted)
+                                  arch_number=arch_number, weights_embedded=not sidecar_wanted,
+                                  cuda_graph=cuda_graph)
         host_path = self.workdir / "host.cc"
         host_path.write_text(host_source)
         from .runtime import C_ABI_HEADER

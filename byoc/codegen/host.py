@@ -72,6 +72,7 @@ class HostPlan:
     outputs: list  # (name, TensorType)
     calls: list  # dict(symbol, args, results, label)
     output_copies: list  # dict(output, source, bytes)
+    input_copies: list  # dict(input, destination, bytes): static_io only
     weights: bytes
     constant_offsets: dict = field(default_factory=dict)
     arena_bytes: int = 0
@@ -82,9 +83,14 @@ class HostPlan:
 
 
 def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
-              output_names: list[str] | None = None, reuse_memory: bool = True) -> HostPlan:
+              output_names: list[str] | None = None, reuse_memory: bool = True,
+              static_io: bool = False) -> HostPlan:
     """Place every tensor of mod["main"]. Intermediates share the arena as PlanMemory
-    decides (`reuse_memory=False` gives each its own slot, for debugging)."""
+    decides (`reuse_memory=False` gives each its own slot, for debugging).
+
+    `static_io` (for CUDA graph capture): every kernel must see the same pointers on every
+    run, so inputs are copied into their own arena slots first and outputs are copied out
+    of the arena last, instead of the kernels reading and writing the caller's buffers."""
     main = mod["main"]
     workspace_bytes = workspace_bytes or {}
     placements: dict = {}
@@ -94,6 +100,7 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
             raise BuildError(f"main parameter {param.name_hint!r} is not a tensor")
         placements[param] = TensorPlacement(f"in[{index}]", param.type)
         inputs.append((param.name_hint, param.type))
+    input_copies = []
 
     results = list(main.result.fields) if isinstance(main.result, Tuple) else [main.result]
     names = output_names or ([f"output_{i}" for i in range(len(results))] if len(results) > 1 else ["output"])
@@ -104,7 +111,7 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
     direct_output: dict = {}
     bound = {binding.var for binding in main.bindings}
     for index, result in enumerate(results):
-        if isinstance(result, Var) and result in bound and result not in direct_output:
+        if isinstance(result, Var) and result in bound and result not in direct_output and not static_io:
             direct_output[result] = index
 
     arena_offsets = None
@@ -164,6 +171,16 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
         calls.append({"symbol": symbol, "args": args, "results": [placements[var].expression],
                       "label": f"#{position} {comment_safe(var.name_hint)} = {symbol}"})
 
+    if static_io:  # staging slots for the inputs, after everything PlanMemory placed
+        for index, param in enumerate(main.params):
+            offset = align(arena_size)
+            arena_size = offset + nbytes(param.type)
+            input_copies.append({"input": index, "destination": f"A + {offset}", "bytes": nbytes(param.type)})
+            staged = f"A + {offset}"
+            for call in calls:
+                call["args"] = [staged if a == f"in[{index}]" else a for a in call["args"]]
+            placements[param] = TensorPlacement(staged, param.type)
+
     output_copies = []
     for index, result in enumerate(results):
         if direct_output.get(result) == index:
@@ -177,6 +194,7 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
         output_copies.append({"output": index, "source": source, "bytes": nbytes(result.type)})
 
     return HostPlan(inputs=inputs, outputs=outputs, calls=calls, output_copies=output_copies,
+                    input_copies=input_copies,
                     weights=bytes(weights), constant_offsets=constant_offsets, arena_bytes=align(arena_size),
                     arena_offsets=own_offsets, extern_symbols=symbols,
                     workspace_bytes=max([0] + [workspace_bytes.get(s, 0) for s in symbols]),
@@ -209,7 +227,7 @@ def metadata_json(plan: HostPlan, *, build_id: str, target: str, arch: str | Non
 
 
 def render_host(plan: HostPlan, *, cuda: bool, build_id: str, metadata: str, arch_number: int | None,
-                weights_embedded: bool, weights_symbol: str = "byoc_weights_blob") -> str:
+                weights_embedded: bool, weights_symbol: str = "byoc_weights_blob", cuda_graph: bool = False) -> str:
     data = metadata.encode("utf-8")
     metadata_bytes = ",\n".join(", ".join(str(b) for b in data[i:i + 24]) for i in range(0, len(data), 24))
     return render_template("host/model.cc.j2", {
@@ -219,7 +237,7 @@ def render_host(plan: HostPlan, *, cuda: bool, build_id: str, metadata: str, arc
         "inputs": [_tensor_entry(n, t) for n, t in plan.inputs],
         "outputs": [_tensor_entry(n, t) for n, t in plan.outputs],
         "extern_symbols": plan.extern_symbols, "calls": plan.calls, "output_copies": plan.output_copies,
-        "arch_number": arch_number or 0,
+        "arch_number": arch_number or 0, "cuda_graph": cuda_graph and cuda, "input_copies": plan.input_copies,
     })
 
 

@@ -1,0 +1,89 @@
+"""The cuda target: models compile and link for sm_90 without a GPU (CI), and run
+correctly on one (gpu tests, run on the lent H100)."""
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import byoc
+from byoc.toolchain.compiler import cuda_home
+
+FIXTURES = Path(__file__).parent / "fixtures"
+needs_nvcc = pytest.mark.skipif(cuda_home() is None, reason="nvcc not installed")
+
+
+def gpu_visible():
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def fixture(name):
+    data = np.load(FIXTURES / f"{name}.npz")
+    return ({k[3:]: data[k] for k in data if k.startswith("in_")},
+            {k[4:]: data[k] for k in data if k.startswith("out_")})
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name", ["mlp", "bert2", "resnet_small"])
+def test_models_compile_and_link_for_sm90(name, tmp_path):
+    inputs, _ = fixture(name)
+    library = byoc.build(FIXTURES / f"{name}.onnx", target="cuda -arch=sm_90", config="default",
+                         workdir=str(tmp_path / "w"), input_shapes={k: v.shape for k, v in inputs.items()})
+    assert library.metadata["arch"] == "sm_90"
+    dynamic = subprocess.run(["readelf", "-d", str(library.path)], capture_output=True, text=True).stdout
+    needed = [line.split("[")[1].split("]")[0] for line in dynamic.splitlines() if "(NEEDED)" in line]
+    allowed = ("libstdc++", "libm.", "libgcc_s", "libc.", "ld-linux", "libcublasLt", "libcublas", "libdl",
+               "libpthread", "librt")
+    assert all(n.startswith(allowed) for n in needed), needed
+    assert not any(n.startswith("libcudart") for n in needed)  # cudart is linked statically
+
+
+gpu = pytest.mark.skipif(not gpu_visible(), reason="no GPU visible")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("name, precision, tolerance", [
+    ("mlp", "float32", 1e-3), ("bert2", "float32", 1e-3), ("resnet_small", "float32", 1e-3),
+    ("bert2", "float16", 1e-2), ("resnet_small", "float16", 1e-2), ("gpt2_2l", "float16", 1e-2)])
+def test_models_run_on_gpu(name, precision, tolerance, tmp_path):
+    import cupy
+    inputs, expected = fixture(name)
+    library = byoc.build(FIXTURES / f"{name}.onnx", config="default", precision=precision,
+                         workdir=str(tmp_path / "w"), input_shapes={k: v.shape for k, v in inputs.items()})
+    deployed = library.export_library(tmp_path / "deploy" / "model.so")
+    shutil.rmtree(tmp_path / "w")
+    module = byoc.runtime.load(deployed)
+    device_inputs = {k: cupy.asarray(v) for k, v in inputs.items()}
+    results = module.run(**device_inputs)
+    results = results if isinstance(results, tuple) else (results,)
+    for got, want in zip(results, expected.values()):
+        got = cupy.asnumpy(got)
+        assert np.max(np.abs(got - want)) <= tolerance * np.max(np.abs(want))
+    # the same inputs 100 times, fresh output buffers each time: identical results
+    first = [cupy.asnumpy(r) for r in results]
+    for _ in range(100):
+        again = module.run(**device_inputs)
+        again = again if isinstance(again, tuple) else (again,)
+    assert all(np.array_equal(cupy.asnumpy(a), b) for a, b in zip(again, first))
+
+
+@pytest.mark.gpu
+@gpu
+def test_bad_device_and_arch_errors(tmp_path):
+    import cupy
+    inputs, _ = fixture("mlp")
+    library = byoc.build(FIXTURES / "mlp.onnx", config="default", workdir=str(tmp_path / "w"))
+    module = library.load()
+    with pytest.raises(byoc.RuntimeError, match=r"input 'x' \(#0\): expected a CUDA device tensor"):
+        module.run(x=inputs["x"])  # a NumPy (host) array
+    module.run(x=cupy.asarray(inputs["x"]))  # still works afterwards
+    other = byoc.build(FIXTURES / "mlp.onnx", target="cuda -arch=sm_80", config="default",
+                       workdir=str(tmp_path / "w80"))
+    with pytest.raises(byoc.RuntimeError, match=r"built for sm_80, but CUDA device 0 .* is sm_90"):
+        other.load()
