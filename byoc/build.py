@@ -132,6 +132,7 @@ class _Builder:
         targets.setdefault("builtin", Target("builtin"))
         for target in targets.values():
             target.device = self.target  # backends compile for this device target
+            target.workdir = self.workdir  # and write their sources here
         return targets
 
     # ---- host code and the toolchain ------------------------------------------------------

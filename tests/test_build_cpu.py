@@ -110,7 +110,7 @@ def test_bad_inputs_are_named_and_the_module_keeps_working(built_models):
 
 
 HOSTILE = ['x"; system("rm -rf /"); //', "line\nbreak", "*/ #define int float /*", "#include <evil>",
-           "ünïcødé名前", "a\\", "??=trigraph"]
+           "ünïcødé名前", "a\\\"b", "??=trigraph"]
 
 
 def test_hostile_names_cannot_alter_generated_code(tmp_path):
@@ -139,7 +139,10 @@ def test_sidecar_weights(tmp_path):
     library = byoc.build(FIXTURES / "mlp.onnx", config="cpu", workdir=str(tmp_path / "w"), params="sidecar")
     deployed = library.export_library(tmp_path / "deploy" / "mlp.so")
     assert deployed.with_suffix(".safetensors").exists()
-    assert deployed.stat().st_size < 200_000  # the weights (about 360 kB) are outside
+    embedded = byoc.build(FIXTURES / "mlp.onnx", config="cpu", workdir=str(tmp_path / "e"))
+    weights_bytes = library.metadata["weights"]["bytes"]
+    assert weights_bytes > 300_000 and library.metadata["weights"]["location"] == "sidecar"
+    assert deployed.stat().st_size < embedded.path.stat().st_size - 0.9 * weights_bytes
     got = load(deployed).run(**inputs)
     want = next(iter(expected.values()))
     assert np.max(np.abs(got - want)) <= 1e-3 * np.max(np.abs(want))

@@ -3,3 +3,9 @@ arguments), one pass per file, run in the order the pipeline in DESIGN.md gives.
 from .fold_constant import fold_constant
 from .dead_code_elimination import dead_code_elimination
 from .convert_to_float16 import convert_to_float16
+from .fuse_ops_by_pattern import fuse_ops_by_pattern
+from .merge_composite_functions import merge_composite_functions
+from .outline_compiler_functions import outline_compiler_functions
+from .mark_compiler_functions_as_extern import mark_compiler_functions_as_extern
+from .run_codegen import run_codegen
+from .partition import partition_for

@@ -1,0 +1,117 @@
+"""Backend registration: a name, a flavor, an ordered pattern table (pattern + check per
+entry), a codegen entry, and where its functions run.
+
+    register_backend("cutlass", flavor="csource", patterns=[
+        PatternEntry("dense_bias_gelu", make_dense_pattern(bias=True, activation="gelu"), check_dense),
+    ], codegen=cutlass_codegen, device="cuda")
+
+A check receives the Match and returns None to accept or a string saying why not
+("K=770 not a multiple of 8"); the partition report shows every refusal. Backends live in
+backends/<name>/ (installed as byoc.backends.<name>); importing that package registers it.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .errors import BuildError, ConfigError
+
+FLAVORS = ("csource", "json", "shim")
+
+
+@dataclass
+class PatternEntry:
+    name: str  # the composite is named "<backend>.<name>"
+    pattern: object  # a byoc.pattern.Pattern
+    check: Callable | None = None  # Match -> None | reason
+
+
+@dataclass
+class Backend:
+    name: str
+    flavor: str
+    patterns: list
+    codegen: Callable  # (functions: dict[symbol, Function], target) -> list[Artifact]
+    device: str = "cuda"
+    memory_scope: str = "global"
+    one_composite_per_function: bool = False
+
+
+@dataclass
+class Artifact:
+    """What a backend's codegen returns: the extern symbols it implements and what the
+    toolchain needs to build them (payload: compile_units, workspace_bytes, link_libraries)."""
+    backend: str
+    kind: str  # source | object | json | shim
+    symbols: list
+    payload: dict = field(default_factory=dict)
+
+
+BACKENDS: dict[str, Backend] = {}
+
+
+def register_backend(name: str, flavor: str, patterns: list, codegen: Callable, device: str = "cuda",
+                     memory_scope: str = "global", one_composite_per_function: bool = False) -> Backend:
+    from .ir.op import OP_REGISTRY, get_op
+    from .pattern import ops_named
+    if flavor not in FLAVORS:
+        raise ConfigError(f"backend {name!r}: flavor {flavor!r} is not one of {', '.join(FLAVORS)}")
+    get_op("add")  # make sure the op registry is loaded
+    for entry in patterns:
+        for op_name in ops_named(entry.pattern):
+            if op_name not in OP_REGISTRY:
+                raise ConfigError(f"backend {name!r}: pattern {entry.name!r} names unknown op {op_name!r}")
+    backend = Backend(name, flavor, list(patterns), codegen, device, memory_scope, one_composite_per_function)
+    BACKENDS[name] = backend
+    return backend
+
+
+def unregister_backend(name: str):
+    BACKENDS.pop(name, None)
+
+
+@contextlib.contextmanager
+def registered(backend_args: dict):
+    """Register a backend for the duration of a block (tests)."""
+    backend = register_backend(**backend_args)
+    try:
+        yield backend
+    finally:
+        unregister_backend(backend.name)
+
+
+def get_backend(name: str) -> Backend:
+    if name not in BACKENDS:
+        try:  # backends register themselves when their package is imported
+            importlib.import_module(f"byoc.backends.{name}")
+        except ModuleNotFoundError as error:
+            if error.name not in (f"byoc.backends.{name}", "byoc.backends"):
+                raise
+    if name not in BACKENDS:
+        raise BuildError(f"no backend named {name!r} is registered; known backends: "
+                         f"{', '.join(sorted(BACKENDS)) or '(none)'}")
+    return BACKENDS[name]
+
+
+def list_backends() -> list[str]:
+    return sorted(BACKENDS)
+
+
+_current_target = contextvars.ContextVar("byoc_codegen_target", default=None)
+
+
+@contextlib.contextmanager
+def codegen_target(target):
+    token = _current_target.set(target)
+    try:
+        yield target
+    finally:
+        _current_target.reset(token)
+
+
+def current_target():
+    """The Target of the backend whose codegen is running."""
+    return _current_target.get()

@@ -1,0 +1,58 @@
+"""The partition report: per backend, the partitions (call sites), the unique functions,
+the ops covered, and every refused match with the reason (JSON and a readable table)."""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+
+class PartitionReport:
+    def __init__(self):
+        self.accepted = defaultdict(Counter)  # backend -> pattern -> count
+        self.ops = defaultdict(Counter)  # backend -> op -> count
+        self.refused = []  # dicts: backend, pattern, op, reason
+        self.functions = {}  # backend -> {"unique": n, "call_sites": n}
+
+    def accept(self, backend: str, pattern: str, ops: list):
+        self.accepted[backend][pattern] += 1
+        self.ops[backend].update(ops)
+
+    def refuse(self, backend: str, pattern: str, op: str, reason: str):
+        self.refused.append({"backend": backend, "pattern": pattern, "op": op, "reason": reason})
+
+    def count_functions(self, mod):
+        """Unique outlined functions and call sites per backend, from the final module."""
+        from .ir.expr import Call, GlobalVar
+        backend_of = {name: str(f.attrs["Compiler"]) for name, f in mod.functions.items() if "Compiler" in f.attrs}
+        call_sites = Counter()
+        for binding in mod["main"].bindings:
+            value = binding.value
+            if isinstance(value, Call) and isinstance(value.op, GlobalVar) and value.op.name in backend_of:
+                call_sites[backend_of[value.op.name]] += 1
+        unique = Counter(backend_of.values())
+        self.functions = {b: {"unique": unique[b], "call_sites": call_sites[b]} for b in sorted(unique)}
+        for name, function in mod.functions.items():
+            if backend_of.get(name) == "builtin":
+                pass
+
+    def to_json(self) -> dict:
+        backends = sorted(set(self.functions) | set(self.accepted))
+        return {
+            "backends": {b: {"partitions": self.functions.get(b, {}).get("call_sites", 0),
+                             "unique_functions": self.functions.get(b, {}).get("unique", 0),
+                             "patterns": dict(self.accepted.get(b, {})),
+                             "ops_covered": dict(self.ops.get(b, {}))} for b in backends},
+            "refused": self.refused,
+        }
+
+    def to_text(self) -> str:
+        data = self.to_json()
+        lines = ["backend      partitions  unique  ops covered", "-" * 72]
+        for backend, entry in data["backends"].items():
+            ops = ", ".join(f"{op} x{n}" for op, n in sorted(entry["ops_covered"].items())) or "-"
+            lines.append(f"{backend:<12} {entry['partitions']:>10}  {entry['unique_functions']:>6}  {ops}")
+        if self.refused:
+            lines += ["", "refused matches:"]
+            counted = Counter((r["backend"], r["pattern"], r["reason"]) for r in self.refused)
+            for (backend, pattern, reason), count in sorted(counted.items()):
+                lines.append(f"  {backend}.{pattern} x{count}: {reason}")
+        return "\n".join(lines)

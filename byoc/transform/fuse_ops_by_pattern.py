@@ -1,0 +1,167 @@
+"""FuseOpsByPattern: wrap pattern matches of main into composite functions.
+
+For each backend in priority order, and each of its pattern-table entries in order (a
+table lists its larger patterns first), main's bindings are tried as match roots from
+the last to the first, so a match takes as much of the graph as its pattern allows. An
+accepted match becomes a local function written inline where its root was bound:
+
+    %matmul_bias = fn (%p0: T, %p1: T, %p2: T) -> T [Composite="cutlass.dense_bias", Primitive=1] {
+      %0 = matmul(%p0, %p1)
+      %1 = add(%0, %p2)
+      return %1
+    }
+    %y = %matmul_bias(%x, meta[0], meta[1])
+
+Every leaf of the match (wildcards, constants) is a parameter, in first-use order. A match
+is refused, with the reason kept for the partition report, when a node in it is already
+claimed, when an intermediate is used outside the match (fusing would duplicate work or
+lose a value), when its output reaches one of its own inputs through an outside node (a
+cycle), or when the pattern's check says no. Leaves alone: everything no pattern takes,
+and functions other than main.
+"""
+from __future__ import annotations
+
+from ..ir.expr import Binding, Call, Constant, Function, Var
+from ..ir.module import IRModule
+from ..pattern import match as match_pattern
+
+
+def _uses(func: Function) -> dict:
+    uses: dict = {}
+    for index, binding in enumerate(func.bindings):
+        for var in _vars_in(binding.value):
+            uses.setdefault(var, []).append(index)
+    for var in _vars_in(func.result):
+        uses.setdefault(var, []).append(len(func.bindings))
+    return uses
+
+
+def _vars_in(expr) -> list:
+    from ..ir.expr import Tuple, TupleGetItem
+    if isinstance(expr, Var):
+        return [expr]
+    if isinstance(expr, Call):
+        found = [v for a in expr.args for v in _vars_in(a)]
+        if isinstance(expr.op, Var):
+            found.append(expr.op)
+        return found
+    if isinstance(expr, Tuple):
+        return [v for f in expr.fields for v in _vars_in(f)]
+    if isinstance(expr, TupleGetItem):
+        return _vars_in(expr.tuple_value)
+    return []
+
+
+def _reaches(start_vars, targets, bindings, position_of) -> bool:
+    """Whether any target is computed (transitively) from any of start_vars."""
+    tainted = set(start_vars)
+    first = min(position_of[v] for v in start_vars)
+    last = max((position_of.get(t, -1) for t in targets), default=-1)
+    for binding in bindings[first:last + 1]:
+        if binding.var in tainted:
+            continue
+        if any(v in tainted for v in _vars_in(binding.value)):
+            tainted.add(binding.var)
+    return any(t in tainted for t in targets)
+
+
+def fuse_ops_by_pattern(mod: IRModule, backend_names: list, report=None) -> IRModule:
+    from ..backend import get_backend
+    mod = mod.copy()
+    main = mod["main"]
+    bindings = list(main.bindings)
+    for backend_name in backend_names:
+        backend = get_backend(backend_name)
+        for entry in backend.patterns:
+            bindings = _fuse_entry(bindings, main, backend, entry, report)
+    mod["main"] = Function(main.params, bindings, main.result, main.ret_type, main.attrs)
+    return mod
+
+
+def _fuse_entry(bindings, main, backend, entry, report):
+    composite = f"{backend.name}.{entry.name}"
+    accepted = []  # (root var, match)
+    claimed = set()
+    func = Function(main.params, bindings, main.result, main.ret_type, main.attrs)
+    uses = _uses(func)
+    position_of = {b.var: i for i, b in enumerate(bindings)}
+    producers = {b.var: b.value for b in bindings if isinstance(b.value, Call) and not isinstance(b.value.op, (Var, Function))}
+    for binding in reversed(bindings):
+        root = binding.var
+        if root in claimed or root not in producers:
+            continue
+        found = match_pattern(entry.pattern, root, producers)
+        if found is None or not found.matched:
+            continue
+        matched = set(found.matched)
+        found.inputs = [i for i in found.inputs if not (isinstance(i, Var) and i in matched)]
+        reason = None
+        if matched & claimed:
+            reason = "overlaps a match already taken"
+        else:
+            for var in matched:
+                if var is root:
+                    continue
+                outside = [u for u in uses.get(var, []) if u == len(bindings) or bindings[u].var not in matched]
+                if outside:
+                    reason = (f"intermediate %{var.name_hint} is also used outside the match "
+                              f"(fusing would duplicate it)")
+                    break
+        if reason is None:
+            input_vars = [i for i in found.inputs if isinstance(i, Var) and i in position_of]
+            outside_start = [v for v in matched]
+            if input_vars and _reaches(outside_start, input_vars, bindings, position_of):
+                reason = "its output reaches one of its own inputs through an outside node (a cycle)"
+        if reason is None and entry.check is not None:
+            reason = entry.check(found)
+        if reason is not None:
+            if report is not None:
+                report.refuse(backend.name, entry.name, producers[root].op.name, reason)
+            continue
+        claimed |= matched
+        accepted.append((root, found))
+    if not accepted:
+        return bindings
+    replacement = {}
+    for root, found in accepted:
+        replacement[root] = _composite_bindings(root, found, bindings, composite)
+        if report is not None:
+            report.accept(backend.name, entry.name, [bindings[_position(bindings, v)].value.op.name
+                                                   for v in found.matched])
+    removed = set().union(*(set(found.matched) for _, found in accepted))
+    result = []
+    for binding in bindings:
+        if binding.var in replacement:
+            result.extend(replacement[binding.var])
+        elif binding.var not in removed:
+            result.append(binding)
+    return result
+
+
+def _position(bindings, var):
+    for i, b in enumerate(bindings):
+        if b.var is var:
+            return i
+    raise KeyError(var)
+
+
+def _composite_bindings(root, found, bindings, composite):
+    params, substitution = [], {}
+    for index, leaf in enumerate(found.inputs):
+        param = Var(f"p{index}", leaf.type)
+        params.append(param)
+        substitution[leaf] = param
+    matched = set(found.matched)
+    body = []
+    for binding in bindings:
+        if binding.var in matched:
+            call = binding.value
+            args = [substitution.get(a, a) if isinstance(a, (Var, Constant)) else a for a in call.args]
+            new_var = Var(binding.var.name_hint, binding.var.type)
+            substitution[binding.var] = new_var
+            body.append(Binding(new_var, Call(call.op, args, call.attrs, type_=call.type)))
+    function = Function(params, body, substitution[root], root.type,
+                        {"Composite": composite, "Primitive": 1})
+    function_var = Var(composite.replace(".", "_"), function.type)
+    return [Binding(function_var, function),
+            Binding(root, Call(function_var, list(found.inputs), type_=root.type))]

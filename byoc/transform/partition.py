@@ -1,0 +1,44 @@
+"""partition_for: the whole partitioning pipeline for a list of backends.
+
+FuseOpsByPattern (backends in priority order) -> MergeCompositeFunctions -> `finalize`
+(the built-in backend's partitioning of every op left) -> OutlineCompilerFunctions ->
+DeadCodeElimination, with a PartitionReport filled in on the way.
+"""
+from __future__ import annotations
+
+from ..ir.module import IRModule
+from ..report import PartitionReport
+from .dead_code_elimination import dead_code_elimination
+from .fuse_ops_by_pattern import fuse_ops_by_pattern
+from .merge_composite_functions import merge_composite_functions
+from .outline_compiler_functions import outline_compiler_functions
+
+
+def partition_for(mod: IRModule, backend_names: list, finalize=None) -> tuple[IRModule, PartitionReport]:
+    report = PartitionReport()
+    mod = fuse_ops_by_pattern(mod, backend_names, report)
+    mod = merge_composite_functions(mod)
+    if finalize is not None:
+        mod = finalize(mod)
+    mod = outline_compiler_functions(mod)
+    mod = dead_code_elimination(mod)
+    report.count_functions(mod)
+    _count_builtin_ops(mod, report)
+    return mod, report
+
+
+def _count_builtin_ops(mod, report):
+    from ..ir.expr import Call, GlobalVar
+    from ..ir.op import Op
+    calls = {}
+    for binding in mod["main"].bindings:
+        value = binding.value
+        if isinstance(value, Call) and isinstance(value.op, GlobalVar):
+            calls[value.op.name] = calls.get(value.op.name, 0) + 1
+    for name, count in calls.items():
+        function = mod[name]
+        if function.attrs.get("Compiler") != "builtin" or not function.bindings:
+            continue
+        for binding in function.bindings:
+            if isinstance(binding.value, Call) and isinstance(binding.value.op, Op):
+                report.ops["builtin"][binding.value.op.name] += count
