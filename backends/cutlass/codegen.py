@@ -136,7 +136,7 @@ def codegen(functions: dict, target) -> list:
     workdir = Path(target.workdir)
     problems = {symbol: gemm_problem(func) for symbol, func in functions.items()}
     flags = cutlass_flags(target, sm)
-    profile = target.attrs.get("profile", "auto")
+    profile = {"true": True, "false": False}.get(target.attrs.get("profile", "auto"), "auto")
     if profile == "auto":
         from byoc.target import visible_gpu_arch
         profile = visible_gpu_arch() is not None

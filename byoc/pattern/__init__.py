@@ -129,13 +129,18 @@ class Match:
     matched: list = field(default_factory=list)  # Vars bound to matched calls
     inputs: list = field(default_factory=list)  # outside Vars and Constants
     named: dict = field(default_factory=dict)
+    producers: dict = field(default_factory=dict, repr=False)  # Var -> Call, for checks
 
     def __getitem__(self, name):
         return self.named[name]
 
+    def call_of(self, name: str) -> Call:
+        """The op call bound to the named node (to read its attributes)."""
+        return self.producers[self.named[name]]
+
 
 def match(pattern: Pattern, expr: Expr, producers: dict) -> Match | None:
-    state = Match(output=expr)
+    state = Match(output=expr, producers=producers)
     if _match(pattern, expr, producers, state):
         return state
     return None

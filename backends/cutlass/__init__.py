@@ -1,0 +1,22 @@
+"""The cutlass backend (CSource flavor): GEMMs with fused epilogues and batched attention
+matmuls, rendered from templates/cutlass into CUDA C++ with real CUTLASS (sm_90: 3.x
+warp-specialized TMA kernels; sm_80: 2.x multistage), compiled by nvcc with options from
+the cutlass Target alone, and picked by measurement (tuning.py) when a GPU is visible."""
+from __future__ import annotations
+
+from byoc.backend import register_backend
+from byoc.target import AttrSchema, register_target_kind
+
+from .codegen import codegen
+from .patterns import pattern_table
+
+register_target_kind("cutlass", {
+    "sm": AttrSchema(int, 0, (0, 80, 86, 89, 90), "SM version of the kernels (0: the device target's)"),
+    "use_fast_math": AttrSchema(bool, False, None, "nvcc --use_fast_math for the kernels"),
+    "profile": AttrSchema(str, "auto", ("auto", "true", "false"), "time candidate kernels (auto: when a GPU is visible)"),
+    "tuning_db": AttrSchema(str, "", None, "JSON file remembering the fastest kernel per problem"),
+    "extra_nvcc_flags": AttrSchema(list, [], None, "more nvcc flags for the kernels"),
+})
+
+register_backend("cutlass", flavor="csource", patterns=pattern_table(), codegen=codegen, device="cuda",
+                 one_composite_per_function=True)
