@@ -171,7 +171,9 @@ class _Builder:
         arch_number = int("".join(ch for ch in arch if ch.isdigit())) if arch else None
         host_source = render_host(plan, cuda=self.cuda, build_id=build_id, metadata=metadata,
                                   arch_number=arch_number, weights_embedded=not sidecar_wanted,
-                                  cuda_graph=cuda_graph)
+                                  cuda_graph=cuda_graph,
+                                  init_symbols=[s for a in artifacts for s in a.payload.get("init_symbols", [])],
+                                  destroy_symbols=[s for a in artifacts for s in a.payload.get("destroy_symbols", [])])
         host_path = self.workdir / "host.cc"
         host_path.write_text(host_source)
         from .runtime import C_ABI_HEADER

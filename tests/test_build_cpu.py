@@ -157,3 +157,17 @@ def test_rebuild_of_unchanged_model_hits_the_cache(tmp_path):
     # every object comes from the cache: only the link runs (no assertion on time itself)
     log = (tmp_path / "second" / "build.ninja").read_text()
     assert "desc = compile" in log and not (tmp_path / "second" / ".ninja_log").exists()
+
+
+@pytest.mark.parametrize("name", ["mlp", "bert2"])
+def test_json_runtime_backend_on_cpu_matches_onnxruntime(name, tmp_path):
+    inputs, expected = fixture_inputs(name)
+    library = byoc.build(FIXTURES / f"{name}.onnx", config={"target": "cpu", "backends": ["cublaslt"]},
+                         workdir=str(tmp_path / "w"), input_shapes={k: v.shape for k, v in inputs.items()})
+    assert "cublaslt" in library.metadata["backends"]
+    report = library.report.to_json()["backends"]["cublaslt"]
+    assert report["partitions"] >= 1 and report["ops_covered"]["matmul"] >= 3
+    results = library.load().run(**inputs)
+    results = results if isinstance(results, tuple) else (results,)
+    for got, want in zip(results, expected.values()):
+        assert np.max(np.abs(got - want)) <= 1e-3 * np.max(np.abs(want))
