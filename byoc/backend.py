@@ -38,6 +38,7 @@ class Backend:
     device: str = "cuda"
     memory_scope: str = "global"
     one_composite_per_function: bool = False
+    capturable: bool = True  # its functions only launch kernels: CUDA graphs may capture them
 
 
 @dataclass
@@ -54,7 +55,8 @@ BACKENDS: dict[str, Backend] = {}
 
 
 def register_backend(name: str, flavor: str, patterns: list, codegen: Callable, device: str = "cuda",
-                     memory_scope: str = "global", one_composite_per_function: bool = False) -> Backend:
+                     memory_scope: str = "global", one_composite_per_function: bool = False,
+                     capturable: bool = True) -> Backend:
     from .ir.op import OP_REGISTRY, get_op
     from .pattern import ops_named
     if flavor not in FLAVORS:
@@ -64,7 +66,8 @@ def register_backend(name: str, flavor: str, patterns: list, codegen: Callable, 
         for op_name in ops_named(entry.pattern):
             if op_name not in OP_REGISTRY:
                 raise ConfigError(f"backend {name!r}: pattern {entry.name!r} names unknown op {op_name!r}")
-    backend = Backend(name, flavor, list(patterns), codegen, device, memory_scope, one_composite_per_function)
+    backend = Backend(name, flavor, list(patterns), codegen, device, memory_scope, one_composite_per_function,
+                      capturable)
     BACKENDS[name] = backend
     return backend
 

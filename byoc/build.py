@@ -135,6 +135,19 @@ class _Builder:
             target.workdir = self.workdir  # and write their sources here
         return targets
 
+    def plan_cuda_graph(self, mod, artifacts) -> bool:
+        """RewriteCUDAGraph over main; the host captures main as one graph when a single
+        region covers every call (otherwise the model runs without graphs, and the
+        regions are still written to the work directory)."""
+        from .backend import get_backend
+        from .transform.rewrite_cuda_graph import rewrite_cuda_graph
+        backend_of = {symbol: artifact.backend for artifact in artifacts for symbol in artifact.symbols}
+        regions = rewrite_cuda_graph(mod, lambda symbol: get_backend(backend_of[symbol]).capturable)
+        (self.workdir / "cuda_graph.ir").write_text(regions.script())
+        from .ir.expr import Call, GlobalVar
+        calls = [b.value for b in regions["main"].bindings if isinstance(b.value, Call)]
+        return len(calls) == 1 and isinstance(calls[0].op, GlobalVar) and calls[0].op.name.startswith("cuda_graph")
+
     # ---- host code and the toolchain ------------------------------------------------------
     def link(self, mod, artifacts, output_names, report) -> Library:
         from .codegen.host import (metadata_json, plan_host, render_host, render_weights_assembly,
@@ -144,6 +157,8 @@ class _Builder:
         for artifact in artifacts:
             workspace.update(artifact.payload.get("workspace_bytes", {}))
         cuda_graph = bool(self.cfg.cuda_graph and self.cuda)
+        if cuda_graph:
+            cuda_graph = self.plan_cuda_graph(mod, artifacts)
         plan = plan_host(mod, workspace, output_names=output_names, static_io=cuda_graph)
         sidecar_wanted = self.cfg.params == "sidecar"
 
