@@ -101,7 +101,8 @@ class _Builder:
 
     def simplify(self, mod):
         from .transform import convert_to_float16, dead_code_elimination, fold_constant
-        mod = dead_code_elimination(fold_constant(mod))
+        from .transform.recognize_gelu import recognize_gelu
+        mod = dead_code_elimination(recognize_gelu(dead_code_elimination(fold_constant(mod))))
         if self.cfg.precision in ("float16", "bfloat16"):
             mod = dead_code_elimination(fold_constant(convert_to_float16(mod, dtype=self.cfg.precision)))
         return mod

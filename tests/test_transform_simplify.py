@@ -443,3 +443,26 @@ def @main(%x: Tensor[(2,), float32]) -> Tensor[(2,), float32] {
 }
 """
     check(before, after, fold_constant)
+
+
+def test_recognize_gelu_erf_form():
+    from byoc.transform import recognize_gelu
+    before = parse("""
+def @main(%x: Tensor[(2, 8), float32]) -> Tensor[(2, 8), float32] {
+  %d = divide(%x, const(1.4142135, float32))
+  %e = erf(%d)
+  %a = add(%e, const(1.0, float32))
+  %m = multiply(%x, %a)
+  %y = multiply(%m, const(0.5, float32))
+  return %y
+}""")
+    after = parse("""
+def @main(%x: Tensor[(2, 8), float32]) -> Tensor[(2, 8), float32] {
+  %y = gelu(%x)
+  return %y
+}""")
+    assert_structural_equal(recognize_gelu(before), after)
+    # an intermediate used elsewhere keeps the chain as it is
+    shared = parse(before.script().replace("return %y", "%z = add(%y, %e)\n  return %z")
+                   .replace("-> Tensor[(2, 8), float32] {", "-> Tensor[(2, 8), float32] {", 1))
+    assert_structural_equal(recognize_gelu(shared), shared)

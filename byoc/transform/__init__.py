@@ -9,3 +9,5 @@ from .outline_compiler_functions import outline_compiler_functions
 from .mark_compiler_functions_as_extern import mark_compiler_functions_as_extern
 from .run_codegen import run_codegen
 from .partition import partition_for
+from .recognize_gelu import recognize_gelu
+from .rewrite_cuda_graph import rewrite_cuda_graph
