@@ -152,6 +152,8 @@ def _run_command(args: argparse.Namespace) -> int:
     from .interpreter import interpret
 
     arrays = _load_input_arrays(args.inputs)
+    if args.model.endswith(".so"):
+        return _run_library(args, arrays)
     names = _graph_io_names(args.model)
     input_names, output_names = names if names else (None, None)
     shapes = parse_input_shapes(args.input_shape)
@@ -179,6 +181,32 @@ def _run_command(args: argparse.Namespace) -> int:
         print(f"{name}: {value.dtype} {tuple(value.shape)}  first values {first}")
     if args.save:
         np.savez(args.save, **{name: np.asarray(value) for name, value in zip(output_names, results)})
+        print(f"wrote {args.save}")
+    return EXIT_OK
+
+
+def _run_library(args: argparse.Namespace, arrays: dict) -> int:
+    """Run a built library (on its device: CuPy arrays for cuda) and print its outputs."""
+    import time
+
+    import numpy as np
+
+    from .runtime import load
+    module = load(args.model)
+    if module.device == "cuda":
+        import cupy
+        arrays = {name: cupy.asarray(value) for name, value in arrays.items()}
+    results = module.run(**arrays)
+    milliseconds = module.benchmark(**arrays, repeat=20, warmup=3)
+    results = list(results) if isinstance(results, tuple) else [results]
+    results = [np.asarray(r.get() if hasattr(r, "get") else r) for r in results]
+    print(f"{args.model}: {module.metadata['target']}, backends {', '.join(module.metadata['backends'])}; "
+          f"{milliseconds:.3f} ms per run")
+    for name, value in zip(module.output_names, results):
+        first = np.array2string(value.reshape(-1)[:6], precision=5, separator=", ")
+        print(f"{name}: {value.dtype} {tuple(value.shape)}  first values {first}")
+    if args.save:
+        np.savez(args.save, **dict(zip(module.output_names, results)))
         print(f"wrote {args.save}")
     return EXIT_OK
 
@@ -232,7 +260,7 @@ SUBCOMMANDS = [
                _import_arguments, _import_command),
     Subcommand("ops", "list the IR ops (with category) and the ONNX op types that import",
                _ops_arguments, _ops_command),
-    Subcommand("run", "run an ONNX model with the NumPy reference interpreter",
+    Subcommand("run", "run an ONNX model with the reference interpreter, or a built .so on its device",
                _run_arguments, _run_command),
     Subcommand("build", "build an ONNX model into one deployable .so",
                _build_arguments, _build_command),
