@@ -1,5 +1,6 @@
 """Benchmark models written in plain torch (no transformers / torchvision needed on the
-GPU machine): BERT-base encoder and a ResNet-50-style CNN, exported to ONNX."""
+GPU machine): an 8-layer 1024-wide MLP, a BERT-base encoder and a ResNet-50-style CNN,
+exported to ONNX."""
 from __future__ import annotations
 
 import torch
@@ -86,8 +87,23 @@ class ResNet50(nn.Module):
         return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
 
+class MLP(nn.Module):
+    def __init__(self, layers=8, width=1024):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(layers))
+
+    def forward(self, x):
+        for index, layer in enumerate(self.layers):
+            x = layer(x)
+            if index + 1 < len(self.layers):
+                x = torch.relu(x)
+        return x
+
+
 def make(name: str):
     torch.manual_seed(0)
+    if name == "mlp":
+        return MLP().eval()
     if name == "bert_base":
         model = BertBase().eval()
         with torch.no_grad():  # BERT-like weight scale keeps activations in fp16 range

@@ -1,17 +1,22 @@
 """End-to-end benchmark: byoc builds vs PyTorch eager and torch.compile, same GPU, same run.
 
-    python bench/run_models.py --models bert_base resnet50 --configs cuda_sm90_builtin cuda_sm90 --out DIR
+    python bench/run_models.py --cases bert_base:8 resnet50:32 mlp:1 bert_base:1 \
+        --configs cuda_sm90_builtin cuda_sm90 cuda_sm90:nograph --out DIR
 
 Each model is written in plain torch (bench/models.py), exported to ONNX (float32), built
-by byoc with each config, checked against the float32 torch output (max error relative to
-the output's max magnitude), and timed (CUDA events around 50 runs after warm-up).
-Writes DIR/models.json and DIR/models.md.
+by byoc with each config (`name:nograph` is that config with cuda_graph off), checked
+against the float32 torch output (max error relative to the output's max magnitude), and
+timed with CUDA events (median of 5 rounds after warm-up). torch runs in fp16 eager,
+torch.compile default and torch.compile mode="reduce-overhead" (CUDA graphs). The byoc
+module is called with the same input tensor object each time and writes into a
+preallocated output, as a serving loop would. Writes DIR/models.json and DIR/models.md.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -20,35 +25,75 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import models  # noqa: E402
 
-SETTINGS = {"bert_base": {"batch": 8, "shape": (8, 128)}, "resnet50": {"batch": 32, "shape": (32, 3, 224, 224)}}
+SAMPLE_SHAPE = {"bert_base": lambda batch: (batch, 128), "resnet50": lambda batch: (batch, 3, 224, 224),
+                "mlp": lambda batch: (batch, 1024)}
 
 
-def example_input(name, device):
-    shape = SETTINGS[name]["shape"]
+def example_input(name, batch):
+    shape = SAMPLE_SHAPE[name](batch)
     generator = torch.Generator().manual_seed(1)
     if name == "bert_base":
-        return torch.randint(0, 30522, shape, generator=generator).to(device)
-    return torch.randn(shape, generator=generator).to(device)
+        return torch.randint(0, 30522, shape, generator=generator)
+    return torch.randn(shape, generator=generator)
 
 
-def time_cuda(fn, repeat=50, warmup=10):
+def time_cuda(fn, repeat=50, warmup=10, rounds=5):
+    """Median over `rounds` of the mean time of `repeat` back-to-back calls (ms)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeat):
-        fn()
-    stop.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(stop) / repeat
+    means = []
+    for _ in range(rounds):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeat):
+            fn()
+        stop.record()
+        torch.cuda.synchronize()
+        means.append(start.elapsed_time(stop) / repeat)
+    return statistics.median(means)
+
+
+def load_config(spec):
+    from byoc.config import load_config as load
+    name, _, variant = spec.partition(":")
+    return load(name, overrides={"cuda_graph": False} if variant == "nograph" else None)
+
+
+def write_results(out: Path, rows: list) -> None:
+    result = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
+              "torch": torch.__version__, "rows": rows}
+    (out / "models.json").write_text(json.dumps(result, indent=2))
+    lines = [f"# End-to-end models ({result['device']}, {result['date']}, torch {result['torch']})", "",
+             "All fp16. Times in ms per run (median of 5 rounds). Error: max |byoc - torch fp32| / max |torch fp32|.",
+             "",
+             "| model | batch | torch eager | torch.compile | torch.compile reduce-overhead | byoc config | byoc | "
+             "max rel. error | planned / lower bound / no-reuse (MiB) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    mib = 1 << 20
+    for row in rows:
+        t = row["torch_fp16_ms"]
+        for spec, entry in row["byoc"].items():
+            if entry.get("ms") is None:
+                lines.append(f"| {row['model']} | {row['batch']} | {t['eager']} | {t.get('default', '-')} | "
+                             f"{t.get('reduce-overhead', '-')} | {spec} | failed: {entry['error'][:80]} | - | - |")
+                continue
+            memory = entry["memory"] or {}
+            plan = (f"{memory.get('planned_bytes', 0) / mib:.1f} / {memory.get('lower_bound_bytes', 0) / mib:.1f} / "
+                    f"{memory.get('no_reuse_bytes', 0) / mib:.1f}") if memory else "-"
+            lines.append(f"| {row['model']} | {row['batch']} | {t['eager']} | {t.get('default', '-')} | "
+                         f"{t.get('reduce-overhead', '-')} | {spec} | {entry['ms']} | {entry['max_rel_error']:.2e} | "
+                         f"{plan} |")
+    (out / "models.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--models", nargs="+", default=["bert_base", "resnet50"])
+    parser.add_argument("--cases", nargs="+", default=["bert_base:8", "resnet50:32"], help="model:batch")
     parser.add_argument("--configs", nargs="+", default=["cuda_sm90_builtin"])
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--workdir", default="/tmp/byoc-bench")
@@ -59,54 +104,55 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda")
     rows = []
-    for name in args.models:
+    for case in args.cases:
+        name, _, batch = case.partition(":")
+        batch = int(batch or 1)
         model = models.make(name)
-        example = example_input(name, "cpu")
-        onnx_path = Path(args.workdir) / f"{name}.onnx"
+        example = example_input(name, batch)
+        onnx_path = Path(args.workdir) / f"{name}_b{batch}.onnx"
         onnx_path.parent.mkdir(parents=True, exist_ok=True)
         models.export(model, example, str(onnx_path))
         model = model.to(device)
         x = example.to(device)
+        repeat = 200 if batch == 1 else 50
         with torch.no_grad():
             reference = model(x).float()
             half = models.make(name).to(device).half()
             xh = x if name == "bert_base" else x.half()
-            eager_ms = time_cuda(lambda: half(xh))
-            compiled_ms = None
+            torch_ms = {"eager": time_cuda(lambda: half(xh), repeat)}
             if not args.no_compile:
-                compiled = torch.compile(half)
-                compiled(xh)
-                compiled_ms = time_cuda(lambda: compiled(xh))
-        row = {"model": name, "batch": SETTINGS[name]["batch"], "torch_eager_fp16_ms": round(eager_ms, 3),
-               "torch_compile_fp16_ms": round(compiled_ms, 3) if compiled_ms else None, "byoc": {}}
-        for config in args.configs:
-            start = time.perf_counter()
-            library = byoc.build(onnx_path, config=config, workdir=str(Path(args.workdir) / f"{name}_{config}"),
-                                 input_shapes={"input": tuple(x.shape)})
-            build_s = time.perf_counter() - start
-            module = library.load()
-            got = module.run(input=x)
-            error = float((got.float() - reference).abs().max() / reference.abs().max())
-            byoc_ms = time_cuda(lambda: module.run(input=x, out=[got]))
-            row["byoc"][config] = {"ms": round(byoc_ms, 3), "max_rel_error": error, "build_s": round(build_s, 1),
-                                   "backends": library.metadata["backends"],
-                                   "memory": library.metadata["memory"]}
-            print(name, config, row["byoc"][config], flush=True)
-        print(name, "torch eager", eager_ms, "compile", compiled_ms, flush=True)
+                for mode in ("default", "reduce-overhead"):
+                    torch._dynamo.reset()
+                    compiled = torch.compile(half, mode=mode)
+                    for _ in range(3):
+                        compiled(xh)
+                    torch_ms[mode] = time_cuda(lambda: compiled(xh), repeat)
+        row = {"model": name, "batch": batch, "torch_fp16_ms": {k: round(v, 4) for k, v in torch_ms.items()},
+               "byoc": {}}
+        print(case, "torch", row["torch_fp16_ms"], flush=True)
+        for spec in args.configs:
+            try:
+                config = load_config(spec)
+                start = time.perf_counter()
+                library = byoc.build(onnx_path, config=config,
+                                     workdir=str(Path(args.workdir) / f"{name}_b{batch}_{spec.replace(':', '_')}"),
+                                     input_shapes={"input": tuple(x.shape)})
+                build_s = time.perf_counter() - start
+                module = library.load()
+                got = module.run(input=x)
+                error = float((got.float() - reference).abs().max() / reference.abs().max())
+                byoc_ms = time_cuda(lambda: module.run(input=x, out=[got]), repeat)
+            except Exception as exc:  # one failing config must not lose the others' numbers
+                row["byoc"][spec] = {"ms": None, "error": f"{type(exc).__name__}: {str(exc)[:2000]}"}
+                print(case, spec, "FAILED", row["byoc"][spec]["error"], flush=True)
+                continue
+            row["byoc"][spec] = {"ms": round(byoc_ms, 4), "max_rel_error": error, "build_s": round(build_s, 1),
+                                 "backends": library.metadata["backends"],
+                                 "cuda_graph": library.metadata.get("cuda_graph"),
+                                 "memory": library.memory}
+            print(case, spec, {k: v for k, v in row["byoc"][spec].items() if k != "memory"}, flush=True)
+            del module
         rows.append(row)
-    result = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
-              "torch": torch.__version__, "rows": rows}
-    (out / "models.json").write_text(json.dumps(result, indent=2))
-    lines = [f"# End-to-end models ({result['device']}, {result['date']}, torch {result['torch']})", "",
-             "| model | batch | torch eager fp16 (ms) | torch.compile fp16 (ms) | byoc config | byoc (ms) | max rel. error |",
-             "|---|---|---|---|---|---|---|"]
-    for row in rows:
-        for config, entry in row["byoc"].items():
-            lines.append(f"| {row['model']} | {row['batch']} | {row['torch_eager_fp16_ms']} | "
-                         f"{row['torch_compile_fp16_ms']} | {config} | {entry['ms']} | {entry['max_rel_error']:.2e} |")
-    (out / "models.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-
-
+        write_results(out, rows)  # after every case, so a run cut short keeps what it measured
 if __name__ == "__main__":
     main()

@@ -20,6 +20,7 @@ from typing import Callable
 from .errors import BuildError, ConfigError
 
 FLAVORS = ("csource", "json", "shim")
+ARTIFACT_KINDS = ("source", "object", "json", "shim")
 
 
 @dataclass
@@ -50,6 +51,11 @@ class Artifact:
     symbols: list
     payload: dict = field(default_factory=dict)
 
+    def __post_init__(self):
+        if self.kind not in ARTIFACT_KINDS:
+            raise BuildError(f"artifact of backend {self.backend!r}: kind {self.kind!r} is not one of "
+                             f"{', '.join(ARTIFACT_KINDS)}")
+
 
 BACKENDS: dict[str, Backend] = {}
 
@@ -62,6 +68,10 @@ def register_backend(name: str, flavor: str, patterns: list, codegen: Callable, 
     if flavor not in FLAVORS:
         raise ConfigError(f"backend {name!r}: flavor {flavor!r} is not one of {', '.join(FLAVORS)}")
     get_op("add")  # make sure the op registry is loaded
+    names = [entry.name for entry in patterns]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ConfigError(f"backend {name!r}: pattern name(s) {', '.join(repeated)} appear more than once")
     for entry in patterns:
         for op_name in ops_named(entry.pattern):
             if op_name not in OP_REGISTRY:
@@ -77,13 +87,18 @@ def unregister_backend(name: str):
 
 
 @contextlib.contextmanager
-def registered(backend_args: dict):
-    """Register a backend for the duration of a block (tests)."""
-    backend = register_backend(**backend_args)
+def registered(backend_args: dict | None = None, **kwargs):
+    """Register a backend for the duration of a block (tests), given register_backend's
+    arguments as a dict or as keywords; a backend of the same name comes back afterwards."""
+    arguments = {**(backend_args or {}), **kwargs}
+    previous = BACKENDS.get(arguments.get("name"))
+    backend = register_backend(**arguments)
     try:
         yield backend
     finally:
         unregister_backend(backend.name)
+        if previous is not None:
+            BACKENDS[previous.name] = previous
 
 
 def get_backend(name: str) -> Backend:

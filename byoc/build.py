@@ -183,7 +183,8 @@ class _Builder:
         backends = sorted({f["backend"] for f in functions})
         metadata = metadata_json(plan, build_id=build_id, target=str(self.target), arch=arch,
                                  backends=backends, functions=functions,
-                                 weights_location="sidecar" if sidecar_wanted else "embedded")
+                                 weights_location="sidecar" if sidecar_wanted else "embedded",
+                                 cuda_graph=cuda_graph)
         arch_number = int("".join(ch for ch in arch if ch.isdigit())) if arch else None
         host_source = render_host(plan, cuda=self.cuda, build_id=build_id, metadata=metadata,
                                   arch_number=arch_number, weights_embedded=not sidecar_wanted,

@@ -1,25 +1,40 @@
-"""Build configurations (YAML files in build_configs/, or dicts).
+"""Build configurations: YAML files (shipped ones in build_configs/) or dicts.
 
-Keys (all optional):
+Every key is optional; the values shown are the defaults unless noted.
 
-    target: auto                 # auto | cpu | "cuda -arch=sm_90" | {kind: cuda, arch: sm_90}
-    backends:                    # priority order; builtin is always implicitly last
-      - cutlass: {sm: 90}        # a name, or {name: {target attributes}}
-      - cublaslt
-    precision: float16           # float32 | float16 | bfloat16
-    cuda_graph: false            # capture static regions into CUDA graphs
-    workdir: null                # keep sources, build.ninja, partition report here
-    params: embedded             # embedded (inside the .so) | sidecar (.safetensors)
-    tuning: {profile: auto, tuning_db: null}   # profile: auto | true | false
-    input_shapes: {input_ids: [1, 128]}
-    compile_jobs: null           # parallel compile jobs (default: CPU count)
-    output: null                 # where `byoc build` writes the .so
+    target: auto            # the device: auto (cuda for the visible GPU, else cpu) | cpu
+                            # | "cuda -arch=sm_90" | {kind: cuda, arch: sm_90}
+    backends: []            # priority order: each item a name, or {name: {options}} where
+                            # the options are that backend's Target attributes, e.g.
+                            #   - cutlass: {sm: 90, use_fast_math: true}
+                            #   - cublaslt
+                            # builtin takes every op nobody claimed and is always last
+                            # (listing it is allowed, but only in the last place)
+    precision: float32      # float32 | float16 | bfloat16
+    cuda_graph: false       # true | false: capture static regions into CUDA graphs
+    workdir: null           # path | null: keep sources, build.ninja and the partition
+                            # report there (null: a fresh temporary directory)
+    params: embedded        # embedded (weights inside the .so) | sidecar (.safetensors)
+    tuning:
+      profile: auto         # true | false | auto (measure kernels when a GPU is visible)
+      tuning_db: null       # path | null: JSON file remembering the fastest kernels
+    input_shapes: {}        # {input name: [dims]}: static shapes for the model's inputs
+    compile_jobs: null      # positive integer | null (null: one per CPU)
+    output: null            # path | null: where `byoc build` writes the .so
 
-A bad key or value is a ConfigError that names the key path, the value and what is
-allowed. `load_config("cpu")` reads the shipped build_configs/cpu.yaml.
+A bad key or value is a ConfigError that names the key path (`backends[1].cutlass.sm`),
+the value and what is allowed. `load_config("cpu")` reads the shipped
+build_configs/cpu.yaml (package byoc.build_configs).
+
+Backend names a config may use: the ones registered with byoc.backend, the shipped ones
+(KNOWN_BACKENDS) and any added with `register_known_backend(name)`; `validate` also takes
+`known_backends=` to decide for itself.
 """
 from __future__ import annotations
 
+import difflib
+import importlib
+import importlib.resources
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,15 +47,30 @@ KEYS = ("target", "backends", "precision", "cuda_graph", "workdir", "params", "t
 PRECISIONS = ("float32", "float16", "bfloat16")
 PARAMS = ("embedded", "sidecar")
 TUNING_KEYS = ("profile", "tuning_db")
-# Backends a config may name (those with a folder in backends/); checked again against the
-# registry when the build imports them.
-KNOWN_BACKENDS = ("cutlass", "cublaslt", "builtin")
+TUNING_PROFILES = ("auto", True, False)
+BUILTIN_BACKEND = "builtin"
+
+# Backends a config may name although they are not registered yet: those shipped in
+# backends/ (each registers itself when byoc.backends.<name> is imported).
+KNOWN_BACKENDS = ["cutlass", "cublaslt", "builtin"]
+
+
+def register_known_backend(name: str):
+    """Let configs name backend `name` before it is registered (a plugin's folder)."""
+    if name not in KNOWN_BACKENDS:
+        KNOWN_BACKENDS.append(name)
+
+
+def known_backend_names() -> list[str]:
+    """Shipped/declared names, then any registered with byoc.backend."""
+    from .backend import BACKENDS
+    return list(KNOWN_BACKENDS) + [name for name in BACKENDS if name not in KNOWN_BACKENDS]
 
 
 @dataclass
 class BuildConfig:
-    target: object = "auto"
-    backends: list = field(default_factory=list)  # [(name, {options})]
+    target: object = "auto"  # "auto" or a device Target
+    backends: list = field(default_factory=list)  # [(name, {options})] in priority order
     precision: str = "float32"
     cuda_graph: bool = False
     workdir: str | None = None
@@ -49,163 +79,212 @@ class BuildConfig:
     input_shapes: dict = field(default_factory=dict)
     compile_jobs: int | None = None
     output: str | None = None
-    source: str = "<dict>"
+    source: str = "<dict>"  # where the config came from, for messages
 
     @property
     def backend_names(self) -> list[str]:
+        """The backends as listed (builtin only if the config lists it)."""
         return [name for name, _ in self.backends]
+
+    @property
+    def backend_order(self) -> list[str]:
+        """The order partitioning offers ops to backends: as listed, builtin last."""
+        return [name for name in self.backend_names if name != BUILTIN_BACKEND] + [BUILTIN_BACKEND]
+
+    def to_dict(self) -> dict:
+        """The config as plain data (what `validate` accepts back)."""
+        return {"target": self.target if isinstance(self.target, str) else str(self.target),
+                "backends": [{name: dict(options)} if options else name for name, options in self.backends],
+                "precision": self.precision, "cuda_graph": self.cuda_graph, "workdir": self.workdir,
+                "params": self.params, "tuning": dict(self.tuning),
+                "input_shapes": {name: list(dims) for name, dims in self.input_shapes.items()},
+                "compile_jobs": self.compile_jobs, "output": self.output}
+
+
+# ---- reading ----------------------------------------------------------------------------------
+
+def _shipped_configs():
+    return importlib.resources.files("byoc.build_configs")
 
 
 def shipped_config_names() -> list[str]:
-    import byoc.build_configs
-    return sorted(p.stem for p in Path(byoc.build_configs.__file__).parent.glob("*.yaml"))
+    return sorted(entry.name[:-len(".yaml")] for entry in _shipped_configs().iterdir()
+                  if entry.name.endswith(".yaml"))
 
 
 def _read(spec) -> tuple[dict, str]:
-    if isinstance(spec, BuildConfig):
-        raise TypeError("already a BuildConfig")
+    """(data, source) from a dict, a YAML path, or a shipped config's name."""
     if isinstance(spec, dict):
         return dict(spec), "<dict>"
     text_spec = str(spec)
     path = Path(text_spec)
-    if not path.suffix and not path.exists():
-        import byoc.build_configs
-        path = Path(byoc.build_configs.__file__).parent / f"{text_spec}.yaml"
-        if not path.exists():
+    if not path.suffix and not path.exists():  # a bare name: a shipped config
+        shipped = _shipped_configs() / f"{text_spec}.yaml"
+        if not shipped.is_file():
             raise ConfigError(f"no build config named {text_spec!r}; shipped configs: "
                               f"{', '.join(shipped_config_names())}, or give a YAML path")
-    if not path.is_file():
+        text, source = shipped.read_text(), f"build_configs/{text_spec}.yaml"
+    elif not path.is_file():
         raise ConfigError(f"build config file {text_spec!r} does not exist")
+    else:
+        text, source = path.read_text(), str(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(text)
     except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML: {error}") from None
-    if data is None:
+        raise ConfigError(f"{source}: not valid YAML: {error}") from None
+    if data is None:  # an empty file: every default
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of keys ({', '.join(KEYS)}), got {type(data).__name__}")
-    return data, str(path)
+        raise ConfigError(f"{source}: expected a mapping of keys ({', '.join(KEYS)}), got {type(data).__name__}")
+    return data, source
 
 
-def load_config(spec="default", overrides: dict | None = None) -> BuildConfig:
+def load_config(spec="default", overrides: dict | None = None, known_backends=None) -> BuildConfig:
+    """A validated BuildConfig from a shipped config's name ("cpu", "default"), a YAML
+    path, a dict or a BuildConfig; `overrides` replace top-level keys."""
     if isinstance(spec, BuildConfig):
-        data, source = {k: getattr(spec, k) for k in KEYS}, spec.source
-        data["backends"] = [{n: o} if o else n for n, o in spec.backends]
+        data, source = spec.to_dict(), spec.source
     else:
         data, source = _read(spec)
     data.update(overrides or {})
-    return validate(data, source)
+    return validate(data, source, known_backends=known_backends)
 
 
-def _fail(source, path, message):
-    raise ConfigError(f"{source}: {path}: {message}")
+# ---- validation -------------------------------------------------------------------------------
+
+def _fail(source, key_path, message):
+    raise ConfigError(f"{source}: {key_path}: {message}")
 
 
-def validate(data: dict, source: str = "<dict>") -> BuildConfig:
-    from .target import Target
-    unknown = [k for k in data if k not in KEYS]
+def _did_you_mean(word, choices) -> str:
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _one_of(source, key_path, value, allowed, shown=None):
+    # `value in allowed` alone would take 1 for True and 0 for False.
+    if not any(value == choice and type(value) is type(choice) for choice in allowed):
+        _fail(source, key_path, f"{value!r} is not allowed; allowed: {shown or ', '.join(map(str, allowed))}")
+    return value
+
+
+def _optional_path(source, key_path, value):
+    if value is not None and not isinstance(value, (str, Path)):
+        _fail(source, key_path, f"{value!r} is not allowed; allowed: a path, or null")
+    return str(value) if value is not None else None
+
+
+def validate(data: dict, source: str = "<dict>", known_backends=None) -> BuildConfig:
+    """Check every key of `data` and return the BuildConfig; the first problem found is a
+    ConfigError naming its key path."""
+    unknown = [key for key in data if key not in KEYS]
     if unknown:
-        raise ConfigError(f"{source}: unknown key(s) {unknown}; allowed keys: {', '.join(KEYS)}")
+        raise ConfigError(f"{source}: unknown key(s) {unknown}; allowed keys: {', '.join(KEYS)}"
+                          f"{_did_you_mean(unknown[0], KEYS)}")
     config = BuildConfig(source=source)
+    config.target = _validate_target(source, data.get("target", "auto"))
+    config.backends = _validate_backends(source, data.get("backends"), known_backends)
+    config.precision = _one_of(source, "precision", data.get("precision", "float32"), PRECISIONS)
+    config.cuda_graph = _one_of(source, "cuda_graph", data.get("cuda_graph", False), (True, False), "true, false")
+    config.workdir = _optional_path(source, "workdir", data.get("workdir"))
+    config.params = _one_of(source, "params", data.get("params", "embedded"), PARAMS)
+    config.tuning = _validate_tuning(source, data.get("tuning"))
+    config.input_shapes = _validate_input_shapes(source, data.get("input_shapes"))
+    jobs = data.get("compile_jobs")
+    if jobs is not None and (not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1):
+        _fail(source, "compile_jobs", f"{jobs!r} is not allowed; allowed: a positive integer, or null")
+    config.compile_jobs = jobs
+    config.output = _optional_path(source, "output", data.get("output"))
+    return config
 
-    target = data.get("target", "auto")
-    if target not in (None, "auto"):
-        try:
-            parsed = Target(target)
-        except ConfigError as error:
-            _fail(source, "target", str(error))
-        if parsed.kind not in ("cpu", "cuda"):
-            _fail(source, "target", f"{target!r} is not a device target; allowed: auto, cpu, cuda -arch=sm_XX")
-        config.target = parsed
-    else:
-        config.target = "auto"
 
-    backends = data.get("backends") or []
+def _validate_target(source, target):
+    from .target import DEVICE_KINDS, Target
+    if target in (None, "auto"):
+        return "auto"
+    try:
+        parsed = Target(target)
+    except ConfigError as error:
+        _fail(source, "target", str(error))
+    if parsed.kind not in DEVICE_KINDS:
+        _fail(source, "target", f"{target!r} is not a device target; allowed: auto, cpu, cuda -arch=sm_XX "
+                                f"(backend targets such as {parsed.kind!r} go under backends)")
+    return parsed
+
+
+def _validate_backends(source, backends, known_backends) -> list:
+    if backends is None:
+        return []
     if not isinstance(backends, list):
         _fail(source, "backends", f"{backends!r} is not a list of backend names or {{name: options}}")
-    seen = set()
+    known = list(known_backends) if known_backends is not None else known_backend_names()
+    result, seen = [], set()
     for index, item in enumerate(backends):
         where = f"backends[{index}]"
         if isinstance(item, str):
             name, options = item, {}
         elif isinstance(item, dict) and len(item) == 1:
             name, options = next(iter(item.items()))
-            options = options or {}
+            options = {} if options is None else options
             if not isinstance(options, dict):
-                _fail(source, f"{where}.{name}", f"{options!r} is not a mapping of target attributes")
+                _fail(source, f"{where}.{name}", f"{options!r} is not a mapping of the backend's target attributes")
         else:
             _fail(source, where, f"{item!r} is not a backend name or a one-key mapping {{name: options}}")
-        if name not in KNOWN_BACKENDS:
-            _fail(source, where, f"unknown backend {name!r}; allowed: {', '.join(KNOWN_BACKENDS)}")
+        if name not in known:
+            _fail(source, where, f"unknown backend {name!r}; allowed: {', '.join(known)}{_did_you_mean(name, known)}")
         if name in seen:
             _fail(source, where, f"backend {name!r} is listed twice")
+        if name == BUILTIN_BACKEND and index != len(backends) - 1:
+            _fail(source, where, f"{BUILTIN_BACKEND!r} must be last: it takes every op the other backends "
+                                 "did not claim (leave it out and it is added last)")
         seen.add(name)
         _check_backend_options(source, f"{where}.{name}", name, options)
-        config.backends.append((name, dict(options)))
-
-    precision = data.get("precision", "float32")
-    if precision not in PRECISIONS:
-        _fail(source, "precision", f"{precision!r} is not allowed; allowed: {', '.join(PRECISIONS)}")
-    config.precision = precision
-
-    cuda_graph = data.get("cuda_graph", False)
-    if not isinstance(cuda_graph, bool):
-        _fail(source, "cuda_graph", f"{cuda_graph!r} is not allowed; allowed: true, false")
-    config.cuda_graph = cuda_graph
-
-    workdir = data.get("workdir")
-    if workdir is not None and not isinstance(workdir, (str, Path)):
-        _fail(source, "workdir", f"{workdir!r} is not a path")
-    config.workdir = str(workdir) if workdir is not None else None
-
-    params = data.get("params", "embedded")
-    if params not in PARAMS:
-        _fail(source, "params", f"{params!r} is not allowed; allowed: {', '.join(PARAMS)}")
-    config.params = params
-
-    tuning = data.get("tuning") or {}
-    if not isinstance(tuning, dict):
-        _fail(source, "tuning", f"{tuning!r} is not a mapping with keys {', '.join(TUNING_KEYS)}")
-    for key in tuning:
-        if key not in TUNING_KEYS:
-            _fail(source, f"tuning.{key}", f"unknown key; allowed: {', '.join(TUNING_KEYS)}")
-    profile = tuning.get("profile", "auto")
-    if profile not in ("auto", True, False):
-        _fail(source, "tuning.profile", f"{profile!r} is not allowed; allowed: auto, true, false")
-    config.tuning = {"profile": profile, "tuning_db": tuning.get("tuning_db")}
-
-    shapes = data.get("input_shapes") or {}
-    if not isinstance(shapes, dict):
-        _fail(source, "input_shapes", f"{shapes!r} is not a mapping of input name to a list of dims")
-    for name, dims in shapes.items():
-        if not isinstance(dims, (list, tuple)) or not all(isinstance(d, int) and not isinstance(d, bool)
-                                                         and d >= 0 for d in dims):
-            _fail(source, f"input_shapes.{name}", f"{dims!r} is not a list of non-negative integers")
-    config.input_shapes = {name: tuple(dims) for name, dims in shapes.items()}
-
-    jobs = data.get("compile_jobs")
-    if jobs is not None and (not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1):
-        _fail(source, "compile_jobs", f"{jobs!r} is not a positive integer")
-    config.compile_jobs = jobs
-    output = data.get("output")
-    config.output = str(output) if output is not None else None
-    return config
+        result.append((name, dict(options)))
+    return result
 
 
 def _check_backend_options(source, where, name, options):
     """Options are the backend Target's attributes; check them now so the error names the
-    config key (the backend registers its target kind when imported)."""
+    config key (a shipped backend registers its target kind when its package is imported)."""
     from .target import TARGET_KINDS, Target
-    try:
-        import importlib
-        importlib.import_module(f"byoc.backends.{name}")
-    except ImportError:
-        pass
+    if name not in TARGET_KINDS:
+        package = f"byoc.backends.{name}"
+        try:
+            importlib.import_module(package)
+        except ModuleNotFoundError as error:
+            # Only "this backend has no package" is expected; a package that fails to import
+            # for another reason must say so rather than look like a backend without options.
+            if error.name not in (package, "byoc.backends"):
+                raise
     if name not in TARGET_KINDS:
         if options:
             _fail(source, where, f"backend {name!r} takes no options (given {sorted(options)})")
         return
-    try:
-        Target(name, **options)
-    except ConfigError as error:
-        _fail(source, where, str(error))
+    for attribute, value in options.items():
+        try:
+            Target(name, **{attribute: value})
+        except ConfigError as error:
+            _fail(source, f"{where}.{attribute}", str(error))
+
+
+def _validate_tuning(source, tuning) -> dict:
+    tuning = {} if tuning is None else tuning
+    if not isinstance(tuning, dict):
+        _fail(source, "tuning", f"{tuning!r} is not a mapping; allowed keys: {', '.join(TUNING_KEYS)}")
+    for key in tuning:
+        if key not in TUNING_KEYS:
+            _fail(source, f"tuning.{key}", f"unknown key; allowed: {', '.join(TUNING_KEYS)}"
+                                           f"{_did_you_mean(key, TUNING_KEYS)}")
+    profile = _one_of(source, "tuning.profile", tuning.get("profile", "auto"), TUNING_PROFILES, "auto, true, false")
+    return {"profile": profile, "tuning_db": _optional_path(source, "tuning.tuning_db", tuning.get("tuning_db"))}
+
+
+def _validate_input_shapes(source, shapes) -> dict:
+    shapes = {} if shapes is None else shapes
+    if not isinstance(shapes, dict):
+        _fail(source, "input_shapes", f"{shapes!r} is not a mapping of input name to a list of dims")
+    for name, dims in shapes.items():
+        if not isinstance(dims, (list, tuple)) or not all(
+                isinstance(dim, int) and not isinstance(dim, bool) and dim >= 0 for dim in dims):
+            _fail(source, f"input_shapes.{name}", f"{dims!r} is not a list of non-negative integers")
+    return {name: tuple(dims) for name, dims in shapes.items()}

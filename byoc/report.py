@@ -1,5 +1,15 @@
-"""The partition report: per backend, the partitions (call sites), the unique functions,
-the ops covered, and every refused match with the reason (JSON and a readable table)."""
+"""The partition report: per backend, the partitions (the call sites of its outlined
+functions), the unique functions, the composites matched and ops covered, and every
+refused match with the reason. `to_json()` is written next to the build; `to_text()` is
+the readable table:
+
+    backend      partitions  unique  composites  refused  ops covered
+    ----------------------------------------------------------------------------
+    cutlass              96       4          96       12  add x96, gelu x12, matmul x96
+
+    refused matches:
+      cutlass.dense_bias x12: K=770 not a multiple of 8
+"""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
@@ -7,8 +17,8 @@ from collections import Counter, defaultdict
 
 class PartitionReport:
     def __init__(self):
-        self.accepted = defaultdict(Counter)  # backend -> pattern -> count
-        self.ops = defaultdict(Counter)  # backend -> op -> count
+        self.accepted = defaultdict(Counter)  # backend -> pattern -> matches taken
+        self.ops = defaultdict(Counter)  # backend -> op -> calls it covers
         self.refused = []  # dicts: backend, pattern, op, reason
         self.functions = {}  # backend -> {"unique": n, "call_sites": n}
 
@@ -20,7 +30,7 @@ class PartitionReport:
         self.refused.append({"backend": backend, "pattern": pattern, "op": op, "reason": reason})
 
     def count_functions(self, mod):
-        """Unique outlined functions and call sites per backend, from the final module."""
+        """Unique outlined functions and their call sites in main, per backend."""
         from .ir.expr import Call, GlobalVar
         backend_of = {name: str(f.attrs["Compiler"]) for name, f in mod.functions.items() if "Compiler" in f.attrs}
         call_sites = Counter()
@@ -30,26 +40,27 @@ class PartitionReport:
                 call_sites[backend_of[value.op.name]] += 1
         unique = Counter(backend_of.values())
         self.functions = {b: {"unique": unique[b], "call_sites": call_sites[b]} for b in sorted(unique)}
-        for name, function in mod.functions.items():
-            if backend_of.get(name) == "builtin":
-                pass
 
     def to_json(self) -> dict:
-        backends = sorted(set(self.functions) | set(self.accepted))
+        backends = sorted(set(self.functions) | set(self.accepted) | {r["backend"] for r in self.refused})
+        refused_count = Counter(r["backend"] for r in self.refused)
         return {
             "backends": {b: {"partitions": self.functions.get(b, {}).get("call_sites", 0),
                              "unique_functions": self.functions.get(b, {}).get("unique", 0),
+                             "composites": sum(self.accepted.get(b, Counter()).values()),
                              "patterns": dict(self.accepted.get(b, {})),
-                             "ops_covered": dict(self.ops.get(b, {}))} for b in backends},
+                             "ops_covered": dict(self.ops.get(b, {})),
+                             "refused": refused_count.get(b, 0)} for b in backends},
             "refused": self.refused,
         }
 
     def to_text(self) -> str:
         data = self.to_json()
-        lines = ["backend      partitions  unique  ops covered", "-" * 72]
+        lines = ["backend      partitions  unique  composites  refused  ops covered", "-" * 76]
         for backend, entry in data["backends"].items():
             ops = ", ".join(f"{op} x{n}" for op, n in sorted(entry["ops_covered"].items())) or "-"
-            lines.append(f"{backend:<12} {entry['partitions']:>10}  {entry['unique_functions']:>6}  {ops}")
+            lines.append(f"{backend:<12} {entry['partitions']:>10}  {entry['unique_functions']:>6}  "
+                         f"{entry['composites']:>10}  {entry['refused']:>7}  {ops}")
         if self.refused:
             lines += ["", "refused matches:"]
             counted = Counter((r["backend"], r["pattern"], r["reason"]) for r in self.refused)

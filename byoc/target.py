@@ -4,6 +4,8 @@ backend's external codegen ("cutlass", "cublaslt", "builtin").
     Target("cuda -arch=sm_90")            Target("cuda", arch="sm_90")
     Target({"kind": "cutlass", "sm": 90, "use_fast_math": True})
 
+Every kind has an attribute schema (name -> type, default, allowed values); a string
+target is `<kind> -<name>=<value> ...` and `str(target)` gives that text back.
 Compiler flags come only from targets (`nvcc_flags()`, `cxx_flags()`), so a build never
 asks the user for options at link time. Backends add their kinds with
 `register_target_kind`. `with target:` makes it current for codegen (`Target.current()`).
@@ -11,6 +13,9 @@ asks the user for options at link time. Backends add their kinds with
 from __future__ import annotations
 
 import contextvars
+import difflib
+import functools
+import importlib.util
 import shlex
 import shutil
 import subprocess
@@ -19,13 +24,16 @@ from dataclasses import dataclass
 from .errors import ConfigError
 
 CUDA_ARCHES = ("sm_80", "sm_86", "sm_87", "sm_89", "sm_90", "sm_90a", "sm_100", "sm_100a", "sm_120")
+DEVICE_KINDS = ("cuda", "cpu")
+_BOOL_TEXT = {"1": True, "true": True, "0": False, "false": False}
 
 
 @dataclass(frozen=True)
 class AttrSchema:
-    type: type  # bool, int, str, float, list
+    """One attribute of a target kind; its name is the key in the kind's schema."""
+    type: type  # bool, int, str, float or list
     default: object = None
-    allowed: tuple | None = None
+    allowed: tuple | None = None  # None: any value of `type`
     doc: str = ""
 
 
@@ -48,54 +56,86 @@ _current = contextvars.ContextVar("byoc_current_target", default=None)
 
 def register_target_kind(kind: str, attrs: dict[str, AttrSchema]):
     """Add (or replace) a target kind; backends call this when they register."""
+    for name, schema in attrs.items():
+        if not isinstance(schema, AttrSchema):
+            raise ConfigError(f"target kind {kind!r}: attribute {name!r} needs an AttrSchema, "
+                              f"got {type(schema).__name__}")
     TARGET_KINDS[kind] = dict(attrs)
 
 
+def _did_you_mean(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _describe_allowed(schema: AttrSchema) -> str:
+    if schema.allowed is not None:
+        return ", ".join(map(str, schema.allowed))
+    return {bool: "true, false, 1, 0", int: "an integer", float: "a number",
+            list: "a list (or comma-separated text)"}.get(schema.type, "any text")
+
+
 def _convert(kind: str, name: str, schema: AttrSchema, value):
-    def fail():
-        allowed = f"; allowed: {', '.join(map(str, schema.allowed))}" if schema.allowed else ""
-        raise ConfigError(f"target {kind}: attribute {name}={value!r} is not a {schema.type.__name__}{allowed}")
+    """`value` (text from a target string, or a Python value) as the schema's type."""
+    def fail(what):
+        raise ConfigError(f"target {kind}: attribute {name}={value!r} {what}; "
+                          f"allowed: {_describe_allowed(schema)}")
     if schema.type is bool:
         if isinstance(value, bool):
             converted = value
-        elif isinstance(value, (int, str)) and str(value).lower() in ("0", "1", "true", "false"):
-            converted = str(value).lower() in ("1", "true")
+        elif isinstance(value, (int, str)) and str(value).lower() in _BOOL_TEXT:
+            converted = _BOOL_TEXT[str(value).lower()]
         else:
-            fail()
+            fail("is not a boolean")
     elif schema.type is int:
+        # bool is an int in Python, and int(2.5) would silently truncate: refuse both.
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            fail("is not an integer")
         try:
             converted = int(value)
         except (TypeError, ValueError):
-            fail()
-        if isinstance(value, bool) or (isinstance(value, float) and value != int(value)):
-            fail()
+            fail("is not an integer")
     elif schema.type is float:
         try:
             converted = float(value)
         except (TypeError, ValueError):
-            fail()
+            fail("is not a number")
     elif schema.type is list:
         if isinstance(value, str):
-            converted = [v for v in value.split(",") if v]
+            converted = [item for item in value.split(",") if item]
         elif isinstance(value, (list, tuple)):
             converted = list(value)
         else:
-            fail()
+            fail("is not a list")
     else:
+        if isinstance(value, (dict, list, tuple)):
+            fail("is not text")
         converted = str(value)
     if schema.allowed is not None and converted not in schema.allowed:
-        fail()
+        fail("is not allowed")
     return converted
 
 
+def _format_value(value) -> str:
+    """An attribute value as it appears in a target string (booleans as 1/0)."""
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return str(value)
+
+
 class Target:
+    """A kind ("cuda", "cpu", "cutlass", ...) and its attributes, all of them set (the
+    ones not given take the schema's default)."""
+
     def __init__(self, spec, **attrs):
         if isinstance(spec, Target):
-            kind, given = spec.kind, {**spec.attrs, **attrs}
+            kind, given = spec.kind, {**spec.explicit_attrs(), **attrs}
         elif isinstance(spec, dict):
             spec = dict(spec)
             if "kind" not in spec:
-                raise ConfigError(f"target {spec}: has no 'kind'; known kinds: {', '.join(TARGET_KINDS)}")
+                raise ConfigError(f"target {spec}: has no 'kind'; known kinds: {', '.join(sorted(TARGET_KINDS))}")
             kind = spec.pop("kind")
             given = {**spec, **attrs}
         elif isinstance(spec, str):
@@ -104,25 +144,30 @@ class Target:
         else:
             raise ConfigError(f"target must be a string, dict or Target, got {type(spec).__name__}")
         if kind not in TARGET_KINDS:
-            raise ConfigError(f"unknown target kind {kind!r}; known kinds: {', '.join(sorted(TARGET_KINDS))}")
+            raise ConfigError(f"unknown target kind {kind!r}; known kinds: "
+                              f"{', '.join(sorted(TARGET_KINDS))}{_did_you_mean(str(kind), TARGET_KINDS)}")
         schema = TARGET_KINDS[kind]
         values = {}
         for name, value in given.items():
-            key = name.replace("-", "_")
+            key = str(name).replace("-", "_")
             if key not in schema:
                 raise ConfigError(f"target {kind}: unknown attribute {name!r}; "
-                                  f"allowed: {', '.join(sorted(schema)) or '(none)'}")
+                                  f"allowed: {', '.join(sorted(schema)) or '(none)'}{_did_you_mean(key, schema)}")
             values[key] = _convert(kind, key, schema[key], value)
         self.kind = kind
-        self.attrs = {name: values.get(name, s.default) for name, s in schema.items()}
-        self._explicit = set(values)
+        self.attrs = {name: values.get(name, attr.default) for name, attr in schema.items()}
+        self._explicit = set(values)  # printed by str(); defaults stay implicit
+        self._tokens = []  # one per `with target:` currently open (they may nest)
         self.device = None  # for backend targets: the device target they compile for
 
     @staticmethod
     def _parse(text: str):
-        parts = shlex.split(text)
+        try:
+            parts = shlex.split(text)
+        except ValueError as error:
+            raise ConfigError(f"target {text!r}: {error}") from None
         if not parts:
-            raise ConfigError("empty target string")
+            raise ConfigError("empty target string; expected e.g. 'cpu' or 'cuda -arch=sm_90'")
         kind, attrs = parts[0], {}
         for part in parts[1:]:
             if not part.startswith("-") or "=" not in part:
@@ -131,57 +176,58 @@ class Target:
             attrs[name] = value
         return kind, attrs
 
+    def explicit_attrs(self) -> dict:
+        """The attributes that were given (not defaulted)."""
+        return {name: self.attrs[name] for name in self._explicit}
+
     def __getattr__(self, name):
         attrs = self.__dict__.get("attrs", {})
         if name in attrs:
             return attrs[name]
-        raise AttributeError(name)
+        raise AttributeError(f"target {self.__dict__.get('kind', '?')} has no attribute {name!r}")
 
     def __str__(self):
-        parts = [self.kind]
-        for name in sorted(self._explicit):
-            value = self.attrs[name]
-            if isinstance(value, bool):
-                value = int(value)
-            elif isinstance(value, list):
-                value = ",".join(map(str, value))
-            parts.append(f"-{name}={value}")
-        return " ".join(shlex.quote(p) for p in parts)
+        parts = [self.kind] + [f"-{name}={_format_value(self.attrs[name])}" for name in sorted(self._explicit)]
+        return " ".join(shlex.quote(part) for part in parts)
 
     def __repr__(self):
         return f"Target({str(self)!r})"
 
     def __eq__(self, other):
+        # Equal when every attribute agrees, given or defaulted: "cuda" == "cuda -arch=sm_90".
         return isinstance(other, Target) and self.kind == other.kind and self.attrs == other.attrs
 
     def __hash__(self):
-        return hash((self.kind, str(self)))
+        return hash((self.kind, tuple((name, _format_value(value)) for name, value in sorted(self.attrs.items()))))
 
-    # ---- current target -----------------------------------------------------------------
+    # ---- the current target -------------------------------------------------------------
     def __enter__(self):
-        self._token = _current.set(self)
+        self._tokens.append(_current.set(self))
         return self
 
     def __exit__(self, *exc):
-        _current.reset(self._token)
+        _current.reset(self._tokens.pop())
         return False
 
     @staticmethod
-    def current():
+    def current() -> Target | None:
+        """The innermost target entered with `with target:`, or None."""
         return _current.get()
 
-    # ---- compiler flags, derived from attributes only ---------------------------------
+    # ---- compiler flags, derived from attributes only -----------------------------------
     def arch_number(self) -> int:
+        """90 for sm_90 and sm_90a."""
         return int("".join(ch for ch in self.attrs["arch"] if ch.isdigit()))
 
     def nvcc_flags(self) -> list[str]:
         if self.kind != "cuda":
-            raise ConfigError(f"target {self} is not a cuda target")
+            raise ConfigError(f"target {self}: nvcc flags come from a cuda target, not {self.kind!r}")
         arch = self.attrs["arch"]
-        number = "".join(ch for ch in arch if ch.isdigit())
-        suffix = "a" if arch.endswith("a") else ""
+        number = self.arch_number()
+        suffix = "a" if arch.endswith("a") else ""  # sm_90a: the arch-specific features (wgmma, TMA)
         flags = [f"-gencode=arch=compute_{number}{suffix},code=sm_{number}{suffix}",
                  f"-O{self.attrs['opt_level']}", "-std=c++17", "--expt-relaxed-constexpr",
+                 # The objects go into a shared library whose only exports are the C ABI.
                  "-Xcompiler=-fPIC", "-Xcompiler=-fvisibility=hidden"]
         if self.attrs["use_fast_math"]:
             flags.append("--use_fast_math")
@@ -190,6 +236,7 @@ class Target:
         return flags
 
     def cxx_flags(self) -> list[str]:
+        """Host C++ flags: for cpu kernels, and for the host code of a cuda model."""
         level = self.attrs.get("opt_level", 2)
         flags = [f"-O{level}", "-std=c++17", "-fPIC", "-fvisibility=hidden"]
         if self.kind == "cpu" and self.attrs.get("march"):
@@ -199,22 +246,48 @@ class Target:
         return flags
 
 
-def visible_gpu_arch() -> str | None:
-    """The arch of GPU 0 (e.g. "sm_90"), or None when no GPU is visible."""
-    if shutil.which("nvidia-smi"):
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=20)
-            line = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
-            if line:
-                major, minor = line.strip().split(".")
-                return f"sm_{major}{minor}"
-        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-            pass
+# ---- the visible GPU ------------------------------------------------------------------------
+
+def _arch_from_nvidia_smi() -> str | None:
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        run = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        lines = run.stdout.strip().splitlines() if run.returncode == 0 else []
+        if lines:
+            major, minor = lines[0].strip().split(".")
+            return f"sm_{int(major)}{int(minor)}"
+    except (OSError, subprocess.SubprocessError, ValueError):
+        pass
     return None
+
+
+def _arch_from_cupy() -> str | None:
+    if importlib.util.find_spec("cupy") is None:
+        return None
+    try:
+        import cupy
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return None
+        return f"sm_{cupy.cuda.Device(0).compute_capability}"  # compute_capability is "90"
+    except Exception:  # noqa: BLE001 - no driver, no device: all mean "no GPU here"
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def visible_gpu_arch() -> str | None:
+    """The arch of GPU 0 (e.g. "sm_90"), or None when no GPU is visible. Asked once per
+    process: nvidia-smi first, then cupy."""
+    return _arch_from_nvidia_smi() or _arch_from_cupy()
 
 
 def auto_device_target() -> Target:
     """cuda for the visible GPU's arch, else cpu."""
     arch = visible_gpu_arch()
-    return Target("cuda", arch=arch) if arch else Target("cpu")
+    if arch is None:
+        return Target("cpu")
+    if arch not in CUDA_ARCHES:
+        raise ConfigError(f"target auto: the visible GPU is {arch}, which byoc does not compile for "
+                          f"(supported: {', '.join(CUDA_ARCHES)}); use target: cpu")
+    return Target("cuda", arch=arch)

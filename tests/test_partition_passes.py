@@ -7,7 +7,7 @@ import pytest
 import byoc
 from byoc.backend import PatternEntry, get_backend, register_backend, registered
 from byoc.ir import FunctionBuilder, assert_structural_equal, parse
-from byoc.pattern import is_op, wildcard
+from byoc.pattern import is_const, is_op, wildcard
 from byoc.report import PartitionReport
 from byoc.transform import (fuse_ops_by_pattern, mark_compiler_functions_as_extern, merge_composite_functions,
                             outline_compiler_functions, partition_for)
@@ -51,10 +51,9 @@ def @main(%x: Tensor[(4, 8), float32], %w: Tensor[(8, 8), float32], %b: Tensor[(
         assert_structural_equal(fuse_ops_by_pattern(parse(TWO_DENSE), ["test"]), expected)
 
 
-def test_intermediate_used_outside_is_refused_with_reason():
-    """The cycle case: fusing matmul+add while %m also feeds %e would need %m outside the
-    composite as well (duplicated work, and the composite's input %e would depend on the
-    composite itself through %m)."""
+def test_cycle_is_refused_with_reason():
+    """Fusing matmul+add here would make a cycle: the composite's input %e is computed,
+    outside it, from its own matmul. The match is refused and main stays as it was."""
     text = """
 def @main(%x: Tensor[(4, 8), float32], %w: Tensor[(8, 8), float32]) -> Tensor[(4, 8), float32] {
   %m = matmul(%x, %w)
@@ -65,8 +64,54 @@ def @main(%x: Tensor[(4, 8), float32], %w: Tensor[(8, 8), float32]) -> Tensor[(4
     report = PartitionReport()
     with _test_backend([PatternEntry("dense_bias", DENSE_BIAS)]):
         result = fuse_ops_by_pattern(parse(text), ["test"], report)
-    assert_structural_equal(result, parse(text))  # unchanged: no cycle, nothing duplicated
-    assert report.refused and "used outside the match" in report.refused[0]["reason"]
+    assert_structural_equal(result, parse(text))
+    assert [r["reason"] for r in report.refused] == [
+        "its output reaches one of its own inputs through an outside node (a cycle)"]
+
+
+def test_intermediate_used_outside_is_refused_and_a_smaller_pattern_takes_over():
+    """%m is also read by exp: fusing matmul+add would compute it twice (or lose it), so
+    dense_bias is refused with the reason, and the next entry, dense, takes matmul alone."""
+    before = """
+def @main(%x: Tensor[(4, 8), float32], %w: Tensor[(8, 8), float32], %b: Tensor[(8,), float32]) -> Tensor[(4, 8), float32] {
+  %m = matmul(%x, %w)
+  %a = add(%m, %b)
+  %e = exp(%m)
+  %r = add(%a, %e)
+  return %r
+}"""
+    after = """
+def @main(%x: Tensor[(4, 8), float32], %w: Tensor[(8, 8), float32], %b: Tensor[(8,), float32]) -> Tensor[(4, 8), float32] {
+  %test_dense = fn (%p0: Tensor[(4, 8), float32], %p1: Tensor[(8, 8), float32]) -> Tensor[(4, 8), float32] [Composite="test.dense", Primitive=1] {
+    %0 = matmul(%p0, %p1)
+    return %0
+  }
+  %m = %test_dense(%x, %w)
+  %a = add(%m, %b)
+  %e = exp(%m)
+  %r = add(%a, %e)
+  return %r
+}"""
+    report = PartitionReport()
+    table = [PatternEntry("dense_bias", DENSE_BIAS), PatternEntry("dense", is_op("matmul")(wildcard(), wildcard()))]
+    with _test_backend(table):
+        result = fuse_ops_by_pattern(parse(before), ["test"], report)
+    assert_structural_equal(result, parse(after))
+    assert [(r["pattern"], r["reason"]) for r in report.refused] == [
+        ("dense_bias", "intermediate %m is also used outside the match (fusing would duplicate it)")]
+    assert report.to_json()["backends"]["test"]["patterns"] == {"dense": 1}
+
+
+def test_backends_are_tried_in_priority_order():
+    relu = is_op("relu")(wildcard())
+    with _test_backend([PatternEntry("relu", relu)]), \
+            registered(name="second", flavor="json", patterns=[PatternEntry("relu", relu)],
+                       codegen=lambda f, t: []):
+        for order, winner in ((["test", "second"], "test.relu"), (["second", "test"], "second.relu")):
+            fused = fuse_ops_by_pattern(parse(TWO_DENSE), order)
+            composites = [b.value.attrs["Composite"] for b in fused["main"].bindings
+                          if isinstance(b.value, byoc.ir.Function)]
+            assert composites == [winner]
 
 
 def test_check_refusal_reaches_the_report():
@@ -79,19 +124,108 @@ def test_check_refusal_reaches_the_report():
     assert "K=8 not a multiple of 16" in report.to_text()
 
 
+RELU_COMPOSITE = """fn (%q: Tensor[(4, 8), float32]) -> Tensor[(4, 8), float32] [Composite="test.relu", Primitive=1] {
+      %0 = relu(%q)
+      return %0
+    }"""
+
+
 def test_merge_composite_functions_groups_neighbours_into_one_compiler_function():
     relu = is_op("relu")(wildcard())
     with _test_backend([PatternEntry("dense_bias", DENSE_BIAS), PatternEntry("relu", relu)]):
-        fused = fuse_ops_by_pattern(parse(TWO_DENSE), ["test"])
-        merged = merge_composite_functions(fused)
-    main = merged["main"]
-    assert len(main.bindings) == 2  # one Compiler function and its call
-    region = main.bindings[0].value
-    assert region.attrs == {"Compiler": "test"}
-    composites = [b.value.attrs["Composite"] for b in region.bindings if hasattr(b.value, "attrs") and
-                  isinstance(b.value, byoc.ir.Function)]
-    assert composites == ["test.dense_bias", "test.relu", "test.dense_bias"]
+        merged = merge_composite_functions(fuse_ops_by_pattern(parse(TWO_DENSE), ["test"]))
+    expected = parse(f"""
+def @main(%x: Tensor[(4, 8), float32], %w: Tensor[(8, 8), float32], %b: Tensor[(8,), float32]) -> Tensor[(4, 8), float32] {{
+  %test_region = fn (%p0: Tensor[(4, 8), float32], %p1: Tensor[(8, 8), float32], %p2: Tensor[(8,), float32]) -> Tensor[(4, 8), float32] [Compiler="test"] {{
+    %f1 = {COMPOSITE.replace("N", "1")}
+    %a = %f1(%p0, %p1, %p2)
+    %f2 = {RELU_COMPOSITE}
+    %r = %f2(%a)
+    %f3 = {COMPOSITE.replace("N", "3")}
+    %a2 = %f3(%r, %p1, %p2)
+    return %a2
+  }}
+  %a2 = %test_region(%x, %w, %b)
+  return %a2
+}}""")
+    assert_structural_equal(merged, expected)
     np.testing.assert_allclose(*_run_both(parse(TWO_DENSE), merged), rtol=1e-6)
+
+
+def _relu_chain(middle: str) -> str:
+    return f"""
+def @main(%x: Tensor[(4, 8), float32]) -> Tensor[(4, 8), float32] {{
+  %a = relu(%x)
+{middle}
+  return %d
+}}"""
+
+
+def test_merge_takes_a_diamond_as_one_region():
+    """relu %a feeds %b and %c, which both feed %d: one region, one output."""
+    text = _relu_chain("  %b = relu(%a)\n  %c = relu(%a)\n  %d = add(%b, %c)")
+    table = [PatternEntry("relu", is_op("relu")(wildcard())), PatternEntry("add", is_op("add")(wildcard(), wildcard()))]
+    with _test_backend(table):
+        merged = merge_composite_functions(fuse_ops_by_pattern(parse(text), ["test"]))
+    (region_binding, call_binding) = merged["main"].bindings
+    assert region_binding.value.attrs == {"Compiler": "test"}
+    assert [b.value.attrs["Composite"] for b in region_binding.value.bindings
+            if isinstance(b.value, byoc.ir.Function)] == ["test.relu", "test.relu", "test.relu", "test.add"]
+    assert list(call_binding.value.args) == [merged["main"].params[0]]
+
+
+def test_merge_never_makes_a_cycle_through_an_outside_node():
+    """The cycle case of MergeCompositeFunctions: %a and %d are composites of one backend,
+    and %a also reaches %d through exp, which the backend did not take. One region of %a
+    and %d would both feed exp and need its result. They stay apart, and main stays in
+    dependency order."""
+    text = _relu_chain("  %e = exp(%a)\n  %d = add(%a, %e)")
+    table = [PatternEntry("relu", is_op("relu")(wildcard())), PatternEntry("add", is_op("add")(wildcard(), wildcard()))]
+    with _test_backend(table):
+        merged = merge_composite_functions(fuse_ops_by_pattern(parse(text), ["test"]))
+    relu_region = f"""fn (%p0: Tensor[(4, 8), float32]) -> Tensor[(4, 8), float32] [Compiler="test"] {{
+    %f = {RELU_COMPOSITE}
+    %a = %f(%p0)
+    return %a
+  }}"""
+    add_composite = """fn (%l: Tensor[(4, 8), float32], %r: Tensor[(4, 8), float32]) -> Tensor[(4, 8), float32] [Composite="test.add", Primitive=1] {
+      %0 = add(%l, %r)
+      return %0
+    }"""
+    expected = parse(f"""
+def @main(%x: Tensor[(4, 8), float32]) -> Tensor[(4, 8), float32] {{
+  %region_a = {relu_region}
+  %a = %region_a(%x)
+  %e = exp(%a)
+  %region_d = fn (%p0: Tensor[(4, 8), float32], %p1: Tensor[(4, 8), float32]) -> Tensor[(4, 8), float32] [Compiler="test"] {{
+    %g = {add_composite}
+    %d = %g(%p0, %p1)
+    return %d
+  }}
+  %d = %region_d(%a, %e)
+  return %d
+}}""")
+    assert_structural_equal(merged, expected)
+
+
+def test_merge_stops_at_a_composite_of_another_backend():
+    relu = is_op("relu")(wildcard())
+    text = _relu_chain("  %b = relu(%a)\n  %d = relu(%b)")
+    with _test_backend([PatternEntry("relu", relu)]), \
+            registered(name="other", flavor="shim", patterns=[PatternEntry("relu", relu)], codegen=lambda f, t: []):
+        fused = fuse_ops_by_pattern(parse(text), ["test"])
+        # hand %b to the other backend: rename its composite
+        bindings = []
+        for binding in fused["main"].bindings:
+            value = binding.value
+            if isinstance(value, byoc.ir.Function) and len(bindings) == 2:
+                value = value.with_attrs(Composite="other.relu")
+            bindings.append(byoc.ir.Binding(binding.var, value))
+        main = fused["main"]
+        fused["main"] = byoc.ir.Function(main.params, bindings, main.result, main.ret_type, main.attrs)
+        merged = merge_composite_functions(fused)
+    regions = [b.value.attrs["Compiler"] for b in merged["main"].bindings if isinstance(b.value, byoc.ir.Function)]
+    assert regions == ["test", "other", "test"]
 
 
 def test_one_composite_per_function_backend():
@@ -177,6 +311,101 @@ def @{symbol}(%p: Tensor[(2, 4), float32], %c0: Tensor[(4,), float32]) -> Tensor
     np.testing.assert_allclose(*_run_both(parse(text), result, x), rtol=0)
 
 
+def test_outline_reaches_compiler_functions_nested_in_local_functions():
+    text = """
+def @main(%x: Tensor[(4, 8), float32]) -> Tensor[(4, 8), float32] {
+  %outer = fn (%a: Tensor[(4, 8), float32]) -> Tensor[(4, 8), float32] {
+    %f = fn (%p: Tensor[(4, 8), float32]) -> Tensor[(4, 8), float32] [Compiler="test"] {
+      %r = relu(%p)
+      return %r
+    }
+    %y = %f(%a)
+    return %y
+  }
+  %z = %outer(%x)
+  return %z
+}"""
+    result = outline_compiler_functions(parse(text))
+    (symbol,) = [n for n in result.functions if n != "main"]
+    expected = parse(f"""
+def @main(%x: Tensor[(4, 8), float32]) -> Tensor[(4, 8), float32] {{
+  %outer = fn (%a: Tensor[(4, 8), float32]) -> Tensor[(4, 8), float32] {{
+    %y = @{symbol}(%a)
+    return %y
+  }}
+  %z = %outer(%x)
+  return %z
+}}
+
+def @{symbol}(%p: Tensor[(4, 8), float32]) -> Tensor[(4, 8), float32] [Compiler="test", global_symbol="{symbol}"] {{
+  %r = relu(%p)
+  return %r
+}}""")
+    assert_structural_equal(result, expected)
+
+
+def test_constants_inside_composites_are_lifted_through_the_region():
+    """Two regions whose composites hold different weights share one global: the
+    composite gets a parameter, the region passes it on, main passes the constant."""
+    region = """fn (%p: Tensor[(2, 4), float32]) -> Tensor[(2, 4), float32] [Compiler="test"] {
+    %c = fn (%q: Tensor[(2, 4), float32]) -> Tensor[(2, 4), float32] [Composite="test.add", Primitive=1] {
+      %0 = add(%q, const([WEIGHTS], float32))
+      return %0
+    }
+    %r = %c(%p)
+    return %r
+  }"""
+    text = f"""
+def @main(%x: Tensor[(2, 4), float32]) -> Tensor[(2, 4), float32] {{
+  %f = {region.replace("WEIGHTS", "1.0, 2.0, 3.0, 4.0")}
+  %y = %f(%x)
+  %g = {region.replace("WEIGHTS", "5.0, 6.0, 7.0, 8.0")}
+  %z = %g(%y)
+  return %z
+}}"""
+    result = outline_compiler_functions(parse(text))
+    (symbol,) = [n for n in result.functions if n != "main"]
+    expected = parse(f"""
+def @main(%x: Tensor[(2, 4), float32]) -> Tensor[(2, 4), float32] {{
+  %y = @{symbol}(%x, const([1.0, 2.0, 3.0, 4.0], float32))
+  %z = @{symbol}(%y, const([5.0, 6.0, 7.0, 8.0], float32))
+  return %z
+}}
+
+def @{symbol}(%p: Tensor[(2, 4), float32], %c0: Tensor[(4,), float32]) -> Tensor[(2, 4), float32] [Compiler="test", global_symbol="{symbol}"] {{
+  %c = fn (%q: Tensor[(2, 4), float32], %k0: Tensor[(4,), float32]) -> Tensor[(2, 4), float32] [Composite="test.add", Primitive=1] {{
+    %0 = add(%q, %k0)
+    return %0
+  }}
+  %r = %c(%p, %c0)
+  return %r
+}}""")
+    assert_structural_equal(result, expected)
+    x = np.ones((2, 4), np.float32)
+    np.testing.assert_allclose(*_run_both(parse(text), result, x), rtol=0)
+
+
+def test_an_inlined_copy_of_an_existing_compiler_global_calls_it():
+    text = """
+def @main(%x: Tensor[(4, 8), float32]) -> Tensor[(4, 8), float32] {
+  %y = @kernel(%x)
+  %f = fn (%p: Tensor[(4, 8), float32]) -> Tensor[(4, 8), float32] [Compiler="test", Inline=1] {
+    %r = relu(%p)
+    return %r
+  }
+  %z = %f(%y)
+  return %z
+}
+
+def @kernel(%p: Tensor[(4, 8), float32]) -> Tensor[(4, 8), float32] [Compiler="test"] {
+  %r = relu(%p)
+  return %r
+}"""
+    result = outline_compiler_functions(parse(text))
+    assert sorted(result.functions) == ["kernel", "main"]
+    assert [b.value.op.name for b in result["main"].bindings] == ["kernel", "kernel"]
+
+
 def test_mark_compiler_functions_as_extern_keeps_only_the_signature():
     outlined = outline_compiler_functions(parse(INLINED.replace("EXTRA", "")))
     (symbol,) = [n for n in outlined.functions if n != "main"]
@@ -190,6 +419,52 @@ def @main(%x: Tensor[(4, 8), float32]) -> Tensor[(4, 8), float32] {{
 
 def @{symbol}(%p: Tensor[(4, 8), float32]) -> Tensor[(4, 8), float32] [Extern=1];""")
     assert_structural_equal(result, expected)
+
+
+def _outlined_and_marked():
+    outlined = outline_compiler_functions(parse(INLINED.replace("EXTRA", "")))
+    (symbol,) = [n for n in outlined.functions if n != "main"]
+    return outlined, symbol
+
+
+def test_run_codegen_calls_each_backend_once_with_its_target_current():
+    from byoc.backend import Artifact, current_target
+    from byoc.transform import run_codegen
+    calls = []
+
+    def codegen(functions, target):
+        calls.append((sorted(functions), target, current_target()))
+        return [Artifact("test", "source", symbols=list(functions), payload={"source": "// generated"})]
+
+    outlined, symbol = _outlined_and_marked()
+    target = object()  # any Target-like object
+    with registered(name="test", flavor="csource", patterns=[], codegen=codegen):
+        mod, artifacts = run_codegen(outlined, {"test": target})
+        assert mod is outlined
+        assert calls == [([symbol], target, target)]
+        assert current_target() is None  # only current while the codegen runs
+        assert [a.symbols for a in artifacts] == [[symbol]]
+        run_codegen(outlined, None)  # no targets at all: the codegen gets None
+        assert calls[-1] == ([symbol], None, None)
+
+
+def test_run_codegen_names_a_function_no_artifact_implements():
+    from byoc.backend import Artifact
+    from byoc.transform import run_codegen
+    outlined, symbol = _outlined_and_marked()
+    forgetful = lambda functions, target: [Artifact("test", "object", symbols=[])]
+    with registered(name="test", flavor="csource", patterns=[], codegen=forgetful):
+        with pytest.raises(byoc.BuildError, match=f"no artifact implements extern function\\(s\\) {symbol} \\(test\\)"):
+            run_codegen(outlined, {})
+    declared = parse("""
+def @main(%x: Tensor[(4,), float32]) -> Tensor[(4,), float32] {
+  %y = @lonely(%x)
+  return %y
+}
+
+def @lonely(%a: Tensor[(4,), float32]) -> Tensor[(4,), float32] [Extern=1];""")
+    with pytest.raises(byoc.BuildError, match="lonely \\(extern declaration\\)"):
+        run_codegen(declared, {})
 
 
 def _run_both(before, after, x=None):
@@ -223,7 +498,12 @@ def _bert(layers: int, hidden: int = 64, seq: int = 16):
     return fb.module()
 
 
-def test_twelve_layers_compile_as_many_unique_functions_as_one():
+@pytest.mark.parametrize("one_per_function", [True, False])
+def test_twelve_layers_compile_as_many_unique_functions_as_one(one_per_function):
+    """A 12-layer BERT-architecture encoder (hidden 64; attention with softmax; matmul+bias,
+    matmul+bias+gelu and matmul+bias+residual; layer_norm; every layer's weights different
+    constants) under a GEMM+epilogue pattern table: as many unique outlined functions as
+    for one layer, so each unique kernel is compiled once."""
     from byoc.backends.builtin.partition import partition_builtin
     dense = is_op("matmul")(wildcard(), wildcard())
     bias = is_op("add")(dense, wildcard())
@@ -231,18 +511,90 @@ def test_twelve_layers_compile_as_many_unique_functions_as_one():
              PatternEntry("dense_bias_gelu", is_op("gelu")(bias)),
              PatternEntry("dense_bias", bias), PatternEntry("dense", dense)]
     counts = {}
-    with _test_backend(table, one_composite_per_function=True):
+    with _test_backend(table, one_composite_per_function=one_per_function):
         for layers in (1, 12):
             mod, report = partition_for(_bert(layers), ["test"], finalize=partition_builtin)
-            counts[layers] = {backend: entry["unique_functions"] for backend, entry in report.to_json()["backends"].items()}
-            calls = report.to_json()["backends"]["test"]["partitions"]
-            assert calls == 8 * layers  # q, k, v, q@kT, p@v, out-proj+residual, up+gelu, down+residual
+            backends = report.to_json()["backends"]
+            counts[layers] = {backend: entry["unique_functions"] for backend, entry in backends.items()}
+            # q, k, v, q@kT, p@v, out-proj+residual, up+gelu, down+residual
+            assert backends["test"]["composites"] == 8 * layers
+            if one_per_function:
+                assert backends["test"]["partitions"] == 8 * layers
+            else:  # q@kT and p@v run through a builtin softmax/transpose: their own regions
+                assert layers <= backends["test"]["partitions"] < 8 * layers
+            if layers == 12:
+                np.testing.assert_allclose(*_run_both(_bert(layers), mod, np.ones((16, 64), np.float32)),
+                                           rtol=2e-4, atol=2e-4)
     assert counts[12] == counts[1]
-    assert counts[1]["test"] == 6 and counts[1]["builtin"] >= 3
+    # Both counts, stated: one composite per function gives dense_bias (q, k, v), dense for
+    # q@kT and p@v (two shapes), out-proj+residual, up+gelu, down+residual; merged regions
+    # give q/k/v (one shape), q@kT, p@v+out-proj+residual, up+gelu+down+residual.
+    assert counts[1]["test"] == counts[12]["test"] == (6 if one_per_function else 4)
+    assert counts[1]["builtin"] == counts[12]["builtin"] == 3
 
 
 def test_registration_errors_name_the_culprit():
     with pytest.raises(byoc.ConfigError, match="names unknown op 'matmull'"):
         register_backend("bad", "csource", [PatternEntry("x", is_op("matmull")(wildcard()))], lambda f, t: [])
+    with pytest.raises(byoc.ConfigError, match="flavor 'c' is not one of csource, json, shim"):
+        register_backend("bad", "c", [], lambda f, t: [])
+    relu = PatternEntry("relu", is_op("relu")(wildcard()))
+    with pytest.raises(byoc.ConfigError, match="pattern name\\(s\\) relu appear more than once"):
+        register_backend("bad", "shim", [relu, relu], lambda f, t: [])
     with pytest.raises(byoc.BuildError, match="no backend named 'tensorrt' is registered; known backends:"):
         get_backend("tensorrt")
+    assert "bad" not in byoc.backend.list_backends()
+
+
+def test_registered_backends_do_not_leak_out_of_the_block():
+    with _test_backend([]):
+        assert get_backend("test").flavor == "csource"
+        with registered(name="test", flavor="json", patterns=[], codegen=lambda f, t: []):
+            assert get_backend("test").flavor == "json"
+        assert get_backend("test").flavor == "csource"  # the outer one is back
+    with pytest.raises(byoc.BuildError, match="'test'"):
+        get_backend("test")
+
+
+def test_partition_for_names_a_backend_missing_from_the_registry():
+    with pytest.raises(byoc.BuildError, match="no backend named 'tensorrt' is registered; known backends:"):
+        partition_for(parse(TWO_DENSE), ["tensorrt"])
+
+
+def test_bert2_onnx_through_the_whole_partitioning_pipeline():
+    """bert2.onnx (2 layers, hidden 128): the test backend takes the GEMMs, the built-in
+    backend every op left; afterwards main only calls globals (outlined Compiler
+    functions), and the two layers share their functions."""
+    from byoc.backends.builtin.partition import partition_builtin
+    from byoc.ir.expr import Call, GlobalVar
+    from byoc.transform import recognize_gelu
+    inputs = ("input_ids", "attention_mask", "token_type_ids")
+    mod = byoc.from_onnx("tests/fixtures/bert2.onnx", input_shapes={name: (2, 16) for name in inputs})
+    mod = recognize_gelu(mod)
+    dense = is_op("matmul")(wildcard(), wildcard())
+    either_add = lambda x, y: is_op("add")(x, y) | is_op("add")(y, x)
+    bias = either_add(dense, is_const())
+    table = [PatternEntry("dense_bias_residual", either_add(bias, wildcard())),
+             PatternEntry("dense_bias_gelu", is_op("gelu")(bias)),
+             PatternEntry("dense_bias", bias), PatternEntry("dense", dense)]
+    with _test_backend(table):
+        partitioned, report = partition_for(mod, ["test"], finalize=partition_builtin)
+    main = partitioned["main"]
+    assert all(isinstance(b.value, Call) and isinstance(b.value.op, GlobalVar) for b in main.bindings)
+    assert all("Compiler" in partitioned[b.value.op.name].attrs for b in main.bindings)
+    backends = report.to_json()["backends"]
+    assert set(backends) == {"test", "builtin"}
+    assert backends["test"]["partitions"] > backends["test"]["unique_functions"] > 0
+    assert backends["builtin"]["partitions"] > backends["builtin"]["unique_functions"] > 0
+    assert "test" in report.to_text() and "builtin" in report.to_text()
+    # and it computes what the model computed (the interpreter runs the globals' bodies)
+    fixture = np.load("tests/fixtures/bert2.npz")
+    args = [fixture[f"in_{name}"] for name in inputs]
+    for got, want in zip(byoc.interpret(partitioned, *args), byoc.interpret(mod, *args)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_artifact_kind_is_checked():
+    from byoc.backend import Artifact
+    with pytest.raises(byoc.BuildError, match="kind 'elf' is not one of source, object, json, shim"):
+        Artifact("test", "elf", symbols=[])

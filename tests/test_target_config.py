@@ -1,69 +1,259 @@
-"""Targets (parse, round-trip, flags, errors) and build configs (validation errors name
-the key path, the value and what is allowed)."""
+"""Targets (parse, round-trip, flags, the current target, errors) and build configs
+(validation errors name the key path, the value and what is allowed; shipped configs)."""
+import threading
+
 import pytest
 
 import byoc
-from byoc.config import load_config, shipped_config_names, validate
-from byoc.target import Target
+import byoc.config as config_module
+import byoc.target as target_module
+from byoc.config import BuildConfig, load_config, register_known_backend, shipped_config_names, validate
+from byoc.target import AttrSchema, Target, auto_device_target, register_target_kind
 
 
-def test_target_parse_and_round_trip():
-    target = Target("cuda -arch=sm_90 -use_fast_math=1")
-    assert target.kind == "cuda" and target.arch == "sm_90" and target.use_fast_math is True
+@pytest.fixture
+def toy_kind():
+    """A backend-style target kind, registered for one test."""
+    register_target_kind("toy", {
+        "tile": AttrSchema(int, 128, (64, 128, 256), "tile size"),
+        "fast": AttrSchema(bool, False),
+        "flags": AttrSchema(list, []),
+        "name": AttrSchema(str, "x"),
+    })
+    yield "toy"
+    del target_module.TARGET_KINDS["toy"]
+
+
+# ---- targets ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text", ["cpu", "cuda -arch=sm_90", "cuda -arch=sm_90a -use_fast_math=1",
+                                  "cpu -march=native", "cpu -march=native -opt_level=3",
+                                  "cuda -arch=sm_80 -debug=1 -opt_level=2"])
+def test_target_string_round_trips(text):
+    target = Target(text)
+    assert str(target) == text
     assert Target(str(target)) == target
-    assert Target({"kind": "cuda", "arch": "sm_80"}) == Target("cuda", arch="sm_80")
-    assert str(Target("cpu")) == "cpu"
+
+
+def test_target_from_string_dict_kwargs_and_target_agree():
+    from_string = Target("cuda -arch=sm_80 -use_fast_math=true")
+    assert from_string.kind == "cuda" and from_string.arch == "sm_80" and from_string.use_fast_math is True
+    assert Target({"kind": "cuda", "arch": "sm_80", "use_fast_math": True}) == from_string
+    assert Target("cuda", arch="sm_80", use_fast_math=1) == from_string
+    # A Target plus kwargs: the given attributes stay, the new ones are added.
+    assert str(Target(Target("cuda -arch=sm_80"), use_fast_math=True)) == "cuda -arch=sm_80 -use_fast_math=1"
+    # Defaults fill the rest but are not printed.
+    assert Target("cuda").opt_level == 3 and str(Target("cuda")) == "cuda"
+
+
+def test_targets_equal_by_attributes_and_hash_alike():
+    # "cuda" means arch=sm_90 by default, so the two are the same target.
+    assert Target("cuda") == Target("cuda -arch=sm_90")
+    assert hash(Target("cuda")) == hash(Target("cuda -arch=sm_90"))
+    assert len({Target("cpu"), Target("cpu -opt_level=2"), Target("cpu -opt_level=3")}) == 2
+
+
+def test_backend_target_kind(toy_kind):
+    target = Target("toy -tile=64 -fast=1 -flags=-DA,-DB")
+    assert (target.tile, target.fast, target.flags, target.name) == (64, True, ["-DA", "-DB"], "x")
+    assert Target(str(target)) == target
+    with pytest.raises(byoc.ConfigError, match=r"target toy: attribute tile=100 is not allowed; allowed: 64, 128, 256"):
+        Target("toy", tile=100)
+    with pytest.raises(byoc.ConfigError, match=r"tile=True is not an integer"):
+        Target("toy", tile=True)
+    with pytest.raises(byoc.ConfigError, match=r"fast='maybe' is not a boolean; allowed: true, false"):
+        Target("toy -fast=maybe")
+
+
+def test_shipped_backend_kinds_register_on_import():
+    import byoc.backends.cublaslt  # noqa: F401
+    import byoc.backends.cutlass  # noqa: F401
+    target = Target("cutlass -sm=90 -use_fast_math=1")
+    assert target.sm == 90 and target.use_fast_math is True
+    assert str(target) == "cutlass -sm=90 -use_fast_math=1"
+    assert Target("cublaslt").kind == "cublaslt"
 
 
 def test_target_flags_come_from_attributes():
-    flags = Target("cuda -arch=sm_90a -use_fast_math=1").nvcc_flags()
-    assert "-gencode=arch=compute_90a,code=sm_90a" in flags and "--use_fast_math" in flags
-    assert "-march=native" in Target("cpu -march=native").cxx_flags()
+    flags = Target("cuda -arch=sm_90").nvcc_flags()
+    assert flags[:4] == ["-gencode=arch=compute_90,code=sm_90", "-O3", "-std=c++17", "--expt-relaxed-constexpr"]
+    assert "--use_fast_math" not in flags
+    fast = Target("cuda -arch=sm_90a -use_fast_math=1").nvcc_flags()
+    assert "-gencode=arch=compute_90a,code=sm_90a" in fast and "--use_fast_math" in fast
+    assert "-lineinfo" in Target("cuda -debug=1").nvcc_flags()
+    cpu_flags = Target("cpu -march=native -opt_level=3").cxx_flags()
+    assert cpu_flags[:3] == ["-O3", "-std=c++17", "-fPIC"] and "-march=native" in cpu_flags
+    assert not any(flag.startswith("-march") for flag in Target("cpu").cxx_flags())
+    with pytest.raises(byoc.ConfigError, match="nvcc flags come from a cuda target"):
+        Target("cpu").nvcc_flags()
 
 
-def test_target_errors_name_the_attribute_and_allowed_values():
-    with pytest.raises(byoc.ConfigError, match=r"unknown attribute 'sm'.*allowed: arch"):
+def test_target_errors_name_kind_attribute_and_allowed_values():
+    with pytest.raises(byoc.ConfigError, match=r"target cuda: unknown attribute 'sm'; "
+                                               r"allowed: arch, debug, opt_level, use_fast_math"):
         Target("cuda -sm=90")
-    with pytest.raises(byoc.ConfigError, match=r"arch='sm_42'.*allowed: sm_80"):
+    with pytest.raises(byoc.ConfigError, match=r"unknown attribute 'archh'.*did you mean 'arch'"):
+        Target("cuda", archh="sm_90")
+    with pytest.raises(byoc.ConfigError, match=r"arch='sm_42' is not allowed; allowed: sm_80, sm_86"):
         Target("cuda -arch=sm_42")
-    with pytest.raises(byoc.ConfigError, match="unknown target kind 'tpu'"):
-        Target("tpu")
+    with pytest.raises(byoc.ConfigError, match=r"unknown target kind 'cdua'; known kinds: .*did you mean 'cuda'"):
+        Target("cdua")
+    with pytest.raises(byoc.ConfigError, match="is not of the form -name=value"):
+        Target("cuda sm_90")
+    with pytest.raises(byoc.ConfigError, match="has no 'kind'"):
+        Target({"arch": "sm_90"})
+    with pytest.raises(byoc.ConfigError, match="empty target string"):
+        Target("  ")
 
 
-def test_current_target_context():
+def test_current_target_nests_and_is_per_thread():
     assert Target.current() is None
-    with Target("cpu") as target:
-        assert Target.current() is target
+    cpu, cuda = Target("cpu"), Target("cuda")
+    with cpu:
+        assert Target.current() is cpu
+        with cuda:
+            assert Target.current() is cuda
+            with cpu:  # the same target entered twice
+                assert Target.current() is cpu
+            assert Target.current() is cuda
+        seen_by_thread = []
+        thread = threading.Thread(target=lambda: seen_by_thread.append(Target.current()))
+        thread.start()
+        thread.join()
+        assert seen_by_thread == [None]
+        assert Target.current() is cpu
     assert Target.current() is None
 
 
-@pytest.mark.parametrize("name", ["default", "cpu", "cuda_sm90", "cuda_sm90_builtin"])
-def test_shipped_configs_load(name):
-    assert name in shipped_config_names()
+def test_auto_device_target(monkeypatch):
+    monkeypatch.setattr(target_module, "visible_gpu_arch", lambda: None)
+    assert auto_device_target() == Target("cpu")
+    monkeypatch.setattr(target_module, "visible_gpu_arch", lambda: "sm_90")
+    assert auto_device_target() == Target("cuda -arch=sm_90")
+    monkeypatch.setattr(target_module, "visible_gpu_arch", lambda: "sm_75")
+    with pytest.raises(byoc.ConfigError, match="visible GPU is sm_75.*use target: cpu"):
+        auto_device_target()
+
+
+def test_visible_gpu_arch_reads_nvidia_smi(monkeypatch, tmp_path):
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 9.0\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}")
+    assert target_module._arch_from_nvidia_smi() == "sm_90"
+
+
+# ---- configs ------------------------------------------------------------------------------
+
+def test_shipped_configs_load():
+    assert {"default", "cpu", "cuda_sm90"} <= set(shipped_config_names())
+    default = load_config("default")
+    assert default.target == "auto" and default.backend_order == ["builtin"] and default.params == "embedded"
+    cpu = load_config("cpu")
+    assert cpu.target == Target("cpu") and cpu.backend_order == ["builtin"] and cpu.precision == "float32"
+    cuda = load_config("cuda_sm90")
+    assert cuda.target == Target("cuda -arch=sm_90")
+    assert cuda.backend_order == ["cutlass", "cublaslt", "builtin"]
+    assert cuda.backends[0] == ("cutlass", {"sm": 90})
+    assert cuda.precision == "float16" and cuda.cuda_graph is True
+
+
+@pytest.mark.parametrize("name", shipped_config_names())
+def test_every_shipped_config_validates_and_round_trips(name):
     config = load_config(name)
-    assert config.precision in ("float32", "float16")
+    assert load_config(config) == config
+    assert load_config(config.to_dict()).to_dict() == config.to_dict()
+
+
+def test_config_from_yaml_path_dict_and_overrides(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("target: {kind: cuda, arch: sm_80}\nbackends: [cublaslt]\nworkdir: out\n"
+                    "tuning: {profile: false, tuning_db: db.json}\ninput_shapes: {x: [1, 128]}\n")
+    config = load_config(str(path), overrides={"precision": "bfloat16"})
+    assert config.target == Target("cuda -arch=sm_80") and config.backend_order == ["cublaslt", "builtin"]
+    assert config.workdir == "out" and config.precision == "bfloat16" and config.source == str(path)
+    assert config.tuning == {"profile": False, "tuning_db": "db.json"} and config.input_shapes == {"x": (1, 128)}
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing but a comment\n")
+    assert load_config(str(empty)) == BuildConfig(source=str(empty))
+    assert validate({}) == BuildConfig()
 
 
 @pytest.mark.parametrize("data, pattern", [
-    ({"precison": "float16"}, r"unknown key\(s\) \['precison'\]; allowed keys: target, backends"),
-    ({"precision": "fp8"}, r"precision: 'fp8' is not allowed; allowed: float32, float16, bfloat16"),
-    ({"backends": ["tensorrt"]}, r"backends\[0\]: unknown backend 'tensorrt'; allowed: cutlass"),
-    ({"backends": [{"builtin": {"matmul_algo": "x"}}]}, r"backends\[0\]\.builtin: .*matmul_algo='x'"),
-    ({"target": "cuda -arch=sm_1"}, r"target: .*allowed: sm_80"),
-    ({"cuda_graph": "yes"}, r"cuda_graph: 'yes' is not allowed; allowed: true, false"),
-    ({"params": "outside"}, r"params: 'outside' is not allowed; allowed: embedded, sidecar"),
+    # unknown keys say which keys exist
+    ({"precison": "float16"}, r"<dict>: unknown key\(s\) \['precison'\]; allowed keys: target, backends, "
+                              r"precision.*did you mean 'precision'"),
     ({"tuning": {"profil": True}}, r"tuning\.profil: unknown key; allowed: profile, tuning_db"),
+    # bad values: the key path, the value, the allowed ones
+    ({"precision": "fp8"}, r"precision: 'fp8' is not allowed; allowed: float32, float16, bfloat16"),
+    ({"cuda_graph": "yes"}, r"cuda_graph: 'yes' is not allowed; allowed: true, false"),
+    ({"cuda_graph": 1}, r"cuda_graph: 1 is not allowed; allowed: true, false"),
+    ({"params": "outside"}, r"params: 'outside' is not allowed; allowed: embedded, sidecar"),
+    ({"tuning": {"profile": "often"}}, r"tuning\.profile: 'often' is not allowed; allowed: auto, true, false"),
+    ({"tuning": {"tuning_db": 3}}, r"tuning\.tuning_db: 3 is not allowed; allowed: a path, or null"),
+    ({"workdir": ["a"]}, r"workdir: \['a'\] is not allowed; allowed: a path, or null"),
+    ({"output": True}, r"output: True is not allowed; allowed: a path, or null"),
+    ({"compile_jobs": 0}, r"compile_jobs: 0 is not allowed; allowed: a positive integer"),
     ({"input_shapes": {"x": [1, -2]}}, r"input_shapes\.x: \[1, -2\] is not a list of non-negative integers"),
+    ({"input_shapes": [1, 2]}, r"input_shapes: \[1, 2\] is not a mapping"),
+    # the device target
+    ({"target": "cuda -arch=sm_1"}, r"target: target cuda: attribute arch='sm_1' is not allowed; allowed: sm_80"),
+    ({"target": "cuda -sm=90"}, r"target: target cuda: unknown attribute 'sm'; allowed: arch"),
+    ({"target": "gpu"}, r"target: unknown target kind 'gpu'; known kinds: "),
+    ({"target": "cutlass"}, r"target: 'cutlass' is not a device target; allowed: auto, cpu, cuda -arch=sm_XX"),
+    # backends
+    ({"backends": "cutlass"}, r"backends: 'cutlass' is not a list"),
+    ({"backends": ["tensorrt"]}, r"backends\[0\]: unknown backend 'tensorrt'; allowed: cutlass, cublaslt, builtin"),
+    ({"backends": ["cublaslt", "cutlas"]}, r"backends\[1\]: unknown backend 'cutlas'.*did you mean 'cutlass'"),
+    ({"backends": ["cublaslt", "cublaslt"]}, r"backends\[1\]: backend 'cublaslt' is listed twice"),
+    ({"backends": ["builtin", "cublaslt"]}, r"backends\[0\]: 'builtin' must be last"),
+    ({"backends": [{"cutlass": {"sm": 70}, "x": 1}]}, r"backends\[0\]: .* is not a backend name or a one-key mapping"),
+    ({"backends": [{"cutlass": [90]}]}, r"backends\[0\]\.cutlass: \[90\] is not a mapping"),
+    ({"backends": ["cublaslt", {"cutlass": {"sm": 70}}]},
+     r"backends\[1\]\.cutlass\.sm: target cutlass: attribute sm=70 is not allowed; allowed: 0, 80, 86, 89, 90"),
+    ({"backends": [{"cutlass": {"smm": 90}}]},
+     r"backends\[0\]\.cutlass\.smm: target cutlass: unknown attribute 'smm'; allowed: .*sm.*did you mean 'sm'"),
+    ({"backends": [{"builtin": {"matmul_algo": "x"}}]},
+     r"backends\[0\]\.builtin\.matmul_algo: .*matmul_algo='x' is not an integer"),
 ])
 def test_config_errors_name_key_value_and_allowed(data, pattern):
     with pytest.raises(byoc.ConfigError, match=pattern):
         validate(data)
 
 
-def test_unknown_config_name_lists_shipped_ones(tmp_path):
+def test_config_errors_name_the_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("precision: half\n")
+    with pytest.raises(byoc.ConfigError, match=rf"{path}: precision: 'half' is not allowed"):
+        load_config(str(path))
+
+
+def test_known_backends_are_a_parameter_and_a_registry(monkeypatch):
+    with pytest.raises(byoc.ConfigError, match=r"unknown backend 'cublaslt'; allowed: mine"):
+        validate({"backends": ["cublaslt"]}, known_backends=["mine"])
+    assert validate({"backends": ["mine"]}, known_backends=["mine"]).backend_order == ["mine", "builtin"]
+    monkeypatch.setattr(config_module, "KNOWN_BACKENDS", list(config_module.KNOWN_BACKENDS))
+    register_known_backend("plugin")
+    assert validate({"backends": ["plugin"]}).backend_names == ["plugin"]
+    with pytest.raises(byoc.ConfigError, match=r"backends\[0\]\.plugin: backend 'plugin' takes no options"):
+        validate({"backends": [{"plugin": {"x": 1}}]})
+
+
+def test_registered_backends_are_known(monkeypatch):
+    from byoc import backend as backend_module
+    monkeypatch.setitem(backend_module.BACKENDS, "registered_here", object())
+    assert validate({"backends": ["registered_here"]}).backend_names == ["registered_here"]
+
+
+def test_unknown_config_name_and_bad_files(tmp_path):
     with pytest.raises(byoc.ConfigError, match="no build config named 'nope'; shipped configs: cpu"):
         load_config("nope")
+    with pytest.raises(byoc.ConfigError, match="does not exist"):
+        load_config(str(tmp_path / "missing.yaml"))
     bad = tmp_path / "bad.yaml"
     bad.write_text("target: [unclosed\n")
     with pytest.raises(byoc.ConfigError, match="not valid YAML"):
+        load_config(str(bad))
+    bad.write_text("- a list\n")
+    with pytest.raises(byoc.ConfigError, match="expected a mapping of keys"):
         load_config(str(bad))

@@ -1,79 +1,202 @@
-"""Toolchain: build.ninja, parallel compile, the object cache, compiler errors, link."""
+"""Toolchain: build.ninja (readable, rerunnable by hand), parallel compile, the object
+cache, compiler and linker errors, the link, and finding nvcc and CUTLASS."""
 import ctypes
+import os
 import shutil
+import subprocess
 
 import pytest
 
 import byoc
-import byoc.target
-from byoc.toolchain import CompileUnit, compile_units, link_shared
+import byoc.toolchain.compiler as compiler
+from byoc.target import Target
+from byoc.toolchain import CompileUnit, compile_units, cutlass_include_dirs, find_ninja, find_nvcc, link_shared
 from byoc.toolchain.compiler import cuda_home
 
+HAS_NVCC = cuda_home() is not None
 
-@pytest.fixture
+
+@pytest.fixture(autouse=True)
 def cache(tmp_path, monkeypatch):
+    """A cache of this test's own, so that no test sees another's objects."""
     monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "cache"))
     return tmp_path / "cache"
 
 
-def _sources(directory):
-    (directory / "answer.h").write_text("#define ANSWER 42\n")
+def _write_sources(directory, answer=42):
+    directory.mkdir(exist_ok=True)
+    (directory / "include").mkdir(exist_ok=True)
+    (directory / "include" / "answer.h").write_text(f"#define ANSWER {answer}\n")
     (directory / "a.cc").write_text('#include "answer.h"\nextern "C" int answer() { return ANSWER; }\n')
-    (directory / "b.cc").write_text('extern "C" int answer();\nextern "C" __attribute__((visibility("default"))) '
-                                    'int twice() { return 2 * answer(); }\n')
-    flags = ["-O2", "-fPIC", "-fvisibility=hidden", f"-I{directory}"]
+    (directory / "b.cc").write_text('extern "C" int answer();\n'
+                                    'extern "C" __attribute__((visibility("default"))) int twice() '
+                                    '{ return 2 * answer(); }\n')
+    flags = Target("cpu").cxx_flags() + [f"-I{directory / 'include'}"]
     return [CompileUnit(directory / "a.cc", "cxx", flags, "a.o"), CompileUnit(directory / "b.cc", "cxx", flags, "b.o")]
 
 
-def test_compile_link_and_cache(tmp_path, cache):
+def _build(directory, units, progress=None):
+    objects = compile_units(units, directory, jobs=2, progress=progress)
+    return link_shared(objects, directory / "lib.so", [], [], workdir=directory)
+
+
+def test_compile_link_and_load(tmp_path, cache):
     work = tmp_path / "work"
-    work.mkdir()
-    units = _sources(work)
-    objects = compile_units(units, work)
-    library = link_shared(objects, work / "lib.so", [], [], workdir=work)
+    units = _write_sources(work)
+    ran = []
+    library = _build(work, units, progress=ran.append)
     assert ctypes.CDLL(str(library)).twice() == 84
-    ninja_text = (work / "build.ninja").read_text()
-    assert ninja_text.count("desc = compile") == 2 and "desc = link" in ninja_text
+    assert len(ran) == 2  # ninja compiled both units
     assert len(list(cache.rglob("*.o"))) == 2
 
-    # A second build in a fresh directory takes both objects from the cache: no compiler runs.
-    again = tmp_path / "again"
-    again.mkdir()
-    units = _sources(again)
-    for unit in units:
-        unit.flags = [f if not f.startswith("-I") else f"-I{again}" for f in unit.flags]
-    (again / "answer.h").write_text("#define ANSWER 42\n")
-    import byoc.toolchain.compiler as compiler
-    calls = []
-    real_run = compiler.subprocess.run
-    compiler.subprocess.run = lambda *a, **k: calls.append(a) or real_run(*a, **k)
-    try:
-        compile_units(units, again)
-    finally:
-        compiler.subprocess.run = real_run
-    assert calls == []  # everything came from the cache
+    text = (work / "build.ninja").read_text()
+    assert "rule cxx_compile" in text and "rule cuda_compile" in text and "rule link_shared" in text
+    assert text.count(": cxx_compile ") == 2 and text.count(": link_shared ") == 1
+    assert "build obj/a.o: cxx_compile " in text and "default lib.so" in text
+    # Each edge carries its whole command: run from the work directory, it repeats the step.
+    link_line = next(line for line in text.splitlines() if line.strip().startswith("cmd =") and "-shared" in line)
+    (work / "lib.so").unlink()
+    subprocess.run(link_line.split("=", 1)[1], shell=True, cwd=work, check=True)
+    assert (work / "lib.so").is_file()
 
-    # Changing an included header changes the key.
-    (again / "answer.h").write_text("#define ANSWER 7\n")
-    objects = compile_units(units, again)
-    library = link_shared(objects, again / "lib2.so", [], [])
+
+def test_build_ninja_reruns_by_hand(tmp_path):
+    work = tmp_path / "work"
+    _build(work, _write_sources(work))
+    for path in [work / "obj" / "a.o", work / "obj" / "b.o", work / "lib.so"]:
+        path.unlink()
+    subprocess.run([find_ninja(), "-C", str(work)], check=True, capture_output=True)
+    assert ctypes.CDLL(str(work / "lib.so")).twice() == 84
+
+
+def test_second_build_comes_from_the_cache(tmp_path, monkeypatch):
+    _build(tmp_path / "first", _write_sources(tmp_path / "first"))
+
+    # The same sources in another directory: every object comes from the cache, ninja
+    # (and so the compiler) does not run at all.
+    def no_ninja(*args, **kwargs):
+        raise AssertionError("ninja ran although every object was cached")
+    monkeypatch.setattr(compiler, "run_ninja", no_ninja)
+    second = tmp_path / "second"
+    library = _build(second, _write_sources(second))
+    assert ctypes.CDLL(str(library)).twice() == 84
+    assert (second / "build.ninja").read_text().count(": cxx_compile ") == 2  # still there to rerun by hand
+
+
+def test_changed_header_or_flags_miss_the_cache(tmp_path):
+    work = tmp_path / "work"
+    units = _write_sources(work)
+    _build(work, units)
+    # In the same directory, with a.o already there and a.cc untouched: only the header
+    # changed, which ninja alone would not notice; the cache key does.
+    (work / "include" / "answer.h").write_text("#define ANSWER 7\n")
+    ran = []
+    library = link_shared(compile_units(units, work, progress=ran.append), work / "lib7.so", [], [], workdir=work)
     assert ctypes.CDLL(str(library)).twice() == 14
+    assert len(ran) == 1  # b.cc does not include the header: cached
+    # Different flags: a different object.
+    for unit in units:
+        unit.flags = unit.flags + ["-DUNUSED=1"]
+    ran.clear()
+    compile_units(units, work, progress=ran.append)
+    assert len(ran) == 2
 
 
-def test_compiler_error_names_file_and_first_error(tmp_path, cache):
-    source = tmp_path / "broken.cc"
-    source.write_text("int broken() { return missing_name; }\n")
+def test_compiler_error_names_file_and_first_error(tmp_path):
+    good = tmp_path / "good.cc"
+    good.write_text("int good() { return 1; }\n")
+    broken = tmp_path / "broken.cc"
+    broken.write_text("int broken() {\n  return missing_name;\n}\n")
+    units = [CompileUnit(good, "cxx", ["-O0"], "good.o"), CompileUnit(broken, "cxx", ["-O0"], "broken.o")]
     with pytest.raises(byoc.BuildError) as info:
-        compile_units([CompileUnit(source, "cxx", ["-O0"], "broken.o")], tmp_path)
+        compile_units(units, tmp_path / "work")
     message = str(info.value)
-    assert "broken.cc" in message and "missing_name" in message and "error" in message
+    assert f"compiling {broken} failed" in message and str(tmp_path / "work" / "build.ninja") in message
+    assert "broken.cc:2:" in message and "error" in message and "missing_name" in message
+    assert "Traceback" not in message and "good.cc" not in message
+    assert len(message.splitlines()) <= 12
+    # The unit that compiled is cached: fixing the broken one recompiles only it.
+    broken.write_text("int broken() { return 2; }\n")
+    ran = []
+    compile_units(units, tmp_path / "work", progress=ran.append)
+    assert len(ran) == 1
 
 
-@pytest.mark.skipif(cuda_home() is None, reason="nvcc not installed")
-def test_nvcc_unit_for_sm90(tmp_path, cache):
-    source = tmp_path / "k.cu"
-    source.write_text('__global__ void k(float* x) { x[threadIdx.x] *= 2; }\n'
-                      'extern "C" void launch(float* x) { k<<<1, 32>>>(x); }\n')
-    flags = byoc.target.Target("cuda -arch=sm_90").nvcc_flags()
-    (obj,) = compile_units([CompileUnit(source, "cuda", flags, "k.o")], tmp_path)
+def test_link_error_shows_the_undefined_symbol(tmp_path):
+    source = tmp_path / "uses.cc"
+    source.write_text('extern "C" int nowhere(); extern "C" int uses() { return nowhere(); }\n')
+    objects = compile_units([CompileUnit(source, "cxx", ["-fPIC"], "uses.o")], tmp_path)
+    with pytest.raises(byoc.BuildError, match=r"(?s)linking .*lib\.so failed.*undefined reference to `nowhere'"):
+        link_shared(objects, tmp_path / "lib.so", ["-Wl,--no-undefined"], [], workdir=tmp_path)
+
+
+def test_commands_with_dollar_signs_survive_build_ninja(tmp_path):
+    work = tmp_path / "work"
+    objects = compile_units(_write_sources(work), work)
+    library = link_shared(objects, work / "lib.so", ["-Wl,-rpath,$ORIGIN"], [], workdir=work)
+    assert "$$ORIGIN" in (work / "build.ninja").read_text()
+    dynamic = subprocess.run(["readelf", "-d", str(library)], capture_output=True, text=True).stdout
+    assert "[$ORIGIN]" in dynamic
+
+
+def test_relinking_replaces_the_link_edge(tmp_path):
+    work = tmp_path / "work"
+    objects = compile_units(_write_sources(work), work)
+    link_shared(objects, work / "lib.so", [], [], workdir=work)
+    link_shared(objects, work / "lib.so", ["-s"], [], workdir=work)
+    text = (work / "build.ninja").read_text()
+    assert text.count(": link_shared ") == 1 and " -s" in text
+    subprocess.run([find_ninja(), "-C", str(work), "-n"], check=True, capture_output=True)  # still valid
+
+
+def test_missing_compilers_and_cutlass_are_clear_errors(monkeypatch):
+    monkeypatch.setattr(compiler, "cuda_home", lambda: None)
+    with pytest.raises(byoc.BuildError, match="nvcc not found: install the CUDA toolkit and set CUDA_HOME"):
+        find_nvcc()
+    monkeypatch.setattr(compiler, "_cutlass_roots", lambda: [])
+    with pytest.raises(byoc.BuildError, match="pip install nvidia-cutlass"):
+        cutlass_include_dirs()
+
+
+def test_cutlass_headers_from_the_pip_package():
+    pytest.importorskip("cutlass_library")
+    include = cutlass_include_dirs()[0]
+    assert (include / "cutlass" / "cutlass.h").is_file()
+
+
+@pytest.mark.skipif(not HAS_NVCC, reason="nvcc not installed")
+def test_cuda_home_sees_through_an_nvcc_wrapper_script(tmp_path, monkeypatch):
+    real_home = cuda_home()
+    wrapper = tmp_path / "bin" / "nvcc"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\nexec {real_home / "bin" / "nvcc"} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setenv("PATH", f"{wrapper.parent}{os.pathsep}/usr/bin:/bin")
+    assert cuda_home().resolve() == real_home.resolve()
+
+
+@pytest.mark.skipif(not HAS_NVCC, reason="nvcc not installed")
+def test_nvcc_unit_for_sm90(tmp_path):
+    source = tmp_path / "kernel.cu"
+    source.write_text('__global__ void scale(float* x) { x[threadIdx.x] *= 2; }\n'
+                      'extern "C" void launch(float* x) { scale<<<1, 32>>>(x); }\n')
+    flags = Target("cuda -arch=sm_90 -use_fast_math=1").nvcc_flags()
+    (obj,) = compile_units([CompileUnit(source, "cuda", flags, "kernel.o")], tmp_path / "work")
     assert obj.stat().st_size > 0
+    assert ": cuda_compile " in (tmp_path / "work" / "build.ninja").read_text()
+    cuobjdump = shutil.which("cuobjdump") or str(cuda_home() / "bin" / "cuobjdump")
+    if os.path.exists(cuobjdump):
+        listing = subprocess.run([cuobjdump, "--list-elf", str(obj)], capture_output=True, text=True).stdout
+        assert "sm_90" in listing
+
+
+@pytest.mark.skipif(not HAS_NVCC, reason="nvcc not installed")
+def test_nvcc_error_names_file_and_line(tmp_path):
+    source = tmp_path / "broken.cu"
+    source.write_text("__global__ void k(float* x) {\n  x[0] = undefined_thing;\n}\n")
+    with pytest.raises(byoc.BuildError) as info:
+        compile_units([CompileUnit(source, "cuda", Target("cuda").nvcc_flags(), "broken.o")], tmp_path / "work")
+    message = str(info.value)
+    assert str(source) in message and "undefined_thing" in message and "error" in message

@@ -512,12 +512,29 @@ def conv2d_workspace_bytes(target_kind: str, dtype: str, layout: int, batch: int
     """Mirror of byoc_shim_conv2d_workspace, per target: the host must know every
     symbol's workspace at build time, before any shim code runs. The generated code also
     asks the shim itself at run time and fails with a clear message if this mirror falls
-    behind (tests/test_builtin_codegen.py compares the two for cpu).
+    behind (tests/test_shim_cuda.py compares the two on a GPU).
 
     cpu: the GEMM core packs im2col panels on the stack, so conv2d needs no workspace.
-    cuda: the CUDA shim's convolution is implicit GEMM as well; update this mirror if it
-    ever asks for scratch."""
-    return 0
+    cuda (float dtypes, one group): a 1x1 convolution that keeps the spatial size is one
+    cuBLASLt GEMM and needs only its 4 MiB scratch; any other materializes im2col columns in
+    chunks of at most 64 MiB (NHWC: output pixels, NCHW: whole images) plus that scratch.
+    Integer and grouped convolutions run a direct kernel and need nothing."""
+    if target_kind != "cuda" or groups != 1 or dtype not in ("float32", "float16", "bfloat16", "float64"):
+        return 0
+    if min(batch, in_channels, out_channels, out_h, out_w, kernel_h, kernel_w) <= 0:
+        return 0
+    gemm_bytes, columns_limit = 4 << 20, 64 << 20
+    if kernel_h == kernel_w == 1 and (out_h, out_w) == (in_h, in_w):
+        return gemm_bytes
+    elem = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}[dtype]
+    depth, pixels = in_channels * kernel_h * kernel_w, out_h * out_w
+    if layout == 1:  # NHWC: chunks of output pixels
+        chunk = min(max(columns_limit // (depth * elem), 1), batch * pixels)
+        columns = chunk * depth * elem
+    else:  # NCHW: chunks of whole images
+        chunk = min(max(columns_limit // (depth * pixels * elem), 1), batch)
+        columns = chunk * depth * pixels * elem
+    return -(-columns // WORKSPACE_ALIGNMENT) * WORKSPACE_ALIGNMENT + gemm_bytes
 
 
 def _emit_conv2d(calls: ShimCalls, ctx: OpContext) -> None:

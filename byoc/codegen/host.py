@@ -211,14 +211,14 @@ def _tensor_entry(name: str, type_: TensorType) -> dict:
 
 
 def metadata_json(plan: HostPlan, *, build_id: str, target: str, arch: str | None,
-                  backends: list, functions: list, weights_location: str) -> str:
+                  backends: list, functions: list, weights_location: str, cuda_graph: bool = False) -> str:
     def tensor(name, type_):
         return {"name": name, "shape": list(type_.shape), "dtype": type_.dtype}
     metadata = {
         "format": "byoc-model", "version": 1, "build_id": build_id, "target": target, "arch": arch,
         "inputs": [tensor(n, t) for n, t in plan.inputs],
         "outputs": [tensor(n, t) for n, t in plan.outputs],
-        "backends": backends, "functions": functions,
+        "backends": backends, "functions": functions, "cuda_graph": cuda_graph,
         "weights": {"bytes": len(plan.weights), "location": weights_location},
         "memory": {"arena_bytes": plan.arena_bytes, "workspace_bytes": plan.workspace_bytes,
                    **({"plan": plan.memory_plan.summary()} if plan.memory_plan else {})},

@@ -43,7 +43,13 @@ class Pattern:
         return self.where(lambda e: len(getattr(e.type, "shape", ())) in ranks)
 
     def has_shape(self, shape) -> "Pattern":
-        return self.where(lambda e: tuple(getattr(e.type, "shape", ())) == tuple(shape))
+        """The exact shape; a None dimension matches any size: `has_shape((None, 64))`."""
+        wanted = tuple(shape)
+
+        def same_shape(expr) -> bool:
+            actual = tuple(getattr(expr.type, "shape", ()))
+            return len(actual) == len(wanted) and all(w is None or w == a for w, a in zip(wanted, actual))
+        return self.where(same_shape)
 
     def has_attr(self, attrs: dict) -> "Pattern":
         return AttrPattern(self, dict(attrs))
@@ -133,6 +139,11 @@ class Match:
 
     def __getitem__(self, name):
         return self.named[name]
+
+    @property
+    def bindings(self) -> list:
+        """The matched `(var, call)` pairs, root first, then its producers depth first."""
+        return [(var, self.producers[var]) for var in self.matched]
 
     def call_of(self, name: str) -> Call:
         """The op call bound to the named node (to read its attributes)."""

@@ -22,6 +22,7 @@ def cache_dir() -> Path:
 
 
 def include_dirs(flags) -> list[Path]:
+    """The -I directories named in a command."""
     dirs = []
     for index, flag in enumerate(flags):
         if flag.startswith("-I") and len(flag) > 2:
@@ -33,6 +34,8 @@ def include_dirs(flags) -> list[Path]:
 
 def object_key(source: Path, command: list[str], compiler_version: str, extra_files=(), extra_key: str = "",
                search_dirs: list | None = None) -> str:
+    """sha256 over the command, the compiler's version, `extra_key`, and the bytes of the
+    source, of `extra_files` and of every local header they include (recursively)."""
     digest = hashlib.sha256()
     digest.update("\0".join(command).encode())
     digest.update(compiler_version.encode())
@@ -58,8 +61,14 @@ def object_key(source: Path, command: list[str], compiler_version: str, extra_fi
     return digest.hexdigest()
 
 
+def cached_object(key: str) -> Path:
+    return cache_dir() / key[:2] / f"{key}.o"
+
+
 def fetch(key: str, destination: Path) -> bool:
-    cached = cache_dir() / key[:2] / f"{key}.o"
+    """Copy the cached object for `key` to `destination`; False on a miss. A copy, not a
+    hard link: tools that rewrite an object in place would otherwise change the cache."""
+    cached = cached_object(key)
     if not cached.is_file():
         return False
     destination.parent.mkdir(parents=True, exist_ok=True)
@@ -68,7 +77,8 @@ def fetch(key: str, destination: Path) -> bool:
 
 
 def store(key: str, built: Path):
-    target = cache_dir() / key[:2] / f"{key}.o"
+    """Put the object `built` in the cache under `key`."""
+    target = cached_object(key)
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = target.with_suffix(f".{os.getpid()}.tmp")
     shutil.copyfile(built, temporary)

@@ -2,13 +2,17 @@
 
 A CompileUnit is one source file, its language (cxx, cuda, asm) and its flags (which
 come from Targets only). `compile_units` writes <workdir>/build.ninja with one edge per
-unit (and the link edge once `link_shared` knows it), takes cached objects from the
-cache, runs ninja in parallel for the rest, and stores what it built. A failing
-compiler becomes a BuildError naming the generated file and its first error lines.
+unit, takes objects from the cache where it can, runs ninja in parallel for the rest,
+and stores what it built. `link_shared` adds the link edge and links. A failing
+compiler or linker becomes a BuildError naming the file and its first error lines.
+
+This module also finds the tools: the C++ compiler, nvcc and the CUDA toolkit, CUTLASS's
+headers (nvidia-cutlass pip package) and cuBLASLt.
 """
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import re
 import shlex
@@ -17,17 +21,20 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from ..errors import BuildError
 from . import cache
+from .ninja import NinjaEdge, add_link_edge, ninja_path, run_ninja, write_build_ninja
 
 LANGUAGES = ("cxx", "cuda", "asm")
+_RULE_OF_LANGUAGE = {"cxx": "cxx_compile", "cuda": "cuda_compile", "asm": "asm_compile"}
 
 
 @dataclass
 class CompileUnit:
     source: Path
-    language: str
+    language: str  # cxx | cuda | asm
     flags: list
     output: str  # object file name, relative to <workdir>/obj
     dependencies: list = field(default_factory=list)  # files whose bytes also key the cache
@@ -40,23 +47,53 @@ class CompileUnit:
 
 # ---- finding compilers and libraries ------------------------------------------------------
 
-def cuda_home() -> Path | None:
-    for candidate in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
-        if candidate and Path(candidate, "bin", "nvcc").exists():
+def _is_cuda_home(directory) -> bool:
+    return bool(directory) and Path(directory, "bin", "nvcc").exists() and \
+        Path(directory, "include", "cuda_runtime.h").is_file()
+
+
+def _cuda_home_reported_by(nvcc: str) -> Path | None:
+    """The toolkit an nvcc belongs to, as nvcc itself reports it (`#$ TOP=...` in a dry
+    run); this sees through wrapper scripts such as /usr/local/bin/nvcc -> exec .../nvcc."""
+    try:
+        run = subprocess.run([nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"^#\$ TOP=(.+)$", run.stdout + run.stderr, re.MULTILINE)
+    return Path(match.group(1).strip()).resolve() if match else None
+
+
+@functools.lru_cache(maxsize=None)
+def _find_cuda_home(cuda_home_variable, cuda_path_variable, path_variable) -> Path | None:
+    for candidate in (cuda_home_variable, cuda_path_variable):
+        if _is_cuda_home(candidate):
             return Path(candidate)
-    found = shutil.which("nvcc")
-    if found:
-        return Path(found).resolve().parent.parent
-    if Path("/usr/local/cuda/bin/nvcc").exists():
+    on_path = shutil.which("nvcc", path=path_variable)
+    if on_path:
+        beside = Path(on_path).resolve().parent.parent
+        if _is_cuda_home(beside):
+            return beside
+        reported = _cuda_home_reported_by(on_path)
+        if _is_cuda_home(reported):
+            return reported
+    if _is_cuda_home("/usr/local/cuda"):
         return Path("/usr/local/cuda")
     return None
+
+
+def cuda_home() -> Path | None:
+    """The CUDA toolkit: $CUDA_HOME, $CUDA_PATH, the one of the nvcc on PATH, or
+    /usr/local/cuda; None when there is none. A toolkit must have bin/nvcc and
+    include/cuda_runtime.h (headers and libraries are taken from it)."""
+    return _find_cuda_home(os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), os.environ.get("PATH"))
 
 
 def find_nvcc() -> Path:
     home = cuda_home()
     if home is None:
-        raise BuildError("nvcc not found: install the CUDA toolkit and set CUDA_HOME or put nvcc on PATH "
-                         "(needed for the cuda target)")
+        raise BuildError("nvcc not found: install the CUDA toolkit and set CUDA_HOME, or put nvcc on PATH, "
+                         "or install it in /usr/local/cuda (needed for the cuda target)")
     return home / "bin" / "nvcc"
 
 
@@ -64,7 +101,7 @@ def find_cxx() -> str:
     for name in (os.environ.get("CXX"), "g++", "c++"):
         if name and shutil.which(name):
             return shutil.which(name)
-    raise BuildError("no C++ compiler found (g++ or c++ on PATH, or set CXX)")
+    raise BuildError("no C++ compiler found: put g++ or c++ on PATH, or set CXX")
 
 
 def _pip_cuda_library_dir(header: str) -> tuple[Path, Path] | None:
@@ -111,120 +148,130 @@ def cuda_link_flags(extra: list | None = None) -> list[str]:
     return flags + [f for f in (extra or []) if "cublasLt" not in str(f)]
 
 
+def _cutlass_roots() -> list[Path]:
+    """Where CUTLASS's source tree may be: $CUTLASS_PATH, then the nvidia-cutlass pip
+    package (cutlass_library ships the headers under source/; the `cutlass` package of
+    other releases is looked at the same way). Packages are located, not imported."""
+    roots = []
+    if os.environ.get("CUTLASS_PATH"):
+        roots.append(Path(os.environ["CUTLASS_PATH"]))
+    for package_name in ("cutlass_library", "cutlass"):
+        try:
+            spec = importlib.util.find_spec(package_name)
+        except (ImportError, ValueError):
+            spec = None
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            roots += [Path(location) / "source", Path(location)]
+    return roots
+
+
 def cutlass_include_dirs() -> list[Path]:
-    """CUTLASS's headers, from the nvidia-cutlass pip package (cutlass_library)."""
-    try:
-        import cutlass_library
-    except ImportError:
-        raise BuildError("the cutlass backend needs the nvidia-cutlass package (pip install nvidia-cutlass)") from None
-    base = Path(cutlass_library.__file__).parent / "source"
-    dirs = [base / "include", base / "tools" / "util" / "include"]
-    if not (dirs[0] / "cutlass" / "cutlass.h").is_file():
-        raise BuildError(f"nvidia-cutlass is installed but {dirs[0]} has no cutlass/cutlass.h")
-    return dirs
+    """CUTLASS's include directories: the one holding cutlass/cutlass.h, and the
+    tools/util one beside it."""
+    roots = _cutlass_roots()
+    for root in roots:
+        include = root / "include"
+        if (include / "cutlass" / "cutlass.h").is_file():
+            return [include, root / "tools" / "util" / "include"]
+    if not roots:
+        raise BuildError("the cutlass backend needs CUTLASS's headers: pip install nvidia-cutlass "
+                         "(or set CUTLASS_PATH to a CUTLASS checkout)")
+    raise BuildError(f"CUTLASS's headers (cutlass/cutlass.h) not found under {', '.join(map(str, roots))}: "
+                     "reinstall nvidia-cutlass, or set CUTLASS_PATH to a CUTLASS checkout")
 
 
 @functools.lru_cache(maxsize=None)
 def compiler_version(compiler: str) -> str:
+    """`<compiler> --version`, asked once per process (it keys the object cache)."""
     try:
         return subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
         return compiler
 
 
-# ---- ninja ------------------------------------------------------------------------------
+# ---- compiling ------------------------------------------------------------------------------
 
-def _ninja() -> str:
-    try:
-        import ninja
-        candidate = Path(ninja.BIN_DIR) / "ninja"
-        if candidate.exists():
-            return str(candidate)
-    except ImportError:
-        pass
-    found = shutil.which("ninja")
-    if not found:
-        raise BuildError("ninja not found (pip install ninja)")
-    return found
+def _command(unit: CompileUnit, source: str, output: str) -> list[str]:
+    compiler = str(find_nvcc()) if unit.language == "cuda" else find_cxx()
+    return [compiler, *map(str, unit.flags), "-c", source, "-o", output]
 
 
-def _command(unit: CompileUnit, output: Path) -> list[str]:
+def _cache_key(unit: CompileUnit, command: list, workdir: Path) -> str:
+    # The key must not depend on where this build happens: the source's path and paths
+    # inside the work directory become placeholders (the object's name is relative).
+    source = str(unit.source.resolve())
+    keyed_command = [argument.replace(source, "<source>").replace(str(workdir), "<workdir>")
+                     for argument in command]
+    version = compiler_version(command[0])
     if unit.language == "cuda":
-        return [str(find_nvcc()), *unit.flags, "-c", str(unit.source), "-o", str(output)]
-    return [find_cxx(), *unit.flags, "-c", str(unit.source), "-o", str(output)]
+        version += compiler_version(find_cxx())  # nvcc compiles the host side with it
+    return cache.object_key(unit.source, keyed_command, version, unit.dependencies,
+                            search_dirs=cache.include_dirs(command))
 
 
-def _escape(path: str) -> str:
-    return path.replace("$", "$$").replace(" ", "$ ").replace(":", "$:")
+_ERROR_LINE = re.compile(r"\berror\b|undefined reference|cannot find|multiple definition|FAILED:|"
+                         r"No such file|fatal", re.IGNORECASE)
 
 
-def write_build_ninja(workdir: Path, commands: dict, link_command: list | None = None, link_output=None):
-    """build.ninja: one edge per object (its full command), one link edge."""
-    lines = ["# Generated by byoc. Rebuild by hand: ninja -C " + shlex.quote(str(workdir)), "",
-             "rule run", "  command = $cmd", "  description = $desc", ""]
-    for output, (source, command) in commands.items():
-        lines += [f"build {_escape(str(output))}: run {_escape(str(source))}",
-                  f"  cmd = {shlex.join(command)}", f"  desc = compile {Path(source).name}", ""]
-    if link_command:
-        inputs = " ".join(_escape(str(o)) for o in commands)
-        lines += [f"build {_escape(str(link_output))}: run {inputs}", f"  cmd = {shlex.join(link_command)}",
-                  f"  desc = link {Path(link_output).name}", ""]
-    (workdir / "build.ninja").write_text("\n".join(lines))
+def first_error_lines(output: str, commands=(), limit: int = 10) -> str:
+    """The first `limit` lines of compiler/linker output that report errors (ninja
+    echoes each failing command, which says nothing new, so those are left out)."""
+    echoed = {shlex.join(command) for command in commands}
+    lines = [line for line in output.splitlines() if line.strip() and line not in echoed]
+    errors = [line for line in lines if _ERROR_LINE.search(line)]
+    return "\n".join((errors or lines[-limit:])[:limit])
 
 
-def _first_errors(text: str, limit: int = 12) -> str:
-    lines = text.splitlines()
-    picked = [l for l in lines if re.search(r"\berror\b|FAILED:", l)]
-    return "\n".join((picked or lines[-limit:])[:limit])
-
-
-def compile_units(units: list, workdir, jobs: int | None = None) -> list[Path]:
-    """Objects for `units` (in order), from the cache or compiled by ninja in parallel."""
-    workdir = Path(workdir)
+def compile_units(units: list, workdir, jobs: int | None = None,
+                  progress: Callable[[str], None] | None = None) -> list[Path]:
+    """Objects for `units` (in order, under <workdir>/obj), taken from the cache or
+    compiled by ninja with `jobs` parallel commands (default: one per CPU). `progress`
+    receives ninja's "[done/total] ..." lines."""
+    workdir = Path(workdir).resolve()
     objects_dir = workdir / "obj"
     objects_dir.mkdir(parents=True, exist_ok=True)
-    commands, keys, missing = {}, {}, []
+    edges, keys, sources, to_build = [], {}, {}, []
     for unit in units:
-        output = objects_dir / unit.output
-        command = _command(unit, output)
-        if output in commands:
-            raise BuildError(f"two compile units write {output}")
-        commands[output] = (unit.source, command)
-        # The key must not depend on where this build happens: paths inside the work
-        # directory (and the source and object themselves) are replaced by placeholders.
-        keyed_command = [c.replace(str(output), "<object>").replace(str(unit.source), "<source>")
-                         .replace(str(workdir.resolve()), "<workdir>").replace(str(workdir), "<workdir>")
-                         for c in command]
-        key = cache.object_key(unit.source, keyed_command, compiler_version(command[0]), unit.dependencies,
-                               search_dirs=cache.include_dirs(command))
-        keys[output] = key
-        if not cache.fetch(key, output):
-            missing.append(output)
-    write_build_ninja(workdir, commands)
-    if missing:
-        jobs = jobs or os.cpu_count() or 2
-        run = subprocess.run([_ninja(), "-C", str(workdir), "-j", str(jobs), "-k", "0",
-                              *[str(o) for o in missing]],
-                             capture_output=True, text=True)
-        if run.returncode != 0:
-            failed = [str(commands[o][0]) for o in missing if not o.exists()]
+        output = ninja_path(workdir, objects_dir / unit.output)
+        if output in keys:
+            raise BuildError(f"two compile units write {objects_dir / unit.output}")
+        source = ninja_path(workdir, unit.source)
+        command = _command(unit, source, output)
+        edges.append(NinjaEdge(_RULE_OF_LANGUAGE[unit.language], output, [source], command))
+        keys[output] = _cache_key(unit, command, workdir)
+        sources[output] = unit.source.resolve()
+        if not cache.fetch(keys[output], workdir / output):
+            # An object left by an earlier build may look up to date to ninja (it does not
+            # see header changes): remove it, so what is built and cached is fresh.
+            (workdir / output).unlink(missing_ok=True)
+            to_build.append(output)
+    build_file = write_build_ninja(workdir, edges)
+    if to_build:
+        returncode, output_text = run_ninja(workdir, to_build, jobs, progress)
+        built = [output for output in to_build if (workdir / output).is_file()]
+        for output in built:  # keep what did compile, even when another unit failed
+            cache.store(keys[output], workdir / output)
+        if returncode != 0:
+            failed = [str(sources[output]) for output in to_build if output not in built]
+            rerun = f"ninja -C {shlex.quote(str(workdir))} {' '.join(o for o in to_build if o not in built)}"
             raise BuildError(f"compiling {', '.join(failed) or 'the generated sources'} failed "
-                             f"(commands in {workdir / 'build.ninja'}):\n{_first_errors(run.stdout + run.stderr)}")
-        for output in missing:
-            cache.store(keys[output], output)
+                             f"(commands in {build_file}; rerun: {rerun}):\n"
+                             f"{first_error_lines(output_text, [edge.command for edge in edges])}")
     return [objects_dir / unit.output for unit in units]
 
 
 def link_shared(objects: list, output, flags: list, libraries: list, workdir=None) -> Path:
-    """Link objects into a shared library (and record the link edge in build.ninja)."""
-    output = Path(output)
-    command = [find_cxx(), "-shared", "-o", str(output), *map(str, objects), *flags, *libraries]
-    if workdir is not None and (Path(workdir) / "build.ninja").exists():
-        with open(Path(workdir) / "build.ninja", "a") as ninja_file:
-            inputs = " ".join(_escape(str(o)) for o in objects)
-            ninja_file.write(f"build {_escape(str(output))}: run {inputs}\n  cmd = {shlex.join(command)}\n"
-                             f"  desc = link {output.name}\n\ndefault {_escape(str(output))}\n")
-    run = subprocess.run(command, capture_output=True, text=True)
+    """Link `objects` into the shared library `output`. With `workdir`, the link command
+    also becomes build.ninja's link edge (and runs from there)."""
+    output = Path(output).resolve()
+    base = Path(workdir).resolve() if workdir is not None else None
+    name = (lambda path: ninja_path(base, path)) if base is not None else (lambda path: str(Path(path).resolve()))
+    object_names = [name(path) for path in objects]
+    command = [find_cxx(), "-shared", "-o", name(output), *object_names, *map(str, flags), *map(str, libraries)]
+    if base is not None:
+        add_link_edge(base, NinjaEdge("link_shared", name(output), object_names, command))
+    run = subprocess.run(command, capture_output=True, text=True, errors="replace", cwd=base)
     if run.returncode != 0:
-        raise BuildError(f"linking {output} failed:\n{_first_errors(run.stderr, 20)}")
+        where = f" (command in {base / 'build.ninja'})" if base is not None else ""
+        raise BuildError(f"linking {output} failed{where}:\n{first_error_lines(run.stdout + run.stderr, limit=20)}")
     return output

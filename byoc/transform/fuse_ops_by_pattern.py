@@ -15,8 +15,9 @@ accepted match becomes a local function written inline where its root was bound:
 Every leaf of the match (wildcards, constants) is a parameter, in first-use order. A match
 is refused, with the reason kept for the partition report, when a node in it is already
 claimed, when an intermediate is used outside the match (fusing would duplicate work or
-lose a value), when its output reaches one of its own inputs through an outside node (a
-cycle), or when the pattern's check says no. Leaves alone: everything no pattern takes,
+lose a value), when a node of it reaches one of its own inputs through an outside node (a
+cycle: checked first, since no amount of duplication could fuse it), or when the
+pattern's check says no. Leaves alone: everything no pattern takes,
 and functions other than main.
 """
 from __future__ import annotations
@@ -98,8 +99,13 @@ def _fuse_entry(bindings, main, backend, entry, report):
         reason = None
         if matched & claimed:
             reason = "overlaps a match already taken"
-        else:
-            for var in matched:
+        if reason is None:
+            # Checked before outside uses: a cycle can never be fused, whatever is duplicated.
+            input_vars = [i for i in found.inputs if isinstance(i, Var) and i in position_of]
+            if input_vars and _reaches(matched, input_vars, bindings, position_of):
+                reason = "its output reaches one of its own inputs through an outside node (a cycle)"
+        if reason is None:
+            for var in found.matched:
                 if var is root:
                     continue
                 outside = [u for u in uses.get(var, []) if u == len(bindings) or bindings[u].var not in matched]
@@ -107,11 +113,6 @@ def _fuse_entry(bindings, main, backend, entry, report):
                     reason = (f"intermediate %{var.name_hint} is also used outside the match "
                               f"(fusing would duplicate it)")
                     break
-        if reason is None:
-            input_vars = [i for i in found.inputs if isinstance(i, Var) and i in position_of]
-            outside_start = [v for v in matched]
-            if input_vars and _reaches(outside_start, input_vars, bindings, position_of):
-                reason = "its output reaches one of its own inputs through an outside node (a cycle)"
         if reason is None and entry.check is not None:
             reason = entry.check(found)
         if reason is not None:

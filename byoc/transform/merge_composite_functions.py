@@ -1,22 +1,32 @@
 """MergeCompositeFunctions: group neighbouring composites of one backend into Compiler
 functions.
 
-A composite call (`%y = %f(...)` where %f is a local function with
-Composite="<backend>.<pattern>") joins the group of the composite call that produces one
-of its arguments when both belong to the same backend, the producer's result is used by
-this call alone (each region keeps one output: the host calls extern functions that
-return one tensor), and joining creates no cycle (no argument of the group comes,
-through a node outside it, from the group itself). Each group becomes one inline local
-function with Compiler="<backend>" whose body holds the composites and their calls:
+Works on main, after FuseOpsByPattern has bound each composite as a local function with
+Composite="<backend>.<pattern>" and called it (`%y = %f(...)`). Composite calls of one
+backend that feed each other are grouped into maximal regions under one rule: every
+member except the region's output has all of its uses inside the region. So each region
+returns ONE tensor (the host's calling convention for extern functions), no value is
+computed twice, and no region can form a cycle through an outside node: the only value
+that leaves a region is its output, which every member feeds, so an outside node that
+reads it cannot feed a member. A producer whose value is also read elsewhere (by a
+composite of another backend, a plain op, main's result) therefore ends a region there.
+Regions are grown from the back, so a diamond (A feeds B and C, both feed D) is one
+region.
 
-    %cutlass_region = fn (%a: T, %w: T, %b: T) -> T [Compiler="cutlass"] {
-      %f = fn (...) -> T [Composite="cutlass.dense_bias", Primitive=1] {...}
-      %y = %f(%a, %w, %b)
-      return %y
+Each region becomes one local function with Compiler="<backend>", bound in main where its
+output was bound, with the composites inside it as local functions:
+
+    %test_region = fn (%p0: T, %p1: W, %p2: B) -> T [Compiler="test"] {
+      %test_dense_bias = fn (...) -> T [Composite="test.dense_bias", Primitive=1] {...}
+      %a = %test_dense_bias(%p0, %p1, %p2)
+      %test_relu = fn (...) -> T [Composite="test.relu", Primitive=1] {...}
+      %r = %test_relu(%a)
+      return %r
     }
-    %y = %cutlass_region(%x, meta[0], meta[1])
+    %r = %test_region(%x, %w, %b)
 
-A backend registered with one_composite_per_function gets a Compiler function per
+Parameters are the region's outside values (Vars and Constants) in first-use order. A
+backend registered with one_composite_per_function gets a Compiler function per
 composite. Leaves alone: functions that already carry Compiler, plain op calls, and every
 function but main.
 """
@@ -40,55 +50,52 @@ def merge_composite_functions(mod: IRModule) -> IRModule:
     main = mod["main"]
     bindings = list(main.bindings)
     local_functions = {b.var: b.value for b in bindings if isinstance(b.value, Function)}
-    composite_calls = []  # indices of bindings calling a composite
-    backend_of_call = {}
+    backend_of_call = {}  # binding index of a composite call -> its backend
     for index, binding in enumerate(bindings):
         value = binding.value
         if isinstance(value, Call) and isinstance(value.op, Var) and value.op in local_functions:
             backend = _backend_of(local_functions[value.op])
             if backend is not None:
-                composite_calls.append(index)
-                backend_of_call[binding.var] = backend
-    uses = _uses(main)
-    group_of = {}  # result var of a composite call -> group id
-    groups: dict[int, list[int]] = {}
-    for index in composite_calls:
-        binding = bindings[index]
-        backend = backend_of_call[binding.var]
-        single = get_backend(backend).one_composite_per_function
-        joined = None
-        if not single:
-            for arg in binding.value.args:
-                if not (isinstance(arg, Var) and arg in group_of and backend_of_call.get(arg) == backend):
-                    continue
-                if len(uses.get(arg, [])) != 1:
-                    continue  # the producer's value is needed elsewhere: keep it an output
-                candidate = group_of[arg]
-                if _joining_makes_cycle(groups[candidate], index, bindings, group_of, candidate):
-                    continue
-                joined = candidate
-                break
-        if joined is None:
-            joined = len(groups)
-            groups[joined] = []
-        groups[joined].append(index)
-        group_of[binding.var] = joined
-    if not groups:
+                backend_of_call[index] = backend
+    if not backend_of_call:
         return mod
+    groups = _regions(main, bindings, backend_of_call,
+                      single={b for b in set(backend_of_call.values()) if get_backend(b).one_composite_per_function})
     return _rewrite(mod, main, bindings, groups, backend_of_call, local_functions)
 
 
-def _joining_makes_cycle(group_indices, index, bindings, group_of, group_id) -> bool:
-    """Whether an argument of the new member is computed outside the group from the group."""
-    members = {bindings[i].var for i in group_indices}
-    tainted = set(members)
-    for binding in bindings[min(group_indices):index]:
-        if binding.var in members:
+def _regions(main, bindings, backend_of_call, single) -> dict[int, list[int]]:
+    """Region id -> the sorted binding indices of its composite calls (the last is the
+    region's output)."""
+    defined_at = {binding.var: index for index, binding in enumerate(bindings)}
+    # Who reads each binding's variable: binding indices, and None for main's result.
+    readers = {index: set() for index in range(len(bindings))}
+    for index, use_indices in ((defined_at[v], u) for v, u in _uses(main).items() if v in defined_at):
+        readers[index].update(None if u == len(bindings) else u for u in use_indices)
+    grouped: set[int] = set()
+    groups: dict[int, list[int]] = {}
+    # From the back: an output is reached before the members that feed it.
+    for output in sorted(backend_of_call, reverse=True):
+        if output in grouped:
             continue
-        if any(v in tainted for v in _vars_in(binding.value)):
-            tainted.add(binding.var)
-    outside_tainted = tainted - members
-    return any(isinstance(a, Var) and a in outside_tainted for a in bindings[index].value.args)
+        backend = backend_of_call[output]
+        members = {output}
+        grown = backend not in single
+        while grown:
+            grown = False
+            for member in sorted(members, reverse=True):
+                for var in _vars_in(bindings[member].value):
+                    producer = defined_at.get(var)
+                    if (producer is None or producer in members or producer in grouped
+                            or backend_of_call.get(producer) != backend):
+                        continue
+                    if readers[producer] <= members:  # None (main's result) is never a member
+                        members.add(producer)
+                        grown = True
+        grouped |= members
+        groups[len(groups)] = sorted(members)
+    # Number regions in program order, so names and parameters come out deterministic.
+    return {i: group for i, group in enumerate(sorted(groups.values()))}
 
 
 def _rewrite(mod, main, bindings, groups, backend_of_call, local_functions):
@@ -97,7 +104,7 @@ def _rewrite(mod, main, bindings, groups, backend_of_call, local_functions):
     used_functions = set()
     for group_id, indices in groups.items():
         member_vars = [bindings[i].var for i in indices]
-        backend = backend_of_call[member_vars[0]]
+        backend = backend_of_call[indices[0]]
         params, substitution, outside_args = [], {}, []
         body = []
         for i in indices:

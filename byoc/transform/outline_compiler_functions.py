@@ -1,25 +1,36 @@
 """OutlineCompilerFunctions: every Compiler function becomes a unique global.
 
 Finds functions with a Compiler attribute bound inline in main or nested in other local
-functions (including those marked Inline=1: they are outlined all the same, because a
-backend compiles them into a separate extern symbol, whatever a user asked of the
-inliner), and makes each a global of the module called from where it was bound.
+functions, and makes each a global of the module, called from where it was bound. It
+outlines even functions that carry Inline=1: a backend compiles them into a separate
+extern symbol whatever a user asked of an inliner (Inline is dropped from the global,
+where it means nothing).
 
-Symbol cache: before a function is looked up, its non-scalar Constants (the weights) are
-lifted into extra parameters that the caller passes, so the functions of the layers of a
-transformer, which differ only in their weights, are structurally equal. Structurally
-equal functions share ONE global named by a deterministic symbol,
-`<backend>_<first 12 hex digits of the structural hash>` (a C identifier; the global's
-name is the symbol, also kept as global_symbol). Leaves alone: functions without a
-Compiler attribute and the bodies of the outlined functions (composites stay local).
+    %test_region = fn (%p0: T) -> T [Compiler="test", Inline=1] {
+      %r = add(%p0, const([...]))
+      return %r
+    }
+    %y = %test_region(%x)
+becomes
+    %y = @test_3f2a9c01b4de(%x, const([...]))
+    def @test_3f2a9c01b4de(%p0: T, %c0: W) -> T [Compiler="test", global_symbol="test_3f2a9c01b4de"] {...}
+
+Symbol cache: before a function is looked up, its non-scalar Constants (the weights),
+also those inside its composites, are lifted into extra trailing parameters that the
+caller passes, so the functions of the layers of a transformer, which differ only in
+their weights, are structurally equal. Structurally equal functions share ONE global,
+named by a deterministic symbol `<backend>_<first 12 hex digits of the structural hash>`
+(a C identifier: the global's name is the symbol, also kept as global_symbol until
+MarkCompilerFunctionsAsExtern). Compiler globals already in the module are in the cache
+from the start, so an inlined copy of one calls it. Leaves alone: functions without a
+Compiler attribute, Compiler globals, and the bodies of the outlined functions
+(composites stay local functions inside them).
 """
 from __future__ import annotations
 
 import re
 
-import numpy as np
-
-from ..ir.expr import Binding, Call, Constant, Function, GlobalVar, Var
+from ..ir.expr import Binding, Call, Constant, Function, GlobalVar, Tuple, Var
 from ..ir.module import IRModule
 from ..ir.structural import structural_equal, structural_hash
 
@@ -29,30 +40,50 @@ def _is_scalar(constant: Constant) -> bool:
 
 
 def _lift_constants(function: Function) -> tuple[Function, list]:
-    """Non-scalar constants used as call arguments in the function's body -> parameters."""
+    """The function with its non-scalar Constants turned into extra trailing parameters,
+    and those Constants (what callers must now pass), in first-use order.
+
+    Reaches into local functions (the composites inside a Compiler function): a composite
+    gets its own extra parameters, and its call inside `function` passes the constants,
+    which are then lifted again, to parameters of `function`. Scalar constants stay: they
+    are part of the code (an epsilon, a literal in an elementwise body), not weights.
+    """
     lifted: list[Constant] = []
-    params = list(function.params)
-    new_params: dict = {}
+    param_of: dict[int, Var] = {}  # id(Constant) -> its new parameter
+    extra_args_of: dict = {}  # local function var -> (its new var, the constants its calls pass)
 
     def replace(arg):
+        if isinstance(arg, Tuple):
+            return Tuple([replace(field) for field in arg.fields])
         if isinstance(arg, Constant) and not _is_scalar(arg):
-            key = id(arg)
-            if key not in new_params:
-                param = Var(f"c{len(lifted)}", arg.type)
-                new_params[key] = param
+            if id(arg) not in param_of:
+                param_of[id(arg)] = Var(f"c{len(lifted)}", arg.type)
                 lifted.append(arg)
-            return new_params[key]
+            return param_of[id(arg)]
         return arg
 
     body = []
     for binding in function.bindings:
-        value = binding.value
-        if isinstance(value, Call):
-            value = Call(value.op, [replace(a) for a in value.args], value.attrs, type_=value.type)
-        body.append(Binding(binding.var, value))
-    if not lifted:
+        var, value = binding.var, binding.value
+        if isinstance(value, Function) and value.bindings:
+            value, inner_lifted = _lift_constants(value)
+            if inner_lifted:  # its type gained parameters: a new variable for it
+                new_var = Var(var.name_hint, value.type)
+                extra_args_of[var] = (new_var, inner_lifted)
+                var = new_var
+        elif isinstance(value, Call):
+            callee, args = value.op, list(value.args)
+            if isinstance(callee, Var) and callee in extra_args_of:
+                callee, extra = extra_args_of[callee]
+                args += extra
+            value = Call(callee, [replace(a) for a in args], value.attrs, type_=value.type)
+        elif isinstance(value, Tuple):
+            value = replace(value)
+        body.append(Binding(var, value))
+    if not lifted:  # (a composite's lifted constants are always lifted here too)
         return function, []
-    return Function(params + [new_params[id(c)] for c in lifted], body, function.result, function.ret_type,
+    new_params = [param_of[id(c)] for c in lifted]
+    return Function(list(function.params) + new_params, body, function.result, function.ret_type,
                     function.attrs), lifted
 
 
@@ -64,11 +95,19 @@ class _SymbolCache:
     def __init__(self, mod: IRModule):
         self.mod = mod
         self.by_hash: dict[int, list[tuple[Function, str]]] = {}
+        for name, function in mod.functions.items():
+            if "Compiler" in function.attrs and not function.is_extern:
+                key_function = self._key(function)
+                self.by_hash.setdefault(structural_hash(key_function), []).append((key_function, name))
+
+    @staticmethod
+    def _key(function: Function) -> Function:
+        """What identifies the code: attributes that do not change it are left out."""
+        return function.with_attrs(Inline=None, global_symbol=None)
 
     def symbol_for(self, function: Function) -> str:
         backend = _sanitize(str(function.attrs["Compiler"]))
-        # the symbol ignores attributes that do not change the code (Inline, global_symbol)
-        key_function = function.with_attrs(Inline=None, global_symbol=None)
+        key_function = self._key(function)
         digest = structural_hash(key_function)
         for existing, symbol in self.by_hash.get(digest, []):
             if structural_equal(existing, key_function):

@@ -170,6 +170,22 @@ int byoc_shim_pool2d(const void* in, void* out, byoc_dtype dtype, int kind, int 
                      int64_t pad_right, int64_t dilation_h, int64_t dilation_w,
                      int count_include_pad, void* stream);
 
+/* ---- build-time tuning (CUDA only) ---------------------------------------------
+ * Added with the CUDA implementation; generated run-time code never calls these, so a
+ * CPU library may leave them out (or return 1).
+ *
+ * How many `algo` values byoc_shim_matmul accepts for these arguments on the current
+ * device: the usable entries of cuBLASLt's heuristic list (at most 32), asked with this
+ * workspace size and 256-byte aligned operands (as the runtime places them). Tuning tries
+ * algo = 0 .. count-1 (-1 is the same as 0). 0 means cuBLASLt has no algorithm and only
+ * algo = -1 runs (on a fallback kernel); integer dtypes (no cuBLASLt) and empty problems
+ * give 1. Returns -1 on error (byoc_shim_last_error says why). Thread-safe; the result is
+ * cached with the plan byoc_shim_matmul then reuses. */
+int byoc_shim_matmul_heuristic_count(byoc_dtype dtype, int64_t batch, int64_t m, int64_t n, int64_t k,
+                                     int trans_a, int trans_b, int64_t batch_stride_a,
+                                     int64_t batch_stride_b, int64_t batch_stride_c,
+                                     size_t workspace_bytes);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,602 @@
+// conv2d and the windowed pools, in NCHW or NHWC.
+//
+// conv2d, float dtypes with one group: a 1x1 convolution that keeps the spatial size
+// (stride 1, no padding) is one cuBLASLt GEMM; any other is im2col into the caller's
+// workspace, a chunk at a time, then cuBLASLt (tensor cores, float32 accumulation).
+// byoc_shim_conv2d_workspace reports the chunk plus 4 MiB of cuBLASLt scratch (see
+// plan_conv_workspace for the exact formula).
+// Everything else (integers, groups > 1, no or too little workspace, or no cuBLASLt
+// algorithm) is an implicit GEMM: the tiled GEMM of tiled_gemm.cuh with operand loaders
+// that compute im2col addresses on the fly (zero outside the image), one GEMM per group
+// with the batch folded into the GEMM's rows (NHWC) or columns (NCHW).
+//
+// Index math in the loaders is 32-bit whenever the tensors allow (the common case): they
+// divide per element, and 64-bit division is an emulated sequence.
+#include "tiled_gemm.cuh"
+
+using namespace byoc_shim_cuda;
+
+namespace {
+
+constexpr int kLayoutNCHW = 0;
+constexpr int kLayoutNHWC = 1;
+constexpr int64_t kIndex32Limit = int64_t{1} << 30;
+
+// Every size and attribute of one conv2d call (names as in byoc_shim.h), in Index.
+template <class Index>
+struct ConvGeometry {
+  Index in_channels, in_h, in_w, out_channels, kernel_h, kernel_w, out_h, out_w;
+  Index stride_h, stride_w, pad_top, pad_left, dilation_h, dilation_w;
+  Index group_in, group_out;  // channels per group
+};
+
+// ---------------------------------------------------------------- NCHW loaders
+// Per group g: C (O/g x batch*OH*OW) = W (O/g x C/g*KH*KW) * columns (C/g*KH*KW x batch*OH*OW).
+
+template <class Storage, class Acc, class Index>
+struct NchwWeight {  // A(o, p): weight row o of group g, contiguous in p = (c, kh, kw)
+  const Storage* weight;
+  Index depth;
+  Index group_out;
+  __device__ Acc operator()(int64_t g, int64_t o, int64_t p) const {
+    return load_as<Acc>(weight[(static_cast<Index>(g) * group_out + static_cast<Index>(o)) * depth +
+                               static_cast<Index>(p)]);
+  }
+};
+
+template <class Storage, class Acc, class Index>
+struct NchwColumns {  // B(p, j): p = (c, kh, kw), j = (image, oh, ow)
+  const Storage* in;
+  ConvGeometry<Index> s;
+  __device__ Acc operator()(int64_t g, int64_t p64, int64_t j64) const {
+    const Index p = static_cast<Index>(p64), j = static_cast<Index>(j64);
+    const Index kernel_area = s.kernel_h * s.kernel_w;
+    const Index c = p / kernel_area, cell = p % kernel_area;
+    const Index kh = cell / s.kernel_w, kw = cell % s.kernel_w;
+    const Index out_area = s.out_h * s.out_w;
+    const Index image = j / out_area, pixel = j % out_area;
+    const Index ih = (pixel / s.out_w) * s.stride_h - s.pad_top + kh * s.dilation_h;
+    const Index iw = (pixel % s.out_w) * s.stride_w - s.pad_left + kw * s.dilation_w;
+    if (ih < 0 || ih >= s.in_h || iw < 0 || iw >= s.in_w) return Acc(0);
+    const Index channel = static_cast<Index>(g) * s.group_in + c;
+    return load_as<Acc>(in[((image * s.in_channels + channel) * s.in_h + ih) * s.in_w + iw]);
+  }
+};
+
+template <class Storage, class Acc, class Index>
+struct NchwOutput {
+  Storage* out;
+  const Storage* bias;  // may be NULL
+  ConvGeometry<Index> s;
+  __device__ void operator()(int64_t g, int64_t o64, int64_t j64, Acc value) const {
+    const Index out_area = s.out_h * s.out_w;
+    const Index channel = static_cast<Index>(g) * s.group_out + static_cast<Index>(o64);
+    const Index j = static_cast<Index>(j64);
+    if (bias != nullptr) value += load_as<Acc>(bias[channel]);
+    out[((j / out_area) * s.out_channels + channel) * out_area + j % out_area] = store_from<Storage>(value);
+  }
+};
+
+// ---------------------------------------------------------------- NHWC loaders
+// Per group g: C (batch*OH*OW x O/g) = columns (batch*OH*OW x KH*KW*C/g) * W^T (KH*KW*C/g x O/g).
+
+template <class Storage, class Acc, class Index>
+struct NhwcColumns {  // A(i, p): i = (image, oh, ow), p = (kh, kw, c): channels contiguous
+  const Storage* in;
+  ConvGeometry<Index> s;
+  __device__ Acc operator()(int64_t g, int64_t i64, int64_t p64) const {
+    const Index i = static_cast<Index>(i64), p = static_cast<Index>(p64);
+    const Index cell = p / s.group_in, c = p % s.group_in;
+    const Index kh = cell / s.kernel_w, kw = cell % s.kernel_w;
+    const Index out_area = s.out_h * s.out_w;
+    const Index image = i / out_area, pixel = i % out_area;
+    const Index ih = (pixel / s.out_w) * s.stride_h - s.pad_top + kh * s.dilation_h;
+    const Index iw = (pixel % s.out_w) * s.stride_w - s.pad_left + kw * s.dilation_w;
+    if (ih < 0 || ih >= s.in_h || iw < 0 || iw >= s.in_w) return Acc(0);
+    return load_as<Acc>(
+        in[((image * s.in_h + ih) * s.in_w + iw) * s.in_channels + static_cast<Index>(g) * s.group_in + c]);
+  }
+};
+
+template <class Storage, class Acc, class Index>
+struct NhwcWeight {  // B(p, j) = W[j][p]: weight (O x KH*KW*C/g), row j of group g
+  const Storage* weight;
+  Index depth;
+  Index group_out;
+  __device__ Acc operator()(int64_t g, int64_t p, int64_t j) const {
+    return load_as<Acc>(weight[(static_cast<Index>(g) * group_out + static_cast<Index>(j)) * depth +
+                               static_cast<Index>(p)]);
+  }
+};
+
+template <class Storage, class Acc, class Index>
+struct NhwcOutput {
+  Storage* out;
+  const Storage* bias;
+  ConvGeometry<Index> s;
+  __device__ void operator()(int64_t g, int64_t i, int64_t j, Acc value) const {
+    const Index channel = static_cast<Index>(g) * s.group_out + static_cast<Index>(j);
+    if (bias != nullptr) value += load_as<Acc>(bias[channel]);
+    out[static_cast<Index>(i) * s.out_channels + channel] = store_from<Storage>(value);
+  }
+};
+
+template <class Storage, class Index>
+int implicit_gemm_conv(const char* function, const void* in, const void* weight, const void* bias, void* out,
+                       bool nhwc, int64_t batch, const ConvGeometry<Index>& s, int64_t groups, cudaStream_t stream) {
+  using Acc = typename Traits<Storage>::Accumulate;
+  const auto* x = static_cast<const Storage*>(in);
+  const auto* w = static_cast<const Storage*>(weight);
+  const auto* b = static_cast<const Storage*>(bias);
+  auto* y = static_cast<Storage*>(out);
+  const Index depth = s.group_in * s.kernel_h * s.kernel_w;
+  const int64_t pixels = batch * static_cast<int64_t>(s.out_h) * s.out_w;
+  if (nhwc) {
+    return launch_tiled_gemm<Acc>(function, groups, pixels, s.group_out, depth,
+                                  NhwcColumns<Storage, Acc, Index>{x, s},
+                                  NhwcWeight<Storage, Acc, Index>{w, depth, s.group_out},
+                                  NhwcOutput<Storage, Acc, Index>{y, b, s}, stream);
+  }
+  return launch_tiled_gemm<Acc>(function, groups, s.group_out, pixels, depth,
+                                NchwWeight<Storage, Acc, Index>{w, depth, s.group_out},
+                                NchwColumns<Storage, Acc, Index>{x, s}, NchwOutput<Storage, Acc, Index>{y, b, s},
+                                stream);
+}
+
+// out[..., channel, ...] += bias[channel] after the cuBLASLt 1x1 path.
+template <class Storage>
+__global__ void add_bias_kernel(Storage* out, const Storage* bias, int64_t channels, int64_t inner, int64_t total) {
+  using T = Traits<Storage>;
+  for (int64_t linear = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; linear < total;
+       linear += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t channel = (linear / inner) % channels;
+    out[linear] = T::store(T::load(out[linear]) + T::load(bias[channel]));
+  }
+}
+
+// ---------------------------------------------------------------- im2col + cuBLASLt
+
+// Float convolutions with one group (and not a plain 1x1 GEMM) materialize the im2col
+// matrix in the caller's workspace, a chunk at a time, and multiply it on the tensor
+// cores with cuBLASLt:
+//   NHWC  out rows [r0, r0 + rows) of (batch*OH*OW x O) = columns (rows x KH*KW*C)
+//         * W^T (W is O x KH*KW*C, OHWI); a chunk is any range of output pixels.
+//   NCHW  out[image] (O x OH*OW) = W (O x C*KH*KW, OIHW) * columns[image] (C*KH*KW x
+//         OH*OW), strided-batched over the chunk's images (W broadcast: stride 0).
+// A chunk's columns stay under kConvColumnsLimitBytes (NCHW: at least one whole image,
+// whatever its size). The workspace is the columns (rounded up to 256 bytes) followed by
+// kConvGemmWorkspaceBytes for cuBLASLt; conv2d falls back to the implicit GEMM when the
+// caller gives less than the columns need.
+constexpr size_t kConvColumnsLimitBytes = size_t{64} << 20;
+constexpr size_t kConvGemmWorkspaceBytes = size_t{4} << 20;
+constexpr size_t kWorkspaceAlignment = 256;
+
+struct ConvWorkspacePlan {
+  bool pointwise = false;  // 1x1 with unchanged spatial size: the direct cuBLASLt GEMM
+  bool im2col = false;
+  int64_t chunk = 0;  // NHWC: output pixels (rows) per chunk; NCHW: images per chunk
+  size_t columns_bytes = 0;  // one chunk's im2col matrix
+  size_t total_bytes = 0;    // what byoc_shim_conv2d_workspace reports
+};
+
+ConvWorkspacePlan plan_conv_workspace(byoc_dtype dtype, int layout, int64_t batch, int64_t in_channels, int64_t in_h,
+                                      int64_t in_w, int64_t out_channels, int64_t kernel_h, int64_t kernel_w,
+                                      int64_t out_h, int64_t out_w, int64_t groups) {
+  ConvWorkspacePlan plan;
+  const bool is_float =
+      dtype == BYOC_FLOAT32 || dtype == BYOC_FLOAT16 || dtype == BYOC_BFLOAT16 || dtype == BYOC_FLOAT64;
+  if (!is_float || groups != 1 || (layout != kLayoutNCHW && layout != kLayoutNHWC)) return plan;
+  if (batch <= 0 || in_channels <= 0 || out_channels <= 0 || out_h <= 0 || out_w <= 0 || kernel_h <= 0 ||
+      kernel_w <= 0)
+    return plan;
+  if (kernel_h == 1 && kernel_w == 1 && out_h == in_h && out_w == in_w) {
+    plan.pointwise = true;
+    plan.total_bytes = kConvGemmWorkspaceBytes;
+    return plan;
+  }
+  const int64_t elem = static_cast<int64_t>(dtype_size(dtype));
+  const int64_t depth = in_channels * kernel_h * kernel_w;
+  const int64_t pixels = out_h * out_w;
+  const int64_t limit = static_cast<int64_t>(kConvColumnsLimitBytes);
+  if (layout == kLayoutNHWC) {
+    const int64_t rows = batch * pixels;
+    int64_t chunk = limit / (depth * elem);
+    if (chunk < 1) chunk = 1;
+    if (chunk > rows) chunk = rows;
+    plan.chunk = chunk;
+    plan.columns_bytes = static_cast<size_t>(chunk * depth * elem);
+  } else {
+    const int64_t per_image = depth * pixels * elem;
+    int64_t chunk = limit / per_image;
+    if (chunk < 1) chunk = 1;
+    if (chunk > batch) chunk = batch;
+    plan.chunk = chunk;
+    plan.columns_bytes = static_cast<size_t>(chunk * per_image);
+  }
+  plan.im2col = true;
+  plan.total_bytes = (plan.columns_bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment +
+                     kConvGemmWorkspaceBytes;
+  return plan;
+}
+
+// NHWC im2col of output pixels [row0, row0 + rows): columns[r][(kh*KW + kw)*C + c], moved
+// as Vector words of `lanes` channels (a warp writes one contiguous stretch of a row and
+// reads neighbouring channels of one input cell).
+template <class Vector, class Index>
+__global__ void im2col_nhwc_kernel(const Vector* __restrict__ in, Vector* __restrict__ columns,
+                                   ConvGeometry<Index> s, Index channel_words, Index row0, Index total) {
+  const Index depth_words = s.kernel_h * s.kernel_w * channel_words;
+  const Index pixels = s.out_h * s.out_w;
+  for (Index linear = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x; linear < total;
+       linear += static_cast<Index>(gridDim.x) * blockDim.x) {
+    const Index word = linear % depth_words, row = row0 + linear / depth_words;
+    const Index c = word % channel_words, cell = word / channel_words;
+    const Index kh = cell / s.kernel_w, kw = cell % s.kernel_w;
+    const Index image = row / pixels, pixel = row % pixels;
+    const Index ih = (pixel / s.out_w) * s.stride_h - s.pad_top + kh * s.dilation_h;
+    const Index iw = (pixel % s.out_w) * s.stride_w - s.pad_left + kw * s.dilation_w;
+    Vector value{};
+    if (ih >= 0 && ih < s.in_h && iw >= 0 && iw < s.in_w) value = in[((image * s.in_h + ih) * s.in_w + iw) * channel_words + c];
+    columns[linear] = value;
+  }
+}
+
+// NCHW im2col of images [image0, image0 + count): columns[image][(c*KH + kh)*KW + kw][pixel]
+// (consecutive threads walk output pixels, so reads follow an input row).
+template <class Element, class Index>
+__global__ void im2col_nchw_kernel(const Element* __restrict__ in, Element* __restrict__ columns,
+                                   ConvGeometry<Index> s, Index image0, Index total) {
+  const Index pixels = s.out_h * s.out_w;
+  const Index kernel_area = s.kernel_h * s.kernel_w;
+  const Index depth = s.in_channels * kernel_area;
+  for (Index linear = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x; linear < total;
+       linear += static_cast<Index>(gridDim.x) * blockDim.x) {
+    const Index pixel = linear % pixels, rest = linear / pixels;
+    const Index p = rest % depth, image = image0 + rest / depth;
+    const Index c = p / kernel_area, cell = p % kernel_area;
+    const Index kh = cell / s.kernel_w, kw = cell % s.kernel_w;
+    const Index ih = (pixel / s.out_w) * s.stride_h - s.pad_top + kh * s.dilation_h;
+    const Index iw = (pixel % s.out_w) * s.stride_w - s.pad_left + kw * s.dilation_w;
+    Element value{};
+    if (ih >= 0 && ih < s.in_h && iw >= 0 && iw < s.in_w) value = in[((image * s.in_channels + c) * s.in_h + ih) * s.in_w + iw];
+    columns[linear] = value;
+  }
+}
+
+// Runs the im2col + cuBLASLt convolution (groups == 1, float dtypes). Sets *unsupported
+// (recording nothing) when cuBLASLt has no algorithm for a chunk, so that the caller
+// computes the whole output with the implicit GEMM instead.
+template <class Index>
+int im2col_conv(const char* function, const void* in, const void* weight, void* out, byoc_dtype dtype, bool nhwc,
+                int64_t batch, const ConvGeometry<Index>& s, const ConvWorkspacePlan& plan, void* workspace,
+                size_t workspace_bytes, cudaStream_t stream, bool* unsupported) {
+  *unsupported = false;
+  const int64_t elem = static_cast<int64_t>(dtype_size(dtype));
+  const int64_t depth = static_cast<int64_t>(s.in_channels) * s.kernel_h * s.kernel_w;
+  const int64_t pixels = static_cast<int64_t>(s.out_h) * s.out_w;
+  const int64_t out_channels = s.out_channels;
+  const size_t columns_space =
+      (plan.columns_bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+  char* gemm_workspace = workspace_bytes > columns_space ? static_cast<char*>(workspace) + columns_space : nullptr;
+  const size_t gemm_workspace_bytes = gemm_workspace ? workspace_bytes - columns_space : 0;
+  char* output = static_cast<char*>(out);
+  if (nhwc) {
+    const int64_t rows_total = batch * pixels;
+    // The widest word (<= 16 bytes) that divides a cell's channels and aligns both buffers.
+    const int width = common_alignment(static_cast<size_t>(s.in_channels) * elem, in, workspace);
+    const int lanes = width / static_cast<int>(elem) > 0 ? width / static_cast<int>(elem) : 1;
+    const int word_bytes = width >= elem ? width : static_cast<int>(elem);
+    const Index channel_words = static_cast<Index>(s.in_channels / lanes);
+    for (int64_t row0 = 0; row0 < rows_total; row0 += plan.chunk) {
+      const int64_t rows = rows_total - row0 < plan.chunk ? rows_total - row0 : plan.chunk;
+      const int64_t words = rows * depth / lanes;
+      const int code = visit_blob(word_bytes, [&](auto blob) {
+        using Vector = decltype(blob);
+        im2col_nhwc_kernel<Vector, Index><<<blocks_for(words), kThreads, 0, stream>>>(
+            static_cast<const Vector*>(in), static_cast<Vector*>(workspace), s, channel_words,
+            static_cast<Index>(row0), static_cast<Index>(words));
+        return check_launch(function);
+      });
+      BYOC_CHECK(code);
+      BYOC_CHECK(lt_matmul(function, workspace, weight, output + row0 * out_channels * elem, dtype, 1, rows,
+                           out_channels, depth, false, true, 0, 0, 0, -1, gemm_workspace, gemm_workspace_bytes,
+                           stream, unsupported));
+      if (*unsupported) return 0;
+    }
+    return 0;
+  }
+  for (int64_t image0 = 0; image0 < batch; image0 += plan.chunk) {
+    const int64_t images = batch - image0 < plan.chunk ? batch - image0 : plan.chunk;
+    const int64_t total = images * depth * pixels;
+    const int code = visit_blob(static_cast<int>(elem), [&](auto blob) {
+      using Element = decltype(blob);
+      im2col_nchw_kernel<Element, Index><<<blocks_for(total), kThreads, 0, stream>>>(
+          static_cast<const Element*>(in), static_cast<Element*>(workspace), s, static_cast<Index>(image0),
+          static_cast<Index>(total));
+      return check_launch(function);
+    });
+    BYOC_CHECK(code);
+    BYOC_CHECK(lt_matmul(function, weight, workspace, output + image0 * out_channels * pixels * elem, dtype, images,
+                         out_channels, pixels, depth, false, false, 0, depth * pixels, out_channels * pixels, -1,
+                         gemm_workspace, gemm_workspace_bytes, stream, unsupported));
+    if (*unsupported) return 0;
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------- pooling
+
+template <class Index>
+struct PoolGeometry {
+  Index channels, in_h, in_w, out_h, out_w, kernel_h, kernel_w, stride_h, stride_w;
+  Index pad_top, pad_left, pad_bottom, pad_right, dilation_h, dilation_w;
+};
+
+// One thread per output element (channels fastest in NHWC, so a warp reads neighbouring
+// channels of a cell; columns fastest in NCHW). Padding never wins a max (-inf, or the
+// integer minimum) and adds 0 to a sum. The average's divisor counts the window's cells
+// in the image, or with count_include_pad those inside the explicitly padded image (a
+// ceil_mode window's overhang never counts); at least 1.
+template <class Storage, class Index, bool kAverage, bool kNhwc>
+__global__ void pool2d_kernel(const Storage* __restrict__ in, Storage* __restrict__ out, PoolGeometry<Index> s,
+                              bool count_include_pad, Index total) {
+  using T = Traits<Storage>;
+  using Compute = typename T::Compute;
+  for (Index linear = blockIdx.x * blockDim.x + threadIdx.x; linear < total;
+       linear += static_cast<Index>(gridDim.x) * blockDim.x) {
+    Index channel, ow, oh, image, rest = linear;
+    if (kNhwc) {
+      channel = rest % s.channels;
+      rest /= s.channels;
+      ow = rest % s.out_w;
+      rest /= s.out_w;
+      oh = rest % s.out_h;
+      image = rest / s.out_h;
+    } else {
+      ow = rest % s.out_w;
+      rest /= s.out_w;
+      oh = rest % s.out_h;
+      rest /= s.out_h;
+      channel = rest % s.channels;
+      image = rest / s.channels;
+    }
+    const Storage* base = kNhwc ? in + image * s.in_h * s.in_w * s.channels + channel
+                                : in + (image * s.channels + channel) * s.in_h * s.in_w;
+    const Index cell_stride = kNhwc ? s.channels : 1;
+    const Index row_start = oh * s.stride_h - s.pad_top;
+    const Index column_start = ow * s.stride_w - s.pad_left;
+    Compute value = kAverage ? Compute(0) : T::lowest();
+    Index rows_inside = 0, rows_padded = 0, columns_inside = 0, columns_padded = 0;
+    for (Index kw = 0; kw < s.kernel_w; ++kw) {
+      const Index iw = column_start + kw * s.dilation_w;
+      columns_inside += (iw >= 0 && iw < s.in_w);
+      columns_padded += (iw >= -s.pad_left && iw < s.in_w + s.pad_right);
+    }
+    for (Index kh = 0; kh < s.kernel_h; ++kh) {
+      const Index ih = row_start + kh * s.dilation_h;
+      rows_padded += (ih >= -s.pad_top && ih < s.in_h + s.pad_bottom);
+      if (ih < 0 || ih >= s.in_h) continue;
+      ++rows_inside;
+      for (Index kw = 0; kw < s.kernel_w; ++kw) {
+        const Index iw = column_start + kw * s.dilation_w;
+        if (iw < 0 || iw >= s.in_w) continue;
+        const Compute x = T::load(base[(ih * s.in_w + iw) * cell_stride]);
+        value = kAverage ? value + x : nan_max(value, x);
+      }
+    }
+    if (kAverage) {
+      Index count = count_include_pad ? rows_padded * columns_padded : rows_inside * columns_inside;
+      if (count < 1) count = 1;  // a window wholly in the padding averages to 0
+      value = value / static_cast<Compute>(count);
+    }
+    out[linear] = T::store(value);
+  }
+}
+
+template <class Storage, class Index, bool kAverage>
+int launch_pool(const char* function, const void* in, void* out, bool nhwc, const PoolGeometry<Index>& s,
+                bool count_include_pad, int64_t total, cudaStream_t stream) {
+  const auto* x = static_cast<const Storage*>(in);
+  auto* y = static_cast<Storage*>(out);
+  if (nhwc) {
+    pool2d_kernel<Storage, Index, kAverage, true>
+        <<<blocks_for(total), kThreads, 0, stream>>>(x, y, s, count_include_pad, static_cast<Index>(total));
+  } else {
+    pool2d_kernel<Storage, Index, kAverage, false>
+        <<<blocks_for(total), kThreads, 0, stream>>>(x, y, s, count_include_pad, static_cast<Index>(total));
+  }
+  return check_launch(function);
+}
+
+}  // namespace
+
+extern "C" size_t byoc_shim_conv2d_workspace(byoc_dtype dtype, int layout, int64_t batch, int64_t in_channels,
+                                             int64_t in_h, int64_t in_w, int64_t out_channels, int64_t kernel_h,
+                                             int64_t kernel_w, int64_t out_h, int64_t out_w, int64_t groups) {
+  // Float dtypes, one group: a 1x1 convolution that keeps the spatial size is one GEMM
+  // (4 MiB of cuBLASLt workspace); any other takes the im2col chunk (rounded up to 256
+  // bytes) plus those 4 MiB. Everything else (integers, groups > 1, empty) needs none.
+  return plan_conv_workspace(dtype, layout, batch, in_channels, in_h, in_w, out_channels, kernel_h, kernel_w, out_h,
+                             out_w, groups)
+      .total_bytes;
+}
+
+extern "C" int byoc_shim_conv2d(const void* in, const void* weight, const void* bias, void* out, byoc_dtype dtype,
+                                int layout, int64_t batch, int64_t in_channels, int64_t in_h, int64_t in_w,
+                                int64_t out_channels, int64_t kernel_h, int64_t kernel_w, int64_t out_h,
+                                int64_t out_w, int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left,
+                                int64_t dilation_h, int64_t dilation_w, int64_t groups, void* workspace,
+                                size_t workspace_bytes, void* stream) {
+  static const char kFunction[] = "byoc_shim_conv2d";
+  if (layout != kLayoutNCHW && layout != kLayoutNHWC) {
+    return fail(kInvalidArgument, kFunction, "layout is %d; expected 0 (NCHW) or 1 (NHWC)", layout);
+  }
+  BYOC_CHECK(check_size(kFunction, "batch", batch));
+  BYOC_CHECK(check_size(kFunction, "in_channels", in_channels));
+  BYOC_CHECK(check_size(kFunction, "in_h", in_h));
+  BYOC_CHECK(check_size(kFunction, "in_w", in_w));
+  BYOC_CHECK(check_size(kFunction, "out_channels", out_channels));
+  BYOC_CHECK(check_size(kFunction, "out_h", out_h));
+  BYOC_CHECK(check_size(kFunction, "out_w", out_w));
+  BYOC_CHECK(check_positive(kFunction, "kernel_h", kernel_h));
+  BYOC_CHECK(check_positive(kFunction, "kernel_w", kernel_w));
+  BYOC_CHECK(check_positive(kFunction, "stride_h", stride_h));
+  BYOC_CHECK(check_positive(kFunction, "stride_w", stride_w));
+  BYOC_CHECK(check_size(kFunction, "pad_top", pad_top));
+  BYOC_CHECK(check_size(kFunction, "pad_left", pad_left));
+  BYOC_CHECK(check_positive(kFunction, "dilation_h", dilation_h));
+  BYOC_CHECK(check_positive(kFunction, "dilation_w", dilation_w));
+  BYOC_CHECK(check_positive(kFunction, "groups", groups));
+  if (in_channels % groups != 0 || out_channels % groups != 0) {
+    return fail(kInvalidArgument, kFunction, "groups %lld must divide in_channels %lld and out_channels %lld",
+                static_cast<long long>(groups), static_cast<long long>(in_channels),
+                static_cast<long long>(out_channels));
+  }
+  const bool empty = batch == 0 || out_channels == 0 || out_h == 0 || out_w == 0;
+  if (!empty) {
+    BYOC_CHECK(check_pointer(kFunction, "in", in));
+    BYOC_CHECK(check_pointer(kFunction, "weight", weight));
+    BYOC_CHECK(check_pointer(kFunction, "out", out));
+  }
+  cudaStream_t cuda_stream = as_stream(stream);
+  const bool nhwc = layout == kLayoutNHWC;
+  return dispatch<DtypeSet::kNumbers>(kFunction, dtype, [&](auto tag) {
+    using Storage = decltype(tag);
+    if (empty) return 0;
+    const int64_t out_count = batch * out_channels * out_h * out_w;
+    // 1x1, stride 1, no padding, one group: out = in * W^T (NHWC) or out[b] = W * in[b]
+    // (NCHW), a plain GEMM for cuBLASLt.
+    if constexpr (Traits<Storage>::is_float) {
+      const bool pointwise = kernel_h == 1 && kernel_w == 1 && stride_h == 1 && stride_w == 1 && pad_top == 0 &&
+                             pad_left == 0 && out_h == in_h && out_w == in_w && groups == 1 && in_channels > 0;
+      if (pointwise) {
+        bool unsupported = false;
+        const int64_t pixels = in_h * in_w;
+        if (nhwc) {
+          BYOC_CHECK(lt_matmul(kFunction, in, weight, out, dtype, 1, batch * pixels, out_channels, in_channels,
+                               false, true, 0, 0, 0, -1, workspace, workspace_bytes, cuda_stream, &unsupported));
+        } else {
+          BYOC_CHECK(lt_matmul(kFunction, weight, in, out, dtype, batch, out_channels, pixels, in_channels, false,
+                               false, 0, in_channels * pixels, out_channels * pixels, -1, workspace,
+                               workspace_bytes, cuda_stream, &unsupported));
+        }
+        if (!unsupported) {
+          if (bias == nullptr) return 0;
+          add_bias_kernel<Storage><<<blocks_for(out_count), kThreads, 0, cuda_stream>>>(
+              static_cast<Storage*>(out), static_cast<const Storage*>(bias), out_channels,
+              nhwc ? int64_t{1} : pixels, out_count);
+          return check_launch(kFunction);
+        }
+      }
+    }
+    auto geometry_of = [&](auto index_tag) {
+      using Index = decltype(index_tag);
+      return ConvGeometry<Index>{
+          static_cast<Index>(in_channels),           static_cast<Index>(in_h),
+          static_cast<Index>(in_w),                  static_cast<Index>(out_channels),
+          static_cast<Index>(kernel_h),              static_cast<Index>(kernel_w),
+          static_cast<Index>(out_h),                 static_cast<Index>(out_w),
+          static_cast<Index>(stride_h),              static_cast<Index>(stride_w),
+          static_cast<Index>(pad_top),               static_cast<Index>(pad_left),
+          static_cast<Index>(dilation_h),            static_cast<Index>(dilation_w),
+          static_cast<Index>(in_channels / groups),  static_cast<Index>(out_channels / groups)};
+    };
+    const bool spatial_small = (in_h + pad_top + (kernel_h - 1) * dilation_h + out_h * stride_h) < kIndex32Limit &&
+                               (in_w + pad_left + (kernel_w - 1) * dilation_w + out_w * stride_w) < kIndex32Limit;
+    // Float, one group, workspace for the im2col chunk: tensor cores through cuBLASLt.
+    if constexpr (Traits<Storage>::is_float) {
+      const ConvWorkspacePlan plan = plan_conv_workspace(dtype, layout, batch, in_channels, in_h, in_w, out_channels,
+                                                         kernel_h, kernel_w, out_h, out_w, groups);
+      const size_t columns_space =
+          (plan.columns_bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+      if (plan.im2col && workspace != nullptr && workspace_bytes >= columns_space) {
+        const int64_t columns_elements = static_cast<int64_t>(plan.columns_bytes / dtype_size(dtype));
+        const bool small32 = spatial_small && columns_elements < kIndex32Limit &&
+                             batch * in_channels * in_h * in_w < kIndex32Limit &&
+                             batch * out_h * out_w < kIndex32Limit;
+        bool unsupported = false;
+        const int code =
+            small32 ? im2col_conv(kFunction, in, weight, out, dtype, nhwc, batch, geometry_of(int32_t{}), plan,
+                                  workspace, workspace_bytes, cuda_stream, &unsupported)
+                    : im2col_conv(kFunction, in, weight, out, dtype, nhwc, batch, geometry_of(int64_t{}), plan,
+                                  workspace, workspace_bytes, cuda_stream, &unsupported);
+        BYOC_CHECK(code);
+        if (!unsupported) {
+          if (bias == nullptr) return 0;
+          add_bias_kernel<Storage><<<blocks_for(out_count), kThreads, 0, cuda_stream>>>(
+              static_cast<Storage*>(out), static_cast<const Storage*>(bias), out_channels,
+              nhwc ? int64_t{1} : out_h * out_w, out_count);
+          return check_launch(kFunction);
+        }
+      }
+    }
+    const bool small = out_count < kIndex32Limit && batch * in_channels * in_h * in_w < kIndex32Limit &&
+                       out_channels * (in_channels / groups) * kernel_h * kernel_w < kIndex32Limit && spatial_small;
+    auto run = [&](auto index_tag) {
+      using Index = decltype(index_tag);
+      return implicit_gemm_conv<Storage, Index>(kFunction, in, weight, bias, out, nhwc, batch, geometry_of(index_tag),
+                                                groups, cuda_stream);
+    };
+    return small ? run(int32_t{}) : run(int64_t{});
+  });
+}
+
+extern "C" int byoc_shim_pool2d(const void* in, void* out, byoc_dtype dtype, int kind, int layout, int64_t batch,
+                                int64_t channels, int64_t in_h, int64_t in_w, int64_t out_h, int64_t out_w,
+                                int64_t kernel_h, int64_t kernel_w, int64_t stride_h, int64_t stride_w,
+                                int64_t pad_top, int64_t pad_left, int64_t pad_bottom, int64_t pad_right,
+                                int64_t dilation_h, int64_t dilation_w, int count_include_pad, void* stream) {
+  static const char kFunction[] = "byoc_shim_pool2d";
+  if (kind != 0 && kind != 1) return fail(kInvalidArgument, kFunction, "kind is %d; expected 0 (max) or 1 (average)", kind);
+  if (layout != kLayoutNCHW && layout != kLayoutNHWC) {
+    return fail(kInvalidArgument, kFunction, "layout is %d; expected 0 (NCHW) or 1 (NHWC)", layout);
+  }
+  BYOC_CHECK(check_size(kFunction, "batch", batch));
+  BYOC_CHECK(check_size(kFunction, "channels", channels));
+  BYOC_CHECK(check_size(kFunction, "in_h", in_h));
+  BYOC_CHECK(check_size(kFunction, "in_w", in_w));
+  BYOC_CHECK(check_size(kFunction, "out_h", out_h));
+  BYOC_CHECK(check_size(kFunction, "out_w", out_w));
+  BYOC_CHECK(check_positive(kFunction, "kernel_h", kernel_h));
+  BYOC_CHECK(check_positive(kFunction, "kernel_w", kernel_w));
+  BYOC_CHECK(check_positive(kFunction, "stride_h", stride_h));
+  BYOC_CHECK(check_positive(kFunction, "stride_w", stride_w));
+  BYOC_CHECK(check_size(kFunction, "pad_top", pad_top));
+  BYOC_CHECK(check_size(kFunction, "pad_left", pad_left));
+  BYOC_CHECK(check_size(kFunction, "pad_bottom", pad_bottom));
+  BYOC_CHECK(check_size(kFunction, "pad_right", pad_right));
+  BYOC_CHECK(check_positive(kFunction, "dilation_h", dilation_h));
+  BYOC_CHECK(check_positive(kFunction, "dilation_w", dilation_w));
+  const bool empty = batch == 0 || channels == 0 || out_h == 0 || out_w == 0;
+  if (!empty) {
+    BYOC_CHECK(check_pointer(kFunction, "in", in));
+    BYOC_CHECK(check_pointer(kFunction, "out", out));
+  }
+  const int64_t total = batch * channels * out_h * out_w;
+  const bool small = total < kIndex32Limit && batch * channels * in_h * in_w < kIndex32Limit &&
+                     out_h * stride_h + kernel_h * dilation_h + in_h + pad_bottom < kIndex32Limit &&
+                     out_w * stride_w + kernel_w * dilation_w + in_w + pad_right < kIndex32Limit;
+  cudaStream_t cuda_stream = as_stream(stream);
+  auto run = [&](auto tag) {
+    using Storage = decltype(tag);
+    if (empty) return 0;
+    auto launch = [&](auto index_tag) {
+      using Index = decltype(index_tag);
+      const PoolGeometry<Index> geometry{
+          static_cast<Index>(channels),   static_cast<Index>(in_h),       static_cast<Index>(in_w),
+          static_cast<Index>(out_h),      static_cast<Index>(out_w),      static_cast<Index>(kernel_h),
+          static_cast<Index>(kernel_w),   static_cast<Index>(stride_h),   static_cast<Index>(stride_w),
+          static_cast<Index>(pad_top),    static_cast<Index>(pad_left),   static_cast<Index>(pad_bottom),
+          static_cast<Index>(pad_right),  static_cast<Index>(dilation_h), static_cast<Index>(dilation_w)};
+      const bool nhwc = layout == kLayoutNHWC;
+      return kind == 1 ? launch_pool<Storage, Index, true>(kFunction, in, out, nhwc, geometry,
+                                                           count_include_pad != 0, total, cuda_stream)
+                       : launch_pool<Storage, Index, false>(kFunction, in, out, nhwc, geometry,
+                                                            count_include_pad != 0, total, cuda_stream);
+    };
+    return small ? launch(int32_t{}) : launch(int64_t{});
+  };
+  // An integer average would need a rounding rule: only floats average.
+  return kind == 1 ? dispatch<DtypeSet::kFloats>(kFunction, dtype, run)
+                   : dispatch<DtypeSet::kNumbers>(kFunction, dtype, run);
+}

@@ -1,0 +1,332 @@
+// Internal header of the CUDA shim (backends/builtin/shim/cuda/*.cu): error reporting,
+// argument checks, per-dtype traits (host and device), the dtype dispatch that turns a
+// runtime byoc_dtype into a template argument, launch helpers and warp/block reductions.
+//
+// Not part of the ABI: generated code only sees byoc_shim.h. Semantics follow the CPU
+// shim (../cpu/) and the NumPy references in byoc/ops/*.py.
+#ifndef BYOC_SHIM_CUDA_CUH_
+#define BYOC_SHIM_CUDA_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdarg>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "../byoc_shim.h"
+
+namespace byoc_shim_cuda {
+
+// ---------------------------------------------------------------- errors
+
+// Return codes (the ABI only promises "nonzero"; distinct codes help when debugging).
+constexpr int kInvalidArgument = 1;
+constexpr int kIndexOutOfRange = 2;
+constexpr int kUnsupportedDtype = 3;
+constexpr int kCudaError = 4;
+constexpr int kCublasError = 5;
+
+// Records "<function>: <printf-formatted message>" as this thread's last error and returns
+// `code`, so that a check reads `return fail(code, kFunction, "...", ...)`.
+int fail(int code, const char* function, const char* format, ...) __attribute__((format(printf, 3, 4)));
+
+const char* dtype_name(byoc_dtype dtype);
+size_t dtype_size(byoc_dtype dtype);  // 0 for an unknown dtype
+
+int check_pointer(const char* function, const char* name, const void* pointer);
+int check_size(const char* function, const char* name, int64_t value);      // value >= 0
+int check_positive(const char* function, const char* name, int64_t value);  // value >= 1
+int check_ndim(const char* function, int ndim);  // 0 <= ndim <= BYOC_SHIM_MAX_DIMS
+
+// After a kernel launch: reports a launch error (bad configuration, no device, a sticky
+// error from earlier work) without synchronizing the stream.
+int check_launch(const char* function);
+// Reports a failed CUDA runtime call (`what` names it).
+int check_cuda(const char* function, const char* what, cudaError_t status);
+
+#define BYOC_CHECK(expression)                          \
+  do {                                                  \
+    int byoc_check_code = (expression);                 \
+    if (byoc_check_code != 0) return byoc_check_code;   \
+  } while (0)
+
+inline cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+// ---------------------------------------------------------------- launch helpers
+
+constexpr int kThreads = 256;  // threads per block of the elementwise-style kernels
+// Grid-stride loops cover any size; more blocks than this only add scheduling overhead.
+constexpr int64_t kMaxBlocks = int64_t{1} << 20;
+
+inline unsigned int blocks_for(int64_t work_items, int threads_per_block = kThreads) {
+  int64_t blocks = (work_items + threads_per_block - 1) / threads_per_block;
+  if (blocks < 1) blocks = 1;
+  if (blocks > kMaxBlocks) blocks = kMaxBlocks;
+  return static_cast<unsigned int>(blocks);
+}
+
+// Whether every index below `count` fits in a signed 32-bit integer (32-bit index math
+// is markedly cheaper on the GPU: divisions and multiplies are half the instructions).
+inline bool fits_int32(int64_t count) { return count >= 0 && count < (int64_t{1} << 31); }
+
+inline bool aligned_to(const void* pointer, size_t bytes) {
+  return reinterpret_cast<uintptr_t>(pointer) % bytes == 0;
+}
+
+// ---------------------------------------------------------------- dtype traits (device)
+
+// Traits<Storage>:
+//   Compute     the type one value is worked on in (float for the 16-bit floats and
+//               float32, double for float64, int64_t for every integer);
+//   Accumulate  the type sums and products run in: float / double for floats, unsigned
+//               long long for integers (unsigned so overflow wraps as NumPy's int64 does;
+//               the cast back to a narrower type wraps too);
+//   load/store  conversions between storage and Compute (stores round to nearest even).
+template <class Storage>
+struct Traits;
+
+template <>
+struct Traits<float> {
+  using Compute = float;
+  using Accumulate = float;
+  static constexpr bool is_float = true;
+  __host__ __device__ static float load(float value) { return value; }
+  __host__ __device__ static float store(float value) { return value; }
+  __device__ static float lowest() { return -__int_as_float(0x7f800000); }
+  __device__ static float highest() { return __int_as_float(0x7f800000); }
+};
+
+template <>
+struct Traits<double> {
+  using Compute = double;
+  using Accumulate = double;
+  static constexpr bool is_float = true;
+  __host__ __device__ static double load(double value) { return value; }
+  __host__ __device__ static double store(double value) { return value; }
+  __device__ static double lowest() { return -__longlong_as_double(0x7ff0000000000000ll); }
+  __device__ static double highest() { return __longlong_as_double(0x7ff0000000000000ll); }
+};
+
+template <>
+struct Traits<__half> {
+  using Compute = float;
+  using Accumulate = float;
+  static constexpr bool is_float = true;
+  __device__ static float load(__half value) { return __half2float(value); }
+  __device__ static __half store(float value) { return __float2half_rn(value); }
+  __device__ static float lowest() { return -__int_as_float(0x7f800000); }
+  __device__ static float highest() { return __int_as_float(0x7f800000); }
+};
+
+template <>
+struct Traits<__nv_bfloat16> {
+  using Compute = float;
+  using Accumulate = float;
+  static constexpr bool is_float = true;
+  __device__ static float load(__nv_bfloat16 value) { return __bfloat162float(value); }
+  __device__ static __nv_bfloat16 store(float value) { return __float2bfloat16_rn(value); }
+  __device__ static float lowest() { return -__int_as_float(0x7f800000); }
+  __device__ static float highest() { return __int_as_float(0x7f800000); }
+};
+
+// The range of each integer type, spelled out: std::numeric_limits is host-only without
+// --expt-relaxed-constexpr, and the shim must build with the plain flags.
+template <class Int>
+struct IntRange;
+template <>
+struct IntRange<int64_t> {
+  static constexpr int64_t low = -9223372036854775807ll - 1, high = 9223372036854775807ll;
+};
+template <>
+struct IntRange<int32_t> {
+  static constexpr int64_t low = -2147483648ll, high = 2147483647ll;
+};
+template <>
+struct IntRange<int16_t> {
+  static constexpr int64_t low = -32768, high = 32767;
+};
+template <>
+struct IntRange<int8_t> {
+  static constexpr int64_t low = -128, high = 127;
+};
+template <>
+struct IntRange<uint8_t> {
+  static constexpr int64_t low = 0, high = 255;
+};
+
+template <class Int>
+struct IntTraits {
+  using Compute = int64_t;
+  using Accumulate = unsigned long long;
+  static constexpr bool is_float = false;
+  __host__ __device__ static int64_t load(Int value) { return static_cast<int64_t>(value); }
+  // Keeps the low bits (two's complement wrap-around, like NumPy's astype).
+  __host__ __device__ static Int store(int64_t value) {
+    return static_cast<Int>(static_cast<unsigned long long>(value));
+  }
+  __device__ static int64_t lowest() { return IntRange<Int>::low; }
+  __device__ static int64_t highest() { return IntRange<Int>::high; }
+};
+template <>
+struct Traits<int64_t> : IntTraits<int64_t> {};
+template <>
+struct Traits<int32_t> : IntTraits<int32_t> {};
+template <>
+struct Traits<int16_t> : IntTraits<int16_t> {};
+template <>
+struct Traits<int8_t> : IntTraits<int8_t> {};
+template <>
+struct Traits<uint8_t> : IntTraits<uint8_t> {};
+
+// A storage value straight into an accumulator (integers sign-extend to 64 bits before
+// becoming unsigned, so the wrap-around arithmetic stays exact).
+template <class Accumulate, class Storage>
+__device__ __forceinline__ Accumulate load_as(Storage value) {
+  return static_cast<Accumulate>(Traits<Storage>::load(value));
+}
+
+// An accumulator back into storage (floats round once; integers keep the low bits).
+template <class Storage, class Accumulate>
+__device__ __forceinline__ Storage store_from(Accumulate value) {
+  using T = Traits<Storage>;
+  if constexpr (T::is_float) {
+    return T::store(static_cast<typename T::Compute>(value));
+  } else {
+    return T::store(static_cast<int64_t>(value));
+  }
+}
+
+__device__ __forceinline__ bool is_nan(float value) { return value != value; }
+__device__ __forceinline__ bool is_nan(double value) { return value != value; }
+__device__ __forceinline__ bool is_nan(int64_t) { return false; }
+__device__ __forceinline__ bool is_nan(unsigned long long) { return false; }
+
+// max/min that propagate NaN (as NumPy's max/min; fmaxf would drop it).
+template <class T>
+__device__ __forceinline__ T nan_max(T a, T b) {
+  if (is_nan(a)) return a;
+  if (is_nan(b)) return b;
+  return a > b ? a : b;
+}
+template <class T>
+__device__ __forceinline__ T nan_min(T a, T b) {
+  if (is_nan(a)) return a;
+  if (is_nan(b)) return b;
+  return a < b ? a : b;
+}
+
+// ---------------------------------------------------------------- dispatch
+
+enum class DtypeSet { kFloats, kNumbers };
+
+// Calls visit(Storage{}) with the storage type of `dtype` if `dtype` is in `kAllowed`;
+// otherwise records an error naming `function` and returns kUnsupportedDtype. bool moves
+// only (copy_strided, pad, ... take an element size), so no dispatch accepts it.
+template <DtypeSet kAllowed, class Visit>
+int dispatch(const char* function, byoc_dtype dtype, Visit&& visit) {
+  constexpr bool kNumbers = kAllowed == DtypeSet::kNumbers;
+  switch (dtype) {
+    case BYOC_FLOAT32: return visit(float{});
+    case BYOC_FLOAT16: return visit(__half{});
+    case BYOC_BFLOAT16: return visit(__nv_bfloat16{});
+    case BYOC_FLOAT64: return visit(double{});
+    case BYOC_INT64: if constexpr (kNumbers) return visit(int64_t{}); break;
+    case BYOC_INT32: if constexpr (kNumbers) return visit(int32_t{}); break;
+    case BYOC_INT16: if constexpr (kNumbers) return visit(int16_t{}); break;
+    case BYOC_INT8: if constexpr (kNumbers) return visit(int8_t{}); break;
+    case BYOC_UINT8: if constexpr (kNumbers) return visit(uint8_t{}); break;
+    case BYOC_BOOL: break;
+    default:
+      return fail(kUnsupportedDtype, function, "dtype %d is not a byoc_dtype", static_cast<int>(dtype));
+  }
+  return fail(kUnsupportedDtype, function, "dtype %s is not supported (expected %s)", dtype_name(dtype),
+              kNumbers ? "a float or integer dtype" : "a float dtype");
+}
+
+// ---------------------------------------------------------------- opaque elements
+
+// Elements that only move are copied as unsigned integers of their width (one load and
+// one store each; 16 bytes is a uint4 vector access).
+template <int kBytes>
+struct BlobType;
+template <>
+struct BlobType<1> { using type = uint8_t; };
+template <>
+struct BlobType<2> { using type = uint16_t; };
+template <>
+struct BlobType<4> { using type = uint32_t; };
+template <>
+struct BlobType<8> { using type = unsigned long long; };
+template <>
+struct BlobType<16> { using type = uint4; };
+
+// Calls visit(Blob{}) for the element sizes 1, 2, 4, 8, 16; returns -1 for others.
+template <class Visit>
+int visit_blob(int elem_size, Visit&& visit) {
+  switch (elem_size) {
+    case 1: return visit(BlobType<1>::type{});
+    case 2: return visit(BlobType<2>::type{});
+    case 4: return visit(BlobType<4>::type{});
+    case 8: return visit(BlobType<8>::type{});
+    case 16: return visit(BlobType<16>::type{});
+    default: return -1;
+  }
+}
+
+// The widest power of two <= 16 that divides `bytes` and every pointer given.
+inline int common_alignment(size_t bytes, const void* a, const void* b = nullptr) {
+  int width = 16;
+  while (width > 1 && (bytes % width != 0 || !aligned_to(a, width) || (b != nullptr && !aligned_to(b, width))))
+    width /= 2;
+  return width;
+}
+
+// ---------------------------------------------------------------- reductions in a group
+
+// A lane's value from the lane `offset` away (xor); overloaded (found by argument-dependent
+// lookup) for the structs that reductions carry, such as argmax's (value, index).
+template <class T>
+__device__ __forceinline__ T shuffle_xor(T value, int offset) {
+  return __shfl_xor_sync(0xffffffffu, value, offset);
+}
+
+// Butterfly reduction over the 32 lanes of a warp; every lane gets the result.
+template <class T, class Combine>
+__device__ __forceinline__ T warp_all_reduce(T value, Combine combine) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) value = combine(value, shuffle_xor(value, offset));
+  return value;
+}
+
+// Reduction over a whole block (blockDim.x a multiple of 32, at most 1024); every thread
+// gets the result. `scratch` holds 32 values; the block synchronizes twice.
+template <class T, class Combine>
+__device__ __forceinline__ T block_all_reduce(T value, Combine combine, T* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  value = warp_all_reduce(value, combine);
+  __syncthreads();  // scratch may still be read by a previous reduction
+  if (lane == 0) scratch[warp] = value;
+  __syncthreads();
+  T result = scratch[0];
+  for (int w = 1; w < warps; ++w) result = combine(result, scratch[w]);
+  return result;
+}
+
+// ---------------------------------------------------------------- shared with conv2d
+
+// cuBLASLt GEMM of row-major operands (linalg.cu), for the float dtypes: C[b] = A[b] *
+// B[b] as byoc_shim_matmul documents. Used by conv2d's 1x1 fast path. Returns 0, or a
+// code after recording an error that names `function`; sets *unsupported (and records
+// nothing) when cuBLASLt offers no algorithm, so that the caller can fall back.
+int lt_matmul(const char* function, const void* a, const void* b, void* c, byoc_dtype dtype, int64_t batch,
+              int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b, int64_t batch_stride_a,
+              int64_t batch_stride_b, int64_t batch_stride_c, int algo, void* workspace, size_t workspace_bytes,
+              cudaStream_t stream, bool* unsupported);
+
+}  // namespace byoc_shim_cuda
+
+#endif  // BYOC_SHIM_CUDA_CUH_

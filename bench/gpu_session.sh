@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# What one call on the lent GPU machine runs (no internet there): install the wheels carried
+# in .whl/ (see README "Benchmarks"), then run a stage and leave logs and results in $OUT.
+#   bench/gpu_session.sh tests    GPU tests of every file that has them, files in parallel
+#   bench/gpu_session.sh gemm     bench/bench_gemm.py (CUTLASS tuned, cuBLASLt engine, cuBLAS)
+#   bench/gpu_session.sh models CASES...   bench/run_models.py over the shipped CUDA configs
+set -u
+cd "$(dirname "$0")/.."
+OUT="${OUT:-/tmp/byoc-out}"
+mkdir -p "$OUT"
+pip install -q --no-index --find-links .whl jinja2 pyyaml ninja ml_dtypes >"$OUT/pip.log" 2>&1
+pip install -q --no-deps --no-index --find-links .whl nvidia-cutlass >>"$OUT/pip.log" 2>&1
+pip install -q --no-deps --no-index --no-build-isolation -e . >>"$OUT/pip.log" 2>&1 || export PYTHONPATH="$PWD"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$OUT/gpu.txt"
+stage="${1:-tests}"; shift || true
+case "$stage" in
+  tests)
+    files=("$@"); [ ${#files[@]} -eq 0 ] && files=(tests/test_build_cuda.py tests/test_cutlass.py tests/test_json_engine.py tests/test_shim_cuda.py tests/test_builtin_codegen.py)
+    pids=()
+    for f in "${files[@]}"; do
+      name=$(basename "$f" .py)
+      python3 -m pytest -q -m gpu -p no:cacheprovider "$f" >"$OUT/$name.log" 2>&1 &
+      pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p"; done
+    tail -n 3 "$OUT"/test_*.log ;;
+  gemm)
+    python3 bench/bench_gemm.py --out "$OUT" --workdir /tmp/byoc-gemm "$@" 2>&1 | tee "$OUT/bench_gemm.log" | tail -n 30 ;;
+  models)
+    python3 bench/run_models.py --out "$OUT" --configs cuda_sm90_builtin cuda_sm90 cuda_sm90:nograph cuda_sm90_cublaslt \
+      --cases "$@" 2>&1 | tee "$OUT/run_models.log" | tail -n 40 ;;
+esac
