@@ -5,7 +5,8 @@
 For each GEMM (M=1024; N x K = 2304x768, 768x768, 3072x768, 768x3072, fp16, fp32
 accumulate):
 - cutlass: byoc's tuner compiles its candidates and times them (CUDA events around
-  back-to-back calls of the extern "C" entry, best of 5 trials); the fastest is kept.
+  calls of the extern "C" entry captured into one CUDA graph, best of 5 replays); the
+  fastest is kept.
 - cublaslt: a one-GEMM model is built with the JSON-runtime backend (timed algorithm
   selection at create()) and its module.run is captured 20 times into a CUDA graph, so
   the time is GPU time, not Python overhead; the engine's Init time is reported.

@@ -8,8 +8,12 @@ set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/byoc-out}"
 mkdir -p "$OUT"
-pip install -q --no-index --find-links .whl jinja2 pyyaml ninja ml_dtypes >"$OUT/pip.log" 2>&1
-pip install -q --no-deps --no-index --find-links .whl nvidia-cutlass >>"$OUT/pip.log" 2>&1
+for package in jinja2 pyyaml ninja ml_dtypes; do  # one at a time: one that cannot install must not stop the rest
+  python3 -c "import ${package/pyyaml/yaml}" 2>/dev/null || pip install --no-index --find-links .whl "$package" >>"$OUT/pip.log" 2>&1
+done
+# CUTLASS's headers straight from the wheel (byoc finds them through CUTLASS_PATH).
+python3 -m zipfile -e .whl/nvidia_cutlass-*.whl /tmp/nvidia-cutlass >>"$OUT/pip.log" 2>&1
+export CUTLASS_PATH=/tmp/nvidia-cutlass/cutlass_library/source
 pip install -q --no-deps --no-index --no-build-isolation -e . >>"$OUT/pip.log" 2>&1 || export PYTHONPATH="$PWD"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$OUT/gpu.txt"
 stage="${1:-tests}"; shift || true
