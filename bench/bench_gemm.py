@@ -100,6 +100,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--workdir", default="/tmp/byoc-gemm")
+    parser.add_argument("--tuning-db", help="where the CUTLASS tuning database is kept (default: in --workdir)")
     parser.add_argument("--no-cutlass", action="store_true")
     parser.add_argument("--no-cublaslt", action="store_true")
     args = parser.parse_args()
@@ -116,7 +117,7 @@ def main():
             problems.append(GemmProblem(m, n, k, 1, "float16", False, "gelu", True, False))
         if n == 768:
             problems.append(GemmProblem(m, n, k, 1, "float16", False, None, True, True))
-    database = TuningDatabase(Path(args.workdir) / "tuning.json")
+    database = TuningDatabase(args.tuning_db or Path(args.workdir) / "tuning.json")
     if not args.no_cutlass:
         flags = cutlass_flags(Target("cutlass", sm=90), 90)
         choose_kernels(problems, 90, database, profile=True, workdir=Path(args.workdir), compile_flags=flags)

@@ -29,8 +29,8 @@ case "$stage" in
     for p in "${pids[@]}"; do wait "$p"; done
     tail -n 3 "$OUT"/test_*.log ;;
   gemm)
-    python3 bench/bench_gemm.py --out "$OUT" --workdir /tmp/byoc-gemm "$@" 2>&1 | tee "$OUT/bench_gemm.log" | tail -n 30 ;;
+    python3 bench/bench_gemm.py --out "$OUT" --workdir /tmp/byoc-gemm --tuning-db "$OUT/tuning_sm90.json" "$@" 2>&1 | tee "$OUT/bench_gemm.log" | tail -n 30 ;;
   models)
     python3 bench/run_models.py --out "$OUT" --configs cuda_sm90_builtin cuda_sm90 cuda_sm90:nograph cuda_sm90_cublaslt \
-      --cases "$@" 2>&1 | tee "$OUT/run_models.log" | tail -n 40 ;;
+      ${TUNING_DB:+--tuning-db "$TUNING_DB"} --cases "$@" 2>&1 | tee "$OUT/run_models.log" | tail -n 40 ;;
 esac

@@ -57,10 +57,13 @@ def time_cuda(fn, repeat=50, warmup=10, rounds=5):
     return statistics.median(means)
 
 
-def load_config(spec):
+def load_config(spec, tuning_db=None):
     from byoc.config import load_config as load
     name, _, variant = spec.partition(":")
-    return load(name, overrides={"cuda_graph": False} if variant == "nograph" else None)
+    overrides = {"cuda_graph": False} if variant == "nograph" else {}
+    if tuning_db:
+        overrides["tuning"] = {"profile": "auto", "tuning_db": tuning_db}
+    return load(name, overrides=overrides)
 
 
 def write_results(out: Path, rows: list) -> None:
@@ -98,6 +101,7 @@ def main():
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--workdir", default="/tmp/byoc-bench")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    parser.add_argument("--tuning-db", help="CUTLASS tuning database to start from (problems missing are tuned)")
     args = parser.parse_args()
     import byoc
     out = Path(args.out)
@@ -132,7 +136,7 @@ def main():
         print(case, "torch", row["torch_fp16_ms"], flush=True)
         for spec in args.configs:
             try:
-                config = load_config(spec)
+                config = load_config(spec, args.tuning_db)
                 start = time.perf_counter()
                 library = byoc.build(onnx_path, config=config,
                                      workdir=str(Path(args.workdir) / f"{name}_b{batch}_{spec.replace(':', '_')}"),

@@ -114,6 +114,9 @@ class _Builder:
         names = [name for name in self.cfg.backend_names if name != "builtin"]
         for name in names:
             get_backend(name)  # an unknown backend fails here, with the known ones
+        if "cutlass" in names and self.cuda:  # CUTLASS convs are NHWC: convert conv chains once
+            from .transform.convert_conv_layout import convert_conv_layout
+            mod = convert_conv_layout(mod)
         mod, report = partition_for(mod, names, finalize=partition_builtin)
         (self.workdir / "partition_report.json").write_text(json.dumps(report.to_json(), indent=2, sort_keys=True))
         (self.workdir / "partition_report.txt").write_text(report.to_text())
@@ -126,9 +129,15 @@ class _Builder:
         return run_codegen(mod, targets)
 
     def backend_targets(self) -> dict:
-        from .target import Target
+        from .target import TARGET_KINDS, Target
         targets = {}
         for name, options in self.cfg.backends:
+            # The config's tuning section (profile, tuning_db) reaches every backend whose
+            # Target has those attributes; the backend's own options win.
+            tuning = {key: str(value).lower() if isinstance(value, bool) else str(value)
+                      for key, value in self.cfg.tuning.items()
+                      if value is not None and key in TARGET_KINDS.get(name, {})}
+            options = {**tuning, **(options or {})}
             targets[name] = Target(name, **options) if options else Target(name)
         targets.setdefault("builtin", Target("builtin"))
         for target in targets.values():
