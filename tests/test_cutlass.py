@@ -35,23 +35,30 @@ def gpu_visible():
 @needs_cutlass
 @pytest.mark.parametrize("sm", [90, 80])
 def test_kernel_families_compile(sm, tmp_path):
-    """One kernel of each family (dense with a fused epilogue, batched NT attention matmul)
-    renders and compiles with nvcc."""
+    """One kernel of each family (dense with a fused epilogue, batched NT attention matmul,
+    NHWC conv2d fprop: sm_90 the 3.x TMA im2col kernel with ResNet's bias + residual + relu
+    epilogue, sm_80 the 2.x kernel with a stride-0 bias + relu) renders and compiles with nvcc."""
     from byoc.backends.cutlass.codegen import cutlass_flags
-    from byoc.backends.cutlass.kernels import GemmProblem, heuristic_kernel
+    from byoc.backends.cutlass.kernels import ConvProblem, GemmProblem, default_kernel, kernel_template
     from byoc.codegen.templates import render_template
     from byoc.target import Target
     from byoc.toolchain import CompileUnit, compile_units
     target = Target("cutlass", sm=sm)
+    conv = (ConvProblem(8, 56, 56, 64, 64, 3, 3, 56, 56, (1, 1), (1, 1, 1, 1), (1, 1), "float16", "relu", True, True)
+            if sm == 90 else
+            ConvProblem(2, 15, 17, 64, 72, 3, 3, 8, 9, (2, 2), (1, 1, 1, 1), (1, 1), "bfloat16", "relu", True, False))
     problems = [GemmProblem(1024, 3072, 768, 1, "float16", False, "gelu", True, False),
-                GemmProblem(128, 128, 64, 96, "bfloat16", True, None, False, False)]
+                GemmProblem(128, 128, 64, 96, "bfloat16", True, None, False, False), conv]
     units = []
     for index, problem in enumerate(problems):
-        kernel = heuristic_kernel(sm, problem)
+        kernel = default_kernel(sm, problem)
         source = tmp_path / f"k{index}.cu"
-        indices = {"a": 0, "b": 1, "bias": 2} if problem.has_bias else {"a": 0, "b": 1}
-        template = "cutlass/gemm_sm90.cu.j2" if sm == 90 else "cutlass/gemm_sm80.cu.j2"
-        source.write_text(render_template(template, kernel.template_data(problem, f"kernel_{index}", indices)))
+        indices = {"a": 0, "b": 1}
+        for operand, present in (("bias", problem.has_bias), ("residual", problem.has_residual)):
+            if present:
+                indices[operand] = len(indices)
+        source.write_text(render_template(kernel_template(kernel),
+                                          kernel.template_data(problem, f"kernel_{index}", indices)))
         assert kernel.name(problem) in source.read_text()
         units.append(CompileUnit(source, "cuda", cutlass_flags(target, sm), f"k{index}.o"))
     objects = compile_units(units, tmp_path)
@@ -113,5 +120,243 @@ def test_patterns_match_float32_reference(kind, m, n, k, batch, tmp_path):
     got = cupy.asnumpy(module.run(**{k_: cupy.asarray(v) for k_, v in inputs.items()}))
     # float32 reference: the same graph with every cast to float16 removed
     reference = byoc.interpret(mod, **inputs)
+    scale = np.max(np.abs(reference))
+    assert np.max(np.abs(got - reference)) <= 1e-2 * scale, kind
+
+
+# ---------------------------------------------------------------- conv2d (NHWC)
+
+
+def test_conv_heuristic_names_and_tuning_keys():
+    from byoc.backends.cutlass.kernels import (ConvKernel, ConvProblem, default_kernel, kernel_from_json,
+                                               kernel_template, operand_sizes, usable_candidates)
+    problem = ConvProblem(8, 56, 56, 64, 64, 3, 3, 56, 56, (1, 1), (1, 1, 1, 1), (1, 1), "float16", "relu", True, True)
+    kernel = default_kernel(90, problem)
+    assert kernel.name(problem).startswith("cutlass_sm90_f16_fprop_")
+    assert kernel.name(problem).endswith("_ws_bias_residual_relu")
+    assert kernel.tile[1] == 64  # K=64 output channels: no half-empty 128-wide tiles
+    assert kernel_template(kernel) == "cutlass/conv2d_sm90.cu.j2"
+    assert kernel_from_json(kernel.to_json()) == kernel
+    assert problem.key == "conv2d:float16:n8h56w56c64:k64r3s3:stride1x1:pad1x1x1x1:dilation1x1:bias_residual_relu"
+    assert operand_sizes(problem) == [8 * 56 * 56 * 64, 64 * 9 * 64, 64, 8 * 56 * 56 * 64, 8 * 56 * 56 * 64]
+    small = ConvProblem(1, 7, 7, 512, 512, 3, 3, 7, 7, (1, 1), (1, 1, 1, 1), (1, 1), "bfloat16")
+    sm80 = default_kernel(80, small)
+    assert sm80.name(small).startswith("cutlass_sm80_bf16_fprop_") and sm80.name(small).endswith("stage_plain")
+    assert all(isinstance(k, ConvKernel) for k in usable_candidates(80, small))
+
+
+def _conv_graph(data_shape, weight_shape, *, dtype="float16", data_layout="NHWC", groups=1, strides=(1, 1),
+                pads=(0, 0, 0, 0), bias=True, residual=False, activation="relu"):
+    rng = np.random.default_rng(0)
+    kernel_layout = "OHWI" if data_layout == "NHWC" else "OIHW"
+    with FunctionBuilder("main") as fb:
+        x = fb.param("x", data_shape, dtype)
+        w = (rng.standard_normal(weight_shape) * 0.1).astype(dtype)
+        y = fb.call("conv2d", x, w, strides=strides, pads=pads, groups=groups, data_layout=data_layout,
+                    kernel_layout=kernel_layout)
+        channels = weight_shape[0]
+        if bias:
+            y = fb.call("add", y, (rng.standard_normal(channels) * 0.1).astype(dtype))
+        if residual:
+            y = fb.call("add", y, fb.param("r", tuple(fb.bindings[-1].var.type.shape), dtype))
+        if activation:
+            y = fb.call(activation, y)
+        fb.ret(y)
+    return fb.module()
+
+
+def _partition(mod, backends=("cutlass",)):
+    from byoc.backends.builtin.partition import partition_builtin
+    from byoc.transform.partition import partition_for
+    return partition_for(mod, list(backends), finalize=partition_builtin)
+
+
+def _compilers(mod) -> list:
+    return sorted(f.attrs.get("Compiler") for name, f in mod.items() if name != "main")
+
+
+@pytest.mark.parametrize("case, graph, reason", [
+    ("channels", dict(data_shape=(1, 9, 9, 12), weight_shape=(16, 3, 3, 12)),
+     "C=12 input channels not a multiple of 8"),
+    ("out_channels", dict(data_shape=(1, 9, 9, 16), weight_shape=(20, 3, 3, 16)),
+     "K=20 output channels not a multiple of 8"),
+    ("groups", dict(data_shape=(1, 9, 9, 16), weight_shape=(16, 3, 3, 8), groups=2), "groups=2"),
+    ("nchw", dict(data_shape=(1, 16, 9, 9), weight_shape=(16, 16, 3, 3), data_layout="NCHW", bias=False),
+     "data_layout NCHW"),
+    ("dtype", dict(data_shape=(1, 9, 9, 16), weight_shape=(16, 3, 3, 16), dtype="float32"), "dtype float32"),
+])
+def test_conv_checks_refuse_with_reasons(case, graph, reason):
+    """A conv the kernels cannot take falls to the built-in backend, which runs it in either
+    layout, and the partition report says why."""
+    mod, report = _partition(_conv_graph(**graph))
+    assert "cutlass" not in _compilers(mod), case
+    assert reason in report.to_text(), report.to_text()
+
+
+def test_conv_patterns_take_resnet_epilogues():
+    from byoc.backends.cutlass.codegen import partition_problem
+    mod, report = _partition(_conv_graph((2, 14, 14, 64), (64, 3, 3, 64), pads=(1, 1, 1, 1), residual=True))
+    assert _compilers(mod) == ["cutlass"], report.to_text()
+    function = next(f for name, f in mod.items() if name != "main")
+    problem, indices = partition_problem(function)
+    assert (problem.has_bias, problem.has_residual, problem.activation) == (True, True, "relu")
+    assert (problem.out_h, problem.out_w, problem.kernel_h) == (14, 14, 3)
+    assert indices == {"a": 0, "b": 1, "bias": 2, "residual": 3}
+    composite = next(b.value for b in function.bindings if b.value.__class__.__name__ == "Function")
+    assert composite.attrs["Composite"] == "cutlass.conv2d_bias_residual_activation"
+
+
+def _resnet_ir(dtype="float16", batch=1, size=16):
+    """A small ResNet as the ONNX importer writes it (NCHW, batch norm folded into conv
+    biases of shape (C, 1, 1)): a 3-channel stem, max pool, one basic block, a strided 1x1
+    downsample, global average pool, flatten, fc."""
+    rng = np.random.default_rng(0)
+
+    def weight(out_channels, in_channels, size_):
+        return (rng.standard_normal((out_channels, in_channels, size_, size_)) * 0.1).astype(dtype)
+
+    def bias(channels):
+        return (rng.standard_normal((channels, 1, 1)) * 0.1).astype(dtype)
+
+    with FunctionBuilder("main") as fb:
+        x = fb.param("x", (batch, 3, size, size), "float32")
+        h = fb.call("cast", x, dtype=dtype, name="x16")
+        h = fb.call("conv2d", h, weight(16, 3, 3), pads=(1, 1, 1, 1), name="stem")
+        h = fb.call("relu", fb.call("add", h, bias(16), name="stem_bias"), name="stem_relu")
+        h = fb.call("max_pool2d", h, kernel=(2, 2), strides=(2, 2), name="pool")
+        y = fb.call("conv2d", h, weight(16, 16, 3), pads=(1, 1, 1, 1), name="conv_a")
+        y = fb.call("relu", fb.call("add", y, bias(16), name="bias_a"), name="relu_a")
+        y = fb.call("conv2d", y, weight(16, 16, 3), pads=(1, 1, 1, 1), name="conv_b")
+        y = fb.call("add", y, bias(16), name="bias_b")
+        h = fb.call("relu", fb.call("add", y, h, name="shortcut"), name="block")
+        y = fb.call("conv2d", h, weight(32, 16, 1), strides=(2, 2), name="down")
+        y = fb.call("add", y, bias(32), name="down_bias")
+        h = fb.call("global_avg_pool2d", y, name="gap")
+        h = fb.call("reshape", h, shape=(batch, 32), name="flat")
+        h = fb.call("matmul", h, (rng.standard_normal((32, 8)) * 0.1).astype(dtype), name="fc")
+        fb.ret(fb.call("cast", h, dtype="float32", name="out"))
+    return fb.module()
+
+
+RESNET_NHWC = """\
+def @main(%x: Tensor[(1, 3, 16, 16), float32]) -> Tensor[(1, 8), float32] {
+  %x16 = cast(%x, dtype="float16")
+  %x16_nhwc = transpose(%x16, axes=[0, 2, 3, 1])
+  %stem = conv2d(%x16_nhwc, meta[0], pads=[1, 1, 1, 1], data_layout="NHWC", kernel_layout="OHWI")
+  %stem_bias = add(%stem, meta[1])
+  %stem_relu = relu(%stem_bias)
+  %pool = max_pool2d(%stem_relu, kernel=[2, 2], strides=[2, 2], layout="NHWC")
+  %conv_a = conv2d(%pool, meta[2], pads=[1, 1, 1, 1], data_layout="NHWC", kernel_layout="OHWI")
+  %bias_a = add(%conv_a, meta[3])
+  %relu_a = relu(%bias_a)
+  %conv_b = conv2d(%relu_a, meta[4], pads=[1, 1, 1, 1], data_layout="NHWC", kernel_layout="OHWI")
+  %bias_b = add(%conv_b, meta[5])
+  %shortcut = add(%bias_b, %pool)
+  %block = relu(%shortcut)
+  %down = conv2d(%block, meta[6], strides=[2, 2], data_layout="NHWC", kernel_layout="OHWI")
+  %down_bias = add(%down, meta[7])
+  %gap = global_avg_pool2d(%down_bias, layout="NHWC")
+  %gap_nchw = transpose(%gap, axes=[0, 3, 1, 2])
+  %flat = reshape(%gap_nchw, shape=[1, 32])
+  %fc = matmul(%flat, meta[8])
+  %out = cast(%fc, dtype="float32")
+  return %out
+}"""
+
+
+def test_convert_conv_layout_ir_before_after():
+    """ConvertConvLayout: one transpose into NHWC before the first conv, one back before the
+    flatten; convs, biases (now channel vectors), relus, the residual add and both pools
+    stay NHWC; weights become OHWI constants; the result is unchanged."""
+    from byoc.ir.printer import print_function
+    from byoc.transform.convert_conv_layout import convert_conv_layout
+    before = _resnet_ir()
+    after = convert_conv_layout(before)
+    text = print_function(after["main"], "main")
+    assert text.split("\n\nmetadata")[0] == RESNET_NHWC
+    constants = [b.value.args[1] for b in after["main"].bindings if b.value.op.name in ("conv2d", "add")
+                 and b.value.args[1].__class__.__name__ == "Constant"]
+    assert [tuple(c.type.shape) for c in constants] == [(16, 3, 3, 3), (16,), (16, 3, 3, 16), (16,),
+                                                        (16, 3, 3, 16), (16,), (32, 1, 1, 16), (32,)]
+    x = np.random.default_rng(1).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    np.testing.assert_array_equal(byoc.interpret(after, x=x), byoc.interpret(before, x=x))
+    # float32 convs stay NCHW for the built-in backend: nothing to convert
+    assert convert_conv_layout(_resnet_ir("float32")) is not None
+    assert "NHWC" not in convert_conv_layout(_resnet_ir("float32")).script()
+
+
+def test_resnet_partitions_convs_into_cutlass_with_boundary_transposes_only(tmp_path):
+    """build()'s pipeline up to partitioning, for cuda -arch=sm_90 with the cutlass backend:
+    the three convs with 16-channel inputs go to cutlass (epilogues fused: bias+relu,
+    bias+residual+relu, bias) and the fc GEMM too, the 3-channel stem is refused (alignment)
+    and runs NHWC in the built-in backend, and the only transposes are the two at the
+    region's boundary."""
+    from byoc.build import _Builder
+    from byoc.config import load_config
+    from byoc.ir.expr import Call
+    cfg = load_config({"target": "cuda -arch=sm_90", "backends": ["cutlass"]}, overrides={"workdir": str(tmp_path)})
+    builder = _Builder(cfg)
+    mod, report = builder.partition(builder.simplify(_resnet_ir()))
+    cutlass = {name: f for name, f in mod.items() if f.attrs.get("Compiler") == "cutlass"}
+    composites = sorted(b.value.attrs.get("Composite") for f in cutlass.values() for b in f.bindings
+                        if b.value.__class__.__name__ == "Function")
+    assert composites == ["cutlass.conv2d_bias", "cutlass.conv2d_bias_activation",
+                          "cutlass.conv2d_bias_residual_activation", "cutlass.dense"], report.to_text()
+    assert "C=3 input channels not a multiple of 8" in report.to_text()
+    ops = [(b.value.op.name, b.value.attrs) for name, f in mod.items() if name != "main"
+           for b in f.bindings if isinstance(b.value, Call) and hasattr(b.value.op, "category")]
+    ops += [(b.value.op.name, b.value.attrs) for f in cutlass.values() for inner in f.bindings
+            if inner.value.__class__.__name__ == "Function" for b in inner.value.bindings]
+    transposes = [attrs["axes"] for name, attrs in ops if name == "transpose"]
+    assert sorted(map(tuple, transposes)) == [(0, 2, 3, 1), (0, 3, 1, 2)]
+    assert all(attrs["data_layout"] == "NHWC" for name, attrs in ops if name == "conv2d")
+    assert all(attrs["layout"] == "NHWC" for name, attrs in ops if name in ("max_pool2d", "global_avg_pool2d"))
+
+
+def _conv_model(kind, batch, channels, size, out_channels, kernel, stride, dtype="float16"):
+    """An NCHW float32-in/out model as the ONNX importer writes it: cast, conv, bias (C, 1, 1),
+    residual, relu; the build converts it to NHWC."""
+    rng = np.random.default_rng(0)
+    pad = kernel // 2
+    out_size = (size + 2 * pad - kernel) // stride + 1
+    with FunctionBuilder("main") as fb:
+        x = fb.param("x", (batch, channels, size, size), "float32")
+        y = fb.call("conv2d", fb.call("cast", x, dtype=dtype),
+                    (rng.standard_normal((out_channels, channels, kernel, kernel)) * 0.1).astype(dtype),
+                    strides=(stride, stride), pads=(pad,) * 4)
+        if "bias" in kind:
+            y = fb.call("add", y, (rng.standard_normal((out_channels, 1, 1)) * 0.1).astype(dtype))
+        if "residual" in kind:
+            r = fb.param("r", (batch, out_channels, out_size, out_size), "float32")
+            y = fb.call("add", y, fb.call("cast", r, dtype=dtype))
+        if "relu" in kind:
+            y = fb.call("relu", y)
+        fb.ret(fb.call("cast", y, dtype="float32"))
+    return fb.module()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_visible(), reason="no GPU visible")
+@pytest.mark.parametrize("kind, batch, channels, size, out_channels, kernel, stride, dtype", [
+    ("conv_bias_relu", 2, 64, 15, 72, 3, 2, "float16"),  # odd sizes: M = 2*8*8, N = 72 not tile multiples
+    ("conv_bias_residual_relu", 2, 64, 14, 64, 3, 1, "float16"),
+    ("conv_bias", 3, 32, 28, 136, 1, 2, "float16"),  # 1x1 stride 2 (a ResNet downsample)
+    ("conv", 1, 16, 9, 24, 1, 1, "float16"),
+    ("conv_bias_residual_relu", 2, 64, 15, 64, 3, 1, "bfloat16"),
+])
+def test_conv_patterns_match_float32_reference(kind, batch, channels, size, out_channels, kernel, stride, dtype,
+                                                tmp_path):
+    import cupy
+    mod = _conv_model(kind, batch, channels, size, out_channels, kernel, stride, dtype)
+    library = byoc.build(mod, config={"target": "auto", "backends": [{"cutlass": {"profile": "false"}}]},
+                         workdir=str(tmp_path / "w"))
+    assert "cutlass" in library.metadata["backends"], library.report.to_text()
+    module = library.load()
+    rng = np.random.default_rng(1)
+    inputs = {p.name_hint: rng.standard_normal(p.type.shape).astype(np.float32) for p in mod["main"].params}
+    got = cupy.asnumpy(module.run(**{k_: cupy.asarray(v) for k_, v in inputs.items()}))
+    # float32 reference: the same graph and weights (rounded to the 16-bit type) in float32
+    reference = byoc.interpret(_conv_model(kind, batch, channels, size, out_channels, kernel, stride, "float32"),
+                               **inputs)
     scale = np.max(np.abs(reference))
     assert np.max(np.abs(got - reference)) <= 1e-2 * scale, kind

@@ -2,12 +2,13 @@
 CUTLASS kernel instantiation with its epilogue fused, compiled by nvcc with flags from the
 cutlass Target only.
 
-A function's body (composites inlined) is read as the GEMM chain the patterns admit:
+A function's body (composites inlined) is read as one of the chains the patterns admit:
 
-    matmul(a, b | transpose(b)) [+ bias] [-> activation] [+ residual]
+    matmul(a, b | transpose(b)) [+ bias] [-> activation] [+ residual]   -> GemmProblem
+    conv2d(x, w) (NHWC) [+ bias] [+ residual] [-> activation]          -> ConvProblem
 
-and becomes a GemmProblem; the kernel comes from the tuning database, a measurement
-(when a GPU is visible and profiling is on), or the heuristic (kernels.heuristic_kernel).
+the kernel comes from the tuning database, a measurement (when a GPU is visible and
+profiling is on), or the heuristic (kernels.heuristic_kernel / heuristic_conv_kernel).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from byoc.ir.expr import Call, Constant, Function, Var
 from byoc.ir.op import Op
 from byoc.ir.types import TensorType
 
-from .kernels import GemmProblem
+from .kernels import ConvProblem, GemmProblem, kernel_template
 
 ACTIVATION_OPS = {"relu": "relu", "silu": "silu", "sigmoid": "sigmoid"}
 WORKSPACE_BYTES = 1 << 20  # CUTLASS's workspace for non-split-K kernels is tiny; keep headroom
@@ -122,6 +123,59 @@ def gemm_problem(func: Function) -> tuple[GemmProblem, dict]:
     return problem, indices
 
 
+def conv_problem(func: Function) -> tuple[ConvProblem, dict]:
+    """The ConvProblem a conv partition computes and where its operands are among the params."""
+    steps, _ = flatten(func)
+    index_of = {p: i for i, p in enumerate(func.params)}
+
+    def param_index(value, role):
+        if value not in index_of:
+            raise BuildError(f"cutlass: the {role} operand of a conv must be a parameter of the partition")
+        return index_of[value]
+
+    convs = [s for s in steps if s[1] == "conv2d"]
+    if len(convs) != 1:
+        raise BuildError(f"cutlass: a conv partition holds exactly one conv2d, found {len(convs)}")
+    conv_var, _, (data, weight), attrs = convs[0]
+    if attrs["data_layout"] != "NHWC" or attrs["groups"] != 1:
+        raise BuildError("cutlass: convs must be NHWC with groups=1")
+    batch, height, width, in_channels = data.type.shape
+    out_channels, kernel_h, kernel_w, _ = weight.type.shape
+    _, out_h, out_w, _ = conv_var.type.shape
+    indices = {"a": param_index(data, "data"), "b": param_index(weight, "weight")}
+    activation, has_bias, has_residual = None, False, False
+    current = conv_var
+    for var, op, args, op_attrs in steps:
+        if var is conv_var:
+            continue
+        if current not in args or activation is not None:
+            raise BuildError(f"cutlass: {op} does not continue the conv epilogue act(conv + bias + residual)")
+        other = [x for x in args if x is not current]
+        if op == "add" and not has_bias and not has_residual and other and len(other[0].type.shape) == 1:
+            has_bias, indices["bias"] = True, param_index(other[0], "bias")
+        elif op == "add" and not has_residual and other and other[0].type.shape == var.type.shape:
+            has_residual, indices["residual"] = True, param_index(other[0], "residual")
+        elif op == "gelu":
+            activation = "gelu" if op_attrs.get("approximate", "none") == "none" else "gelu_tanh"
+        elif op in ACTIVATION_OPS:
+            activation = ACTIVATION_OPS[op]
+        else:
+            raise BuildError(f"cutlass: {op} is not a fusable conv epilogue")
+        current = var
+    problem = ConvProblem(batch, height, width, in_channels, out_channels, kernel_h, kernel_w, out_h, out_w,
+                          tuple(attrs["strides"]), tuple(attrs["pads"]), tuple(attrs["dilations"]),
+                          conv_var.type.dtype, activation, has_bias, has_residual)
+    return problem, indices
+
+
+def partition_problem(func: Function) -> tuple:
+    """(GemmProblem | ConvProblem, operand indices) of one partition."""
+    steps, _ = flatten(func)
+    if any(op == "conv2d" for _, op, _, _ in steps):
+        return conv_problem(func)
+    return gemm_problem(func)
+
+
 def codegen(functions: dict, target) -> list:
     from byoc.backend import Artifact
     from byoc.codegen.templates import render_template
@@ -134,7 +188,7 @@ def codegen(functions: dict, target) -> list:
         raise BuildError("the cutlass backend needs a cuda device target")
     sm = int(target.attrs.get("sm") or device.arch_number())
     workdir = Path(target.workdir)
-    problems = {symbol: gemm_problem(func) for symbol, func in functions.items()}
+    problems = {symbol: partition_problem(func) for symbol, func in functions.items()}
     flags = cutlass_flags(target, sm)
     profile = {"true": True, "false": False}.get(target.attrs.get("profile", "auto"), "auto")
     if profile == "auto":
@@ -144,11 +198,10 @@ def codegen(functions: dict, target) -> list:
     chosen = choose_kernels(sorted({p for p, _ in problems.values()}, key=lambda p: p.key), sm, database,
                             profile=bool(profile), workdir=workdir, compile_flags=flags)
     units, workspace, kernels = [], {}, {}
-    template = "cutlass/gemm_sm90.cu.j2" if sm >= 90 else "cutlass/gemm_sm80.cu.j2"
     for symbol, (problem, indices) in problems.items():
         kernel = chosen[problem]
         source = workdir / f"{symbol}.cu"
-        source.write_text(render_template(template, kernel.template_data(problem, symbol, indices)))
+        source.write_text(render_template(kernel_template(kernel), kernel.template_data(problem, symbol, indices)))
         units.append(CompileUnit(source, "cuda", flags, f"{symbol}.o"))
         workspace[symbol] = WORKSPACE_BYTES
         kernels[symbol] = kernel.name(problem)

@@ -115,6 +115,9 @@ SM90_CANDIDATES = (
     GemmKernel(90, (64, 128, 64), (1, 1), "pingpong"),
     GemmKernel(90, (64, 256, 64), (1, 1), "pingpong"),
     GemmKernel(90, (128, 128, 64), (2, 1), "coop"),
+    # small tiles: BERT-sized GEMMs (M=1024, N=768) give 128x128 tiles fewer CTAs than SMs
+    GemmKernel(90, (64, 64, 64), (1, 1), "pingpong"),
+    GemmKernel(90, (128, 64, 64), (1, 1), "coop"),
 )
 SM80_CANDIDATES = (
     GemmKernel(80, (128, 128, 32), warp=(64, 64, 32), stages=3),
@@ -146,3 +149,193 @@ def heuristic_kernel(sm: int, problem: GemmProblem) -> GemmKernel:
         if ctas(kernel) >= sm_count:
             return kernel
     return max(usable, key=ctas)
+
+
+# ---------------------------------------------------------------- 2-D convolutions (NHWC)
+
+
+@dataclass(frozen=True)
+class ConvProblem:
+    """What one conv partition computes, NHWC data and OHWI (KRSC) filters:
+    y = act(conv2d(x, w) + bias + residual); as an implicit GEMM, M = N*P*Q output
+    pixels, N = K output channels, K = C*R*S."""
+    batch: int
+    height: int
+    width: int
+    in_channels: int
+    out_channels: int
+    kernel_h: int
+    kernel_w: int
+    out_h: int
+    out_w: int
+    strides: tuple
+    pads: tuple  # top, left, bottom, right
+    dilations: tuple
+    dtype: str
+    activation: str | None = None
+    has_bias: bool = False
+    has_residual: bool = False
+
+    @property
+    def epilogue_name(self) -> str:
+        parts = (["bias"] if self.has_bias else []) + (["residual"] if self.has_residual else []) + \
+            ([self.activation] if self.activation else [])
+        return "_".join(parts) or "plain"
+
+    @property
+    def gemm_shape(self) -> tuple:
+        return (self.batch * self.out_h * self.out_w, self.out_channels,
+                self.in_channels * self.kernel_h * self.kernel_w)
+
+    @property
+    def key(self) -> str:
+        """The tuning-database key: everything the choice of kernel depends on."""
+        return (f"conv2d:{self.dtype}:n{self.batch}h{self.height}w{self.width}c{self.in_channels}:"
+                f"k{self.out_channels}r{self.kernel_h}s{self.kernel_w}:"
+                f"stride{'x'.join(map(str, self.strides))}:pad{'x'.join(map(str, self.pads))}:"
+                f"dilation{'x'.join(map(str, self.dilations))}:{self.epilogue_name}")
+
+    def operand_sizes(self) -> list:
+        """Elements of x, w, bias, residual (0 when absent) and of the output, for the profiler."""
+        output = self.batch * self.out_h * self.out_w * self.out_channels
+        return [self.batch * self.height * self.width * self.in_channels,
+                self.out_channels * self.kernel_h * self.kernel_w * self.in_channels,
+                self.out_channels if self.has_bias else 0, output if self.has_residual else 0, output]
+
+
+@dataclass(frozen=True)
+class ConvKernel:
+    """An implicit-GEMM conv2d fprop configuration. sm_90: CUTLASS 3.x TMA im2col + wgmma
+    (one consumer warp group: CUTLASS has no persistent schedules for conv); sm_80: CUTLASS
+    2.x multistage with the optimized activation iterator."""
+    sm: int
+    tile: tuple  # (M, N, K) threadblock tile of the implicit GEMM
+    cluster: tuple = (1, 1)  # sm90 only
+    warp: tuple = (64, 64, 32)  # sm80 only
+    stages: int = 3  # sm80 only
+
+    kind = "conv2d"
+
+    def name(self, problem: ConvProblem) -> str:
+        element = ELEMENTS[problem.dtype][0]
+        tile = "x".join(str(t) for t in self.tile)
+        if self.sm == 90:
+            shape = f"{tile}_{self.cluster[0]}x{self.cluster[1]}_ws"
+        else:
+            shape = f"{tile}_{'x'.join(str(w) for w in self.warp)}_{self.stages}stage"
+        return f"cutlass_sm{self.sm}_{element}_fprop_{shape}_{problem.epilogue_name}"
+
+    def supports(self, problem: ConvProblem) -> str | None:
+        return None  # every epilogue the conv patterns admit runs on every conv kernel
+
+    def template(self) -> str:
+        return "cutlass/conv2d_sm90.cu.j2" if self.sm >= 90 else "cutlass/conv2d_sm80.cu.j2"
+
+    def template_data(self, problem: ConvProblem, symbol: str, arg_indices: dict) -> dict:
+        data = {
+            "kernel_name": self.name(problem), "symbol": symbol, "element": ELEMENTS[problem.dtype][1],
+            "tile": list(self.tile), "activation": ACTIVATIONS[problem.activation],
+            "has_bias": problem.has_bias, "has_residual": problem.has_residual,
+            "batch": problem.batch, "height": problem.height, "width": problem.width,
+            "in_channels": problem.in_channels, "out_channels": problem.out_channels,
+            "kernel_h": problem.kernel_h, "kernel_w": problem.kernel_w,
+            "out_h": problem.out_h, "out_w": problem.out_w,
+            "strides": list(problem.strides), "pads": list(problem.pads), "dilations": list(problem.dilations),
+            "a_index": arg_indices["a"], "b_index": arg_indices["b"],
+            "bias_index": arg_indices.get("bias", -1), "residual_index": arg_indices.get("residual", -1),
+        }
+        if self.sm == 90:
+            data.update(cluster=list(self.cluster))
+        else:
+            data.update(warp=list(self.warp), stages=self.stages)
+        return data
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "sm": self.sm, "tile": list(self.tile), "cluster": list(self.cluster),
+                "warp": list(self.warp), "stages": self.stages}
+
+    @staticmethod
+    def from_json(data: dict) -> "ConvKernel":
+        return ConvKernel(sm=data["sm"], tile=tuple(data["tile"]), cluster=tuple(data["cluster"]),
+                          warp=tuple(data["warp"]), stages=data["stages"])
+
+
+# Conv candidates. sm90: tile M of 64 or 128 (one consumer warp group holds the whole
+# accumulator, so 128x256 would spill); clusters of 2 multicast the filter tile (along M)
+# or the im2col activation tile (along N) through TMA. sm80: CUTLASS's usual fprop tiles.
+SM90_CONV_CANDIDATES = (
+    ConvKernel(90, (128, 128, 64), (1, 1)),
+    ConvKernel(90, (128, 128, 64), (2, 1)),
+    ConvKernel(90, (128, 128, 64), (1, 2)),
+    ConvKernel(90, (128, 64, 64), (1, 1)),
+    ConvKernel(90, (64, 128, 64), (1, 1)),
+    ConvKernel(90, (64, 64, 64), (2, 1)),
+)
+SM80_CONV_CANDIDATES = (
+    ConvKernel(80, (128, 128, 32), warp=(64, 64, 32), stages=3),
+    ConvKernel(80, (128, 128, 64), warp=(64, 64, 64), stages=3),
+    ConvKernel(80, (256, 64, 32), warp=(64, 64, 32), stages=4),
+    ConvKernel(80, (128, 64, 32), warp=(64, 32, 32), stages=4),
+    ConvKernel(80, (64, 64, 32), warp=(32, 32, 32), stages=5),
+)
+
+
+def conv_candidates(sm: int) -> tuple:
+    return SM90_CONV_CANDIDATES if sm >= 90 else SM80_CONV_CANDIDATES
+
+
+def heuristic_conv_kernel(sm: int, problem: ConvProblem) -> ConvKernel:
+    """The documented choice for a conv without a GPU or a tuning-database entry (the same
+    rule as GEMMs, on the implicit GEMM's M = N*P*Q and N = K): the first candidate whose
+    CTAs fill the GPU once; otherwise the one with the most CTAs. Output channels of at
+    most 64 take a tile N of 64, so that half of every CTA's work is not padding."""
+    sm_count = 132 if sm >= 90 else 108
+    m, n, _ = problem.gemm_shape
+    usable = [k for k in conv_candidates(sm) if n > 64 or k.tile[1] == 64]
+    usable = usable or list(conv_candidates(sm))
+
+    def ctas(kernel):
+        return -(-m // kernel.tile[0]) * -(-n // kernel.tile[1])
+
+    for kernel in usable:
+        if ctas(kernel) >= sm_count:
+            return kernel
+    # a small problem: the most CTAs, and among equals the smallest tile (least padding)
+    return max(usable, key=lambda kernel: (ctas(kernel), -kernel.tile[0] * kernel.tile[1]))
+
+
+# ---------------------------------------------------------------- one interface for both families
+
+
+def usable_candidates(sm: int, problem) -> list:
+    """The candidates of the problem's family (GEMM or conv) that can run it."""
+    family = conv_candidates(sm) if isinstance(problem, ConvProblem) else candidates(sm)
+    return [kernel for kernel in family if kernel.supports(problem) is None]
+
+
+def default_kernel(sm: int, problem):
+    """The heuristic choice for a GEMM or a conv problem."""
+    if isinstance(problem, ConvProblem):
+        return heuristic_conv_kernel(sm, problem)
+    return heuristic_kernel(sm, problem)
+
+
+def kernel_from_json(data: dict):
+    """A kernel recorded in the tuning database (entries without "kind" are GEMMs)."""
+    return ConvKernel.from_json(data) if data.get("kind") == "conv2d" else GemmKernel.from_json(data)
+
+
+def kernel_template(kernel) -> str:
+    """The template that renders `kernel`."""
+    if isinstance(kernel, ConvKernel):
+        return kernel.template()
+    return "cutlass/gemm_sm90.cu.j2" if kernel.sm >= 90 else "cutlass/gemm_sm80.cu.j2"
+
+
+def operand_sizes(problem) -> list:
+    """Elements of a/x, b/w, bias, residual (0 when absent) and of the output."""
+    if isinstance(problem, ConvProblem):
+        return problem.operand_sizes()
+    m, n, k, batch = problem.m, problem.n, problem.k, problem.batch
+    return [m * k * batch, n * k * batch, n if problem.has_bias else 0,
+            m * n * batch if problem.has_residual else 0, m * n * batch]

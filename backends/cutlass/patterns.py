@@ -1,10 +1,13 @@
-"""The cutlass pattern table: GEMMs with their epilogues, and batched attention matmuls.
+"""The cutlass pattern table: GEMMs with their epilogues, batched attention matmuls, and
+NHWC 2-D convolutions with their epilogues (bias, residual add, activation).
 
 Rows are tried in order (larger patterns first). Every check returns None or the reason
 the kernel cannot take the match; the partition report shows the reasons and the work
 falls to the next backend.
 """
 from __future__ import annotations
+
+import math
 
 from byoc.backend import PatternEntry
 from byoc.pattern import is_op, wildcard
@@ -94,9 +97,87 @@ def check_transposed_batched(match) -> str | None:
     return None
 
 
+def conv2d():
+    return is_op("conv2d")(wildcard().named("data"), wildcard().named("weight")).named("conv2d")
+
+
+# Past TMA im2col's limits (sm_90) the kernel cannot run: lower/upper corners are signed
+# 8-bit and filter offsets unsigned 8-bit for 2-D convs; the sm_80 optimized iterator keeps
+# one mask bit per filter position (R, S <= 32). Checked for both archs, as the check does
+# not know which one the build targets.
+IM2COL_CORNER_LIMIT = 128
+IM2COL_OFFSET_LIMIT = 255
+MAX_FILTER_SIZE = 32
+INT32_BYTES = 1 << 31
+
+
+def check_conv2d(match) -> str | None:
+    data, weight, out = match["data"], match["weight"], match.output
+    attrs = match.call_of("conv2d").attrs
+    dtype = out.type.dtype
+    if dtype not in FLOAT_TYPES:
+        return f"dtype {dtype} (cutlass kernels here take float16 or bfloat16)"
+    if attrs["data_layout"] != "NHWC":
+        return f"data_layout {attrs['data_layout']} (cutlass convs take NHWC; ConvertConvLayout rewrites NCHW chains)"
+    if attrs["groups"] != 1:
+        return f"groups={attrs['groups']} (grouped and depthwise convs are not implicit GEMMs here)"
+    channels, out_channels = data.type.shape[3], weight.type.shape[0]
+    if channels % 8:
+        return f"C={channels} input channels not a multiple of 8 (16-byte alignment of fp16 pixels)"
+    if out_channels % 8:
+        return f"K={out_channels} output channels not a multiple of 8 (16-byte alignment of fp16 pixels)"
+    kernel = weight.type.shape[1:3]
+    if max(kernel) > MAX_FILTER_SIZE:
+        return f"filter {kernel[0]}x{kernel[1]} larger than {MAX_FILTER_SIZE} (sm80 iterator mask bits)"
+    pads, dilations = attrs["pads"], attrs["dilations"]
+    for axis in range(2):
+        reach = (kernel[axis] - 1) * dilations[axis]
+        if reach >= IM2COL_OFFSET_LIMIT:
+            return f"dilated filter reach {reach} >= {IM2COL_OFFSET_LIMIT} (TMA im2col filter offsets)"
+        lower_corner, upper_corner = -pads[axis], pads[axis + 2] - reach
+        if not (-IM2COL_CORNER_LIMIT <= lower_corner < IM2COL_CORNER_LIMIT and
+                -IM2COL_CORNER_LIMIT <= upper_corner < IM2COL_CORNER_LIMIT):
+            return f"pads {tuple(pads)} with filter {tuple(kernel)} beyond TMA im2col's corner range"
+    itemsize = 2
+    for name, value in (("input", data), ("output", out)):
+        if math.prod(value.type.shape) * itemsize >= INT32_BYTES:
+            return f"{name} of {math.prod(value.type.shape) * itemsize} bytes needs 64-bit offsets"
+    return _check_conv_epilogue(match, out_channels)
+
+
+def _check_conv_epilogue(match, out_channels) -> str | None:
+    named = match.named
+    if "bias" in named and tuple(named["bias"].type.shape) != (out_channels,):
+        return f"bias of shape {named['bias'].type.shape} is not a vector of K={out_channels} channels"
+    if "residual" in named:
+        residual = named["residual"].type
+        if tuple(residual.shape) != tuple(match.output.type.shape) or residual.dtype != match.output.type.dtype:
+            return "residual does not have the output's shape and dtype (no broadcasting in the epilogue)"
+    if "activation" in named and match.call_of("activation").attrs.get("approximate", "none") not in ("none", "tanh"):
+        return "unknown gelu approximation"
+    return None
+
+
+def conv2d_patterns() -> list:
+    """conv2d [+ bias] [+ residual] [-> activation]: the epilogue computes
+    act(conv + bias + residual), ResNet's `relu(bn(conv(x)) + shortcut)` once batch norm is
+    folded into the bias."""
+    plain = conv2d()
+    return [
+        PatternEntry("conv2d_bias_residual_activation", with_activation(with_residual(with_bias(plain))),
+                     check_conv2d),
+        PatternEntry("conv2d_bias_residual", with_residual(with_bias(plain)), check_conv2d),
+        PatternEntry("conv2d_bias_activation", with_activation(with_bias(plain)), check_conv2d),
+        PatternEntry("conv2d_bias", with_bias(plain), check_conv2d),
+        PatternEntry("conv2d_residual_activation", with_activation(with_residual(plain)), check_conv2d),
+        PatternEntry("conv2d_activation", with_activation(plain), check_conv2d),
+        PatternEntry("conv2d", plain, check_conv2d),
+    ]
+
+
 def pattern_table() -> list:
     plain = dense()
-    return [
+    return conv2d_patterns() + [
         PatternEntry("dense_bias_residual", with_residual(with_bias(plain)), check_dense),
         PatternEntry("dense_bias_activation", with_activation(with_bias(plain)), check_dense),
         PatternEntry("dense_bias", with_bias(plain), check_dense),

@@ -1,7 +1,8 @@
 """Kernel selection for the cutlass backend: measure when a GPU is visible, remember the
 winner in a tuning database, fall back to the documented heuristic otherwise.
 
-Tuning one problem = render every candidate kernel (kernels.candidates) that supports it,
+Tuning one problem (a GEMM or a conv: both are measured the same way, each against the
+candidates of its family) = render every candidate kernel (kernels.usable_candidates),
 compile them in parallel (one ninja edge each, through the object cache), link them with a
 generated profiler (templates/cutlass/profiler.cu.j2), run it once, keep the fastest.
 
@@ -21,7 +22,7 @@ from pathlib import Path
 from byoc.errors import BuildError
 from byoc.codegen.templates import render_template
 
-from .kernels import GemmKernel, GemmProblem, candidates, heuristic_kernel
+from .kernels import default_kernel, kernel_from_json, kernel_template, operand_sizes, usable_candidates
 
 FORMAT = "byoc-cutlass-tuning"
 
@@ -39,11 +40,12 @@ class TuningDatabase:
                 raise BuildError(f"tuning database {self.path} is not a {FORMAT} version 1 file")
             self.entries = data.get("entries", {})
 
-    def lookup(self, sm: int, problem: GemmProblem) -> GemmKernel | None:
+    def lookup(self, sm: int, problem):
+        """The remembered kernel (GemmKernel or ConvKernel) for `problem`, or None."""
         entry = self.entries.get(f"sm{sm}", {}).get(problem.key)
-        return GemmKernel.from_json(entry["kernel"]) if entry else None
+        return kernel_from_json(entry["kernel"]) if entry else None
 
-    def record(self, sm: int, problem: GemmProblem, kernel: GemmKernel, microseconds: float, measured: dict):
+    def record(self, sm: int, problem, kernel, microseconds: float, measured: dict):
         self.entries.setdefault(f"sm{sm}", {})[problem.key] = {
             "kernel": kernel.to_json(), "name": kernel.name(problem), "us": microseconds, "measured": measured}
 
@@ -59,8 +61,8 @@ class TuningDatabase:
 
 def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile: bool, workdir: Path,
                    compile_flags: list, jobs: int | None = None) -> dict:
-    """problem -> GemmKernel for every problem: from the database, else measured (when
-    `profile`), else the heuristic."""
+    """problem -> kernel for every problem (GemmProblem or ConvProblem): from the
+    database, else measured (when `profile`), else the heuristic."""
     chosen = {}
     to_tune = []
     for problem in problems:
@@ -70,16 +72,16 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
         elif profile:
             to_tune.append(problem)
         else:
-            chosen[problem] = heuristic_kernel(sm, problem)
+            chosen[problem] = default_kernel(sm, problem)
     if to_tune:
         measured = _profile(to_tune, sm, workdir / "tuning", compile_flags, jobs)
         for problem in to_tune:
             times = measured.get(problem, {})
             valid = {name: us for name, us in times.items() if us is not None}
             if not valid:
-                chosen[problem] = heuristic_kernel(sm, problem)
+                chosen[problem] = default_kernel(sm, problem)
                 continue
-            by_name = {k.name(problem): k for k in candidates(sm) if k.supports(problem) is None}
+            by_name = {k.name(problem): k for k in usable_candidates(sm, problem)}
             best = min(valid, key=valid.get)
             chosen[problem] = by_name[best]
             database.record(sm, problem, by_name[best], valid[best], times)
@@ -92,7 +94,7 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs) 
     workdir.mkdir(parents=True, exist_ok=True)
     units, programs = [], []
     for index, problem in enumerate(problems):
-        usable = [k for k in candidates(sm) if k.supports(problem) is None]
+        usable = usable_candidates(sm, problem)
         entries = []
         for number, kernel in enumerate(usable):
             symbol = f"candidate_{index}_{number}"
@@ -104,18 +106,16 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs) 
             if problem.has_residual:
                 indices["residual"] = len(slots)
                 slots.append(3)
-            template = "cutlass/gemm_sm90.cu.j2" if sm >= 90 else "cutlass/gemm_sm80.cu.j2"
             source = workdir / f"{kernel.name(problem)}__{index}.cu"
-            source.write_text(render_template(template, kernel.template_data(problem, symbol, indices)))
+            source.write_text(render_template(kernel_template(kernel), kernel.template_data(problem, symbol, indices)))
             units.append(CompileUnit(source=source, language="cuda", flags=compile_flags,
                                      output=f"{source.stem}.o"))
             entries.append({"symbol": symbol, "name": kernel.name(problem)})
-        m, n, k, batch = problem.m, problem.n, problem.k, problem.batch
-        sizes = [m * k * batch, n * k * batch, n if problem.has_bias else 0, m * n * batch if problem.has_residual else 0]
+        *sizes, out_size = operand_sizes(problem)
         fp16 = problem.dtype == "float16"
         profiler = workdir / f"profiler_{index}.cu"
         profiler.write_text(render_template("cutlass/profiler.cu.j2", {
-            "problem_key": problem.key, "candidates": entries, "sizes": sizes, "out_size": m * n * batch,
+            "problem_key": problem.key, "candidates": entries, "sizes": sizes, "out_size": out_size,
             "arg_slots": slots, "workspace_bytes": 64 << 20, "iterations": 20,
             "fill_base": "0x3000u" if fp16 else "0x3E00u", "fill_mask": "0x03FFu" if fp16 else "0x007Fu"}))
         units.append(CompileUnit(source=profiler, language="cuda", flags=compile_flags, output=f"profiler_{index}.o"))
