@@ -4,6 +4,7 @@
 #   bench/gpu_session.sh tests    GPU tests of every file that has them, files in parallel
 #   bench/gpu_session.sh gemm     bench/bench_gemm.py (CUTLASS tuned, cuBLASLt engine, cuBLAS)
 #   bench/gpu_session.sh models CASES...   bench/run_models.py over the shipped CUDA configs
+#   bench/gpu_session.sh setup    only the set-up (then export PYTHONPATH=$PWD and CUTLASS_PATH as below)
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/byoc-out}"
@@ -14,12 +15,13 @@ done
 # CUTLASS's headers straight from the wheel (byoc finds them through CUTLASS_PATH).
 python3 -m zipfile -e .whl/nvidia_cutlass-*.whl /tmp/nvidia-cutlass >>"$OUT/pip.log" 2>&1
 export CUTLASS_PATH=/tmp/nvidia-cutlass/cutlass_library/source
-pip install -q --no-deps --no-index --no-build-isolation -e . >>"$OUT/pip.log" 2>&1 || export PYTHONPATH="$PWD"
+# byoc itself from the checkout (an editable install needs a build backend the machine may lack).
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$OUT/gpu.txt"
 stage="${1:-tests}"; shift || true
 case "$stage" in
   tests)
-    files=("$@"); [ ${#files[@]} -eq 0 ] && files=(tests/test_build_cuda.py tests/test_cutlass.py tests/test_json_engine.py tests/test_shim_cuda.py tests/test_builtin_codegen.py)
+    files=("$@"); [ ${#files[@]} -eq 0 ] && files=(tests/test_build_cuda.py tests/test_cutlass.py tests/test_json_engine.py tests/test_shim_cuda.py tests/test_builtin_codegen.py tests/test_plan_devices.py)
     pids=()
     for f in "${files[@]}"; do
       name=$(basename "$f" .py)

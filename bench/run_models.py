@@ -1,8 +1,9 @@
 """End-to-end benchmark: byoc builds vs PyTorch eager and torch.compile, same GPU, same run.
 
-    python bench/run_models.py --cases bert_base:8 resnet50:32 mlp:1 bert_base:1 \
-        --configs cuda_sm90_builtin cuda_sm90 cuda_sm90:nograph --out DIR
+    python bench/run_models.py --cases bert_base:8 resnet50:32 mlp:1=cuda_sm90,cuda_sm90:nograph \
+        --configs cuda_sm90_builtin cuda_sm90 --out DIR
 
+A case is model:batch, optionally =config,config to use other configs than --configs.
 Each model is written in plain torch (bench/models.py), exported to ONNX (float32), built
 by byoc with each config (`name:nograph` is that config with cuda_graph off), checked
 against the float32 torch output (max error relative to the output's max magnitude), and
@@ -107,10 +108,14 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda")
-    rows = []
+    rows, prepared = [], []
+    # Phase 1: every case's torch eager and byoc numbers; phase 2: torch.compile for every
+    # case (its compiles are slow, so a run cut short still keeps the byoc numbers).
     for case in args.cases:
+        case, _, case_configs = case.partition("=")  # model:batch[=config,config...]
         name, _, batch = case.partition(":")
         batch = int(batch or 1)
+        configs = case_configs.split(",") if case_configs else args.configs
         model = models.make(name)
         example = example_input(name, batch)
         onnx_path = Path(args.workdir) / f"{name}_b{batch}.onnx"
@@ -123,18 +128,13 @@ def main():
             reference = model(x).float()
             half = models.make(name).to(device).half()
             xh = x if name == "bert_base" else x.half()
-            torch_ms = {"eager": time_cuda(lambda: half(xh), repeat)}
-            if not args.no_compile:
-                for mode in ("default", "reduce-overhead"):
-                    torch._dynamo.reset()
-                    compiled = torch.compile(half, mode=mode)
-                    for _ in range(3):
-                        compiled(xh)
-                    torch_ms[mode] = time_cuda(lambda: compiled(xh), repeat)
-        row = {"model": name, "batch": batch, "torch_fp16_ms": {k: round(v, 4) for k, v in torch_ms.items()},
-               "byoc": {}}
+            eager_ms = time_cuda(lambda: half(xh), repeat)
+        del model
+        row = {"model": name, "batch": batch, "torch_fp16_ms": {"eager": round(eager_ms, 4)}, "byoc": {}}
+        rows.append(row)
+        prepared.append((row, half, xh, repeat))
         print(case, "torch", row["torch_fp16_ms"], flush=True)
-        for spec in args.configs:
+        for spec in configs:
             try:
                 config = load_config(spec, args.tuning_db)
                 start = time.perf_counter()
@@ -149,6 +149,7 @@ def main():
             except Exception as exc:  # one failing config must not lose the others' numbers
                 row["byoc"][spec] = {"ms": None, "error": f"{type(exc).__name__}: {str(exc)[:2000]}"}
                 print(case, spec, "FAILED", row["byoc"][spec]["error"], flush=True)
+                write_results(out, rows)
                 continue
             row["byoc"][spec] = {"ms": round(byoc_ms, 4), "max_rel_error": error, "build_s": round(build_s, 1),
                                  "backends": library.metadata["backends"],
@@ -156,7 +157,21 @@ def main():
                                  "memory": library.memory}
             print(case, spec, {k: v for k, v in row["byoc"][spec].items() if k != "memory"}, flush=True)
             del module
-        rows.append(row)
-        write_results(out, rows)  # after every case, so a run cut short keeps what it measured
+            write_results(out, rows)  # after every measurement, so a run cut short keeps what it measured
+        del reference
+    if args.no_compile:
+        return
+    for row, half, xh, repeat in prepared:
+        with torch.no_grad():
+            for mode in ("default", "reduce-overhead"):
+                torch._dynamo.reset()
+                compiled = torch.compile(half, mode=mode)
+                for _ in range(3):
+                    compiled(xh)
+                row["torch_fp16_ms"][mode] = round(time_cuda(lambda: compiled(xh), repeat), 4)
+                print(row["model"], row["batch"], "torch.compile", mode, row["torch_fp16_ms"][mode], flush=True)
+                write_results(out, rows)
+
+
 if __name__ == "__main__":
     main()

@@ -36,10 +36,21 @@ class Backend:
     flavor: str
     patterns: list
     codegen: Callable  # (functions: dict[symbol, Function], target) -> list[Artifact]
+    # Where its functions run, read their parameters and write their result (PlanDevices
+    # takes these as fixed constraints): "cuda", "cpu", or "any" (the build's device).
     device: str = "cuda"
     memory_scope: str = "global"
     one_composite_per_function: bool = False
     capturable: bool = True  # its functions only launch kernels: CUDA graphs may capture them
+
+    def virtual_device(self, build_device: str):
+        """The VirtualDevice of this backend's functions' parameters and results in a build
+        for device kind `build_device` ("cpu" or "cuda")."""
+        from .ir.virtual_device import VirtualDevice
+        if build_device == "cpu":  # a cpu build compiles every backend for the cpu
+            return VirtualDevice("cpu")
+        device = build_device if self.device == "any" else self.device
+        return VirtualDevice(device, 0, self.memory_scope)
 
 
 @dataclass

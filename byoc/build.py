@@ -2,11 +2,13 @@
 
     import (ONNX -> IRModule)
     simplify: fold_constant, dead_code_elimination, convert_to_float16 when asked
+    PinDevices: ops pinned to another device (config devices.pin) become builtin functions
     partition: each configured backend's patterns in priority order, then the built-in
                backend takes every op left (so every model builds)
     OutlineCompilerFunctions (structurally equal partitions share one global)
     codegen: one call per backend, with its Target current -> Artifacts
     MarkCompilerFunctionsAsExtern
+    PlanDevices: device_copy where a value crosses devices (config devices.inputs/outputs)
     host code (memory planned from liveness) + weights blob + metadata JSON
     toolchain: build.ninja (one edge per compile unit, one link edge), object cache, link
 
@@ -81,14 +83,24 @@ class _Builder:
 
     # ---- the pipeline ----------------------------------------------------------------
     def build(self, model, input_shapes) -> Library:
+        mod, output_names, artifacts, report = self.lower(model, input_shapes)
+        return self.link(mod, artifacts, output_names, report)
+
+    def lower(self, model, input_shapes):
+        """Every IR stage, up to the final main (written to final.ir); no compiler runs
+        (backends only write their sources)."""
         mod, output_names = self.import_model(model, input_shapes)
         mod = self.simplify(mod)
+        mod = self.pin_devices(mod)
         mod, report = self.partition(mod)
         mod, artifacts = self.codegen(mod)
+        # Pinned functions lose their Device attribute as they become extern: keep it here.
+        self.pinned = {name: f.attrs["Device"] for name, f in mod.items() if "Device" in f.attrs}
         from .transform.mark_compiler_functions_as_extern import mark_compiler_functions_as_extern
         mod = mark_compiler_functions_as_extern(mod)
+        mod = self.plan_devices(mod, artifacts)
         (self.workdir / "final.ir").write_text(mod.script())
-        return self.link(mod, artifacts, output_names, report)
+        return mod, output_names, artifacts, report
 
     def import_model(self, model, input_shapes):
         if isinstance(model, IRModule):
@@ -107,6 +119,51 @@ class _Builder:
             mod = dead_code_elimination(fold_constant(convert_to_float16(mod, dtype=self.cfg.precision)))
         return mod
 
+    # ---- devices ---------------------------------------------------------------------------
+    def virtual_device(self, place: str):
+        """The VirtualDevice of a config place (device | host | host-pinned) or pin device
+        (cpu | cuda | cpu/host-pinned) in this build: everything is the cpu on the cpu target."""
+        from .ir.virtual_device import VirtualDevice
+        if not self.cuda:
+            if place == "cuda":
+                raise ConfigError("devices: 'cuda' is not a device of a cpu build; allowed there: cpu")
+            return VirtualDevice("cpu")
+        return VirtualDevice.parse({"device": "cuda", "host": "cpu", "host-pinned": "cpu/host-pinned"}.get(place, place))
+
+    def pin_devices(self, mod):
+        from .transform.pin_devices import pin_devices
+        pins = [{**pin, "device": str(self.virtual_device(pin["device"]))} for pin in self.cfg.devices["pin"]]
+        return pin_devices(mod, pins, self.virtual_device("device"))
+
+    def function_devices(self, artifacts) -> dict:
+        """Extern symbol -> the VirtualDevice of its parameters and result: a pinned
+        function's own device, else what its backend declares."""
+        from .backend import get_backend
+        from .ir.virtual_device import VirtualDevice
+        devices = {}
+        for artifact in artifacts:
+            declared = get_backend(artifact.backend).virtual_device(self.target.kind)
+            for symbol in artifact.symbols:
+                pinned = self.pinned.get(symbol)
+                devices[symbol] = VirtualDevice.parse(pinned) if pinned and self.cuda else declared
+        return devices
+
+    def has_host_data(self, mod) -> bool:
+        """Whether a cuda build keeps any data on the host (then the host code needs the
+        device-aware plan: host arenas, copies, synchronization)."""
+        from .ir.virtual_device import VirtualDevice
+        cuda = VirtualDevice("cuda")
+        return (self.input_device != cuda or self.output_device != cuda
+                or any(device != cuda for device in self.devices.values()))
+
+    def plan_devices(self, mod, artifacts):
+        from .transform.plan_devices import plan_devices
+        self.devices = self.function_devices(artifacts)
+        self.input_device = self.virtual_device(self.cfg.devices["inputs"])
+        self.output_device = self.virtual_device(self.cfg.devices["outputs"])
+        return plan_devices(mod, self.virtual_device("device"), function_devices=self.devices,
+                            input_devices=self.input_device, output_devices=self.output_device)
+
     def partition(self, mod):
         from .backend import get_backend
         from .transform.partition import partition_for
@@ -114,7 +171,8 @@ class _Builder:
         names = [name for name in self.cfg.backend_names if name != "builtin"]
         for name in names:
             get_backend(name)  # an unknown backend fails here, with the known ones
-        if "cutlass" in names and self.cuda:  # CUTLASS convs are NHWC: convert conv chains once
+        if "cutlass" in names and self.cuda and self.backend_targets()["cutlass"].attrs.get("conv2d"):
+            # CUTLASS convs are NHWC: convert conv chains once
             from .transform.convert_conv_layout import convert_conv_layout
             mod = convert_conv_layout(mod)
         mod, report = partition_for(mod, names, finalize=partition_builtin)
@@ -169,7 +227,16 @@ class _Builder:
         cuda_graph = bool(self.cfg.cuda_graph and self.cuda)
         if cuda_graph:
             cuda_graph = self.plan_cuda_graph(mod, artifacts)
-        plan = plan_host(mod, workspace, output_names=output_names, static_io=cuda_graph)
+        # A cuda build with data on the host (pins, host inputs/outputs) places it by device.
+        devices = self.cuda and self.has_host_data(mod)
+        value_devices = function_devices = None
+        if devices:
+            from .transform.plan_devices import device_of_values
+            function_devices = self.devices
+            value_devices = device_of_values(mod, self.virtual_device("device"), function_devices=function_devices,
+                                             input_devices=self.input_device)
+        plan = plan_host(mod, workspace, output_names=output_names, static_io=cuda_graph,
+                         value_devices=value_devices, function_devices=function_devices)
         sidecar_wanted = self.cfg.params == "sidecar"
 
         units, link_libraries = [], []
@@ -199,7 +266,8 @@ class _Builder:
                                   arch_number=arch_number, weights_embedded=not sidecar_wanted,
                                   cuda_graph=cuda_graph,
                                   init_symbols=[s for a in artifacts for s in a.payload.get("init_symbols", [])],
-                                  destroy_symbols=[s for a in artifacts for s in a.payload.get("destroy_symbols", [])])
+                                  destroy_symbols=[s for a in artifacts for s in a.payload.get("destroy_symbols", [])],
+                                  devices=devices)
         host_path = self.workdir / "host.cc"
         host_path.write_text(host_source)
         from .runtime import C_ABI_HEADER

@@ -21,6 +21,15 @@ Every key is optional; the values shown are the defaults unless noted.
     input_shapes: {}        # {input name: [dims]}: static shapes for the model's inputs
     compile_jobs: null      # positive integer | null (null: one per CPU)
     output: null            # path | null: where `byoc build` writes the .so
+    devices:                # where work and data live (PlanDevices)
+      pin: []               # ops or nodes that must run on another device, e.g.
+                            #   - {op: softmax, device: cpu}   every softmax
+                            #   - {node: "attn/probs", device: cpu/host-pinned}
+                            # (node: the name of the value it computes, as in the IR);
+                            # device: cpu | cuda | cpu/host-pinned (pinned host memory,
+                            # so copies to and from the GPU run asynchronously)
+      inputs: device        # device | host | host-pinned: where the caller's inputs are
+      outputs: device       # device | host | host-pinned: where outputs are delivered
 
 A bad key or value is a ConfigError that names the key path (`backends[1].cutlass.sm`),
 the value and what is allowed. `load_config("cpu")` reads the shipped
@@ -43,11 +52,15 @@ import yaml
 from .errors import ConfigError
 
 KEYS = ("target", "backends", "precision", "cuda_graph", "workdir", "params", "tuning", "input_shapes",
-        "compile_jobs", "output")
+        "compile_jobs", "output", "devices")
 PRECISIONS = ("float32", "float16", "bfloat16")
 PARAMS = ("embedded", "sidecar")
 TUNING_KEYS = ("profile", "tuning_db")
 TUNING_PROFILES = ("auto", True, False)
+DEVICES_KEYS = ("pin", "inputs", "outputs")
+IO_PLACES = ("device", "host", "host-pinned")
+PIN_DEVICES = ("cpu", "cuda", "cpu/host-pinned")
+PIN_SELECTORS = ("op", "node")
 BUILTIN_BACKEND = "builtin"
 
 # Backends a config may name although they are not registered yet: those shipped in
@@ -79,6 +92,7 @@ class BuildConfig:
     input_shapes: dict = field(default_factory=dict)
     compile_jobs: int | None = None
     output: str | None = None
+    devices: dict = field(default_factory=lambda: {"pin": [], "inputs": "device", "outputs": "device"})
     source: str = "<dict>"  # where the config came from, for messages
 
     @property
@@ -98,7 +112,9 @@ class BuildConfig:
                 "precision": self.precision, "cuda_graph": self.cuda_graph, "workdir": self.workdir,
                 "params": self.params, "tuning": dict(self.tuning),
                 "input_shapes": {name: list(dims) for name, dims in self.input_shapes.items()},
-                "compile_jobs": self.compile_jobs, "output": self.output}
+                "compile_jobs": self.compile_jobs, "output": self.output,
+                "devices": {"pin": [dict(pin) for pin in self.devices["pin"]], "inputs": self.devices["inputs"],
+                            "outputs": self.devices["outputs"]}}
 
 
 # ---- reading ----------------------------------------------------------------------------------
@@ -195,6 +211,7 @@ def validate(data: dict, source: str = "<dict>", known_backends=None) -> BuildCo
         _fail(source, "compile_jobs", f"{jobs!r} is not allowed; allowed: a positive integer, or null")
     config.compile_jobs = jobs
     config.output = _optional_path(source, "output", data.get("output"))
+    config.devices = _validate_devices(source, data.get("devices"))
     return config
 
 
@@ -288,3 +305,47 @@ def _validate_input_shapes(source, shapes) -> dict:
                 isinstance(dim, int) and not isinstance(dim, bool) and dim >= 0 for dim in dims):
             _fail(source, f"input_shapes.{name}", f"{dims!r} is not a list of non-negative integers")
     return {name: tuple(dims) for name, dims in shapes.items()}
+
+
+def _validate_devices(source, devices) -> dict:
+    devices = {} if devices is None else devices
+    if not isinstance(devices, dict):
+        _fail(source, "devices", f"{devices!r} is not a mapping; allowed keys: {', '.join(DEVICES_KEYS)}")
+    for key in devices:
+        if key not in DEVICES_KEYS:
+            _fail(source, f"devices.{key}", f"unknown key; allowed: {', '.join(DEVICES_KEYS)}"
+                                            f"{_did_you_mean(key, DEVICES_KEYS)}")
+    pins = devices.get("pin") or []
+    if not isinstance(pins, list):
+        _fail(source, "devices.pin", f"{pins!r} is not a list of {{op: <op>, device: <device>}} or "
+                                     f"{{node: <name>, device: <device>}}")
+    result = []
+    for index, pin in enumerate(pins):
+        where = f"devices.pin[{index}]"
+        if not isinstance(pin, dict):
+            _fail(source, where, f"{pin!r} is not a mapping {{op: <op>, device: <device>}} or "
+                                 f"{{node: <name>, device: <device>}}")
+        unknown = [key for key in pin if key not in PIN_SELECTORS + ("device",)]
+        if unknown:
+            _fail(source, f"{where}.{unknown[0]}", f"unknown key; allowed: op, node, device"
+                                                   f"{_did_you_mean(unknown[0], PIN_SELECTORS + ('device',))}")
+        selectors = [key for key in PIN_SELECTORS if key in pin]
+        if len(selectors) != 1:
+            _fail(source, where, f"{pin!r} must name exactly one of op, node")
+        selector = selectors[0]
+        name = pin[selector]
+        if not isinstance(name, str) or not name:
+            _fail(source, f"{where}.{selector}", f"{name!r} is not allowed; allowed: a non-empty string")
+        if selector == "op":
+            from .ir.op import list_ops
+            ops = [op for op in list_ops() if op not in ("on_device", "device_copy")]
+            if name not in ops:
+                _fail(source, f"{where}.op", f"unknown op {name!r}; allowed: an IR op (`byoc ops` lists them)"
+                                             f"{_did_you_mean(name, ops)}")
+        if "device" not in pin:
+            _fail(source, f"{where}.device", f"missing; allowed: {', '.join(PIN_DEVICES)}")
+        device = _one_of(source, f"{where}.device", pin["device"], PIN_DEVICES)
+        result.append({selector: name, "device": device})
+    inputs = _one_of(source, "devices.inputs", devices.get("inputs", "device"), IO_PLACES)
+    outputs = _one_of(source, "devices.outputs", devices.get("outputs", "device"), IO_PLACES)
+    return {"pin": result, "inputs": inputs, "outputs": outputs}

@@ -31,3 +31,8 @@ class BuildError(ByocError):
 
 class RuntimeError(ByocError):  # noqa: A001 - deliberately byoc.RuntimeError
     """Running a built model failed."""
+
+
+class DeviceConflictError(BuildError):
+    """PlanDevices found two fixed device constraints that cannot both hold (the message
+    names both, and where each came from)."""

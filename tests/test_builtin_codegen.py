@@ -442,7 +442,10 @@ def test_every_registered_op_has_a_case():
     for case in ELEMENTWISE_CASES + SHIM_CASES:
         for binding in case.mod["main"].bindings:
             covered.add(binding.value.op.name)
-    assert sorted(set(list_ops()) - covered) == []
+    # Device annotations (on_device, device_copy) never reach a backend: PlanDevices
+    # removes on_device and the host code performs device_copy.
+    annotations = {name for name in list_ops() if get_op(name).category == "annotation"}
+    assert sorted(set(list_ops()) - covered - annotations) == []
 
 
 # ================================================================= compiling and running

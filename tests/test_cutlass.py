@@ -294,7 +294,8 @@ def test_resnet_partitions_convs_into_cutlass_with_boundary_transposes_only(tmp_
     from byoc.build import _Builder
     from byoc.config import load_config
     from byoc.ir.expr import Call
-    cfg = load_config({"target": "cuda -arch=sm_90", "backends": ["cutlass"]}, overrides={"workdir": str(tmp_path)})
+    cfg = load_config({"target": "cuda -arch=sm_90", "backends": [{"cutlass": {"conv2d": True}}]},
+                      overrides={"workdir": str(tmp_path)})
     builder = _Builder(cfg)
     mod, report = builder.partition(builder.simplify(_resnet_ir()))
     cutlass = {name: f for name, f in mod.items() if f.attrs.get("Compiler") == "cutlass"}
@@ -348,7 +349,7 @@ def test_conv_patterns_match_float32_reference(kind, batch, channels, size, out_
                                                 tmp_path):
     import cupy
     mod = _conv_model(kind, batch, channels, size, out_channels, kernel, stride, dtype)
-    library = byoc.build(mod, config={"target": "auto", "backends": [{"cutlass": {"profile": "false"}}]},
+    library = byoc.build(mod, config={"target": "auto", "backends": [{"cutlass": {"profile": "false", "conv2d": True}}]},
                          workdir=str(tmp_path / "w"))
     assert "cutlass" in library.metadata["backends"], library.report.to_text()
     module = library.load()

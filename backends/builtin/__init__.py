@@ -16,6 +16,9 @@ from .codegen import generate
 from .partition import partition_builtin
 
 SHIM_DIR = Path(__file__).parent / "shim"
+# Included first by the cpu code of a cuda build: renames the CPU shim's symbols, which
+# are the same as the CUDA shim's, so that both link into one library.
+CPU_SHIM_SYMBOLS = SHIM_DIR / "cpu" / "cpu_shim_symbols.h"
 
 register_target_kind("builtin", {
     "matmul_algo": AttrSchema(int, -1, None, "cuBLASLt heuristic index for every GEMM (-1: the first)"),
@@ -34,11 +37,38 @@ def shim_compile_units(device_target) -> list:
     return [CompileUnit(s, "cxx", flags, f"shim_cpu_{s.stem}.o") for s in sorted((SHIM_DIR / "cpu").glob("*.cpp"))]
 
 
+def cpu_compile_units_in_cuda_build(functions: dict, device_target, workdir) -> tuple[list, dict]:
+    """Functions pinned to the cpu in a cuda build (Device="cpu..."): one generated C++
+    source and the CPU shim, both with the CPU shim's symbols renamed (CPU_SHIM_SYMBOLS).
+    Returns the compile units and the workspace bytes per symbol."""
+    from byoc.toolchain import CompileUnit
+    generated = generate(functions, "cpu")
+    source = Path(workdir) / "builtin_cpu.cc"
+    source.write_text(generated.source)
+    flags = device_target.cxx_flags() + [f"-I{SHIM_DIR}", "-include", str(CPU_SHIM_SYMBOLS)]
+    renames = [CPU_SHIM_SYMBOLS]  # its bytes key the object cache too
+    units = [CompileUnit(source, "cxx", flags, "builtin_cpu.o", dependencies=renames)]
+    units += [CompileUnit(s, "cxx", flags, f"shim_cpu_in_cuda_{s.stem}.o", dependencies=renames)
+              for s in sorted((SHIM_DIR / "cpu").glob("*.cpp"))]
+    return units, generated.workspace_bytes
+
+
 def codegen(functions: dict, target) -> list:
-    """All builtin partitions of the module -> one generated source, plus the shim."""
+    """All builtin partitions of the module -> one generated source, plus the shim; in a
+    cuda build, the functions pinned to the cpu get a C++ source and the CPU shim too."""
     from byoc.toolchain import CompileUnit, cuda_include_dirs
     device = target.device
     kind = "cuda" if device.kind == "cuda" else "cpu"
+    on_cpu = {symbol: function for symbol, function in functions.items()
+              if kind == "cuda" and str(function.attrs.get("Device", "")).startswith("cpu")}
+    artifacts = []
+    if on_cpu:
+        units, workspace = cpu_compile_units_in_cuda_build(on_cpu, device, target.workdir)
+        artifacts.append(Artifact(backend="builtin", kind="source", symbols=list(on_cpu),
+                                  payload={"compile_units": units, "workspace_bytes": workspace}))
+        functions = {symbol: function for symbol, function in functions.items() if symbol not in on_cpu}
+        if not functions:
+            return artifacts
     generated = generate(functions, kind)
     source = Path(target.workdir) / f"builtin{generated.suffix}"
     source.write_text(generated.source)
@@ -50,9 +80,9 @@ def codegen(functions: dict, target) -> list:
         libraries = []
     units = [CompileUnit(source, "cuda" if kind == "cuda" else "cxx", flags, "builtin.o")]
     units += shim_compile_units(device)
-    return [Artifact(backend="builtin", kind="source", symbols=list(functions),
-                     payload={"compile_units": units, "workspace_bytes": generated.workspace_bytes,
-                              "link_libraries": libraries})]
+    return artifacts + [Artifact(backend="builtin", kind="source", symbols=list(functions),
+                                 payload={"compile_units": units, "workspace_bytes": generated.workspace_bytes,
+                                          "link_libraries": libraries})]
 
 
 register_backend("builtin", flavor="shim", patterns=[], codegen=codegen, device="any",

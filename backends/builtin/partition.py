@@ -34,7 +34,8 @@ codegen turns them into literals, and are parameters of any other function. The 
 result variable is the op's original variable, so the rest of main is untouched.
 
 Leaves alone: bindings that are not op calls (tuples, tuple items, local functions and
-calls to them, calls to globals and extern symbols), other globals, and attributes.
+calls to them, calls to globals and extern symbols), device annotations (on_device,
+device_copy: PlanDevices and the host code deal with them), other globals, and attributes.
 """
 from __future__ import annotations
 
@@ -84,7 +85,8 @@ def _composite_name(op: Op) -> str:
 
 
 def _is_op_call(value: Expr) -> bool:
-    return isinstance(value, Call) and isinstance(value.op, Op)
+    # Device annotations (on_device, device_copy) are left for PlanDevices and the host.
+    return isinstance(value, Call) and isinstance(value.op, Op) and value.op.category != "annotation"
 
 
 def _is_elementwise(value: Expr) -> bool:
@@ -224,8 +226,9 @@ def _elementwise_groups(bindings, result) -> dict[int, list[int]]:
 # ---------------------------------------------------------------- outlining
 
 
-def _outline(members: list[Binding], composite: str) -> list[Binding]:
-    """`%f = fn(...) {members}` and `%output = %f(outside values)`."""
+def _outline(members: list[Binding], composite: str, extra_attrs: dict | None = None) -> list[Binding]:
+    """`%f = fn(...) {members}` and `%output = %f(outside values)`; `extra_attrs` are added
+    to the function's (PinDevices marks pinned functions with Device="<device>")."""
     keep_scalars_inline = composite == f"{COMPILER}.elementwise"
     inner: dict[Var, Var] = {}     # main variable defined by a member -> its copy in the body
     params: dict[int, Var] = {}    # id(outside value) -> parameter
@@ -253,10 +256,15 @@ def _outline(members: list[Binding], composite: str) -> list[Binding]:
         body.append(Binding(var, value))
 
     output = members[-1].var
-    attrs = {"Compiler": COMPILER, "Composite": composite}
+    attrs = {"Compiler": COMPILER, "Composite": composite, **(extra_attrs or {})}
     func = Function(list(params.values()), body, body[-1].var, output.type, attrs)
     func_var = Var(composite.replace(".", "_"), func.type)
     return [Binding(func_var, func), Binding(output, Call(func_var, call_args, type_=output.type))]
+
+
+def outline_op(binding: Binding, extra_attrs: dict | None = None) -> list[Binding]:
+    """One op call of main as a builtin function of its own, bound and called in place."""
+    return _outline([binding], _composite_name(binding.value.op), extra_attrs)
 
 
 def builtin_functions(main: Function) -> list[tuple[Var, Function]]:
@@ -265,5 +273,5 @@ def builtin_functions(main: Function) -> list[tuple[Var, Function]]:
             if isinstance(b.value, Function) and b.value.attrs.get("Compiler") == COMPILER]
 
 
-__all__ = ["partition_builtin", "builtin_functions", "is_scalar_constant", "RESHAPE_OPS",
+__all__ = ["partition_builtin", "builtin_functions", "outline_op", "is_scalar_constant", "RESHAPE_OPS",
            "ELEMENTWISE_CATEGORIES", "COMPILER"]

@@ -80,18 +80,40 @@ class HostPlan:
     extern_symbols: list = field(default_factory=list)
     workspace_bytes: int = 0
     memory_plan: object = None
+    # Set when PlanDevices placed values on more than one device (a cuda build with data
+    # on the host): the host arenas, the cpu functions' own workspace, where inputs and
+    # outputs are (True: host memory), and whether run() ends by synchronizing.
+    host_arena_bytes: int = 0
+    pinned_arena_bytes: int = 0
+    host_workspace_bytes: int = 0
+    inputs_on_host: list = field(default_factory=list)
+    outputs_on_host: list = field(default_factory=list)
+    sync_at_end: bool = False
+
+
+# Memory spaces of a build with devices: the device arena, the host arena (malloc) and the
+# pinned host arena (cudaMallocHost), named by the C pointer their placements start from.
+SPACES = {"global": "H", "host-pinned": "P"}
 
 
 def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
               output_names: list[str] | None = None, reuse_memory: bool = True,
-              static_io: bool = False) -> HostPlan:
+              static_io: bool = False, value_devices: dict | None = None,
+              function_devices: dict | None = None) -> HostPlan:
     """Place every tensor of mod["main"]. Intermediates share the arena as PlanMemory
     decides (`reuse_memory=False` gives each its own slot, for debugging).
 
     `static_io` (for CUDA graph capture): every kernel must see the same pointers on every
     run, so inputs are copied into their own arena slots first and outputs are copied out
-    of the arena last, instead of the kernels reading and writing the caller's buffers."""
+    of the arena last, instead of the kernels reading and writing the caller's buffers.
+
+    `value_devices` (Var -> VirtualDevice, from plan_devices.device_of_values) and
+    `function_devices` (symbol -> VirtualDevice) place host-resident values of a cuda
+    build in host arenas, run device_copy bindings as copies, give cpu functions the host
+    weights and a host workspace, and synchronize the stream before a cpu function reads
+    what the GPU wrote. Without them every value is in the one arena, as on the cpu."""
     main = mod["main"]
+    on_host = _host_space_of(value_devices)
     workspace_bytes = workspace_bytes or {}
     placements: dict = {}
     inputs = []
@@ -116,27 +138,63 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
 
     arena_offsets = None
     memory_plan = None
+    space_offsets = {}  # "H" / "P" -> {Var: offset} for host-resident values
     if reuse_memory:
-        memory_plan = plan_memory(main, exclude=set(direct_output))
+        device_values = {b.var for b in main.bindings if on_host(b.var) is None}
+        memory_plan = plan_memory(main, exclude=set(direct_output) | ({b.var for b in main.bindings} - device_values))
         arena_offsets = memory_plan.offsets
+        for space in set(SPACES.values()):
+            members = {b.var for b in main.bindings if on_host(b.var) == space}
+            if members:
+                space_offsets[space] = plan_memory(main, exclude=set(direct_output) | (
+                    {b.var for b in main.bindings} - members)).offsets
 
     weights = bytearray()
     constant_offsets: dict = {}
 
-    def place_constant(constant: Constant) -> TensorPlacement:
+    def place_constant(constant: Constant, host: bool = False) -> TensorPlacement:
         key = id(constant)
         if key not in constant_offsets:
             offset = align(len(weights))
             weights.extend(b"\0" * (offset - len(weights)))
             weights.extend(np.ascontiguousarray(constant.data).tobytes())
             constant_offsets[key] = offset
-        return TensorPlacement(f"W + {constant_offsets[key]}", constant.type)
+        # HW: the weights in host memory, which cpu functions of a cuda build read.
+        return TensorPlacement(f"{'HW' if host else 'W'} + {constant_offsets[key]}", constant.type)
+
+    space_sizes = {space: 0 for space in set(SPACES.values())}
+    host_symbols = set()
+    pending_device_work = False  # GPU work queued on the stream since the last synchronization
 
     arena_size = 0
     own_offsets = {}
     calls, symbols = [], []
     for position, binding in enumerate(main.bindings):
         value = binding.value
+        if isinstance(value, Call) and getattr(value.op, "name", None) == "device_copy" and value_devices is not None:
+            source, var = value.args[0], binding.var
+            if isinstance(source, Constant):
+                source_expression = place_constant(source, on_host(var) is not None).expression
+            else:
+                source_expression = placements[source].expression
+            space = on_host(var)
+            if var in direct_output:
+                placements[var] = TensorPlacement(f"out[{direct_output[var]}]", var.type)
+            elif space is not None:
+                offset = space_offsets[space][var] if space in space_offsets else align(space_sizes[space])
+                space_sizes[space] = max(space_sizes[space], offset + nbytes(var.type))
+                placements[var] = TensorPlacement(f"{space} + {offset}", var.type)
+            else:
+                offset = arena_offsets[var] if arena_offsets is not None else align(arena_size)
+                own_offsets[var] = offset
+                arena_size = max(arena_size, offset + nbytes(var.type))
+                placements[var] = TensorPlacement(f"A + {offset}", var.type)
+            calls.append({"kind": "copy", "source": source_expression, "destination": placements[var].expression,
+                          "bytes": nbytes(var.type), "symbol": "device_copy", "args": [], "results": [],
+                          "label": f"#{position} {comment_safe(var.name_hint)} = device_copy "
+                                   f"{value.attrs['src']} -> {value.attrs['dst']}"})
+            pending_device_work = True
+            continue
         if not (isinstance(value, Call) and isinstance(value.op, GlobalVar)):
             raise BuildError(f"main still contains {type(value).__name__} "
                              f"{getattr(getattr(value, 'op', None), 'name', '')} after partitioning; "
@@ -146,10 +204,12 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
             raise BuildError(f"main calls @{value.op.name}, which is not an extern function")
         if not isinstance(binding.var.type, TensorType):
             raise BuildError(f"@{value.op.name} returns {binding.var.type}; extern functions return one tensor")
+        runs_on_host = (function_devices is not None and value_devices is not None
+                        and function_devices[value.op.name].device_type == "cpu")
         args = []
         for arg in value.args:
             if isinstance(arg, Constant):
-                args.append(place_constant(arg).expression)
+                args.append(place_constant(arg, runs_on_host).expression)
             elif isinstance(arg, Var) and arg in placements:
                 args.append(placements[arg].expression)
             else:
@@ -157,6 +217,11 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
         var = binding.var
         if var in direct_output:
             placements[var] = TensorPlacement(f"out[{direct_output[var]}]", var.type)
+        elif on_host(var) is not None:
+            space = on_host(var)
+            offset = space_offsets[space][var] if space in space_offsets else align(space_sizes[space])
+            space_sizes[space] = max(space_sizes[space], offset + nbytes(var.type))
+            placements[var] = TensorPlacement(f"{space} + {offset}", var.type)
         else:
             if arena_offsets is not None:
                 offset = arena_offsets[var]
@@ -168,8 +233,19 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
         symbol = value.op.name
         if symbol not in symbols:
             symbols.append(symbol)
-        calls.append({"symbol": symbol, "args": args, "results": [placements[var].expression],
-                      "label": f"#{position} {comment_safe(var.name_hint)} = {symbol}"})
+        call = {"kind": "call", "symbol": symbol, "args": args, "results": [placements[var].expression],
+                "label": f"#{position} {comment_safe(var.name_hint)} = {symbol}"}
+        if value_devices is not None:
+            # A cpu function reads host memory the GPU may still be writing (a copy queued
+            # on the stream): wait for the stream first.
+            call["on_host"] = runs_on_host
+            call["sync_before"] = runs_on_host and pending_device_work
+            if runs_on_host:
+                host_symbols.add(symbol)
+                pending_device_work = False
+            else:
+                pending_device_work = True
+        calls.append(call)
 
     if static_io:  # staging slots for the inputs, after everything PlanMemory placed
         for index, param in enumerate(main.params):
@@ -193,12 +269,30 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
             raise BuildError(f"output {index} of main is not a tensor main computes")
         output_copies.append({"output": index, "source": source, "bytes": nbytes(result.type)})
 
-    return HostPlan(inputs=inputs, outputs=outputs, calls=calls, output_copies=output_copies,
+    plan = HostPlan(inputs=inputs, outputs=outputs, calls=calls, output_copies=output_copies,
                     input_copies=input_copies,
                     weights=bytes(weights), constant_offsets=constant_offsets, arena_bytes=align(arena_size),
                     arena_offsets=own_offsets, extern_symbols=symbols,
-                    workspace_bytes=max([0] + [workspace_bytes.get(s, 0) for s in symbols]),
+                    workspace_bytes=max([0] + [workspace_bytes.get(s, 0) for s in symbols if s not in host_symbols]),
                     memory_plan=memory_plan)
+    if value_devices is not None:
+        plan.host_arena_bytes = align(space_sizes["H"])
+        plan.pinned_arena_bytes = align(space_sizes["P"])
+        plan.host_workspace_bytes = max([0] + [workspace_bytes.get(s, 0) for s in host_symbols])
+        plan.inputs_on_host = [on_host(p) is not None for p in main.params]
+        plan.outputs_on_host = [isinstance(r, Var) and on_host(r) is not None for r in results]
+        plan.sync_at_end = any(plan.outputs_on_host) and pending_device_work
+    return plan
+
+
+def _host_space_of(value_devices):
+    """Var -> "H" / "P" for values a cuda build keeps in host memory, None for the rest."""
+    def on_host(var):
+        device = value_devices.get(var) if value_devices is not None else None
+        if device is None or device.device_type != "cpu":
+            return None
+        return SPACES[device.memory_scope]
+    return on_host
 
 
 def _tensor_entry(name: str, type_: TensorType) -> dict:
@@ -214,10 +308,16 @@ def metadata_json(plan: HostPlan, *, build_id: str, target: str, arch: str | Non
                   backends: list, functions: list, weights_location: str, cuda_graph: bool = False) -> str:
     def tensor(name, type_):
         return {"name": name, "shape": list(type_.shape), "dtype": type_.dtype}
+
+    def placed(entries, on_host):  # where PlanDevices put data on the host: say so
+        if on_host:
+            for entry, host in zip(entries, on_host):
+                entry["device"] = "cpu" if host else "cuda"
+        return entries
     metadata = {
         "format": "byoc-model", "version": 1, "build_id": build_id, "target": target, "arch": arch,
-        "inputs": [tensor(n, t) for n, t in plan.inputs],
-        "outputs": [tensor(n, t) for n, t in plan.outputs],
+        "inputs": placed([tensor(n, t) for n, t in plan.inputs], plan.inputs_on_host),
+        "outputs": placed([tensor(n, t) for n, t in plan.outputs], plan.outputs_on_host),
         "backends": backends, "functions": functions, "cuda_graph": cuda_graph,
         "weights": {"bytes": len(plan.weights), "location": weights_location},
         "memory": {"arena_bytes": plan.arena_bytes, "workspace_bytes": plan.workspace_bytes,
@@ -228,7 +328,9 @@ def metadata_json(plan: HostPlan, *, build_id: str, target: str, arch: str | Non
 
 def render_host(plan: HostPlan, *, cuda: bool, build_id: str, metadata: str, arch_number: int | None,
                 weights_embedded: bool, weights_symbol: str = "byoc_weights_blob", cuda_graph: bool = False,
-                init_symbols: list | None = None, destroy_symbols: list | None = None) -> str:
+                init_symbols: list | None = None, destroy_symbols: list | None = None,
+                devices: bool = False) -> str:
+    """`devices`: the plan places data on the host too (plan_host was given devices)."""
     data = metadata.encode("utf-8")
     metadata_bytes = ",\n".join(", ".join(str(b) for b in data[i:i + 24]) for i in range(0, len(data), 24))
     return render_template("host/model.cc.j2", {
@@ -240,6 +342,11 @@ def render_host(plan: HostPlan, *, cuda: bool, build_id: str, metadata: str, arc
         "extern_symbols": plan.extern_symbols, "calls": plan.calls, "output_copies": plan.output_copies,
         "arch_number": arch_number or 0, "cuda_graph": cuda_graph and cuda, "input_copies": plan.input_copies,
         "init_symbols": list(init_symbols or []), "destroy_symbols": list(destroy_symbols or []),
+        "devices": {"inputs_on_host": [str(v).lower() for v in plan.inputs_on_host],
+                    "outputs_on_host": [str(v).lower() for v in plan.outputs_on_host],
+                    "host_arena_bytes": plan.host_arena_bytes, "pinned_arena_bytes": plan.pinned_arena_bytes,
+                    "host_workspace_bytes": plan.host_workspace_bytes,
+                    "sync_at_end": plan.sync_at_end} if devices and cuda else None,
     })
 
 

@@ -1,2 +1,2 @@
 """The ops byoc knows: each module registers its ops (schema, type inference, NumPy reference)."""
-from . import elementwise, reduction, normalization, linalg, nn, layout  # noqa: F401
+from . import elementwise, reduction, normalization, linalg, nn, layout, device  # noqa: F401

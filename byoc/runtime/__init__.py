@@ -137,7 +137,8 @@ class Module:
         outputs = []
         for spec in specs:
             dtype = numpy_dtype(spec["dtype"])
-            if self.device == "cpu":
+            # an output PlanDevices delivers in host memory ("device": "cpu") is a NumPy array
+            if self.device == "cpu" or spec.get("device") == "cpu":
                 outputs.append(np.empty(spec["shape"], dtype=dtype))
             elif type(like).__module__.startswith("torch"):
                 import torch

@@ -1,0 +1,443 @@
+"""PlanDevices on IR text (before / after), the devices config section, the build on the
+cpu target (pinning leaves the program unchanged), and the cuda build (GPU tests)."""
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import byoc
+import byoc.config
+import byoc.target
+from byoc.errors import ConfigError, DeviceConflictError, ParseError
+from byoc.interpreter import interpret
+from byoc.ir import assert_structural_equal, parse
+from byoc.ir.virtual_device import VirtualDevice
+from byoc.transform.plan_devices import FunctionDevices, device_of_values, plan_devices
+
+T = "Tensor[(4,), float32]"
+PARAMS = f"%x: {T}, %y: {T}"
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def check(before: str, after: str, default="cuda", **options):
+    result = plan_devices(parse(before), default, **options)
+    assert_structural_equal(result, parse(after))
+    return result
+
+
+# ---------------------------------------------------------------- virtual devices and ops
+
+
+def test_virtual_device_text_round_trips_and_errors():
+    for text in ("cpu", "cuda", "cuda:1", "cpu/host-pinned"):
+        assert str(VirtualDevice.parse(text)) == text
+    assert VirtualDevice.parse("cuda:0/global") == VirtualDevice("cuda")
+    with pytest.raises(ValueError, match="host-pinned.*needs device type cpu"):
+        VirtualDevice.parse("cuda/host-pinned")
+    with pytest.raises(ValueError, match="'tpu' is not one of cpu, cuda"):
+        VirtualDevice.parse("tpu")
+
+
+def test_annotations_are_identity_for_the_interpreter_and_check_their_devices():
+    mod = parse(f"""
+def @main({PARAMS}) -> {T} {{
+  %a = add(%x, %y)
+  %b = on_device(%a, device="cpu", constrain_result=true)
+  %c = device_copy(%b, src="cpu", dst="cuda")
+  return %c
+}}""")
+    x, y = np.arange(4, dtype="float32"), np.ones(4, dtype="float32")
+    np.testing.assert_array_equal(interpret(mod, x, y), x + y)
+    with pytest.raises(ParseError, match="on_device: attribute device: device type 'gpu' is not one of cpu, cuda"):
+        parse(f'def @main(%x: {T}) -> {T} {{\n  %a = on_device(%x, device="gpu")\n  return %a\n}}')
+
+
+# ---------------------------------------------------------------- the four on_device forms
+
+
+def test_standard_annotation_fixes_the_body_and_a_copy_follows():
+    """on_device(%a, cpu): add runs on cpu (and its inputs arrive there); the result is
+    free, so multiply takes the default device and reads a copy."""
+    check(f"""
+def @main({PARAMS}) -> {T} {{
+  %a = add(%x, %y)
+  %b = on_device(%a, device="cpu")
+  %c = multiply(%b, %b)
+  return %c
+}}""", f"""
+def @main({PARAMS}) -> {T} {{
+  %a = add(%x, %y)
+  %a_cuda = device_copy(%a, src="cpu", dst="cuda")
+  %c = multiply(%a_cuda, %a_cuda)
+  return %c
+}}""")
+
+
+def test_fixed_annotation_keeps_body_and_result_together():
+    """constrain_result=true: the result is cpu too, so multiply runs on cpu: no copy."""
+    result = check(f"""
+def @main({PARAMS}) -> {T} {{
+  %a = add(%x, %y)
+  %b = on_device(%a, device="cpu", constrain_result=true)
+  %c = multiply(%b, %b)
+  return %c
+}}""", f"""
+def @main({PARAMS}) -> {T} {{
+  %a = add(%x, %y)
+  %c = multiply(%a, %a)
+  return %c
+}}""")
+    devices = device_of_values(result, "cpu")
+    assert {str(d) for d in devices.values()} == {"cpu"}
+
+
+def test_free_annotation_copies_only_where_the_sides_differ():
+    """constrain_body=false: body and result are planned apart. The body of %b follows its
+    result (cuda, fixed by %d): no copy; the body of %f is a cpu extern function's
+    result: a copy."""
+    check(f"""
+def @main({PARAMS}) -> {T} {{
+  %a = add(%x, %y)
+  %b = on_device(%a, device="cpu", constrain_body=false)
+  %c = multiply(%b, %b)
+  %d = on_device(%c, device="cuda", constrain_result=true)
+  %e = @host(%d)
+  %f = on_device(%e, device="cpu", constrain_body=false)
+  %g = relu(%f)
+  %h = on_device(%g, device="cuda", constrain_result=true)
+  return %h
+}}
+def @host(%p: {T}) -> {T} [Extern=1];""", f"""
+def @main({PARAMS}) -> {T} {{
+  %a = add(%x, %y)
+  %c = multiply(%a, %a)
+  %c_cpu = device_copy(%c, src="cuda", dst="cpu")
+  %e = @host(%c_cpu)
+  %e_cuda = device_copy(%e, src="cpu", dst="cuda")
+  %g = relu(%e_cuda)
+  return %g
+}}
+def @host(%p: {T}) -> {T} [Extern=1];""", function_devices={"host": "cpu"})
+
+
+def test_result_annotation_with_free_body():
+    """constrain_body=false, constrain_result=true: the result is on cpu; a body fixed
+    elsewhere (%a on cuda) is copied, a free body (%c) simply runs on cpu."""
+    check(f"""
+def @main({PARAMS}) -> {T} {{
+  %a = add(%x, %y)
+  %a1 = on_device(%a, device="cuda", constrain_result=true)
+  %b = on_device(%a1, device="cpu", constrain_body=false, constrain_result=true)
+  %c = multiply(%b, %b)
+  %d = on_device(%c, device="cpu", constrain_body=false, constrain_result=true)
+  return %d
+}}""", f"""
+def @main({PARAMS}) -> {T} {{
+  %a = add(%x, %y)
+  %a_cpu = device_copy(%a, src="cuda", dst="cpu")
+  %c = multiply(%a_cpu, %a_cpu)
+  return %c
+}}""")
+
+
+def test_on_the_default_device_annotations_just_disappear():
+    before = f"""
+def @main({PARAMS}) -> {T} {{
+  %a = add(%x, %y)
+  %b = on_device(%a, device="cpu")
+  %c = multiply(%b, %b)
+  %d = on_device(%c, device="cpu", constrain_body=false, constrain_result=true)
+  return %d
+}}"""
+    check(before, f"""
+def @main({PARAMS}) -> {T} {{
+  %a = add(%x, %y)
+  %c = multiply(%a, %a)
+  return %c
+}}""", default="cpu")
+
+
+# ---------------------------------------------------------------- extern functions
+
+
+EXTERNS = f"""
+def @gpu(%p: {T}) -> {T} [Extern=1];
+def @host(%p: {T}, %q: {T}) -> {T} [Extern=1];"""
+
+
+def test_constraints_flow_out_of_extern_functions_into_free_ops():
+    """@host reads and writes cpu memory: relu feeding it, and exp reading its result,
+    run on cpu, although the default is cuda; nothing needs a copy."""
+    check(f"""
+def @main({PARAMS}) -> {T} {{
+  %a = relu(%x)
+  %b = @host(%a, %y)
+  %c = exp(%b)
+  return %c
+}}{EXTERNS}""", f"""
+def @main({PARAMS}) -> {T} {{
+  %a = relu(%x)
+  %b = @host(%a, %y)
+  %c = exp(%b)
+  return %c
+}}{EXTERNS}""", function_devices={"host": "cpu", "gpu": "cuda"})
+
+
+def test_extern_functions_on_two_devices_get_one_copy_per_value_and_device():
+    """Inputs arrive on the host, the output is delivered to the host; %a is read twice
+    on cpu but copied once; a parameter declared in pinned host memory gets a staging
+    copy even from cpu memory (scopes differ)."""
+    result = check(f"""
+def @main({PARAMS}) -> {T} {{
+  %a = @gpu(%x)
+  %b = @host(%a, %y)
+  %c = @gpu(%b)
+  %d = @host(%a, %c)
+  return %d
+}}{EXTERNS}""", f"""
+def @main({PARAMS}) -> {T} {{
+  %x_cuda = device_copy(%x, src="cpu", dst="cuda")
+  %a = @gpu(%x_cuda)
+  %y_cpu = device_copy(%y, src="cpu", dst="cpu/host-pinned")
+  %a_cpu = device_copy(%a, src="cuda", dst="cpu")
+  %b = @host(%a_cpu, %y_cpu)
+  %b_cuda = device_copy(%b, src="cpu", dst="cuda")
+  %c = @gpu(%b_cuda)
+  %c_cpu = device_copy(%c, src="cuda", dst="cpu/host-pinned")
+  %d = @host(%a_cpu, %c_cpu)
+  return %d
+}}{EXTERNS}""", function_devices={
+        "gpu": "cuda",
+        "host": FunctionDevices((VirtualDevice("cpu"), VirtualDevice.parse("cpu/host-pinned")), VirtualDevice("cpu"))},
+        input_devices="cpu", output_devices="cpu")
+    devices = device_of_values(result, "cuda", function_devices={"gpu": "cuda", "host": "cpu"}, input_devices="cpu")
+    by_name = {var.name_hint: str(device) for var, device in devices.items()}
+    assert by_name["a"] == "cuda" and by_name["c_cpu"] == "cpu/host-pinned" and by_name["d"] == "cpu"
+
+
+def test_outputs_delivered_elsewhere_are_copied_once():
+    check(f"""
+def @main({PARAMS}) -> Tuple[{T}, {T}] {{
+  %a = @gpu(%x)
+  return (%a, %a)
+}}{EXTERNS}""", f"""
+def @main({PARAMS}) -> Tuple[{T}, {T}] {{
+  %a = @gpu(%x)
+  %a_cpu = device_copy(%a, src="cuda", dst="cpu")
+  return (%a_cpu, %a_cpu)
+}}{EXTERNS}""", function_devices={"gpu": "cuda"}, output_devices="cpu")
+
+
+# ---------------------------------------------------------------- conflicts
+
+
+def test_two_fixed_constraints_that_disagree_name_both_sides():
+    mod = parse(f"""
+def @main({PARAMS}) -> {T} {{
+  %a = add(%x, %y)
+  %b = on_device(%a, device="cpu", constrain_result=true)
+  %c = multiply(%b, %y)
+  %d = on_device(%c, device="cuda", constrain_result=true)
+  return %d
+}}""")
+    with pytest.raises(DeviceConflictError) as error:
+        plan_devices(mod, "cuda")
+    message = str(error.value)
+    assert "on_device at %b requires cpu" in message and "on_device at %d requires cuda" in message
+    assert message.startswith("device conflict at %d = on_device(%c")
+
+
+def test_conflict_between_an_op_and_an_extern_result():
+    mod = parse(f"""
+def @main({PARAMS}) -> {T} {{
+  %a = @gpu(%x)
+  %b = on_device(%y, device="cpu", constrain_result=true)
+  %c = add(%a, %b)
+  return %c
+}}{EXTERNS}""")
+    with pytest.raises(DeviceConflictError, match=r"the result of @gpu requires cuda, but on_device at %b "
+                                                  r"requires cpu"):
+        plan_devices(mod, "cuda", function_devices={"gpu": "cuda"})
+
+
+# ---------------------------------------------------------------- PinDevices
+
+
+def test_pin_devices_outlines_pinned_ops_into_builtin_functions_on_their_device():
+    from byoc.transform.pin_devices import pin_devices
+    before = f"""
+def @main({PARAMS}) -> {T} {{
+  %a = add(%x, %y)
+  %s = softmax(%a)
+  %e = exp(%s)
+  %n = on_device(%e, device="cpu")
+  %r = relu(%n)
+  return %r
+}}"""
+    after = f"""
+def @main({PARAMS}) -> {T} {{
+  %a = add(%x, %y)
+  %f = fn (%p0: {T}) -> {T} [Compiler="builtin", Composite="builtin.softmax", Device="cpu"] {{
+    %s = softmax(%p0)
+    return %s
+  }}
+  %s = %f(%a)
+  %g = fn (%p0: {T}) -> {T} [Compiler="builtin", Composite="builtin.elementwise", Device="cpu"] {{
+    %e = exp(%p0)
+    return %e
+  }}
+  %e = %g(%s)
+  %n = on_device(%e, device="cpu")
+  %r = relu(%n)
+  return %r
+}}"""
+    result = pin_devices(parse(before), [{"op": "softmax", "device": "cpu"}], "cuda")
+    assert_structural_equal(result, parse(after))
+    # on the default device nothing is pinned
+    assert pin_devices(parse(before), [{"op": "softmax", "device": "cpu"}], "cpu").script() == parse(before).script()
+    with pytest.raises(ConfigError, match="no node named 'nope'"):
+        pin_devices(parse(before), [{"node": "nope", "device": "cpu"}], "cuda")
+
+
+# ---------------------------------------------------------------- the devices config section
+
+
+@pytest.mark.parametrize("data, pattern", [
+    ({"devices": [1]}, r"devices: \[1\] is not a mapping; allowed keys: pin, inputs, outputs"),
+    ({"devices": {"input": "host"}}, r"devices\.input: unknown key; allowed: pin, inputs, outputs.*'inputs'"),
+    ({"devices": {"inputs": "gpu"}}, r"devices\.inputs: 'gpu' is not allowed; allowed: device, host, host-pinned"),
+    ({"devices": {"outputs": True}}, r"devices\.outputs: True is not allowed; allowed: device, host, host-pinned"),
+    ({"devices": {"pin": {"op": "softmax"}}}, r"devices\.pin: .* is not a list"),
+    ({"devices": {"pin": [{"op": "softmx", "device": "cpu"}]}},
+     r"devices\.pin\[0\]\.op: unknown op 'softmx'.*did you mean 'softmax'"),
+    ({"devices": {"pin": [{"op": "softmax", "device": "tpu"}]}},
+     r"devices\.pin\[0\]\.device: 'tpu' is not allowed; allowed: cpu, cuda, cpu/host-pinned"),
+    ({"devices": {"pin": [{"op": "softmax"}]}}, r"devices\.pin\[0\]\.device: missing; allowed: cpu, cuda"),
+    ({"devices": {"pin": [{"op": "softmax", "node": "a", "device": "cpu"}]}},
+     r"devices\.pin\[0\]: .* must name exactly one of op, node"),
+    ({"devices": {"pin": [{"ops": "softmax", "device": "cpu"}]}}, r"devices\.pin\[0\]\.ops: unknown key.*'op'"),
+])
+def test_devices_config_errors_name_key_value_and_allowed(data, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        byoc.config.validate(data)
+
+
+def test_devices_config_round_trips():
+    data = {"devices": {"pin": [{"op": "softmax", "device": "cpu"}, {"node": "probs", "device": "cpu/host-pinned"}],
+                        "inputs": "host-pinned", "outputs": "host"}}
+    config = byoc.config.validate(data)
+    assert config.devices == data["devices"]
+    assert byoc.config.validate(config.to_dict()) == config
+    assert byoc.config.validate({}).devices == {"pin": [], "inputs": "device", "outputs": "device"}
+
+
+# ---------------------------------------------------------------- builds
+
+
+def bert_inputs():
+    data = np.load(FIXTURES / "bert2.npz")
+    inputs = {key[3:]: data[key] for key in data if key.startswith("in_")}
+    outputs = {key[4:]: data[key] for key in data if key.startswith("out_")}
+    return inputs, outputs
+
+
+PINNING = {"pin": [{"op": "softmax", "device": "cpu"}], "inputs": "host", "outputs": "host"}
+
+
+def test_pinning_to_cpu_on_the_cpu_target_leaves_the_program_unchanged(tmp_path):
+    inputs, expected = bert_inputs()
+    shapes = {name: value.shape for name, value in inputs.items()}
+    plain = byoc.build(FIXTURES / "bert2.onnx", config="cpu", workdir=str(tmp_path / "plain"), input_shapes=shapes)
+    pinned = byoc.build(FIXTURES / "bert2.onnx", config={**byoc.config.load_config("cpu").to_dict(),
+                                                          "devices": PINNING},
+                        workdir=str(tmp_path / "pinned"), input_shapes=shapes)
+    final = (tmp_path / "pinned" / "final.ir").read_text()
+    assert final == (tmp_path / "plain" / "final.ir").read_text()
+    assert "device_copy" not in final and "on_device" not in final
+    results = pinned.load().run(**inputs)
+    for result, name in zip(results, expected):
+        np.testing.assert_allclose(result, expected[name], rtol=1e-4, atol=1e-4)
+
+
+def minimum_copies(main, function_devices, input_device, output_device) -> int:
+    """The fewest copies any program with these function placements needs: for every
+    value, one per device other than its producer's that reads it (copies are seen
+    through: a copy's reader reads the copied value)."""
+    from byoc.ir.expr import Call, GlobalVar, Var
+    source_of = {}
+    producer = {param: input_device for param in main.params}
+    readers = {}
+    for binding in main.bindings:
+        value = binding.value
+        if value.op.__class__.__name__ == "Op" and value.op.name == "device_copy":
+            source_of[binding.var] = source_of.get(value.args[0], value.args[0])
+            continue
+        assert isinstance(value, Call) and isinstance(value.op, GlobalVar)
+        device = function_devices[value.op.name]
+        producer[binding.var] = device
+        for arg in value.args:
+            if isinstance(arg, Var):
+                readers.setdefault(source_of.get(arg, arg), set()).add(device)
+    results = main.result.fields if hasattr(main.result, "fields") else (main.result,)
+    for result in results:
+        readers.setdefault(source_of.get(result, result), set()).add(output_device)
+    return sum(len(devices - {producer[var]}) for var, devices in readers.items())
+
+
+def lower_for_cuda(tmp_path, devices):
+    """The cuda build's IR stages (no compiler runs, no GPU needed)."""
+    from byoc.build import _Builder
+    inputs, _ = bert_inputs()
+    config = byoc.config.load_config("cpu", overrides={"target": "cuda -arch=sm_90", "workdir": str(tmp_path),
+                                                        "devices": devices})
+    builder = _Builder(config)
+    mod, *_ = builder.lower(FIXTURES / "bert2.onnx", {name: value.shape for name, value in inputs.items()})
+    return builder, mod
+
+
+def test_cuda_pipeline_inserts_the_minimum_number_of_copies(tmp_path):
+    builder, mod = lower_for_cuda(tmp_path, PINNING)
+    main = mod["main"]
+    copies = [b for b in main.bindings if getattr(b.value.op, "name", None) == "device_copy"]
+    softmax_symbols = {name for name, device in builder.devices.items() if device.device_type == "cpu"}
+    assert len(softmax_symbols) == 1  # both layers' softmax share one cpu function
+    calls_on_cpu = [b for b in main.bindings if getattr(b.value.op, "name", None) in softmax_symbols]
+    assert len(calls_on_cpu) == 2
+    expected = minimum_copies(main, builder.devices, VirtualDevice("cpu"), VirtualDevice("cpu"))
+    assert len(copies) == expected
+    # two inputs to the device, in and out of each softmax, two outputs to the host
+    assert expected == len(main.params) + 2 * len(calls_on_cpu) + 2
+    assert "on_device" not in mod.script()
+
+
+def test_cuda_pipeline_without_pins_has_no_copies(tmp_path):
+    _, mod = lower_for_cuda(tmp_path, {"pin": [], "inputs": "device", "outputs": "device"})
+    assert "device_copy" not in mod.script()
+
+
+def gpu_visible() -> bool:
+    return shutil.which("nvidia-smi") is not None and byoc.target.visible_gpu_arch() is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_visible(), reason="no GPU visible")
+def test_bert_with_softmax_on_cpu_and_host_inputs_runs_on_gpu(tmp_path):
+    inputs, expected = bert_inputs()
+    library = byoc.build(FIXTURES / "bert2.onnx", config={"target": "auto", "devices": PINNING},
+                         workdir=str(tmp_path), input_shapes={n: v.shape for n, v in inputs.items()})
+    final = (tmp_path / "final.ir").read_text()
+    assert final.count("device_copy(") == len(inputs) + 2 * 2 + 2  # inputs in; softmax out and back; outputs
+    results = library.load().run(**inputs)  # numpy inputs and outputs: host memory
+    for result, name in zip(results, expected):
+        np.testing.assert_allclose(np.asarray(result), expected[name], rtol=2e-3, atol=2e-3)
+
+
+def test_cpu_shim_renames_cover_every_shim_function():
+    """A cuda build links the CPU shim (for pinned functions) beside the CUDA shim: every
+    C function of byoc_shim.h must be renamed for the CPU copy."""
+    from byoc.backends.builtin import CPU_SHIM_SYMBOLS, SHIM_DIR
+    declared = set(re.findall(r"\b(byoc_shim_[a-z0-9_]+)\s*\(", (SHIM_DIR / "byoc_shim.h").read_text()))
+    renamed = set(re.findall(r"#define (byoc_shim_[a-z0-9_]+) byoc_cpu_shim_", CPU_SHIM_SYMBOLS.read_text()))
+    assert declared and declared == renamed
