@@ -58,12 +58,12 @@ def time_cuda(fn, repeat=50, warmup=10, rounds=5):
     return statistics.median(means)
 
 
-def load_config(spec, tuning_db=None):
+def load_config(spec, tuning_db=None, profile="auto"):
     from byoc.config import load_config as load
     name, _, variant = spec.partition(":")
     overrides = {"cuda_graph": False} if variant == "nograph" else {}
     if tuning_db:
-        overrides["tuning"] = {"profile": "auto", "tuning_db": tuning_db}
+        overrides["tuning"] = {"profile": profile, "tuning_db": tuning_db}
     return load(name, overrides=overrides)
 
 
@@ -103,6 +103,8 @@ def main():
     parser.add_argument("--workdir", default="/tmp/byoc-bench")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--tuning-db", help="CUTLASS tuning database to start from (problems missing are tuned)")
+    parser.add_argument("--profile", default="auto", choices=("auto", "false"),
+                        help="false: problems missing from the database take the heuristic's kernel (no tuning)")
     args = parser.parse_args()
     import byoc
     out = Path(args.out)
@@ -136,7 +138,7 @@ def main():
         print(case, "torch", row["torch_fp16_ms"], flush=True)
         for spec in configs:
             try:
-                config = load_config(spec, args.tuning_db)
+                config = load_config(spec, args.tuning_db, args.profile)
                 start = time.perf_counter()
                 library = byoc.build(onnx_path, config=config,
                                      workdir=str(Path(args.workdir) / f"{name}_b{batch}_{spec.replace(':', '_')}"),
