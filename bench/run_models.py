@@ -63,7 +63,7 @@ def load_config(spec, tuning_db=None, profile="auto"):
     name, _, variant = spec.partition(":")
     overrides = {"cuda_graph": False} if variant == "nograph" else {}
     if tuning_db:
-        overrides["tuning"] = {"profile": profile, "tuning_db": tuning_db}
+        overrides["tuning"] = {"profile": {"false": False, "true": True}.get(profile, profile), "tuning_db": tuning_db}
     return load(name, overrides=overrides)
 
 
