@@ -78,7 +78,8 @@ class _Builder:
         if self.target.kind not in ("cpu", "cuda"):
             raise ConfigError(f"target: {self.target} is not a device target; expected 'cpu', 'cuda -arch=sm_XX' or 'auto'")
         self.cuda = self.target.kind == "cuda"
-        self.workdir = Path(cfg.workdir) if cfg.workdir else Path(tempfile.mkdtemp(prefix="byoc-build-"))
+        # Absolute: ninja runs in the work directory, so relative paths in its commands would break.
+        self.workdir = Path(cfg.workdir).resolve() if cfg.workdir else Path(tempfile.mkdtemp(prefix="byoc-build-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
 
     # ---- the pipeline ----------------------------------------------------------------

@@ -173,3 +173,14 @@ def test_python_dash_m_byoc_user_errors(case):
     assert completed.returncode == 2, completed.stderr
     assert message in completed.stderr
     assert "Traceback" not in completed.stderr + completed.stdout
+
+
+def test_build_with_relative_output_and_workdir_then_inspect(capsys, tmp_path, monkeypatch):
+    """Paths as a user types them, relative to the current directory (ninja runs elsewhere)."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(capsys, "build", MLP, "-c", "cpu", "-o", "mlp.so", "--workdir", "kept")
+    assert code == 0, err
+    assert (tmp_path / "mlp.so").is_file() and (tmp_path / "kept" / "build.ninja").is_file()
+    code, out, err = run_cli(capsys, "inspect", "mlp.so")
+    assert code == 0, err
+    assert "planned" in out
