@@ -171,3 +171,26 @@ def test_json_runtime_backend_on_cpu_matches_onnxruntime(name, tmp_path):
     results = results if isinstance(results, tuple) else (results,)
     for got, want in zip(results, expected.values()):
         assert np.max(np.abs(got - want)) <= 1e-3 * np.max(np.abs(want))
+
+
+def test_outputs_no_call_writes_are_copied_out(tmp_path):
+    """An output that is an input, a constant, or a tensor already returned earlier is not
+    written by any call: run() must copy it into the caller's buffer."""
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])]
+    constant = helper.make_tensor("c", TensorProto.FLOAT, [3], [1.0, 2.0, 3.0])
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Identity", ["r"], ["r_again"]),
+             helper.make_node("Identity", ["x"], ["x_again"]),
+             helper.make_node("Identity", ["c"], ["c_out"])]
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+               for name, shape in (("r", [2, 3]), ("r_again", [2, 3]), ("x_again", [2, 3]), ("c_out", [3]))]
+    model = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, initializer=[constant]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    module = byoc.build(model, config="cpu", workdir=str(tmp_path / "w")).load()
+    for seed in range(3):  # fresh inputs each time: nothing may be left from an earlier run
+        x = np.random.default_rng(seed).standard_normal((2, 3)).astype(np.float32)
+        r, r_again, x_again, c_out = module.run(x)
+        np.testing.assert_array_equal(r, np.maximum(x, 0))
+        np.testing.assert_array_equal(r_again, np.maximum(x, 0))
+        np.testing.assert_array_equal(x_again, x)
+        np.testing.assert_array_equal(c_out, [1.0, 2.0, 3.0])

@@ -43,6 +43,24 @@ def test_models_compile_and_link_for_sm90(name, tmp_path):
     assert not any(n.startswith("libcudart") for n in needed)  # cudart is linked statically
 
 
+@needs_nvcc
+def test_cuda_graph_build_copies_every_output_out_of_planned_storage(tmp_path):
+    """With graphs, no kernel writes the caller's buffers: run() copies each output after
+    the replay (host code compiles and links for sm_90)."""
+    inputs, _ = fixture("bert2")
+    library = byoc.build(FIXTURES / "bert2.onnx", target="cuda -arch=sm_90",
+                         config={"cuda_graph": True, "precision": "float16"}, workdir=str(tmp_path / "w"),
+                         input_shapes={k: v.shape for k, v in inputs.items()})
+    host = (tmp_path / "w" / "host.cc").read_text()
+    assert library.metadata["cuda_graph"]
+    run = host[host.index("int byoc_model_run("):]
+    launch = run.index("cudaGraphLaunch(")
+    for index in range(len(library.metadata["outputs"])):
+        assert run.index(f'"copying output {index}"') > launch
+    for index in range(len(library.metadata["inputs"])):
+        assert run.index(f'"copying input {index}"') < launch
+
+
 gpu = pytest.mark.skipif(not gpu_visible(), reason="no GPU visible")
 
 
@@ -87,3 +105,34 @@ def test_bad_device_and_arch_errors(tmp_path):
                        workdir=str(tmp_path / "w80"))
     with pytest.raises(byoc.RuntimeError, match=r"built for sm_80, but CUDA device 0 .* is sm_90"):
         other.load()
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("stream_kind", ["legacy default stream", "caller's stream"])
+def test_cuda_graph_on_and_off_agree_over_100_fresh_inputs(stream_kind, tmp_path):
+    import cupy
+    inputs, expected = fixture("bert2")
+    shapes = {k: v.shape for k, v in inputs.items()}
+    modules = {graph: byoc.build(FIXTURES / "bert2.onnx", config={"cuda_graph": graph, "precision": "float16"},
+                                 workdir=str(tmp_path / str(graph)), input_shapes=shapes).load()
+               for graph in (False, True)}
+    assert modules[True].metadata["cuda_graph"] and not modules[False].metadata["cuda_graph"]
+    rng = np.random.default_rng(0)
+    stream = cupy.cuda.Stream(non_blocking=True) if stream_kind == "caller's stream" else cupy.cuda.Stream.null
+    with stream:
+        for step in range(100):
+            fresh = {k: cupy.asarray(rng.integers(0, 2, v.shape).astype(v.dtype) if v.dtype.kind in "iu"
+                                     else rng.standard_normal(v.shape).astype(v.dtype))
+                     for k, v in inputs.items()}
+            if step == 0:
+                fresh = {k: cupy.asarray(v) for k, v in inputs.items()}
+            results = {}
+            for graph, module in modules.items():
+                got = module.run(**fresh)
+                results[graph] = [cupy.asnumpy(r) for r in (got if isinstance(got, tuple) else (got,))]
+            for on, off in zip(results[True], results[False]):
+                np.testing.assert_array_equal(on, off)
+            if step == 0:
+                for got, want in zip(results[True], expected.values()):
+                    assert np.max(np.abs(got - want)) <= 1e-2 * np.max(np.abs(want))
