@@ -1,0 +1,27 @@
+"""A non-editable install carries every template, config and shim source: the wheel built
+from the repository holds each data file of the pipeline folders under byoc/."""
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FOLDERS = {"templates": "byoc/templates", "build_configs": "byoc/build_configs", "backends": "byoc/backends"}
+DATA_SUFFIXES = (".j2", ".h", ".hpp", ".cc", ".cpp", ".cu", ".cuh", ".yaml", ".json", ".S")
+
+
+def test_wheel_holds_every_data_file(tmp_path):
+    pytest.importorskip("setuptools")
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                            "-q", "-w", str(tmp_path), str(REPO)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr[-2000:]
+    wheel, = tmp_path.glob("byoc-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = {f"{installed}/{path.relative_to(REPO / folder).as_posix()}"
+                for folder, installed in FOLDERS.items()
+                for path in (REPO / folder).rglob("*")
+                if path.is_file() and path.suffix in DATA_SUFFIXES and "__pycache__" not in path.parts}
+    assert "byoc/templates/host/model.cc.j2" in expected and "byoc/build_configs/cpu.yaml" in expected
+    assert sorted(expected - names) == []
