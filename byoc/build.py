@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +39,9 @@ class Library:
     report: object = None
     sidecar: Path | None = None
     memory: dict = field(default_factory=dict)
+    # seconds, compile units compiled vs taken from the object cache, per backend (not in
+    # the metadata: it would make two builds of one model differ)
+    build_stats: dict = field(default_factory=dict)
 
     def export_library(self, path) -> Path:
         """Copy the library (and its .safetensors sidecar, when the weights live outside)
@@ -84,8 +88,12 @@ class _Builder:
 
     # ---- the pipeline ----------------------------------------------------------------
     def build(self, model, input_shapes) -> Library:
+        started = time.perf_counter()
         mod, output_names, artifacts, report = self.lower(model, input_shapes)
-        return self.link(mod, artifacts, output_names, report)
+        library = self.link(mod, artifacts, output_names, report)
+        library.build_stats["seconds"] = round(time.perf_counter() - started, 2)
+        (self.workdir / "build_stats.json").write_text(json.dumps(library.build_stats, indent=2, sort_keys=True))
+        return library
 
     def lower(self, model, input_shapes):
         """Every IR stage, up to the final main (written to final.ir); no compiler runs
@@ -218,6 +226,22 @@ class _Builder:
         return len(calls) == 1 and isinstance(calls[0].op, GlobalVar) and calls[0].op.name.startswith("cuda_graph")
 
     # ---- host code and the toolchain ------------------------------------------------------
+    @staticmethod
+    def compile_stats(compiled: dict, unit_backends: list) -> dict:
+        """Compile units per backend (a backend's units are its unique functions: equal
+        partitions share one) and how many of them the compiler ran for (the rest came
+        from the object cache); host code and weights count as "host"."""
+        per_backend = {}
+        for index in range(compiled.get("units", 0)):
+            backend = unit_backends[index] if index < len(unit_backends) else "host"
+            entry = per_backend.setdefault(backend, {"units": 0, "compiled": 0})
+            entry["units"] += 1
+            entry["compiled"] += index in set(compiled.get("compiled", ()))
+        total_compiled = len(compiled.get("compiled", ()))
+        return {"compile_units": compiled.get("units", 0), "compiled": total_compiled,
+                "cached": compiled.get("units", 0) - total_compiled,
+                "compile_seconds": compiled.get("compile_seconds", 0.0), "backends": per_backend}
+
     def link(self, mod, artifacts, output_names, report) -> Library:
         from .codegen.host import (metadata_json, plan_host, render_host, render_weights_assembly,
                                    write_safetensors)
@@ -240,9 +264,10 @@ class _Builder:
                          value_devices=value_devices, function_devices=function_devices)
         sidecar_wanted = self.cfg.params == "sidecar"
 
-        units, link_libraries = [], []
+        units, link_libraries, unit_backends = [], [], []
         for artifact in artifacts:
             units.extend(artifact.payload.get("compile_units", []))
+            unit_backends.extend([artifact.backend] * len(artifact.payload.get("compile_units", [])))
             for library in artifact.payload.get("link_libraries", []):
                 if library not in link_libraries:
                     link_libraries.append(library)
@@ -292,7 +317,8 @@ class _Builder:
             units.append(CompileUnit(source=assembly, language="asm", flags=[f"-Wa,-I,{self.workdir}"],
                                      output="weights.o", dependencies=[weights_path]))
 
-        objects = compile_units(units, self.workdir, jobs=self.cfg.compile_jobs)
+        compiled = {}
+        objects = compile_units(units, self.workdir, jobs=self.cfg.compile_jobs, stats=compiled)
         version_script = self.workdir / "exports.map"
         version_script.write_text("{\n  global: byoc_model_*; byoc_last_error;\n  local: *;\n};\n")
         link_flags = [f"-Wl,--version-script={version_script}", "-Wl,--no-undefined"]
@@ -303,6 +329,7 @@ class _Builder:
         output = self.workdir / "model.so"
         link_shared(objects, output, link_flags, libraries, workdir=self.workdir)
         library = Library(path=output, workdir=self.workdir, metadata=json.loads(metadata), report=report,
-                          sidecar=sidecar, memory=plan.memory_plan.summary() if plan.memory_plan else {})
+                          sidecar=sidecar, memory=plan.memory_plan.summary() if plan.memory_plan else {},
+                          build_stats=self.compile_stats(compiled, unit_backends))
         (self.workdir / "metadata.json").write_text(json.dumps(library.metadata, indent=2, sort_keys=True))
         return library

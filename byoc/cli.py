@@ -213,6 +213,15 @@ def _run_library(args: argparse.Namespace, arrays: dict) -> int:
 
 # ---- the table and the driver ------------------------------------------------------------
 
+def describe_build_stats(stats: dict) -> str:
+    """One line: build time, compile units compiled vs cached, per backend."""
+    per_backend = ", ".join(f"{name} {entry['compiled']}/{entry['units']}"
+                            for name, entry in sorted(stats.get("backends", {}).items()))
+    return (f"built in {stats.get('seconds', 0):.1f} s: {stats.get('compile_units', 0)} compile units, "
+            f"{stats.get('compiled', 0)} compiled ({stats.get('compile_seconds', 0):.1f} s), "
+            f"{stats.get('cached', 0)} from the object cache; compiled/units per backend: {per_backend or '-'}")
+
+
 def _build_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("model", help="the ONNX model file")
     parser.add_argument("-c", "--config", default="default",
@@ -231,6 +240,7 @@ def _build_command(args: argparse.Namespace) -> int:
     written = library.export_library(output)
     print(f"wrote {written} ({written.stat().st_size} bytes; build {library.metadata['build_id']}, "
           f"target {library.metadata['target']}; sources in {library.workdir})")
+    print(describe_build_stats(library.build_stats))
     if library.report is not None:
         print(library.report.to_text())
     return 0

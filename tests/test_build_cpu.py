@@ -194,3 +194,16 @@ def test_outputs_no_call_writes_are_copied_out(tmp_path):
         np.testing.assert_array_equal(r_again, np.maximum(x, 0))
         np.testing.assert_array_equal(x_again, x)
         np.testing.assert_array_equal(c_out, [1.0, 2.0, 3.0])
+
+
+def test_build_stats_count_compiled_and_cached_units(tmp_path, monkeypatch):
+    monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "cache"))  # an empty object cache: a cold build
+    cold = byoc.build(FIXTURES / "mlp.onnx", config="cpu", workdir=str(tmp_path / "cold")).build_stats
+    warm = byoc.build(FIXTURES / "mlp.onnx", config="cpu", workdir=str(tmp_path / "warm")).build_stats
+    assert cold["compile_units"] == warm["compile_units"] >= 3  # builtin functions, host code, weights
+    assert cold["compiled"] == cold["compile_units"] and cold["cached"] == 0
+    assert warm["compiled"] == 0 and warm["cached"] == warm["compile_units"]
+    assert set(cold["backends"]) == {"builtin", "host"}
+    assert sum(entry["units"] for entry in cold["backends"].values()) == cold["compile_units"]
+    assert cold["seconds"] >= cold["compile_seconds"] > 0
+    assert json.loads((tmp_path / "warm" / "build_stats.json").read_text()) == warm

@@ -19,6 +19,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -223,10 +224,12 @@ def first_error_lines(output: str, commands=(), limit: int = 10) -> str:
 
 
 def compile_units(units: list, workdir, jobs: int | None = None,
-                  progress: Callable[[str], None] | None = None) -> list[Path]:
+                  progress: Callable[[str], None] | None = None, stats: dict | None = None) -> list[Path]:
     """Objects for `units` (in order, under <workdir>/obj), taken from the cache or
     compiled by ninja with `jobs` parallel commands (default: one per CPU). `progress`
-    receives ninja's "[done/total] ..." lines."""
+    receives ninja's "[done/total] ..." lines. `stats`, when given, receives which units
+    were compiled (their indices in `units`) and the seconds the compiler ran."""
+    started = time.perf_counter()
     workdir = Path(workdir).resolve()
     objects_dir = workdir / "obj"
     objects_dir.mkdir(parents=True, exist_ok=True)
@@ -246,6 +249,9 @@ def compile_units(units: list, workdir, jobs: int | None = None,
             (workdir / output).unlink(missing_ok=True)
             to_build.append(output)
     build_file = write_build_ninja(workdir, edges)
+    if stats is not None:
+        index_of = {ninja_path(workdir, objects_dir / unit.output): i for i, unit in enumerate(units)}
+        stats.update(units=len(units), compiled=sorted(index_of[o] for o in to_build), compile_seconds=0.0)
     if to_build:
         returncode, output_text = run_ninja(workdir, to_build, jobs, progress)
         built = [output for output in to_build if (workdir / output).is_file()]
@@ -257,6 +263,8 @@ def compile_units(units: list, workdir, jobs: int | None = None,
             raise BuildError(f"compiling {', '.join(failed) or 'the generated sources'} failed "
                              f"(commands in {build_file}; rerun: {rerun}):\n"
                              f"{first_error_lines(output_text, [edge.command for edge in edges])}")
+    if stats is not None:
+        stats["compile_seconds"] = round(time.perf_counter() - started, 2)
     return [objects_dir / unit.output for unit in units]
 
 
