@@ -49,9 +49,14 @@ def test_kernel_families_compile(sm, tmp_path):
             ConvProblem(2, 15, 17, 64, 72, 3, 3, 8, 9, (2, 2), (1, 1, 1, 1), (1, 1), "bfloat16", "relu", True, False))
     problems = [GemmProblem(1024, 3072, 768, 1, "float16", False, "gelu", True, False),
                 GemmProblem(128, 128, 64, 96, "bfloat16", True, None, False, False), conv]
+    kernels = [default_kernel(sm, problem) for problem in problems]
+    if sm == 90:  # and a split-K kernel (CUTLASS's stream-K scheduler in split-K mode)
+        from byoc.backends.cutlass.kernels import GemmKernel
+        problems.append(GemmProblem(1024, 768, 3072, 1, "float16", True, None, True, True))
+        kernels.append(GemmKernel(90, (128, 128, 64), (1, 1), "coop", splits=2))
     units = []
-    for index, problem in enumerate(problems):
-        kernel = default_kernel(sm, problem)
+    for index, (problem, kernel) in enumerate(zip(problems, kernels)):
+        assert kernel.supports(problem) is None
         source = tmp_path / f"k{index}.cu"
         indices = {"a": 0, "b": 1}
         for operand, present in (("bias", problem.has_bias), ("residual", problem.has_residual)):
@@ -72,6 +77,66 @@ def test_heuristic_and_names():
     assert kernel.name(problem).startswith("cutlass_sm90_f16_") and kernel.name(problem).endswith("_nn_bias_residual")
     with pytest.raises(ValueError, match="no sm80 kernel supports"):  # sm80 takes bias or residual, not both
         heuristic_kernel(80, GemmProblem(64, 64, 64, 1, "float16", False, None, True, True))
+
+
+def test_target_narrows_candidates_and_split_k_is_for_tuning_only():
+    from byoc.backends.cutlass.kernels import CandidateFilter, GemmProblem, candidates, heuristic_kernel, \
+        usable_candidates
+    problem = GemmProblem(1024, 768, 3072, 1, "float16", True, None, True, False)
+    everything = candidates(90)
+    assert everything and all(k.splits == 1 for k in everything)  # split-K only when asked
+    with_split = CandidateFilter.from_target({"split_k": True})
+    split = [k for k in candidates(90, with_split) if k.splits > 1]
+    assert {k.splits for k in split} == {2, 4}
+    assert "_splitk2_" in split[0].name(problem)
+    assert heuristic_kernel(90, problem, with_split).splits == 1  # the heuristic never splits
+    usable = usable_candidates(90, problem, with_split)
+    assert usable[0] == heuristic_kernel(90, problem, with_split)  # the profiler's reference comes first
+    assert any(k.splits == 4 for k in usable)
+    short = GemmProblem(1024, 768, 256, 1, "float16", True, None, False, False)  # 4 K tiles: split 2 only
+    assert {k.splits for k in usable_candidates(90, short, with_split)} == {1, 2}
+
+    narrow = CandidateFilter.from_target({"tiles": ["128x128x64"], "clusters": ["1x1"]})
+    assert {(k.tile, k.cluster) for k in candidates(90, narrow)} == {((128, 128, 64), (1, 1))}
+    assert {k.stages for k in candidates(80, CandidateFilter.from_target({"stages": [4]}))} == {4}
+    with pytest.raises(ValueError, match="cutlass tiles: '128x128' is not a shape like '128x128x64'"):
+        CandidateFilter.from_target({"tiles": ["128x128"]})
+    nothing = CandidateFilter.from_target({"tiles": ["8x8x8"]})
+    with pytest.raises(ValueError, match="among the candidates the cutlass target allows"):
+        heuristic_kernel(90, problem, nothing)
+
+
+def test_tuning_database_entry_outside_the_targets_candidates_is_not_used(tmp_path):
+    from byoc.backends.cutlass.kernels import CandidateFilter, GemmKernel, GemmProblem
+    from byoc.backends.cutlass.tuning import TuningDatabase, choose_kernels
+    problem = GemmProblem(1024, 768, 768, 1, "float16", True, None, True, False)
+    database = TuningDatabase(tmp_path / "db.json")
+    remembered = GemmKernel(90, (128, 256, 64), (1, 2), "coop")
+    database.record(90, problem, remembered, 10.0, {})
+    database.save()
+    again = TuningDatabase(tmp_path / "db.json")
+    assert choose_kernels([problem], 90, again, profile=False, workdir=tmp_path, compile_flags=[])[problem] == remembered
+    narrow = CandidateFilter.from_target({"tiles": ["128x128x64"]})
+    chosen = choose_kernels([problem], 90, again, profile=False, workdir=tmp_path, compile_flags=[], allowed=narrow)
+    assert chosen[problem].tile == (128, 128, 64)
+    split = GemmKernel(90, (128, 128, 64), (1, 1), "coop", splits=4)
+    assert GemmKernel.from_json(split.to_json()) == split and "splits" not in remembered.to_json()
+
+
+@needs_nvcc
+def test_profiler_renders_and_compiles(tmp_path):
+    """The tuner's profiler (timing, and the check of each candidate against the first)."""
+    from byoc.codegen.templates import render_template
+    from byoc.toolchain import CompileUnit, compile_units
+    source = tmp_path / "profiler.cu"
+    source.write_text(render_template("cutlass/profiler.cu.j2", {
+        "problem_key": "float16:m64:n64:k64:l1:nt:plain", "sizes": [4096, 4096, 0, 0], "out_size": 4096,
+        "candidates": [{"symbol": "candidate_0_0", "name": "first"}, {"symbol": "candidate_0_1", "name": "second"}],
+        "arg_slots": [0, 1], "iterations": 20, "bfloat16": False, "workspace_bytes": 1 << 20,
+        "fill_base": "0x3000u", "fill_mask": "0x03FFu"}))
+    assert "disagrees with the reference kernel" in source.read_text()
+    objects = compile_units([CompileUnit(source, "cuda", ["-arch=sm_90", "-O2"], "profiler.o")], tmp_path)
+    assert objects[0].stat().st_size > 0
 
 
 def _model(kind, m, n, k, dtype="float16", batch=()):

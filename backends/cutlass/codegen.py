@@ -20,10 +20,9 @@ from byoc.ir.expr import Call, Constant, Function, Var
 from byoc.ir.op import Op
 from byoc.ir.types import TensorType
 
-from .kernels import ConvProblem, GemmProblem, kernel_template
+from .kernels import CandidateFilter, ConvProblem, GemmProblem, kernel_template, kernel_workspace_bytes
 
 ACTIVATION_OPS = {"relu": "relu", "silu": "silu", "sigmoid": "sigmoid"}
-WORKSPACE_BYTES = 1 << 20  # CUTLASS's workspace for non-split-K kernels is tiny; keep headroom
 
 
 def flatten(func: Function) -> tuple[list, dict]:
@@ -195,15 +194,20 @@ def codegen(functions: dict, target) -> list:
         from byoc.target import visible_gpu_arch
         profile = visible_gpu_arch() is not None
     database = TuningDatabase(target.attrs.get("tuning_db") or None)
-    chosen = choose_kernels(sorted({p for p, _ in problems.values()}, key=lambda p: p.key), sm, database,
-                            profile=bool(profile), workdir=workdir, compile_flags=flags)
+    try:
+        allowed = CandidateFilter.from_target(target.attrs)
+        chosen = choose_kernels(sorted({p for p, _ in problems.values()}, key=lambda p: p.key), sm, database,
+                                profile=bool(profile), workdir=workdir, compile_flags=flags,
+                                jobs=target.attrs.get("compile_threads") or None, allowed=allowed)
+    except ValueError as error:  # the target's tiles/clusters/stages leave no kernel for a problem
+        raise BuildError(str(error)) from None
     units, workspace, kernels = [], {}, {}
     for symbol, (problem, indices) in problems.items():
         kernel = chosen[problem]
         source = workdir / f"{symbol}.cu"
         source.write_text(render_template(kernel_template(kernel), kernel.template_data(problem, symbol, indices)))
         units.append(CompileUnit(source, "cuda", flags, f"{symbol}.o"))
-        workspace[symbol] = WORKSPACE_BYTES
+        workspace[symbol] = kernel_workspace_bytes(kernel, problem)
         kernels[symbol] = kernel.name(problem)
     return [Artifact(backend="cutlass", kind="source", symbols=list(functions),
                      payload={"compile_units": units, "workspace_bytes": workspace, "kernels": kernels})]

@@ -3,7 +3,11 @@ shape, stages, schedule) whose name spells it, the problem it runs (M, N, K, bat
 layout of B, epilogue), and the candidates the tuner chooses among.
 
     cutlass_sm90_f16_128x256x64_1x2_coop_bias_gelu
+    cutlass_sm90_f16_128x128x64_1x1_coop_splitk4_nt_plain
     cutlass_sm80_bf16_128x128x32_64x64x32_3stage_residual
+
+The cutlass Target narrows the candidates (CandidateFilter: tiles, clusters, stages) and
+may add split-K kernels (split_k), which only tuning picks: the heuristic never does.
 
 Templates (templates/cutlass/gemm_sm90.cu.j2, gemm_sm80.cu.j2) receive `template_data()`:
 plain values only.
@@ -52,12 +56,19 @@ class GemmKernel:
     schedule: str = "coop"  # sm90: coop | pingpong
     warp: tuple = (64, 64, 32)  # sm80 only
     stages: int = 3  # sm80 only
+    # sm90 cooperative only: K split this many ways (CUTLASS's stream-K tile scheduler in
+    # split-K mode; partial sums reduced through the workspace). 1: no split.
+    splits: int = 1
+
+    kind = "gemm"
 
     def name(self, problem: GemmProblem) -> str:
         element = ELEMENTS[problem.dtype][0]
         tile = "x".join(str(t) for t in self.tile)
         if self.sm == 90:
             shape = f"{tile}_{self.cluster[0]}x{self.cluster[1]}_{self.schedule}"
+            if self.splits > 1:
+                shape += f"_splitk{self.splits}"
         else:
             shape = f"{tile}_{'x'.join(str(w) for w in self.warp)}_{self.stages}stage"
         layout = "nt" if problem.b_transposed else "nn"
@@ -69,7 +80,20 @@ class GemmKernel:
             return "sm80 kernels take either a bias or a residual in the epilogue, not both"
         if problem.has_residual and problem.activation:
             return "an activation before the residual add needs an epilogue visitor tree (not built)"
+        if self.splits > 1:
+            if self.sm < 90 or self.schedule != "coop":
+                return "split-K kernels are sm90 cooperative kernels"
+            if -(-problem.k // self.tile[2]) < 2 * self.splits:
+                return f"K={problem.k} is too short to split {self.splits} ways"
         return None
+
+    def workspace_bytes(self, problem: GemmProblem) -> int:
+        """What the kernel needs beyond its operands: split-K keeps a float partial tile per
+        output tile (and a barrier word per tile and warp group); others need next to nothing."""
+        if self.splits == 1:
+            return 1 << 20
+        tiles = -(-problem.m // self.tile[0]) * -(-problem.n // self.tile[1]) * problem.batch
+        return tiles * (self.tile[0] * self.tile[1] * 4 + 64) + (1 << 20)
 
     def template_data(self, problem: GemmProblem, symbol: str, arg_indices: dict) -> dict:
         data = {
@@ -84,7 +108,7 @@ class GemmKernel:
         }
         if self.sm == 90:
             cooperative = self.schedule == "coop"
-            data.update(cluster=list(self.cluster),
+            data.update(cluster=list(self.cluster), splits=self.splits,
                         kernel_schedule="KernelTmaWarpSpecializedCooperative" if cooperative
                         else "KernelTmaWarpSpecializedPingpong",
                         epilogue_schedule="TmaWarpSpecializedCooperative" if cooperative
@@ -94,13 +118,17 @@ class GemmKernel:
         return data
 
     def to_json(self) -> dict:
-        return {"sm": self.sm, "tile": list(self.tile), "cluster": list(self.cluster), "schedule": self.schedule,
+        data = {"sm": self.sm, "tile": list(self.tile), "cluster": list(self.cluster), "schedule": self.schedule,
                 "warp": list(self.warp), "stages": self.stages}
+        if self.splits > 1:
+            data["splits"] = self.splits
+        return data
 
     @staticmethod
     def from_json(data: dict) -> "GemmKernel":
         return GemmKernel(sm=data["sm"], tile=tuple(data["tile"]), cluster=tuple(data["cluster"]),
-                          schedule=data["schedule"], warp=tuple(data["warp"]), stages=data["stages"])
+                          schedule=data["schedule"], warp=tuple(data["warp"]), stages=data["stages"],
+                          splits=data.get("splits", 1))
 
 
 # The tuner's candidates. Cooperative kernels need a tile M of at least 128; pingpong runs
@@ -128,19 +156,66 @@ SM80_CANDIDATES = (
 )
 
 
-def candidates(sm: int) -> tuple:
-    return SM90_CANDIDATES if sm >= 90 else SM80_CANDIDATES
+# With split_k on: these tiles also run K split 2 and 4 ways (BERT's N=768 GEMMs give
+# 128x128 tiles 48 CTAs for 132 SMs; a split fills the GPU).
+SM90_SPLIT_K = tuple(GemmKernel(90, tile, (1, 1), "coop", splits=splits)
+                     for tile in ((128, 128, 64), (128, 64, 64)) for splits in (2, 4))
 
 
-def heuristic_kernel(sm: int, problem: GemmProblem) -> GemmKernel:
+@dataclass(frozen=True)
+class CandidateFilter:
+    """What the cutlass Target allows among the candidates (empty: no restriction)."""
+    tiles: tuple = ()  # ((M, N, K), ...) threadblock tiles
+    clusters: tuple = ()  # ((M, N), ...) cluster shapes (sm90)
+    stages: tuple = ()  # stage counts (sm80)
+    split_k: bool = False  # add the split-K kernels (tuning only)
+
+    @staticmethod
+    def from_target(attrs: dict) -> "CandidateFilter":
+        return CandidateFilter(tiles=tuple(parse_shape(t, 3, "tiles") for t in attrs.get("tiles") or ()),
+                               clusters=tuple(parse_shape(c, 2, "clusters") for c in attrs.get("clusters") or ()),
+                               stages=tuple(int(x) for x in attrs.get("stages") or ()),
+                               split_k=bool(attrs.get("split_k", False)))
+
+    def admits(self, kernel) -> bool:
+        if getattr(kernel, "splits", 1) > 1 and not self.split_k:
+            return False
+        if self.tiles and tuple(kernel.tile) not in self.tiles:
+            return False
+        if self.clusters and kernel.sm >= 90 and tuple(kernel.cluster) not in self.clusters:
+            return False
+        if self.stages and kernel.sm < 90 and kernel.stages not in self.stages:
+            return False
+        return True
+
+
+def parse_shape(text, rank: int, attr: str) -> tuple:
+    """"128x256x64" -> (128, 256, 64); a clear error naming the cutlass attribute otherwise."""
+    parts = str(text).lower().split("x")
+    if len(parts) != rank or not all(p.isdigit() and int(p) > 0 for p in parts):
+        example = "128x128x64" if rank == 3 else "1x2"
+        raise ValueError(f"cutlass {attr}: {text!r} is not a shape like {example!r}")
+    return tuple(int(p) for p in parts)
+
+
+NO_FILTER = CandidateFilter()
+
+
+def candidates(sm: int, allowed: CandidateFilter = NO_FILTER) -> tuple:
+    family = SM90_CANDIDATES + SM90_SPLIT_K if sm >= 90 else SM80_CANDIDATES
+    return tuple(kernel for kernel in family if allowed.admits(kernel))
+
+
+def heuristic_kernel(sm: int, problem: GemmProblem, allowed: CandidateFilter = NO_FILTER) -> GemmKernel:
     """The documented choice without a GPU or a tuning-database entry: big tiles for
     problems that fill the 132 SMs of an H100 (or 108 of an A100) at least once, smaller
-    tiles otherwise so that more CTAs run."""
+    tiles otherwise so that more CTAs run. Split-K kernels only where nothing else is allowed."""
     sm_count = 132 if sm >= 90 else 108
-    ordered = candidates(sm)
+    ordered = candidates(sm, allowed)
     usable = [k for k in ordered if k.supports(problem) is None]
+    usable = [k for k in usable if k.splits == 1] or usable
     if not usable:
-        raise ValueError(f"no sm{sm} kernel supports {problem.key}")
+        raise ValueError(f"no sm{sm} kernel supports {problem.key} (among the candidates the cutlass target allows)")
 
     def ctas(kernel):
         return -(-problem.m // kernel.tile[0]) * -(-problem.n // kernel.tile[1]) * problem.batch
@@ -280,19 +355,22 @@ SM80_CONV_CANDIDATES = (
 )
 
 
-def conv_candidates(sm: int) -> tuple:
-    return SM90_CONV_CANDIDATES if sm >= 90 else SM80_CONV_CANDIDATES
+def conv_candidates(sm: int, allowed: CandidateFilter = NO_FILTER) -> tuple:
+    family = SM90_CONV_CANDIDATES if sm >= 90 else SM80_CONV_CANDIDATES
+    return tuple(kernel for kernel in family if allowed.admits(kernel))
 
 
-def heuristic_conv_kernel(sm: int, problem: ConvProblem) -> ConvKernel:
+def heuristic_conv_kernel(sm: int, problem: ConvProblem, allowed: CandidateFilter = NO_FILTER) -> ConvKernel:
     """The documented choice for a conv without a GPU or a tuning-database entry (the same
     rule as GEMMs, on the implicit GEMM's M = N*P*Q and N = K): the first candidate whose
     CTAs fill the GPU once; otherwise the one with the most CTAs. Output channels of at
     most 64 take a tile N of 64, so that half of every CTA's work is not padding."""
     sm_count = 132 if sm >= 90 else 108
     m, n, _ = problem.gemm_shape
-    usable = [k for k in conv_candidates(sm) if n > 64 or k.tile[1] == 64]
-    usable = usable or list(conv_candidates(sm))
+    allowed_kernels = conv_candidates(sm, allowed)
+    if not allowed_kernels:
+        raise ValueError(f"no sm{sm} conv kernel the cutlass target allows ({problem.key})")
+    usable = [k for k in allowed_kernels if n > 64 or k.tile[1] == 64] or list(allowed_kernels)
 
     def ctas(kernel):
         return -(-m // kernel.tile[0]) * -(-n // kernel.tile[1])
@@ -307,17 +385,27 @@ def heuristic_conv_kernel(sm: int, problem: ConvProblem) -> ConvKernel:
 # ---------------------------------------------------------------- one interface for both families
 
 
-def usable_candidates(sm: int, problem) -> list:
-    """The candidates of the problem's family (GEMM or conv) that can run it."""
-    family = conv_candidates(sm) if isinstance(problem, ConvProblem) else candidates(sm)
-    return [kernel for kernel in family if kernel.supports(problem) is None]
+def usable_candidates(sm: int, problem, allowed: CandidateFilter = NO_FILTER) -> list:
+    """The candidates of the problem's family (GEMM or conv) that the target allows and
+    that can run it, the heuristic's choice first (the tuner's reference)."""
+    family = conv_candidates(sm, allowed) if isinstance(problem, ConvProblem) else candidates(sm, allowed)
+    usable = [kernel for kernel in family if kernel.supports(problem) is None]
+    if usable:
+        first = default_kernel(sm, problem, allowed)
+        usable = [first] + [kernel for kernel in usable if kernel != first]
+    return usable
 
 
-def default_kernel(sm: int, problem):
+def default_kernel(sm: int, problem, allowed: CandidateFilter = NO_FILTER):
     """The heuristic choice for a GEMM or a conv problem."""
     if isinstance(problem, ConvProblem):
-        return heuristic_conv_kernel(sm, problem)
-    return heuristic_kernel(sm, problem)
+        return heuristic_conv_kernel(sm, problem, allowed)
+    return heuristic_kernel(sm, problem, allowed)
+
+
+def kernel_workspace_bytes(kernel, problem) -> int:
+    """Workspace the partition's kernel needs (conv kernels: as non-split GEMMs)."""
+    return kernel.workspace_bytes(problem) if isinstance(kernel, GemmKernel) else 1 << 20
 
 
 def kernel_from_json(data: dict):

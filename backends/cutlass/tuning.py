@@ -22,7 +22,8 @@ from pathlib import Path
 from byoc.errors import BuildError
 from byoc.codegen.templates import render_template
 
-from .kernels import default_kernel, kernel_from_json, kernel_template, operand_sizes, usable_candidates
+from .kernels import (NO_FILTER, CandidateFilter, default_kernel, kernel_from_json, kernel_template,
+                      kernel_workspace_bytes, operand_sizes, usable_candidates)
 
 FORMAT = "byoc-cutlass-tuning"
 
@@ -60,28 +61,29 @@ class TuningDatabase:
 
 
 def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile: bool, workdir: Path,
-                   compile_flags: list, jobs: int | None = None) -> dict:
+                   compile_flags: list, jobs: int | None = None, allowed: CandidateFilter = NO_FILTER) -> dict:
     """problem -> kernel for every problem (GemmProblem or ConvProblem): from the
-    database, else measured (when `profile`), else the heuristic."""
+    database (when the target allows that kernel), else measured among the allowed
+    candidates (when `profile`), else the heuristic."""
     chosen = {}
     to_tune = []
     for problem in problems:
         known = database.lookup(sm, problem)
-        if known is not None and known.supports(problem) is None:
+        if known is not None and known.supports(problem) is None and allowed.admits(known):
             chosen[problem] = known
         elif profile:
             to_tune.append(problem)
         else:
-            chosen[problem] = default_kernel(sm, problem)
+            chosen[problem] = default_kernel(sm, problem, allowed)
     if to_tune:
-        measured = _profile(to_tune, sm, workdir / "tuning", compile_flags, jobs)
+        measured = _profile(to_tune, sm, workdir / "tuning", compile_flags, jobs, allowed)
         for problem in to_tune:
             times = measured.get(problem, {})
             valid = {name: us for name, us in times.items() if us is not None}
             if not valid:
-                chosen[problem] = default_kernel(sm, problem)
+                chosen[problem] = default_kernel(sm, problem, allowed)
                 continue
-            by_name = {k.name(problem): k for k in usable_candidates(sm, problem)}
+            by_name = {k.name(problem): k for k in usable_candidates(sm, problem, allowed)}
             best = min(valid, key=valid.get)
             chosen[problem] = by_name[best]
             database.record(sm, problem, by_name[best], valid[best], times)
@@ -89,12 +91,13 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
     return chosen
 
 
-def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs) -> dict:
+def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
+             allowed: CandidateFilter = NO_FILTER) -> dict:
     from byoc.toolchain import CompileUnit, compile_units
     workdir.mkdir(parents=True, exist_ok=True)
     units, programs = [], []
     for index, problem in enumerate(problems):
-        usable = usable_candidates(sm, problem)
+        usable = usable_candidates(sm, problem, allowed)  # the heuristic's kernel first: the reference
         entries = []
         for number, kernel in enumerate(usable):
             symbol = f"candidate_{index}_{number}"
@@ -116,7 +119,8 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs) 
         profiler = workdir / f"profiler_{index}.cu"
         profiler.write_text(render_template("cutlass/profiler.cu.j2", {
             "problem_key": problem.key, "candidates": entries, "sizes": sizes, "out_size": out_size,
-            "arg_slots": slots, "workspace_bytes": 64 << 20, "iterations": 20,
+            "arg_slots": slots, "iterations": 20, "bfloat16": problem.dtype == "bfloat16",
+            "workspace_bytes": max([64 << 20] + [kernel_workspace_bytes(k, problem) for k in usable]),
             "fill_base": "0x3000u" if fp16 else "0x3E00u", "fill_mask": "0x03FFu" if fp16 else "0x007Fu"}))
         units.append(CompileUnit(source=profiler, language="cuda", flags=compile_flags, output=f"profiler_{index}.o"))
         programs.append((problem, profiler, [f"{Path(e['name'])}__{index}.o" for e in entries]))
