@@ -426,3 +426,25 @@ def test_conv_patterns_match_float32_reference(kind, batch, channels, size, out_
                                **inputs)
     scale = np.max(np.abs(reference))
     assert np.max(np.abs(got - reference)) <= 1e-2 * scale, kind
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_visible(), reason="no GPU visible")
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_whole_resnet_with_cutlass_convs_matches_onnxruntime_fixture(cuda_graph, tmp_path):
+    """resnet_small (exported by torch) fp16 with every conv CUTLASS can take: it decides
+    whether conv2d may become the cutlass default (see the conv2d attribute)."""
+    import cupy
+    data = np.load(Path(__file__).parent / "fixtures" / "resnet_small.npz")
+    inputs = {k[3:]: v for k, v in data.items() if k.startswith("in_")}
+    expected = [v for k, v in data.items() if k.startswith("out_")]
+    config = {"target": "auto", "precision": "float16", "cuda_graph": cuda_graph,
+              "backends": [{"cutlass": {"profile": "false", "conv2d": True}}]}
+    library = byoc.build(Path(__file__).parent / "fixtures" / "resnet_small.onnx", config=config,
+                         workdir=str(tmp_path / "w"), input_shapes={k: v.shape for k, v in inputs.items()})
+    assert "cutlass" in library.metadata["backends"], library.report.to_text()
+    got = library.load().run(**{k: cupy.asarray(v) for k, v in inputs.items()})
+    got = got if isinstance(got, tuple) else (got,)
+    for result, want in zip(got, expected):
+        result = cupy.asnumpy(result).astype(np.float32)
+        assert np.max(np.abs(result - want)) <= 1e-2 * np.max(np.abs(want)), library.report.to_text()
