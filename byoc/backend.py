@@ -42,6 +42,10 @@ class Backend:
     memory_scope: str = "global"
     one_composite_per_function: bool = False
     capturable: bool = True  # its functions only launch kernels: CUDA graphs may capture them
+    # Ops whose float16/bfloat16 kernels compute their statistics (sums, means, variances)
+    # in float32 internally: a float16 build then gives them float16 in and out instead of
+    # a cast pair around a float32 op.
+    float32_statistics: frozenset = frozenset()
 
     def virtual_device(self, build_device: str):
         """The VirtualDevice of this backend's functions' parameters and results in a build
@@ -73,7 +77,7 @@ BACKENDS: dict[str, Backend] = {}
 
 def register_backend(name: str, flavor: str, patterns: list, codegen: Callable, device: str = "cuda",
                      memory_scope: str = "global", one_composite_per_function: bool = False,
-                     capturable: bool = True) -> Backend:
+                     capturable: bool = True, float32_statistics=()) -> Backend:
     from .ir.op import OP_REGISTRY, get_op
     from .pattern import ops_named
     if flavor not in FLAVORS:
@@ -87,8 +91,11 @@ def register_backend(name: str, flavor: str, patterns: list, codegen: Callable, 
         for op_name in ops_named(entry.pattern):
             if op_name not in OP_REGISTRY:
                 raise ConfigError(f"backend {name!r}: pattern {entry.name!r} names unknown op {op_name!r}")
+    for op_name in float32_statistics:
+        if op_name not in OP_REGISTRY:
+            raise ConfigError(f"backend {name!r}: float32_statistics names unknown op {op_name!r}")
     backend = Backend(name, flavor, list(patterns), codegen, device, memory_scope, one_composite_per_function,
-                      capturable)
+                      capturable, frozenset(float32_statistics))
     BACKENDS[name] = backend
     return backend
 

@@ -125,8 +125,25 @@ class _Builder:
         from .transform.recognize_gelu import recognize_gelu
         mod = dead_code_elimination(recognize_gelu(dead_code_elimination(fold_constant(mod))))
         if self.cfg.precision in ("float16", "bfloat16"):
-            mod = dead_code_elimination(fold_constant(convert_to_float16(mod, dtype=self.cfg.precision)))
+            mod = dead_code_elimination(fold_constant(convert_to_float16(
+                mod, dtype=self.cfg.precision, keep_float32_ops=self.keep_float32_ops())))
         return mod
+
+    def keep_float32_ops(self) -> frozenset:
+        """The precision pass's float32 ops, less those that every backend able to take
+        them computes with float32 statistics internally (the built-in backend takes any
+        op; the others, the ops their patterns name)."""
+        from .backend import get_backend
+        from .pattern import ops_named
+        from .transform.convert_to_float16 import DEFAULT_KEEP_FLOAT32_OPS
+        backends = [get_backend(name) for name in self.cfg.backend_order]
+        keep = set(DEFAULT_KEEP_FLOAT32_OPS)
+        for op_name in DEFAULT_KEEP_FLOAT32_OPS:
+            takers = [b for b in backends if b.name == "builtin"
+                      or any(op_name in ops_named(entry.pattern) for entry in b.patterns)]
+            if takers and all(op_name in b.float32_statistics for b in takers):
+                keep.discard(op_name)
+        return frozenset(keep)
 
     # ---- devices ---------------------------------------------------------------------------
     def virtual_device(self, place: str):
@@ -260,7 +277,8 @@ class _Builder:
             function_devices = self.devices
             value_devices = device_of_values(mod, self.virtual_device("device"), function_devices=function_devices,
                                              input_devices=self.input_device)
-        plan = plan_host(mod, workspace, output_names=output_names, static_io=cuda_graph,
+        view_symbols = {s for artifact in artifacts for s in artifact.payload.get("view_symbols", [])}
+        plan = plan_host(mod, workspace, output_names=output_names, static_io=cuda_graph, view_symbols=view_symbols,
                          value_devices=value_devices, function_devices=function_devices)
         sidecar_wanted = self.cfg.params == "sidecar"
 

@@ -207,3 +207,21 @@ def test_build_stats_count_compiled_and_cached_units(tmp_path, monkeypatch):
     assert sum(entry["units"] for entry in cold["backends"].values()) == cold["compile_units"]
     assert cold["seconds"] >= cold["compile_seconds"] > 0
     assert json.loads((tmp_path / "warm" / "build_stats.json").read_text()) == warm
+
+
+def test_reshapes_are_views_not_calls(tmp_path):
+    """The built-in backend's reshape functions cost no call and no copy: the host gives
+    their result the input's storage (bert2: its attention reshapes)."""
+    inputs, expected = fixture_inputs("bert2")
+    library = byoc.build(FIXTURES / "bert2.onnx", config="cpu", workdir=str(tmp_path / "w"),
+                         input_shapes={k: v.shape for k, v in inputs.items()})
+    final = (tmp_path / "w" / "final.ir").read_text()
+    partitioned = (tmp_path / "w" / "partitioned.ir").read_text()
+    host = (tmp_path / "w" / "host.cc").read_text()
+    reshape_symbols = [line.split("@")[1].split("(")[0] for line in partitioned.splitlines()
+                       if line.startswith("def @builtin") and 'Composite="builtin.reshape"' in line]
+    assert reshape_symbols and all(f"@{symbol}(" in final for symbol in reshape_symbols)
+    assert not any(f"{symbol}(args" in host for symbol in reshape_symbols)
+    results = library.load().run(**inputs)
+    for got, want in zip(results, expected.values()):
+        assert np.max(np.abs(got - want)) <= 1e-3 * np.max(np.abs(want))

@@ -63,3 +63,26 @@ def test_excluded_outputs_are_not_planned():
     d = main.bindings[3].var
     plan = plan_memory(main, exclude={d})
     assert d not in plan.offsets and plan.no_reuse_bytes == 3 * 1024
+
+
+def test_view_calls_share_their_argument_storage_and_extend_its_life():
+    """A call to a view symbol (a reshape the host runs as a view) gets no storage; the
+    tensor it shows lives as long as the view is read."""
+    main = parse("""
+def @main(%x: Tensor[(64,), float32]) -> Tensor[(8, 8), float32] {
+  %a = @f(%x)
+  %v = @reshape_view(%a)
+  %b = @f(%x)
+  %c = @g2(%v, %b)
+  return %c
+}
+def @f(%p: Tensor[(64,), float32]) -> Tensor[(64,), float32] [Extern=1];
+def @reshape_view(%p: Tensor[(64,), float32]) -> Tensor[(8, 8), float32] [Extern=1];
+def @g2(%p: Tensor[(8, 8), float32], %q: Tensor[(64,), float32]) -> Tensor[(8, 8), float32] [Extern=1];
+""")["main"]
+    assert lifetimes_by_name(main) == {"a": (0, 1), "v": (1, 3), "b": (2, 3), "c": (3, 4)}
+    viewed = {l.var.name_hint: (l.first, l.last) for l in analyze_liveness(main, views={"reshape_view"})}
+    assert viewed == {"a": (0, 3), "b": (2, 3), "c": (3, 4)}  # %a is alive while %v is read
+    plan = plan_memory(main, views={"reshape_view"})
+    offsets = {v.name_hint: o for v, o in plan.offsets.items()}
+    assert "v" not in offsets and offsets["a"] != offsets["b"]

@@ -13,7 +13,7 @@ from byoc.backend import Artifact, register_backend
 from byoc.target import AttrSchema, register_target_kind
 
 from .codegen import generate
-from .partition import partition_builtin
+from .partition import RESHAPE_COMPOSITE, partition_builtin
 
 SHIM_DIR = Path(__file__).parent / "shim"
 # Included first by the cpu code of a cuda build: renames the CPU shim's symbols, which
@@ -59,13 +59,17 @@ def codegen(functions: dict, target) -> list:
     from byoc.toolchain import CompileUnit, cuda_include_dirs
     device = target.device
     kind = "cuda" if device.kind == "cuda" else "cpu"
+    # Reshape-like functions only reinterpret their input: the host gives their result the
+    # input's storage and calls nothing (their bodies are still generated, unused).
+    views = [symbol for symbol, function in functions.items() if function.attrs.get("Composite") == RESHAPE_COMPOSITE]
     on_cpu = {symbol: function for symbol, function in functions.items()
               if kind == "cuda" and str(function.attrs.get("Device", "")).startswith("cpu")}
     artifacts = []
     if on_cpu:
         units, workspace = cpu_compile_units_in_cuda_build(on_cpu, device, target.workdir)
         artifacts.append(Artifact(backend="builtin", kind="source", symbols=list(on_cpu),
-                                  payload={"compile_units": units, "workspace_bytes": workspace}))
+                                  payload={"compile_units": units, "workspace_bytes": workspace,
+                                           "view_symbols": [s for s in views if s in on_cpu]}))
         functions = {symbol: function for symbol, function in functions.items() if symbol not in on_cpu}
         if not functions:
             return artifacts
@@ -82,8 +86,12 @@ def codegen(functions: dict, target) -> list:
     units += shim_compile_units(device)
     return artifacts + [Artifact(backend="builtin", kind="source", symbols=list(functions),
                                  payload={"compile_units": units, "workspace_bytes": generated.workspace_bytes,
-                                          "link_libraries": libraries})]
+                                          "link_libraries": libraries,
+                                          "view_symbols": [s for s in views if s in functions]})]
 
 
+# The shim's normalizations and softmax compute in float32 for 16-bit inputs (CPU and CUDA
+# alike, as the NumPy references do), so float16 builds need no casts around them.
 register_backend("builtin", flavor="shim", patterns=[], codegen=codegen, device="any",
-                 one_composite_per_function=True)
+                 one_composite_per_function=True,
+                 float32_statistics=("softmax", "log_softmax", "layer_norm", "rms_norm"))

@@ -45,8 +45,10 @@ from ...ir.op import Op, get_op
 
 COMPILER = "builtin"
 ELEMENTWISE_CATEGORIES = ("elemwise", "broadcast")
-# Ops that only reindex one input without changing the element order: a copy (later an alias).
+# Ops that only reindex one input without changing the element order: the host makes their
+# result a view of their input (see RESHAPE_COMPOSITE).
 RESHAPE_OPS = ("reshape", "squeeze", "expand_dims")
+RESHAPE_COMPOSITE = f"{COMPILER}.reshape"  # the host runs these as views (no call, no copy)
 
 
 def partition_builtin(mod: IRModule) -> IRModule:
@@ -78,7 +80,7 @@ def partition_builtin(mod: IRModule) -> IRModule:
 
 def _composite_name(op: Op) -> str:
     if op.name in RESHAPE_OPS:
-        return f"{COMPILER}.reshape"
+        return RESHAPE_COMPOSITE
     if op.category in ELEMENTWISE_CATEGORIES:
         return f"{COMPILER}.elementwise"
     return f"{COMPILER}.{op.name}"

@@ -19,7 +19,7 @@ from ..errors import BuildError
 from ..ir.expr import Call, Constant, GlobalVar, Tuple, Var
 from ..ir.module import IRModule
 from ..ir.types import TensorType, numpy_dtype
-from ..transform.plan_memory import plan_memory
+from ..transform.plan_memory import is_view_call, plan_memory
 from .templates import render_template
 
 ALIGNMENT = 256
@@ -99,7 +99,7 @@ SPACES = {"global": "H", "host-pinned": "P"}
 def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
               output_names: list[str] | None = None, reuse_memory: bool = True,
               static_io: bool = False, value_devices: dict | None = None,
-              function_devices: dict | None = None) -> HostPlan:
+              function_devices: dict | None = None, view_symbols=frozenset()) -> HostPlan:
     """Place every tensor of mod["main"]. Intermediates share the arena as PlanMemory
     decides (`reuse_memory=False` gives each its own slot, for debugging).
 
@@ -111,7 +111,11 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
     `function_devices` (symbol -> VirtualDevice) place host-resident values of a cuda
     build in host arenas, run device_copy bindings as copies, give cpu functions the host
     weights and a host workspace, and synchronize the stream before a cpu function reads
-    what the GPU wrote. Without them every value is in the one arena, as on the cpu."""
+    what the GPU wrote. Without them every value is in the one arena, as on the cpu.
+
+    `view_symbols`: extern functions whose result only reinterprets their first argument
+    (reshapes): no call is made, the result is the argument's storage (PlanMemory keeps
+    that alive as long as the view is used)."""
     main = mod["main"]
     on_host = _host_space_of(value_devices)
     workspace_bytes = workspace_bytes or {}
@@ -131,7 +135,9 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
     # An output computed by a call is written straight into the caller's buffer (the
     # first time it appears); anything else is copied at the end of run().
     direct_output: dict = {}
-    bound = {binding.var for binding in main.bindings}
+    view_symbols = frozenset(view_symbols)
+    views = {b.var for b in main.bindings if is_view_call(b.value, view_symbols)}
+    bound = {binding.var for binding in main.bindings} - views  # a view writes nothing
     for index, result in enumerate(results):
         if isinstance(result, Var) and result in bound and result not in direct_output and not static_io:
             direct_output[result] = index
@@ -141,13 +147,14 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
     space_offsets = {}  # "H" / "P" -> {Var: offset} for host-resident values
     if reuse_memory:
         device_values = {b.var for b in main.bindings if on_host(b.var) is None}
-        memory_plan = plan_memory(main, exclude=set(direct_output) | ({b.var for b in main.bindings} - device_values))
+        memory_plan = plan_memory(main, exclude=set(direct_output) | ({b.var for b in main.bindings} - device_values),
+                                  views=view_symbols)
         arena_offsets = memory_plan.offsets
         for space in set(SPACES.values()):
             members = {b.var for b in main.bindings if on_host(b.var) == space}
             if members:
                 space_offsets[space] = plan_memory(main, exclude=set(direct_output) | (
-                    {b.var for b in main.bindings} - members)).offsets
+                    {b.var for b in main.bindings} - members), views=view_symbols).offsets
 
     weights = bytearray()
     constant_offsets: dict = {}
@@ -194,6 +201,13 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
                           "label": f"#{position} {comment_safe(var.name_hint)} = device_copy "
                                    f"{value.attrs['src']} -> {value.attrs['dst']}"})
             pending_device_work = True
+            continue
+        if binding.var in views:
+            source = value.args[0]
+            if source in placements:
+                placements[binding.var] = TensorPlacement(placements[source].expression, binding.var.type)
+            else:
+                raise BuildError(f"the view @{value.op.name} reads {source!r}, which is not a computed tensor")
             continue
         if not (isinstance(value, Call) and isinstance(value.op, GlobalVar)):
             raise BuildError(f"main still contains {type(value).__name__} "

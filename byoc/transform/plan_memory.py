@@ -7,7 +7,9 @@ Liveness comes from uses, not from allocation sites (as in TVM's Relax liveness
 analysis): a tensor is live from the binding that defines it to the last binding that
 reads it; the function's results live to the end; caller-owned inputs and constants are
 not planned; a tuple or a TupleGetItem keeps every tensor it refers to alive as long as
-the tuple itself is used.
+the tuple itself is used. So does a call to a "view" symbol (a backend function whose
+result only reinterprets its first argument, e.g. a reshape): its result gets no storage
+of its own, and the argument's tensor lives as long as the view is used.
 
 Placement is "greedy by size" over lifetimes: tensors sorted by size (largest first,
 then by first definition) each take the lowest 256-byte-aligned offset that does not
@@ -21,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..ir.expr import Call, Constant, Function, Tuple, TupleGetItem, Var
+from ..ir.expr import Call, Constant, Function, GlobalVar, Tuple, TupleGetItem, Var
 from ..ir.types import TensorType, numpy_dtype
 
 ALIGNMENT = 256
@@ -59,9 +61,10 @@ class MemoryPlan:
                 if self.lower_bound_bytes else None}
 
 
-def analyze_liveness(func: Function, exclude: set | None = None) -> list[Lifetime]:
+def analyze_liveness(func: Function, exclude: set | None = None, views=frozenset()) -> list[Lifetime]:
     """First definition and last use of every tensor bound in `func` (params and the
-    Vars in `exclude` are left out: the caller owns them)."""
+    Vars in `exclude` are left out: the caller owns them). Calls to the global symbols
+    named in `views` are views of their first argument."""
     exclude = set(exclude or ())
     end = len(func.bindings)
     first: dict = {}
@@ -97,6 +100,8 @@ def analyze_liveness(func: Function, exclude: set | None = None) -> list[Lifetim
             tuple_fields[var] = [tensors_of(f) for f in value.fields]
         elif isinstance(value, TupleGetItem) or isinstance(value, Var):
             view_of[var] = tensors_of(value)
+        elif is_view_call(value, views):
+            view_of[var] = tensors_of(value.args[0])
         else:
             first[var] = index
             last.setdefault(var, index)
@@ -110,9 +115,17 @@ def analyze_liveness(func: Function, exclude: set | None = None) -> list[Lifetim
     return lifetimes
 
 
-def plan_memory(func: Function, exclude: set | None = None) -> MemoryPlan:
-    """Offsets for the tensors of `func` (main after MarkCompilerFunctionsAsExtern)."""
-    lifetimes = analyze_liveness(func, exclude)
+def is_view_call(value, views) -> bool:
+    """A call to one of the `views` symbols (whose result reinterprets its first argument)
+    on a computed tensor (a view of a constant stays a call: its storage is the weights')."""
+    return (isinstance(value, Call) and isinstance(value.op, GlobalVar) and value.op.name in views
+            and len(value.args) >= 1 and isinstance(value.args[0], Var))
+
+
+def plan_memory(func: Function, exclude: set | None = None, views=frozenset()) -> MemoryPlan:
+    """Offsets for the tensors of `func` (main after MarkCompilerFunctionsAsExtern);
+    `views`: see analyze_liveness."""
+    lifetimes = analyze_liveness(func, exclude, views)
     order = sorted(lifetimes, key=lambda l: (-l.size, l.first))
     placed: list[tuple[int, int, Lifetime]] = []  # (offset, end, lifetime)
     offsets = {}
