@@ -225,3 +225,14 @@ def test_reshapes_are_views_not_calls(tmp_path):
     results = library.load().run(**inputs)
     for got, want in zip(results, expected.values()):
         assert np.max(np.abs(got - want)) <= 1e-3 * np.max(np.abs(want))
+
+
+@pytest.mark.parametrize("name", ["bert2", "resnet_small", "gpt2_2l"])
+@pytest.mark.parametrize("precision", ["float32", "float16"])
+def test_memory_plan_is_near_the_lower_bound_and_far_below_no_reuse(name, precision, tmp_path):
+    inputs, _ = fixture_inputs(name)
+    library = byoc.build(FIXTURES / f"{name}.onnx", config={"target": "cpu", "precision": precision},
+                         workdir=str(tmp_path / "w"), input_shapes={k: v.shape for k, v in inputs.items()})
+    plan = library.memory
+    assert plan["planned_bytes"] <= 1.1 * plan["lower_bound_bytes"], plan
+    assert plan["no_reuse_bytes"] >= 3 * plan["planned_bytes"], plan
