@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import byoc
 from byoc.backends.builtin.codegen import generate
 from byoc.backends.builtin.partition import builtin_functions, partition_builtin
 from byoc.errors import TypeInferenceError
@@ -767,3 +768,91 @@ ALL_CASES = ELEMENTWISE_CASES + SHIM_CASES
 def test_cuda(cuda_library, index):
     partitioned, library = cuda_library
     check_case(partitioned[index], library, DeviceMemory())
+
+
+# ---------------------------------------------------------------- layout chains
+
+def test_partition_runs_a_layout_chain_as_one_function():
+    """slice -> reshape -> transpose (attention's Q of a fused QKV projection) becomes one
+    builtin.layout function; a transpose whose result is also read elsewhere, and a chain
+    with one copying op only, are left as they were."""
+    before = parse("""
+def @main(%qkv: Tensor[(2, 4, 24), float32]) -> Tuple[Tensor[(2, 2, 4, 4), float32], Tensor[(2, 4, 8), float32]] {
+  %q = strided_slice(%qkv, begin=[0], end=[8], axes=[2])
+  %q4 = reshape(%q, shape=[2, 4, 2, 4])
+  %qt = transpose(%q4, axes=[0, 2, 1, 3])
+  %v = strided_slice(%qkv, begin=[16], end=[24], axes=[2])
+  %r = relu(%v)
+  return (%qt, %r)
+}
+""")
+    expected = parse("""
+def @main(%qkv: Tensor[(2, 4, 24), float32]) -> Tuple[Tensor[(2, 2, 4, 4), float32], Tensor[(2, 4, 8), float32]] {
+  %f0 = fn (%a0: Tensor[(2, 4, 24), float32]) -> Tensor[(2, 2, 4, 4), float32] [Compiler="builtin", Composite="builtin.layout"] {
+    %a1 = strided_slice(%a0, begin=[0], end=[8], axes=[2])
+    %a2 = reshape(%a1, shape=[2, 4, 2, 4])
+    %a3 = transpose(%a2, axes=[0, 2, 1, 3])
+    return %a3
+  }
+  %qt = %f0(%qkv)
+  %f1 = fn (%b0: Tensor[(2, 4, 24), float32]) -> Tensor[(2, 4, 8), float32] [Compiler="builtin", Composite="builtin.strided_slice"] {
+    %b1 = strided_slice(%b0, begin=[16], end=[24], axes=[2])
+    return %b1
+  }
+  %v = %f1(%qkv)
+  %f2 = fn (%c0: Tensor[(2, 4, 8), float32]) -> Tensor[(2, 4, 8), float32] [Compiler="builtin", Composite="builtin.elementwise"] {
+    %c1 = relu(%c0)
+    return %c1
+  }
+  %r = %f2(%v)
+  return (%qt, %r)
+}
+""")
+    after = partition_builtin(before)
+    assert_structural_equal(after, expected)
+    _check_same_results(before, after)
+
+
+LAYOUT_CHAINS = {
+    # name: (input shape, [(op, attrs), ...] applied in turn, layout functions expected)
+    "attention_k": ((2, 5, 48), [("strided_slice", dict(begin=[16], end=[32], axes=[2])),
+                                 ("reshape", dict(shape=[2, 5, 4, 4])),
+                                 ("transpose", dict(axes=[0, 2, 3, 1]))], 1),
+    "steps_and_negative": ((6, 7, 8), [("transpose", dict(axes=[2, 0, 1])),
+                                       ("strided_slice", dict(begin=[7, 1], end=[-9, 6], axes=[0, 2], strides=[-2, 2])),
+                                       ("expand_dims", dict(axes=[1])),
+                                       ("transpose", dict(axes=[3, 1, 2, 0]))], 1),
+    "squeeze_between": ((3, 1, 4, 6), [("transpose", dict(axes=[1, 0, 3, 2])),
+                                       ("squeeze", dict(axes=[0])),
+                                       ("strided_slice", dict(begin=[1], end=[5], axes=[1]))], 1),
+    # merging two transposed dims is no view: the chain stops before the reshape
+    "reshape_breaks": ((4, 6, 8), [("transpose", dict(axes=[1, 0, 2])),
+                                   ("reshape", dict(shape=[24, 8])),
+                                   ("strided_slice", dict(begin=[2], end=[20], axes=[0], strides=[3]))], 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUT_CHAINS))
+def test_layout_chains_run_as_one_copy_and_match_the_interpreter(name, tmp_path):
+    shape, steps, chains = LAYOUT_CHAINS[name]
+    with FunctionBuilder("main") as fb:
+        y = fb.param("x", shape, "float32")
+        for op, attrs in steps:
+            y = fb.call(op, y, **attrs)
+        fb.ret(y)
+    mod = fb.module()
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    library = byoc.build(mod, config="cpu", workdir=str(tmp_path / "w"))
+    partitioned = (tmp_path / "w" / "partitioned.ir").read_text()
+    assert partitioned.count('Composite="builtin.layout"') == chains
+    np.testing.assert_array_equal(library.load().run(x), byoc.interpret(mod, x=x))
+
+
+def test_reshape_strides_of_views():
+    from byoc.backends.builtin.views import reshape_strides
+    assert reshape_strides((2, 3, 4), (12, 4, 1), (6, 4)) == [4, 1]  # dense: merge
+    assert reshape_strides((8, 128, 768), (294912, 2304, 1), (8, 128, 12, 64)) == [294912, 2304, 64, 1]  # a slice
+    assert reshape_strides((3, 4), (1, 3), (12,)) is None  # a transposed view cannot merge
+    assert reshape_strides((3, 4), (1, 3), (3, 2, 2)) == [1, 6, 3]  # but can split
+    assert reshape_strides((1, 5, 1), (99, 2, 7), (5,)) == [2]
+    assert reshape_strides((0, 4), (4, 1), (2, 0)) == [0, 1]

@@ -34,6 +34,7 @@ from ...errors import BuildError, UnsupportedOpError
 from ...ir.expr import Call, Function
 from ...ir.op import Op
 from ...ir.types import TensorType
+from .partition import LAYOUT_COMPOSITE
 from .dtypes import SHIM_DTYPES, element_size, float_literal, int_literal
 from .elementwise import (_dense_strides, broadcast_strides, elementwise_kernel,
                           is_elementwise_function, merge_dims)
@@ -76,7 +77,10 @@ def generate(functions: dict[str, Function], target_kind: str) -> GeneratedSourc
             rendered.append({"kind": "elementwise", **elementwise_kernel(symbol, func, target_kind)})
             workspace[symbol] = 0
         else:
-            calls = emit_shim_calls(symbol, func, target_kind)
+            if func.attrs.get("Composite") == LAYOUT_COMPOSITE:
+                calls = emit_layout_chain(symbol, func, target_kind)
+            else:
+                calls = emit_shim_calls(symbol, func, target_kind)
             rendered.append({"kind": "shim_calls", **calls.as_dict()})
             workspace[symbol] = calls.workspace_bytes
     source = render_template("builtin/source.j2", {
@@ -141,6 +145,28 @@ class OpContext:
     @property
     def attrs(self) -> dict:
         return self.call.attrs
+
+
+def emit_layout_chain(symbol: str, func: Function, target_kind: str) -> ShimCalls:
+    """A chain of layout ops (PartitionBuiltin's builtin.layout) as one strided copy."""
+    from .views import View, compose
+    if len(func.params) != 1:
+        raise BuildError(f"builtin codegen: {symbol}: a layout chain reads one tensor, not {len(func.params)}")
+    view = View.dense(func.params[0].type.shape)
+    current = func.params[0]
+    for binding in func.bindings:
+        value = binding.value
+        if not (isinstance(value, Call) and isinstance(value.op, Op) and list(value.args) == [current]):
+            raise BuildError(f"builtin codegen: {symbol}: a layout chain is one op after another")
+        view = compose(view, value)
+        if view is None:
+            raise BuildError(f"builtin codegen: {symbol}: {value.op.name} is not a view of the chain's input")
+        current = binding.var
+    calls = ShimCalls(symbol, target_kind)
+    out = func.ret_type
+    if out.size > 0:
+        _copy_strided(calls, "args[0]", "results[0]", out.dtype, view.shape, view.strides, in_offset=view.offset)
+    return calls
 
 
 def emit_shim_calls(symbol: str, func: Function, target_kind: str) -> ShimCalls:

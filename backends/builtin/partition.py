@@ -16,6 +16,11 @@ Rewrites, in `main` only:
   (it is never recomputed), and no group can form a cycle through an outside node (the
   only edges leaving a group leave from its output, which every member feeds). A group
   becomes one function with Composite="builtin.elementwise".
+- A chain of layout ops (strided_slice, transpose, reshape, squeeze, expand_dims), each
+  read only by the next, holding at least two that would each copy (slices and
+  transposes) and expressible as one strided view of the chain's input (views.py),
+  becomes one function with Composite="builtin.layout": one strided copy instead of one
+  per op (attention's slice -> reshape -> transpose of Q, K and V).
 - Every other op call becomes a function of its own: Composite="builtin.reshape" for the
   pure reindexing ops (reshape, squeeze, expand_dims), else "builtin.<op name>".
   Matmul and convolutions are never fused with their elementwise consumers here: later
@@ -49,12 +54,14 @@ ELEMENTWISE_CATEGORIES = ("elemwise", "broadcast")
 # result a view of their input (see RESHAPE_COMPOSITE).
 RESHAPE_OPS = ("reshape", "squeeze", "expand_dims")
 RESHAPE_COMPOSITE = f"{COMPILER}.reshape"  # the host runs these as views (no call, no copy)
+LAYOUT_COMPOSITE = f"{COMPILER}.layout"  # a chain of layout ops run as one strided copy
 
 
 def partition_builtin(mod: IRModule) -> IRModule:
     """A new module whose main calls builtin functions for every op it still called."""
     main = _lower_split(mod["main"])
     groups = _elementwise_groups(main.bindings, main.result)
+    groups.update(_layout_chains(main.bindings, main.result))
 
     bindings: list[Binding] = []
     for index, binding in enumerate(main.bindings):
@@ -67,7 +74,7 @@ def partition_builtin(mod: IRModule) -> IRModule:
             composite = _composite_name(binding.value.op)
         elif index == group[-1]:  # the group's output: the last member in binding order
             members = [main.bindings[i] for i in group]
-            composite = f"{COMPILER}.elementwise"
+            composite = f"{COMPILER}.elementwise" if _is_elementwise(binding.value) else LAYOUT_COMPOSITE
         else:
             continue  # inner member of a group, emitted with the group's output
         bindings.extend(_outline(members, composite))
@@ -188,10 +195,9 @@ def _vars_read(expr: Expr) -> list[Var]:
 # ---------------------------------------------------------------- elementwise grouping
 
 
-def _elementwise_groups(bindings, result) -> dict[int, list[int]]:
-    """Binding index -> the sorted binding indices of its elementwise group."""
+def _readers(bindings, result) -> dict[int, set]:
+    """Binding index -> the indices of the bindings that read its variable (None: main's result)."""
     defined_at = {binding.var: index for index, binding in enumerate(bindings)}
-    # Who reads each binding's variable: binding indices, and None for main's result.
     readers: dict[int, set] = {index: set() for index in range(len(bindings))}
     for index, binding in enumerate(bindings):
         for var in _vars_read(binding.value):
@@ -200,6 +206,45 @@ def _elementwise_groups(bindings, result) -> dict[int, list[int]]:
     for var in _vars_read(result):
         if var in defined_at:
             readers[defined_at[var]].add(None)
+    return readers
+
+
+def _layout_chains(bindings, result) -> dict[int, list[int]]:
+    """Binding index -> the binding indices of its layout chain (see the module docstring)."""
+    from .views import CHAIN_OPS, COPYING_OPS, View, compose
+    readers = _readers(bindings, result)
+
+    def is_chain_op(index):
+        value = bindings[index].value
+        return _is_op_call(value) and value.op.name in CHAIN_OPS and len(value.args) == 1
+
+    chain_of: dict[int, list[int]] = {}
+    for start in range(len(bindings)):
+        if start in chain_of or not is_chain_op(start):
+            continue
+        view = compose(View.dense(bindings[start].value.args[0].type.shape), bindings[start].value)
+        if view is None:
+            continue
+        chain = [start]
+        while len(readers[chain[-1]]) == 1:
+            (reader,) = readers[chain[-1]]
+            if reader is None or not is_chain_op(reader):
+                break
+            following = compose(view, bindings[reader].value)
+            if following is None:
+                break
+            chain.append(reader)
+            view = following
+        if sum(bindings[i].value.op.name in COPYING_OPS for i in chain) >= 2:
+            for member in chain:
+                chain_of[member] = chain
+    return chain_of
+
+
+def _elementwise_groups(bindings, result) -> dict[int, list[int]]:
+    """Binding index -> the sorted binding indices of its elementwise group."""
+    defined_at = {binding.var: index for index, binding in enumerate(bindings)}
+    readers = _readers(bindings, result)
 
     group_of: dict[int, list[int]] = {}
     # From the back: a group's output is found before its members, which are all earlier.
