@@ -42,6 +42,6 @@ case "$stage" in
     # GPU tests first (graphs on/off, CUTLASS ResNet, devices), then every model case.
     bash "$0" tests
     TUNING_DB=bench/results/tuning_sm90.json PROFILE=false bash "$0" models \
-      mlp:1=cuda_sm90,cuda_sm90:nograph,cuda_sm90_cublaslt bert_base:1=cuda_sm90,cuda_sm90_cublaslt,cuda_sm90:nograph \
+      mlp:1=cuda_sm90,cuda_sm90:update,cuda_sm90:nograph,cuda_sm90_cublaslt bert_base:1=cuda_sm90,cuda_sm90:update,cuda_sm90_cublaslt,cuda_sm90:nograph \
       bert_base:8=cuda_sm90,cuda_sm90_cublaslt,cuda_sm90_builtin resnet50:32=cuda_sm90_builtin,cuda_sm90 ;;
 esac

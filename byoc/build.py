@@ -278,7 +278,9 @@ class _Builder:
             value_devices = device_of_values(mod, self.virtual_device("device"), function_devices=function_devices,
                                              input_devices=self.input_device)
         view_symbols = {s for artifact in artifacts for s in artifact.payload.get("view_symbols", [])}
-        plan = plan_host(mod, workspace, output_names=output_names, static_io=cuda_graph, view_symbols=view_symbols,
+        graph_io = self.cfg.cuda_graph_io if cuda_graph else None
+        plan = plan_host(mod, workspace, output_names=output_names, static_io=graph_io == "copy",
+                         view_symbols=view_symbols,
                          value_devices=value_devices, function_devices=function_devices)
         sidecar_wanted = self.cfg.params == "sidecar"
 
@@ -308,7 +310,7 @@ class _Builder:
         arch_number = int("".join(ch for ch in arch if ch.isdigit())) if arch else None
         host_source = render_host(plan, cuda=self.cuda, build_id=build_id, metadata=metadata,
                                   arch_number=arch_number, weights_embedded=not sidecar_wanted,
-                                  cuda_graph=cuda_graph,
+                                  cuda_graph=cuda_graph, graph_io=graph_io,
                                   init_symbols=[s for a in artifacts for s in a.payload.get("init_symbols", [])],
                                   destroy_symbols=[s for a in artifacts for s in a.payload.get("destroy_symbols", [])],
                                   devices=devices)

@@ -12,6 +12,9 @@ Every key is optional; the values shown are the defaults unless noted.
                             # (listing it is allowed, but only in the last place)
     precision: float32      # float32 | float16 | bfloat16
     cuda_graph: false       # true | false: capture static regions into CUDA graphs
+    cuda_graph_io: copy     # copy: caller tensors are copied into planned buffers around
+                            # the replay | update: the graph reads and writes the caller's
+                            # tensors and is re-captured and updated when their pointers change
     workdir: null           # path | null: keep sources, build.ninja and the partition
                             # report there (null: a fresh temporary directory)
     params: embedded        # embedded (weights inside the .so) | sidecar (.safetensors)
@@ -51,7 +54,7 @@ import yaml
 
 from .errors import ConfigError
 
-KEYS = ("target", "backends", "precision", "cuda_graph", "workdir", "params", "tuning", "input_shapes",
+KEYS = ("target", "backends", "precision", "cuda_graph", "cuda_graph_io", "workdir", "params", "tuning", "input_shapes",
         "compile_jobs", "output", "devices")
 PRECISIONS = ("float32", "float16", "bfloat16")
 PARAMS = ("embedded", "sidecar")
@@ -86,6 +89,7 @@ class BuildConfig:
     backends: list = field(default_factory=list)  # [(name, {options})] in priority order
     precision: str = "float32"
     cuda_graph: bool = False
+    cuda_graph_io: str = "copy"
     workdir: str | None = None
     params: str = "embedded"
     tuning: dict = field(default_factory=lambda: {"profile": "auto", "tuning_db": None})
@@ -109,7 +113,8 @@ class BuildConfig:
         """The config as plain data (what `validate` accepts back)."""
         return {"target": self.target if isinstance(self.target, str) else str(self.target),
                 "backends": [{name: dict(options)} if options else name for name, options in self.backends],
-                "precision": self.precision, "cuda_graph": self.cuda_graph, "workdir": self.workdir,
+                "precision": self.precision, "cuda_graph": self.cuda_graph, "cuda_graph_io": self.cuda_graph_io,
+                "workdir": self.workdir,
                 "params": self.params, "tuning": dict(self.tuning),
                 "input_shapes": {name: list(dims) for name, dims in self.input_shapes.items()},
                 "compile_jobs": self.compile_jobs, "output": self.output,
@@ -202,6 +207,7 @@ def validate(data: dict, source: str = "<dict>", known_backends=None) -> BuildCo
     config.backends = _validate_backends(source, data.get("backends"), known_backends)
     config.precision = _one_of(source, "precision", data.get("precision", "float32"), PRECISIONS)
     config.cuda_graph = _one_of(source, "cuda_graph", data.get("cuda_graph", False), (True, False), "true, false")
+    config.cuda_graph_io = _one_of(source, "cuda_graph_io", data.get("cuda_graph_io", "copy"), ("copy", "update"))
     config.workdir = _optional_path(source, "workdir", data.get("workdir"))
     config.params = _one_of(source, "params", data.get("params", "embedded"), PARAMS)
     config.tuning = _validate_tuning(source, data.get("tuning"))

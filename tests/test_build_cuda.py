@@ -114,9 +114,11 @@ def test_cuda_graph_on_and_off_agree_over_100_fresh_inputs(stream_kind, tmp_path
     import cupy
     inputs, expected = fixture("bert2")
     shapes = {k: v.shape for k, v in inputs.items()}
-    modules = {graph: byoc.build(FIXTURES / "bert2.onnx", config={"cuda_graph": graph, "precision": "float16"},
-                                 workdir=str(tmp_path / str(graph)), input_shapes=shapes).load()
-               for graph in (False, True)}
+    variants = {False: {"cuda_graph": False}, True: {"cuda_graph": True},
+                "update": {"cuda_graph": True, "cuda_graph_io": "update"}}
+    modules = {name: byoc.build(FIXTURES / "bert2.onnx", config={**config, "precision": "float16"},
+                                workdir=str(tmp_path / str(name)), input_shapes=shapes).load()
+               for name, config in variants.items()}
     assert modules[True].metadata["cuda_graph"] and not modules[False].metadata["cuda_graph"]
     rng = np.random.default_rng(0)
     stream = cupy.cuda.Stream(non_blocking=True) if stream_kind == "caller's stream" else cupy.cuda.Stream.null
@@ -131,8 +133,23 @@ def test_cuda_graph_on_and_off_agree_over_100_fresh_inputs(stream_kind, tmp_path
             for graph, module in modules.items():
                 got = module.run(**fresh)
                 results[graph] = [cupy.asnumpy(r) for r in (got if isinstance(got, tuple) else (got,))]
-            for on, off in zip(results[True], results[False]):
-                np.testing.assert_array_equal(on, off)
+            for variant in (True, "update"):  # graphs (copying or updating) give what direct runs give
+                for on, off in zip(results[variant], results[False]):
+                    np.testing.assert_array_equal(on, off)
             if step == 0:
                 for got, want in zip(results[True], expected.values()):
                     assert np.max(np.abs(got - want)) <= 1e-2 * np.max(np.abs(want))
+
+
+@needs_nvcc
+def test_cuda_graph_update_mode_reads_and_writes_the_callers_tensors(tmp_path):
+    """cuda_graph_io: update captures the calls on the caller's pointers (no staging copies)
+    and updates the executable graph when they change (host code compiles and links)."""
+    inputs, _ = fixture("bert2")
+    library = byoc.build(FIXTURES / "bert2.onnx", target="cuda -arch=sm_90",
+                         config={"cuda_graph": True, "cuda_graph_io": "update", "precision": "float16"},
+                         workdir=str(tmp_path / "w"), input_shapes={k: v.shape for k, v in inputs.items()})
+    host = (tmp_path / "w" / "host.cc").read_text()
+    run = host[host.index("int byoc_model_run("):]
+    assert "cudaGraphExecUpdate(" in run and "copying input" not in run
+    assert "in[0]" in host[host.index("static int run_calls("):host.index("int byoc_model_run(")]

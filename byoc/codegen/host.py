@@ -343,8 +343,9 @@ def metadata_json(plan: HostPlan, *, build_id: str, target: str, arch: str | Non
 def render_host(plan: HostPlan, *, cuda: bool, build_id: str, metadata: str, arch_number: int | None,
                 weights_embedded: bool, weights_symbol: str = "byoc_weights_blob", cuda_graph: bool = False,
                 init_symbols: list | None = None, destroy_symbols: list | None = None,
-                devices: bool = False) -> str:
-    """`devices`: the plan places data on the host too (plan_host was given devices)."""
+                devices: bool = False, graph_io: str | None = None) -> str:
+    """`devices`: the plan places data on the host too (plan_host was given devices).
+    `graph_io` (with cuda_graph): "copy" (the plan has static_io) or "update"."""
     data = metadata.encode("utf-8")
     metadata_bytes = ",\n".join(", ".join(str(b) for b in data[i:i + 24]) for i in range(0, len(data), 24))
     return render_template("host/model.cc.j2", {
@@ -355,6 +356,7 @@ def render_host(plan: HostPlan, *, cuda: bool, build_id: str, metadata: str, arc
         "outputs": [_tensor_entry(n, t) for n, t in plan.outputs],
         "extern_symbols": plan.extern_symbols, "calls": plan.calls, "output_copies": plan.output_copies,
         "arch_number": arch_number or 0, "cuda_graph": cuda_graph and cuda, "input_copies": plan.input_copies,
+        "graph_io": graph_io or "copy",
         "init_symbols": list(init_symbols or []), "destroy_symbols": list(destroy_symbols or []),
         "devices": {"inputs_on_host": [str(v).lower() for v in plan.inputs_on_host],
                     "outputs_on_host": [str(v).lower() for v in plan.outputs_on_host],
