@@ -1,7 +1,8 @@
 """build(): one model in, one deployable .so out. The whole pipeline, top to bottom:
 
     import (ONNX -> IRModule)
-    simplify: fold_constant, dead_code_elimination, convert_to_float16 when asked
+    simplify: fold_constant, fold_batch_norm, recognize_gelu, dead_code_elimination,
+              convert_to_float16 when asked
     PinDevices: ops pinned to another device (config devices.pin) become builtin functions
     partition: each configured backend's patterns in priority order, then the built-in
                backend takes every op left (so every model builds)
@@ -123,7 +124,8 @@ class _Builder:
     def simplify(self, mod):
         from .transform import convert_to_float16, dead_code_elimination, fold_constant
         from .transform.recognize_gelu import recognize_gelu
-        mod = dead_code_elimination(recognize_gelu(dead_code_elimination(fold_constant(mod))))
+        from .transform.fold_batch_norm import fold_batch_norm
+        mod = dead_code_elimination(recognize_gelu(dead_code_elimination(fold_batch_norm(fold_constant(mod)))))
         if self.cfg.precision in ("float16", "bfloat16"):
             mod = dead_code_elimination(fold_constant(convert_to_float16(
                 mod, dtype=self.cfg.precision, keep_float32_ops=self.keep_float32_ops())))
