@@ -50,10 +50,12 @@ def test_kernel_families_compile(sm, tmp_path):
     problems = [GemmProblem(1024, 3072, 768, 1, "float16", False, "gelu", True, False),
                 GemmProblem(128, 128, 64, 96, "bfloat16", True, None, False, False), conv]
     kernels = [default_kernel(sm, problem) for problem in problems]
-    if sm == 90:  # and a split-K kernel (CUTLASS's stream-K scheduler in split-K mode)
+    if sm == 90:  # a split-K kernel (CUTLASS's stream-K scheduler in split-K mode), a 64x96 pingpong
         from byoc.backends.cutlass.kernels import GemmKernel
         problems.append(GemmProblem(1024, 768, 3072, 1, "float16", True, None, True, True))
         kernels.append(GemmKernel(90, (128, 128, 64), (1, 1), "coop", splits=2))
+        problems.append(GemmProblem(1024, 768, 768, 1, "float16", False, None, True, True))
+        kernels.append(GemmKernel(90, (64, 96, 64), (1, 1), "pingpong"))
     units = []
     for index, (problem, kernel) in enumerate(zip(problems, kernels)):
         assert kernel.supports(problem) is None

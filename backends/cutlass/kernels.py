@@ -146,6 +146,13 @@ SM90_CANDIDATES = (
     # small tiles: BERT-sized GEMMs (M=1024, N=768) give 128x128 tiles fewer CTAs than SMs
     GemmKernel(90, (64, 64, 64), (1, 1), "pingpong"),
     GemmKernel(90, (128, 64, 64), (1, 1), "coop"),
+    # N of 192 and 96: multiples of 768 (BERT's hidden size) that fill 132 SMs in one wave
+    # (M=1024: N=2304 or 3072 -> 96 or 128 CTAs of 128x192; N=768 -> 128 CTAs of 64x96),
+    # where powers of two leave a second, mostly idle wave
+    GemmKernel(90, (128, 192, 64), (1, 1), "coop"),
+    GemmKernel(90, (64, 192, 64), (1, 1), "pingpong"),
+    GemmKernel(90, (128, 96, 64), (1, 1), "coop"),
+    GemmKernel(90, (64, 96, 64), (1, 1), "pingpong"),
 )
 SM80_CANDIDATES = (
     GemmKernel(80, (128, 128, 32), warp=(64, 64, 32), stages=3),
@@ -207,9 +214,11 @@ def candidates(sm: int, allowed: CandidateFilter = NO_FILTER) -> tuple:
 
 
 def heuristic_kernel(sm: int, problem: GemmProblem, allowed: CandidateFilter = NO_FILTER) -> GemmKernel:
-    """The documented choice without a GPU or a tuning-database entry: big tiles for
-    problems that fill the 132 SMs of an H100 (or 108 of an A100) at least once, smaller
-    tiles otherwise so that more CTAs run. Split-K kernels only where nothing else is allowed."""
+    """The documented choice without a GPU or a tuning-database entry, by wave
+    quantization: a GEMM takes about ceil(CTAs / SMs) waves of one tile's work each
+    (132 SMs on an H100, 108 on an A100), so the estimate is waves x tile area, and the
+    smallest estimate wins; among equals, the larger tile (more reuse per CTA), then the
+    earlier candidate. Split-K kernels only where nothing else is allowed."""
     sm_count = 132 if sm >= 90 else 108
     ordered = candidates(sm, allowed)
     usable = [k for k in ordered if k.supports(problem) is None]
@@ -217,13 +226,13 @@ def heuristic_kernel(sm: int, problem: GemmProblem, allowed: CandidateFilter = N
     if not usable:
         raise ValueError(f"no sm{sm} kernel supports {problem.key} (among the candidates the cutlass target allows)")
 
-    def ctas(kernel):
-        return -(-problem.m // kernel.tile[0]) * -(-problem.n // kernel.tile[1]) * problem.batch
+    def estimate(indexed):
+        position, kernel = indexed
+        ctas = -(-problem.m // kernel.tile[0]) * -(-problem.n // kernel.tile[1]) * problem.batch
+        area = kernel.tile[0] * kernel.tile[1]
+        return (-(-ctas // sm_count) * area, -area, position)
 
-    for kernel in usable:  # ordered from the usual best for large problems
-        if ctas(kernel) >= sm_count:
-            return kernel
-    return max(usable, key=ctas)
+    return min(enumerate(usable), key=estimate)[1]
 
 
 # ---------------------------------------------------------------- 2-D convolutions (NHWC)
