@@ -308,7 +308,8 @@ class _Builder:
         metadata = metadata_json(plan, build_id=build_id, target=str(self.target), arch=arch,
                                  backends=backends, functions=functions,
                                  weights_location="sidecar" if sidecar_wanted else "embedded",
-                                 cuda_graph=cuda_graph)
+                                 cuda_graph=cuda_graph,
+                                 partition_report=report.to_json() if report is not None else None)
         arch_number = int("".join(ch for ch in arch if ch.isdigit())) if arch else None
         host_source = render_host(plan, cuda=self.cuda, build_id=build_id, metadata=metadata,
                                   arch_number=arch_number, weights_embedded=not sidecar_wanted,

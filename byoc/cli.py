@@ -248,13 +248,51 @@ def _build_command(args: argparse.Namespace) -> int:
 
 def _inspect_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("library", help="a model library built by byoc")
+    parser.add_argument("--json", action="store_true", help="print the metadata JSON as the library carries it")
 
 
 def _inspect_command(args: argparse.Namespace) -> int:
     import json
     from .runtime import metadata_of
-    print(json.dumps(metadata_of(args.library), indent=2, sort_keys=True))
+    metadata = metadata_of(args.library)
+    if args.json:
+        print(json.dumps(metadata, indent=2, sort_keys=True))
+    else:
+        print(describe_library(args.library, metadata))
     return 0
+
+
+def describe_library(path, metadata: dict) -> str:
+    """What `byoc inspect` prints: the library's interface, backends, memory plan and
+    partition report, from the metadata it carries."""
+    from .report import PartitionReport
+    mib = 1 << 20
+    lines = [f"{path}: build {metadata.get('build_id')}, target {metadata.get('target')}"
+             f"{', ' + metadata['arch'] if metadata.get('arch') else ''}, "
+             f"cuda graph {'on' if metadata.get('cuda_graph') else 'off'}"]
+    for kind in ("inputs", "outputs"):
+        for tensor in metadata.get(kind, []):
+            where = f" on {tensor['device']}" if "device" in tensor else ""
+            lines.append(f"  {kind[:-1]:<6} {tensor['name']}: {tensor['dtype']} {tuple(tensor['shape'])}{where}")
+    weights = metadata.get("weights", {})
+    lines.append(f"  weights: {weights.get('bytes', 0) / mib:.1f} MiB, {weights.get('location')}")
+    calls = {}
+    for function in metadata.get("functions", []):
+        entry = calls.setdefault(function["backend"], [0, 0])
+        entry[0] += 1
+        entry[1] += function["calls"]
+    for backend, (functions, count) in sorted(calls.items()):
+        lines.append(f"  backend {backend}: {functions} functions, {count} calls per run")
+    memory = metadata.get("memory", {})
+    plan = memory.get("plan")
+    if plan:
+        lines.append(f"  memory: planned {plan['planned_bytes'] / mib:.2f} MiB, lower bound "
+                     f"{plan['lower_bound_bytes'] / mib:.2f} MiB ({plan.get('over_lower_bound')}x), no reuse "
+                     f"{plan['no_reuse_bytes'] / mib:.2f} MiB ({plan.get('reuse_factor')}x the plan), "
+                     f"workspace {memory.get('workspace_bytes', 0) / mib:.2f} MiB")
+    if metadata.get("partition_report"):
+        lines += ["", PartitionReport.from_json(metadata["partition_report"]).to_text()]
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -274,7 +312,7 @@ SUBCOMMANDS = [
                _run_arguments, _run_command),
     Subcommand("build", "build an ONNX model into one deployable .so",
                _build_arguments, _build_command),
-    Subcommand("inspect", "print a built library's metadata (inputs, outputs, backends, memory)",
+    Subcommand("inspect", "print a built library's interface, backends, memory plan and partition report",
                _inspect_arguments, _inspect_command),
 ]
 

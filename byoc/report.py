@@ -54,6 +54,18 @@ class PartitionReport:
             "refused": self.refused,
         }
 
+    @staticmethod
+    def from_json(data: dict) -> "PartitionReport":
+        """The report `to_json()` wrote (as embedded in a library's metadata)."""
+        report = PartitionReport()
+        for backend, entry in data.get("backends", {}).items():
+            report.accepted[backend].update(entry.get("patterns", {}))
+            report.ops[backend].update(entry.get("ops_covered", {}))
+            report.functions[backend] = {"unique": entry.get("unique_functions", 0),
+                                         "call_sites": entry.get("partitions", 0)}
+        report.refused = [dict(r) for r in data.get("refused", [])]
+        return report
+
     def to_text(self) -> str:
         data = self.to_json()
         lines = ["backend      partitions  unique  composites  refused  ops covered", "-" * 76]

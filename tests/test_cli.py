@@ -183,4 +183,9 @@ def test_build_with_relative_output_and_workdir_then_inspect(capsys, tmp_path, m
     assert (tmp_path / "mlp.so").is_file() and (tmp_path / "kept" / "build.ninja").is_file()
     code, out, err = run_cli(capsys, "inspect", "mlp.so")
     assert code == 0, err
-    assert "planned" in out
+    assert "memory: planned" in out and "lower bound" in out and "no reuse" in out
+    assert "backend      partitions  unique" in out  # the partition report travels in the library
+    code, out, err = run_cli(capsys, "inspect", "--json", "mlp.so")
+    assert code == 0, err
+    import json
+    assert json.loads(out)["partition_report"]["backends"]["builtin"]["partitions"] > 0

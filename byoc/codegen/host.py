@@ -319,7 +319,8 @@ def _tensor_entry(name: str, type_: TensorType) -> dict:
 
 
 def metadata_json(plan: HostPlan, *, build_id: str, target: str, arch: str | None,
-                  backends: list, functions: list, weights_location: str, cuda_graph: bool = False) -> str:
+                  backends: list, functions: list, weights_location: str, cuda_graph: bool = False,
+                  partition_report: dict | None = None) -> str:
     def tensor(name, type_):
         return {"name": name, "shape": list(type_.shape), "dtype": type_.dtype}
 
@@ -337,6 +338,8 @@ def metadata_json(plan: HostPlan, *, build_id: str, target: str, arch: str | Non
         "memory": {"arena_bytes": plan.arena_bytes, "workspace_bytes": plan.workspace_bytes,
                    **({"plan": plan.memory_plan.summary()} if plan.memory_plan else {})},
     }
+    if partition_report is not None:  # so that `byoc inspect` can show it without the build dir
+        metadata["partition_report"] = partition_report
     return json.dumps(metadata, sort_keys=True, separators=(",", ":"))
 
 
