@@ -450,3 +450,44 @@ def test_whole_resnet_with_cutlass_convs_matches_onnxruntime_fixture(cuda_graph,
     for result, want in zip(got, expected):
         result = cupy.asnumpy(result).astype(np.float32)
         assert np.max(np.abs(result - want)) <= 1e-2 * np.max(np.abs(want)), library.report.to_text()
+
+
+@needs_nvcc
+def test_tuning_leaves_out_candidates_that_do_not_compile(tmp_path, monkeypatch):
+    """A candidate kernel that fails to compile is reported and left out of the profiler;
+    the others are still built and linked (the profiler's run needs a GPU: without one the
+    problem simply gets no measurements)."""
+    import warnings
+    from byoc.backends.cutlass import tuning
+    from byoc.backends.cutlass.kernels import GemmProblem
+    from byoc.codegen.templates import render_template as real_render
+
+    class FakeKernel:
+        def __init__(self, name, valid):
+            self.label, self.valid = name, valid
+
+        def name(self, problem):
+            return self.label
+
+        def template_data(self, problem, symbol, indices):
+            return {"symbol": symbol, "valid": self.valid}
+
+    def render(name, data):
+        if name == "fake":
+            body = "return 0;" if data["valid"] else "this is not C++"
+            return f'#include <cstddef>\nextern "C" int {data["symbol"]}(void* const*, void* const*, void*, size_t, void*) {{ {body} }}\n'
+        return real_render(name, data)
+
+    good, bad = FakeKernel("good_kernel", True), FakeKernel("bad_kernel", False)
+    monkeypatch.setattr(tuning, "usable_candidates", lambda sm, problem, allowed=None: [good, bad])
+    monkeypatch.setattr(tuning, "kernel_template", lambda kernel: "fake")
+    monkeypatch.setattr(tuning, "render_template", render)
+    problem = GemmProblem(64, 64, 64, 1, "float16", False, None, False, False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = tuning._profile([problem], 90, tmp_path, ["-arch=sm_90", "-O0"], jobs=2)
+    assert any("did not compile" in str(w.message) for w in caught)
+    profiler = (tmp_path / "profiler_0.cu").read_text()
+    assert "good_kernel" in profiler and "bad_kernel" not in profiler
+    assert (tmp_path / "profiler_0").is_file()  # linked with the candidate that compiled
+    assert problem in results

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import warnings
 from pathlib import Path
 
 from byoc.errors import BuildError
@@ -95,40 +96,54 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
              allowed: CandidateFilter = NO_FILTER) -> dict:
     from byoc.toolchain import CompileUnit, compile_units
     workdir.mkdir(parents=True, exist_ok=True)
-    units, programs = [], []
+    candidate_units, programs = [], []
     for index, problem in enumerate(problems):
         usable = usable_candidates(sm, problem, allowed)  # the heuristic's kernel first: the reference
+        indices, slots = {"a": 0, "b": 1}, [0, 1]
+        if problem.has_bias:
+            indices["bias"] = len(slots)
+            slots.append(2)
+        if problem.has_residual:
+            indices["residual"] = len(slots)
+            slots.append(3)
         entries = []
         for number, kernel in enumerate(usable):
             symbol = f"candidate_{index}_{number}"
-            indices = {"a": 0, "b": 1}
-            slots = [0, 1]
-            if problem.has_bias:
-                indices["bias"] = len(slots)
-                slots.append(2)
-            if problem.has_residual:
-                indices["residual"] = len(slots)
-                slots.append(3)
             source = workdir / f"{kernel.name(problem)}__{index}.cu"
             source.write_text(render_template(kernel_template(kernel), kernel.template_data(problem, symbol, indices)))
-            units.append(CompileUnit(source=source, language="cuda", flags=compile_flags,
-                                     output=f"{source.stem}.o"))
-            entries.append({"symbol": symbol, "name": kernel.name(problem)})
+            candidate_units.append(CompileUnit(source=source, language="cuda", flags=compile_flags,
+                                               output=f"{source.stem}.o"))
+            entries.append({"symbol": symbol, "name": kernel.name(problem), "object": f"{source.stem}.o"})
+        programs.append((problem, usable, entries, slots))
+    # A candidate that does not compile is left out (and reported), not fatal: the others
+    # are still measured, and the heuristic's kernel is what the build used before tuning.
+    try:
+        compile_units(candidate_units, workdir, jobs=jobs)
+    except BuildError as error:
+        warnings.warn(f"cutlass tuning: some candidates did not compile and are not measured: {error}")
+    built = {unit.output for unit in candidate_units if (workdir / "obj" / unit.output).is_file()}
+    profiler_units = []
+    for index, (problem, usable, entries, slots) in enumerate(programs):
+        kept = [entry for entry in entries if entry["object"] in built]
+        programs[index] = (problem, [entry["object"] for entry in kept])
         *sizes, out_size = operand_sizes(problem)
         fp16 = problem.dtype == "float16"
         profiler = workdir / f"profiler_{index}.cu"
         profiler.write_text(render_template("cutlass/profiler.cu.j2", {
-            "problem_key": problem.key, "candidates": entries, "sizes": sizes, "out_size": out_size,
+            "problem_key": problem.key, "candidates": kept, "sizes": sizes, "out_size": out_size,
             "arg_slots": slots, "iterations": 20, "bfloat16": problem.dtype == "bfloat16",
             "workspace_bytes": max([64 << 20] + [kernel_workspace_bytes(k, problem) for k in usable]),
             "fill_base": "0x3000u" if fp16 else "0x3E00u", "fill_mask": "0x03FFu" if fp16 else "0x007Fu"}))
-        units.append(CompileUnit(source=profiler, language="cuda", flags=compile_flags, output=f"profiler_{index}.o"))
-        programs.append((problem, profiler, [f"{Path(e['name'])}__{index}.o" for e in entries]))
-    objects = compile_units(units, workdir, jobs=jobs)
-    by_name = {Path(o).name: o for o in objects}
+        profiler_units.append(CompileUnit(source=profiler, language="cuda", flags=compile_flags,
+                                          output=f"profiler_{index}.o"))
+    compile_units(profiler_units, workdir, jobs=jobs)
+    by_name = {unit.output: workdir / "obj" / unit.output for unit in candidate_units + profiler_units}
     from byoc.toolchain.compiler import cuda_link_flags, find_nvcc
     results = {}
-    for index, (problem, profiler, kernel_objects) in enumerate(programs):
+    for index, (problem, kernel_objects) in enumerate(programs):
+        if not kernel_objects:
+            results[problem] = {}
+            continue
         executable = workdir / f"profiler_{index}"
         command = [str(find_nvcc()), "-o", str(executable), str(by_name[f"profiler_{index}.o"])] + \
             [str(by_name[name]) for name in kernel_objects] + ["-lcudart"]
