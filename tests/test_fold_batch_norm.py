@@ -62,3 +62,16 @@ def test_resnet_fixture_folds_every_batch_norm_and_keeps_its_result():
     inputs = {k[3:]: v for k, v in data.items() if k.startswith("in_")}
     want = byoc.interpret(mod, **inputs)
     np.testing.assert_allclose(byoc.interpret(after, **inputs), want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+
+def test_a_conv_read_through_a_tuple_binding_does_not_fold():
+    before = byoc.ir.parse("""
+def @main(%x: Tensor[(1, 2, 1, 1), float32]) -> Tuple[Tensor[(1, 2, 1, 1), float32], Tensor[(1, 2, 1, 1), float32]] {
+  %c = conv2d(%x, const([[[[1.0]], [[0.5]]], [[[0.25]], [[2.0]]]], float32))
+  %y = batch_norm(%c, const([2.0, 2.0], float32), const([1.0, 1.0], float32), const([0.0, 0.0], float32), const([1.0, 1.0], float32))
+  %t = (%c, %y)
+  %first = %t.0
+  return (%first, %y)
+}
+""")
+    assert_structural_equal(fold_batch_norm(before), before)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.expr import Binding, Call, Constant, Function, Var
+from ..ir.expr import Binding, Call, Constant, Function, Tuple, TupleGetItem, Var
 from ..ir.module import IRModule
 from ..ir.op import get_op
 
@@ -47,10 +47,9 @@ def fold_batch_norm(mod: IRModule) -> IRModule:
 def _fold(main: Function) -> Function:
     readers: dict = {}
     for index, binding in enumerate(main.bindings):
-        for arg in getattr(binding.value, "args", ()):
-            if isinstance(arg, Var):
-                readers.setdefault(arg, []).append(index)
-    result_vars = _vars_of(main.result)
+        for var in _vars_of(binding.value):
+            readers.setdefault(var, []).append(index)
+    result_vars = set(_vars_of(main.result))
     defined = {binding.var: index for index, binding in enumerate(main.bindings)}
 
     def only_reader(var, index) -> bool:
@@ -118,10 +117,18 @@ def _is_call(value, name: str) -> bool:
     return isinstance(value, Call) and getattr(value.op, "name", None) == name
 
 
-def _vars_of(expr) -> set:
+def _vars_of(expr) -> list:
+    """The variables `expr` reads (a call's arguments and callee, tuple fields, ...)."""
     if isinstance(expr, Var):
-        return {expr}
-    return {v for field in getattr(expr, "fields", ()) for v in _vars_of(field)}
+        return [expr]
+    if isinstance(expr, Tuple):
+        return [v for field in expr.fields for v in _vars_of(field)]
+    if isinstance(expr, TupleGetItem):
+        return _vars_of(expr.tuple_value)
+    if isinstance(expr, Call):
+        callee = [expr.op] if isinstance(expr.op, Var) else []
+        return callee + [v for arg in expr.args for v in _vars_of(arg)]
+    return []
 
 
 def _channel_vector(bias: Constant, channels: int, layout: str):
