@@ -48,7 +48,7 @@ def test_kernel_families_compile(sm, tmp_path):
             if sm == 90 else
             ConvProblem(2, 15, 17, 64, 72, 3, 3, 8, 9, (2, 2), (1, 1, 1, 1), (1, 1), "bfloat16", "relu", True, False))
     problems = [GemmProblem(1024, 3072, 768, 1, "float16", False, "gelu", True, False),
-                GemmProblem(128, 128, 64, 96, "bfloat16", True, None, False, False), conv]
+                GemmProblem(128, 128, 64, 96, "bfloat16", True, None, False, False, alpha=0.125), conv]
     kernels = [default_kernel(sm, problem) for problem in problems]
     if sm == 90:  # a split-K kernel (CUTLASS's stream-K scheduler in split-K mode), a 64x96 pingpong
         from byoc.backends.cutlass.kernels import GemmKernel
@@ -67,6 +67,8 @@ def test_kernel_families_compile(sm, tmp_path):
         source.write_text(render_template(kernel_template(kernel),
                                           kernel.template_data(problem, f"kernel_{index}", indices)))
         assert kernel.name(problem) in source.read_text()
+        if getattr(problem, "alpha", 1.0) != 1.0:  # attention's scale, in the epilogue
+            assert "0.125f" in source.read_text()
         units.append(CompileUnit(source, "cuda", cutlass_flags(target, sm), f"k{index}.o"))
     objects = compile_units(units, tmp_path)
     assert all(Path(o).stat().st_size > 0 for o in objects)
@@ -147,12 +149,14 @@ def _model(kind, m, n, k, dtype="float16", batch=()):
         a = fb.param("a", batch + (m, k), "float32")
         a16 = fb.call("cast", a, dtype=dtype)
         if kind.startswith("batched"):
-            b = fb.param("b", batch + ((n, k) if kind == "batched_nt" else (k, n)), "float32")
+            b = fb.param("b", batch + ((n, k) if kind.startswith("batched_nt") else (k, n)), "float32")
             b16 = fb.call("cast", b, dtype=dtype)
-            if kind == "batched_nt":
+            if kind.startswith("batched_nt"):
                 rank = len(batch) + 2
                 b16 = fb.call("transpose", b16, axes=tuple(range(rank - 2)) + (rank - 1, rank - 2))
             y = fb.call("matmul", a16, b16)
+            if kind.endswith("scaled"):  # attention's scores / sqrt(d): the epilogue's alpha
+                y = fb.call("divide", y, np.array(8.0, dtype))
         else:
             w = (rng.standard_normal((k, n)) * 0.1).astype(dtype)
             y = fb.call("matmul", a16, w)
@@ -174,7 +178,8 @@ def _model(kind, m, n, k, dtype="float16", batch=()):
 @pytest.mark.parametrize("kind, m, n, k, batch", [
     ("dense", 1000, 264, 136, ()), ("dense_bias", 77, 512, 256, (3,)), ("dense_bias_gelu", 1024, 3072, 768, ()),
     ("dense_bias_relu", 130, 200, 64, ()), ("dense_bias_residual", 333, 768, 768, ()),
-    ("batched", 128, 64, 128, (2, 12)), ("batched_nt", 128, 128, 64, (2, 12))])
+    ("batched", 128, 64, 128, (2, 12)), ("batched_nt", 128, 128, 64, (2, 12)),
+    ("batched_nt_scaled", 128, 128, 64, (2, 12)), ("batched_scaled", 100, 72, 64, (3,))])
 def test_patterns_match_float32_reference(kind, m, n, k, batch, tmp_path):
     import cupy
     mod = _model(kind, m, n, k, batch=batch)
@@ -491,3 +496,20 @@ def test_tuning_leaves_out_candidates_that_do_not_compile(tmp_path, monkeypatch)
     assert "good_kernel" in profiler and "bad_kernel" not in profiler
     assert (tmp_path / "profiler_0").is_file()  # linked with the candidate that compiled
     assert problem in results
+
+
+def test_a_scale_after_a_batched_matmul_becomes_the_epilogue_alpha(tmp_path):
+    """scores / 8 is taken by cutlass with the matmul, and the kernel scales in its epilogue
+    (partitioning and codegen only: no GPU needed)."""
+    from byoc.build import _Builder
+    from byoc.config import load_config
+    mod = _model("batched_nt_scaled", 128, 128, 64, batch=(2, 12))
+    cfg = load_config({"target": "cuda -arch=sm_90", "backends": [{"cutlass": {"profile": "false"}}]},
+                      overrides={"workdir": str(tmp_path)})
+    builder = _Builder(cfg)
+    mod = builder.simplify(mod)
+    mod, report = builder.partition(mod)
+    assert report.to_json()["backends"]["cutlass"]["patterns"] == {"batched_matmul_nt_scaled": 1}, report.to_text()
+    mod, _ = builder.codegen(mod)
+    sources = [p.read_text() for p in tmp_path.glob("cutlass_*.cu")]
+    assert len(sources) == 1 and "arguments.epilogue.thread.alpha = 0.125f;" in sources[0]

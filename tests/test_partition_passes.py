@@ -51,6 +51,31 @@ def @main(%x: Tensor[(4, 8), float32], %w: Tensor[(8, 8), float32], %b: Tensor[(
         assert_structural_equal(fuse_ops_by_pattern(parse(TWO_DENSE), ["test"]), expected)
 
 
+def test_scalar_constants_of_a_match_stay_in_the_composite():
+    """A matched scalar constant is part of what the composite computes (a backend folds
+    it into an epilogue): it stays in the body; a non-scalar constant is a parameter."""
+    before = """
+def @main(%x: Tensor[(4, 8), float32]) -> Tensor[(4, 8), float32] {
+  %m = matmul(%x, const([[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]], float32))
+  %s = divide(%m, const(8.0, float32))
+  return %s
+}"""
+    weight = "const([[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]" + ", [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]" * 7 + "], float32)"
+    expected = f"""
+def @main(%x: Tensor[(4, 8), float32]) -> Tensor[(4, 8), float32] {{
+  %f = fn (%p0: Tensor[(4, 8), float32], %p1: Tensor[(8, 8), float32]) -> Tensor[(4, 8), float32] [Composite="test.dense_scaled", Primitive=1] {{
+    %m = matmul(%p0, %p1)
+    %s = divide(%m, const(8.0, float32))
+    return %s
+  }}
+  %s = %f(%x, {weight})
+  return %s
+}}"""
+    pattern = is_op("divide")(is_op("matmul")(wildcard(), is_const()), is_const())
+    with _test_backend([PatternEntry("dense_scaled", pattern)]):
+        assert_structural_equal(fuse_ops_by_pattern(parse(before), ["test"]), parse(expected))
+
+
 def test_cycle_is_refused_with_reason():
     """Fusing matmul+add here would make a cycle: the composite's input %e is computed,
     outside it, from its own matmul. The match is refused and main stays as it was."""

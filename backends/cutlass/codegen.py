@@ -13,6 +13,8 @@ profiling is on), or the heuristic (kernels.heuristic_kernel / heuristic_conv_ke
 from __future__ import annotations
 
 import math
+
+import numpy as np
 from pathlib import Path
 
 from byoc.errors import BuildError
@@ -97,7 +99,7 @@ def gemm_problem(func: Function) -> tuple[GemmProblem, dict]:
     else:
         raise BuildError("cutlass: batched operands must have equal batch dims")
     indices = {"a": param_index(a, "A"), "b": param_index(b, "B")}
-    activation, has_bias, has_residual = None, False, False
+    activation, has_bias, has_residual, alpha = None, False, False, 1.0
     current = matmul_var
     for var, op, args, attrs in steps:
         if var is matmul_var or op == "transpose":
@@ -105,7 +107,12 @@ def gemm_problem(func: Function) -> tuple[GemmProblem, dict]:
         if current not in args:
             raise BuildError(f"cutlass: {op} does not continue the GEMM chain")
         other = [x for x in args if x is not current]
-        if op == "add" and not has_bias and activation is None and not has_residual and \
+        if op in ("divide", "multiply") and current is matmul_var and len(other) == 1 and \
+                isinstance(other[0], Constant) and other[0].type.size == 1 and \
+                (op == "multiply" or args[0] is current):
+            value = float(np.asarray(other[0].data, np.float64).reshape(-1)[0])
+            alpha = 1.0 / value if op == "divide" else value
+        elif op == "add" and not has_bias and activation is None and not has_residual and \
                 other and len(other[0].type.shape) == 1:
             has_bias, indices["bias"] = True, param_index(other[0], "bias")
         elif op == "add" and other and other[0].type.shape == var.type.shape:
@@ -118,7 +125,7 @@ def gemm_problem(func: Function) -> tuple[GemmProblem, dict]:
             raise BuildError(f"cutlass: {op} is not a fusable epilogue")
         current = var
     problem = GemmProblem(m=m, n=n, k=k, batch=batch, dtype=out_type.dtype, b_transposed=b_transposed,
-                          activation=activation, has_bias=has_bias, has_residual=has_residual)
+                          activation=activation, has_bias=has_bias, has_residual=has_residual, alpha=alpha)
     return problem, indices
 
 

@@ -34,6 +34,9 @@ class GemmProblem:
     activation: str | None = None
     has_bias: bool = False
     has_residual: bool = False
+    # D = alpha * (A @ B) ...: a scalar scale folded into the epilogue (attention's
+    # 1/sqrt(d)). It changes no kernel choice, so it is not part of the tuning key.
+    alpha: float = 1.0
 
     @property
     def epilogue_name(self) -> str:
@@ -102,6 +105,7 @@ class GemmKernel:
             "layout_b": "ColumnMajor" if problem.b_transposed else "RowMajor",
             "tile": list(self.tile), "activation": ACTIVATIONS[problem.activation],
             "has_bias": problem.has_bias, "has_residual": problem.has_residual,
+            "alpha": f"{float(problem.alpha)!r}f",  # repr: always a valid C++ float literal (1.0f, 1e-05f)
             "m": problem.m, "n": problem.n, "k": problem.k, "batch": problem.batch,
             "a_index": arg_indices["a"], "b_index": arg_indices["b"],
             "bias_index": arg_indices.get("bias", -1), "residual_index": arg_indices.get("residual", -1),

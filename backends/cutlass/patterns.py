@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from byoc.backend import PatternEntry
-from byoc.pattern import is_op, wildcard
+from byoc.pattern import is_const, is_op, wildcard
 
 FLOAT_TYPES = ("float16", "bfloat16")
 ACTIVATIONS = ("gelu", "relu", "silu", "sigmoid")
@@ -39,6 +39,25 @@ def with_activation(core):
 
 def with_residual(core):
     return _add(core, wildcard().named("residual"))
+
+
+def with_scale(core):
+    """core / c or core * c for a scalar constant c: the epilogue's alpha (attention's
+    scores / sqrt(d)). FuseOpsByPattern keeps the scalar in the body, where codegen reads it."""
+    scale = is_const().named("scale")
+    return (is_op("divide")(core, scale) | is_op("multiply")(core, scale) |
+            is_op("multiply")(scale, core)).named("scale_op")
+
+
+def check_scale(match) -> str | None:
+    scale = match["scale"]
+    if scale.type.size != 1:
+        return f"scale of shape {tuple(scale.type.shape)} is not a scalar"
+    import numpy as np
+    value = float(np.asarray(scale.data, np.float64).reshape(-1)[0])
+    if not np.isfinite(value) or (match.call_of("scale_op").op.name == "divide" and value == 0.0):
+        return f"scale {value} is not a finite, nonzero number"
+    return None
 
 
 def check_dense(match) -> str | None:
@@ -85,6 +104,14 @@ def check_batched(match) -> str | None:
     return None
 
 
+def check_scaled_batched(match) -> str | None:
+    return check_batched(match) or check_scale(match)
+
+
+def check_scaled_transposed_batched(match) -> str | None:
+    return check_transposed_batched(match) or check_scale(match)
+
+
 def check_transposed_batched(match) -> str | None:
     reason = check_batched(match)
     if reason:
@@ -95,6 +122,15 @@ def check_transposed_batched(match) -> str | None:
     if axes != expected:
         return f"transpose axes {axes} do not swap the last two dims"
     return None
+
+
+def batched():
+    return is_op("matmul")(wildcard().named("a"), wildcard().named("b")).named("matmul")
+
+
+def transposed_batched():
+    return is_op("matmul")(wildcard().named("a"),
+                           is_op("transpose")(wildcard().named("b")).named("transpose")).named("matmul")
 
 
 def conv2d():
@@ -183,10 +219,8 @@ def pattern_table() -> list:
         PatternEntry("dense_bias", with_bias(plain), check_dense),
         PatternEntry("dense_activation", with_activation(plain), check_dense),
         PatternEntry("dense", plain, check_dense),
-        PatternEntry("batched_matmul_nt",
-                     is_op("matmul")(wildcard().named("a"),
-                                     is_op("transpose")(wildcard().named("b")).named("transpose")).named("matmul"),
-                     check_transposed_batched),
-        PatternEntry("batched_matmul", is_op("matmul")(wildcard().named("a"), wildcard().named("b")).named("matmul"),
-                     check_batched),
+        PatternEntry("batched_matmul_nt_scaled", with_scale(transposed_batched()), check_scaled_transposed_batched),
+        PatternEntry("batched_matmul_scaled", with_scale(batched()), check_scaled_batched),
+        PatternEntry("batched_matmul_nt", transposed_batched(), check_transposed_batched),
+        PatternEntry("batched_matmul", batched(), check_batched),
     ]

@@ -12,7 +12,10 @@ accepted match becomes a local function written inline where its root was bound:
     }
     %y = %matmul_bias(%x, meta[0], meta[1])
 
-Every leaf of the match (wildcards, constants) is a parameter, in first-use order. A match
+Every leaf of the match (wildcards, constants) is a parameter, in first-use order, except
+scalar constants (one element), which stay in the body: they are part of what the
+function computes (a backend folds a scale into its epilogue) and, like the built-in
+backend's scalars, they are never lifted into parameters by the outliner either. A match
 is refused, with the reason kept for the partition report, when a node in it is already
 claimed, when an intermediate is used outside the match (fusing would duplicate work or
 lose a value), when a node of it reaches one of its own inputs through an outside node (a
@@ -147,10 +150,13 @@ def _position(bindings, var):
 
 
 def _composite_bindings(root, found, bindings, composite):
-    params, substitution = [], {}
-    for index, leaf in enumerate(found.inputs):
-        param = Var(f"p{index}", leaf.type)
+    params, substitution, arguments = [], {}, []
+    for leaf in found.inputs:
+        if isinstance(leaf, Constant) and leaf.type.size == 1:
+            continue  # a scalar stays in the body (see the module docstring)
+        param = Var(f"p{len(params)}", leaf.type)
         params.append(param)
+        arguments.append(leaf)
         substitution[leaf] = param
     matched = set(found.matched)
     body = []
@@ -165,4 +171,4 @@ def _composite_bindings(root, found, bindings, composite):
                         {"Composite": composite, "Primitive": 1})
     function_var = Var(composite.replace(".", "_"), function.type)
     return [Binding(function_var, function),
-            Binding(root, Call(function_var, list(found.inputs), type_=root.type))]
+            Binding(root, Call(function_var, arguments, type_=root.type))]
