@@ -44,7 +44,8 @@ device_copy: PlanDevices and the host code deal with them), other globals, and a
 """
 from __future__ import annotations
 
-from ...ir.expr import Binding, Call, Constant, Expr, Function, Tuple, TupleGetItem, Var
+from ...ir.expr import (Binding, Call, Constant, Expr, Function, Tuple, TupleGetItem, Var, substitute_vars,
+                        vars_read)
 from ...ir.module import IRModule
 from ...ir.op import Op, get_op
 
@@ -119,7 +120,7 @@ def _lower_split(main: Function) -> Function:
     alias: dict[Var, Var] = {}  # tuple-item variable -> the piece it names
     bindings: list[Binding] = []
     for binding in main.bindings:
-        value = _substitute(binding.value, alias)
+        value = substitute_vars(binding.value, alias)
         if _is_op_call(value) and value.op.name == "split":
             pieces = _split_pieces(binding.var, value)
             bindings.extend(pieces)
@@ -130,7 +131,7 @@ def _lower_split(main: Function) -> Function:
             alias[binding.var] = pieces_of[value.tuple_value][value.index]
         else:
             bindings.append(Binding(binding.var, value))
-    return Function(main.params, bindings, _substitute(main.result, alias), main.ret_type, main.attrs)
+    return Function(main.params, bindings, substitute_vars(main.result, alias), main.ret_type, main.attrs)
 
 
 def _split_pieces(split_var: Var, split: Call) -> list[Binding]:
@@ -153,43 +154,9 @@ def _uses_other_than_get_item(main: Function) -> set[Var]:
         value = binding.value
         if isinstance(value, TupleGetItem) and isinstance(value.tuple_value, Var):
             continue
-        used.update(_vars_read(value))
-    used.update(_vars_read(main.result))
+        used.update(vars_read(value))
+    used.update(vars_read(main.result))
     return used
-
-
-def _substitute(expr: Expr, alias: dict[Var, Var]) -> Expr:
-    """`expr` with the variables in `alias` replaced (bodies of local functions only see
-    their own parameters, so they are left as they are)."""
-    if not alias:
-        return expr
-    if isinstance(expr, Var):
-        return alias.get(expr, expr)
-    if isinstance(expr, Tuple):
-        return Tuple([_substitute(field, alias) for field in expr.fields])
-    if isinstance(expr, TupleGetItem):
-        return TupleGetItem(_substitute(expr.tuple_value, alias), expr.index)
-    if isinstance(expr, Call):
-        args = [_substitute(arg, alias) for arg in expr.args]
-        callee = alias.get(expr.op, expr.op) if isinstance(expr.op, Var) else expr.op
-        if isinstance(callee, Op):
-            return Call(callee, args, expr.attrs)
-        return Call(callee, args, expr.attrs, type_=expr.type)
-    return expr
-
-
-def _vars_read(expr: Expr) -> list[Var]:
-    """The variables an expression of main reads directly (not inside local functions)."""
-    if isinstance(expr, Var):
-        return [expr]
-    if isinstance(expr, Tuple):
-        return [var for field in expr.fields for var in _vars_read(field)]
-    if isinstance(expr, TupleGetItem):
-        return _vars_read(expr.tuple_value)
-    if isinstance(expr, Call):
-        callee = [expr.op] if isinstance(expr.op, Var) else []
-        return callee + [var for arg in expr.args for var in _vars_read(arg)]
-    return []
 
 
 # ---------------------------------------------------------------- elementwise grouping
@@ -200,10 +167,10 @@ def _readers(bindings, result) -> dict[int, set]:
     defined_at = {binding.var: index for index, binding in enumerate(bindings)}
     readers: dict[int, set] = {index: set() for index in range(len(bindings))}
     for index, binding in enumerate(bindings):
-        for var in _vars_read(binding.value):
+        for var in vars_read(binding.value):
             if var in defined_at:
                 readers[defined_at[var]].add(index)
-    for var in _vars_read(result):
+    for var in vars_read(result):
         if var in defined_at:
             readers[defined_at[var]].add(None)
     return readers
@@ -256,7 +223,7 @@ def _elementwise_groups(bindings, result) -> dict[int, list[int]]:
         while grown:
             grown = False
             for member in sorted(members, reverse=True):
-                for var in _vars_read(bindings[member].value):
+                for var in vars_read(bindings[member].value):
                     producer = defined_at.get(var)
                     if (producer is None or producer in members or producer in group_of
                             or not _is_elementwise(bindings[producer].value)):

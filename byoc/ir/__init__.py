@@ -2,7 +2,7 @@
 and parser, structural equality/hash, and a builder."""
 from .types import TensorType, TupleType, FuncType, Type, NUMPY_DTYPES
 from .op import Op, AttrSpec, register_op, get_op, list_ops, OP_REGISTRY
-from .expr import (Expr, Var, Constant, GlobalVar, ExternFunc, Tuple, TupleGetItem, Call,
+from .expr import (Expr, Var, Constant, GlobalVar, ExternFunc, Tuple, TupleGetItem, Call, vars_read, substitute_vars,
                    Binding, Function, const)
 from .module import IRModule
 from .builder import FunctionBuilder

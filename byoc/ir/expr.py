@@ -219,3 +219,39 @@ class Function(Expr):
 
 def const(value, dtype: str | None = None) -> Constant:
     return Constant(value, dtype)
+
+
+def vars_read(expr: Expr, callees: bool = True) -> list:
+    """The variables `expr` reads directly: itself, tuple fields, a tuple item's tuple, a
+    call's arguments and (with `callees`) a local function it calls. Bodies of nested
+    functions are not entered: they only see their own parameters."""
+    if isinstance(expr, Var):
+        return [expr]
+    if isinstance(expr, Tuple):
+        return [var for field in expr.fields for var in vars_read(field, callees)]
+    if isinstance(expr, TupleGetItem):
+        return vars_read(expr.tuple_value, callees)
+    if isinstance(expr, Call):
+        callee = [expr.op] if callees and isinstance(expr.op, Var) else []
+        return callee + [var for arg in expr.args for var in vars_read(arg, callees)]
+    return []
+
+
+def substitute_vars(expr: Expr, replaced: dict) -> Expr:
+    """`expr` with the variables in `replaced` (Var -> Expr) replaced where it reads them
+    directly (as vars_read sees them); nested function bodies are left as they are."""
+    if not replaced:
+        return expr
+    if isinstance(expr, Var):
+        return replaced.get(expr, expr)
+    if isinstance(expr, Tuple):
+        return Tuple([substitute_vars(field, replaced) for field in expr.fields])
+    if isinstance(expr, TupleGetItem):
+        return TupleGetItem(substitute_vars(expr.tuple_value, replaced), expr.index)
+    if isinstance(expr, Call):
+        args = [substitute_vars(arg, replaced) for arg in expr.args]
+        callee = replaced.get(expr.op, expr.op) if isinstance(expr.op, Var) else expr.op
+        if isinstance(callee, Op):
+            return Call(callee, args, expr.attrs)
+        return Call(callee, args, expr.attrs, type_=expr.type)
+    return expr

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.expr import Binding, Call, Constant, Function, Tuple, TupleGetItem, Var
+from ..ir.expr import Binding, Call, Constant, Function, Var, vars_read
 from ..ir.module import IRModule
 from ..ir.op import get_op
 
@@ -47,9 +47,9 @@ def fold_batch_norm(mod: IRModule) -> IRModule:
 def _fold(main: Function) -> Function:
     readers: dict = {}
     for index, binding in enumerate(main.bindings):
-        for var in _vars_of(binding.value):
+        for var in vars_read(binding.value):
             readers.setdefault(var, []).append(index)
-    result_vars = set(_vars_of(main.result))
+    result_vars = set(vars_read(main.result))
     defined = {binding.var: index for index, binding in enumerate(main.bindings)}
 
     def only_reader(var, index) -> bool:
@@ -115,20 +115,6 @@ def _fold(main: Function) -> Function:
 
 def _is_call(value, name: str) -> bool:
     return isinstance(value, Call) and getattr(value.op, "name", None) == name
-
-
-def _vars_of(expr) -> list:
-    """The variables `expr` reads (a call's arguments and callee, tuple fields, ...)."""
-    if isinstance(expr, Var):
-        return [expr]
-    if isinstance(expr, Tuple):
-        return [v for field in expr.fields for v in _vars_of(field)]
-    if isinstance(expr, TupleGetItem):
-        return _vars_of(expr.tuple_value)
-    if isinstance(expr, Call):
-        callee = [expr.op] if isinstance(expr.op, Var) else []
-        return callee + [v for arg in expr.args for v in _vars_of(arg)]
-    return []
 
 
 def _channel_vector(bias: Constant, channels: int, layout: str):

@@ -43,7 +43,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import DeviceConflictError
-from ..ir.expr import Binding, Call, Constant, Expr, Function, GlobalVar, Tuple, TupleGetItem, Var
+from ..ir.expr import (Binding, Call, Expr, Function, GlobalVar, Tuple, TupleGetItem, Var, substitute_vars,
+                       vars_read)
 from ..ir.module import IRModule
 from ..ir.op import Op, get_op
 from ..ir.virtual_device import VirtualDevice
@@ -153,8 +154,8 @@ def _annotate_inputs_and_outputs(main: Function, input_devices, output_devices) 
         annotated = Var(param.name_hint, param.type)
         bindings.append(Binding(annotated, Call(on_device, [param], {"device": str(VirtualDevice.parse(device))})))
         substitute[param] = annotated
-    bindings += [Binding(b.var, _substitute(b.value, substitute)) for b in main.bindings]
-    result = _substitute(main.result, substitute)
+    bindings += [Binding(b.var, substitute_vars(b.value, substitute)) for b in main.bindings]
+    result = substitute_vars(main.result, substitute)
     fields = list(result.fields) if isinstance(result, Tuple) else [result]
     delivered = []
     for field, device in zip(fields, _per_item(output_devices, len(fields), "output_devices")):
@@ -267,19 +268,19 @@ class _Planner:
         elif isinstance(value, Call) and isinstance(value.op, Op) and value.op.name == "device_copy":
             reason = f"device_copy at %{var.name_hint}"
             domains.fix(result, VirtualDevice.parse(value.attrs["dst"]), reason, where)
-            for source in _vars_of(value.args[0]):
+            for source in vars_read(value.args[0], callees=False):
                 domains.fix(self.domain(source), VirtualDevice.parse(value.attrs["src"]), reason, where)
         elif isinstance(value, Call) and isinstance(value.op, GlobalVar) and value.op.name in self.declared:
             devices = self.declared[value.op.name]
             domains.fix(result, devices.result, f"the result of @{value.op.name}", where)
             for arg, device in zip(value.args, devices.params):
-                for source in _vars_of(arg):
+                for source in vars_read(arg, callees=False):
                     self.argument_follows.append((self.domain(source), device))
         elif isinstance(value, Function):
             return  # a local function is code, not data: its calls are planned
         else:
             # An op (or anything else called) runs on one device: arguments and result together.
-            for source in _vars_of(value):
+            for source in vars_read(value, callees=False):
                 domains.unify(result, self.domain(source), where)
 
     # ---- phase 2: defaults
@@ -326,14 +327,14 @@ class _Planner:
         pending: dict = {}
 
         def materialize(expr):
-            for var in _vars_of(expr):
+            for var in vars_read(expr, callees=False):
                 if var in pending:
                     body, device = pending.pop(var)
                     replaced[var] = copy_of(body, device)
 
         for binding in self.main.bindings:
             materialize(binding.value)
-            var, value = binding.var, _substitute(binding.value, replaced)
+            var, value = binding.var, substitute_vars(binding.value, replaced)
             if isinstance(value, Call) and isinstance(value.op, Op) and value.op.name == "on_device":
                 # The annotation goes; its result is its body, copied where the two
                 # sides ended on different devices.
@@ -350,7 +351,7 @@ class _Planner:
                 value = Call(value.op, args, value.attrs, type_=value.type)
             bindings.append(Binding(var, value))
         materialize(self.main.result)
-        result = _substitute(self.main.result, replaced)
+        result = substitute_vars(self.main.result, replaced)
         return Function(self.main.params, bindings, result, self.main.ret_type, self.main.attrs)
 
 
@@ -361,40 +362,9 @@ def _device_copy(var: Var, source: VirtualDevice, destination: VirtualDevice) ->
 # ---------------------------------------------------------------- expression helpers
 
 
-def _vars_of(expr: Expr) -> list:
-    """The variables an argument or binding value reads as data (callees excluded)."""
-    if isinstance(expr, Var):
-        return [expr]
-    if isinstance(expr, Tuple):
-        return [v for field in expr.fields for v in _vars_of(field)]
-    if isinstance(expr, TupleGetItem):
-        return _vars_of(expr.tuple_value)
-    if isinstance(expr, Call):
-        return [v for arg in expr.args for v in _vars_of(arg)]
-    return []
-
-
 def _map_vars(expr: Expr, function: Callable) -> Expr:
     if isinstance(expr, Var):
         return function(expr)
     if isinstance(expr, Tuple):
         return Tuple([_map_vars(field, function) for field in expr.fields])
-    return expr
-
-
-def _substitute(expr: Expr, replaced: dict) -> Expr:
-    if not replaced:
-        return expr
-    if isinstance(expr, Var):
-        return replaced.get(expr, expr)
-    if isinstance(expr, Tuple):
-        return Tuple([_substitute(field, replaced) for field in expr.fields])
-    if isinstance(expr, TupleGetItem):
-        return TupleGetItem(_substitute(expr.tuple_value, replaced), expr.index)
-    if isinstance(expr, Call):
-        args = [_substitute(arg, replaced) for arg in expr.args]
-        if isinstance(expr.op, Op):
-            return Call(expr.op, args, expr.attrs)
-        callee = replaced.get(expr.op, expr.op) if isinstance(expr.op, Var) else expr.op
-        return Call(callee, args, expr.attrs, type_=expr.type)
     return expr
