@@ -290,14 +290,19 @@ def _check_backend_options(source, where, name, options):
             _fail(source, f"{where}.{attribute}", str(error))
 
 
+def _section(source, name: str, value, keys) -> dict:
+    """A config section: a mapping (or null, for empty) whose keys are all in `keys`."""
+    value = {} if value is None else value
+    if not isinstance(value, dict):
+        _fail(source, name, f"{value!r} is not a mapping; allowed keys: {', '.join(keys)}")
+    for key in value:
+        if key not in keys:
+            _fail(source, f"{name}.{key}", f"unknown key; allowed: {', '.join(keys)}{_did_you_mean(key, keys)}")
+    return value
+
+
 def _validate_tuning(source, tuning) -> dict:
-    tuning = {} if tuning is None else tuning
-    if not isinstance(tuning, dict):
-        _fail(source, "tuning", f"{tuning!r} is not a mapping; allowed keys: {', '.join(TUNING_KEYS)}")
-    for key in tuning:
-        if key not in TUNING_KEYS:
-            _fail(source, f"tuning.{key}", f"unknown key; allowed: {', '.join(TUNING_KEYS)}"
-                                           f"{_did_you_mean(key, TUNING_KEYS)}")
+    tuning = _section(source, "tuning", tuning, TUNING_KEYS)
     profile = _one_of(source, "tuning.profile", tuning.get("profile", "auto"), TUNING_PROFILES, "auto, true, false")
     return {"profile": profile, "tuning_db": _optional_path(source, "tuning.tuning_db", tuning.get("tuning_db"))}
 
@@ -314,13 +319,7 @@ def _validate_input_shapes(source, shapes) -> dict:
 
 
 def _validate_devices(source, devices) -> dict:
-    devices = {} if devices is None else devices
-    if not isinstance(devices, dict):
-        _fail(source, "devices", f"{devices!r} is not a mapping; allowed keys: {', '.join(DEVICES_KEYS)}")
-    for key in devices:
-        if key not in DEVICES_KEYS:
-            _fail(source, f"devices.{key}", f"unknown key; allowed: {', '.join(DEVICES_KEYS)}"
-                                            f"{_did_you_mean(key, DEVICES_KEYS)}")
+    devices = _section(source, "devices", devices, DEVICES_KEYS)
     pins = devices.get("pin") or []
     if not isinstance(pins, list):
         _fail(source, "devices.pin", f"{pins!r} is not a list of {{op: <op>, device: <device>}} or "
