@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import BuildError, ConfigError
+from .errors import ConfigError
 from .ir.module import IRModule
 
 
@@ -251,11 +251,12 @@ class _Builder:
         partitions share one) and how many of them the compiler ran for (the rest came
         from the object cache); host code and weights count as "host"."""
         per_backend = {}
+        compiled_units = set(compiled.get("compiled", ()))
         for index in range(compiled.get("units", 0)):
             backend = unit_backends[index] if index < len(unit_backends) else "host"
             entry = per_backend.setdefault(backend, {"units": 0, "compiled": 0})
             entry["units"] += 1
-            entry["compiled"] += index in set(compiled.get("compiled", ()))
+            entry["compiled"] += index in compiled_units
         total_compiled = len(compiled.get("compiled", ()))
         return {"compile_units": compiled.get("units", 0), "compiled": total_compiled,
                 "cached": compiled.get("units", 0) - total_compiled,

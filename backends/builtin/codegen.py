@@ -250,31 +250,19 @@ def _emit_reshape(calls: ShimCalls, ctx: OpContext) -> None:
     _copy_contiguous(calls, ctx.inputs[0], ctx.output, ctx.out_type)
 
 
-def _emit_transpose(calls: ShimCalls, ctx: OpContext) -> None:
-    x = ctx.arg_type(0)
-    from ...ops.layout import _transpose_axes
-    axes = _transpose_axes("transpose", ctx.attrs["axes"], x.ndim)
-    dense = _dense_strides(x.shape)
-    _copy_strided(calls, ctx.inputs[0], ctx.output, x.dtype, ctx.out_type.shape, [dense[a] for a in axes])
+def _emit_layout_view(calls: ShimCalls, ctx: OpContext) -> None:
+    """transpose, strided_slice: one strided copy of the view the op takes of its input
+    (views.compose: the same rules as a layout chain)."""
+    from .views import View, compose
+    view = compose(View.dense(ctx.arg_type(0).shape), ctx.call)
+    _copy_strided(calls, ctx.inputs[0], ctx.output, ctx.out_type.dtype, view.shape, view.strides,
+                  in_offset=view.offset)
 
 
 def _emit_broadcast_to(calls: ShimCalls, ctx: OpContext) -> None:
     x = ctx.arg_type(0)
     shape = ctx.out_type.shape
     _copy_strided(calls, ctx.inputs[0], ctx.output, x.dtype, shape, broadcast_strides(x.shape, shape))
-
-
-def _emit_strided_slice(calls: ShimCalls, ctx: OpContext) -> None:
-    x = ctx.arg_type(0)
-    from ...ops.layout import _slices  # the op's own bounds rules, so the two cannot drift
-    slices, shape = _slices(x.shape, ctx.attrs["begin"], ctx.attrs["end"], ctx.attrs["axes"], ctx.attrs["strides"])
-    dense = _dense_strides(x.shape)
-    offset, strides = 0, []
-    for piece, size, stride in zip(slices, x.shape, dense):
-        start, _, step = piece.indices(size) if size else (0, 0, 1)
-        offset += start * stride
-        strides.append(step * stride)
-    _copy_strided(calls, ctx.inputs[0], ctx.output, x.dtype, shape, strides, in_offset=offset)
 
 
 def _emit_concat(calls: ShimCalls, ctx: OpContext) -> None:
@@ -613,9 +601,9 @@ OP_EMITTERS: dict[str, Callable[[ShimCalls, OpContext], None]] = {
     "reshape": _emit_reshape,
     "squeeze": _emit_reshape,
     "expand_dims": _emit_reshape,
-    "transpose": _emit_transpose,
+    "transpose": _emit_layout_view,
     "broadcast_to": _emit_broadcast_to,
-    "strided_slice": _emit_strided_slice,
+    "strided_slice": _emit_layout_view,
     "concat": _emit_concat,
     "tile": _emit_tile,
     "gather": _emit_gather,

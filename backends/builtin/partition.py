@@ -61,8 +61,9 @@ LAYOUT_COMPOSITE = f"{COMPILER}.layout"  # a chain of layout ops run as one stri
 def partition_builtin(mod: IRModule) -> IRModule:
     """A new module whose main calls builtin functions for every op it still called."""
     main = _lower_split(mod["main"])
-    groups = _elementwise_groups(main.bindings, main.result)
-    groups.update(_layout_chains(main.bindings, main.result))
+    readers = _readers(main.bindings, main.result)
+    groups = _elementwise_groups(main.bindings, readers)
+    groups.update(_layout_chains(main.bindings, readers))
 
     bindings: list[Binding] = []
     for index, binding in enumerate(main.bindings):
@@ -176,10 +177,10 @@ def _readers(bindings, result) -> dict[int, set]:
     return readers
 
 
-def _layout_chains(bindings, result) -> dict[int, list[int]]:
-    """Binding index -> the binding indices of its layout chain (see the module docstring)."""
+def _layout_chains(bindings, readers) -> dict[int, list[int]]:
+    """Binding index -> the binding indices of its layout chain (see the module docstring);
+    `readers` as _readers gives them."""
     from .views import CHAIN_OPS, COPYING_OPS, View, compose
-    readers = _readers(bindings, result)
 
     def is_chain_op(index):
         value = bindings[index].value
@@ -208,10 +209,10 @@ def _layout_chains(bindings, result) -> dict[int, list[int]]:
     return chain_of
 
 
-def _elementwise_groups(bindings, result) -> dict[int, list[int]]:
-    """Binding index -> the sorted binding indices of its elementwise group."""
+def _elementwise_groups(bindings, readers) -> dict[int, list[int]]:
+    """Binding index -> the sorted binding indices of its elementwise group; `readers` as
+    _readers gives them."""
     defined_at = {binding.var: index for index, binding in enumerate(bindings)}
-    readers = _readers(bindings, result)
 
     group_of: dict[int, list[int]] = {}
     # From the back: a group's output is found before its members, which are all earlier.

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from byoc.ir.expr import Call
 
+from .elementwise import _dense_strides
+
 CHAIN_OPS = ("strided_slice", "transpose", "reshape", "squeeze", "expand_dims")
 COPYING_OPS = ("strided_slice", "transpose")  # alone, each costs a copy (reshapes are views)
 
@@ -25,15 +27,7 @@ class View:
 
     @staticmethod
     def dense(shape) -> "View":
-        return View(tuple(shape), tuple(dense_strides(shape)), 0)
-
-
-def dense_strides(shape) -> list[int]:
-    strides, running = [], 1
-    for size in reversed(shape):
-        strides.append(running)
-        running *= size
-    return strides[::-1]
+        return View(tuple(shape), tuple(_dense_strides(shape)), 0)
 
 
 def compose(view: View, call: Call) -> View | None:
@@ -67,7 +61,7 @@ def reshape_strides(shape, strides, new_shape) -> list[int] | None:
     if math.prod(shape) != math.prod(new_shape):
         return None
     if math.prod(shape) == 0:
-        return dense_strides(new_shape)
+        return _dense_strides(new_shape)
     old = [(size, stride) for size, stride in zip(shape, strides) if size != 1]
     new_dims = [d for d, size in enumerate(new_shape) if size != 1]
     result = [0] * len(new_shape)
