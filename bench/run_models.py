@@ -62,6 +62,7 @@ def load_config(spec, tuning_db=None, profile="auto"):
     from byoc.config import load_config as load
     name, _, variant = spec.partition(":")
     overrides = {"nograph": {"cuda_graph": False}, "update": {"cuda_graph": True, "cuda_graph_io": "update"},
+                 "graph": {"cuda_graph": True},
                  "": {}}[variant]
     if tuning_db:
         overrides["tuning"] = {"profile": {"false": False, "true": True}.get(profile, profile), "tuning_db": tuning_db}
@@ -105,6 +106,9 @@ def main():
     parser.add_argument("--workdir", default="/tmp/byoc-bench")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--tuning-db", help="CUTLASS tuning database to start from (problems missing are tuned)")
+    parser.add_argument("--merge-from", metavar="MODELS_JSON",
+                        help="keep this earlier result's rows for the model:batch cases not run now "
+                             "(only when it was measured on the same GPU)")
     parser.add_argument("--profile", default="auto", choices=("auto", "false"),
                         help="false: problems missing from the database take the heuristic's kernel (no tuning)")
     args = parser.parse_args()
@@ -113,6 +117,16 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda")
     rows, prepared = [], []
+    kept = []
+    if args.merge_from and Path(args.merge_from).exists():
+        earlier = json.loads(Path(args.merge_from).read_text())
+        cases_now = {(c.partition("=")[0].partition(":")[0], int(c.partition("=")[0].partition(":")[2] or 1))
+                     for c in args.cases}
+        if earlier.get("device") == torch.cuda.get_device_name():
+            kept = [row for row in earlier["rows"] if (row["model"], row["batch"]) not in cases_now]
+            for row in kept:
+                row.setdefault("date", earlier.get("date"))
+    rows.extend(kept)
     # Phase 1: every case's torch eager and byoc numbers; phase 2: torch.compile for every
     # case (its compiles are slow, so a run cut short still keeps the byoc numbers).
     for case in args.cases:
@@ -134,7 +148,8 @@ def main():
             xh = x if name == "bert_base" else x.half()
             eager_ms = time_cuda(lambda: half(xh), repeat)
         del model
-        row = {"model": name, "batch": batch, "torch_fp16_ms": {"eager": round(eager_ms, 4)}, "byoc": {}}
+        row = {"model": name, "batch": batch, "date": datetime.date.today().isoformat(),
+               "torch_fp16_ms": {"eager": round(eager_ms, 4)}, "byoc": {}}
         rows.append(row)
         prepared.append((row, half, xh, repeat))
         print(case, "torch", row["torch_fp16_ms"], flush=True)

@@ -1,0 +1,74 @@
+"""Where one run's GPU time goes: build a bench model with a shipped config and list its
+kernels (count, total and mean time per run) from torch.profiler (CUPTI sees the kernels the
+byoc library launches, graph replays included), beside the run's wall time.
+
+    python bench/profile_kernels.py bert_base:1=cuda_sm90,cuda_sm90:nograph --out DIR
+Writes DIR/profile_<model>_b<batch>_<config>.txt.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import models  # noqa: E402
+from run_models import example_input, load_config, time_cuda  # noqa: E402
+
+
+def profile(library, x, runs=20):
+    module = library.load()
+    got = module.run(input=x)
+    wall_ms = time_cuda(lambda: module.run(input=x, out=[got]), 100)
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    with torch_profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        for _ in range(runs):
+            module.run(input=x, out=[got])
+        torch.cuda.synchronize()
+    kernels = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            entry = kernels.setdefault(event.name, [0, 0.0])
+            entry[0] += 1
+            entry[1] += event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
+    rows = sorted(kernels.items(), key=lambda kv: -kv[1][1])
+    gpu_us = sum(v[1] for _, v in rows) / runs
+    lines = [f"wall {wall_ms * 1000:.1f} us per run; kernels and copies {gpu_us:.1f} us per run "
+             f"({sum(v[0] for _, v in rows) / runs:.0f} per run)", "",
+             "| per run | total us | mean us | kernel |", "|---|---|---|---|"]
+    for name, (count, total) in rows[:40]:
+        lines.append(f"| {count / runs:.0f} | {total / runs:.1f} | {total / count:.2f} | {name[:150]} |")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("cases", nargs="+", help="model:batch=config,config")
+    parser.add_argument("--out", default="/tmp/byoc-profile")
+    parser.add_argument("--workdir", default="/tmp/byoc-bench")
+    parser.add_argument("--tuning-db")
+    args = parser.parse_args()
+    import byoc
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for case in args.cases:
+        case, _, configs = case.partition("=")
+        name, _, batch = case.partition(":")
+        batch = int(batch or 1)
+        example = example_input(name, batch)
+        onnx_path = Path(args.workdir) / f"{name}_b{batch}.onnx"
+        if not onnx_path.exists():
+            onnx_path.parent.mkdir(parents=True, exist_ok=True)
+            models.export(models.make(name), example, str(onnx_path))
+        x = example.cuda()
+        for spec in configs.split(","):
+            library = byoc.build(onnx_path, config=load_config(spec, args.tuning_db, "false" if args.tuning_db else "auto"),
+                                 workdir=str(Path(args.workdir) / f"{name}_b{batch}_{spec.replace(':', '_')}"),
+                                 input_shapes={"input": tuple(x.shape)})
+            text = f"# {name} batch {batch} {spec}\n\n" + profile(library, x)
+            (out / f"profile_{name}_b{batch}_{spec.replace(':', '_')}.txt").write_text(text + "\n")
+            print(text, flush=True)
+
+
+if __name__ == "__main__":
+    main()
