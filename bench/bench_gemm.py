@@ -103,6 +103,9 @@ def main():
     parser.add_argument("--tuning-db", help="where the CUTLASS tuning database is kept (default: in --workdir)")
     parser.add_argument("--no-cutlass", action="store_true")
     parser.add_argument("--no-cublaslt", action="store_true")
+    parser.add_argument("--retune", nargs="*", default=[], metavar="KEY",
+                        help="problems (tuning keys, or parts of them) to tune again although the "
+                             "database has them: the rest keep their measured kernel and time")
     args = parser.parse_args()
     from byoc.backends.cutlass.codegen import cutlass_flags
     from byoc.backends.cutlass.kernels import GemmProblem
@@ -118,6 +121,9 @@ def main():
         if n == 768:
             problems.append(GemmProblem(m, n, k, 1, "float16", False, None, True, True))
     database = TuningDatabase(args.tuning_db or Path(args.workdir) / "tuning.json")
+    for key in list(database.entries.get("sm90", {})):
+        if any(part in key for part in args.retune):
+            del database.entries["sm90"][key]
     if not args.no_cutlass:
         flags = cutlass_flags(Target("cutlass", sm=90), 90)
         choose_kernels(problems, 90, database, profile=True, workdir=Path(args.workdir), compile_flags=flags)

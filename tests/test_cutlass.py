@@ -50,12 +50,14 @@ def test_kernel_families_compile(sm, tmp_path):
     problems = [GemmProblem(1024, 3072, 768, 1, "float16", False, "gelu", True, False),
                 GemmProblem(128, 128, 64, 96, "bfloat16", True, None, False, False, alpha=0.125), conv]
     kernels = [default_kernel(sm, problem) for problem in problems]
-    if sm == 90:  # a split-K kernel (CUTLASS's stream-K scheduler in split-K mode), a 64x96 pingpong
+    if sm == 90:  # split-K (CUTLASS's stream-K scheduler in split-K mode), a 64x96 pingpong, stream-K
         from byoc.backends.cutlass.kernels import GemmKernel
         problems.append(GemmProblem(1024, 768, 3072, 1, "float16", True, None, True, True))
         kernels.append(GemmKernel(90, (128, 128, 64), (1, 1), "coop", splits=2))
         problems.append(GemmProblem(1024, 768, 768, 1, "float16", False, None, True, True))
         kernels.append(GemmKernel(90, (64, 96, 64), (1, 1), "pingpong"))
+        problems.append(GemmProblem(1024, 2304, 768, 1, "float16", False, None, False, False))
+        kernels.append(GemmKernel(90, (128, 128, 64), (1, 1), "coop", stream_k=True))
     units = []
     for index, (problem, kernel) in enumerate(zip(problems, kernels)):
         assert kernel.supports(problem) is None
@@ -83,22 +85,31 @@ def test_heuristic_and_names():
         heuristic_kernel(80, GemmProblem(64, 64, 64, 1, "float16", False, None, True, True))
 
 
-def test_target_narrows_candidates_and_split_k_is_for_tuning_only():
+def test_target_narrows_candidates_and_the_heuristic_splits_k_only_for_few_tiles():
     from byoc.backends.cutlass.kernels import CandidateFilter, GemmProblem, candidates, heuristic_kernel, \
         usable_candidates
     problem = GemmProblem(1024, 768, 3072, 1, "float16", True, None, True, False)
     everything = candidates(90)
-    assert everything and all(k.splits == 1 for k in everything)  # split-K only when asked
-    with_split = CandidateFilter.from_target({"split_k": True})
-    split = [k for k in candidates(90, with_split) if k.splits > 1]
-    assert {k.splits for k in split} == {2, 4}
+    assert {k.splits for k in everything} == {1, 2, 4, 8} and sum(k.stream_k for k in everything) == 2
+    no_split = CandidateFilter.from_target({"split_k": False})
+    assert all(k.splits == 1 and not k.stream_k for k in candidates(90, no_split))
+    split = [k for k in everything if k.splits > 1]
     assert "_splitk2_" in split[0].name(problem)
-    assert heuristic_kernel(90, problem, with_split).splits == 1  # the heuristic never splits
-    usable = usable_candidates(90, problem, with_split)
-    assert usable[0] == heuristic_kernel(90, problem, with_split)  # the profiler's reference comes first
-    assert any(k.splits == 4 for k in usable)
+    assert "_streamk_" in [k for k in everything if k.stream_k][0].name(problem)
+    # M=1024: unsplit kernels fill the GPU, so the heuristic does not split (and never picks stream-K)
+    assert heuristic_kernel(90, problem).splits == 1
+    usable = usable_candidates(90, problem)
+    assert usable[0] == heuristic_kernel(90, problem)  # the profiler's reference comes first
+    assert any(k.splits == 8 for k in usable) and any(k.stream_k for k in usable)
     short = GemmProblem(1024, 768, 256, 1, "float16", True, None, False, False)  # 4 K tiles: split 2 only
-    assert {k.splits for k in usable_candidates(90, short, with_split)} == {1, 2}
+    assert {k.splits for k in usable_candidates(90, short)} == {1, 2}
+    # BERT at batch 1 (M=128, N=768, K=768): 24 CTAs at most unsplit -> K split 4 ways
+    bert_b1 = GemmProblem(128, 768, 768, 1, "float16", False, None, True, True)
+    chosen = heuristic_kernel(90, bert_b1)
+    assert (chosen.tile, chosen.splits) == ((128, 64, 64), 4), chosen.name(bert_b1)
+    assert heuristic_kernel(90, bert_b1, no_split).splits == 1
+    mlp_b1 = GemmProblem(1, 1024, 1024, 1, "float16", False, "relu", True, False)
+    assert heuristic_kernel(90, mlp_b1).splits == 8
 
     narrow = CandidateFilter.from_target({"tiles": ["128x128x64"], "clusters": ["1x1"]})
     assert {(k.tile, k.cluster) for k in candidates(90, narrow)} == {((128, 128, 64), (1, 1))}
@@ -125,6 +136,8 @@ def test_tuning_database_entry_outside_the_targets_candidates_is_not_used(tmp_pa
     assert chosen[problem].tile == (128, 128, 64)
     split = GemmKernel(90, (128, 128, 64), (1, 1), "coop", splits=4)
     assert GemmKernel.from_json(split.to_json()) == split and "splits" not in remembered.to_json()
+    stream = GemmKernel(90, (128, 128, 64), (1, 1), "coop", stream_k=True)
+    assert GemmKernel.from_json(stream.to_json()) == stream and "stream_k" not in remembered.to_json()
 
 
 @needs_nvcc
@@ -179,7 +192,9 @@ def _model(kind, m, n, k, dtype="float16", batch=()):
     ("dense", 1000, 264, 136, ()), ("dense_bias", 77, 512, 256, (3,)), ("dense_bias_gelu", 1024, 3072, 768, ()),
     ("dense_bias_relu", 130, 200, 64, ()), ("dense_bias_residual", 333, 768, 768, ()),
     ("batched", 128, 64, 128, (2, 12)), ("batched_nt", 128, 128, 64, (2, 12)),
-    ("batched_nt_scaled", 128, 128, 64, (2, 12)), ("batched_scaled", 100, 72, 64, (3,))])
+    ("batched_nt_scaled", 128, 128, 64, (2, 12)), ("batched_scaled", 100, 72, 64, (3,)),
+    # few output tiles: the heuristic splits K (4 ways; 8 ways with a bias + relu epilogue)
+    ("dense_bias_residual", 128, 768, 768, ()), ("dense_bias_relu", 1, 1024, 1024, ())])
 def test_patterns_match_float32_reference(kind, m, n, k, batch, tmp_path):
     import cupy
     mod = _model(kind, m, n, k, batch=batch)
@@ -194,6 +209,41 @@ def test_patterns_match_float32_reference(kind, m, n, k, batch, tmp_path):
     reference = byoc.interpret(mod, **inputs)
     scale = np.max(np.abs(reference))
     assert np.max(np.abs(got - reference)) <= 1e-2 * scale, kind
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_visible(), reason="no GPU visible")
+@pytest.mark.parametrize("kind, m, n, k, kernel", [
+    ("dense", 1024, 2304, 768, {"tile": [128, 128, 64], "stream_k": True}),
+    ("dense_bias_residual", 1000, 768, 768, {"tile": [128, 64, 64], "stream_k": True}),
+    ("dense_bias_gelu", 1024, 768, 3072, {"tile": [128, 128, 64], "splits": 2}),
+])
+def test_split_and_stream_k_kernels_from_the_tuning_database_match_float32_reference(kind, m, n, k, kernel,
+                                                                                       tmp_path):
+    """Kernels only tuning picks (stream-K) or the heuristic picks for other shapes (split
+    K 2 ways), forced through a tuning-database entry."""
+    import cupy
+    from byoc.backends.cutlass.kernels import GemmKernel, GemmProblem
+    from byoc.backends.cutlass.tuning import TuningDatabase
+    mod = _model(kind, m, n, k)
+    problem = GemmProblem(m, n, k, 1, "float16", False, "gelu" if "gelu" in kind else None, "bias" in kind,
+                          "residual" in kind)
+    forced = GemmKernel(90, tuple(kernel["tile"]), (1, 1), "coop", splits=kernel.get("splits", 1),
+                        stream_k=kernel.get("stream_k", False))
+    database = TuningDatabase(tmp_path / "db.json")
+    database.record(90, problem, forced, 1.0, {})
+    database.save()
+    library = byoc.build(mod, config={"target": "auto", "backends": [
+        {"cutlass": {"profile": "false", "tuning_db": str(tmp_path / "db.json")}}]}, workdir=str(tmp_path / "w"))
+    sources = "".join(p.read_text() for p in (tmp_path / "w").rglob("*.cu"))
+    assert forced.name(problem) in sources, library.report.to_text()
+    module = library.load()
+    rng = np.random.default_rng(2)
+    inputs = {p.name_hint: rng.standard_normal(p.type.shape).astype(np.float32) for p in mod["main"].params}
+    reference = byoc.interpret(mod, **inputs)
+    for _ in range(3):  # the workspace's reduction flags must be reset between runs
+        got = cupy.asnumpy(module.run(**{k_: cupy.asarray(v) for k_, v in inputs.items()}))
+        assert np.max(np.abs(got - reference)) <= 1e-2 * np.max(np.abs(reference)), forced.name(problem)
 
 
 # ---------------------------------------------------------------- conv2d (NHWC)

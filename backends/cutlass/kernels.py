@@ -7,7 +7,9 @@ layout of B, epilogue), and the candidates the tuner chooses among.
     cutlass_sm80_bf16_128x128x32_64x64x32_3stage_residual
 
 The cutlass Target narrows the candidates (CandidateFilter: tiles, clusters, stages) and
-may add split-K kernels (split_k), which only tuning picks: the heuristic never does.
+allows (split_k, on by default) sm90 kernels that split K: split-K kernels, which the
+heuristic picks for GEMMs whose output tiles leave most SMs idle (BERT at batch 1: M=128),
+and stream-K kernels, which only tuning picks.
 
 Templates (templates/cutlass/gemm_sm90.cu.j2, gemm_sm80.cu.j2) receive `template_data()`:
 plain values only.
@@ -62,6 +64,10 @@ class GemmKernel:
     # sm90 cooperative only: K split this many ways (CUTLASS's stream-K tile scheduler in
     # split-K mode; partial sums reduced through the workspace). 1: no split.
     splits: int = 1
+    # sm90 cooperative only: the stream-K scheduler in stream-K mode: a last, partial wave
+    # of output tiles is shared out over every SM in K-iteration units (N=2304 at M=1024:
+    # 144 tiles of 128x128 on 132 SMs would otherwise take two waves).
+    stream_k: bool = False
 
     kind = "gemm"
 
@@ -72,6 +78,8 @@ class GemmKernel:
             shape = f"{tile}_{self.cluster[0]}x{self.cluster[1]}_{self.schedule}"
             if self.splits > 1:
                 shape += f"_splitk{self.splits}"
+            if self.stream_k:
+                shape += "_streamk"
         else:
             shape = f"{tile}_{'x'.join(str(w) for w in self.warp)}_{self.stages}stage"
         layout = "nt" if problem.b_transposed else "nn"
@@ -83,6 +91,8 @@ class GemmKernel:
             return "sm80 kernels take either a bias or a residual in the epilogue, not both"
         if problem.has_residual and problem.activation:
             return "an activation before the residual add needs an epilogue visitor tree (not built)"
+        if self.stream_k and (self.sm < 90 or self.schedule != "coop" or self.splits > 1):
+            return "stream-K kernels are sm90 cooperative kernels without a fixed split"
         if self.splits > 1:
             if self.sm < 90 or self.schedule != "coop":
                 return "split-K kernels are sm90 cooperative kernels"
@@ -92,10 +102,13 @@ class GemmKernel:
 
     def workspace_bytes(self, problem: GemmProblem) -> int:
         """What the kernel needs beyond its operands: split-K keeps a float partial tile per
-        output tile (and a barrier word per tile and warp group); others need next to nothing."""
-        if self.splits == 1:
+        output tile (and a barrier word per tile and warp group); stream-K at most that for the
+        tiles of its shared waves, or for one wave of units; others need next to nothing."""
+        if self.splits == 1 and not self.stream_k:
             return 1 << 20
         tiles = -(-problem.m // self.tile[0]) * -(-problem.n // self.tile[1]) * problem.batch
+        if self.stream_k:
+            tiles = max(tiles, 2 * SM_COUNT[90])
         return tiles * (self.tile[0] * self.tile[1] * 4 + 64) + (1 << 20)
 
     def template_data(self, problem: GemmProblem, symbol: str, arg_indices: dict) -> dict:
@@ -112,7 +125,7 @@ class GemmKernel:
         }
         if self.sm == 90:
             cooperative = self.schedule == "coop"
-            data.update(cluster=list(self.cluster), splits=self.splits,
+            data.update(cluster=list(self.cluster), splits=self.splits, stream_k=self.stream_k,
                         kernel_schedule="KernelTmaWarpSpecializedCooperative" if cooperative
                         else "KernelTmaWarpSpecializedPingpong",
                         epilogue_schedule="TmaWarpSpecializedCooperative" if cooperative
@@ -126,13 +139,15 @@ class GemmKernel:
                 "warp": list(self.warp), "stages": self.stages}
         if self.splits > 1:
             data["splits"] = self.splits
+        if self.stream_k:
+            data["stream_k"] = True
         return data
 
     @staticmethod
     def from_json(data: dict) -> "GemmKernel":
         return GemmKernel(sm=data["sm"], tile=tuple(data["tile"]), cluster=tuple(data["cluster"]),
                           schedule=data["schedule"], warp=tuple(data["warp"]), stages=data["stages"],
-                          splits=data.get("splits", 1))
+                          splits=data.get("splits", 1), stream_k=bool(data.get("stream_k", False)))
 
 
 # The tuner's candidates. Cooperative kernels need a tile M of at least 128; pingpong runs
@@ -167,10 +182,13 @@ SM80_CANDIDATES = (
 )
 
 
-# With split_k on: these tiles also run K split 2 and 4 ways (BERT's N=768 GEMMs give
-# 128x128 tiles 48 CTAs for 132 SMs; a split fills the GPU).
+# With split_k on (the default): these tiles also run K split 2, 4 and 8 ways (BERT at
+# batch 1: M=128, N=768 gives 12 tiles of 128x64 for 132 SMs), and stream-K.
 SM90_SPLIT_K = tuple(GemmKernel(90, tile, (1, 1), "coop", splits=splits)
-                     for tile in ((128, 128, 64), (128, 64, 64)) for splits in (2, 4))
+                     for tile in ((128, 128, 64), (128, 64, 64)) for splits in (2, 4, 8))
+SM90_STREAM_K = tuple(GemmKernel(90, tile, (1, 1), "coop", stream_k=True)
+                      for tile in ((128, 128, 64), (128, 64, 64)))
+SM_COUNT = {90: 132, 80: 108}  # H100 SXM and A100: what the heuristic assumes
 
 
 @dataclass(frozen=True)
@@ -179,17 +197,17 @@ class CandidateFilter:
     tiles: tuple = ()  # ((M, N, K), ...) threadblock tiles
     clusters: tuple = ()  # ((M, N), ...) cluster shapes (sm90)
     stages: tuple = ()  # stage counts (sm80)
-    split_k: bool = False  # add the split-K kernels (tuning only)
+    split_k: bool = True  # allow the split-K and stream-K kernels
 
     @staticmethod
     def from_target(attrs: dict) -> "CandidateFilter":
         return CandidateFilter(tiles=tuple(parse_shape(t, 3, "tiles") for t in attrs.get("tiles") or ()),
                                clusters=tuple(parse_shape(c, 2, "clusters") for c in attrs.get("clusters") or ()),
                                stages=tuple(int(x) for x in attrs.get("stages") or ()),
-                               split_k=bool(attrs.get("split_k", False)))
+                               split_k=bool(attrs.get("split_k", True)))
 
     def admits(self, kernel) -> bool:
-        if getattr(kernel, "splits", 1) > 1 and not self.split_k:
+        if (getattr(kernel, "splits", 1) > 1 or getattr(kernel, "stream_k", False)) and not self.split_k:
             return False
         if self.tiles and tuple(kernel.tile) not in self.tiles:
             return False
@@ -213,28 +231,37 @@ NO_FILTER = CandidateFilter()
 
 
 def candidates(sm: int, allowed: CandidateFilter = NO_FILTER) -> tuple:
-    family = SM90_CANDIDATES + SM90_SPLIT_K if sm >= 90 else SM80_CANDIDATES
+    family = SM90_CANDIDATES + SM90_SPLIT_K + SM90_STREAM_K if sm >= 90 else SM80_CANDIDATES
     return tuple(kernel for kernel in family if allowed.admits(kernel))
 
 
 def heuristic_kernel(sm: int, problem: GemmProblem, allowed: CandidateFilter = NO_FILTER) -> GemmKernel:
     """The documented choice without a GPU or a tuning-database entry, by wave
-    quantization: a GEMM takes about ceil(CTAs / SMs) waves of one tile's work each
-    (132 SMs on an H100, 108 on an A100), so the estimate is waves x tile area, and the
+    quantization: a GEMM takes about ceil(CTAs / SMs) waves, each as long as one CTA's
+    work, tile area x the K iterations it runs (132 SMs on an H100, 108 on an A100); the
     smallest estimate wins; among equals, the larger tile (more reuse per CTA), then the
-    earlier candidate. Split-K kernels only where nothing else is allowed."""
-    sm_count = 132 if sm >= 90 else 108
-    ordered = candidates(sm, allowed)
-    usable = [k for k in ordered if k.supports(problem) is None]
-    usable = [k for k in usable if k.splits == 1] or usable
+    earlier candidate. A split-K kernel runs K / splits iterations per CTA plus about two
+    iterations' worth of reduction through the workspace, and is considered only where no
+    unsplit kernel fills half the SMs (it wins there: BERT at batch 1, an MLP at batch 1).
+    Stream-K kernels are for tuning only."""
+    sm_count = SM_COUNT[90 if sm >= 90 else 80]
+    usable = [k for k in candidates(sm, allowed) if k.supports(problem) is None and not k.stream_k]
     if not usable:
         raise ValueError(f"no sm{sm} kernel supports {problem.key} (among the candidates the cutlass target allows)")
 
+    def ctas(kernel):
+        return -(-problem.m // kernel.tile[0]) * -(-problem.n // kernel.tile[1]) * problem.batch * kernel.splits
+
+    unsplit = [k for k in usable if k.splits == 1]
+    if unsplit and max(ctas(k) for k in unsplit) * 2 >= sm_count:
+        usable = unsplit
+
     def estimate(indexed):
         position, kernel = indexed
-        ctas = -(-problem.m // kernel.tile[0]) * -(-problem.n // kernel.tile[1]) * problem.batch
+        k_iterations = -(-problem.k // kernel.tile[2])
+        per_cta = -(-k_iterations // kernel.splits) + (2 if kernel.splits > 1 else 0)
         area = kernel.tile[0] * kernel.tile[1]
-        return (-(-ctas // sm_count) * area, -area, position)
+        return (-(-ctas(kernel) // sm_count) * area * per_cta, -area, position)
 
     return min(enumerate(usable), key=estimate)[1]
 

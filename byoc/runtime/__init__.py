@@ -42,6 +42,9 @@ class _DLTensor(ctypes.Structure):
 _TYPESTR_DLPACK = {"f4": (2, 32), "f2": (2, 16), "f8": (2, 64), "i8": (0, 64), "i4": (0, 32),
                    "i2": (0, 16), "i1": (0, 8), "u1": (1, 8), "b1": (6, 8)}
 _DEVICE_CPU, _DEVICE_CUDA = 1, 2
+_TORCH_DLPACK = {"torch.float32": (2, 32), "torch.float16": (2, 16), "torch.float64": (2, 64),
+                 "torch.bfloat16": (4, 16), "torch.int64": (0, 64), "torch.int32": (0, 32),
+                 "torch.int16": (0, 16), "torch.int8": (0, 8), "torch.uint8": (1, 8), "torch.bool": (6, 8)}
 
 
 def _dlpack_dtype(typestr: str, descr=None) -> tuple[int, int]:
@@ -58,6 +61,9 @@ class _Prepared:
 
     def __init__(self, array, what: str):
         self.array = array
+        if type(array).__module__.startswith("torch") and getattr(array, "is_cuda", False):
+            self._describe_torch_cuda(array)
+            return
         if hasattr(array, "__cuda_array_interface__"):
             interface, device = array.__cuda_array_interface__, _DEVICE_CUDA
         elif hasattr(array, "__array_interface__"):
@@ -82,6 +88,20 @@ class _Prepared:
         self.tensor = _DLTensor(
             data=data, device=_DLDevice(device, 0), ndim=len(shape), dtype=_DLDataType(code, bits, 1),
             shape=self.shape, strides=self.strides, byte_offset=0)
+
+
+    def _describe_torch_cuda(self, tensor):
+        """A torch CUDA tensor read field by field: its __cuda_array_interface__ builds a
+        dict and checks autograd state on every access, tens of microseconds per run that
+        a batch-1 model (a few tens of microseconds on the GPU) would spend in Python."""
+        code, bits = _TORCH_DLPACK.get(str(tensor.dtype), (255, 8 * tensor.element_size()))
+        shape = tensor.shape
+        rank = len(shape)
+        self.shape = (ctypes.c_int64 * max(rank, 1))(*shape)
+        self.strides = (ctypes.c_int64 * max(rank, 1))(*tensor.stride())
+        self.tensor = _DLTensor(
+            data=tensor.data_ptr(), device=_DLDevice(_DEVICE_CUDA, tensor.get_device()), ndim=rank,
+            dtype=_DLDataType(code, bits, 1), shape=self.shape, strides=self.strides, byte_offset=0)
 
 
 class Module:
