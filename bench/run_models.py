@@ -63,8 +63,8 @@ def load_config(spec, tuning_db=None, profile="auto"):
     name, _, variant = spec.partition(":")
     overrides = {"nograph": {"cuda_graph": False}, "update": {"cuda_graph": True, "cuda_graph_io": "update"},
                  "graph": {"cuda_graph": True},
-                 # cuda_sm90 with CUTLASS's split-K kernels off (the heuristic's choice measured)
-                 "nosplit": {"backends": [{"cutlass": {"sm": 90, "split_k": False}}, "cublaslt", "builtin"]},
+                 # cuda_sm90 with CUTLASS's split-K kernels allowed (the heuristic's choice measured)
+                 "split": {"backends": [{"cutlass": {"sm": 90, "split_k": True}}, "cublaslt", "builtin"]},
                  "": {}}[variant]
     if tuning_db:
         overrides["tuning"] = {"profile": {"false": False, "true": True}.get(profile, profile), "tuning_db": tuning_db}

@@ -85,31 +85,31 @@ def test_heuristic_and_names():
         heuristic_kernel(80, GemmProblem(64, 64, 64, 1, "float16", False, None, True, True))
 
 
-def test_target_narrows_candidates_and_the_heuristic_splits_k_only_for_few_tiles():
+def test_target_narrows_candidates_and_split_k_splits_only_few_tiles():
     from byoc.backends.cutlass.kernels import CandidateFilter, GemmProblem, candidates, heuristic_kernel, \
         usable_candidates
     problem = GemmProblem(1024, 768, 3072, 1, "float16", True, None, True, False)
-    everything = candidates(90)
+    assert all(k.splits == 1 and not k.stream_k for k in candidates(90))  # split K only when asked
+    with_split = CandidateFilter.from_target({"split_k": True})
+    everything = candidates(90, with_split)
     assert {k.splits for k in everything} == {1, 2, 4, 8} and sum(k.stream_k for k in everything) == 2
-    no_split = CandidateFilter.from_target({"split_k": False})
-    assert all(k.splits == 1 and not k.stream_k for k in candidates(90, no_split))
     split = [k for k in everything if k.splits > 1]
     assert "_splitk2_" in split[0].name(problem)
     assert "_streamk_" in [k for k in everything if k.stream_k][0].name(problem)
     # M=1024: unsplit kernels fill the GPU, so the heuristic does not split (and never picks stream-K)
-    assert heuristic_kernel(90, problem).splits == 1
-    usable = usable_candidates(90, problem)
-    assert usable[0] == heuristic_kernel(90, problem)  # the profiler's reference comes first
+    assert heuristic_kernel(90, problem, with_split).splits == 1
+    usable = usable_candidates(90, problem, with_split)
+    assert usable[0] == heuristic_kernel(90, problem, with_split)  # the profiler's reference comes first
     assert any(k.splits == 8 for k in usable) and any(k.stream_k for k in usable)
     short = GemmProblem(1024, 768, 256, 1, "float16", True, None, False, False)  # 4 K tiles: split 2 only
-    assert {k.splits for k in usable_candidates(90, short)} == {1, 2}
+    assert {k.splits for k in usable_candidates(90, short, with_split)} == {1, 2}
     # BERT at batch 1 (M=128, N=768, K=768): 24 CTAs at most unsplit -> K split 4 ways
     bert_b1 = GemmProblem(128, 768, 768, 1, "float16", False, None, True, True)
-    chosen = heuristic_kernel(90, bert_b1)
+    chosen = heuristic_kernel(90, bert_b1, with_split)
     assert (chosen.tile, chosen.splits) == ((128, 64, 64), 4), chosen.name(bert_b1)
-    assert heuristic_kernel(90, bert_b1, no_split).splits == 1
+    assert heuristic_kernel(90, bert_b1).splits == 1
     mlp_b1 = GemmProblem(1, 1024, 1024, 1, "float16", False, "relu", True, False)
-    assert heuristic_kernel(90, mlp_b1).splits == 8
+    assert heuristic_kernel(90, mlp_b1, with_split).splits == 8
 
     narrow = CandidateFilter.from_target({"tiles": ["128x128x64"], "clusters": ["1x1"]})
     assert {(k.tile, k.cluster) for k in candidates(90, narrow)} == {((128, 128, 64), (1, 1))}
@@ -193,13 +193,16 @@ def _model(kind, m, n, k, dtype="float16", batch=()):
     ("dense_bias_relu", 130, 200, 64, ()), ("dense_bias_residual", 333, 768, 768, ()),
     ("batched", 128, 64, 128, (2, 12)), ("batched_nt", 128, 128, 64, (2, 12)),
     ("batched_nt_scaled", 128, 128, 64, (2, 12)), ("batched_scaled", 100, 72, 64, (3,)),
-    # few output tiles: the heuristic splits K (4 ways; 8 ways with a bias + relu epilogue)
+    # few output tiles: with split_k the heuristic splits K (4 ways; 8 ways at M=1)
     ("dense_bias_residual", 128, 768, 768, ()), ("dense_bias_relu", 1, 1024, 1024, ())])
 def test_patterns_match_float32_reference(kind, m, n, k, batch, tmp_path):
     import cupy
     mod = _model(kind, m, n, k, batch=batch)
-    library = byoc.build(mod, config={"target": "auto", "backends": [{"cutlass": {"profile": "false"}}]},
-                         workdir=str(tmp_path / "w"))
+    split = m <= 128 and (n, k) in ((768, 768), (1024, 1024))
+    library = byoc.build(mod, config={"target": "auto", "backends": [
+        {"cutlass": {"profile": "false", **({"split_k": True} if split else {})}}]}, workdir=str(tmp_path / "w"))
+    if split:
+        assert "_splitk" in "".join(p.read_text() for p in (tmp_path / "w").rglob("*.cu"))
     assert "cutlass" in library.metadata["backends"], library.report.to_text()
     module = library.load()
     rng = np.random.default_rng(1)
@@ -234,7 +237,8 @@ def test_split_and_stream_k_kernels_from_the_tuning_database_match_float32_refer
     database.record(90, problem, forced, 1.0, {})
     database.save()
     library = byoc.build(mod, config={"target": "auto", "backends": [
-        {"cutlass": {"profile": "false", "tuning_db": str(tmp_path / "db.json")}}]}, workdir=str(tmp_path / "w"))
+        {"cutlass": {"profile": "false", "split_k": True, "tuning_db": str(tmp_path / "db.json")}}]},
+        workdir=str(tmp_path / "w"))
     sources = "".join(p.read_text() for p in (tmp_path / "w").rglob("*.cu"))
     assert forced.name(problem) in sources, library.report.to_text()
     module = library.load()

@@ -7,9 +7,11 @@ layout of B, epilogue), and the candidates the tuner chooses among.
     cutlass_sm80_bf16_128x128x32_64x64x32_3stage_residual
 
 The cutlass Target narrows the candidates (CandidateFilter: tiles, clusters, stages) and
-allows (split_k, on by default) sm90 kernels that split K: split-K kernels, which the
-heuristic picks for GEMMs whose output tiles leave most SMs idle (BERT at batch 1: M=128),
-and stream-K kernels, which only tuning picks.
+may allow (split_k, off by default) sm90 kernels that split K: split-K kernels, which the
+heuristic then picks for GEMMs whose output tiles leave most SMs idle (BERT at batch 1:
+M=128), and stream-K kernels, which only tuning picks. Off by default because no
+measurement so far shows them faster (bench/results/tuning_sm90.json: at M=1024 both
+lose to the unsplit tiles; at batch 1, bench/results/models.md, row cuda_sm90:split).
 
 Templates (templates/cutlass/gemm_sm90.cu.j2, gemm_sm80.cu.j2) receive `template_data()`:
 plain values only.
@@ -182,7 +184,7 @@ SM80_CANDIDATES = (
 )
 
 
-# With split_k on (the default): these tiles also run K split 2, 4 and 8 ways (BERT at
+# With split_k on: these tiles also run K split 2, 4 and 8 ways (BERT at
 # batch 1: M=128, N=768 gives 12 tiles of 128x64 for 132 SMs), and stream-K.
 SM90_SPLIT_K = tuple(GemmKernel(90, tile, (1, 1), "coop", splits=splits)
                      for tile in ((128, 128, 64), (128, 64, 64)) for splits in (2, 4, 8))
@@ -197,14 +199,14 @@ class CandidateFilter:
     tiles: tuple = ()  # ((M, N, K), ...) threadblock tiles
     clusters: tuple = ()  # ((M, N), ...) cluster shapes (sm90)
     stages: tuple = ()  # stage counts (sm80)
-    split_k: bool = True  # allow the split-K and stream-K kernels
+    split_k: bool = False  # allow the split-K and stream-K kernels
 
     @staticmethod
     def from_target(attrs: dict) -> "CandidateFilter":
         return CandidateFilter(tiles=tuple(parse_shape(t, 3, "tiles") for t in attrs.get("tiles") or ()),
                                clusters=tuple(parse_shape(c, 2, "clusters") for c in attrs.get("clusters") or ()),
                                stages=tuple(int(x) for x in attrs.get("stages") or ()),
-                               split_k=bool(attrs.get("split_k", True)))
+                               split_k=bool(attrs.get("split_k", False)))
 
     def admits(self, kernel) -> bool:
         if (getattr(kernel, "splits", 1) > 1 or getattr(kernel, "stream_k", False)) and not self.split_k:
