@@ -19,7 +19,7 @@ register_target_kind("cutlass", {
     "tiles": AttrSchema(list, [], None, "candidate threadblock tiles, e.g. [128x128x64, 128x256x64] (empty: all)"),
     "clusters": AttrSchema(list, [], None, "candidate sm90 cluster shapes, e.g. [1x1, 1x2] (empty: all)"),
     "stages": AttrSchema(list, [], None, "candidate sm80 pipeline stage counts, e.g. [3, 4] (empty: all)"),
-    "split_k": AttrSchema(bool, False, None, "allow sm90 split-K GEMMs (K split 2/4/8 ways: the heuristic's choice where unsplit tiles fill under half the SMs) and stream-K GEMMs (tuning only)"),
+    "split_k": AttrSchema(bool, False, None, "let tuning try sm90 split-K (K split 2/4/8 ways) and stream-K GEMMs"),
     "compile_threads": AttrSchema(int, 0, None, "parallel nvcc jobs while tuning (0: one per CPU)"),
     # On by default since the whole resnet_small fixture with CUTLASS convs matched
     # onnxruntime on an H100 with CUDA graphs off and on (tests/test_cutlass.py).

@@ -7,11 +7,11 @@ layout of B, epilogue), and the candidates the tuner chooses among.
     cutlass_sm80_bf16_128x128x32_64x64x32_3stage_residual
 
 The cutlass Target narrows the candidates (CandidateFilter: tiles, clusters, stages) and
-may allow (split_k, off by default) sm90 kernels that split K: split-K kernels, which the
-heuristic then picks for GEMMs whose output tiles leave most SMs idle (BERT at batch 1:
-M=128), and stream-K kernels, which only tuning picks. Off by default because no
-measurement so far shows them faster (bench/results/tuning_sm90.json: at M=1024 both
-lose to the unsplit tiles; at batch 1, bench/results/models.md, row cuda_sm90:split).
+may add (split_k, off by default) sm90 kernels that split K, split-K and stream-K, which
+only tuning picks. Measured on an H100 they lose to the unsplit tiles at M=1024
+(bench/results/tuning_sm90.json) and, when a heuristic picked split-K for the batch-1
+GEMMs whose tiles leave most SMs idle, whole models got slower (bench/results/models.md,
+rows cuda_sm90:split), so the heuristic never splits.
 
 Templates (templates/cutlass/gemm_sm90.cu.j2, gemm_sm80.cu.j2) receive `template_data()`:
 plain values only.
@@ -239,31 +239,26 @@ def candidates(sm: int, allowed: CandidateFilter = NO_FILTER) -> tuple:
 
 def heuristic_kernel(sm: int, problem: GemmProblem, allowed: CandidateFilter = NO_FILTER) -> GemmKernel:
     """The documented choice without a GPU or a tuning-database entry, by wave
-    quantization: a GEMM takes about ceil(CTAs / SMs) waves, each as long as one CTA's
-    work, tile area x the K iterations it runs (132 SMs on an H100, 108 on an A100); the
+    quantization: a GEMM takes about ceil(CTAs / SMs) waves of one tile's work each
+    (132 SMs on an H100, 108 on an A100), so the estimate is waves x tile area, and the
     smallest estimate wins; among equals, the larger tile (more reuse per CTA), then the
-    earlier candidate. A split-K kernel runs K / splits iterations per CTA plus about two
-    iterations' worth of reduction through the workspace, and is considered only where no
-    unsplit kernel fills half the SMs (it wins there: BERT at batch 1, an MLP at batch 1).
-    Stream-K kernels are for tuning only."""
+    earlier candidate. Split-K and stream-K kernels only where nothing else is allowed
+    (they were measured slower; see the module docstring)."""
     sm_count = SM_COUNT[90 if sm >= 90 else 80]
-    usable = [k for k in candidates(sm, allowed) if k.supports(problem) is None and not k.stream_k]
+    usable = [k for k in candidates(sm, allowed) if k.supports(problem) is None and not k.stream_k] or \
+        [k for k in candidates(sm, allowed) if k.supports(problem) is None]
     if not usable:
         raise ValueError(f"no sm{sm} kernel supports {problem.key} (among the candidates the cutlass target allows)")
 
     def ctas(kernel):
         return -(-problem.m // kernel.tile[0]) * -(-problem.n // kernel.tile[1]) * problem.batch * kernel.splits
 
-    unsplit = [k for k in usable if k.splits == 1]
-    if unsplit and max(ctas(k) for k in unsplit) * 2 >= sm_count:
-        usable = unsplit
+    usable = [k for k in usable if k.splits == 1] or usable
 
     def estimate(indexed):
         position, kernel = indexed
-        k_iterations = -(-problem.k // kernel.tile[2])
-        per_cta = -(-k_iterations // kernel.splits) + (2 if kernel.splits > 1 else 0)
         area = kernel.tile[0] * kernel.tile[1]
-        return (-(-ctas(kernel) // sm_count) * area * per_cta, -area, position)
+        return (-(-ctas(kernel) // sm_count) * area, -area, position)
 
     return min(enumerate(usable), key=estimate)[1]
 
