@@ -6,6 +6,7 @@
 #   bench/gpu_session.sh models CASES...   bench/run_models.py over the shipped CUDA configs
 #   bench/gpu_session.sh release 1|2  the model cases the open issues ask for, in two calls
 #   bench/gpu_session.sh profile [CASES...]  per-kernel GPU time (bench/profile_kernels.py)
+#   bench/gpu_session.sh tune [CASES...]     tune the CUTLASS kernels of whole models into the database
 #   bench/gpu_session.sh setup    only the set-up (then export PYTHONPATH=$PWD and CUTLASS_PATH as below)
 set -u
 cd "$(dirname "$0")/.."
@@ -48,6 +49,13 @@ case "$stage" in
       cat /tmp/byoc-test-logs/"$name".*.log >"$OUT/$name.log" 2>/dev/null
     done
     grep -hE "^== |passed|failed|^FAILED|^ERROR" "$OUT"/test_*.log ;;
+  tune)
+    # Tune the CUTLASS kernels of whole models (problems the database lacks, e.g. BERT at
+    # batch 1: M=128) while building them, then time the models; the grown database comes
+    # back as $OUT/tuning_sm90.json (copy it into bench/results/).
+    cp bench/results/tuning_sm90.json "$OUT/tuning_sm90.json"
+    [ $# -eq 0 ] && set -- bert_base:1=cuda_sm90
+    TUNING_DB="$OUT/tuning_sm90.json" PROFILE=auto bash "$0" models "$@" ;;
   profile)
     # Where one run's GPU time goes (kernel table per model and config)
     [ $# -eq 0 ] && set -- bert_base:1=cuda_sm90 mlp:1=cuda_sm90

@@ -13,36 +13,24 @@
 #include <type_traits>
 
 #include "../byoc_shim.h"
+#include "../shim_checks.h"
 
 namespace byoc_shim_cpu {
 
 // ---------------------------------------------------------------- errors
 
-// Return codes (the ABI only promises "nonzero"; distinct codes help when debugging).
-constexpr int kInvalidArgument = 1;
-constexpr int kIndexOutOfRange = 2;
-constexpr int kUnsupportedDtype = 3;
-
-// Records "<function>: <printf-formatted message>" as this thread's last error and
-// returns `code`, so that a check reads `return fail(code, kFunction, "...", ...)`.
-int fail(int code, const char* function, const char* format, ...)
-    __attribute__((format(printf, 3, 4)));
-
-const char* dtype_name(byoc_dtype dtype);
-
-// Argument checks shared by every entry point. Each returns 0 or the error code after
-// recording a message that names `function` and the argument.
-int check_pointer(const char* function, const char* name, const void* pointer);
-int check_size(const char* function, const char* name, int64_t value);  // value >= 0
-int check_positive(const char* function, const char* name, int64_t value);  // value >= 1
-int check_ndim(const char* function, int ndim);  // 0 <= ndim <= BYOC_SHIM_MAX_DIMS
-
-// Evaluates a check and returns its error code from the calling function on failure.
-#define BYOC_CHECK(expression)        \
-  do {                                \
-    int byoc_check_code = expression; \
-    if (byoc_check_code != 0) return byoc_check_code; \
-  } while (0)
+// Error reporting, return codes and argument checks: shared with the CUDA shim
+// (../shim_checks.h, which also defines BYOC_CHECK).
+using byoc_shim_checks::check_ndim;
+using byoc_shim_checks::check_pointer;
+using byoc_shim_checks::check_positive;
+using byoc_shim_checks::check_size;
+using byoc_shim_checks::dtype_name;
+using byoc_shim_checks::dtype_size;
+using byoc_shim_checks::fail;
+using byoc_shim_checks::kIndexOutOfRange;
+using byoc_shim_checks::kInvalidArgument;
+using byoc_shim_checks::kUnsupportedDtype;
 
 // ---------------------------------------------------------------- 16-bit floats
 

@@ -18,41 +18,32 @@
 #include <type_traits>
 
 #include "../byoc_shim.h"
+#include "../shim_checks.h"
 
 namespace byoc_shim_cuda {
 
 // ---------------------------------------------------------------- errors
 
-// Return codes (the ABI only promises "nonzero"; distinct codes help when debugging).
-constexpr int kInvalidArgument = 1;
-constexpr int kIndexOutOfRange = 2;
-constexpr int kUnsupportedDtype = 3;
-constexpr int kCudaError = 4;
-constexpr int kCublasError = 5;
-
-// Records "<function>: <printf-formatted message>" as this thread's last error and returns
-// `code`, so that a check reads `return fail(code, kFunction, "...", ...)`.
-int fail(int code, const char* function, const char* format, ...) __attribute__((format(printf, 3, 4)));
-
-const char* dtype_name(byoc_dtype dtype);
-size_t dtype_size(byoc_dtype dtype);  // 0 for an unknown dtype
-
-int check_pointer(const char* function, const char* name, const void* pointer);
-int check_size(const char* function, const char* name, int64_t value);      // value >= 0
-int check_positive(const char* function, const char* name, int64_t value);  // value >= 1
-int check_ndim(const char* function, int ndim);  // 0 <= ndim <= BYOC_SHIM_MAX_DIMS
+// Error reporting, return codes and argument checks: shared with the CPU shim
+// (../shim_checks.h, which also defines BYOC_CHECK).
+using byoc_shim_checks::check_ndim;
+using byoc_shim_checks::check_pointer;
+using byoc_shim_checks::check_positive;
+using byoc_shim_checks::check_size;
+using byoc_shim_checks::dtype_name;
+using byoc_shim_checks::dtype_size;
+using byoc_shim_checks::fail;
+using byoc_shim_checks::kIndexOutOfRange;
+using byoc_shim_checks::kInvalidArgument;
+using byoc_shim_checks::kUnsupportedDtype;
+using byoc_shim_checks::kCublasError;
+using byoc_shim_checks::kCudaError;
 
 // After a kernel launch: reports a launch error (bad configuration, no device, a sticky
 // error from earlier work) without synchronizing the stream.
 int check_launch(const char* function);
 // Reports a failed CUDA runtime call (`what` names it).
 int check_cuda(const char* function, const char* what, cudaError_t status);
-
-#define BYOC_CHECK(expression)                          \
-  do {                                                  \
-    int byoc_check_code = (expression);                 \
-    if (byoc_check_code != 0) return byoc_check_code;   \
-  } while (0)
 
 inline cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
