@@ -63,7 +63,7 @@ def load_config(spec, tuning_db=None, profile="auto"):
     name, _, variant = spec.partition(":")
     overrides = {"nograph": {"cuda_graph": False}, "update": {"cuda_graph": True, "cuda_graph_io": "update"},
                  "graph": {"cuda_graph": True},
-                 # cuda_sm90 with CUTLASS's split-K kernels allowed (the heuristic's choice measured)
+                 # cuda_sm90 with CUTLASS's split-K/stream-K kernels among the tuning candidates
                  "split": {"backends": [{"cutlass": {"sm": 90, "split_k": True}}, "cublaslt", "builtin"]},
                  "": {}}[variant]
     if tuning_db:
