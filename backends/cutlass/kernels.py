@@ -245,15 +245,13 @@ def heuristic_kernel(sm: int, problem: GemmProblem, allowed: CandidateFilter = N
     earlier candidate. Split-K and stream-K kernels only where nothing else is allowed
     (they were measured slower; see the module docstring)."""
     sm_count = SM_COUNT[90 if sm >= 90 else 80]
-    usable = [k for k in candidates(sm, allowed) if k.supports(problem) is None and not k.stream_k] or \
-        [k for k in candidates(sm, allowed) if k.supports(problem) is None]
+    supported = [k for k in candidates(sm, allowed) if k.supports(problem) is None]
+    usable = [k for k in supported if k.splits == 1 and not k.stream_k] or supported
     if not usable:
         raise ValueError(f"no sm{sm} kernel supports {problem.key} (among the candidates the cutlass target allows)")
 
     def ctas(kernel):
         return -(-problem.m // kernel.tile[0]) * -(-problem.n // kernel.tile[1]) * problem.batch * kernel.splits
-
-    usable = [k for k in usable if k.splits == 1] or usable
 
     def estimate(indexed):
         position, kernel = indexed

@@ -26,18 +26,7 @@ namespace byoc_shim_cuda {
 
 // Error reporting, return codes and argument checks: shared with the CPU shim
 // (../shim_checks.h, which also defines BYOC_CHECK).
-using byoc_shim_checks::check_ndim;
-using byoc_shim_checks::check_pointer;
-using byoc_shim_checks::check_positive;
-using byoc_shim_checks::check_size;
-using byoc_shim_checks::dtype_name;
-using byoc_shim_checks::dtype_size;
-using byoc_shim_checks::fail;
-using byoc_shim_checks::kIndexOutOfRange;
-using byoc_shim_checks::kInvalidArgument;
-using byoc_shim_checks::kUnsupportedDtype;
-using byoc_shim_checks::kCublasError;
-using byoc_shim_checks::kCudaError;
+using namespace byoc_shim_checks;  // fail, dtype_name/size, check_*, the k* codes
 
 // After a kernel launch: reports a launch error (bad configuration, no device, a sticky
 // error from earlier work) without synchronizing the stream.
