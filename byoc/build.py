@@ -203,7 +203,9 @@ class _Builder:
             # CUTLASS convs are NHWC: convert conv chains once
             from .transform.convert_conv_layout import convert_conv_layout
             mod = convert_conv_layout(mod)
-        mod, report = partition_for(mod, names, finalize=partition_builtin)
+        # Slices instead of splits before any backend looks: patterns see one op per piece.
+        from .transform.lower_split import lower_split
+        mod, report = partition_for(lower_split(mod), names, finalize=partition_builtin)
         (self.workdir / "partition_report.json").write_text(json.dumps(report.to_json(), indent=2, sort_keys=True))
         (self.workdir / "partition_report.txt").write_text(report.to_text())
         (self.workdir / "partitioned.ir").write_text(mod.script())

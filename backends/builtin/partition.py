@@ -5,11 +5,9 @@ whatever no other backend claimed is run by the built-in (extern-shim) backend.
 
 Rewrites, in `main` only:
 
-- `split` is lowered first into one `strided_slice` per piece, and every `%t.i` of the
-  split's tuple is replaced by piece i. Every builtin function then returns ONE tensor,
-  which is what the host's calling convention (`results[0]`) and the memory planner
-  expect. Where the tuple itself is used (returned, passed to a call), a Tuple of the
-  pieces is bound in its place.
+- `split` is lowered first (transform/lower_split.py: the build runs it before any backend
+  partitions; here again for callers that did not), so that every builtin function
+  returns ONE tensor.
 - Connected elementwise/broadcast ops (op categories "elemwise" and "broadcast") are
   grouped, maximally, under one rule: every member except the group's output has all of
   its uses inside the group. A value read outside the group therefore ends a group there
@@ -44,10 +42,10 @@ device_copy: PlanDevices and the host code deal with them), other globals, and a
 """
 from __future__ import annotations
 
-from ...ir.expr import (Binding, Call, Constant, Expr, Function, Tuple, TupleGetItem, Var, substitute_vars,
-                        vars_read)
+from ...ir.expr import Binding, Call, Constant, Expr, Function, Tuple, Var, vars_read
 from ...ir.module import IRModule
-from ...ir.op import Op, get_op
+from ...ir.op import Op
+from ...transform.lower_split import lower_split_in
 
 COMPILER = "builtin"
 ELEMENTWISE_CATEGORIES = ("elemwise", "broadcast")
@@ -60,7 +58,7 @@ LAYOUT_COMPOSITE = f"{COMPILER}.layout"  # a chain of layout ops run as one stri
 
 def partition_builtin(mod: IRModule) -> IRModule:
     """A new module whose main calls builtin functions for every op it still called."""
-    main = _lower_split(mod["main"])
+    main = lower_split_in(mod["main"])
     readers = _readers(main.bindings, main.result)
     groups = _elementwise_groups(main.bindings, readers)
     groups.update(_layout_chains(main.bindings, readers))
@@ -107,57 +105,6 @@ def _is_elementwise(value: Expr) -> bool:
 def is_scalar_constant(expr: Expr) -> bool:
     """A Constant with one element (0-d or all dims 1): elementwise bodies keep it inline."""
     return isinstance(expr, Constant) and expr.type.size == 1
-
-
-# ---------------------------------------------------------------- split lowering
-
-
-def _lower_split(main: Function) -> Function:
-    """main with each split replaced by strided_slices and its tuple items by the pieces."""
-    if not any(_is_op_call(b.value) and b.value.op.name == "split" for b in main.bindings):
-        return main
-    tuple_uses = _uses_other_than_get_item(main)
-    pieces_of: dict[Var, list[Var]] = {}
-    alias: dict[Var, Var] = {}  # tuple-item variable -> the piece it names
-    bindings: list[Binding] = []
-    for binding in main.bindings:
-        value = substitute_vars(binding.value, alias)
-        if _is_op_call(value) and value.op.name == "split":
-            pieces = _split_pieces(binding.var, value)
-            bindings.extend(pieces)
-            pieces_of[binding.var] = [piece.var for piece in pieces]
-            if binding.var in tuple_uses:
-                bindings.append(Binding(binding.var, Tuple(pieces_of[binding.var])))
-        elif isinstance(value, TupleGetItem) and value.tuple_value in pieces_of:
-            alias[binding.var] = pieces_of[value.tuple_value][value.index]
-        else:
-            bindings.append(Binding(binding.var, value))
-    return Function(main.params, bindings, substitute_vars(main.result, alias), main.ret_type, main.attrs)
-
-
-def _split_pieces(split_var: Var, split: Call) -> list[Binding]:
-    (data,) = split.args
-    axis = split.attrs["axis"] % data.type.ndim
-    pieces = []
-    begin = 0
-    for index, size in enumerate(split.attrs["sizes"]):
-        piece = Call(get_op("strided_slice"), [data],
-                     {"begin": [begin], "end": [begin + size], "axes": [axis]})
-        pieces.append(Binding(Var(f"{split_var.name_hint}_{index}", piece.type), piece))
-        begin += size
-    return pieces
-
-
-def _uses_other_than_get_item(main: Function) -> set[Var]:
-    """Variables read by something other than a TupleGetItem of them."""
-    used: set[Var] = set()
-    for binding in main.bindings:
-        value = binding.value
-        if isinstance(value, TupleGetItem) and isinstance(value.tuple_value, Var):
-            continue
-        used.update(vars_read(value))
-    used.update(vars_read(main.result))
-    return used
 
 
 # ---------------------------------------------------------------- elementwise grouping

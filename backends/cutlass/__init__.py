@@ -26,5 +26,7 @@ register_target_kind("cutlass", {
     "conv2d": AttrSchema(bool, True, None, "convert NCHW conv chains to NHWC once so that CUTLASS takes the convs"),
 })
 
+# The fused attention kernel's softmax runs in float32 registers: a float16 build gives it
+# float16 scores, not a cast pair around a float32 softmax (which would break the pattern).
 register_backend("cutlass", flavor="csource", patterns=pattern_table(), codegen=codegen, device="cuda",
-                 one_composite_per_function=True)
+                 one_composite_per_function=True, float32_statistics=("softmax",))

@@ -6,9 +6,11 @@ A function's body (composites inlined) is read as one of the chains the patterns
 
     matmul(a, b | transpose(b)) [+ bias] [-> activation] [+ residual]   -> GemmProblem
     conv2d(x, w) (NHWC) [+ bias] [+ residual] [-> activation]          -> ConvProblem
+    softmax(Q K^T [* c] [+ mask]) V with the head split/merge around it -> Attention
 
-the kernel comes from the tuning database, a measurement (when a GPU is visible and
-profiling is on), or the heuristic (kernels.heuristic_kernel / heuristic_conv_kernel).
+the GEMM and conv kernel comes from the tuning database, a measurement (when a GPU is visible and
+profiling is on), or the heuristic (kernels.heuristic_kernel / heuristic_conv_kernel); the
+attention kernel from the problem's shape (attention.AttentionKernel.for_problem).
 """
 from __future__ import annotations
 
@@ -20,9 +22,8 @@ from pathlib import Path
 from byoc.errors import BuildError
 from byoc.ir.expr import Call, Constant, Function, Var
 from byoc.ir.op import Op
-from byoc.ir.types import TensorType
 
-from .kernels import CandidateFilter, ConvProblem, GemmProblem, kernel_template, kernel_workspace_bytes
+from .kernels import SM_COUNT, CandidateFilter, ConvProblem, GemmProblem, kernel_template, kernel_workspace_bytes
 
 ACTIVATION_OPS = {"relu": "relu", "silu": "silu", "sigmoid": "sigmoid"}
 
@@ -174,6 +175,25 @@ def conv_problem(func: Function) -> tuple[ConvProblem, dict]:
     return problem, indices
 
 
+def attention_problem(func: Function):
+    """The Attention a fused-attention partition computes (attention.py), and its
+    parameter indices by expression."""
+    from .attention import NotAttention, read_attention
+    steps, substitution = flatten(func)
+    produced = {var: (op, list(args), attrs) for var, op, args, attrs in steps}
+    root = substitution.get(func.result, func.result)
+    try:
+        problem = read_attention(root, produced.get)
+    except NotAttention as reason:
+        raise BuildError(f"cutlass: not a fused attention: {reason}") from None
+    return problem, {param: index for index, param in enumerate(func.params)}
+
+
+def is_attention(func: Function) -> bool:
+    steps, _ = flatten(func)
+    return any(op == "softmax" for _, op, _, _ in steps)
+
+
 def partition_problem(func: Function) -> tuple:
     """(GemmProblem | ConvProblem, operand indices) of one partition."""
     steps, _ = flatten(func)
@@ -185,7 +205,7 @@ def partition_problem(func: Function) -> tuple:
 def codegen(functions: dict, target) -> list:
     from byoc.backend import Artifact
     from byoc.codegen.templates import render_template
-    from byoc.toolchain import CompileUnit, cuda_include_dirs, cutlass_include_dirs
+    from byoc.toolchain import CompileUnit
 
     from .tuning import TuningDatabase, choose_kernels
 
@@ -194,7 +214,8 @@ def codegen(functions: dict, target) -> list:
         raise BuildError("the cutlass backend needs a cuda device target")
     sm = int(target.attrs.get("sm") or device.arch_number())
     workdir = Path(target.workdir)
-    problems = {symbol: partition_problem(func) for symbol, func in functions.items()}
+    attention = {symbol: attention_problem(func) for symbol, func in functions.items() if is_attention(func)}
+    problems = {symbol: partition_problem(func) for symbol, func in functions.items() if symbol not in attention}
     flags = cutlass_flags(target, sm)
     profile = {"true": True, "false": False}.get(target.attrs.get("profile", "auto"), "auto")
     if profile == "auto":
@@ -216,8 +237,30 @@ def codegen(functions: dict, target) -> list:
         units.append(CompileUnit(source, "cuda", flags, f"{symbol}.o"))
         workspace[symbol] = kernel_workspace_bytes(kernel, problem)
         kernels[symbol] = kernel.name(problem)
+    units += attention_units(attention, SM_COUNT.get(sm, SM_COUNT[90]), workdir, flags, kernels, workspace)
     return [Artifact(backend="cutlass", kind="source", symbols=list(functions),
                      payload={"compile_units": units, "workspace_bytes": workspace, "kernels": kernels})]
+
+
+def attention_units(attention: dict, sm_count: int, workdir: Path, flags: list, kernels: dict,
+                    workspace: dict) -> list:
+    """One compile unit per fused-attention partition (the kernel is chosen by its shape:
+    attention.AttentionKernel.for_problem); fills in `kernels` and `workspace`."""
+    from byoc.codegen.templates import render_template
+    from byoc.toolchain import CompileUnit, cutlass_example_dir
+
+    from .attention import template_data
+    units = []
+    for symbol, (problem, index_of) in attention.items():
+        kernel = problem.kernel(sm_count)
+        source = workdir / f"{symbol}.cu"
+        source.write_text(render_template("cutlass/attention_sm80.cu.j2",
+                                          template_data(problem, kernel, symbol, index_of.__getitem__)))
+        example = cutlass_example_dir("41_fused_multi_head_attention")
+        units.append(CompileUnit(source, "cuda", flags + [f"-I{example}"], f"{symbol}.o"))
+        workspace[symbol] = 0
+        kernels[symbol] = kernel.name(problem)
+    return units
 
 
 def cutlass_flags(target, sm: int) -> list:

@@ -1,5 +1,6 @@
-"""The cutlass pattern table: GEMMs with their epilogues, batched attention matmuls, and
-NHWC 2-D convolutions with their epilogues (bias, residual add, activation).
+"""The cutlass pattern table: multi-head attention as one fused kernel, GEMMs with their
+epilogues, batched attention matmuls (attention the fused kernel refuses), and NHWC 2-D
+convolutions with their epilogues (bias, residual add, activation).
 
 Rows are tried in order (larger patterns first). Every check returns None or the reason
 the kernel cannot take the match; the partition report shows the reasons and the work
@@ -133,6 +134,41 @@ def transposed_batched():
                            is_op("transpose")(wildcard().named("b")).named("transpose")).named("matmul")
 
 
+def attention():
+    """Multi-head attention from the projections to the merged heads (attention.py has the
+    chain): Q, K, V are whatever feeds the head-split reshapes, or the fused QKV projection
+    when they are its slices (then one parameter, read at three offsets)."""
+    def source():
+        return is_op("strided_slice")(wildcard()) | wildcard()
+
+    def heads():
+        return is_op("transpose")(is_op("reshape")(source()))
+
+    keys = is_op("transpose")(is_op("reshape")(source())) | is_op("transpose")(heads())
+    scores = is_op("matmul")(heads(), keys)
+    scores = with_scale(scores) | scores
+    scores = _add(scores, wildcard()) | scores
+    context = is_op("transpose")(is_op("matmul")(is_op("softmax")(scores), heads()))
+    return is_op("reshape")(context) | context
+
+
+def check_attention(match) -> str | None:
+    from .attention import NotAttention, read_attention
+    inside = {id(var) for var in match.matched}
+
+    def producer(expr):
+        if id(expr) not in inside:
+            return None
+        call = match.producers[expr]
+        return call.op.name, list(call.args), call.attrs
+
+    try:
+        read_attention(match.output, producer)
+    except NotAttention as reason:
+        return str(reason)
+    return None
+
+
 def conv2d():
     return is_op("conv2d")(wildcard().named("data"), wildcard().named("weight")).named("conv2d")
 
@@ -213,7 +249,7 @@ def conv2d_patterns() -> list:
 
 def pattern_table() -> list:
     plain = dense()
-    return conv2d_patterns() + [
+    return [PatternEntry("attention", attention(), check_attention)] + conv2d_patterns() + [
         PatternEntry("dense_bias_residual", with_residual(with_bias(plain)), check_dense),
         PatternEntry("dense_bias_activation", with_activation(with_bias(plain)), check_dense),
         PatternEntry("dense_bias", with_bias(plain), check_dense),

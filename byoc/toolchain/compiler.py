@@ -119,12 +119,16 @@ def _pip_cuda_library_dir(header: str) -> tuple[Path, Path] | None:
 
 
 def cuda_include_dirs() -> list[Path]:
+    """The toolkit's include directory, and NVIDIA's pip packages' for the library headers
+    it lacks (cuBLASLt for the JSON engine, cuRAND's device header, which CUTLASS's fused
+    attention kernel includes)."""
     home = cuda_home()
     dirs = [home / "include"] if home else []
-    if not (home and (home / "include" / "cublasLt.h").is_file()):
-        pip = _pip_cuda_library_dir("cublasLt.h")
-        if pip:
-            dirs.append(pip[0])
+    for header in ("cublasLt.h", "curand_kernel.h"):
+        if not (home and (home / "include" / header).is_file()):
+            pip = _pip_cuda_library_dir(header)
+            if pip and pip[0] not in dirs:
+                dirs.append(pip[0])
     return dirs
 
 
@@ -179,6 +183,16 @@ def cutlass_include_dirs() -> list[Path]:
                          "(or set CUTLASS_PATH to a CUTLASS checkout)")
     raise BuildError(f"CUTLASS's headers (cutlass/cutlass.h) not found under {', '.join(map(str, roots))}: "
                      "reinstall nvidia-cutlass, or set CUTLASS_PATH to a CUTLASS checkout")
+
+
+def cutlass_example_dir(name: str) -> Path:
+    """A directory of CUTLASS's examples (the pip package ships them beside the headers):
+    the fused attention kernel lives in examples/41_fused_multi_head_attention."""
+    for root in _cutlass_roots():
+        if (root / "examples" / name).is_dir():
+            return root / "examples" / name
+    raise BuildError(f"CUTLASS's examples/{name} not found (pip install nvidia-cutlass, or set CUTLASS_PATH "
+                     "to a CUTLASS checkout)")
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,281 @@
+"""Fused multi-head attention: what one attention partition computes, read off its ops, and
+the kernel that runs it.
+
+The chain (BERT's self-attention as exporters write it, after LowerSplit):
+
+    q = transpose(reshape(Q, [B, Sq, H, D]), [0, 2, 1, 3])          Q: [.., H*D], or a last-axis
+    k = transpose(reshape(K, [B, Sk, H, D]), [0, 2, 3, 1])             slice of a fused QKV
+        (or transpose(transpose(reshape(K, ..), [0, 2, 1, 3]), [0, 1, 3, 2]))
+    v = transpose(reshape(V, [B, Sk, H, Dv]), [0, 2, 1, 3])
+    s = matmul(q, k) [* c | / c] [+ mask]           mask broadcasts to [B, H, Sq, Sk]
+    o = matmul(softmax(s, axis=-1), v)
+    out = [reshape(] transpose(o, [0, 2, 1, 3]) [, [B, Sq, H*Dv])]
+
+runs as one kernel, CUTLASS's fused multi-head attention (examples/41_fused_multi_head_attention
+in the nvidia-cutlass package: xformers' memory-efficient attention, a CUTLASS 2.x Sm80 kernel
+that also runs on sm_90). It reads Q, K and V in place through row, head and batch strides
+(out of the fused QKV projection when they are its slices), keeps the scores on chip, and
+writes [B, Sq, H, Dv] directly: the head-split copies, both batched GEMMs, the mask add and
+the softmax of the unfused chain are gone.
+
+`read_attention` walks the chain back from its output through a `producer` lookup, so the
+pattern check (over a Match) and codegen (over a partition's flattened ops) read it alike.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from byoc.ir.expr import Constant
+
+# The kernel's vector loads are 16 bytes: every pointer offset and stride (in elements of
+# a 16-bit type) must be a multiple of 8.
+ALIGNMENT = 8
+MAX_HEAD_DIM = 128  # one pass over the values per key block (no float accumulator buffer)
+HEAD_SPLIT = (0, 2, 1, 3)
+KEY_TRANSPOSE = (0, 2, 3, 1)
+LAST_TWO_SWAP = (0, 1, 3, 2)
+
+
+class NotAttention(Exception):
+    """The chain is not one the kernel runs; the message says why."""
+
+
+@dataclass(frozen=True)
+class Operand:
+    """Where Q, K or V is read: `source` (the leaf expression; a partition parameter), the
+    element offset of the first row (a slice's start) and the row stride (the source's
+    last dimension)."""
+    source: object
+    offset: int
+    row_stride: int
+
+
+@dataclass(frozen=True)
+class Attention:
+    batch: int
+    heads: int
+    seq_q: int
+    seq_k: int
+    head_dim: int
+    head_dim_v: int
+    dtype: str
+    scale: float
+    q: Operand
+    k: Operand
+    v: Operand
+    mask: object = None  # leaf expression of the additive mask, or None
+    mask_strides: tuple = ()  # (batch, head, query) strides in elements; keys are contiguous
+
+    def kernel(self, sm_count: int = 132) -> "AttentionKernel":
+        return AttentionKernel.for_problem(self, sm_count)
+
+
+@dataclass(frozen=True)
+class AttentionKernel:
+    """One instantiation of CUTLASS's AttentionKernel: queries x keys per thread block and
+    kMaxK, the bound on the head dims (a single pass over V when kMaxK <= keys)."""
+    queries: int
+    keys: int
+    max_k: int
+
+    @staticmethod
+    def for_problem(problem: Attention, sm_count: int = 132) -> "AttentionKernel":
+        max_k = 64 if max(problem.head_dim, problem.head_dim_v) <= 64 else 128
+        blocks_64 = math.ceil(problem.seq_q / 64) * problem.heads * problem.batch
+        # 64 queries a block (4 warps over a 64x64 tile) when that fills the GPU; else 32
+        # queries x 128 keys, twice the blocks (BERT at batch 1: 48 instead of 24).
+        if max_k == 64 and blocks_64 >= sm_count:
+            return AttentionKernel(64, 64, max_k)
+        return AttentionKernel(32, 128, max_k)
+
+    def name(self, problem: Attention) -> str:
+        dtype = {"float16": "f16", "bfloat16": "bf16"}[problem.dtype]
+        mask = "_mask" if problem.mask is not None else ""
+        return f"cutlass_fmha_sm80_{dtype}_{self.queries}x{self.keys}_k{self.max_k}{mask}"
+
+
+def _axes(attrs, rank) -> tuple:
+    return tuple(int(a) % rank for a in attrs["axes"])
+
+
+def read_attention(root, producer) -> Attention:
+    """The Attention the chain ending at `root` computes. `producer(expr)` gives
+    (op name, args, attrs) of the op that computed expr, or None for a leaf (an input of
+    the match / a parameter of the partition). Raises NotAttention with the reason."""
+    def op(expr, name):
+        made = producer(expr)
+        if made is None or made[0] != name:
+            return None
+        return made
+
+    node = root
+    if op(node, "reshape"):
+        node = producer(node)[1][0]
+    made = op(node, "transpose")
+    if made is None or _axes(made[2], 4) != HEAD_SPLIT:
+        raise NotAttention("the context is not transposed back to [B, S, H, D]")
+    made = op(made[1][0], "matmul")
+    if made is None:
+        raise NotAttention("no probabilities @ V matmul")
+    probabilities, values = made[1]
+    made = op(probabilities, "softmax")
+    if made is None:
+        raise NotAttention("no softmax before the second matmul")
+    if int(made[2].get("axis", -1)) % 4 != 3:
+        raise NotAttention(f"softmax over axis {made[2].get('axis')}, not the keys (last axis)")
+    scores = made[1][0]
+    mask = None
+    made = op(scores, "add")
+    if made is not None:
+        left, right = made[1]
+        scores, mask = (left, right) if _computes_scores(left, producer) else (right, left)
+    scale = 1.0
+    for name in ("divide", "multiply"):
+        made = op(scores, name)
+        if made is None:
+            continue
+        first, second = made[1]
+        constant = second if isinstance(second, Constant) else first if name == "multiply" else None
+        if not isinstance(constant, Constant) or constant.type.size != 1:
+            raise NotAttention(f"scores {name} by a non-scalar")
+        value = float(np.asarray(constant.data, np.float64).reshape(-1)[0])
+        if not np.isfinite(value) or (name == "divide" and value == 0.0):
+            raise NotAttention(f"scale {value} is not a finite, nonzero number")
+        scale = 1.0 / value if name == "divide" else value
+        scores = made[1][0] if constant is second else made[1][1]
+    made = op(scores, "matmul")
+    if made is None:
+        raise NotAttention("no Q @ K^T matmul")
+    queries, keys_t = made[1]
+    q = _heads(queries, producer, "Q")
+    k = _key_heads(keys_t, producer)
+    v = _heads(values, producer, "V")
+    (batch, seq_q, heads, head_dim), q_operand = q
+    (k_batch, seq_k, k_heads, k_dim), k_operand = k
+    (v_batch, v_seq, v_heads, head_dim_v), v_operand = v
+    if (k_batch, k_heads, k_dim) != (batch, heads, head_dim) or (v_batch, v_seq, v_heads) != (batch, seq_k, heads):
+        raise NotAttention(f"Q {q[0]}, K {k[0]} and V {v[0]} (as [B, S, H, D]) do not agree")
+    dtype = root.type.dtype
+    if dtype not in ("float16", "bfloat16"):
+        raise NotAttention(f"dtype {dtype} (the fused attention kernel takes float16 or bfloat16)")
+    if max(head_dim, head_dim_v) > MAX_HEAD_DIM:
+        raise NotAttention(f"head dim {max(head_dim, head_dim_v)} > {MAX_HEAD_DIM}")
+    for name, value in (("head dim", head_dim), ("value head dim", head_dim_v)):
+        if value % ALIGNMENT:
+            raise NotAttention(f"{name} {value} not a multiple of {ALIGNMENT} (16-byte loads)")
+    for name, operand in (("Q", q_operand), ("K", k_operand), ("V", v_operand)):
+        if operand.source.type.dtype != dtype:
+            raise NotAttention(f"{name} is {operand.source.type.dtype}, the output {dtype}")
+        if operand.offset % ALIGNMENT or operand.row_stride % ALIGNMENT:
+            raise NotAttention(f"{name} slice at {operand.offset} with row stride {operand.row_stride}: "
+                               f"not multiples of {ALIGNMENT} (16-byte loads)")
+    mask_strides = ()
+    if mask is not None:
+        mask_strides = _mask_strides(mask, (batch, heads, seq_q, seq_k), dtype)
+    return Attention(batch, heads, seq_q, seq_k, head_dim, head_dim_v, dtype, scale,
+                     q_operand, k_operand, v_operand, mask, mask_strides)
+
+
+def _computes_scores(expr, producer) -> bool:
+    """Whether expr is Q @ K^T, possibly scaled (the other addend is the mask)."""
+    made = producer(expr)
+    if made is not None and made[0] in ("divide", "multiply"):
+        made = next((producer(a) for a in made[1] if producer(a) is not None), None)
+    return made is not None and made[0] == "matmul"
+
+
+def _heads(expr, producer, role):
+    """transpose(reshape(source, [B, S, H, D]), [0, 2, 1, 3]) -> ((B, S, H, D), Operand)."""
+    made = producer(expr)
+    if made is None or made[0] != "transpose" or _axes(made[2], 4) != HEAD_SPLIT:
+        raise NotAttention(f"{role} is not split into heads by transpose [0, 2, 1, 3]")
+    return _reshaped_source(made[1][0], producer, role)
+
+
+def _key_heads(expr, producer):
+    made = producer(expr)
+    if made is None or made[0] != "transpose":
+        raise NotAttention("K^T is not a transpose of K's heads")
+    axes = _axes(made[2], 4)
+    if axes == KEY_TRANSPOSE:
+        return _reshaped_source(made[1][0], producer, "K")
+    if axes == LAST_TWO_SWAP:
+        return _heads(made[1][0], producer, "K")
+    raise NotAttention(f"K^T transposes with axes {axes}")
+
+
+def _reshaped_source(expr, producer, role):
+    made = producer(expr)
+    if made is None or made[0] != "reshape" or len(expr.type.shape) != 4:
+        raise NotAttention(f"{role} is not reshaped to [B, S, H, D]")
+    batch, seq, heads, dim = expr.type.shape
+    source = made[1][0]
+    if source.type.shape[-1] != heads * dim:
+        raise NotAttention(f"{role}'s rows of {source.type.shape[-1]} are not H*D = {heads}*{dim}")
+    sliced = producer(source)
+    if sliced is None:
+        return (batch, seq, heads, dim), Operand(source, 0, heads * dim)
+    if sliced[0] != "strided_slice":
+        raise NotAttention(f"{role} is computed by {sliced[0]} inside the partition")
+    from byoc.ops.layout import _slices
+    whole = sliced[1][0]
+    if producer(whole) is not None:
+        raise NotAttention(f"{role}'s slice reads a value computed inside the partition")
+    attrs = sliced[2]
+    slices, _ = _slices(whole.type.shape, attrs["begin"], attrs["end"], attrs["axes"], attrs["strides"])
+    *outer, last = slices
+    outer_whole = all(s == slice(None) or (s.start == 0 and s.step == 1) for s in outer) and \
+        tuple(whole.type.shape[:-1]) == tuple(source.type.shape[:-1])
+    if not outer_whole or last.step != 1:
+        raise NotAttention(f"{role} is a slice other than a contiguous range of the last axis")
+    return (batch, seq, heads, dim), Operand(whole, int(last.start), int(whole.type.shape[-1]))
+
+
+def _mask_strides(mask, shape, dtype) -> tuple:
+    """(batch, head, query) element strides of the mask broadcast to `shape` ([B, H, Sq, Sk])."""
+    mask_shape = tuple(mask.type.shape)
+    if mask.type.dtype != dtype:
+        raise NotAttention(f"mask is {mask.type.dtype}, the scores {dtype}")
+    if len(mask_shape) > 4:
+        raise NotAttention(f"mask of rank {len(mask_shape)}")
+    padded = (1,) * (4 - len(mask_shape)) + mask_shape
+    for size, full in zip(padded, shape):
+        if size not in (1, full):
+            raise NotAttention(f"mask of shape {mask_shape} does not broadcast to {shape}")
+    if padded[3] != shape[3]:
+        raise NotAttention(f"mask of shape {mask_shape} is broadcast along the keys")
+    strides, step = [], 1
+    for size in reversed(padded):
+        strides.append(step if size > 1 else 0)
+        step *= size
+    batch_stride, head_stride, query_stride, _ = reversed(strides)
+    for name, stride in (("batch", batch_stride), ("head", head_stride), ("query", query_stride)):
+        if stride % ALIGNMENT:
+            raise NotAttention(f"mask {name} stride {stride} not a multiple of {ALIGNMENT} (16-byte loads)")
+    return batch_stride, head_stride, query_stride
+
+
+def template_data(problem: Attention, kernel: AttentionKernel, symbol: str, index_of) -> dict:
+    """What templates/cutlass/attention_sm80.cu.j2 renders; index_of(expr) -> parameter index."""
+    element = {"float16": "cutlass::half_t", "bfloat16": "cutlass::bfloat16_t"}[problem.dtype]
+
+    def operand(o: Operand, head_dim, seq):
+        return {"index": index_of(o.source), "offset": o.offset, "row_stride": o.row_stride,
+                "head_stride": head_dim, "batch_stride": o.row_stride * seq}
+
+    data = {
+        "symbol": symbol, "kernel_name": kernel.name(problem), "element": element,
+        "queries": kernel.queries, "keys": kernel.keys, "max_k": kernel.max_k,
+        "batch": problem.batch, "heads": problem.heads, "seq_q": problem.seq_q, "seq_k": problem.seq_k,
+        "head_dim": problem.head_dim, "head_dim_v": problem.head_dim_v, "scale": f"{problem.scale!r}f",
+        "q": operand(problem.q, problem.head_dim, problem.seq_q),
+        "k": operand(problem.k, problem.head_dim, problem.seq_k),
+        "v": operand(problem.v, problem.head_dim_v, problem.seq_k), "has_mask": problem.mask is not None,
+    }
+    if problem.mask is not None:
+        data["mask"] = {"index": index_of(problem.mask), "batch_stride": problem.mask_strides[0],
+                        "head_stride": problem.mask_strides[1], "query_stride": problem.mask_strides[2]}
+    return data
