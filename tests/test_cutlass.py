@@ -558,3 +558,187 @@ def test_a_scale_after_a_batched_matmul_becomes_the_epilogue_alpha(tmp_path):
     mod, _ = builder.codegen(mod)
     sources = [p.read_text() for p in tmp_path.glob("cutlass_*.cu")]
     assert len(sources) == 1 and "arguments.epilogue.thread.alpha = 0.125f;" in sources[0]
+
+
+# ---------------------------------------------------------------- fused attention
+
+def _attention_model(batch, seq_q, seq_k, heads, head_dim, *, fused_qkv=True, mask=None, scale=("divide", 8.0),
+                     key_form="one_transpose", dtype="float16", merge_heads=True):
+    """BERT's self-attention as exporters write it, on float32 inputs cast to `dtype`:
+    fused_qkv: one [B, S, 3*H*D] input split into Q, K, V (seq_q == seq_k); else separate
+    [B, Sq, H*D] / [B, Sk, H*D] inputs. mask: None or the shape of an additive mask input."""
+    hidden = heads * head_dim
+    with FunctionBuilder("main") as fb:
+        if fused_qkv:
+            qkv = fb.call("cast", fb.param("qkv", (batch, seq_q, 3 * hidden), "float32"), dtype=dtype)
+            pieces = fb.call("split", qkv, axis=-1, sizes=[hidden] * 3)
+            q, k, v = (fb.get_item(pieces, i) for i in range(3))
+        else:
+            q = fb.call("cast", fb.param("q", (batch, seq_q, hidden), "float32"), dtype=dtype)
+            k = fb.call("cast", fb.param("k", (batch, seq_k, hidden), "float32"), dtype=dtype)
+            v = fb.call("cast", fb.param("v", (batch, seq_k, hidden), "float32"), dtype=dtype)
+
+        def heads_of(x, seq):
+            return fb.call("transpose", fb.call("reshape", x, shape=[batch, seq, heads, head_dim]), axes=[0, 2, 1, 3])
+
+        if key_form == "one_transpose":  # HF / torch.onnx: transpose(reshape(k), [0, 2, 3, 1])
+            k_t = fb.call("transpose", fb.call("reshape", k, shape=[batch, seq_k, heads, head_dim]), axes=[0, 2, 3, 1])
+        else:  # k.transpose(1, 2).transpose(-1, -2) written out
+            k_t = fb.call("transpose", heads_of(k, seq_k), axes=[0, 1, 3, 2])
+        scores = fb.call("matmul", heads_of(q, seq_q), k_t)
+        if scale is not None:
+            scores = fb.call(scale[0], scores, np.array(scale[1], dtype))
+        if mask is not None:
+            scores = fb.call("add", scores, fb.call("cast", fb.param("mask", mask, "float32"), dtype=dtype))
+        context = fb.call("matmul", fb.call("softmax", scores, axis=-1), heads_of(v, seq_k))
+        context = fb.call("transpose", context, axes=[0, 2, 1, 3])
+        if merge_heads:
+            context = fb.call("reshape", context, shape=[batch, seq_q, hidden])
+        fb.ret(fb.call("cast", context, dtype="float32"))
+    return fb.module()
+
+
+def _partitioned_attention(mod, tmp_path):
+    from byoc.build import _Builder
+    from byoc.config import load_config
+    cfg = load_config({"target": "cuda -arch=sm_90", "backends": [{"cutlass": {"profile": "false"}}],
+                       "precision": "float16"}, overrides={"workdir": str(tmp_path)})
+    builder = _Builder(cfg)
+    mod, report = builder.partition(builder.simplify(mod))
+    return builder, mod, report
+
+
+ATTENTION_MAIN = """\
+def @main(%qkv: Tensor[(2, 16, 192), float32]) -> Tensor[(2, 16, 64), float32] {
+  %v1 = @builtin_HASH(%qkv)
+  %v17 = @cutlass_HASH(%v1)
+  %v18 = @builtin_HASH(%v17)
+  return %v18
+}"""
+
+
+def test_attention_takes_the_whole_chain_with_the_qkv_split_as_one_parameter(tmp_path):
+    """cast -> split -> (reshape, transpose) x 3 -> matmul / 8 -> softmax -> matmul ->
+    transpose -> reshape: one cutlass function whose only parameter is the QKV tensor;
+    the builtin backend keeps the casts at the boundary."""
+    import re
+    mod = _attention_model(2, 16, 16, 2, 32)
+    builder, mod, report = _partitioned_attention(mod, tmp_path)
+    assert report.to_json()["backends"]["cutlass"]["patterns"] == {"attention": 1}, report.to_text()
+    main = mod.script()
+    main = main[main.index("def @main"):]
+    main = main[:main.index("\n}") + 2]
+    main = re.sub(r"@(builtin|cutlass)_[0-9a-f]+", r"@\1_HASH", main)
+    assert main.strip() == ATTENTION_MAIN, main
+    mod, artifacts = builder.codegen(mod)
+    (cutlass,) = [a for a in artifacts if a.backend == "cutlass"]
+    assert list(cutlass.payload["kernels"].values()) == ["cutlass_fmha_sm80_f16_32x128_k64"]
+    (source,) = tmp_path.glob("cutlass_*.cu")
+    text = source.read_text()
+    for line in ("p.query_ptr = static_cast<Element*>(const_cast<void*>(args[0])) + 0;",
+                 "p.key_ptr = static_cast<Element*>(const_cast<void*>(args[0])) + 64;",
+                 "p.value_ptr = static_cast<Element*>(const_cast<void*>(args[0])) + 128;",
+                 "p.scale = 0.125f;", "p.q_strideM = 192;", "p.q_strideH = 32;", "p.q_strideB = 3072;",
+                 "p.o_strideM = 64;"):
+        assert line in text, line
+
+
+@pytest.mark.parametrize("case, kwargs, reason", [
+    ("head dim", dict(head_dim=256), "head dim 256 > 128"),
+    ("unaligned head dim", dict(head_dim=20), "head dim 20 not a multiple of 8"),
+    ("keys-broadcast mask", dict(mask=(2, 1, 16, 1)), "broadcast along the keys"),
+    ("vector scale", dict(scale=("multiply", np.linspace(0.1, 0.2, 16))), "scores multiply by a non-scalar"),
+])
+def test_attention_refuses_what_the_kernel_cannot_run_and_batched_matmuls_take_it(case, kwargs, reason, tmp_path):
+    args = dict(batch=2, seq_q=16, seq_k=16, heads=2, head_dim=32, fused_qkv=False)
+    args.update(kwargs)
+    mod = _attention_model(args.pop("batch"), args.pop("seq_q"), args.pop("seq_k"), args.pop("heads"),
+                           args.pop("head_dim"), **args)
+    _, _, report = _partitioned_attention(mod, tmp_path)
+    text = report.to_text()
+    assert "cutlass.attention" in text and reason in text, text
+    assert "attention" not in report.to_json()["backends"]["cutlass"]["patterns"]
+
+
+def test_attention_with_mask_separate_inputs_and_two_key_transposes(tmp_path):
+    """Separate Q/K/V inputs of different lengths, K^T as two transposes, * 0.125 and a
+    [B, 1, 1, Sk] mask (zero batch-broadcast strides for heads and queries)."""
+    mod = _attention_model(2, 24, 40, 4, 64, fused_qkv=False, mask=(2, 1, 1, 40), scale=("multiply", 0.125),
+                           key_form="two_transposes")
+    builder, mod, report = _partitioned_attention(mod, tmp_path)
+    assert report.to_json()["backends"]["cutlass"]["patterns"] == {"attention": 1}, report.to_text()
+    builder.codegen(mod)
+    (source,) = tmp_path.glob("cutlass_*.cu")
+    text = source.read_text()
+    for line in ("p.num_queries = 24;", "p.num_keys = 40;", "p.k_strideB = 10240;", "p.bias_strideB = 40;",
+                 "p.bias_strideH = 0;", "p.bias_strideM = 0;", "p.scale = 0.125f;"):
+        assert line in text, line
+
+
+@needs_nvcc
+@needs_cutlass
+@pytest.mark.parametrize("sm", [90, 80])
+def test_attention_kernel_compiles(sm, tmp_path):
+    """The fused attention family (with a mask, bfloat16) renders and compiles with nvcc
+    for the target's arch, with the nvidia-cutlass example headers and cuRAND's header."""
+    from byoc.build import _Builder
+    from byoc.config import load_config
+    from byoc.toolchain import compile_units
+    mod = _attention_model(2, 64, 64, 2, 64, fused_qkv=False, mask=(2, 1, 1, 64), dtype="bfloat16")
+    cfg = load_config({"target": f"cuda -arch=sm_{sm}", "backends": [{"cutlass": {"profile": "false"}}],
+                       "precision": "bfloat16"}, overrides={"workdir": str(tmp_path)})
+    builder = _Builder(cfg)
+    mod, _ = builder.partition(builder.simplify(mod))
+    _, artifacts = builder.codegen(mod)
+    (cutlass,) = [a for a in artifacts if a.backend == "cutlass"]
+    assert list(cutlass.payload["kernels"].values()) == ["cutlass_fmha_sm80_bf16_32x128_k64_mask"]
+    objects = compile_units(cutlass.payload["compile_units"], tmp_path)
+    assert all(Path(o).stat().st_size > 0 for o in objects)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_visible(), reason="no GPU visible")
+@pytest.mark.parametrize("case, shape, kwargs", [
+    ("bert qkv split", (2, 77, 77, 4, 64), dict()),  # rows not a multiple of the tile
+    ("mask, separate q/k/v", (3, 50, 130, 2, 64), dict(fused_qkv=False, mask=(3, 1, 1, 130),
+                                                       scale=("multiply", 0.125), key_form="two_transposes")),
+    ("head dim 128", (1, 200, 200, 3, 128), dict(scale=None)),
+    ("full mask, bf16", (2, 64, 64, 2, 32), dict(fused_qkv=False, mask=(2, 2, 64, 64), dtype="bfloat16")),
+    ("bert base, batch 8", (8, 128, 128, 12, 64), dict()),  # 64-query blocks
+])
+def test_attention_matches_float32_reference(case, shape, kwargs, tmp_path):
+    import cupy
+    mod = _attention_model(*shape, **kwargs)
+    library = byoc.build(mod, config={"target": "auto", "backends": [{"cutlass": {"profile": "false"}}]},
+                         workdir=str(tmp_path / "w"))
+    assert library.report.to_json()["backends"]["cutlass"]["patterns"] == {"attention": 1}, library.report.to_text()
+    module = library.load()
+    rng = np.random.default_rng(1)
+    inputs = {p.name_hint: rng.standard_normal(p.type.shape).astype(np.float32) for p in mod["main"].params}
+    if "mask" in inputs:  # an attention mask: 0 where attended, a large negative number where padded
+        inputs["mask"] = np.where(rng.random(inputs["mask"].shape) < 0.8, 0.0, -10000.0).astype(np.float32)
+        inputs["mask"][..., 0] = 0.0  # every row attends to something
+    got = cupy.asnumpy(module.run(**{k: cupy.asarray(v) for k, v in inputs.items()}))
+    reference = byoc.interpret(mod, **inputs)  # the same graph in float32
+    assert np.max(np.abs(got - reference)) <= 1e-2 * np.max(np.abs(reference)), case
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_visible(), reason="no GPU visible")
+@pytest.mark.parametrize("name", ["bert2", "bert12_tiny"])
+def test_whole_bert_with_fused_attention_matches_onnxruntime_fixture(name, tmp_path):
+    """The HF BERT fixtures (exported by torch; bert2 pads row 1's last 4 tokens through its
+    attention mask) fp16 with cuda_sm90: every layer's attention is one fused kernel."""
+    import cupy
+    data = np.load(Path(__file__).parent / "fixtures" / f"{name}.npz")
+    inputs = {k[3:]: v for k, v in data.items() if k.startswith("in_")}
+    expected = [v for k, v in data.items() if k.startswith("out_")]
+    library = byoc.build(Path(__file__).parent / "fixtures" / f"{name}.onnx", config="cuda_sm90",
+                         workdir=str(tmp_path / "w"), input_shapes={k: v.shape for k, v in inputs.items()})
+    layers = {"bert2": 2, "bert12_tiny": 12}[name]
+    assert library.report.to_json()["backends"]["cutlass"]["patterns"].get("attention") == layers, \
+        library.report.to_text()
+    got = library.load().run(**{k: cupy.asarray(v) for k, v in inputs.items()})
+    for result, want in zip(got, expected):
+        result = cupy.asnumpy(result).astype(np.float32)
+        assert np.max(np.abs(result - want)) <= 1e-2 * np.max(np.abs(want)), library.report.to_text()
