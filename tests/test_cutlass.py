@@ -700,7 +700,7 @@ def test_attention_kernel_compiles(sm, tmp_path):
 @pytest.mark.skipif(not gpu_visible(), reason="no GPU visible")
 @pytest.mark.parametrize("case, shape, kwargs", [
     ("bert_qkv_split", (2, 77, 77, 4, 64), dict()),  # rows not a multiple of the tile
-    ("mask_separate_qkv", (3, 50, 130, 2, 64), dict(fused_qkv=False, mask=(3, 1, 1, 130),
+    ("mask_separate_qkv", (3, 50, 136, 2, 64), dict(fused_qkv=False, mask=(3, 1, 1, 136),
                                                     scale=("multiply", 0.125), key_form="two_transposes")),
     ("head_dim_128", (1, 200, 200, 3, 128), dict(scale=None)),
     ("full_mask_bf16", (2, 64, 64, 2, 32), dict(fused_qkv=False, mask=(2, 2, 64, 64), dtype="bfloat16")),
