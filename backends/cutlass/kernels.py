@@ -155,6 +155,16 @@ class GemmKernel:
 # The tuner's candidates. Cooperative kernels need a tile M of at least 128; pingpong runs
 # two 64-row consumer warp groups. Clusters of 2 along N share the A tile through TMA
 # multicast.
+#
+# Narrow tiles for few rows (a transformer at batch 1: M=128 gives two 64-row tiles): N of
+# 32 or 16 multiplies the CTAs, a K step of 128 halves the mainloop's serial steps. Chosen by
+# measurement only (the heuristic's waves x area would pick them everywhere).
+NARROW_TILES = (
+    GemmKernel(90, (64, 32, 64), (1, 1), "pingpong"),
+    GemmKernel(90, (64, 16, 64), (1, 1), "pingpong"),
+    GemmKernel(90, (64, 64, 128), (1, 1), "pingpong"),
+    GemmKernel(90, (64, 32, 128), (1, 1), "pingpong"),
+)
 SM90_CANDIDATES = (
     GemmKernel(90, (128, 128, 64), (1, 1), "coop"),
     GemmKernel(90, (128, 256, 64), (1, 1), "coop"),
@@ -174,7 +184,7 @@ SM90_CANDIDATES = (
     GemmKernel(90, (64, 192, 64), (1, 1), "pingpong"),
     GemmKernel(90, (128, 96, 64), (1, 1), "coop"),
     GemmKernel(90, (64, 96, 64), (1, 1), "pingpong"),
-)
+) + NARROW_TILES
 SM80_CANDIDATES = (
     GemmKernel(80, (128, 128, 32), warp=(64, 64, 32), stages=3),
     GemmKernel(80, (128, 256, 32), warp=(64, 64, 32), stages=3),
@@ -242,11 +252,11 @@ def heuristic_kernel(sm: int, problem: GemmProblem, allowed: CandidateFilter = N
     quantization: a GEMM takes about ceil(CTAs / SMs) waves of one tile's work each
     (132 SMs on an H100, 108 on an A100), so the estimate is waves x tile area, and the
     smallest estimate wins; among equals, the larger tile (more reuse per CTA), then the
-    earlier candidate. Split-K and stream-K kernels only where nothing else is allowed
-    (they were measured slower; see the module docstring)."""
+    earlier candidate. Split-K, stream-K and the narrow tiles only where nothing else is
+    allowed (split-K and stream-K were measured slower; see the module docstring)."""
     sm_count = SM_COUNT[90 if sm >= 90 else 80]
     supported = [k for k in candidates(sm, allowed) if k.supports(problem) is None]
-    usable = [k for k in supported if k.splits == 1 and not k.stream_k] or supported
+    usable = [k for k in supported if k.splits == 1 and not k.stream_k and k not in NARROW_TILES] or supported
     if not usable:
         raise ValueError(f"no sm{sm} kernel supports {problem.key} (among the candidates the cutlass target allows)")
 

@@ -1,0 +1,65 @@
+"""Tune again the database's GEMM problems whose keys contain any of --keys, among the
+candidates --tiles allows (all when empty), and write the database back: how new candidate
+kernels reach problems that an earlier tuning already settled.
+
+    python3 bench/retune_gemms.py --tuning-db bench/results/tuning_sm90.json --keys m128: \\
+        --tiles 64x64x64 64x32x64 64x16x64 64x64x128 64x32x128
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from byoc.backends.cutlass.codegen import cutlass_flags  # noqa: E402
+from byoc.backends.cutlass.kernels import CandidateFilter, GemmProblem, parse_shape  # noqa: E402
+from byoc.backends.cutlass.tuning import TuningDatabase, choose_kernels  # noqa: E402
+from byoc.target import Target  # noqa: E402
+
+EPILOGUES = {"plain": (None, False, False), "bias": (None, True, False), "bias_residual": (None, True, True),
+             "residual": (None, False, True)}
+
+
+def problem_from_key(key: str) -> GemmProblem | None:
+    """float16:m128:n768:k3072:l1:nn:bias_residual -> its GemmProblem (None for conv keys)."""
+    parts = key.split(":")
+    if len(parts) != 7 or not parts[1].startswith("m"):
+        return None
+    dtype, m, n, k, batch, layout, epilogue = parts
+    if epilogue in EPILOGUES:
+        activation, bias, residual = EPILOGUES[epilogue]
+    else:  # [bias_]<activation>[_residual]
+        words = epilogue.split("_")
+        bias, residual = words[0] == "bias", words[-1] == "residual"
+        activation = "_".join(w for w in words if w not in ("bias", "residual"))
+    return GemmProblem(int(m[1:]), int(n[1:]), int(k[1:]), int(batch[1:]), dtype, layout == "nt",
+                       activation, bias, residual)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tuning-db", required=True)
+    parser.add_argument("--keys", nargs="+", required=True, help="parts of the problem keys to tune again")
+    parser.add_argument("--tiles", nargs="*", default=[], help="candidate tiles, e.g. 64x32x64 (empty: all)")
+    parser.add_argument("--workdir", default="/tmp/byoc-retune")
+    args = parser.parse_args()
+    database = TuningDatabase(args.tuning_db)
+    entries = database.entries.get("sm90", {})
+    problems = [p for p in (problem_from_key(key) for key in list(entries)
+                            if any(part in key for part in args.keys)) if p is not None]
+    for problem in problems:
+        entries.pop(problem.key)
+    allowed = CandidateFilter(tiles=tuple(parse_shape(t, 3, "tiles") for t in args.tiles))
+    flags = cutlass_flags(Target("cutlass", sm=90), 90)
+    chosen = choose_kernels(problems, 90, database, profile=True, workdir=Path(args.workdir), compile_flags=flags,
+                            allowed=allowed)
+    for problem in problems:
+        entry = database.entries["sm90"][problem.key]
+        print(f"{problem.key}: {chosen[problem].name(problem)} {entry['us']} us", flush=True)
+    database.save()
+
+
+if __name__ == "__main__":
+    main()
