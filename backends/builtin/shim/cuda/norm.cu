@@ -367,6 +367,23 @@ __global__ void __launch_bounds__(kBlock ? kMaxRowThreads : kThreads)
   const int64_t step = static_cast<int64_t>(gridDim.x) * groups_per_block;
   const Compute count = static_cast<Compute>(n);
   auto sum_op = [](Compute a, Compute b) { return a + b; };
+  // gamma and beta are the same for every row. A warp per row loads them once, before the
+  // first row's loads are waited on, so that their latency hides behind the row's and the
+  // reductions' (a few-row layer norm, a transformer at batch 1, is that latency and little
+  // else); a block per row (long rows, tighter register bounds) loads them after the
+  // reductions, for each row.
+  Pack<Storage, kVec> gamma_packs[kPacks], beta_packs[kPacks];
+  auto load_affine = [&] {
+#pragma unroll
+    for (int j = 0; j < kPacks; ++j) {
+      const int pack = lane + group * j;
+      if (pack < packs) {
+        gamma_packs[j] = reinterpret_cast<const Pack<Storage, kVec>*>(gamma)[pack];
+        if (beta != nullptr) beta_packs[j] = reinterpret_cast<const Pack<Storage, kVec>*>(beta)[pack];
+      }
+    }
+  };
+  if constexpr (!kBlock) load_affine();
   for (int64_t row = blockIdx.x * groups_per_block + (kBlock ? 0 : threadIdx.x / 32); row < rows; row += step) {
     Compute values[kPacks][kVec];
     load_row<Storage, kVec, kPacks>(in + row * n, packs, lane, group, values, Compute(0));
@@ -393,18 +410,16 @@ __global__ void __launch_bounds__(kBlock ? kMaxRowThreads : kThreads)
     const Compute variance = register_row_reduce<kBlock>(squares, sum_op, scratch) / count;
     const Compute deviation = sqrt(variance + static_cast<Compute>(epsilon));
     Storage* row_out = out + row * n;
+    if constexpr (kBlock) load_affine();
 #pragma unroll
     for (int j = 0; j < kPacks; ++j) {
       const int pack = lane + group * j;
       if (pack >= packs) continue;
-      const Pack<Storage, kVec> gamma_pack = reinterpret_cast<const Pack<Storage, kVec>*>(gamma)[pack];
-      Pack<Storage, kVec> beta_pack;
-      if (beta != nullptr) beta_pack = reinterpret_cast<const Pack<Storage, kVec>*>(beta)[pack];
       Pack<Storage, kVec> result;
 #pragma unroll
       for (int v = 0; v < kVec; ++v) {
-        Compute value = (values[j][v] - mean) / deviation * T::load(gamma_pack.values[v]);
-        if (beta != nullptr) value += T::load(beta_pack.values[v]);
+        Compute value = (values[j][v] - mean) / deviation * T::load(gamma_packs[j].values[v]);
+        if (beta != nullptr) value += T::load(beta_packs[j].values[v]);
         result.values[v] = T::store(value);
       }
       reinterpret_cast<Pack<Storage, kVec>*>(row_out)[pack] = result;
@@ -489,8 +504,12 @@ RegisterRowPlan plan_register_row(int64_t n, int vec) {
   return plan;
 }
 
+// Threads of a warp-per-row block: 8 rows a block, or 2 when the rows are few (up to 1024:
+// BERT at batch 1 has 128), so that they spread over more SMs' load units.
+inline unsigned int warp_row_threads(int64_t rows) { return rows <= 1024 ? 64 : kThreads; }
+
 inline unsigned int warp_row_blocks(int64_t rows) {
-  const int64_t rows_per_block = kThreads / 32;
+  const int64_t rows_per_block = warp_row_threads(rows) / 32;
   const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
   return static_cast<unsigned int>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
 }
@@ -550,8 +569,9 @@ int launch_norm(const char* function, const void* in, const void* gamma, const v
           norm_register_kernel<Storage, kVec, kPacks, true><<<blocks, registers.threads, 0, stream>>>(
               x, g, b, y, rows, static_cast<int>(n), epsilon, centered);
         } else {
-          norm_register_kernel<Storage, kVec, kPacks, false><<<warp_row_blocks(rows), kThreads, 0, stream>>>(
-              x, g, b, y, rows, static_cast<int>(n), epsilon, centered);
+          norm_register_kernel<Storage, kVec, kPacks, false>
+              <<<warp_row_blocks(rows), warp_row_threads(rows), 0, stream>>>(x, g, b, y, rows, static_cast<int>(n),
+                                                                            epsilon, centered);
         }
         return check_launch(function);
       });
@@ -610,7 +630,8 @@ extern "C" int byoc_shim_softmax(const void* in, void* out, byoc_dtype dtype, in
                 x, y, outer, static_cast<int>(n), log != 0);
           } else {
             softmax_register_kernel<Storage, kVec, kPacks, false>
-                <<<warp_row_blocks(outer), kThreads, 0, cuda_stream>>>(x, y, outer, static_cast<int>(n), log != 0);
+                <<<warp_row_blocks(outer), warp_row_threads(outer), 0, cuda_stream>>>(x, y, outer,
+                                                                                      static_cast<int>(n), log != 0);
           }
           return check_launch(kFunction);
         });
