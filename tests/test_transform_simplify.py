@@ -466,3 +466,34 @@ def @main(%x: Tensor[(2, 8), float32]) -> Tensor[(2, 8), float32] {
     shared = parse(before.script().replace("return %y", "%z = add(%y, %e)\n  return %z")
                    .replace("-> Tensor[(2, 8), float32] {", "-> Tensor[(2, 8), float32] {", 1))
     assert_structural_equal(recognize_gelu(shared), shared)
+
+
+# ================================================================= lower_split
+
+
+def test_lower_split_gives_one_slice_per_piece_and_keeps_a_returned_tuple():
+    from byoc.transform.lower_split import lower_split
+    before = """
+def @main(%x: Tensor[(2, 12), float32]) -> Tuple[Tensor[(1, 4), float32], Tuple[Tensor[(2, 4), float32], Tensor[(2, 8), float32]]] {
+  %t = split(%x, axis=-1, sizes=[4, 8])
+  %a = %t.0
+  %y = relu(%a)
+  %u = split(%y, axis=0, sizes=[1, 1])
+  %b = %u.1
+  %r = (%b, %t)
+  return %r
+}
+"""
+    after = """
+def @main(%x: Tensor[(2, 12), float32]) -> Tuple[Tensor[(1, 4), float32], Tuple[Tensor[(2, 4), float32], Tensor[(2, 8), float32]]] {
+  %t_0 = strided_slice(%x, begin=[0], end=[4], axes=[1])
+  %t_1 = strided_slice(%x, begin=[4], end=[12], axes=[1])
+  %t = (%t_0, %t_1)
+  %y = relu(%t_0)
+  %u_0 = strided_slice(%y, begin=[0], end=[1], axes=[0])
+  %u_1 = strided_slice(%y, begin=[1], end=[2], axes=[0])
+  %r = (%u_1, %t)
+  return %r
+}
+"""
+    check(before, after, lower_split)

@@ -45,6 +45,15 @@ class IRModule:
     def copy(self) -> "IRModule":
         return IRModule(dict(self.functions), self.attrs)
 
+    def with_function(self, name: str, func: Function) -> "IRModule":
+        """This module with `name` bound to `func`: itself when that is already so (a pass
+        that changed nothing returns its input), else a copy."""
+        if self.functions.get(name) is func:
+            return self
+        result = self.copy()
+        result[name] = func
+        return result
+
     def script(self, **options) -> str:
         from .printer import print_module
         return print_module(self, **options)

@@ -35,13 +35,7 @@ CHANNEL_AXIS = {"NCHW": 1, "NHWC": 3}
 
 def fold_batch_norm(mod: IRModule) -> IRModule:
     """main with conv2d (+ bias) -> batch_norm chains folded (see the module docstring)."""
-    main = mod["main"]
-    folded = _fold(main)
-    if folded is main:
-        return mod
-    mod = mod.copy()
-    mod["main"] = folded
-    return mod
+    return mod.with_function("main", _fold(mod["main"]))
 
 
 def _fold(main: Function) -> Function:

@@ -19,13 +19,7 @@ from ..ir.op import Op, get_op
 
 def lower_split(mod: IRModule) -> IRModule:
     """A new module whose main has no split calls."""
-    main = mod["main"]
-    lowered = lower_split_in(main)
-    if lowered is main:
-        return mod
-    result = mod.copy()
-    result["main"] = lowered
-    return result
+    return mod.with_function("main", lower_split_in(mod["main"]))
 
 
 def lower_split_in(main: Function) -> Function:
