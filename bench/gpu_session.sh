@@ -7,6 +7,7 @@
 #   bench/gpu_session.sh release 1|2  the model cases the open issues ask for, in two calls
 #   bench/gpu_session.sh profile [CASES...]  per-kernel GPU time (bench/profile_kernels.py)
 #   bench/gpu_session.sh tune [CASES...]     tune the CUTLASS kernels of whole models into the database
+#   bench/gpu_session.sh retune KEYS... [-- TILES...]  tune settled database problems again (new candidates)
 #   bench/gpu_session.sh setup    only the set-up (then export PYTHONPATH=$PWD and CUTLASS_PATH as below)
 set -u
 cd "$(dirname "$0")/.."
@@ -56,6 +57,16 @@ case "$stage" in
     cp bench/results/tuning_sm90.json "$OUT/tuning_sm90.json"
     [ $# -eq 0 ] && set -- bert_base:1=cuda_sm90
     TUNING_DB="$OUT/tuning_sm90.json" PROFILE=auto bash "$0" models "$@" ;;
+  retune)
+    # Problems whose keys contain any of KEYS, among TILES (all candidates when none) ->
+    # $OUT/tuning_sm90.json (copy it into bench/results/), e.g.
+    #   retune m128:n768 m128:n2304 -- 64x64x64 64x32x64 64x16x64
+    keys=(); tiles=()
+    while [ $# -gt 0 ] && [ "$1" != "--" ]; do keys+=("$1"); shift; done
+    [ $# -gt 0 ] && shift && tiles=("$@")
+    cp bench/results/tuning_sm90.json "$OUT/tuning_sm90.json"
+    python3 bench/retune_gemms.py --tuning-db "$OUT/tuning_sm90.json" --keys "${keys[@]}" --tiles "${tiles[@]}" \
+      2>&1 | tee "$OUT/retune.log" | tail -n 20 ;;
   profile)
     # Where one run's GPU time goes (kernel table per model and config)
     [ $# -eq 0 ] && set -- bert_base:1=cuda_sm90 mlp:1=cuda_sm90

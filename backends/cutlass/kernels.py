@@ -184,6 +184,14 @@ SM90_CANDIDATES = (
     GemmKernel(90, (64, 192, 64), (1, 1), "pingpong"),
     GemmKernel(90, (128, 96, 64), (1, 1), "coop"),
     GemmKernel(90, (64, 96, 64), (1, 1), "pingpong"),
+    # 2-CTA clusters on the one-wave tiles of BERT's M=1024 GEMMs: a pair shares its B (2x1)
+    # or A (1x2) tile through TMA multicast, halving the L2 reads its mainloop waits on (the
+    # one-wave 128x192 kernel is bound by one CTA's mainloop latency, not by waves)
+    GemmKernel(90, (128, 192, 64), (2, 1), "coop"),
+    GemmKernel(90, (128, 192, 64), (1, 2), "coop"),
+    GemmKernel(90, (128, 64, 64), (2, 1), "coop"),
+    GemmKernel(90, (128, 96, 64), (2, 1), "coop"),
+    GemmKernel(90, (64, 256, 64), (2, 1), "pingpong"),
 ) + NARROW_TILES
 SM80_CANDIDATES = (
     GemmKernel(80, (128, 128, 32), warp=(64, 64, 32), stages=3),
