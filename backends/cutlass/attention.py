@@ -69,7 +69,7 @@ class Attention:
     mask: object = None  # leaf expression of the additive mask, or None
     mask_strides: tuple = ()  # (batch, head, query) strides in elements; keys are contiguous
 
-    def kernel(self, sm_count: int = 132) -> "AttentionKernel":
+    def kernel(self, sm_count: int) -> "AttentionKernel":
         return AttentionKernel.for_problem(self, sm_count)
 
 
@@ -82,7 +82,7 @@ class AttentionKernel:
     max_k: int
 
     @staticmethod
-    def for_problem(problem: Attention, sm_count: int = 132) -> "AttentionKernel":
+    def for_problem(problem: Attention, sm_count: int) -> "AttentionKernel":
         max_k = 64 if max(problem.head_dim, problem.head_dim_v) <= 64 else 128
         blocks_64 = math.ceil(problem.seq_q / 64) * problem.heads * problem.batch
         # 64 queries a block (4 warps over a 64x64 tile) when that fills the GPU; else 32

@@ -175,11 +175,11 @@ def conv_problem(func: Function) -> tuple[ConvProblem, dict]:
     return problem, indices
 
 
-def attention_problem(func: Function):
+def attention_problem(func: Function, flattened: tuple):
     """The Attention a fused-attention partition computes (attention.py), and its
-    parameter indices by expression."""
+    parameter indices by expression; `flattened` is flatten(func)."""
     from .attention import NotAttention, read_attention
-    steps, substitution = flatten(func)
+    steps, substitution = flattened
     produced = {var: (op, list(args), attrs) for var, op, args, attrs in steps}
     root = substitution.get(func.result, func.result)
     try:
@@ -189,14 +189,12 @@ def attention_problem(func: Function):
     return problem, {param: index for index, param in enumerate(func.params)}
 
 
-def is_attention(func: Function) -> bool:
-    steps, _ = flatten(func)
-    return any(op == "softmax" for _, op, _, _ in steps)
-
-
 def partition_problem(func: Function) -> tuple:
-    """(GemmProblem | ConvProblem, operand indices) of one partition."""
-    steps, _ = flatten(func)
+    """(GemmProblem | ConvProblem | Attention, operand indices) of one partition."""
+    flattened = flatten(func)
+    steps, _ = flattened
+    if any(op == "softmax" for _, op, _, _ in steps):
+        return attention_problem(func, flattened)
     if any(op == "conv2d" for _, op, _, _ in steps):
         return conv_problem(func)
     return gemm_problem(func)
@@ -214,8 +212,10 @@ def codegen(functions: dict, target) -> list:
         raise BuildError("the cutlass backend needs a cuda device target")
     sm = int(target.attrs.get("sm") or device.arch_number())
     workdir = Path(target.workdir)
-    attention = {symbol: attention_problem(func) for symbol, func in functions.items() if is_attention(func)}
-    problems = {symbol: partition_problem(func) for symbol, func in functions.items() if symbol not in attention}
+    from .attention import Attention
+    problems = {symbol: partition_problem(func) for symbol, func in functions.items()}
+    attention = {symbol: problem for symbol, problem in problems.items() if isinstance(problem[0], Attention)}
+    problems = {symbol: problem for symbol, problem in problems.items() if symbol not in attention}
     flags = cutlass_flags(target, sm)
     profile = {"true": True, "false": False}.get(target.attrs.get("profile", "auto"), "auto")
     if profile == "auto":
@@ -251,12 +251,12 @@ def attention_units(attention: dict, sm_count: int, workdir: Path, flags: list, 
 
     from .attention import template_data
     units = []
+    example = cutlass_example_dir("41_fused_multi_head_attention") if attention else None
     for symbol, (problem, index_of) in attention.items():
         kernel = problem.kernel(sm_count)
         source = workdir / f"{symbol}.cu"
         source.write_text(render_template("cutlass/attention_sm80.cu.j2",
                                           template_data(problem, kernel, symbol, index_of.__getitem__)))
-        example = cutlass_example_dir("41_fused_multi_head_attention")
         units.append(CompileUnit(source, "cuda", flags + [f"-I{example}"], f"{symbol}.o"))
         workspace[symbol] = 0
         kernels[symbol] = kernel.name(problem)

@@ -138,7 +138,7 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
                                           output=f"profiler_{index}.o"))
     compile_units(profiler_units, workdir, jobs=jobs)
     by_name = {unit.output: workdir / "obj" / unit.output for unit in candidate_units + profiler_units}
-    from byoc.toolchain.compiler import cuda_link_flags, find_nvcc
+    from byoc.toolchain.compiler import find_nvcc
     results = {}
     for index, (problem, kernel_objects) in enumerate(programs):
         if not kernel_objects:
