@@ -43,6 +43,7 @@ def main():
     parser.add_argument("--tuning-db", required=True)
     parser.add_argument("--keys", nargs="+", required=True, help="parts of the problem keys to tune again")
     parser.add_argument("--tiles", nargs="*", default=[], help="candidate tiles, e.g. 64x32x64 (empty: all)")
+    parser.add_argument("--clusters", nargs="*", default=[], help="candidate cluster shapes, e.g. 1x1 (empty: all)")
     parser.add_argument("--workdir", default="/tmp/byoc-retune")
     args = parser.parse_args()
     database = TuningDatabase(args.tuning_db)
@@ -51,7 +52,8 @@ def main():
                             if any(part in key for part in args.keys)) if p is not None]
     for problem in problems:
         entries.pop(problem.key)
-    allowed = CandidateFilter(tiles=tuple(parse_shape(t, 3, "tiles") for t in args.tiles))
+    allowed = CandidateFilter(tiles=tuple(parse_shape(t, 3, "tiles") for t in args.tiles),
+                              clusters=tuple(parse_shape(c, 2, "clusters") for c in args.clusters))
     flags = cutlass_flags(Target("cutlass", sm=90), 90)
     chosen = choose_kernels(problems, 90, database, profile=True, workdir=Path(args.workdir), compile_flags=flags,
                             allowed=allowed)

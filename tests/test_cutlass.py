@@ -58,6 +58,8 @@ def test_kernel_families_compile(sm, tmp_path):
         kernels.append(GemmKernel(90, (64, 96, 64), (1, 1), "pingpong"))
         problems.append(GemmProblem(1024, 2304, 768, 1, "float16", False, None, False, False))
         kernels.append(GemmKernel(90, (128, 128, 64), (1, 1), "coop", stream_k=True))
+        problems.append(GemmProblem(1000, 768, 768, 1, "float16", False, None, True, True))
+        kernels.append(GemmKernel(90, (64, 96, 64), (1, 2), "pingpong", swap_ab=True))
     units = []
     for index, (problem, kernel) in enumerate(zip(problems, kernels)):
         assert kernel.supports(problem) is None
@@ -83,6 +85,29 @@ def test_heuristic_and_names():
     assert kernel.name(problem).startswith("cutlass_sm90_f16_") and kernel.name(problem).endswith("_nn_bias_residual")
     with pytest.raises(ValueError, match="no sm80 kernel supports"):  # sm80 takes bias or residual, not both
         heuristic_kernel(80, GemmProblem(64, 64, 64, 1, "float16", False, None, True, True))
+
+
+def test_sm90_kernels_launch_with_pdl_unless_the_target_turns_it_off():
+    from byoc.backends.cutlass.codegen import cutlass_flags
+    from byoc.target import Target
+    gdc = "-DCUTLASS_ENABLE_GDC_FOR_SM90"
+    assert gdc in cutlass_flags(Target("cutlass", sm=90), 90)
+    assert gdc not in cutlass_flags(Target({"kind": "cutlass", "sm": 90, "pdl": False}), 90)
+    assert gdc not in cutlass_flags(Target("cutlass", sm=80), 80)
+
+
+def test_operand_swapped_kernels_tile_the_output_transposed_and_are_for_tuning_only():
+    from byoc.backends.cutlass.kernels import CandidateFilter, GemmKernel, GemmProblem, heuristic_kernel
+    problem = GemmProblem(1024, 2304, 768, 1, "float16", False)
+    swapped = GemmKernel(90, (192, 96, 64), (2, 1), "pingpong", swap_ab=True)
+    # 192 of D's columns by 96 of its rows: 12 x 11 CTAs, one wave on 132 SMs
+    assert swapped.output_tile() == (96, 192) and swapped.ctas(problem) == 132
+    assert swapped.name(problem) == "cutlass_sm90_f16_192x96x64_2x1_pingpong_swapab_nn_plain"
+    assert GemmKernel.from_json(swapped.to_json()) == swapped
+    assert not heuristic_kernel(90, problem).swap_ab
+    only_swapped = CandidateFilter.from_target({"tiles": ["192x96x64"], "clusters": ["2x1"]})
+    assert heuristic_kernel(90, problem, only_swapped) == swapped
+    assert "sm90 kernels" in GemmKernel(80, (192, 96, 64), swap_ab=True).supports(problem)
 
 
 def test_target_narrows_candidates_and_split_k_is_for_tuning_only():
@@ -212,18 +237,29 @@ def test_patterns_match_float32_reference(kind, m, n, k, batch, tmp_path):
     ("dense", 1024, 2304, 768, {"tile": [128, 128, 64], "stream_k": True}),
     ("dense_bias_residual", 1000, 768, 768, {"tile": [128, 64, 64], "stream_k": True}),
     ("dense_bias_gelu", 1024, 768, 3072, {"tile": [128, 128, 64], "splits": 2}),
+    # operand-swapped kernels (D^T = B^T A^T): the last row tile of 96 is partly outside M
+    ("dense", 1000, 2304, 768, {"tile": [192, 96, 64], "cluster": [2, 1], "schedule": "pingpong", "swap_ab": True}),
+    ("dense_bias_residual", 1000, 768, 768, {"tile": [64, 96, 64], "cluster": [1, 2], "schedule": "pingpong",
+                                             "swap_ab": True}),
+    ("dense_bias_gelu", 130, 200, 136, {"tile": [128, 48, 64], "swap_ab": True}),
+    # epilogue sub-tiles as large as the CTA tile's N
+    ("dense_bias_gelu", 1000, 2304, 768, {"tile": [192, 96, 64], "schedule": "pingpong", "swap_ab": True,
+                                         "epilogue_tile": [64, 96]}),
+    ("dense_bias_residual", 333, 768, 768, {"tile": [128, 64, 64], "epilogue_tile": [128, 64]}),
 ])
-def test_split_and_stream_k_kernels_from_the_tuning_database_match_float32_reference(kind, m, n, k, kernel,
-                                                                                       tmp_path):
-    """Kernels only tuning picks (stream-K, split-K), forced through a tuning-database entry."""
+def test_tuning_only_kernels_from_the_tuning_database_match_float32_reference(kind, m, n, k, kernel, tmp_path):
+    """Kernels only tuning picks (stream-K, split-K, operand-swapped), forced through a
+    tuning-database entry."""
     import cupy
     from byoc.backends.cutlass.kernels import GemmKernel, GemmProblem
     from byoc.backends.cutlass.tuning import TuningDatabase
     mod = _model(kind, m, n, k)
     problem = GemmProblem(m, n, k, 1, "float16", False, "gelu" if "gelu" in kind else None, "bias" in kind,
                           "residual" in kind)
-    forced = GemmKernel(90, tuple(kernel["tile"]), (1, 1), "coop", splits=kernel.get("splits", 1),
-                        stream_k=kernel.get("stream_k", False))
+    forced = GemmKernel(90, tuple(kernel["tile"]), tuple(kernel.get("cluster", (1, 1))), kernel.get("schedule", "coop"),
+                        splits=kernel.get("splits", 1), stream_k=kernel.get("stream_k", False),
+                        swap_ab=kernel.get("swap_ab", False),
+                        epilogue_tile=tuple(kernel["epilogue_tile"]) if "epilogue_tile" in kernel else None)
     database = TuningDatabase(tmp_path / "db.json")
     database.record(90, problem, forced, 1.0, {})
     database.save()
@@ -745,3 +781,34 @@ def test_whole_bert_with_fused_attention_matches_onnxruntime_fixture(name, tmp_p
     for result, want in zip(got, expected):
         result = cupy.asnumpy(result).astype(np.float32)
         assert np.max(np.abs(result - want)) <= 1e-2 * np.max(np.abs(want)), library.report.to_text()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_visible(), reason="no GPU visible")
+def test_pdl_launched_gemms_in_a_cuda_graph_agree_with_direct_runs_over_fresh_inputs(tmp_path):
+    """sm90 GEMMs launch with programmatic dependent launch (each may start while the kernel
+    before it drains, and waits for it before touching memory): inside a CUDA graph, between
+    attention and layer-norm kernels, every output equals the direct run's, bit for bit, over
+    fresh inputs (a missing wait would read half-written activations)."""
+    import cupy
+    data = np.load(Path(__file__).parent / "fixtures" / "bert2.npz")
+    inputs = {k[3:]: v for k, v in data.items() if k.startswith("in_")}
+    modules = {}
+    for graph in (False, True):
+        config = {"target": "auto", "precision": "float16", "cuda_graph": graph,
+                  "backends": [{"cutlass": {"profile": "false"}}, "builtin"]}
+        library = byoc.build(Path(__file__).parent / "fixtures" / "bert2.onnx", config=config,
+                             workdir=str(tmp_path / str(graph)), input_shapes={k: v.shape for k, v in inputs.items()})
+        sources = "".join(p.read_text() for p in (tmp_path / str(graph)).rglob("*.cu"))
+        assert "kLaunchWithPdl" in sources and library.report.to_json()["backends"]["cutlass"]["patterns"]
+        modules[graph] = library.load()
+    rng = np.random.default_rng(3)
+    for _ in range(30):
+        fresh = {k: cupy.asarray(rng.integers(0, 2, v.shape).astype(v.dtype) if v.dtype.kind in "iu"
+                                 else rng.standard_normal(v.shape).astype(v.dtype)) for k, v in inputs.items()}
+        results = {}
+        for graph, module in modules.items():
+            got = module.run(**fresh)
+            results[graph] = [cupy.asnumpy(r) for r in (got if isinstance(got, tuple) else (got,))]
+        for on, off in zip(results[True], results[False]):
+            np.testing.assert_array_equal(on, off)

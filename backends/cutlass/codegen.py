@@ -271,6 +271,10 @@ def cutlass_flags(target, sm: int) -> list:
              "-Xcompiler=-fPIC", "-Xcompiler=-fvisibility=hidden", "-DNDEBUG"]
     if target.attrs.get("use_fast_math"):
         flags.append("--use_fast_math")
+    if sm == 90 and target.attrs.get("pdl", True):
+        # CUTLASS's sm90 kernels then wait on the previous grid before their first global
+        # access and signal the next one early; gemm_sm90.cu.j2 launches them with PDL.
+        flags.append("-DCUTLASS_ENABLE_GDC_FOR_SM90")
     flags += [f"-I{d}" for d in cutlass_include_dirs()] + [f"-I{d}" for d in cuda_include_dirs()]
     flags += list(target.attrs.get("extra_nvcc_flags") or [])
     return flags

@@ -70,8 +70,27 @@ class GemmKernel:
     # of output tiles is shared out over every SM in K-iteration units (N=2304 at M=1024:
     # 144 tiles of 128x128 on 132 SMs would otherwise take two waves).
     stream_k: bool = False
+    # sm90 only: the kernel computes D^T = B^T A^T, so the weight is the MMA's A operand
+    # (its rows are the problem's N) and the activations are its B operand; `tile` and
+    # `cluster` are then in that kernel's terms: (N, M, K) of the problem. What cuBLAS does
+    # for M=1024 x N=2304: 192 output columns x 96 rows a CTA fill 132 SMs exactly (12 x 11),
+    # where a 96-row tile of the unswapped kernel cannot exist (an MMA has 64-row steps).
+    swap_ab: bool = False
+    # sm90 only: the (M, N) sub-tile the epilogue stores at a time (M: 128 for cooperative
+    # kernels, 64 for pingpong); None: CUTLASS's choice, N of 32. Each sub-tile is a round
+    # of register -> shared memory -> TMA store with a barrier between, so a kernel whose
+    # CTAs store one tile each and exit is faster with fewer, larger sub-tiles.
+    epilogue_tile: tuple | None = None
 
     kind = "gemm"
+
+    def output_tile(self) -> tuple:
+        """(rows, columns) of D one CTA computes."""
+        return (self.tile[1], self.tile[0]) if self.swap_ab else (self.tile[0], self.tile[1])
+
+    def ctas(self, problem: GemmProblem) -> int:
+        rows, columns = self.output_tile()
+        return -(-problem.m // rows) * -(-problem.n // columns) * problem.batch * self.splits
 
     def name(self, problem: GemmProblem) -> str:
         element = ELEMENTS[problem.dtype][0]
@@ -82,6 +101,10 @@ class GemmKernel:
                 shape += f"_splitk{self.splits}"
             if self.stream_k:
                 shape += "_streamk"
+            if self.swap_ab:
+                shape += "_swapab"
+            if self.epilogue_tile:
+                shape += "_epi" + "x".join(str(t) for t in self.epilogue_tile)
         else:
             shape = f"{tile}_{'x'.join(str(w) for w in self.warp)}_{self.stages}stage"
         layout = "nt" if problem.b_transposed else "nn"
@@ -93,6 +116,11 @@ class GemmKernel:
             return "sm80 kernels take either a bias or a residual in the epilogue, not both"
         if problem.has_residual and problem.activation:
             return "an activation before the residual add needs an epilogue visitor tree (not built)"
+        if self.swap_ab and (self.sm < 90 or self.splits > 1 or self.stream_k):
+            return "operand-swapped kernels are sm90 kernels without split-K or stream-K"
+        if self.epilogue_tile and (self.sm < 90 or self.tile[1] % self.epilogue_tile[1]
+                                   or self.epilogue_tile[0] != (128 if self.schedule == "coop" else 64)):
+            return "an epilogue tile is for sm90 kernels: M of 128 (cooperative) or 64 (pingpong), N dividing the tile's"
         if self.stream_k and (self.sm < 90 or self.schedule != "coop" or self.splits > 1):
             return "stream-K kernels are sm90 cooperative kernels without a fixed split"
         if self.splits > 1:
@@ -108,7 +136,7 @@ class GemmKernel:
         tiles of its shared waves, or for one wave of units; others need next to nothing."""
         if self.splits == 1 and not self.stream_k:
             return 1 << 20
-        tiles = -(-problem.m // self.tile[0]) * -(-problem.n // self.tile[1]) * problem.batch
+        tiles = self.ctas(problem) // self.splits
         if self.stream_k:
             tiles = max(tiles, 2 * SM_COUNT[90])
         return tiles * (self.tile[0] * self.tile[1] * 4 + 64) + (1 << 20)
@@ -127,7 +155,8 @@ class GemmKernel:
         }
         if self.sm == 90:
             cooperative = self.schedule == "coop"
-            data.update(cluster=list(self.cluster), splits=self.splits, stream_k=self.stream_k,
+            data.update(cluster=list(self.cluster), splits=self.splits, stream_k=self.stream_k, swap_ab=self.swap_ab,
+                        epilogue_tile=list(self.epilogue_tile) if self.epilogue_tile else None,
                         kernel_schedule="KernelTmaWarpSpecializedCooperative" if cooperative
                         else "KernelTmaWarpSpecializedPingpong",
                         epilogue_schedule="TmaWarpSpecializedCooperative" if cooperative
@@ -143,13 +172,19 @@ class GemmKernel:
             data["splits"] = self.splits
         if self.stream_k:
             data["stream_k"] = True
+        if self.swap_ab:
+            data["swap_ab"] = True
+        if self.epilogue_tile:
+            data["epilogue_tile"] = list(self.epilogue_tile)
         return data
 
     @staticmethod
     def from_json(data: dict) -> "GemmKernel":
         return GemmKernel(sm=data["sm"], tile=tuple(data["tile"]), cluster=tuple(data["cluster"]),
                           schedule=data["schedule"], warp=tuple(data["warp"]), stages=data["stages"],
-                          splits=data.get("splits", 1), stream_k=bool(data.get("stream_k", False)))
+                          splits=data.get("splits", 1), stream_k=bool(data.get("stream_k", False)),
+                          swap_ab=bool(data.get("swap_ab", False)),
+                          epilogue_tile=tuple(data["epilogue_tile"]) if data.get("epilogue_tile") else None)
 
 
 # The tuner's candidates. Cooperative kernels need a tile M of at least 128; pingpong runs
@@ -165,6 +200,38 @@ NARROW_TILES = (
     GemmKernel(90, (64, 64, 128), (1, 1), "pingpong"),
     GemmKernel(90, (64, 32, 128), (1, 1), "pingpong"),
 )
+# Tiles that fill the H100's 132 SMs in one wave at BERT-base's M=1024, for tuning only:
+# operand-swapped kernels (see GemmKernel.swap_ab) whose CTAs compute 96 rows (11 x 96 >=
+# 1024) by 192 columns (N=2304: 12 x 11 = 132 CTAs) or 64 columns (N=768: 132 CTAs), as
+# cuBLAS's own kernels for these shapes do; 48 rows x 128 columns also gives N=768 132
+# CTAs. Clusters multicast the shared operand tile to the pair (1x2 shares the weight
+# tile, 2x1 the activation tile). Unswapped tiles measured slower here: 128x144 and 128x48
+# (B staged with a 32-byte swizzle, N not a multiple of 64) and 1x2 clusters of the
+# power-of-two tiles (tuning_sm90.json keeps those times).
+ONE_WAVE_TILES = (
+    GemmKernel(90, (192, 96, 64), (1, 1), "pingpong", swap_ab=True),
+    GemmKernel(90, (192, 96, 64), (2, 1), "pingpong", swap_ab=True),
+    GemmKernel(90, (192, 96, 64), (1, 2), "pingpong", swap_ab=True),
+    GemmKernel(90, (256, 96, 64), (1, 1), "coop", swap_ab=True),
+    GemmKernel(90, (64, 96, 64), (1, 1), "pingpong", swap_ab=True),
+    GemmKernel(90, (64, 96, 64), (1, 2), "pingpong", swap_ab=True),
+    GemmKernel(90, (64, 96, 64), (2, 1), "pingpong", swap_ab=True),
+    GemmKernel(90, (128, 48, 64), (1, 1), "coop", swap_ab=True),
+    GemmKernel(90, (128, 48, 64), (1, 2), "coop", swap_ab=True),
+    GemmKernel(90, (128, 96, 64), (1, 1), "coop", swap_ab=True),
+    # larger epilogue sub-tiles for the one-tile-per-CTA kernels of these shapes
+    GemmKernel(90, (192, 96, 64), (1, 1), "pingpong", swap_ab=True, epilogue_tile=(64, 96)),
+    GemmKernel(90, (192, 96, 64), (1, 1), "pingpong", swap_ab=True, epilogue_tile=(64, 48)),
+    GemmKernel(90, (128, 192, 64), (1, 1), "coop", epilogue_tile=(128, 64)),
+    GemmKernel(90, (128, 192, 64), (1, 1), "coop", epilogue_tile=(128, 96)),
+    GemmKernel(90, (128, 192, 64), (1, 1), "coop", epilogue_tile=(128, 192)),
+    GemmKernel(90, (128, 64, 64), (1, 1), "coop", epilogue_tile=(128, 64)),
+    GemmKernel(90, (64, 128, 64), (1, 1), "pingpong", epilogue_tile=(64, 64)),
+    GemmKernel(90, (64, 128, 64), (1, 1), "pingpong", epilogue_tile=(64, 128)),
+    GemmKernel(90, (64, 96, 64), (1, 1), "pingpong", swap_ab=True, epilogue_tile=(64, 96)),
+    GemmKernel(90, (64, 96, 64), (1, 1), "pingpong", epilogue_tile=(64, 96)),
+)
+TUNING_ONLY = NARROW_TILES + ONE_WAVE_TILES
 SM90_CANDIDATES = (
     GemmKernel(90, (128, 128, 64), (1, 1), "coop"),
     GemmKernel(90, (128, 256, 64), (1, 1), "coop"),
@@ -192,7 +259,7 @@ SM90_CANDIDATES = (
     GemmKernel(90, (128, 64, 64), (2, 1), "coop"),
     GemmKernel(90, (128, 96, 64), (2, 1), "coop"),
     GemmKernel(90, (64, 256, 64), (2, 1), "pingpong"),
-) + NARROW_TILES
+) + NARROW_TILES + ONE_WAVE_TILES
 SM80_CANDIDATES = (
     GemmKernel(80, (128, 128, 32), warp=(64, 64, 32), stages=3),
     GemmKernel(80, (128, 256, 32), warp=(64, 64, 32), stages=3),
@@ -260,21 +327,18 @@ def heuristic_kernel(sm: int, problem: GemmProblem, allowed: CandidateFilter = N
     quantization: a GEMM takes about ceil(CTAs / SMs) waves of one tile's work each
     (132 SMs on an H100, 108 on an A100), so the estimate is waves x tile area, and the
     smallest estimate wins; among equals, the larger tile (more reuse per CTA), then the
-    earlier candidate. Split-K, stream-K and the narrow tiles only where nothing else is
+    earlier candidate. Split-K, stream-K and the tuning-only tiles (narrow, one-wave) only where nothing else is
     allowed (split-K and stream-K were measured slower; see the module docstring)."""
     sm_count = SM_COUNT[90 if sm >= 90 else 80]
     supported = [k for k in candidates(sm, allowed) if k.supports(problem) is None]
-    usable = [k for k in supported if k.splits == 1 and not k.stream_k and k not in NARROW_TILES] or supported
+    usable = [k for k in supported if k.splits == 1 and not k.stream_k and k not in TUNING_ONLY] or supported
     if not usable:
         raise ValueError(f"no sm{sm} kernel supports {problem.key} (among the candidates the cutlass target allows)")
-
-    def ctas(kernel):
-        return -(-problem.m // kernel.tile[0]) * -(-problem.n // kernel.tile[1]) * problem.batch * kernel.splits
 
     def estimate(indexed):
         position, kernel = indexed
         area = kernel.tile[0] * kernel.tile[1]
-        return (-(-ctas(kernel) // sm_count) * area, -area, position)
+        return (-(-kernel.ctas(problem) // sm_count) * area, -area, position)
 
     return min(enumerate(usable), key=estimate)[1]
 
