@@ -1,12 +1,13 @@
 """byoc's GEMMs vs cuBLAS (torch.matmul) on BERT-base's GEMMs, same GPU, same run.
 
-    python bench/bench_gemm.py --out DIR [--no-cutlass] [--no-cublaslt]
+    python bench/bench_gemm.py --out DIR [--no-cutlass] [--no-cublaslt] [--no-pdl] [--retune KEY...]
 
 For each GEMM (M=1024; N x K = 2304x768, 768x768, 3072x768, 768x3072, fp16, fp32
 accumulate):
 - cutlass: byoc's tuner compiles its candidates and times them (CUDA events around
   calls of the extern "C" entry captured into one CUDA graph, best of 5 replays); the
-  fastest is kept.
+  fastest is kept. The kernels launch with programmatic dependent launch (the cutlass
+  target's pdl; --no-pdl: without), so one call's start overlaps the previous one's end.
 - cublaslt: a one-GEMM model is built with the JSON-runtime backend (timed algorithm
   selection at create()) and its module.run is captured 20 times into a CUDA graph, so
   the time is GPU time, not Python overhead; the engine's Init time is reported.
@@ -103,6 +104,8 @@ def main():
     parser.add_argument("--tuning-db", help="where the CUTLASS tuning database is kept (default: in --workdir)")
     parser.add_argument("--no-cutlass", action="store_true")
     parser.add_argument("--no-cublaslt", action="store_true")
+    parser.add_argument("--no-pdl", action="store_true",
+                        help="time the CUTLASS kernels launched without programmatic dependent launch")
     parser.add_argument("--retune", nargs="*", default=[], metavar="KEY",
                         help="problems (tuning keys, or parts of them) to tune again although the "
                              "database has them: the rest keep their measured kernel and time")
@@ -125,7 +128,7 @@ def main():
         if any(part in key for part in args.retune):
             del database.entries["sm90"][key]
     if not args.no_cutlass:
-        flags = cutlass_flags(Target("cutlass", sm=90), 90)
+        flags = cutlass_flags(Target({"kind": "cutlass", "sm": 90, "pdl": not args.no_pdl}), 90)
         choose_kernels(problems, 90, database, profile=True, workdir=Path(args.workdir), compile_flags=flags)
     rows = []
     for index, problem in enumerate(problems):

@@ -45,6 +45,8 @@ def main():
     parser.add_argument("--tiles", nargs="*", default=[], help="candidate tiles, e.g. 64x32x64 (empty: all)")
     parser.add_argument("--clusters", nargs="*", default=[], help="candidate cluster shapes, e.g. 1x1 (empty: all)")
     parser.add_argument("--workdir", default="/tmp/byoc-retune")
+    parser.add_argument("--no-pdl", action="store_true",
+                        help="time the CUTLASS kernels launched without programmatic dependent launch")
     args = parser.parse_args()
     database = TuningDatabase(args.tuning_db)
     entries = database.entries.get("sm90", {})
@@ -54,7 +56,7 @@ def main():
         entries.pop(problem.key)
     allowed = CandidateFilter(tiles=tuple(parse_shape(t, 3, "tiles") for t in args.tiles),
                               clusters=tuple(parse_shape(c, 2, "clusters") for c in args.clusters))
-    flags = cutlass_flags(Target("cutlass", sm=90), 90)
+    flags = cutlass_flags(Target({"kind": "cutlass", "sm": 90, "pdl": not args.no_pdl}), 90)
     chosen = choose_kernels(problems, 90, database, profile=True, workdir=Path(args.workdir), compile_flags=flags,
                             allowed=allowed)
     for problem in problems:

@@ -87,13 +87,13 @@ def test_heuristic_and_names():
         heuristic_kernel(80, GemmProblem(64, 64, 64, 1, "float16", False, None, True, True))
 
 
-def test_sm90_kernels_launch_with_pdl_unless_the_target_turns_it_off():
+def test_sm90_kernels_launch_with_pdl_when_the_target_asks():
     from byoc.backends.cutlass.codegen import cutlass_flags
     from byoc.target import Target
     gdc = "-DCUTLASS_ENABLE_GDC_FOR_SM90"
-    assert gdc in cutlass_flags(Target("cutlass", sm=90), 90)
-    assert gdc not in cutlass_flags(Target({"kind": "cutlass", "sm": 90, "pdl": False}), 90)
-    assert gdc not in cutlass_flags(Target("cutlass", sm=80), 80)
+    assert gdc in cutlass_flags(Target({"kind": "cutlass", "sm": 90, "pdl": True}), 90)
+    assert gdc not in cutlass_flags(Target("cutlass", sm=90), 90)  # off by default
+    assert gdc not in cutlass_flags(Target({"kind": "cutlass", "sm": 80, "pdl": True}), 80)
 
 
 def test_operand_swapped_kernels_tile_the_output_transposed_and_are_for_tuning_only():
@@ -796,11 +796,12 @@ def test_pdl_launched_gemms_in_a_cuda_graph_agree_with_direct_runs_over_fresh_in
     modules = {}
     for graph in (False, True):
         config = {"target": "auto", "precision": "float16", "cuda_graph": graph,
-                  "backends": [{"cutlass": {"profile": "false"}}, "builtin"]}
+                  "backends": [{"cutlass": {"profile": "false", "pdl": True}}, "builtin"]}
         library = byoc.build(Path(__file__).parent / "fixtures" / "bert2.onnx", config=config,
                              workdir=str(tmp_path / str(graph)), input_shapes={k: v.shape for k, v in inputs.items()})
         sources = "".join(p.read_text() for p in (tmp_path / str(graph)).rglob("*.cu"))
         assert "kLaunchWithPdl" in sources and library.report.to_json()["backends"]["cutlass"]["patterns"]
+        assert "CUTLASS_ENABLE_GDC_FOR_SM90" in (tmp_path / str(graph) / "build.ninja").read_text()
         modules[graph] = library.load()
     rng = np.random.default_rng(3)
     for _ in range(30):

@@ -271,7 +271,7 @@ def cutlass_flags(target, sm: int) -> list:
              "-Xcompiler=-fPIC", "-Xcompiler=-fvisibility=hidden", "-DNDEBUG"]
     if target.attrs.get("use_fast_math"):
         flags.append("--use_fast_math")
-    if sm == 90 and target.attrs.get("pdl", True):
+    if sm == 90 and target.attrs.get("pdl"):
         # CUTLASS's sm90 kernels then wait on the previous grid before their first global
         # access and signal the next one early; gemm_sm90.cu.j2 launches them with PDL.
         flags.append("-DCUTLASS_ENABLE_GDC_FOR_SM90")

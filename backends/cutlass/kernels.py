@@ -205,9 +205,10 @@ NARROW_TILES = (
 # 1024) by 192 columns (N=2304: 12 x 11 = 132 CTAs) or 64 columns (N=768: 132 CTAs), as
 # cuBLAS's own kernels for these shapes do; 48 rows x 128 columns also gives N=768 132
 # CTAs. Clusters multicast the shared operand tile to the pair (1x2 shares the weight
-# tile, 2x1 the activation tile). Unswapped tiles measured slower here: 128x144 and 128x48
-# (B staged with a 32-byte swizzle, N not a multiple of 64) and 1x2 clusters of the
-# power-of-two tiles (tuning_sm90.json keeps those times).
+# tile, 2x1 the activation tile). Measured slower on an H100 and left out: unswapped
+# 128x144 and 128x48 tiles (B staged with a 32-byte swizzle, as N is not a multiple of 64:
+# 14.8 us against 9.8 for N=2304) and 1x2 clusters of the power-of-two tiles
+# (bench/results/gemm.md).
 ONE_WAVE_TILES = (
     GemmKernel(90, (192, 96, 64), (1, 1), "pingpong", swap_ab=True),
     GemmKernel(90, (192, 96, 64), (2, 1), "pingpong", swap_ab=True),
