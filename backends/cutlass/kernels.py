@@ -200,37 +200,23 @@ NARROW_TILES = (
     GemmKernel(90, (64, 64, 128), (1, 1), "pingpong"),
     GemmKernel(90, (64, 32, 128), (1, 1), "pingpong"),
 )
-# Tiles that fill the H100's 132 SMs in one wave at BERT-base's M=1024, for tuning only:
-# operand-swapped kernels (see GemmKernel.swap_ab) whose CTAs compute 96 rows (11 x 96 >=
-# 1024) by 192 columns (N=2304: 12 x 11 = 132 CTAs) or 64 columns (N=768: 132 CTAs), as
-# cuBLAS's own kernels for these shapes do; 48 rows x 128 columns also gives N=768 132
-# CTAs. Clusters multicast the shared operand tile to the pair (1x2 shares the weight
-# tile, 2x1 the activation tile). Measured slower on an H100 and left out: unswapped
-# 128x144 and 128x48 tiles (B staged with a 32-byte swizzle, as N is not a multiple of 64:
-# 14.8 us against 9.8 for N=2304) and 1x2 clusters of the power-of-two tiles
-# (bench/results/gemm.md).
+# Tiles for BERT-base's M=1024 GEMMs, for tuning only (each won one of them on an H100,
+# bench/results/gemm.md). Operand-swapped kernels (GemmKernel.swap_ab) whose CTAs take 96
+# rows (11 x 96 >= 1024) by 192 columns fill the 132 SMs in one wave at N=2304 (12 x 11),
+# as cuBLAS's own kernel for that shape does (64 columns: N=768 in 132 CTAs). Epilogue
+# sub-tiles as wide as the CTA tile store a CTA's one tile in fewer rounds.
+# Measured slower there and left out: unswapped 128x144 and 128x48 tiles (B staged with a
+# 32-byte swizzle, N not being a multiple of 64: 14.8 us against 9.8 for N=2304), 2-CTA
+# clusters with TMA multicast of the power-of-two and the swapped tiles (0.1-5.4 us
+# slower), swapped 256x96, 128x96 and 128x48 tiles, and a K step of 128 at M=1024.
 ONE_WAVE_TILES = (
     GemmKernel(90, (192, 96, 64), (1, 1), "pingpong", swap_ab=True),
-    GemmKernel(90, (192, 96, 64), (2, 1), "pingpong", swap_ab=True),
-    GemmKernel(90, (192, 96, 64), (1, 2), "pingpong", swap_ab=True),
-    GemmKernel(90, (256, 96, 64), (1, 1), "coop", swap_ab=True),
-    GemmKernel(90, (64, 96, 64), (1, 1), "pingpong", swap_ab=True),
-    GemmKernel(90, (64, 96, 64), (1, 2), "pingpong", swap_ab=True),
-    GemmKernel(90, (64, 96, 64), (2, 1), "pingpong", swap_ab=True),
-    GemmKernel(90, (128, 48, 64), (1, 1), "coop", swap_ab=True),
-    GemmKernel(90, (128, 48, 64), (1, 2), "coop", swap_ab=True),
-    GemmKernel(90, (128, 96, 64), (1, 1), "coop", swap_ab=True),
-    # larger epilogue sub-tiles for the one-tile-per-CTA kernels of these shapes
     GemmKernel(90, (192, 96, 64), (1, 1), "pingpong", swap_ab=True, epilogue_tile=(64, 96)),
-    GemmKernel(90, (192, 96, 64), (1, 1), "pingpong", swap_ab=True, epilogue_tile=(64, 48)),
+    GemmKernel(90, (64, 96, 64), (1, 1), "pingpong", swap_ab=True),
     GemmKernel(90, (128, 192, 64), (1, 1), "coop", epilogue_tile=(128, 64)),
-    GemmKernel(90, (128, 192, 64), (1, 1), "coop", epilogue_tile=(128, 96)),
-    GemmKernel(90, (128, 192, 64), (1, 1), "coop", epilogue_tile=(128, 192)),
     GemmKernel(90, (128, 64, 64), (1, 1), "coop", epilogue_tile=(128, 64)),
     GemmKernel(90, (64, 128, 64), (1, 1), "pingpong", epilogue_tile=(64, 64)),
     GemmKernel(90, (64, 128, 64), (1, 1), "pingpong", epilogue_tile=(64, 128)),
-    GemmKernel(90, (64, 96, 64), (1, 1), "pingpong", swap_ab=True, epilogue_tile=(64, 96)),
-    GemmKernel(90, (64, 96, 64), (1, 1), "pingpong", epilogue_tile=(64, 96)),
 )
 TUNING_ONLY = NARROW_TILES + ONE_WAVE_TILES
 SM90_CANDIDATES = (
@@ -252,14 +238,6 @@ SM90_CANDIDATES = (
     GemmKernel(90, (64, 192, 64), (1, 1), "pingpong"),
     GemmKernel(90, (128, 96, 64), (1, 1), "coop"),
     GemmKernel(90, (64, 96, 64), (1, 1), "pingpong"),
-    # 2-CTA clusters on the one-wave tiles of BERT's M=1024 GEMMs: a pair shares its B (2x1)
-    # or A (1x2) tile through TMA multicast, halving the L2 reads its mainloop waits on (the
-    # one-wave 128x192 kernel is bound by one CTA's mainloop latency, not by waves)
-    GemmKernel(90, (128, 192, 64), (2, 1), "coop"),
-    GemmKernel(90, (128, 192, 64), (1, 2), "coop"),
-    GemmKernel(90, (128, 64, 64), (2, 1), "coop"),
-    GemmKernel(90, (128, 96, 64), (2, 1), "coop"),
-    GemmKernel(90, (64, 256, 64), (2, 1), "pingpong"),
 ) + NARROW_TILES + ONE_WAVE_TILES
 SM80_CANDIDATES = (
     GemmKernel(80, (128, 128, 32), warp=(64, 64, 32), stages=3),
