@@ -65,6 +65,8 @@ def load_config(spec, tuning_db=None, profile="auto"):
                  "graph": {"cuda_graph": True},
                  # cuda_sm90 with CUTLASS's split-K/stream-K kernels among the tuning candidates
                  "split": {"backends": [{"cutlass": {"sm": 90, "split_k": True}}, "cublaslt", "builtin"]},
+                 # cuda_sm90 with its CUTLASS GEMMs launched with programmatic dependent launch
+                 "pdl": {"backends": [{"cutlass": {"sm": 90, "pdl": True}}, "cublaslt", "builtin"]},
                  "": {}}[variant]
     if tuning_db:
         overrides["tuning"] = {"profile": {"false": False, "true": True}.get(profile, profile), "tuning_db": tuning_db}
