@@ -55,12 +55,22 @@ class GemmProblem:
                 f"{'nt' if self.b_transposed else 'nn'}:{self.epilogue_name}")
 
 
+# sm90 schedule -> (CUTLASS kernel schedule, epilogue schedule)
+SM90_SCHEDULES = {
+    "coop": ("KernelTmaWarpSpecializedCooperative", "TmaWarpSpecializedCooperative"),
+    "pingpong": ("KernelTmaWarpSpecializedPingpong", "TmaWarpSpecialized"),
+    "ws": ("KernelTmaWarpSpecialized", "TmaWarpSpecialized"),
+}
+
+
 @dataclass(frozen=True)
 class GemmKernel:
     sm: int  # 90 or 80
     tile: tuple  # (M, N, K) threadblock tile
     cluster: tuple = (1, 1)  # sm90 only
-    schedule: str = "coop"  # sm90: coop | pingpong
+    # sm90: coop (two consumer warp groups share a tile) | pingpong (two take turns over
+    # tiles) | ws (one consumer warp group, not persistent: a CTA per tile, no scheduler loop)
+    schedule: str = "coop"
     warp: tuple = (64, 64, 32)  # sm80 only
     stages: int = 3  # sm80 only
     # sm90 cooperative only: K split this many ways (CUTLASS's stream-K tile scheduler in
@@ -154,13 +164,10 @@ class GemmKernel:
             "bias_index": arg_indices.get("bias", -1), "residual_index": arg_indices.get("residual", -1),
         }
         if self.sm == 90:
-            cooperative = self.schedule == "coop"
+            kernel_schedule, epilogue_schedule = SM90_SCHEDULES[self.schedule]
             data.update(cluster=list(self.cluster), splits=self.splits, stream_k=self.stream_k, swap_ab=self.swap_ab,
                         epilogue_tile=list(self.epilogue_tile) if self.epilogue_tile else None,
-                        kernel_schedule="KernelTmaWarpSpecializedCooperative" if cooperative
-                        else "KernelTmaWarpSpecializedPingpong",
-                        epilogue_schedule="TmaWarpSpecializedCooperative" if cooperative
-                        else "TmaWarpSpecialized")
+                        kernel_schedule=kernel_schedule, epilogue_schedule=epilogue_schedule)
         else:
             data.update(warp=list(self.warp), stages=self.stages)
         return data
@@ -217,6 +224,10 @@ ONE_WAVE_TILES = (
     GemmKernel(90, (128, 64, 64), (1, 1), "coop", epilogue_tile=(128, 64)),
     GemmKernel(90, (64, 128, 64), (1, 1), "pingpong", epilogue_tile=(64, 64)),
     GemmKernel(90, (64, 128, 64), (1, 1), "pingpong", epilogue_tile=(64, 128)),
+    # not yet measured: the same one-tile CTAs without the persistent scheduler's loop and
+    # with one consumer warp group (pingpong's second has no tile to take here)
+    GemmKernel(90, (192, 96, 64), (1, 1), "ws", swap_ab=True, epilogue_tile=(64, 96)),
+    GemmKernel(90, (64, 128, 64), (1, 1), "ws"),
 )
 TUNING_ONLY = NARROW_TILES + ONE_WAVE_TILES
 SM90_CANDIDATES = (
