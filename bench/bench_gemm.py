@@ -1,6 +1,7 @@
 """byoc's GEMMs vs cuBLAS (torch.matmul) on BERT-base's GEMMs, same GPU, same run.
 
-    python bench/bench_gemm.py --out DIR [--no-cutlass] [--no-cublaslt] [--no-pdl] [--retune KEY...]
+    python bench/bench_gemm.py --out DIR [--no-cutlass] [--no-cublaslt] [--no-pdl] [--compare-launch]
+                               [--retune KEY...]
 
 For each GEMM (M=1024; N x K = 2304x768, 768x768, 3072x768, 768x3072, fp16, fp32
 accumulate):
@@ -106,13 +107,15 @@ def main():
     parser.add_argument("--no-cublaslt", action="store_true")
     parser.add_argument("--no-pdl", action="store_true",
                         help="time the CUTLASS kernels launched without programmatic dependent launch")
+    parser.add_argument("--compare-launch", action="store_true",
+                        help="also time each chosen CUTLASS kernel launched the other way (with / without PDL)")
     parser.add_argument("--retune", nargs="*", default=[], metavar="KEY",
                         help="problems (tuning keys, or parts of them) to tune again although the "
                              "database has them: the rest keep their measured kernel and time")
     args = parser.parse_args()
     from byoc.backends.cutlass.codegen import cutlass_flags
     from byoc.backends.cutlass.kernels import GemmProblem
-    from byoc.backends.cutlass.tuning import TuningDatabase, choose_kernels
+    from byoc.backends.cutlass.tuning import TuningDatabase, choose_kernels, time_kernels
     from byoc.target import Target
     m = 1024
     shapes = [(2304, 768), (768, 768), (3072, 768), (768, 3072)]
@@ -127,9 +130,13 @@ def main():
     for key in list(database.entries.get("sm90", {})):
         if any(part in key for part in args.retune):
             del database.entries["sm90"][key]
+    other_launch_us = {}
     if not args.no_cutlass:
         flags = cutlass_flags(Target({"kind": "cutlass", "sm": 90, "pdl": not args.no_pdl}), 90)
-        choose_kernels(problems, 90, database, profile=True, workdir=Path(args.workdir), compile_flags=flags)
+        chosen = choose_kernels(problems, 90, database, profile=True, workdir=Path(args.workdir), compile_flags=flags)
+        if args.compare_launch:
+            other_flags = cutlass_flags(Target({"kind": "cutlass", "sm": 90, "pdl": args.no_pdl}), 90)
+            other_launch_us = time_kernels(chosen, 90, Path(args.workdir) / "other_launch", other_flags)
     rows = []
     for index, problem in enumerate(problems):
         a = torch.randn(m, problem.k, device="cuda", dtype=torch.half)
@@ -156,6 +163,11 @@ def main():
                         "cutlass_vs_cublas_matmul": round(matmul_us / entry["us"], 3),
                         "cutlass_vs_unfused": round(reference_us / entry["us"], 3) if baseline_us else None,
                         "cutlass_tflops": round(flops / entry["us"] / 1e6, 1), "cutlass_candidates_us": entry["measured"]})
+            if problem in other_launch_us:
+                other = other_launch_us[problem]
+                row.update({"cutlass_launch": "without PDL" if args.no_pdl else "PDL",
+                            "cutlass_other_launch_us": other,
+                            "cutlass_other_launch_vs_cublas_matmul": round(matmul_us / other, 3) if other else None})
         if not args.no_cublaslt:
             module, init_s, backends = gemm_module(problem, Path(args.workdir) / f"cublaslt_{index}")
             y = torch.empty(m, problem.n, device="cuda", dtype=torch.half)
@@ -172,18 +184,24 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gemm.json").write_text(json.dumps(result, indent=2))
+    launch = "without" if args.no_pdl else "with"
+    other = "with" if args.no_pdl else "without"
     lines = [f"# byoc GEMMs vs cuBLAS, BERT-base shapes ({result['device']}, {result['date']}, torch {result['torch']})",
              "", "Times in us (GPU time). 'vs' = baseline time / byoc time (>1 means byoc is faster); the "
-             "baseline is torch.matmul for plain GEMMs and torch.matmul plus separate epilogue kernels for fused ones.",
+             "baseline is torch.matmul for plain GEMMs and torch.matmul plus separate epilogue kernels for fused ones. "
+             f"CUTLASS kernels launched {launch} programmatic dependent launch (PDL); the 'other launch' columns: "
+             f"the same kernel {other} it (--compare-launch).",
              "", "| problem | torch.matmul | unfused baseline | cutlass kernel | cutlass | cutlass vs matmul | "
-             "cutlass vs unfused | cublaslt engine | cublaslt vs matmul | cublaslt vs unfused | cublaslt init (s) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "cutlass vs unfused | cutlass, other launch | other launch vs matmul | cublaslt engine | "
+             "cublaslt vs matmul | cublaslt vs unfused | cublaslt init (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         def cell(key, suffix=""):
             return f"{r[key]}{suffix}" if r.get(key) is not None else "-"
         lines.append(f"| {r['problem']} | {r['cublas_matmul_us']} | {cell('unfused_baseline_us')} | "
                      f"{cell('cutlass_kernel')} | {cell('cutlass_us')} | {cell('cutlass_vs_cublas_matmul', 'x')} | "
-                     f"{cell('cutlass_vs_unfused', 'x')} | {cell('cublaslt_us')} | "
+                     f"{cell('cutlass_vs_unfused', 'x')} | {cell('cutlass_other_launch_us')} | "
+                     f"{cell('cutlass_other_launch_vs_cublas_matmul', 'x')} | {cell('cublaslt_us')} | "
                      f"{cell('cublaslt_vs_cublas_matmul', 'x')} | {cell('cublaslt_vs_unfused', 'x')} | "
                      f"{cell('cublaslt_init_s')} |")
     (out / "gemm.md").write_text("\n".join(lines) + "\n")

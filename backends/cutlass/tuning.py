@@ -92,13 +92,22 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
     return chosen
 
 
+def time_kernels(chosen: dict, sm: int, workdir: Path, compile_flags: list, jobs=None) -> dict:
+    """problem -> microseconds (None when it failed) of the one kernel `chosen[problem]`,
+    compiled with `compile_flags` and timed as the tuner times candidates (the GEMM
+    benchmark's measurement of its kernels launched another way)."""
+    measured = _profile(list(chosen), sm, workdir, compile_flags, jobs, kernels_of=lambda problem: [chosen[problem]])
+    return {problem: measured.get(problem, {}).get(kernel.name(problem)) for problem, kernel in chosen.items()}
+
+
 def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
-             allowed: CandidateFilter = NO_FILTER) -> dict:
+             allowed: CandidateFilter = NO_FILTER, kernels_of=None) -> dict:
     from byoc.toolchain import CompileUnit, compile_units
     workdir.mkdir(parents=True, exist_ok=True)
     candidate_units, programs = [], []
     for index, problem in enumerate(problems):
-        usable = usable_candidates(sm, problem, allowed)  # the heuristic's kernel first: the reference
+        # the heuristic's kernel first: the reference the others are checked against
+        usable = kernels_of(problem) if kernels_of else usable_candidates(sm, problem, allowed)
         indices, slots = {"a": 0, "b": 1}, [0, 1]
         if problem.has_bias:
             indices["bias"] = len(slots)
