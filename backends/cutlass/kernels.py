@@ -130,7 +130,7 @@ class GemmKernel:
             return "operand-swapped kernels are sm90 kernels without split-K or stream-K"
         if self.epilogue_tile and (self.sm < 90 or self.tile[1] % self.epilogue_tile[1]
                                    or self.epilogue_tile[0] != (128 if self.schedule == "coop" else 64)):
-            return "an epilogue tile is for sm90 kernels: M of 128 (cooperative) or 64 (pingpong), N dividing the tile's"
+            return "an epilogue tile is for sm90 kernels: M of 128 (cooperative) or 64 (pingpong, ws), N dividing the tile's"
         if self.stream_k and (self.sm < 90 or self.schedule != "coop" or self.splits > 1):
             return "stream-K kernels are sm90 cooperative kernels without a fixed split"
         if self.splits > 1:
@@ -224,8 +224,9 @@ ONE_WAVE_TILES = (
     GemmKernel(90, (128, 64, 64), (1, 1), "coop", epilogue_tile=(128, 64)),
     GemmKernel(90, (64, 128, 64), (1, 1), "pingpong", epilogue_tile=(64, 64)),
     GemmKernel(90, (64, 128, 64), (1, 1), "pingpong", epilogue_tile=(64, 128)),
-    # not yet measured: the same one-tile CTAs without the persistent scheduler's loop and
-    # with one consumer warp group (pingpong's second has no tile to take here)
+    # the same one-tile CTAs without the persistent scheduler's loop and with one consumer
+    # warp group (pingpong's second has no tile to take here): correct on an H100 (forced
+    # through the tuning database in test_cutlass.py), not yet timed
     GemmKernel(90, (192, 96, 64), (1, 1), "ws", swap_ab=True, epilogue_tile=(64, 96)),
     GemmKernel(90, (64, 128, 64), (1, 1), "ws"),
 )
@@ -317,8 +318,9 @@ def heuristic_kernel(sm: int, problem: GemmProblem, allowed: CandidateFilter = N
     quantization: a GEMM takes about ceil(CTAs / SMs) waves of one tile's work each
     (132 SMs on an H100, 108 on an A100), so the estimate is waves x tile area, and the
     smallest estimate wins; among equals, the larger tile (more reuse per CTA), then the
-    earlier candidate. Split-K, stream-K and the tuning-only tiles (narrow, one-wave) only where nothing else is
-    allowed (split-K and stream-K were measured slower; see the module docstring)."""
+    earlier candidate. Split-K, stream-K and the tuning-only tiles (narrow, one-wave) only
+    where nothing else is allowed (split-K and stream-K were measured slower; see the
+    module docstring)."""
     sm_count = SM_COUNT[90 if sm >= 90 else 80]
     supported = [k for k in candidates(sm, allowed) if k.supports(problem) is None]
     usable = [k for k in supported if k.splits == 1 and not k.stream_k and k not in TUNING_ONLY] or supported
