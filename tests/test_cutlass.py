@@ -251,6 +251,7 @@ def test_patterns_match_float32_reference(kind, m, n, k, batch, tmp_path):
     ("dense_bias", 1000, 2304, 768, {"tile": [192, 96, 64], "schedule": "ws", "swap_ab": True,
                                      "epilogue_tile": [64, 96]}),
     ("dense_bias_residual", 333, 768, 768, {"tile": [64, 128, 64], "schedule": "ws"}),
+    ("dense", 1000, 768, 200, {"tile": [128, 64, 64], "schedule": "ws"}),
 ])
 def test_tuning_only_kernels_from_the_tuning_database_match_float32_reference(kind, m, n, k, kernel, tmp_path):
     """Kernels only tuning picks (stream-K, split-K, operand-swapped), forced through a
