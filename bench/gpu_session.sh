@@ -65,7 +65,9 @@ case "$stage" in
     while [ $# -gt 0 ] && [ "$1" != "--" ]; do keys+=("$1"); shift; done
     [ $# -gt 0 ] && shift && tiles=("$@")
     cp bench/results/tuning_sm90.json "$OUT/tuning_sm90.json"
+    # AWAITING=1: also time the kernels not yet checked on a GPU (kernels.AWAITING_GPU_CHECK)
     python3 bench/retune_gemms.py --tuning-db "$OUT/tuning_sm90.json" --keys "${keys[@]}" --tiles "${tiles[@]}" \
+      ${AWAITING:+--awaiting-gpu-check} \
       2>&1 | tee "$OUT/retune.log" | tail -n 20 ;;
   profile)
     # Where one run's GPU time goes (kernel table per model and config)
