@@ -187,8 +187,6 @@ def _run_command(args: argparse.Namespace) -> int:
 
 def _run_library(args: argparse.Namespace, arrays: dict) -> int:
     """Run a built library (on its device: CuPy arrays for cuda) and print its outputs."""
-    import time
-
     import numpy as np
 
     from .runtime import load

@@ -11,7 +11,7 @@ from .ir.expr import (Call, Constant, Expr, ExternFunc, Function, GlobalVar, Tup
                       TupleGetItem, Var)
 from .ir.module import IRModule
 from .ir.op import Op
-from .ir.types import TensorType, TupleType, numpy_dtype
+from .ir.types import TupleType, numpy_dtype
 
 
 class InterpreterError(ByocError):

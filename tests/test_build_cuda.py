@@ -146,9 +146,9 @@ def test_cuda_graph_update_mode_reads_and_writes_the_callers_tensors(tmp_path):
     """cuda_graph_io: update captures the calls on the caller's pointers (no staging copies)
     and updates the executable graph when they change (host code compiles and links)."""
     inputs, _ = fixture("bert2")
-    library = byoc.build(FIXTURES / "bert2.onnx", target="cuda -arch=sm_90",
-                         config={"cuda_graph": True, "cuda_graph_io": "update", "precision": "float16"},
-                         workdir=str(tmp_path / "w"), input_shapes={k: v.shape for k, v in inputs.items()})
+    byoc.build(FIXTURES / "bert2.onnx", target="cuda -arch=sm_90",
+               config={"cuda_graph": True, "cuda_graph_io": "update", "precision": "float16"},
+               workdir=str(tmp_path / "w"), input_shapes={k: v.shape for k, v in inputs.items()})
     host = (tmp_path / "w" / "host.cc").read_text()
     run = host[host.index("int byoc_model_run("):]
     assert "cudaGraphExecUpdate(" in run and "copying input" not in run

@@ -349,7 +349,7 @@ PINNING = {"pin": [{"op": "softmax", "device": "cpu"}], "inputs": "host", "outpu
 def test_pinning_to_cpu_on_the_cpu_target_leaves_the_program_unchanged(tmp_path):
     inputs, expected = bert_inputs()
     shapes = {name: value.shape for name, value in inputs.items()}
-    plain = byoc.build(FIXTURES / "bert2.onnx", config="cpu", workdir=str(tmp_path / "plain"), input_shapes=shapes)
+    byoc.build(FIXTURES / "bert2.onnx", config="cpu", workdir=str(tmp_path / "plain"), input_shapes=shapes)
     pinned = byoc.build(FIXTURES / "bert2.onnx", config={**byoc.config.load_config("cpu").to_dict(),
                                                           "devices": PINNING},
                         workdir=str(tmp_path / "pinned"), input_shapes=shapes)

@@ -28,7 +28,7 @@ from onnx import numpy_helper
 from ..errors import ByocError, ModelError, UnsupportedOpError
 from ..interpreter import evaluate_call
 from ..ir.builder import FunctionBuilder
-from ..ir.expr import Call, Constant, Expr, Var
+from ..ir.expr import Call, Constant, Expr
 from ..ir.module import IRModule
 from ..ir.op import get_op
 from ..ir.types import NUMPY_DTYPES, TensorType, dtype_of_numpy

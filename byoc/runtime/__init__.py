@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import math
 import os
 from pathlib import Path
 

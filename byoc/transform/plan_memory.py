@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..ir.expr import Call, Constant, Function, GlobalVar, Tuple, TupleGetItem, Var
+from ..ir.expr import Call, Function, GlobalVar, Tuple, TupleGetItem, Var
 from ..ir.types import TensorType, numpy_dtype
 
 ALIGNMENT = 256

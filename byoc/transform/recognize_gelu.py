@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from ..ir.expr import Binding, Call, Constant, Function, Var
+from ..ir.expr import Binding, Call, Constant, Function
 from ..ir.module import IRModule
 from ..pattern import is_op, match, wildcard
 from .fuse_ops_by_pattern import _uses
