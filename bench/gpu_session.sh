@@ -8,6 +8,8 @@
 #   bench/gpu_session.sh profile [CASES...]  per-kernel GPU time (bench/profile_kernels.py)
 #   bench/gpu_session.sh tune [CASES...]     tune the CUTLASS kernels of whole models into the database
 #   bench/gpu_session.sh retune KEYS... [-- TILES...]  tune settled database problems again (new candidates)
+#   bench/gpu_session.sh awaiting  GPU tests of the forced tuning-only kernels, then the GEMMs the kernels
+#                                  awaiting a GPU check are for, tuned again with them
 #   bench/gpu_session.sh setup    only the set-up (then export PYTHONPATH=$PWD and CUTLASS_PATH as below)
 set -u
 cd "$(dirname "$0")/.."
@@ -68,6 +70,24 @@ case "$stage" in
     # AWAITING=1: also time the kernels not yet checked on a GPU (kernels.AWAITING_GPU_CHECK)
     python3 bench/retune_gemms.py --tuning-db "$OUT/tuning_sm90.json" --keys "${keys[@]}" --tiles "${tiles[@]}" \
       ${AWAITING:+--awaiting-gpu-check} \
+      2>&1 | tee "$OUT/retune.log" | tail -n 20 ;;
+  awaiting)
+    # kernels.AWAITING_GPU_CHECK: first the forced-kernel GPU tests (every tuning-only kernel,
+    # one process each), then BERT-base's N=2304 and N=3072 GEMMs tuned again among their
+    # tiles -> $OUT/tuning_sm90.json. Winners that passed move into the candidates.
+    mkdir -p /tmp/byoc-test-logs
+    index=0
+    while read -r id; do
+      index=$((index + 1))
+      (echo "== $id"; python3 -m pytest -q -m gpu -p no:cacheprovider "$id" 2>&1) >"/tmp/byoc-test-logs/forced.$index.log" &
+    done < <(python3 -m pytest -q --collect-only -m gpu -p no:cacheprovider tests/test_cutlass.py 2>/dev/null \
+             | grep 'test_tuning_only_kernels')
+    wait
+    cat /tmp/byoc-test-logs/forced.*.log >"$OUT/test_cutlass.log"
+    grep -hE "^== |passed|failed|^FAILED|^ERROR" "$OUT/test_cutlass.log"
+    cp bench/results/tuning_sm90.json "$OUT/tuning_sm90.json"
+    python3 bench/retune_gemms.py --tuning-db "$OUT/tuning_sm90.json" --awaiting-gpu-check \
+      --keys m1024:n2304:k768:l1:nn:plain m1024:n3072:k768:l1:nn: --tiles 192x96x64 192x128x64 128x192x64 \
       2>&1 | tee "$OUT/retune.log" | tail -n 20 ;;
   profile)
     # Where one run's GPU time goes (kernel table per model and config)
