@@ -1,5 +1,6 @@
 """The cutlass backend: kernels render and compile for sm_90 and sm_80 (CI, no GPU), and
 every pattern matches a float32 reference on a GPU."""
+import json
 from pathlib import Path
 
 import numpy as np
@@ -186,6 +187,41 @@ def test_tuning_database_entry_outside_the_targets_candidates_is_not_used(tmp_pa
     assert GemmKernel.from_json(split.to_json()) == split and "splits" not in remembered.to_json()
     stream = GemmKernel(90, (128, 128, 64), (1, 1), "coop", stream_k=True)
     assert GemmKernel.from_json(stream.to_json()) == stream and "stream_k" not in remembered.to_json()
+
+
+VALID_KERNEL = {"sm": 90, "tile": [128, 64, 64], "cluster": [1, 1], "schedule": "coop", "warp": [64, 64, 32],
+                "stages": 3}
+
+
+@pytest.mark.parametrize("kernel, says", [
+    ({**VALID_KERNEL, "schedule": "bogus"}, "schedule is 'bogus', expected one of"),
+    ({k: v for k, v in VALID_KERNEL.items() if k != "tile"}, "has no 'tile'"),
+    ({**VALID_KERNEL, "tile": [128, 64]}, "expected three positive integers"),
+    ({**VALID_KERNEL, "tile": 128}, "is malformed"),
+    ({**VALID_KERNEL, "epilogue_tile": [128, "64"]}, "epilogue_tile is"),
+    ({**VALID_KERNEL, "sm": 75}, "sm is 75, expected 80 or 90"),
+    ({**VALID_KERNEL, "kind": "conv2d", "cluster": [0, 1]}, "cluster is [0, 1]"),
+    ({**VALID_KERNEL, "sm": 80, "stages": 1}, "at least 2 stages"),
+    ("128x64x64", "a kernel is a JSON object"),
+])
+def test_malformed_tuning_database_entry_is_a_clear_build_error(kernel, says, tmp_path):
+    """A tuning database is shared between machines and may be edited by hand: an entry that
+    is not a kernel byoc renders stops the build with the file, the problem and the flaw,
+    not a traceback from deep inside code generation."""
+    from byoc.backends.cutlass.kernels import GemmProblem
+    from byoc.backends.cutlass.tuning import TuningDatabase
+    from byoc.errors import BuildError
+    problem = GemmProblem(1024, 768, 768, 1, "float16", False)
+    path = tmp_path / "db.json"
+    path.write_text(json.dumps({"format": "byoc-cutlass-tuning", "version": 1,
+                                "entries": {"sm90": {problem.key: {"kernel": kernel, "us": 1.0}}}}))
+    with pytest.raises(BuildError) as raised:
+        TuningDatabase(path).lookup(90, problem)
+    message = str(raised.value)
+    assert str(path) in message and problem.key in message and says in message, message
+    path.write_text(json.dumps({"format": "byoc-cutlass-tuning", "version": 1, "entries": []}))
+    with pytest.raises(BuildError, match="'entries' must map"):
+        TuningDatabase(path)
 
 
 @needs_nvcc

@@ -551,8 +551,44 @@ def kernel_workspace_bytes(kernel, problem) -> int:
 
 
 def kernel_from_json(data: dict):
-    """A kernel recorded in the tuning database (entries without "kind" are GEMMs)."""
-    return ConvKernel.from_json(data) if data.get("kind") == "conv2d" else GemmKernel.from_json(data)
+    """A kernel recorded in the tuning database (entries without "kind" are GEMMs); a
+    ValueError that says what is wrong for an entry that is not a kernel byoc can render (a
+    database is shared between machines and may be edited by hand)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"a kernel is a JSON object, not {data!r}")
+    try:
+        kernel = ConvKernel.from_json(data) if data.get("kind") == "conv2d" else GemmKernel.from_json(data)
+    except KeyError as missing:
+        raise ValueError(f"kernel {data} has no {missing}") from None
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"kernel {data} is malformed: {error}") from None
+    flaw = _kernel_flaw(kernel)
+    if flaw:
+        raise ValueError(f"kernel {data}: {flaw}")
+    return kernel
+
+
+def _kernel_flaw(kernel) -> str | None:
+    """Why `kernel` is not one this backend renders (None when it is)."""
+    def shape(value, rank):
+        return (isinstance(value, tuple) and len(value) == rank
+                and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value))
+    if kernel.sm not in (80, 90):
+        return f"sm is {kernel.sm!r}, expected 80 or 90"
+    if not shape(kernel.tile, 3):
+        return f"tile is {list(kernel.tile)!r}, expected three positive integers (M, N, K)"
+    if kernel.sm == 90 and not shape(kernel.cluster, 2):
+        return f"cluster is {list(kernel.cluster)!r}, expected two positive integers"
+    if kernel.sm == 80 and not (shape(kernel.warp, 3) and isinstance(kernel.stages, int) and kernel.stages >= 2):
+        return "sm80 kernels need a warp tile of three positive integers and at least 2 stages"
+    if isinstance(kernel, GemmKernel):
+        if kernel.sm == 90 and kernel.schedule not in SM90_SCHEDULES:
+            return f"schedule is {kernel.schedule!r}, expected one of {sorted(SM90_SCHEDULES)}"
+        if not (isinstance(kernel.splits, int) and kernel.splits >= 1):
+            return f"splits is {kernel.splits!r}, expected a positive integer"
+        if kernel.epilogue_tile is not None and not shape(kernel.epilogue_tile, 2):
+            return f"epilogue_tile is {list(kernel.epilogue_tile)!r}, expected two positive integers"
+    return None
 
 
 def kernel_template(kernel) -> str:

@@ -41,11 +41,20 @@ class TuningDatabase:
             if data.get("format") != FORMAT or data.get("version") != 1:
                 raise BuildError(f"tuning database {self.path} is not a {FORMAT} version 1 file")
             self.entries = data.get("entries", {})
+            if not (isinstance(self.entries, dict) and all(isinstance(v, dict) for v in self.entries.values())):
+                raise BuildError(f"tuning database {self.path}: 'entries' must map an arch ('sm90') to an object "
+                                 "of problem keys")
 
     def lookup(self, sm: int, problem):
         """The remembered kernel (GemmKernel or ConvKernel) for `problem`, or None."""
         entry = self.entries.get(f"sm{sm}", {}).get(problem.key)
-        return kernel_from_json(entry["kernel"]) if entry else None
+        if not entry:
+            return None
+        try:
+            return kernel_from_json(entry["kernel"] if isinstance(entry, dict) and "kernel" in entry else entry)
+        except ValueError as error:
+            raise BuildError(f"tuning database {self.path}: the sm{sm} entry for {problem.key} is not usable: {error} "
+                             "(tune it again, or delete the entry)") from None
 
     def record(self, sm: int, problem, kernel, microseconds: float, measured: dict):
         self.entries.setdefault(f"sm{sm}", {})[problem.key] = {
