@@ -86,3 +86,23 @@ def @g2(%p: Tensor[(8, 8), float32], %q: Tensor[(64,), float32]) -> Tensor[(8, 8
     plan = plan_memory(main, views={"reshape_view"})
     offsets = {v.name_hint: o for v, o in plan.offsets.items()}
     assert "v" not in offsets and offsets["a"] != offsets["b"]
+
+
+def test_a_tensor_no_machine_holds_is_a_build_error_not_a_wrapped_arena(tmp_path):
+    """Expand to 2**62 + 16 floats: its byte size wraps 64 bits, and the arena it would
+    get is a few bytes. The build names the tensor instead."""
+    import numpy as np
+    import pytest
+    from onnx import TensorProto, helper, numpy_helper
+
+    import byoc
+    from byoc.errors import BuildError
+    for shape in ([2**62 + 16], [2**31, 2**31]):
+        nodes = [helper.make_node("Expand", ["x", "s"], ["expanded"]),
+                 helper.make_node("ReduceSum", ["expanded"], ["y"], keepdims=0)]
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
+                                  [numpy_helper.from_array(np.array(shape, np.int64), "s")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+        with pytest.raises(BuildError, match=r"tensor 'expanded' of shape \(.*\) \(float32\) needs \d+ bytes"):
+            byoc.build(model, config="cpu", workdir=str(tmp_path / "w"))

@@ -36,6 +36,32 @@ def align(offset: int, alignment: int = ALIGNMENT) -> int:
     return (offset + alignment - 1) // alignment * alignment
 
 
+# The most bytes one tensor, or an arena, may take: sizes and offsets are 64-bit in the
+# generated code and the shims, and sums of a few of them must not wrap (a wrapped arena
+# size would allocate a few bytes and let the kernels write far past them).
+MAX_BYTES = 1 << 56
+
+
+def check_tensor_sizes(main) -> None:
+    """A BuildError naming the first tensor of `main` (parameter or binding) larger than
+    MAX_BYTES: a model whose shapes no machine holds, caught before any size is written
+    into C++."""
+    def tensors(type_):
+        if isinstance(type_, TensorType):
+            yield type_
+        else:
+            for field_type in getattr(type_, "fields", ()):
+                yield from tensors(field_type)
+    values = [(param.name_hint, param.type) for param in main.params]
+    values += [(binding.var.name_hint, binding.var.type) for binding in main.bindings]
+    for name, type_ in values:
+        for tensor in tensors(type_):
+            size = nbytes(tensor)
+            if size > MAX_BYTES:
+                raise BuildError(f"tensor {name!r} of shape {tuple(tensor.shape)} ({tensor.dtype}) needs {size} bytes, "
+                                 f"more than the {MAX_BYTES} one tensor may take")
+
+
 def nbytes(type_: TensorType) -> int:
     return math.prod(type_.shape) * numpy_dtype(type_.dtype).itemsize
 
@@ -117,6 +143,7 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
     (reshapes): no call is made, the result is the argument's storage (PlanMemory keeps
     that alive as long as the view is used)."""
     main = mod["main"]
+    check_tensor_sizes(main)
     on_host = _host_space_of(value_devices)
     workspace_bytes = workspace_bytes or {}
     placements: dict = {}
