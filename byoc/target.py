@@ -35,6 +35,8 @@ class AttrSchema:
     default: object = None
     allowed: tuple | None = None  # None: any value of `type`
     doc: str = ""
+    # value (converted to `type`) -> None, or what is wrong with it ("has -3, expected ...")
+    check: object = None
 
 
 TARGET_KINDS: dict[str, dict[str, AttrSchema]] = {
@@ -113,7 +115,28 @@ def _convert(kind: str, name: str, schema: AttrSchema, value):
         converted = str(value)
     if schema.allowed is not None and converted not in schema.allowed:
         fail("is not allowed")
+    flaw = schema.check(converted) if schema.check else None
+    if flaw:
+        raise ConfigError(f"target {kind}: attribute {name}={value!r} {flaw}")
     return converted
+
+
+def at_least(lowest: int):
+    """An AttrSchema check: an integer of at least `lowest`."""
+    def check(value):
+        return None if value >= lowest else f"is below {lowest}; expected an integer of at least {lowest}"
+    return check
+
+
+def each(item_check):
+    """An AttrSchema check for lists: `item_check` (item -> None or a complaint) on every item."""
+    def check(values):
+        for item in values:
+            flaw = item_check(item)
+            if flaw:
+                return f"has {item!r}: {flaw}"
+        return None
+    return check
 
 
 def _format_value(value) -> str:

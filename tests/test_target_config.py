@@ -215,6 +215,15 @@ def test_config_from_yaml_path_dict_and_overrides(tmp_path):
      r"backends\[0\]\.cutlass\.smm: target cutlass: unknown attribute 'smm'; allowed: .*sm.*did you mean 'sm'"),
     ({"backends": [{"builtin": {"matmul_algo": "x"}}]},
      r"backends\[0\]\.builtin\.matmul_algo: .*matmul_algo='x' is not an integer"),
+    # values checked when the config is read, not once a GEMM reaches the backend
+    ({"backends": [{"cutlass": {"tiles": ["128x128x64", "12x"]}}]},
+     r"backends\[0\]\.cutlass\.tiles: target cutlass: attribute tiles=.* has '12x': expected a shape like 128x128x64"),
+    ({"backends": [{"cutlass": {"clusters": ["1x2x1"]}}]}, r"clusters=.* has '1x2x1': expected a shape like 1x2"),
+    ({"backends": [{"cutlass": {"stages": [3, 0]}}]}, r"stages=.* has 0: expected a stage count of at least 2"),
+    ({"backends": [{"cutlass": {"compile_threads": -3}}]}, r"compile_threads=-3 is below 0"),
+    ({"backends": [{"cublaslt": {"workspace_limit": -5}}]}, r"workspace_limit=-5 is below 0"),
+    ({"backends": [{"cublaslt": {"candidates": 0}}]}, r"candidates=0 is below 1"),
+    ({"backends": [{"builtin": {"matmul_algo": -2}}]}, r"matmul_algo=-2 is below -1"),
 ])
 def test_config_errors_name_key_value_and_allowed(data, pattern):
     with pytest.raises(byoc.ConfigError, match=pattern):

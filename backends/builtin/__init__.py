@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from byoc.backend import Artifact, register_backend
-from byoc.target import AttrSchema, register_target_kind
+from byoc.target import AttrSchema, at_least, register_target_kind
 
 from .codegen import generate
 from .partition import RESHAPE_COMPOSITE, partition_builtin
@@ -21,7 +21,8 @@ SHIM_DIR = Path(__file__).parent / "shim"
 CPU_SHIM_SYMBOLS = SHIM_DIR / "cpu" / "cpu_shim_symbols.h"
 
 register_target_kind("builtin", {
-    "matmul_algo": AttrSchema(int, -1, None, "cuBLASLt heuristic index for every GEMM (-1: the first)"),
+    "matmul_algo": AttrSchema(int, -1, None, "cuBLASLt heuristic index for every GEMM (-1: the first)",
+                                check=at_least(-1)),
 })
 
 

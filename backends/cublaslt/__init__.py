@@ -11,7 +11,7 @@ from byoc.backend import Artifact, PatternEntry, register_backend
 from byoc.codegen.templates import render_template
 from byoc.ir.types import numpy_dtype
 from byoc.pattern import is_op, wildcard
-from byoc.target import AttrSchema, register_target_kind
+from byoc.target import AttrSchema, at_least, register_target_kind
 
 from .serialize import serialize_function
 
@@ -19,9 +19,11 @@ ENGINE_DIR = Path(__file__).parent / "engine"
 FLOAT_TYPES = ("float32", "float16", "bfloat16")
 
 register_target_kind("cublaslt", {
-    "workspace_limit": AttrSchema(int, 32 << 20, None, "cuBLASLt workspace per matmul (bytes)"),
+    "workspace_limit": AttrSchema(int, 32 << 20, None, "cuBLASLt workspace per matmul (bytes)",
+                                    check=at_least(0)),
     "timed_selection": AttrSchema(bool, False, None, "time the top algorithms at create() instead of the heuristic"),
-    "candidates": AttrSchema(int, 8, None, "how many algorithms timed selection tries"),
+    "candidates": AttrSchema(int, 8, None, "how many algorithms timed selection tries",
+                               check=at_least(1)),
 })
 
 

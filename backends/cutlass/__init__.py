@@ -5,10 +5,27 @@ the cutlass Target alone, and picked by measurement (tuning.py) when a GPU is vi
 from __future__ import annotations
 
 from byoc.backend import register_backend
-from byoc.target import AttrSchema, register_target_kind
+from byoc.target import AttrSchema, at_least, each, register_target_kind
 
 from .codegen import codegen
+from .kernels import parse_shape
 from .patterns import pattern_table
+
+
+def _shape_check(rank: int, attr: str):
+    """Items like 128x128x64 (rank 3) or 1x2 (rank 2): checked when the target is made, not
+    only once a GEMM reaches the tuner."""
+    def check(item):
+        try:
+            parse_shape(item, rank, attr)
+        except ValueError:
+            return f"expected a shape like {'128x128x64' if rank == 3 else '1x2'}"
+        return None
+    return check
+
+
+def _stage_check(item):
+    return None if str(item).isdigit() and int(item) >= 2 else "expected a stage count of at least 2"
 
 register_target_kind("cutlass", {
     "sm": AttrSchema(int, 0, (0, 80, 86, 89, 90), "SM version of the kernels (0: the device target's)"),
@@ -16,11 +33,15 @@ register_target_kind("cutlass", {
     "profile": AttrSchema(str, "auto", ("auto", "true", "false"), "time candidate kernels (auto: when a GPU is visible)"),
     "tuning_db": AttrSchema(str, "", None, "JSON file remembering the fastest kernel per problem"),
     "extra_nvcc_flags": AttrSchema(list, [], None, "more nvcc flags for the kernels"),
-    "tiles": AttrSchema(list, [], None, "candidate threadblock tiles, e.g. [128x128x64, 128x256x64] (empty: all)"),
-    "clusters": AttrSchema(list, [], None, "candidate sm90 cluster shapes, e.g. [1x1, 1x2] (empty: all)"),
-    "stages": AttrSchema(list, [], None, "candidate sm80 pipeline stage counts, e.g. [3, 4] (empty: all)"),
+    "tiles": AttrSchema(list, [], None, "candidate threadblock tiles, e.g. [128x128x64, 128x256x64] (empty: all)",
+                          check=each(_shape_check(3, "tiles"))),
+    "clusters": AttrSchema(list, [], None, "candidate sm90 cluster shapes, e.g. [1x1, 1x2] (empty: all)",
+                             check=each(_shape_check(2, "clusters"))),
+    "stages": AttrSchema(list, [], None, "candidate sm80 pipeline stage counts, e.g. [3, 4] (empty: all)",
+                           check=each(_stage_check)),
     "split_k": AttrSchema(bool, False, None, "let tuning try sm90 split-K (K split 2/4/8 ways) and stream-K GEMMs"),
-    "compile_threads": AttrSchema(int, 0, None, "parallel nvcc jobs while tuning (0: one per CPU)"),
+    "compile_threads": AttrSchema(int, 0, None, "parallel nvcc jobs while tuning (0: one per CPU)",
+                                    check=at_least(0)),
     # Off by default for now: BERT with PDL GEMMs in a CUDA graph matched its direct runs bit
     # for bit on an H100 (test_pdl_launched_gemms_in_a_cuda_graph_agree_with_direct_runs_
     # over_fresh_inputs), but the rest of the GPU suite and the model benchmarks have not run
