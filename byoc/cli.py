@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .errors import ByocError
+from .errors import ByocError, ModelError
 
 EXIT_OK = 0
 EXIT_INTERNAL_ERROR = 1
@@ -137,7 +137,11 @@ def _load_input_arrays(path: str) -> dict:
     import numpy as np
 
     try:
-        with np.load(path, allow_pickle=False) as archive:
+        archive = np.load(path, allow_pickle=False)
+        if isinstance(archive, np.ndarray):  # np.load reads a .npy file as one bare array
+            raise UsageError(f"--inputs {path!r} is a single .npy array; expected an .npz archive with one "
+                             f"array per model input, named after it (np.savez(path, x=...))")
+        with archive:
             arrays = {key: archive[key] for key in archive.files}
     except (ValueError, zipfile.BadZipFile) as error:  # OSError (missing file) passes through
         raise UsageError(f"--inputs {path!r} is not a readable .npz file: {error}") from None
@@ -180,9 +184,16 @@ def _run_command(args: argparse.Namespace) -> int:
         first = np.array2string(value.reshape(-1)[:6], precision=5, separator=", ")
         print(f"{name}: {value.dtype} {tuple(value.shape)}  first values {first}")
     if args.save:
-        np.savez(args.save, **{name: np.asarray(value) for name, value in zip(output_names, results)})
-        print(f"wrote {args.save}")
+        _save_outputs(args.save, {name: np.asarray(value) for name, value in zip(output_names, results)})
     return EXIT_OK
+
+
+def _save_outputs(path: str, arrays: dict):
+    import numpy as np
+
+    np.savez(path, **arrays)
+    # np.savez appends .npz to a name without it: report the file it wrote
+    print(f"wrote {path if path.endswith('.npz') else path + '.npz'}")
 
 
 def _run_library(args: argparse.Namespace, arrays: dict) -> int:
@@ -204,8 +215,7 @@ def _run_library(args: argparse.Namespace, arrays: dict) -> int:
         first = np.array2string(value.reshape(-1)[:6], precision=5, separator=", ")
         print(f"{name}: {value.dtype} {tuple(value.shape)}  first values {first}")
     if args.save:
-        np.savez(args.save, **dict(zip(module.output_names, results)))
-        print(f"wrote {args.save}")
+        _save_outputs(args.save, dict(zip(module.output_names, results)))
     return EXIT_OK
 
 
@@ -283,7 +293,9 @@ def describe_library(path, metadata: dict) -> str:
         lines.append(f"  backend {backend}: {functions} functions, {count} calls per run")
     memory = metadata.get("memory", {})
     plan = memory.get("plan")
-    if plan:
+    if plan and not plan.get("planned_bytes"):  # every value is an input, output or weight
+        lines.append(f"  memory: no planned tensors, workspace {memory.get('workspace_bytes', 0) / mib:.2f} MiB")
+    elif plan:
         lines.append(f"  memory: planned {plan['planned_bytes'] / mib:.2f} MiB, lower bound "
                      f"{plan['lower_bound_bytes'] / mib:.2f} MiB ({plan.get('over_lower_bound')}x), no reuse "
                      f"{plan['no_reuse_bytes'] / mib:.2f} MiB ({plan.get('reuse_factor')}x the plan), "
@@ -385,7 +397,9 @@ def _describe(error: BaseException) -> str:
         # "No such file or directory: 'x.onnx'" reads better than "[Errno 2] ..."
         return f"{error.strerror or error}: {error.filename!r}"
     message = str(error)
-    if "input_shapes" in message:  # the frontend speaks Python; say it the command-line way
+    # the frontend speaks Python about the model's input shapes; say it the command-line way
+    # (a config file's input_shapes key is a ConfigError and keeps its own words)
+    if isinstance(error, ModelError) and "input_shapes" in message:
         message += " (on the command line: --input-shape NAME=D1,D2,...)"
     return message
 

@@ -148,7 +148,11 @@ def _read(spec) -> tuple[dict, str]:
     elif not path.is_file():
         raise ConfigError(f"build config file {text_spec!r} does not exist")
     else:
-        text, source = path.read_text(), str(path)
+        try:
+            text, source = path.read_text(encoding="utf-8"), str(path)
+        except UnicodeDecodeError:
+            raise ConfigError(f"build config file {text_spec!r} is not a YAML text file "
+                              f"(it is not UTF-8 text; a binary file?)") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as error:

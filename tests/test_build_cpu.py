@@ -1,6 +1,7 @@
 """Whole models built into a .so for the cpu target, run from a fresh process after the
 build directory is gone, against onnxruntime; run-time input checks; hostile names."""
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -233,3 +234,85 @@ def test_memory_plan_is_near_the_lower_bound_and_far_below_no_reuse(name, precis
     plan = library.memory
     assert plan["planned_bytes"] <= 1.1 * plan["lower_bound_bytes"], plan
     assert plan["no_reuse_bytes"] >= 3 * plan["planned_bytes"], plan
+
+
+# ---- run-time checks on the Python side, before anything reaches the C code ----------------
+
+def not_byoc_library() -> str:
+    """A shared object byoc did not build (one Python itself loads)."""
+    import _ctypes
+    return _ctypes.__file__
+
+
+def test_non_native_byte_order_is_refused_with_how_to_convert(built_models):
+    module = load(built_models["mlp"])
+    inputs, _ = fixture_inputs("mlp")
+    swapped = inputs["x"].astype(inputs["x"].dtype.newbyteorder("S"))  # same values, other byte order
+    with pytest.raises(byoc.RuntimeError, match=r"input 'x': dtype .f4 is not in native byte order.*newbyteorder"):
+        module.run(x=swapped)
+    out = np.empty((4, 32), np.dtype(np.float32).newbyteorder("S"))
+    with pytest.raises(byoc.RuntimeError, match=r"output 'y': dtype .f4 is not in native byte order"):
+        module.run(x=inputs["x"], out=[out])
+    np.testing.assert_array_equal(module.run(x=swapped.astype(swapped.dtype.newbyteorder("="))),
+                                  module.run(x=inputs["x"]))
+
+
+@pytest.mark.parametrize("dtype", ["uint16", "complex64", "object", "datetime64[s]"])
+def test_unsupported_dtype_is_named_as_numpy_names_it(built_models, dtype):
+    module = load(built_models["mlp"])
+    x = fixture_inputs("mlp")[0]["x"].astype(dtype)
+    with pytest.raises(byoc.RuntimeError, match=rf"input 'x': dtype {re.escape(dtype)} is not supported; "
+                                                 r"expected float32"):
+        module.run(x=x)
+    with pytest.raises(byoc.RuntimeError, match=rf"output 'y': dtype {re.escape(dtype)} is not supported"):
+        module.run(x=fixture_inputs("mlp")[0]["x"], out=[np.empty((4, 32), dtype)])
+
+
+def test_library_not_built_by_byoc_and_a_missing_path_are_named():
+    path = not_byoc_library()
+    for read in (load, byoc.runtime.metadata_of):
+        with pytest.raises(byoc.RuntimeError, match=rf"{re.escape(path)}: not a byoc library: "
+                                                     r"it has no byoc_model_metadata"):
+            read(path)
+        with pytest.raises(byoc.RuntimeError, match=r"expected a path to a byoc \.so, got None"):
+            read(None)
+
+
+def test_benchmark_needs_at_least_one_repeat(built_models):
+    module = load(built_models["mlp"])
+    x = fixture_inputs("mlp")[0]["x"]
+    for arguments, name in (({"repeat": 0}, "repeat"), ({"repeat": -1}, "repeat"), ({"warmup": -1}, "warmup")):
+        with pytest.raises(ValueError, match=rf"{name} must be an integer >= [01], got -?\d"):
+            module.benchmark(x=x, **arguments)
+    assert module.benchmark(x=x, repeat=1, warmup=0) > 0
+
+
+def test_out_takes_a_list_or_one_array_and_must_be_writeable(built_models):
+    module = load(built_models["mlp"])
+    inputs, expected = fixture_inputs("mlp")
+    want = next(iter(expected.values()))
+    for out in (lambda y: [y], lambda y: (y,), lambda y: y):  # one output: a bare array works too
+        y = np.empty((4, 32), np.float32)
+        assert module.run(**inputs, out=out(y)) is y
+        assert np.max(np.abs(y - want)) <= 1e-3 * np.max(np.abs(want))
+    with pytest.raises(byoc.RuntimeError, match=r"out=: expected 1 arrays \(one per output: y\), got 2"):
+        module.run(**inputs, out=[y, y])
+    y.flags.writeable = False
+    with pytest.raises(byoc.RuntimeError, match=r"output 'y': the out= array is read-only"):
+        module.run(**inputs, out=[y])
+    read_only_input = inputs["x"].copy()
+    read_only_input.flags.writeable = False  # inputs are only read: that is fine
+    np.testing.assert_array_equal(module.run(x=read_only_input), module.run(**inputs))
+
+
+def test_out_for_several_outputs_must_be_a_list(tmp_path):
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])]
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["x"], ["n"])]
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, 3]) for name in ("r", "n")]
+    model = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    module = byoc.build(model, config="cpu", workdir=str(tmp_path / "w")).load()
+    x = np.ones((2, 3), np.float32)
+    with pytest.raises(byoc.RuntimeError, match=r"out=: expected a list or tuple of 2 arrays "
+                                                 r"\(one per output: r, n\), got ndarray"):
+        module.run(x, out=np.empty((2, 3), np.float32))

@@ -189,3 +189,74 @@ def test_build_with_relative_output_and_workdir_then_inspect(capsys, tmp_path, m
     assert code == 0, err
     import json
     assert json.loads(out)["partition_report"]["backends"]["builtin"]["partitions"] > 0
+
+
+# ---- built libraries and files that are not what a command expects ----------------------------
+
+@pytest.fixture(scope="module")
+def mlp_library(tmp_path_factory):
+    """mlp built for cpu once for this module's tests."""
+    root = tmp_path_factory.mktemp("mlp_library")
+    library = byoc.build(MLP, config="cpu", workdir=str(root / "w"))
+    return str(library.export_library(root / "mlp.so"))
+
+
+def test_run_library_refuses_inputs_it_cannot_take(capsys, tmp_path, mlp_library):
+    import _ctypes
+    import shutil
+
+    x = np.load(FIXTURES / "mlp.npz")["in_x"]
+    np.save(tmp_path / "x.npy", x)
+    np.savez(tmp_path / "big_endian.npz", x=x.astype(x.dtype.newbyteorder("S")))
+    np.savez(tmp_path / "uint16.npz", x=x.astype(np.uint16))
+    not_byoc = shutil.copy(_ctypes.__file__, tmp_path / "not_byoc.so")  # a .so byoc did not build
+    cases = [
+        ([mlp_library, "--inputs", str(tmp_path / "x.npy")], "is a single .npy array; expected an .npz archive"),
+        ([mlp_library, "--inputs", str(tmp_path / "big_endian.npz")], "input 'x': dtype >f4 is not in native byte order"),
+        ([mlp_library, "--inputs", str(tmp_path / "uint16.npz")], "input 'x': dtype uint16 is not supported; expected float32"),
+        ([str(not_byoc), "--inputs", str(FIXTURES / "mlp.npz")], "not_byoc.so: not a byoc library"),
+        ([MLP, "--inputs", str(tmp_path / "x.npy")], "x.npy' is a single .npy array"),
+    ]
+    for argv, message in cases:
+        code, out, err = run_cli(capsys, "run", *argv)
+        assert code == 2, (argv, err)
+        assert err.startswith("byoc: error: ") and message in err, err
+        assert "Traceback" not in err + out
+
+
+@pytest.mark.parametrize("library", [False, True])
+def test_run_save_reports_the_file_numpy_wrote(capsys, tmp_path, mlp_library, library):
+    model = mlp_library if library else MLP
+    code, out, err = run_cli(capsys, "run", model, "--inputs", str(FIXTURES / "mlp.npz"), "--save", str(tmp_path / "out"))
+    assert code == 0, err
+    assert f"wrote {tmp_path / 'out.npz'}\n" in out and (tmp_path / "out.npz").is_file()
+
+
+def test_build_config_that_is_a_binary_file(capsys, tmp_path):
+    code, out, err = run_cli(capsys, "build", MLP, "-c", MLP, "-o", str(tmp_path / "mlp.so"))
+    assert code == 2
+    assert err.startswith("byoc: error: ") and f"{MLP!r} is not a YAML text file" in err
+    assert "Traceback" not in err + out
+
+
+def test_input_shape_hint_only_for_model_shape_errors(capsys, tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("bogus: 1\n")
+    code, _, err = run_cli(capsys, "build", MLP, "-c", str(config), "-o", str(tmp_path / "mlp.so"))
+    assert code == 2 and "unknown key(s) ['bogus']" in err
+    assert "--input-shape" not in err  # the config's key list mentions input_shapes: no hint for that
+    code, _, err = run_cli(capsys, "import", str(FIXTURES / "bert2.onnx"))
+    assert code == 2 and "dynamic dims" in err and "(on the command line: --input-shape NAME=D1,D2,...)" in err
+
+
+def test_inspect_a_library_with_no_planned_tensors(capsys, tmp_path):
+    from onnx import TensorProto, helper
+
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])]
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    library = byoc.build(model, config="cpu", workdir=str(tmp_path / "w")).export_library(tmp_path / "relu.so")
+    code, out, err = run_cli(capsys, "inspect", str(library))
+    assert code == 0, err
+    assert "memory: no planned tensors" in out and "None" not in out

@@ -6,13 +6,15 @@
 Inputs are NumPy arrays for the cpu target, and CuPy arrays or torch CUDA tensors for
 the cuda target (anything with __cuda_array_interface__). Outputs come back as the same
 kind of array as the first input (NumPy, CuPy or torch), freshly allocated, or are
-written into `out=` arrays the caller provides.
+written into `out=` arrays the caller provides (a list or tuple, one per output; a single
+array for a model with one output). Arrays must be in native byte order.
 """
 from __future__ import annotations
 
 import ctypes
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -41,27 +43,31 @@ class _DLTensor(ctypes.Structure):
 _TYPESTR_DLPACK = {"f4": (2, 32), "f2": (2, 16), "f8": (2, 64), "i8": (0, 64), "i4": (0, 32),
                    "i2": (0, 16), "i1": (0, 8), "u1": (1, 8), "b1": (6, 8)}
 _DEVICE_CPU, _DEVICE_CUDA = 1, 2
+_NATIVE_BYTE_ORDER = "<" if sys.byteorder == "little" else ">"
 _TORCH_DLPACK = {"torch.float32": (2, 32), "torch.float16": (2, 16), "torch.float64": (2, 64),
                  "torch.bfloat16": (4, 16), "torch.int64": (0, 64), "torch.int32": (0, 32),
                  "torch.int16": (0, 16), "torch.int8": (0, 8), "torch.uint8": (1, 8), "torch.bool": (6, 8)}
 
 
-def _dlpack_dtype(typestr: str, descr=None) -> tuple[int, int]:
+def _dlpack_dtype(typestr: str, descr=None) -> tuple[int, int] | None:
+    """(code, bits), or None for a type byoc cannot pass (uint16, complex, object, ...)."""
     key = typestr[1:]
     if key == "V2" or (descr and "bfloat16" in str(descr)):
         return 4, 16
-    if key not in _TYPESTR_DLPACK:
-        return 255, 8 * int(key[1:] or 0)  # a type byoc never accepts: run() names it
-    return _TYPESTR_DLPACK[key]
+    return _TYPESTR_DLPACK.get(key)
+
+
+def _unsupported_dtype(what: str, dtype, expected_dtype) -> ByocRuntimeError:
+    return ByocRuntimeError(f"{what}: dtype {dtype} is not supported; expected {expected_dtype}")
 
 
 class _Prepared:
     """A caller array described as a DLTensor (keeps the shape/stride buffers alive)."""
 
-    def __init__(self, array, what: str):
+    def __init__(self, array, what: str, expected_dtype: str, writable: bool = False):
         self.array = array
         if type(array).__module__.startswith("torch") and getattr(array, "is_cuda", False):
-            self._describe_torch_cuda(array)
+            self._describe_torch_cuda(array, what, expected_dtype)
             return
         if hasattr(array, "__cuda_array_interface__"):
             interface, device = array.__cuda_array_interface__, _DEVICE_CUDA
@@ -74,11 +80,22 @@ class _Prepared:
             raise ByocRuntimeError(f"{what}: expected a NumPy, CuPy or torch array, got {type(array).__name__}")
         shape = tuple(int(d) for d in interface["shape"])
         typestr = interface["typestr"]
+        dtype = getattr(array, "dtype", typestr)
+        if typestr[0] not in ("|", _NATIVE_BYTE_ORDER):
+            # the C side reads native words: a byte-swapped array would give wrong numbers
+            raise ByocRuntimeError(
+                f"{what}: dtype {dtype} is not in native byte order; convert it first, e.g. "
+                f"x.astype(x.dtype.newbyteorder('='))")
         if typestr[1:] == "V2" and hasattr(array, "dtype"):
             typestr = "<V2"
-        code, bits = _dlpack_dtype(typestr, getattr(array, "dtype", None))
+        dlpack = _dlpack_dtype(typestr, getattr(array, "dtype", None))
+        if dlpack is None:
+            raise _unsupported_dtype(what, dtype, expected_dtype)
+        code, bits = dlpack
         itemsize = int(typestr[2:]) if typestr[2:].isdigit() else 1
-        data = interface["data"][0] if interface.get("data") else 0
+        data, read_only = interface["data"] if interface.get("data") else (0, False)
+        if writable and read_only:
+            raise ByocRuntimeError(f"{what}: the out= array is read-only; pass a writeable array")
         self.shape = (ctypes.c_int64 * max(len(shape), 1))(*shape)
         strides = interface.get("strides")
         self.strides = None
@@ -89,11 +106,14 @@ class _Prepared:
             shape=self.shape, strides=self.strides, byte_offset=0)
 
 
-    def _describe_torch_cuda(self, tensor):
+    def _describe_torch_cuda(self, tensor, what: str, expected_dtype: str):
         """A torch CUDA tensor read field by field: its __cuda_array_interface__ builds a
         dict and checks autograd state on every access, tens of microseconds per run that
         a batch-1 model (a few tens of microseconds on the GPU) would spend in Python."""
-        code, bits = _TORCH_DLPACK.get(str(tensor.dtype), (255, 8 * tensor.element_size()))
+        dlpack = _TORCH_DLPACK.get(str(tensor.dtype))
+        if dlpack is None:
+            raise _unsupported_dtype(what, tensor.dtype, expected_dtype)
+        code, bits = dlpack
         shape = tensor.shape
         rank = len(shape)
         self.shape = (ctypes.c_int64 * max(rank, 1))(*shape)
@@ -108,12 +128,8 @@ class Module:
     frees its memory. One Module runs one call at a time."""
 
     def __init__(self, path, weights_path=None):
-        self.path = str(Path(path).resolve())
-        try:
-            self._lib = ctypes.CDLL(self.path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
-        except OSError as error:
-            raise ByocRuntimeError(f"cannot load {self.path}: {error}") from None
-        lib = self._lib
+        self.path = str(Path(_check_path(path)).resolve())
+        self._lib = lib = _open_library(self.path)
         lib.byoc_model_metadata.restype = ctypes.c_char_p
         lib.byoc_last_error.restype = ctypes.c_char_p
         lib.byoc_model_create.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p]
@@ -131,6 +147,8 @@ class Module:
         self.device = "cuda" if self.metadata["target"].startswith("cuda") else "cpu"
         self.input_names = [t["name"] for t in self.metadata["inputs"]]
         self.output_names = [t["name"] for t in self.metadata["outputs"]]
+        self._input_dtypes = [t["dtype"] for t in self.metadata["inputs"]]
+        self._output_dtypes = [t["dtype"] for t in self.metadata["outputs"]]
 
     def _error(self) -> str:
         return self._lib.byoc_last_error().decode("utf-8", "replace")
@@ -173,11 +191,12 @@ class Module:
         if self._handle is None:
             raise ByocRuntimeError("this module was closed")
         inputs = self._order_inputs(args, kwargs)
-        prepared_inputs = [_Prepared(a, f"input {n!r}") for a, n in zip(inputs, self.input_names)]
-        outputs = list(out) if out is not None else self._allocate_outputs(inputs[0] if inputs else None)
-        if len(outputs) != len(self.output_names):
-            raise ByocRuntimeError(f"expected {len(self.output_names)} output arrays, got {len(outputs)}")
-        prepared_outputs = [_Prepared(a, f"output {n!r}") for a, n in zip(outputs, self.output_names)]
+        prepared_inputs = [_Prepared(a, f"input {n!r}", d)
+                           for a, n, d in zip(inputs, self.input_names, self._input_dtypes)]
+        outputs = self._caller_outputs(out) if out is not None else self._allocate_outputs(
+            inputs[0] if inputs else None)
+        prepared_outputs = [_Prepared(a, f"output {n!r}", d, writable=True)
+                            for a, n, d in zip(outputs, self.output_names, self._output_dtypes)]
         input_array = (_DLTensor * max(len(prepared_inputs), 1))(*[p.tensor for p in prepared_inputs])
         output_array = (_DLTensor * max(len(prepared_outputs), 1))(*[p.tensor for p in prepared_outputs])
         stream_pointer = self._stream_pointer(stream, inputs)
@@ -186,6 +205,21 @@ class Module:
         if status != 0:
             raise ByocRuntimeError(self._error())
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _caller_outputs(self, out) -> list:
+        """out= as a list: one array per output (a single array when the model has one)."""
+        names = self.output_names
+        if isinstance(out, (list, tuple)):
+            outputs = list(out)
+        elif len(names) == 1:
+            outputs = [out]  # as run() returns a single array for a single output
+        else:
+            raise ByocRuntimeError(f"out=: expected a list or tuple of {len(names)} arrays (one per output: "
+                                   f"{', '.join(names)}), got {type(out).__name__}")
+        if len(outputs) != len(names):
+            raise ByocRuntimeError(f"out=: expected {len(names)} arrays (one per output: {', '.join(names)}), "
+                                   f"got {len(outputs)}")
+        return outputs
 
     def _stream_pointer(self, stream, inputs):
         if self.device != "cuda":
@@ -205,6 +239,9 @@ class Module:
     def benchmark(self, *args, repeat: int = 100, warmup: int = 10, **kwargs) -> float:
         """Mean milliseconds per run (inputs reused), measured with the device synchronized."""
         import time
+        for name, value, least in (("repeat", repeat, 1), ("warmup", warmup, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ValueError(f"benchmark(): {name} must be an integer >= {least}, got {value!r}")
         outputs = self.run(*args, **kwargs)
         outputs = list(outputs) if isinstance(outputs, tuple) else [outputs]
         for _ in range(warmup):
@@ -233,14 +270,27 @@ class Module:
             pass
 
 
-def metadata_of(path) -> dict:
-    """A library's metadata JSON, read without creating the model (no weights loaded)."""
+def _check_path(path):
+    if not isinstance(path, (str, os.PathLike)):
+        raise ByocRuntimeError(f"expected a path to a byoc .so, got "
+                               f"{'None' if path is None else type(path).__name__}")
+    return path
+
+
+def _open_library(path) -> ctypes.CDLL:
+    """The library at `path`, checked to be one byoc built (it exports byoc_model_metadata)."""
     try:
         lib = ctypes.CDLL(str(Path(path).resolve()), mode=os.RTLD_LOCAL | os.RTLD_NOW)
     except OSError as error:
         raise ByocRuntimeError(f"cannot load {path}: {error}") from None
     if not hasattr(lib, "byoc_model_metadata"):
-        raise ByocRuntimeError(f"{path} is not a library built by byoc (no byoc_model_metadata)")
+        raise ByocRuntimeError(f"{path}: not a byoc library: it has no byoc_model_metadata")
+    return lib
+
+
+def metadata_of(path) -> dict:
+    """A library's metadata JSON, read without creating the model (no weights loaded)."""
+    lib = _open_library(_check_path(path))
     lib.byoc_model_metadata.restype = ctypes.c_char_p
     return json.loads(lib.byoc_model_metadata().decode("utf-8"))
 
