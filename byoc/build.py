@@ -67,10 +67,12 @@ def build(model, target=None, config=None, *, input_shapes: dict | None = None, 
     `config` is a build config (a name from build_configs/, a YAML path or a dict;
     default "default"); `target`, `workdir`, `params` and `precision` override its keys.
     """
-    from .config import load_config
+    from .config import _validate_input_shapes, load_config
     overrides = {key: value for key, value in (("target", target), ("workdir", workdir), ("params", params),
                                                 ("precision", precision)) if value is not None}
     cfg = load_config(config if config is not None else "default", overrides=overrides)
+    if input_shapes is not None:  # it replaces the config's input_shapes: check it the same way
+        input_shapes = _validate_input_shapes("build()", input_shapes)
     return _Builder(cfg).build(model, input_shapes)
 
 
@@ -85,7 +87,13 @@ class _Builder:
         self.cuda = self.target.kind == "cuda"
         # Absolute: ninja runs in the work directory, so relative paths in its commands would break.
         self.workdir = Path(cfg.workdir).resolve() if cfg.workdir else Path(tempfile.mkdtemp(prefix="byoc-build-"))
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.workdir.exists() and not self.workdir.is_dir():
+            raise ConfigError(f"workdir {self.workdir} is not a directory; expected a directory "
+                              f"(it is created when missing)")
+        try:
+            self.workdir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:  # a parent is a file, or no permission
+            raise ConfigError(f"workdir {self.workdir} cannot be created: {error.strerror}") from None
 
     # ---- the pipeline ----------------------------------------------------------------
     def build(self, model, input_shapes) -> Library:

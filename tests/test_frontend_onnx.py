@@ -151,3 +151,97 @@ def test_gemm_with_transposed_constant_weight_folds_the_transpose():
     assert ops == ["matmul", "multiply", "add"]
     data = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
     np.testing.assert_allclose(byoc.interpret(mod, data), 2 * data @ weight.T + bias, rtol=1e-6)
+
+
+def _int64_constant(name, values, dims=None):
+    tensor = helper.make_tensor(name, TensorProto.INT64, [len(values)] if dims is None else dims, values)
+    return helper.make_node("Constant", [], [name], name=name, value=tensor)
+
+
+def test_folded_constants_too_large_or_invalid_are_refused():
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    huge = _model([_int64_constant("s", [2**20, 2**20, 2**10]),
+                   helper.make_node("ConstantOfShape", ["s"], ["y"], name="fill")], [], [y])
+    with pytest.raises(byoc.ModelError, match=r"ConstantOfShape node 'fill': .*computed at import time; "
+                                              r"expected at most 2\*\*31 elements"):
+        byoc.from_onnx(huge)
+    negative = _model([_int64_constant("s", [-2, 3]), helper.make_node("ConstantOfShape", ["s"], ["y"], name="fill")],
+                      [], [y])
+    with pytest.raises(byoc.ModelError, match=r"ConstantOfShape node 'fill': .*\[-2, 3\]; expected non-negative"):
+        byoc.from_onnx(negative)
+
+    def range_model(start, limit, delta):
+        nodes = [_int64_constant(name, [value], dims=[]) for name, value in
+                 (("start", start), ("limit", limit), ("delta", delta))]
+        return _model(nodes + [helper.make_node("Range", ["start", "limit", "delta"], ["y"], name="steps")], [], [y])
+    with pytest.raises(byoc.ModelError, match="Range node 'steps': input 'delta' is 0; expected a non-zero step"):
+        byoc.from_onnx(range_model(0, 10, 0))
+    with pytest.raises(byoc.ModelError, match=r"Range node 'steps': its output of 1000000000000 elements .*"
+                                              r"computed at import time"):
+        byoc.from_onnx(range_model(0, 10**12, 1))
+    folded = byoc.from_onnx(range_model(10, 0, -3))  # a negative step still folds
+    np.testing.assert_array_equal(folded["main"].result.data, [10, 7, 4, 1])
+
+
+def test_initializer_with_short_raw_data_names_it():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 4])
+    weight = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[4, 4], raw_data=b"\0" * 20)
+    model = _model([helper.make_node("Add", ["x", "w"], ["y"])], [x], [y], [weight])
+    with pytest.raises(byoc.ModelError, match=r"initializer 'w' \(float32, dims \[4, 4\]\) has 20 bytes of "
+                                              r"raw_data; its dims need 64"):
+        byoc.from_onnx(model)
+
+
+def test_negative_declared_input_dim_names_the_input():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [-3, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    model = _model([helper.make_node("Relu", ["x"], ["y"])], [x], [y])
+    with pytest.raises(byoc.ModelError, match=r"input 'x' declares shape \(-3, 4\) with negative dim"):
+        byoc.from_onnx(model)
+
+
+def test_empty_name_for_a_required_input_is_refused_but_optional_ones_are_omitted():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    model = _model([helper.make_node("Relu", [""], ["y"], name="act")], [x], [y])
+    with pytest.raises(byoc.ModelError, match=r"Relu node 'act': required input 0 \(X\) is empty"):
+        byoc.from_onnx(model)
+    high = onnx.numpy_helper.from_array(np.asarray(0.5, dtype=np.float32), "high")
+    clipped = _model([helper.make_node("Clip", ["x", "", "high"], ["y"])], [x], [y], [high])
+    data = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_allclose(byoc.interpret(byoc.from_onnx(clipped), data), np.minimum(data, 0.5))
+
+
+@pytest.mark.parametrize("shapes, match", [
+    ([4, 64], r"input_shapes: \[4, 64\] is not a mapping"),
+    ({"x": "4,64"}, r"input_shapes\.x: '4,64' is not a list of non-negative integers"),
+    ({"x": 4}, r"input_shapes\.x: 4 is not a list"),
+    ({"x": (4.5, 64)}, r"input_shapes\.x: \(4\.5, 64\) is not a list"),
+    ({"x": None}, r"input_shapes\.x: None is not a list"),
+])
+def test_build_checks_input_shapes(tmp_path, shapes, match):
+    with pytest.raises(byoc.ConfigError, match=match):
+        byoc.build(FIXTURES / "mlp.onnx", config="cpu", workdir=str(tmp_path), input_shapes=shapes)
+
+
+@pytest.mark.parametrize("shapes, match", [
+    ([4, 64], r"input_shapes is a list \(\[4, 64\]\); expected a mapping"),
+    ({"x": "4,64"}, r"input_shapes\['x'\] = '4,64' is not a shape"),
+    ({"x": (4.5, 64)}, r"input_shapes\['x'\] = \(4\.5, 64\) is not a shape"),
+])
+def test_from_onnx_checks_input_shapes(shapes, match):
+    with pytest.raises(byoc.ModelError, match=match):
+        byoc.from_onnx(FIXTURES / "mlp.onnx", input_shapes=shapes)
+
+
+def test_workdir_that_is_a_file_is_a_config_error(tmp_path):
+    existing_file = tmp_path / "not_a_dir"
+    existing_file.write_text("")
+    with pytest.raises(byoc.ConfigError, match=f"workdir {existing_file} is not a directory"):
+        byoc.build(FIXTURES / "mlp.onnx", config="cpu", workdir=str(existing_file))
+
+
+def test_directory_as_model_path_says_so(tmp_path):
+    with pytest.raises(byoc.ModelError, match="is a directory; expected an .onnx file"):
+        byoc.from_onnx(tmp_path)

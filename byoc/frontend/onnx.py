@@ -45,6 +45,11 @@ _ONNX_DTYPES = {
     onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.BOOL: "bool",
 }
 
+# Folding evaluates shape arithmetic at import time and keeps its results as constants in
+# memory (and in the built library): a constant larger than this is refused rather than
+# exhausting memory.
+MAX_FOLDED_ELEMENTS = 2**31
+
 Value = "np.ndarray | Expr"
 SUPPORTED_OPS: dict[str, Callable] = {}
 
@@ -62,7 +67,23 @@ def from_onnx(model, input_shapes: dict | None = None) -> IRModule:
     """Import an ONNX model. `input_shapes` maps input names to full static shapes; it is
     required for inputs with symbolic or unknown dims (the error names them)."""
     proto = _load(model)
-    return _Importer(proto, dict(input_shapes or {})).run()
+    return _Importer(proto, _checked_input_shapes(input_shapes)).run()
+
+
+def _checked_input_shapes(input_shapes) -> dict:
+    """`input_shapes` as {name: tuple of ints}. Checked before use: int() would truncate a
+    dim of 4.5 and iterate a string '4,64' character by character."""
+    if input_shapes is None:
+        return {}
+    if not isinstance(input_shapes, dict):
+        raise ModelError(f"input_shapes is a {type(input_shapes).__name__} ({input_shapes!r}); expected a "
+                         f"mapping of input name to shape, e.g. {{'x': (4, 64)}}")
+    for name, dims in input_shapes.items():
+        if not isinstance(dims, (list, tuple, np.ndarray)) or not all(
+                isinstance(dim, (int, np.integer)) and not isinstance(dim, bool) and dim >= 0 for dim in dims):
+            raise ModelError(f"input_shapes[{name!r}] = {dims!r} is not a shape; expected a tuple of "
+                             f"non-negative integers")
+    return {name: tuple(int(dim) for dim in dims) for name, dims in input_shapes.items()}
 
 
 def _load(model) -> onnx.ModelProto:
@@ -70,6 +91,8 @@ def _load(model) -> onnx.ModelProto:
         return model
     if isinstance(model, (str, Path)):
         path = Path(model)
+        if path.is_dir():
+            raise ModelError(f"ONNX model path {str(path)!r} is a directory; expected an .onnx file")
         if not path.is_file():
             raise ModelError(f"ONNX model file {str(path)!r} does not exist")
         data, where = path.read_bytes(), f"file {str(path)!r}"
@@ -168,7 +191,20 @@ class _Importer:
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             raise ModelError(f"{what} stores its data externally; load the model with "
                              f"onnx.load(path, load_external_data=True) and pass the ModelProto")
-        array = numpy_helper.to_array(tensor)
+        dims = list(tensor.dims)
+        if any(dim < 0 for dim in dims):
+            raise ModelError(f"{what} has dims {dims}; expected non-negative dims")
+        count = math.prod(dims)
+        if tensor.HasField("raw_data"):
+            needed = count * NUMPY_DTYPES[dtype].itemsize
+            if len(tensor.raw_data) != needed:
+                raise ModelError(f"{what} ({dtype}, dims {dims}) has {len(tensor.raw_data)} bytes of raw_data; "
+                                 f"its dims need {needed} ({count} elements)")
+        try:
+            array = numpy_helper.to_array(tensor)
+        except ValueError as error:  # a typed field (float_data, int64_data, ...) of the wrong length
+            raise ModelError(f"{what} ({dtype}, dims {dims}) does not hold the {count} elements its dims "
+                             f"need: {error}") from None
         return np.asarray(array).astype(NUMPY_DTYPES[dtype], copy=False)
 
     def _input_type(self, graph_input: onnx.ValueInfoProto) -> TensorType:
@@ -179,6 +215,10 @@ class _Importer:
         dtype = _dtype_of_elem_type(tensor_type.elem_type, f"input {name!r}")
         declared = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
                     for d in tensor_type.shape.dim] if tensor_type.HasField("shape") else None
+        negative = [d for d in declared or () if isinstance(d, int) and d < 0]
+        if negative:
+            raise ModelError(f"input {name!r} declares shape {tuple(declared)} with negative dim(s) {negative}; "
+                             f"expected non-negative dims (or a name for a dynamic dim)")
         given = self.input_shapes.get(name)
         if given is not None:
             given = tuple(int(d) for d in given)
@@ -199,8 +239,9 @@ class _Importer:
     def _convert_node(self, index: int, node: onnx.NodeProto):
         self.node_label = _node_label(node, index)
         inputs = []
-        for name in node.input:
+        for position, name in enumerate(node.input):
             if name == "":
+                self._check_omitted_input(node, position)
                 inputs.append(None)  # an omitted optional input
             elif name not in self.values:
                 raise ModelError(f"{self.node_label}: input {name!r} is not produced by any earlier node "
@@ -222,6 +263,20 @@ class _Importer:
         if wanted:
             raise UnsupportedOpError(f"{self.node_label}: byoc does not produce its optional "
                                      f"output(s) {wanted}")
+
+    def _check_omitted_input(self, node: onnx.NodeProto, position: int):
+        """An empty input name omits an optional input; for a required one the converter
+        would meet None where it expects a value."""
+        try:
+            params = onnx.defs.get_schema(node.op_type, self.opset, "").inputs
+        except onnx.defs.SchemaError:  # no schema at this opset: leave it to the converter
+            return
+        if not params:
+            return
+        param = params[min(position, len(params) - 1)]  # a variadic parameter is the last
+        if param.option != onnx.defs.OpSchema.FormalParameterOption.Optional:
+            raise ModelError(f"{self.node_label}: required input {position} ({param.name}) is empty; "
+                             f"expected the name of a value")
 
     # ---- helpers for converters ---------------------------------------------------
     def call(self, op_name: str, *args, name: str | None = None, **attrs):
@@ -684,6 +739,9 @@ def _constant(ctx, node, inputs, attrs):
 @converter("ConstantOfShape")
 def _constant_of_shape(ctx, node, inputs, attrs):
     shape = tuple(int(d) for d in ctx.known(inputs[0], "input"))
+    if any(d < 0 for d in shape):
+        raise ModelError(f"input 'input' (the shape) is {list(shape)}; expected non-negative dims")
+    _check_folded_size(math.prod(shape), f"of shape {list(shape)}")
     if "value" in attrs:
         fill = ctx._tensor_to_array(attrs["value"], f"{ctx.node_label} value").reshape(-1)[0]
         return [np.full(shape, fill, dtype=fill.dtype)]
@@ -693,7 +751,24 @@ def _constant_of_shape(ctx, node, inputs, attrs):
 @converter("Range")
 def _range(ctx, node, inputs, attrs):
     start, limit, delta = (ctx.known(v, n) for v, n in zip(inputs, ("start", "limit", "delta")))
+    for value, name in ((start, "start"), (limit, "limit"), (delta, "delta")):
+        if np.asarray(value).size != 1:
+            raise ModelError(f"input {name!r} has shape {np.asarray(value).shape}; expected a scalar")
+    first, last, step = (np.asarray(v).reshape(-1)[0].item() for v in (start, limit, delta))
+    if step == 0:
+        raise ModelError("input 'delta' is 0; expected a non-zero step")
+    if not all(math.isfinite(v) for v in (first, last, step)):
+        raise ModelError(f"start={first}, limit={last}, delta={step}; expected finite numbers")
+    # ONNX's element count; Python ints keep int64 bounds exact
+    count = max(math.ceil((last - first) / step) if isinstance(step, float) else -((first - last) // step), 0)
+    _check_folded_size(count, f"of {count} elements from start={first}, limit={last}, delta={step}")
     return [np.arange(start, limit, delta).astype(np.asarray(start).dtype)]
+
+
+def _check_folded_size(count: int, what: str):
+    if count > MAX_FOLDED_ELEMENTS:
+        raise ModelError(f"its output {what} is a constant computed at import time; expected at most "
+                         f"2**{int(math.log2(MAX_FOLDED_ELEMENTS))} elements")
 
 
 @converter("Reshape")
