@@ -11,7 +11,8 @@ Every key is optional; the values shown are the defaults unless noted.
                             # builtin takes every op nobody claimed and is always last
                             # (listing it is allowed, but only in the last place)
     precision: float32      # float32 | float16 | bfloat16
-    cuda_graph: false       # true | false: capture static regions into CUDA graphs
+    cuda_graph: false       # true | false: capture static regions into CUDA graphs (true
+                            # needs target cuda or auto; auto without a GPU builds without)
     cuda_graph_io: copy     # copy: caller tensors are copied into planned buffers around
                             # the replay | update: the graph reads and writes the caller's
                             # tensors and is re-captured and updated when their pointers change
@@ -213,6 +214,11 @@ def validate(data: dict, source: str = "<dict>", known_backends=None) -> BuildCo
     config.backends = _validate_backends(source, data.get("backends"), known_backends)
     config.precision = _one_of(source, "precision", data.get("precision", "float32"), PRECISIONS)
     config.cuda_graph = _one_of(source, "cuda_graph", data.get("cuda_graph", False), (True, False), "true, false")
+    # A CUDA graph captures GPU work: on the cpu target it would be dropped without a word.
+    # target: auto is allowed, as it may build for a GPU (without one it builds without graphs).
+    if config.cuda_graph and getattr(config.target, "kind", None) == "cpu":
+        _fail(source, "cuda_graph", f"true needs the cuda target, but target is {str(config.target)!r}; allowed: "
+                                    f"cuda_graph: false with it, or target: cuda -arch=sm_XX or auto")
     config.cuda_graph_io = _one_of(source, "cuda_graph_io", data.get("cuda_graph_io", "copy"), ("copy", "update"))
     config.workdir = _optional_path(source, "workdir", data.get("workdir"))
     config.params = _one_of(source, "params", data.get("params", "embedded"), PARAMS)

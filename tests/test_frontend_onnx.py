@@ -245,3 +245,104 @@ def test_workdir_that_is_a_file_is_a_config_error(tmp_path):
 def test_directory_as_model_path_says_so(tmp_path):
     with pytest.raises(byoc.ModelError, match="is a directory; expected an .onnx file"):
         byoc.from_onnx(tmp_path)
+
+
+def test_a_value_defined_twice_names_both_definitions():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    twice = _model([helper.make_node("Relu", ["x"], ["y"], name="first"),
+                    helper.make_node("Neg", ["x"], ["y"], name="second")], [x], [y])
+    with pytest.raises(byoc.ModelError, match=r"Neg node 'second' writes value 'y', which Relu node 'first' "
+                                              r"already defines; expected each value to be defined once"):
+        byoc.from_onnx(twice)
+    over_input = _model([helper.make_node("Relu", ["x"], ["x"], name="act")], [x], [y])
+    with pytest.raises(byoc.ModelError, match=r"Relu node 'act' writes value 'x', which graph input 'x' already"):
+        byoc.from_onnx(over_input)
+
+
+def test_duplicate_graph_inputs_or_initializers_are_refused():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    with pytest.raises(byoc.ModelError, match=r"graph input 'x' is listed twice \(graph inputs #0 and #1\)"):
+        byoc.from_onnx(_model([helper.make_node("Relu", ["x"], ["y"])], [x, x], [y]))
+    w = onnx.numpy_helper.from_array(np.ones((2, 3), dtype=np.float32), "w")
+    with pytest.raises(byoc.ModelError, match=r"initializer 'w' is listed twice \(initializers #0 and #1\)"):
+        byoc.from_onnx(_model([helper.make_node("Add", ["x", "w"], ["y"])], [x], [y], [w, w]))
+
+
+def test_an_initializer_gives_a_graph_input_a_constant_default_that_must_fit_it():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    weight = np.arange(6, dtype=np.float32).reshape(2, 3)
+    w = onnx.numpy_helper.from_array(weight, "w")
+    nodes = [helper.make_node("Add", ["x", "w"], ["y"])]
+    # legal ONNX: the input named like the initializer is that input's default; byoc keeps it constant
+    for declared in ([2, 3], ["rows", 3], [None, 3], None):
+        w_input = helper.make_tensor_value_info("w", TensorProto.FLOAT, declared)
+        mod = byoc.from_onnx(_model(nodes, [x, w_input], [y], [w]))
+        assert [param.name_hint for param in mod["main"].params] == ["x"]
+        data = np.ones((2, 3), dtype=np.float32)
+        np.testing.assert_array_equal(byoc.interpret(mod, data), data + weight)
+    w_input = helper.make_tensor_value_info("w", TensorProto.FLOAT, [4, 3])
+    with pytest.raises(byoc.ModelError, match=r"initializer 'w' has shape \(2, 3\), but graph input 'w' declares "
+                                              r"shape \(4, 3\); expected the initializer to fit"):
+        byoc.from_onnx(_model(nodes, [x, w_input], [y], [w]))
+    w_input = helper.make_tensor_value_info("w", TensorProto.FLOAT, ["rows"])
+    with pytest.raises(byoc.ModelError, match=r"initializer 'w' has shape \(2, 3\), but graph input 'w' declares "
+                                              r"shape \('rows',\)"):
+        byoc.from_onnx(_model(nodes, [x, w_input], [y], [w]))
+    w_input = helper.make_tensor_value_info("w", TensorProto.INT64, [2, 3])
+    with pytest.raises(byoc.ModelError, match=r"initializer 'w' has element type FLOAT, but graph input 'w' "
+                                              r"declares INT64"):
+        byoc.from_onnx(_model(nodes, [x, w_input], [y], [w]))
+    # input_shapes cannot reshape such an input: the initializer's data is what byoc uses
+    w_input = helper.make_tensor_value_info("w", TensorProto.FLOAT, ["rows", 3])
+    with pytest.raises(byoc.ModelError, match=r"input_shapes names \['w'\], graph input\(s\) that an initializer "
+                                              r"gives a value byoc keeps constant; the inputs are \['x'\]"):
+        byoc.from_onnx(_model(nodes, [x, w_input], [y], [w]), input_shapes={"w": (5, 3)})
+
+
+def test_unknown_or_repeated_node_attributes_are_refused():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    bogus = _model([helper.make_node("Relu", ["x"], ["y"], name="act", bogus=3)], [x], [y])
+    with pytest.raises(byoc.ModelError, match=r"Relu node 'act': unknown attribute\(s\) \['bogus'\] for Relu at "
+                                              r"opset 17; allowed: none"):
+        byoc.from_onnx(bogus)
+    misspelt = _model([helper.make_node("Softmax", ["x"], ["y"], name="probs", axes=0)], [x], [y])
+    with pytest.raises(byoc.ModelError, match=r"Softmax node 'probs': unknown attribute\(s\) \['axes'\] for "
+                                              r"Softmax at opset 17; allowed: axis"):
+        byoc.from_onnx(misspelt)
+    repeated = helper.make_node("LeakyRelu", ["x"], ["y"], name="leaky", alpha=0.1)
+    repeated.attribute.extend([helper.make_attribute("alpha", 0.2)])
+    with pytest.raises(byoc.ModelError, match=r"LeakyRelu node 'leaky': attribute\(s\) \['alpha'\] given more "
+                                              r"than once"):
+        byoc.from_onnx(_model([repeated], [x], [y]))
+    # an attribute of the schema at the model's opset is read as before
+    leaky = _model([helper.make_node("LeakyRelu", ["x"], ["y"], alpha=0.5)], [x], [y])
+    data = np.array([[-2, -1, 0], [1, 2, 3]], dtype=np.float32)
+    np.testing.assert_allclose(byoc.interpret(byoc.from_onnx(leaky), data), np.where(data < 0, 0.5 * data, data))
+
+
+def test_a_constant_too_large_to_fold_is_emitted_instead():
+    """Expand/Tile of a constant to 2**40 elements: computing it at import time would
+    allocate 4 TiB, so it becomes an op of the graph (the build's size checks decide)."""
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    huge = [2**20, 2**10, 2**10]
+    one = onnx.numpy_helper.from_array(np.ones((1, 1, 1), dtype=np.float32), "one")
+    for op_type, op_name in (("Expand", "broadcast_to"), ("Tile", "tile")):
+        model = _model([_int64_constant("s", huge), helper.make_node(op_type, ["one", "s"], ["y"])], [], [y], [one])
+        main = byoc.from_onnx(model)["main"]
+        assert [binding.value.op.name for binding in main.bindings] == [op_name]
+        assert main.result.type.shape == tuple(huge)
+    # a value that must be known at import time cannot come from such a constant
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])
+    shape_source = onnx.numpy_helper.from_array(np.array([2], dtype=np.int64), "two")
+    nodes = [_int64_constant("s", [2**32]), helper.make_node("Expand", ["two", "s"], ["many"], name="grow"),
+             _int64_constant("first", [0, 1]), helper.make_node("Gather", ["many", "first"], ["target"]),
+             helper.make_node("Reshape", ["x", "target"], ["y"], name="reshape")]
+    with pytest.raises(byoc.ModelError, match=r"Reshape node 'reshape': input 'shape' must be known at import time, "
+                                              r"but it is computed from the output of Expand node 'grow' "
+                                              r"\(4294967296 elements\), too large to compute at import time; "
+                                              r"expected at most 2\*\*31 elements"):
+        byoc.from_onnx(_model(nodes, [x], [y], [shape_source]))

@@ -188,6 +188,8 @@ def test_config_from_yaml_path_dict_and_overrides(tmp_path):
     ({"precision": "fp8"}, r"precision: 'fp8' is not allowed; allowed: float32, float16, bfloat16"),
     ({"cuda_graph": "yes"}, r"cuda_graph: 'yes' is not allowed; allowed: true, false"),
     ({"cuda_graph": 1}, r"cuda_graph: 1 is not allowed; allowed: true, false"),
+    ({"target": "cpu", "cuda_graph": True},
+     r"cuda_graph: true needs the cuda target, but target is 'cpu'; allowed: cuda_graph: false with it"),
     ({"params": "outside"}, r"params: 'outside' is not allowed; allowed: embedded, sidecar"),
     ({"tuning": {"profile": "often"}}, r"tuning\.profile: 'often' is not allowed; allowed: auto, true, false"),
     ({"tuning": {"tuning_db": 3}}, r"tuning\.tuning_db: 3 is not allowed; allowed: a path, or null"),
@@ -228,6 +230,14 @@ def test_config_from_yaml_path_dict_and_overrides(tmp_path):
 def test_config_errors_name_key_value_and_allowed(data, pattern):
     with pytest.raises(byoc.ConfigError, match=pattern):
         validate(data)
+
+
+def test_cuda_graph_is_allowed_where_a_gpu_may_be_built_for():
+    # target auto builds for the visible GPU, else for the cpu without graphs
+    assert validate({"target": "auto", "cuda_graph": True}).cuda_graph is True
+    assert validate({"cuda_graph": True}).cuda_graph is True
+    assert validate({"target": "cuda -arch=sm_90", "cuda_graph": True}).cuda_graph is True
+    assert validate({"target": "cpu", "cuda_graph": False}).cuda_graph is False
 
 
 def test_config_errors_name_the_file(tmp_path):

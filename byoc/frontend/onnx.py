@@ -8,7 +8,8 @@ they become Constants) and returns the graph outputs (one tensor, or a tuple).
 Every value is either a NumPy array (known at import time) or an IR expression. A node
 whose inputs are all known is evaluated on the spot with the ops' NumPy references, so
 shape arithmetic (Shape, Gather on shapes, ConstantOfShape, Range, Expand, ...) folds away
-and an exported transformer becomes a graph of compute ops only.
+and an exported transformer becomes a graph of compute ops only. A result of more than
+MAX_FOLDED_ELEMENTS elements is not computed at import time: the op is emitted instead.
 
 Each supported ONNX op type has one converter in `SUPPORTED_OPS`. A converter that meets
 an attribute combination byoc does not implement raises UnsupportedOpError naming the
@@ -131,6 +132,9 @@ class _Importer:
         self.values: dict[str, object] = {}
         self.builder = FunctionBuilder("main")
         self.node_label = ""
+        # Values left unfolded because they are too large to compute at import time (see
+        # `call`), and those computed from them: value -> (node label, element count).
+        self.unfolded: dict[Expr, tuple[str, int]] = {}
 
     # ---- checks before conversion ------------------------------------------------
     def _check_opset(self) -> int:
@@ -146,6 +150,30 @@ class _Importer:
                 f"(convert it with onnx.version_converter.convert_version)")
         return opset
 
+    def _check_unique_names(self):
+        """ONNX graphs are in SSA form: each graph input, initializer and node output names a
+        value once (an initializer may share a graph input's name: it is that input's
+        default). A second definition would silently replace the first."""
+        defined: dict[str, str] = {}  # value name -> what defines it
+        for kind, entries in (("graph input", self.graph.input), ("initializer", self.graph.initializer)):
+            seen: dict[str, int] = {}
+            for position, entry in enumerate(entries):
+                if entry.name in seen:
+                    raise ModelError(f"{kind} {entry.name!r} is listed twice ({kind}s #{seen[entry.name]} and "
+                                     f"#{position}); expected unique {kind} names")
+                seen[entry.name] = position
+                defined.setdefault(entry.name, f"{kind} {entry.name!r}")
+        for index, node in enumerate(self.graph.node):
+            label = _node_label(node, index)
+            for name in node.output:
+                if not name:
+                    continue  # an omitted optional output
+                if name in defined:
+                    other = "it" if defined[name] == label else defined[name]
+                    raise ModelError(f"{label} writes value {name!r}, which {other} already defines; "
+                                     f"expected each value to be defined once (ONNX graphs are in SSA form)")
+                defined[name] = label
+
     def _check_supported(self):
         first_node: dict[str, str] = {}
         for index, node in enumerate(self.graph.node):
@@ -160,19 +188,27 @@ class _Importer:
 
     # ---- conversion --------------------------------------------------------------
     def run(self) -> IRModule:
+        self._check_unique_names()
         self._check_supported()
-        initializer_names = set()
+        initializers = {}
         for tensor in self.graph.initializer:
             self.values[tensor.name] = self._tensor_to_array(tensor, f"initializer {tensor.name!r}")
-            initializer_names.add(tensor.name)
+            initializers[tensor.name] = tensor
         for graph_input in self.graph.input:
-            if graph_input.name in initializer_names:
-                continue  # an initializer listed as input: a default we keep constant
+            if graph_input.name in initializers:
+                # an initializer listed as input: a default we keep constant
+                self._check_initializer_fits_input(initializers[graph_input.name], graph_input)
+                continue
             self.values[graph_input.name] = self.builder.param(graph_input.name, self._input_type(graph_input))
+        inputs = [i.name for i in self.graph.input if i.name not in initializers]
         unknown = set(self.input_shapes) - {i.name for i in self.graph.input}
         if unknown:
             raise ModelError(f"input_shapes names {sorted(unknown)}, which are not model inputs; "
-                             f"the inputs are {[i.name for i in self.graph.input if i.name not in initializer_names]}")
+                             f"the inputs are {inputs}")
+        constant = set(self.input_shapes) - set(inputs)
+        if constant:  # its shape would be ignored: the initializer's data is used
+            raise ModelError(f"input_shapes names {sorted(constant)}, graph input(s) that an initializer gives "
+                             f"a value byoc keeps constant; the inputs are {inputs}")
         for index, node in enumerate(self.graph.node):
             self._convert_node(index, node)
         results = []
@@ -206,6 +242,27 @@ class _Importer:
             raise ModelError(f"{what} ({dtype}, dims {dims}) does not hold the {count} elements its dims "
                              f"need: {error}") from None
         return np.asarray(array).astype(NUMPY_DTYPES[dtype], copy=False)
+
+    def _check_initializer_fits_input(self, tensor: onnx.TensorProto, graph_input: onnx.ValueInfoProto):
+        """An initializer that gives a graph input its value must have the input's declared
+        element type and shape (a named or unknown dim fits any size)."""
+        name = tensor.name
+        if not graph_input.type.HasField("tensor_type"):
+            return  # not a tensor: _input_type refuses such inputs, the initializer is what counts
+        tensor_type = graph_input.type.tensor_type
+        if tensor_type.elem_type and tensor_type.elem_type != tensor.data_type:
+            declared, given = (onnx.TensorProto.DataType.Name(t) if t in onnx.TensorProto.DataType.values() else t
+                               for t in (tensor_type.elem_type, tensor.data_type))
+            raise ModelError(f"initializer {name!r} has element type {given}, but graph input {name!r} declares "
+                             f"{declared}; expected the same element type")
+        if not tensor_type.HasField("shape"):
+            return
+        declared = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tensor_type.shape.dim]
+        dims = tuple(tensor.dims)
+        if len(declared) != len(dims) or any(isinstance(d, int) and d != g for d, g in zip(declared, dims)):
+            raise ModelError(f"initializer {name!r} has shape {dims}, but graph input {name!r} declares shape "
+                             f"{tuple(declared)}; expected the initializer to fit the declared shape "
+                             f"(a named or unknown dim fits any size)")
 
     def _input_type(self, graph_input: onnx.ValueInfoProto) -> TensorType:
         name = graph_input.name
@@ -248,6 +305,7 @@ class _Importer:
                                  f"(the graph is not topologically sorted or is malformed)")
             else:
                 inputs.append(self.values[name])
+        self._check_attributes(node)
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         try:
             outputs = SUPPORTED_OPS[node.op_type](self, node, inputs, attrs)
@@ -263,6 +321,23 @@ class _Importer:
         if wanted:
             raise UnsupportedOpError(f"{self.node_label}: byoc does not produce its optional "
                                      f"output(s) {wanted}")
+
+    def _check_attributes(self, node: onnx.NodeProto):
+        """Attribute names against the op's schema at the model's opset (as onnx.checker
+        does): converters read the attributes they know, so a misspelt or unknown one would
+        be ignored silently, and one given twice would keep only its last value."""
+        names = [attribute.name for attribute in node.attribute]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ModelError(f"{self.node_label}: attribute(s) {twice} given more than once; expected each once")
+        try:
+            allowed = onnx.defs.get_schema(node.op_type, self.opset, "").attributes
+        except onnx.defs.SchemaError:  # no schema at this opset: leave it to the converter
+            return
+        unknown = [name for name in names if name not in allowed]
+        if unknown:
+            raise ModelError(f"{self.node_label}: unknown attribute(s) {unknown} for {node.op_type} at opset "
+                             f"{self.opset}; allowed: {', '.join(sorted(allowed)) or 'none'}")
 
     def _check_omitted_input(self, node: onnx.NodeProto, position: int):
         """An empty input name omits an optional input; for a required one the converter
@@ -280,13 +355,27 @@ class _Importer:
 
     # ---- helpers for converters ---------------------------------------------------
     def call(self, op_name: str, *args, name: str | None = None, **attrs):
-        """Apply an op: evaluated now when every argument is known, else emitted."""
+        """Apply an op: evaluated now when every argument is known (and the result is at
+        most MAX_FOLDED_ELEMENTS elements), else emitted."""
         atoms = [self._as_expr(a) if not isinstance(a, (int, float)) else a for a in args]
         if all(isinstance(a, Constant) or isinstance(a, (int, float)) for a in atoms):
             call = Call(op_name, [a if isinstance(a, Expr) else self._scalar_like(a, atoms) for a in atoms], attrs)
-            op = get_op(op_name)
-            return evaluate_call(op, [a.data for a in call.args], call.attrs, call.type)
-        return self.builder.call(op_name, *atoms, name=name, **attrs)
+            count = _element_count(call.type)
+            if count <= MAX_FOLDED_ELEMENTS:
+                return evaluate_call(get_op(op_name), [a.data for a in call.args], call.attrs, call.type)
+            # Too large to compute here (an Expand or Tile of a constant to 2**40 elements
+            # would allocate it in the importer): emit the op, so that it runs in the built
+            # library, where the memory planner and the host plan's size check decide. Only a
+            # value that must be known at import time (a shape, axes) needs folding; known()
+            # refuses one computed from this with the size, as _check_folded_size does.
+            result = self.builder.call(op_name, *atoms, name=name, **attrs)
+            self.unfolded[result] = (self.node_label, count)
+            return result
+        result = self.builder.call(op_name, *atoms, name=name, **attrs)
+        origin = next((self.unfolded[a] for a in atoms if isinstance(a, Expr) and a in self.unfolded), None)
+        if origin is not None:
+            self.unfolded[result] = origin
+        return result
 
     @staticmethod
     def _scalar_like(value, atoms):
@@ -304,6 +393,11 @@ class _Importer:
             return value
         if isinstance(value, Constant):
             return value.data
+        if isinstance(value, Expr) and value in self.unfolded:
+            origin, count = self.unfolded[value]
+            raise ModelError(f"{self.node_label}: input {what!r} must be known at import time, but it is "
+                             f"computed from the output of {origin} ({count} elements), too large to compute "
+                             f"at import time; expected at most 2**{int(math.log2(MAX_FOLDED_ELEMENTS))} elements")
         raise UnsupportedOpError(f"{self.node_label}: input {what!r} must be known at import time "
                                  f"(byoc compiles static shapes), but it is computed at run time")
 
@@ -358,7 +452,9 @@ def _identity(ctx, node, inputs, attrs):
             ctx.unsupported("training_mode=True (byoc compiles inference graphs)")
     outputs = [inputs[0]]
     if node.op_type == "Dropout" and len(node.output) > 1 and node.output[1]:
-        outputs.append(np.ones(ctx.shape(inputs[0]), dtype=bool))  # the inference mask
+        shape = ctx.shape(inputs[0])
+        _check_folded_size(math.prod(shape), f"mask of shape {list(shape)}")
+        outputs.append(np.ones(shape, dtype=bool))  # the inference mask
     return outputs
 
 
@@ -763,6 +859,13 @@ def _range(ctx, node, inputs, attrs):
     count = max(math.ceil((last - first) / step) if isinstance(step, float) else -((first - last) // step), 0)
     _check_folded_size(count, f"of {count} elements from start={first}, limit={last}, delta={step}")
     return [np.arange(start, limit, delta).astype(np.asarray(start).dtype)]
+
+
+def _element_count(type_) -> int:
+    """Elements of a tensor type, or of all fields of a tuple type (Python ints: exact)."""
+    if isinstance(type_, TensorType):
+        return math.prod(type_.shape)
+    return sum(_element_count(field) for field in getattr(type_, "fields", ()))
 
 
 def _check_folded_size(count: int, what: str):
