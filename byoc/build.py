@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ConfigError
+from .errors import BuildError, ConfigError
 from .ir.module import IRModule
 
 
@@ -47,12 +47,20 @@ class Library:
     def export_library(self, path) -> Path:
         """Copy the library (and its .safetensors sidecar, when the weights live outside)
         to `path`; the copy needs nothing from the work directory."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise BuildError(f"export_library: expected a file path such as 'model.so', got {path!r}")
         destination = Path(path)
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(self.path, destination)
-        os.chmod(destination, 0o755)
-        if self.sidecar is not None:
-            shutil.copyfile(self.sidecar, destination.with_suffix(".safetensors"))
+        if destination.is_dir():
+            raise BuildError(f"export_library: {str(destination)!r} is a directory; expected a file path "
+                             f"such as {str(destination / 'model.so')!r}")
+        try:
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.path, destination)
+            os.chmod(destination, 0o755)
+            if self.sidecar is not None:
+                shutil.copyfile(self.sidecar, destination.with_suffix(".safetensors"))
+        except OSError as error:
+            raise BuildError(f"export_library: cannot write {str(destination)!r}: {error.strerror or error}") from None
         return destination
 
     def load(self):

@@ -157,6 +157,9 @@ def _run_command(args: argparse.Namespace) -> int:
 
     arrays = _load_input_arrays(args.inputs)
     if args.model.endswith(".so"):
+        if args.input_shape:  # a built library's shapes were fixed at build time
+            raise UsageError(f"--input-shape is for an .onnx model; {args.model!r} is a built library whose "
+                             f"input shapes were fixed when it was built")
         return _run_library(args, arrays)
     names = _graph_io_names(args.model)
     input_names, output_names = names if names else (None, None)

@@ -316,3 +316,20 @@ def test_out_for_several_outputs_must_be_a_list(tmp_path):
     with pytest.raises(byoc.RuntimeError, match=r"out=: expected a list or tuple of 2 arrays "
                                                  r"\(one per output: r, n\), got ndarray"):
         module.run(x, out=np.empty((2, 3), np.float32))
+
+
+def test_export_library_paths_and_weights_path_for_embedded_weights(tmp_path, built_models):
+    """export_library wants a file path it can write; weights_path= is only for a library
+    whose weights live in a sidecar (an embedded build would ignore it)."""
+    from byoc.errors import BuildError
+    from byoc.runtime import ByocRuntimeError
+    library = byoc.build(FIXTURES / "mlp.onnx", config="cpu", workdir=str(tmp_path / "w"))
+    (tmp_path / "a_file").write_text("")
+    for path, message in ((None, "expected a file path such as 'model.so', got None"),
+                          (tmp_path, "is a directory; expected a file path"),
+                          (tmp_path / "a_file" / "mlp.so", "cannot write")):
+        with pytest.raises(BuildError, match=message):
+            library.export_library(path)
+    with pytest.raises(ByocRuntimeError, match="embeds its weights; weights_path="):
+        byoc.runtime.load(built_models["mlp"], weights_path=tmp_path / "w.safetensors")
+

@@ -216,6 +216,8 @@ def test_run_library_refuses_inputs_it_cannot_take(capsys, tmp_path, mlp_library
         ([mlp_library, "--inputs", str(tmp_path / "uint16.npz")], "input 'x': dtype uint16 is not supported; expected float32"),
         ([str(not_byoc), "--inputs", str(FIXTURES / "mlp.npz")], "not_byoc.so: not a byoc library"),
         ([MLP, "--inputs", str(tmp_path / "x.npy")], "x.npy' is a single .npy array"),
+        ([mlp_library, "--inputs", str(FIXTURES / "mlp.npz"), "--input-shape", "x=2,64"],
+         "--input-shape is for an .onnx model"),
     ]
     for argv, message in cases:
         code, out, err = run_cli(capsys, "run", *argv)

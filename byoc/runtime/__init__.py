@@ -139,6 +139,10 @@ class Module:
         self.metadata = json.loads(lib.byoc_model_metadata().decode("utf-8"))
         if weights_path is None and self.metadata["weights"]["location"] == "sidecar":
             weights_path = os.path.splitext(self.path)[0] + ".safetensors"
+        elif weights_path is not None and self.metadata["weights"]["location"] != "sidecar":
+            # the library would ignore it: say so rather than run with other weights than asked
+            raise ByocRuntimeError(f"{os.path.basename(self.path)} embeds its weights; weights_path="
+                                   f"{str(weights_path)!r} is only for a library built with a .safetensors sidecar")
         handle = ctypes.c_void_p()
         path_arg = str(weights_path).encode() if weights_path is not None else None
         if lib.byoc_model_create(ctypes.byref(handle), path_arg) != 0:
