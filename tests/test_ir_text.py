@@ -13,6 +13,7 @@ from byoc.ir import (Binding, Call, Constant, ExternFunc, Function, FunctionBuil
                      IRModule, TensorType, Tuple, TupleGetItem, TupleType, Var,
                      assert_structural_equal, parse, parse_function, parse_module,
                      print_expr, print_function, print_module, structural_hash)
+from byoc.ir.parser import MAX_NESTING, parse_literal
 from byoc.ir.types import FuncType
 
 F32 = "float32"
@@ -565,3 +566,162 @@ def test_type_error_from_op_inference_is_a_parse_error():
     text = MAIN_HEAD + "  %y = matmul(%x, const([[1.0, 2.0, 3.0]], float32))\n  return %y\n}\n"
     message = parse_error(text)
     assert message.startswith("line 2, col 8: matmul: inner dimensions differ")
+
+
+# ---------------------------------------------------------------- limits of bad input
+
+T2 = "Tensor[(2,), float32]"
+N = MAX_NESTING
+
+
+def nested_text(depth: int) -> dict[str, str]:
+    """A module per kind of nesting, each `depth` levels deep."""
+    return {
+        "parentheses": MAIN_HEAD + "  return " + "(" * depth + "%x" + ")" * depth + "\n}",
+        "tuples": (f"def @main(%x: {T2}) -> " + "Tuple[" * depth + T2 + "]" * depth + " {\n"
+                   "  return " + "(" * depth + "%x" + ",)" * depth + "\n}"),
+        "calls": MAIN_HEAD + "  return " + "relu(" * depth + "%x" + ")" * depth + "\n}",
+        "attribute lists": MAIN_HEAD + "  return %x\n}\nmodule [a=" + "[" * depth + "1" + "]" * depth + "]",
+        "tuple types": "def @main(%x: " + "Tuple[" * depth + T2 + "]" * depth + f") -> {T2};",
+        "function types": "def @main(%x: " + "Fn[(), " * depth + T2 + "]" * depth + f") -> {T2};",
+        "nested fn": (MAIN_HEAD + "".join(f"  %f{k} = fn () -> {T2} {{\n" for k in range(depth))
+                      + "return %x\n}\n" * depth + "  return %x\n}"),
+    }
+
+
+def _with_deeper_stack(frames: int, function):
+    """Call `function` from `frames` more stack frames, as a caller deep in its own code would."""
+    if frames == 0:
+        return function()
+    return _with_deeper_stack(frames - 1, function)
+
+
+@pytest.mark.parametrize("kind", list(nested_text(1)))
+def test_nesting_at_the_limit_parses_prints_and_hashes(kind):
+    text = nested_text(N)[kind]
+
+    def check():
+        mod = parse(text)
+        round_trip(mod)
+        round_trip(mod, show_types=True)
+
+    # Headroom: it works even when called from 300 frames deep.
+    _with_deeper_stack(300, check)
+
+
+@pytest.mark.parametrize("kind", list(nested_text(1)))
+@pytest.mark.parametrize("depth", [N + 1, 400])
+def test_nesting_beyond_the_limit_is_a_parse_error(kind, depth):
+    message = parse_error(nested_text(depth)[kind])
+    assert re.fullmatch(rf"line \d+, col \d+: nesting deeper than {N} levels", message), message
+    # The position is that of the opening that goes one level too deep.
+    line, column = map(int, re.match(r"line (\d+), col (\d+)", message).groups())
+    opening = nested_text(N + 1)[kind].splitlines()[line - 1][column - 1:]
+    assert opening[:1] in ("(", "[") or opening.startswith("fn ")
+
+
+def test_parse_literal_nesting_limit():
+    assert parse_literal("[" * N + "1" + "]" * N) is not None
+    with pytest.raises(ParseError, match=f"line 1, col {N + 1}: nesting deeper than {N} levels"):
+        parse_literal("[" * (N + 1) + "1" + "]" * (N + 1))
+
+
+def test_depth_without_brackets_is_limited_too():
+    deep = "Tuple[" * N + T2 + "]" * N
+    # A chain of N tuple indices is N levels deep: accepted and round-trips.
+    chain = f"def @main(%t: {deep}) -> {T2} {{\n  return %t" + ".0" * N + "\n}"
+    round_trip(parse(chain))
+    # Wrapping a variable of the deepest type in a tuple makes a type one level too deep.
+    wrapped = f"def @main(%t: {deep}) -> {T2} {{\n  %u = (%t,)\n  return %t" + ".0" * N + "\n}"
+    assert parse_error(wrapped) == (f"line 2, col 8: the type of this expression is nested deeper "
+                                    f"than {N} levels (Tuple[...] or Fn[...] inside one another)")
+    # So does one binding after another, each a tuple of the one before.
+    growing = MAIN_HEAD + "".join(f"  %a{k} = (%a{k - 1},)\n" for k in range(1, N + 2))
+    growing = growing.replace("(%a0,)", "(%x,)") + "  return %x\n}"
+    assert parse_error(growing).startswith(f"line {N + 2}, col 11: the type of this expression is nested")
+    round_trip(parse(growing.replace(f"  %a{N + 1} = (%a{N},)\n", "")))
+    # A chain inside a tuple: each within the limit, N + 1 levels of expression together.
+    chained = (f"def @main(%t: {deep}) -> {T2} {{\n  %u = (%t" + ".0" * N + ",)\n  return %u.0\n}")
+    assert parse_error(chained) == f"line 2, col 8: expression nested deeper than {N} levels"
+
+
+def test_attribute_of_the_wrong_kind_is_named():
+    assert parse_error(MAIN_HEAD + "  %y = cast(%x, dtype=[1])\n  return %y\n}") == (
+        "line 2, col 8: cast: attribute dtype=[1] is not a dtype name (float64, float32, float16, "
+        "bfloat16, int64, int32, int16, int8, uint8, bool)")
+    assert parse_error(MAIN_HEAD + "  %y = cast(%x, dtype=1)\n  return %y\n}").startswith(
+        "line 2, col 8: cast: attribute dtype=1 is not a dtype name")
+    huge = "1" + "0" * 400  # an integer beyond the float64 range
+    assert parse_error(MAIN_HEAD + f"  %y = leaky_relu(%x, alpha={huge})\n  return %y\n}}").startswith(
+        "line 2, col 8: leaky_relu: attribute alpha=1000")
+    assert "is not a number within the float64 range" in parse_error(
+        MAIN_HEAD + f"  %y = leaky_relu(%x, alpha={huge})\n  return %y\n}}")
+
+
+@pytest.mark.parametrize("attributes", ['"axis"=1, "axis"=0', "axis=1, axis=0", 'axis=1, "axis"=0'])
+def test_an_attribute_given_twice_is_an_error(attributes):
+    text = MAIN_HEAD + f"  %y = softmax(%x, {attributes})\n  return %y\n}}"
+    assert parse_error(text) == f"line 2, col {20 + attributes.index(',') + 2}: attribute 'axis' is given twice"
+
+
+def test_negative_metadata_index_is_an_error():
+    assert parse_error(MAIN_HEAD + "  %y = relu(meta[-1])\n  return %y\n}") == (
+        "line 2, col 18: expected a non-negative integer index but found '-1'")
+    assert parse_error('metadata {\n  meta[-1] = Tensor[(1,), float32] "AACAPw=="\n}') == (
+        "line 2, col 8: expected a non-negative integer index but found '-1'")
+
+
+@pytest.mark.parametrize("literal", ["1e999", "-1e999", "1.5e400"])
+def test_a_float_literal_that_overflows_is_an_error(literal):
+    for body in (f"  %y = add(%x, const({literal}, float32))\n", f"  %y = leaky_relu(%x, alpha={literal})\n"):
+        message = parse_error(MAIN_HEAD + body + "  return %y\n}")
+        assert message.startswith("line 2, col ")
+        assert message.endswith(f"the number {literal} overflows a 64-bit float (write inf for infinity)")
+    # The words stay allowed, and mean infinity.
+    mod = parse(MAIN_HEAD + "  %y = clip(%x, min=-inf, max=inf)\n  %z = add(%y, const([inf, -inf], float32))\n"
+                "  return %z\n}")
+    round_trip(mod)
+
+
+def test_an_integer_with_too_many_digits_is_an_error():
+    digits = "9" * 5000
+    assert parse_error(MAIN_HEAD + f"  %y = softmax(%x, axis={digits})\n  return %y\n}}") == (
+        f"line 2, col 25: the integer {digits[:37]}... has too many digits (5000)")
+
+
+@pytest.mark.parametrize("dim, problem", [(2**63, "is too large"), (2**70, "is too large"), (-1, "is negative")])
+def test_dimension_outside_int64_is_an_error(dim, problem):
+    text = f"def @main(%x: Tensor[(2, {dim}), float32]) -> {T2};"
+    assert parse_error(text) == (f"line 1, col 26: dimension {dim} {problem}; expected "
+                                 f"0 <= dimension < 2**63 (9223372036854775808)")
+
+
+def test_dimension_limits_of_tensor_types():
+    largest = 2**63 - 1
+    mod = parse(f"def @main(%x: Tensor[({largest},), int8]) -> {T2};")
+    assert mod.functions["main"].params[0].type.shape == (largest,)
+    round_trip(mod)
+    # Each dim fits, but the element count does not.
+    text = f"def @main(%x: Tensor[({2**62}, 4), int8]) -> {T2};"
+    assert parse_error(text).startswith("line 1, col 15: tensor shape (4611686018427387904, 4) has "
+                                        "18446744073709551616 elements; expected fewer than 2**63")
+    with pytest.raises(TypeError, match="dimension 9223372036854775808 is too large"):
+        TensorType((2**63,), F32)
+    with pytest.raises(TypeError, match="dimension 2.5 is not an integer"):
+        TensorType((2.5,), F32)
+    with pytest.raises(TypeError, match="dimension True is not an integer"):
+        TensorType((True,), F32)
+    with pytest.raises(TypeError, match="negative dimension -3"):
+        TensorType((2, -3), F32)
+    assert TensorType((np.int64(3), 0, 2**62), F32).size == 0
+    assert TensorType((2**31, 2**31), "int64").nbytes == 2**65  # exact, not wrapped to int64
+
+
+def test_integer_attributes_beyond_int64_are_refused():
+    """They reach generated C++ as int64_t literals: a larger one would not compile, or wrap."""
+    text = """def @main(%x: Tensor[(4,), float32]) -> Tensor[(2,), float32] {
+  %a = strided_slice(%x, begin=[0], end=[1180591620717411303424], strides=[1])
+  return %a
+}"""
+    with pytest.raises(ParseError, match=r"line 2, col \d+: strided_slice: attribute end=.* is not a list of 64-bit"):
+        parse(text)

@@ -620,7 +620,7 @@ def test_reduce_errors():
         call_type("min", ((), "float32"), axes=[0])
     with pytest.raises(TypeInferenceError, match="sum: input x has dtype bool; expected a numeric dtype"):
         call_type("sum", ((2,), "bool"))
-    with pytest.raises(TypeInferenceError, match=r"prod: attribute axes=1 is not a list of integers"):
+    with pytest.raises(TypeInferenceError, match=r"prod: attribute axes=1 is not a list of 64-bit integers"):
         call_type("prod", ((2,), "float32"), axes=1)
 
 

@@ -268,3 +268,50 @@ def test_tuples_and_get_items_as_expressions():
     assert structural_equal(TupleGetItem(Tuple([x, y]), 1), TupleGetItem(Tuple([x, y]), 1))
     assert not structural_equal(TupleGetItem(Tuple([x, y]), 1), TupleGetItem(Tuple([x, y]), 0))
     assert not structural_equal(Tuple([x, y]), Tuple([x]))
+
+
+# ---------------------------------------------------------------- the parser's nesting limit
+
+
+def _deepest_texts(names: str, innermost: str = "relu") -> dict[str, str]:
+    """Modules nested as deep as the parser allows, with variables named after `names`."""
+    from byoc.ir.parser import MAX_NESTING as depth
+    t = "Tensor[(2,), float32]"
+    head = f"def @main(%{names}: {t}) -> {t} {{\n"
+    return {
+        "calls": head + "  return " + "relu(" * (depth - 1) + f"{innermost}(%{names}" + ")" * depth + "\n}",
+        "tuples": (f"def @main(%{names}: {t}) -> " + "Tuple[" * depth + t + "]" * depth + " {\n"
+                   f"  %{names}1 = {innermost}(%{names})\n"
+                   f"  return " + "(" * depth + f"%{names}1" + ",)" * depth + "\n}"),
+        # depth - 1 functions, and the call's parentheses in the innermost one.
+        "nested fn": (head + "".join(f"  %{names}{k} = fn (%{names}p{k}: {t}) -> {t} {{\n" for k in range(depth - 1))
+                      + f"%{names}i = {innermost}(%{names}p{depth - 2})\nreturn %{names}i\n}}\n"
+                      + "".join(f"return %{names}p{k}\n}}\n" for k in reversed(range(depth - 2)))
+                      + f"  return %{names}\n}}"),
+        "types and chains": (f"def @main(%{names}: " + "Tuple[" * depth + t + "]" * depth + f") -> {t} {{\n"
+                             f"  %{names}1 = %{names}" + ".0" * depth + f"\n  %{names}2 = {innermost}(%{names}1)\n"
+                             f"  return %{names}2\n}}"),
+    }
+
+
+def _from_deeper_stack(frames: int, function):
+    if frames == 0:
+        return function()
+    return _from_deeper_stack(frames - 1, function)
+
+
+@pytest.mark.parametrize("kind", list(_deepest_texts("a")))
+def test_hash_and_equality_at_the_parser_nesting_limit(kind):
+    """Whatever the parser accepts can be compared and hashed, with room to spare on the stack."""
+    first = parse(_deepest_texts("a")[kind])
+    renamed = parse(_deepest_texts("b")[kind])
+    different = parse(_deepest_texts("c", innermost="sigmoid")[kind])
+
+    def check():
+        assert_equal_and_same_hash(first, renamed)
+        assert_unequal(first, different)
+        assert structural_hash(first) != structural_hash(different)
+        with pytest.raises(AssertionError, match="calls to relu vs sigmoid"):
+            assert_structural_equal(first, different)
+
+    _from_deeper_stack(300, check)

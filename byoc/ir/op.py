@@ -34,17 +34,26 @@ def _normalize_value(op_name: str, attr_name: str, spec: AttrSpec, value):
         raise TypeInferenceError(
             f"{op_name}: attribute {attr_name}={value!r} is not {expected}")
 
+    def is_number(item) -> bool:
+        return not isinstance(item, bool) and (isinstance(item, (int, float)) or hasattr(item, "__float__"))
+
+    def to_float(item) -> float:
+        try:
+            return float(item)
+        except OverflowError:  # an int too large for a double would silently become inf
+            fail("a number within the float64 range")
+
     kind = spec.kind
     if kind in ("optional_int", "optional_float") and value is None:
         return None
     if kind in ("int", "optional_int"):
-        if isinstance(value, bool) or not hasattr(value, "__index__"):
-            fail("an integer")
+        if isinstance(value, bool) or not hasattr(value, "__index__") or not _in_int64(int(value)):
+            fail("a 64-bit integer")  # generated C++ carries it as an int64_t literal
         return int(value)
     if kind in ("float", "optional_float"):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+        if not is_number(value):
             fail("a number")
-        return float(value)
+        return to_float(value)
     if kind == "bool":
         if isinstance(value, bool) or value in (0, 1):
             return bool(value)
@@ -54,18 +63,24 @@ def _normalize_value(op_name: str, attr_name: str, spec: AttrSpec, value):
             fail("a string")
         return value
     if kind == "dtype":
-        if value not in NUMPY_DTYPES:
-            fail(f"a dtype ({', '.join(NUMPY_DTYPES)})")
+        # Check the type first: an unhashable value (a list) cannot be looked up.
+        if not isinstance(value, str) or value not in NUMPY_DTYPES:
+            fail(f"a dtype name ({', '.join(NUMPY_DTYPES)})")
         return value
     if kind == "ints":
-        if not isinstance(value, (list, tuple)) or any(isinstance(v, bool) or not hasattr(v, "__index__") for v in value):
-            fail("a list of integers")
+        if not isinstance(value, (list, tuple)) or any(isinstance(v, bool) or not hasattr(v, "__index__")
+                                                       or not _in_int64(int(v)) for v in value):
+            fail("a list of 64-bit integers")
         return tuple(int(v) for v in value)
     if kind == "floats":
-        if not isinstance(value, (list, tuple)):
+        if not isinstance(value, (list, tuple)) or not all(is_number(v) for v in value):
             fail("a list of numbers")
-        return tuple(float(v) for v in value)
+        return tuple(to_float(v) for v in value)
     raise AssertionError(kind)
+
+
+def _in_int64(value: int) -> bool:
+    return -(1 << 63) <= value < (1 << 63)
 
 
 @dataclass(eq=False)

@@ -11,6 +11,13 @@ signature and the metadata block, skipping bodies, so that a function may call a
 defined after it and use `meta[i]` before the block that defines it; the second parses
 the bodies.
 
+Nesting is limited to `MAX_NESTING` levels: brackets and parentheses in the text (tuples,
+call arguments, lists, `Tuple[...]`/`Fn[...]` types, nested `fn`), and also the depth of
+every expression and type the parser builds (a chain `%t.0.0.0` or a tuple of a tuple
+variable nests without brackets). The parser, the printer and structural hashing and
+equality recurse once or a few times per level, so this keeps whatever parses printable
+and comparable under Python's default recursion limit of 1000 frames.
+
 Comments run from `#` to the end of the line. Every error is a `byoc.errors.ParseError` whose message starts with "line L, col C:".
 """
 from __future__ import annotations
@@ -30,7 +37,12 @@ from .expr import (Binding, Call, Constant, Expr, ExternFunc, Function, GlobalVa
                    TupleGetItem, Var)
 from .module import IRModule
 from .op import OP_REGISTRY, Op, get_op
-from .types import FuncType, TensorType, TupleType, Type, numpy_dtype
+from .types import INT64_LIMIT, FuncType, TensorType, TupleType, Type, numpy_dtype
+
+# The deepest nesting the parser accepts (see the module docstring). A nested `fn` costs
+# the parser five frames and the printer four per level, plus two per level of the types
+# it prints; 100 levels stay well inside 1000 frames even when called from a deep stack.
+MAX_NESTING = 100
 
 # ---------------------------------------------------------------- tokens
 
@@ -118,7 +130,7 @@ def tokenize(text: str) -> list[Token]:
             tokens.append(Token(STRING, _decode_string(token_text, text, position), position, token_text))
         elif kind == "number":
             is_float = any(c in token_text for c in ".eE")
-            value = float(token_text) if is_float else int(token_text)
+            value = _number_value(token_text, is_float, text, position)
             tokens.append(Token(FLOAT if is_float else INT, value, position, token_text))
         elif kind == "name":
             tokens.append(Token(NAME, token_text, position, token_text))
@@ -127,6 +139,22 @@ def tokenize(text: str) -> list[Token]:
         position = match.end()
     tokens.append(Token(END, None, length, ""))
     return tokens
+
+
+def _number_value(token_text: str, is_float: bool, text: str, offset: int):
+    shown = token_text if len(token_text) <= 40 else token_text[:37] + "..."
+    if is_float:
+        value = float(token_text)
+        if math.isinf(value):
+            # float() gives inf for 1e999; only the word `inf` means infinity.
+            raise ParseError(f"{_location(text, offset)}: the number {shown} overflows a 64-bit float "
+                             "(write inf for infinity)")
+        return value
+    try:
+        return int(token_text)
+    except ValueError:  # more digits than Python converts (sys.get_int_max_str_digits)
+        raise ParseError(f"{_location(text, offset)}: the integer {shown} has too many digits "
+                         f"({len(token_text.lstrip('-'))})") from None
 
 
 def _decode_string(token_text: str, text: str, offset: int) -> str:
@@ -164,19 +192,24 @@ def literal_to_array(value, dtype: str) -> np.ndarray:
             for element in item:
                 check(element)
         elif isinstance(item, bool) and bool not in allowed or not isinstance(item, allowed):
-            raise ValueError(f"{dtype} constant holds {item!r}; expected {expected}")
+            raise ValueError(f"{dtype} constant holds {_short_repr(item)}; expected {expected}")
 
     check(value)
     try:
         array = np.array(value, dtype=np_dtype)
     except (OverflowError, ValueError, TypeError) as error:
-        raise ValueError(f"{value!r} is not a {dtype} constant: {error}") from None
+        raise ValueError(f"{_short_repr(value)} is not a {dtype} constant: {error}") from None
     if np.issubdtype(np_dtype, np.floating) or dtype == "bfloat16":
         # A finite number too large for the dtype would silently become inf.
         exact = np.array(value, dtype=np.float64)
         if np.any(np.isinf(array.astype(np.float64)) & np.isfinite(exact)):
-            raise ValueError(f"{value!r} is out of range for {dtype}")
+            raise ValueError(f"{_short_repr(value)} is out of range for {dtype}")
     return array
+
+
+def _short_repr(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 # ---------------------------------------------------------------- public entry points
@@ -221,6 +254,11 @@ class _Parser:
         self.metadata: dict[int, Constant] = {}
         # Local scopes, innermost last: printed name -> Var.
         self.scopes: list[dict[str, Var]] = []
+        # How many brackets, parentheses and nested `fn`s enclose the current token.
+        self.nesting = 0
+        # id(expression) -> (the expression, its depth) for the expressions built so far;
+        # holding the expression keeps its id from being reused.
+        self.expr_depths: dict[int, tuple[Expr, int]] = {}
 
     # ----------------------------------------------------------- token helpers
 
@@ -274,6 +312,36 @@ class _Parser:
     def expect_end(self):
         if not self.at(END):
             raise self.error(f"expected end of input but found {self.peek().describe()}")
+
+    def enter_nesting(self, token: Token):
+        """Called at an opening bracket, parenthesis or `fn`; `leave_nesting` at its end."""
+        self.nesting += 1
+        if self.nesting > MAX_NESTING:
+            raise self.error(f"nesting deeper than {MAX_NESTING} levels", token)
+
+    def leave_nesting(self):
+        self.nesting -= 1
+
+    def checked_depth(self, expr: Expr, token: Token) -> Expr:
+        """`expr`, a node just built, unless it or its type nests deeper than MAX_NESTING."""
+        if isinstance(expr, Function):
+            children = [] if expr.is_extern else [b.value for b in expr.bindings] + [expr.result]
+        elif isinstance(expr, Call):
+            children = list(expr.args) + ([expr.op] if isinstance(expr.op, Expr) else [])
+        elif isinstance(expr, Tuple):
+            children = list(expr.fields)
+        elif isinstance(expr, TupleGetItem):
+            children = [expr.tuple_value]
+        else:
+            children = []
+        depth = 1 + max((self.expr_depths.get(id(child), (None, 0))[1] for child in children), default=0)
+        if depth > MAX_NESTING:
+            raise self.error(f"expression nested deeper than {MAX_NESTING} levels", token)
+        if getattr(expr.type, "nesting_depth", 0) > MAX_NESTING:
+            raise self.error(f"the type of this expression is nested deeper than {MAX_NESTING} levels "
+                             "(Tuple[...] or Fn[...] inside one another)", token)
+        self.expr_depths[id(expr)] = (expr, depth)
+        return expr
 
     def skip_braces(self):
         """Skip from a "{" to just after its matching "}" (strings hold no brace tokens)."""
@@ -379,6 +447,7 @@ class _Parser:
             return Function(signature.params, None, None, signature.ret_type, signature.attrs)
         self.position = signature.body_position
         self.scopes = []
+        self.nesting = 0
         return self.parse_body(signature.params, signature.ret_type, signature.attrs)
 
     def parse_body(self, params: list[Var], ret_type: Type, attrs: dict) -> Function:
@@ -434,9 +503,7 @@ class _Parser:
         self.expect_punct("{")
         while not self.at_punct("}"):
             entry_token = self.expect_keyword("meta")
-            self.expect_punct("[")
-            index = self.expect(INT, "an integer index").value
-            self.expect_punct("]")
+            index = self.parse_meta_index()
             if index in self.metadata:
                 raise self.error(f"meta[{index}] is defined twice", entry_token)
             self.expect_punct("=")
@@ -468,7 +535,12 @@ class _Parser:
             self.expect_punct("(")
             dims = []
             while not self.at_punct(")"):
-                dims.append(self.expect(INT, "a dimension (an integer)").value)
+                dim_token = self.expect(INT, "a dimension (an integer)")
+                if not 0 <= dim_token.value < INT64_LIMIT:
+                    problem = "is negative" if dim_token.value < 0 else "is too large"
+                    raise self.error(f"dimension {dim_token.value} {problem}; expected "
+                                     f"0 <= dimension < 2**63 ({INT64_LIMIT})", dim_token)
+                dims.append(dim_token.value)
                 if not self.at_punct(")"):
                     self.expect_separator(")")
             self.expect_punct(")")
@@ -476,22 +548,27 @@ class _Parser:
             dtype_token = self.expect(NAME, "a dtype")
             self.expect_punct("]")
             try:
-                return TensorType(tuple(dims), dtype_token.value)
+                numpy_dtype(dtype_token.value)
             except TypeError as error:
                 raise self.error(str(error), dtype_token) from None
+            try:
+                return TensorType(tuple(dims), dtype_token.value)
+            except TypeError as error:  # too many elements in all
+                raise self.error(str(error), token) from None
         if self.at_keyword("Tuple"):
             self.advance()
-            self.expect_punct("[")
+            self.enter_nesting(self.expect_punct("["))
             fields = []
             while not self.at_punct("]"):
                 if fields:
                     self.expect_separator("]")
                 fields.append(self.parse_type())
             self.expect_punct("]")
+            self.leave_nesting()
             return TupleType(tuple(fields))
         if self.at_keyword("Fn"):
             self.advance()
-            self.expect_punct("[")
+            self.enter_nesting(self.expect_punct("["))
             self.expect_punct("(")
             params = []
             while not self.at_punct(")"):
@@ -502,6 +579,7 @@ class _Parser:
             self.expect_punct(",")
             ret = self.parse_type()
             self.expect_punct("]")
+            self.leave_nesting()
             return FuncType(tuple(params), ret)
         raise self.error(f"expected a type (Tensor[...], Tuple[...] or Fn[...]) but found {token.describe()}")
 
@@ -521,13 +599,14 @@ class _Parser:
             self.advance()
             return -math.inf
         if self.at_punct("["):
-            self.advance()
+            self.enter_nesting(self.advance())
             items = []
             while not self.at_punct("]"):
                 if items:
                     self.expect_separator("]")
                 items.append(self.parse_value())
             self.expect_punct("]")
+            self.leave_nesting()
             return items
         raise self.error(f"expected a value (number, string, true, false, none or [list]) but found "
                          f"{token.describe()}")
@@ -565,6 +644,7 @@ class _Parser:
                 whole_expression = not (self.at_punct("(") or self.at_punct("."))
                 expr = self.make_call(expr, args, attrs, type_hint if whole_expression else None,
                                       start_token)
+                self.checked_depth(expr, start_token)
             elif self.at_punct("."):
                 dot = self.advance()
                 index = self.expect(INT, "a tuple index").value
@@ -572,6 +652,7 @@ class _Parser:
                     expr = TupleGetItem(expr, index)
                 except TypeInferenceError as error:
                     raise self.error(str(error), dot) from None
+                self.checked_depth(expr, dot)
             else:
                 return expr
 
@@ -622,7 +703,8 @@ class _Parser:
 
     def parse_tuple(self) -> Expr:
         """`()`, `(a,)`, `(a, b, ...)`; `(a)` is just `a`."""
-        self.expect_punct("(")
+        opening = self.expect_punct("(")
+        self.enter_nesting(opening)
         fields = []
         trailing_comma = False
         while not self.at_punct(")"):
@@ -632,9 +714,10 @@ class _Parser:
                 self.expect_separator(")")
                 trailing_comma = True
         self.expect_punct(")")
+        self.leave_nesting()
         if len(fields) == 1 and not trailing_comma:
             return fields[0]
-        return Tuple(fields)
+        return self.checked_depth(Tuple(fields), opening)
 
     def parse_const(self) -> Constant:
         """`const(<literal>, <dtype>)`."""
@@ -655,46 +738,55 @@ class _Parser:
             raise self.error(str(error), value_token) from None
         return Constant(array, dtype_token.value)
 
+    def parse_meta_index(self) -> int:
+        """`[i]` after `meta`: a non-negative integer."""
+        self.expect_punct("[")
+        index_token = self.expect(INT, "a non-negative integer index")
+        if index_token.value < 0:
+            raise self.error(f"expected a non-negative integer index but found {index_token.describe()}",
+                             index_token)
+        self.expect_punct("]")
+        return index_token.value
+
     def parse_meta_reference(self) -> Constant:
         token = self.expect_keyword("meta")
-        self.expect_punct("[")
-        index = self.expect(INT, "an integer index").value
-        self.expect_punct("]")
+        index = self.parse_meta_index()
         if index not in self.metadata:
             raise self.error(f"meta[{index}] is not defined in the metadata block", token)
         return self.metadata[index]
 
     def parse_function_expr(self) -> Function:
         """A nested function `fn (params) -> type [attrs] { body }` or declaration `...;`."""
-        self.expect_keyword("fn")
+        start = self.expect_keyword("fn")
+        self.enter_nesting(start)
         params = self.parse_params()
         ret_type, attrs = self.parse_return_and_attrs()
         if self.at_punct(";"):
             self.advance()
-            return Function(params, None, None, ret_type, attrs)
-        for param in params:
-            if self.lookup_local(param.name_hint) is not None:
-                raise self.error(f"parameter %{param.name_hint} of a nested function is already defined "
-                                 "in the enclosing function")
-        return self.parse_body(params, ret_type, attrs)
+            function = Function(params, None, None, ret_type, attrs)
+        else:
+            for param in params:
+                if self.lookup_local(param.name_hint) is not None:
+                    raise self.error(f"parameter %{param.name_hint} of a nested function is already "
+                                     "defined in the enclosing function")
+            function = self.parse_body(params, ret_type, attrs)
+        self.leave_nesting()
+        return self.checked_depth(function, start)
 
     def parse_call_arguments(self) -> tuple[list[Expr], dict]:
-        """`(arg, ..., name=value, ...)`: expressions first, then attributes."""
-        self.expect_punct("(")
+        """`(arg, ..., name=value, ...)`: expressions first, then attributes (a name or a
+        "quoted name", each given once)."""
+        self.enter_nesting(self.expect_punct("("))
         args: list[Expr] = []
         attrs: dict = {}
         while not self.at_punct(")"):
             if args or attrs:
                 self.expect_separator(")")
-            if self.at(NAME) and self.at_punct("=", 1):
+            if (self.at(NAME) or self.at(STRING)) and self.at_punct("=", 1):
                 key_token = self.advance()
                 self.advance()
                 if key_token.value in attrs:
                     raise self.error(f"attribute {key_token.value!r} is given twice", key_token)
-                attrs[key_token.value] = self.parse_value()
-            elif self.at(STRING) and self.at_punct("=", 1):
-                key_token = self.advance()
-                self.advance()
                 attrs[key_token.value] = self.parse_value()
             else:
                 if attrs:
@@ -702,6 +794,7 @@ class _Parser:
                                      f"attributes) but found {self.peek().describe()}")
                 args.append(self.parse_expr())
         self.expect_punct(")")
+        self.leave_nesting()
         return args, attrs
 
     def make_call(self, callee: Expr | Op, args: list[Expr], attrs: dict, type_hint: Type | None,

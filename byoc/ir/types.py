@@ -1,6 +1,8 @@
 """Types of the IR: tensor types with static shapes, and tuple types."""
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -42,8 +44,38 @@ def is_float(dtype: str) -> bool:
     return dtype in FLOAT_DTYPES
 
 
+# Dimensions and element counts are int64 in generated code and at run time.
+INT64_LIMIT = 2**63
+
+
 class Type:
-    """Base class of IR types."""
+    """Base class of IR types.
+
+    `nesting_depth` counts the Tuple/Fn levels of a type (0 for a tensor). It is computed
+    once, when the type is made from its already-made parts, so reading it never recurses;
+    the parser uses it to refuse types that printing and comparing could not handle."""
+
+    nesting_depth = 0
+
+
+def _nesting_depth(parts) -> int:
+    # A part may be a non-Type (the None type of an ExternFunc inside a tuple).
+    return 1 + max((getattr(part, "nesting_depth", 0) for part in parts), default=0)
+
+
+def _checked_dimension(shape, dim) -> int:
+    try:
+        value = operator.index(dim)  # an int or NumPy integer; 2.5 must not become 2
+    except TypeError:
+        raise TypeError(f"tensor shape {shape}: dimension {dim!r} is not an integer") from None
+    if isinstance(dim, (bool, np.bool_)):
+        raise TypeError(f"tensor shape {shape}: dimension {dim!r} is not an integer")
+    if value < 0:
+        raise TypeError(f"tensor shape {shape} has a negative dimension {value}")
+    if value >= INT64_LIMIT:
+        raise TypeError(f"tensor shape {shape}: dimension {value} is too large; "
+                        f"expected below 2**63 ({INT64_LIMIT})")
+    return value
 
 
 @dataclass(frozen=True)
@@ -52,11 +84,13 @@ class TensorType(Type):
     dtype: str
 
     def __post_init__(self):
-        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        shape = tuple(self.shape)
+        object.__setattr__(self, "shape", tuple(_checked_dimension(shape, d) for d in shape))
         if self.dtype not in NUMPY_DTYPES:
             raise TypeError(f"unknown dtype {self.dtype!r}; supported: {', '.join(NUMPY_DTYPES)}")
-        if any(d < 0 for d in self.shape):
-            raise TypeError(f"tensor shape {self.shape} has a negative dimension")
+        if math.prod(self.shape) >= INT64_LIMIT:
+            raise TypeError(f"tensor shape {self.shape} has {math.prod(self.shape)} elements; "
+                            f"expected fewer than 2**63 ({INT64_LIMIT})")
 
     @property
     def ndim(self) -> int:
@@ -64,7 +98,7 @@ class TensorType(Type):
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -83,6 +117,7 @@ class TupleType(Type):
 
     def __post_init__(self):
         object.__setattr__(self, "fields", tuple(self.fields))
+        object.__setattr__(self, "nesting_depth", _nesting_depth(self.fields))
 
     def __str__(self) -> str:
         return "Tuple[" + ", ".join(str(f) for f in self.fields) + "]"
@@ -92,6 +127,9 @@ class TupleType(Type):
 class FuncType(Type):
     params: tuple[Type, ...]
     ret: Type
+
+    def __post_init__(self):
+        object.__setattr__(self, "nesting_depth", _nesting_depth((*self.params, self.ret)))
 
     def __str__(self) -> str:
         return "Fn[(" + ", ".join(str(p) for p in self.params) + f"), {self.ret}]"
