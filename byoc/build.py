@@ -18,8 +18,10 @@ temporary one): sources, build.ninja, the partition report, weights.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import tempfile
@@ -27,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import BuildError, ConfigError
+from .errors import BuildError, ConfigError, ModelError
 from .ir.module import IRModule
 
 
@@ -43,6 +45,37 @@ class Library:
     # seconds, compile units compiled vs taken from the object cache, per backend (not in
     # the metadata: it would make two builds of one model differ)
     build_stats: dict = field(default_factory=dict)
+    # path -> (device, inode, size, mtime) of the .so and sidecar as this build left them
+    file_states: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def build_id(self) -> str | None:
+        return self.metadata.get("build_id")
+
+    def check_current(self):
+        """A BuildError when the work directory no longer holds this build's library: a later
+        build into the same workdir replaced model.so (and the sidecar), which
+        load()/export_library() would otherwise silently return.
+
+        Cheap while the files are as the build left them (one stat each); a file that
+        changed is still this build's when it embeds this build id (a rebuild of the same
+        model), which is read from the file only then."""
+        for path in (self.path, self.sidecar):
+            if path is None or self.build_id is None:
+                continue
+            try:
+                state = _file_state(path)
+            except OSError:
+                raise BuildError(f"workdir {self.workdir} no longer has {Path(path).name} of build {self.build_id} "
+                                 f"(it was removed, or a later build into the workdir failed); export the "
+                                 f"library before building again into the same workdir") from None
+            if self.file_states.get(str(path)) == state:
+                continue
+            if not _holds_build_id(path, self.build_id):
+                raise BuildError(f"workdir {self.workdir} was rebuilt since this Library was made: its "
+                                 f"{Path(path).name} is no longer build {self.build_id}; export it before "
+                                 f"building again into the same workdir")
+            self.file_states[str(path)] = state
 
     def export_library(self, path) -> Path:
         """Copy the library (and its .safetensors sidecar, when the weights live outside)
@@ -53,6 +86,7 @@ class Library:
         if destination.is_dir():
             raise BuildError(f"export_library: {str(destination)!r} is a directory; expected a file path "
                              f"such as {str(destination / 'model.so')!r}")
+        self.check_current()
         try:
             destination.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(self.path, destination)
@@ -65,7 +99,24 @@ class Library:
 
     def load(self):
         from .runtime import load
+        self.check_current()
         return load(self.path, self.sidecar)
+
+
+def _file_state(path) -> tuple:
+    stat = os.stat(path)
+    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+def _holds_build_id(path, build_id: str) -> bool:
+    """Whether the library or sidecar at `path` carries `build_id` in its metadata (the
+    .so embeds the metadata JSON, the sidecar its header: both written compactly)."""
+    needle = b'"build_id":"' + build_id.encode() + b'"'
+    try:
+        with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return data.find(needle) >= 0
+    except (OSError, ValueError):  # unreadable, or empty (nothing to map)
+        return False
 
 
 def build(model, target=None, config=None, *, input_shapes: dict | None = None, workdir=None,
@@ -95,21 +146,75 @@ class _Builder:
         self.cuda = self.target.kind == "cuda"
         # Absolute: ninja runs in the work directory, so relative paths in its commands would break.
         self.workdir = Path(cfg.workdir).resolve() if cfg.workdir else Path(tempfile.mkdtemp(prefix="byoc-build-"))
-        if self.workdir.exists() and not self.workdir.is_dir():
-            raise ConfigError(f"workdir {self.workdir} is not a directory; expected a directory "
-                              f"(it is created when missing)")
+        # A temporary directory is byoc's own: removed again when the build fails.
+        self.temporary = not cfg.workdir
         try:
-            self.workdir.mkdir(parents=True, exist_ok=True)
-        except OSError as error:  # a parent is a file, or no permission
-            raise ConfigError(f"workdir {self.workdir} cannot be created: {error.strerror}") from None
+            if self.workdir.exists() and not self.workdir.is_dir():
+                raise ConfigError(f"workdir {self.workdir} is not a directory; expected a directory "
+                                  f"(it is created when missing)")
+            try:
+                self.workdir.mkdir(parents=True, exist_ok=True)
+            except OSError as error:  # a parent is a file, or no permission
+                raise ConfigError(f"workdir {self.workdir} cannot be created: {error.strerror}") from None
+            self.check_writable()
+        except BaseException:
+            self.remove_temporary_workdir()
+            raise
+
+    def check_writable(self):
+        """A ConfigError now, rather than a PermissionError from the first file written
+        halfway through the build."""
+        try:
+            handle, probe = tempfile.mkstemp(prefix=".byoc-write-probe-", dir=self.workdir)
+            os.close(handle)
+            os.unlink(probe)
+        except OSError as error:
+            raise ConfigError(f"workdir {self.workdir} is not writable ({error.strerror or error}); expected a "
+                              f"directory byoc can write its sources, build.ninja and the library into") from None
+
+    def remove_temporary_workdir(self):
+        if self.temporary:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def workdir_lock(self):
+        """Held for the whole build: two builds writing one workdir would overwrite each
+        other's sources, objects and model.so. Not waited for: the second build fails."""
+        import fcntl
+        path = self.workdir / ".byoc.lock"
+        try:
+            lock = open(path, "a")
+        except OSError as error:
+            raise ConfigError(f"workdir {self.workdir}: cannot open its lock file {path.name} "
+                              f"({error.strerror or error})") from None
+        with lock:  # closing the file releases the lock
+            try:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise BuildError(f"workdir {self.workdir} is in use by another build; expected one build at a "
+                                 f"time per workdir: wait for it to finish, or give this build its own "
+                                 f"workdir") from None
+            except OSError as error:  # a file system without locks: build unlocked, but say so
+                import warnings
+                warnings.warn(f"workdir {self.workdir}: cannot lock {path.name} ({error.strerror or error}); "
+                              f"building without protection against a concurrent build into it", stacklevel=4)
+            yield
 
     # ---- the pipeline ----------------------------------------------------------------
     def build(self, model, input_shapes) -> Library:
         started = time.perf_counter()
-        mod, output_names, artifacts, report = self.lower(model, input_shapes)
-        library = self.link(mod, artifacts, output_names, report)
-        library.build_stats["seconds"] = round(time.perf_counter() - started, 2)
-        (self.workdir / "build_stats.json").write_text(json.dumps(library.build_stats, indent=2, sort_keys=True))
+        try:
+            with self.workdir_lock():
+                mod, output_names, artifacts, report = self.lower(model, input_shapes)
+                library = self.link(mod, artifacts, output_names, report)
+                library.build_stats["seconds"] = round(time.perf_counter() - started, 2)
+                (self.workdir / "build_stats.json").write_text(json.dumps(library.build_stats, indent=2,
+                                                                          sort_keys=True))
+        except BuildError:
+            raise  # a compiler or link error points into the workdir (its sources, its rerun command): keep it
+        except BaseException:
+            self.remove_temporary_workdir()
+            raise
         return library
 
     def lower(self, model, input_shapes):
@@ -130,6 +235,7 @@ class _Builder:
 
     def import_model(self, model, input_shapes):
         if isinstance(model, IRModule):
+            check_module(model)
             mod = model
         else:
             from .frontend.onnx import from_onnx
@@ -372,6 +478,25 @@ class _Builder:
         link_shared(objects, output, link_flags, libraries, workdir=self.workdir)
         library = Library(path=output, workdir=self.workdir, metadata=json.loads(metadata), report=report,
                           sidecar=sidecar, memory=plan.memory_plan.summary() if plan.memory_plan else {},
-                          build_stats=self.compile_stats(compiled, unit_backends))
+                          build_stats=self.compile_stats(compiled, unit_backends),
+                          file_states={str(path): _file_state(path) for path in (output, sidecar) if path})
         (self.workdir / "metadata.json").write_text(json.dumps(library.metadata, indent=2, sort_keys=True))
         return library
+
+
+def check_module(mod: IRModule):
+    """A ModelError unless `mod` has what build() runs: a function @main with a body that
+    no backend claims (the host code calls it; its calls reach the other globals)."""
+    from .ir.printer import format_global_name
+    if "main" not in mod:
+        names = ", ".join(format_global_name(name) for name in mod.functions) or "no functions"
+        raise ModelError(f"the module has no function @main (it has {names}); expected @main, the entry "
+                         f"function the built library runs")
+    main = mod["main"]
+    if main.is_extern:
+        raise ModelError("@main is an extern declaration (no body); expected @main to be a function with a "
+                         "body: the entry function the built library runs")
+    if main.attrs.get("Compiler") is not None:
+        raise ModelError(f"@main has Compiler={str(main.attrs['Compiler'])!r}; expected the entry function "
+                         f"without a Compiler attribute: give the backend's code a global function of its "
+                         f"own and call it from @main")

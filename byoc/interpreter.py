@@ -26,7 +26,18 @@ def interpret(mod, *args, entry: str = "main", **kwargs):
     (a float64 array for a float32 parameter is accepted, a float array for an int
     parameter is not). Returns an array, or a tuple for a tuple result.
     """
-    func = mod if isinstance(mod, Function) else mod[entry]
+    if isinstance(mod, Function):
+        func = mod
+    elif isinstance(mod, IRModule):
+        if not isinstance(entry, str) or entry not in mod:
+            raise InterpreterError(f"entry {entry!r}: the module has no such function; it has "
+                                   f"{', '.join(mod.functions) or 'none'}")
+        func = mod[entry]
+    else:
+        what = "None" if mod is None else f"{type(mod).__name__} {mod!r:.60}"
+        raise InterpreterError(f"interpret: expected an IRModule or a Function, got {what}; an ONNX model "
+                               f"(a path, bytes or ModelProto) is imported first: "
+                               f"byoc.interpret(byoc.from_onnx(model), ...)")
     module = mod if isinstance(mod, IRModule) else None
     values = _bind_inputs(func, args, kwargs)
     return _Interpreter(module).run_function(func, values)

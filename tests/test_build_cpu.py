@@ -333,3 +333,159 @@ def test_export_library_paths_and_weights_path_for_embedded_weights(tmp_path, bu
     with pytest.raises(ByocRuntimeError, match="embeds its weights; weights_path="):
         byoc.runtime.load(built_models["mlp"], weights_path=tmp_path / "w.safetensors")
 
+
+
+# ---------------------------------------------------------------- work directories and IRModule input
+
+TINY = """
+def @main(%x: Tensor[(4,), float32]) -> Tensor[(4,), float32] {
+  %y = OP(%x)
+  return %y
+}"""
+
+
+def _tiny(op="relu"):
+    return byoc.ir.parse(TINY.replace("OP", op))
+
+
+def test_a_workdir_in_use_by_another_build_is_refused(tmp_path):
+    import fcntl
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    with open(workdir / ".byoc.lock", "a") as lock:  # what a build in progress holds
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(byoc.BuildError, match=f"workdir {re.escape(str(workdir))} is in use by another build"):
+            byoc.build(_tiny(), config="cpu", workdir=str(workdir))
+    library = byoc.build(_tiny(), config="cpu", workdir=str(workdir))  # released: builds
+    np.testing.assert_array_equal(library.load().run(np.array([-1, 2, -3, 4], np.float32)), [0, 2, 0, 4])
+
+
+def test_threads_building_into_one_workdir_one_builds_the_other_is_refused(tmp_path):
+    import threading
+    results, errors = {}, {}
+
+    def build(op):
+        try:
+            results[op] = byoc.build(_tiny(op), config="cpu", workdir=str(tmp_path / "w"))
+        except byoc.BuildError as error:
+            errors[op] = error
+
+    threads = [threading.Thread(target=build, args=(op,)) for op in ("relu", "exp")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    # Never both failing at the link (as before the lock): one builds; the other is refused
+    # while it runs, or builds after it (then only its library is in the workdir).
+    assert len(results) + len(errors) == 2 and results
+    assert all("is in use by another build" in str(error) for error in errors.values())
+    x = np.array([-1, 2, -3, 4], np.float32)
+    loaded = 0
+    for op, library in results.items():
+        try:
+            module = library.load()
+        except byoc.BuildError as error:
+            assert len(results) == 2 and "was rebuilt since this Library was made" in str(error)
+            continue
+        np.testing.assert_allclose(module.run(x), np.maximum(x, 0) if op == "relu" else np.exp(x), rtol=1e-6)
+        loaded += 1
+    assert loaded == 1
+
+
+def test_a_library_whose_workdir_was_rebuilt_is_refused_not_swapped(tmp_path):
+    workdir = str(tmp_path / "w")
+    x = np.array([-1, 2, -3, 4], np.float32)
+    first = byoc.build(_tiny("relu"), config="cpu", workdir=workdir)
+    second = byoc.build(_tiny("negative"), config="cpu", workdir=workdir)
+    assert first.build_id != second.build_id
+    expected = (f"workdir {re.escape(workdir)} was rebuilt since this Library was made: its model.so is no longer "
+                f"build {first.build_id}; export it before building again into the same workdir")
+    with pytest.raises(byoc.BuildError, match=expected):
+        first.load()
+    with pytest.raises(byoc.BuildError, match=expected):
+        first.export_library(tmp_path / "first.so")
+    assert not (tmp_path / "first.so").exists()
+    np.testing.assert_array_equal(second.load().run(x), -x)
+    # building the first model again puts its build back: the Library is right again
+    byoc.build(_tiny("relu"), config="cpu", workdir=workdir)
+    np.testing.assert_array_equal(load(first.export_library(tmp_path / "first.so")).run(x), np.maximum(x, 0))
+
+
+def test_a_read_only_workdir_is_a_config_error(tmp_path, monkeypatch):
+    import os
+    import tempfile
+    workdir = tmp_path / "read_only"
+    workdir.mkdir()
+    workdir.chmod(0o555)
+    if os.geteuid() == 0:  # root writes anywhere: make the probe meet what another user would
+        def refuse(*args, **kwargs):
+            raise PermissionError(13, "Permission denied")
+        monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    try:
+        with pytest.raises(byoc.ConfigError, match=f"workdir {re.escape(str(workdir))} is not writable "
+                                                   r"\(Permission denied\)"):
+            byoc.build(_tiny(), config="cpu", workdir=str(workdir))
+    finally:
+        workdir.chmod(0o755)
+
+
+def test_a_failed_build_removes_its_temporary_workdir_only(tmp_path, monkeypatch):
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(byoc.ModelError):
+        byoc.build(byoc.ir.parse(TINY.replace("@main", "@f").replace("OP", "relu")), config="cpu")
+    assert list(tmp_path.iterdir()) == []
+    library = byoc.build(_tiny(), config="cpu")  # a successful one stays: the Library lives there
+    assert library.workdir.parent == tmp_path and library.path.exists()
+    own = tmp_path / "own"
+    with pytest.raises(byoc.ModelError):
+        byoc.build(byoc.ir.parse(TINY.replace("@main", "@f").replace("OP", "relu")), config="cpu", workdir=str(own))
+    assert own.is_dir()  # a workdir the user named is left for them to look into
+    for path in tmp_path.iterdir():
+        shutil.rmtree(path)
+    with pytest.raises(byoc.BuildError, match="rerun"):  # a compiler error: its sources are kept to look into
+        byoc.build(_tiny(), config={"target": "cpu -march=no_such_cpu"})
+    kept = list(tmp_path.iterdir())
+    assert len(kept) == 1 and (kept[0] / "build.ninja").exists()
+
+
+EXTERN_CALL = """
+def @main(%x: Tensor[(4,), float32]) -> Tensor[(4,), float32] {
+  %y = @k(%x)
+  return %y
+}
+
+def @k(%p: Tensor[(4,), float32]) -> Tensor[(4,), float32] [Compiler="BACKEND"] {
+  %r = relu(%p)
+  return %r
+}"""
+
+
+@pytest.mark.parametrize("text, error, pattern", [
+    (TINY.replace("@main", "@f").replace("OP", "relu"), byoc.ModelError,
+     r"the module has no function @main \(it has @f\); expected @main"),
+    ("def @main(%x: Tensor[(4,), float32]) -> Tensor[(4,), float32] [Extern=1];", byoc.ModelError,
+     r"@main is an extern declaration \(no body\); expected @main to be a function with a body"),
+    (TINY.replace("OP", "relu").replace("float32] {", 'float32] [Compiler="builtin"] {', 1), byoc.ModelError,
+     r"@main has Compiler='builtin'; expected the entry function without a Compiler attribute"),
+    (EXTERN_CALL.replace("BACKEND", "cutlass"), byoc.BuildError,
+     r"@k \(Compiler='cutlass'\) name a backend this build does not configure; the configured backends are "
+     r"builtin"),
+    (EXTERN_CALL.replace("BACKEND", "nope"), byoc.BuildError,
+     r"@k \(Compiler='nope'\) name a backend this build does not configure"),
+    (EXTERN_CALL.replace("BACKEND", "builtin").replace("@k", "@malloc"), byoc.BuildError,
+     r"@malloc \(Compiler='builtin'\): it names a function or object of the C library"),
+])
+def test_irmodule_input_errors_are_named(tmp_path, text, error, pattern):
+    with pytest.raises(error, match=pattern):
+        byoc.build(byoc.ir.parse(text), config="cpu", workdir=str(tmp_path / "w"))
+
+
+def test_interpret_names_what_it_needs():
+    from byoc.interpreter import InterpreterError
+    for model, shown in ((None, "None"), (b"\x08\x07", "bytes"), ("m.onnx", "str 'm.onnx'")):
+        with pytest.raises(InterpreterError, match=rf"interpret: expected an IRModule or a Function, got {shown}.*"
+                                                   r"byoc\.interpret\(byoc\.from_onnx\(model\), \.\.\.\)"):
+            byoc.interpret(model, np.zeros(4, np.float32))
+    with pytest.raises(InterpreterError, match=r"entry 'nope': the module has no such function; it has main"):
+        byoc.interpret(_tiny(), np.zeros(4, np.float32), entry="nope")

@@ -480,7 +480,7 @@ def test_run_codegen_names_a_function_no_artifact_implements():
     forgetful = lambda functions, target: [Artifact("test", "object", symbols=[])]
     with registered(name="test", flavor="csource", patterns=[], codegen=forgetful):
         with pytest.raises(byoc.BuildError, match=f"no artifact implements extern function\\(s\\) {symbol} \\(test\\)"):
-            run_codegen(outlined, {})
+            run_codegen(outlined, None)
     declared = parse("""
 def @main(%x: Tensor[(4,), float32]) -> Tensor[(4,), float32] {
   %y = @lonely(%x)
@@ -490,6 +490,96 @@ def @main(%x: Tensor[(4,), float32]) -> Tensor[(4,), float32] {
 def @lonely(%a: Tensor[(4,), float32]) -> Tensor[(4,), float32] [Extern=1];""")
     with pytest.raises(byoc.BuildError, match="lonely \\(extern declaration\\)"):
         run_codegen(declared, {})
+
+
+EXTERN_NAMED = """
+def @main(%x: Tensor[(4,), float32]) -> Tensor[(4,), float32] {
+  %y = NAME(%x)
+  return %y
+}
+
+def NAME(%p: Tensor[(4,), float32]) -> Tensor[(4,), float32] [Compiler="test"] {
+  %r = relu(%p)
+  return %r
+}"""
+
+
+def _named(name):
+    from byoc.ir.printer import format_global_name
+    return parse(EXTERN_NAMED.replace("NAME", format_global_name(name)))
+
+
+@pytest.mark.parametrize("name, reason", [
+    ("../escape", "it is not a C identifier"),
+    ('a"b*/\n#x', "it is not a C identifier"),
+    ("class", r"it is a C/C\+\+ keyword"),
+    ("int", r"it is a C/C\+\+ keyword"),
+    ("byoc_model_run", "names starting with 'byoc_' are reserved for the runtime ABI"),
+    ("malloc", "it names a function or object of the C library"),
+    ("write", "it names a function or object of the C library"),
+    ("_start", "reserved to the C/C\\+\\+ implementation"),
+    ("kMetadata", "already defines it"),
+    ("std", "already defines it"),
+    ("cudaMalloc", "already defines it"),
+])
+def test_run_codegen_refuses_extern_names_that_cannot_be_c_symbols(tmp_path, name, reason):
+    from byoc.ir.printer import format_global_name
+    from byoc.transform import run_codegen
+    calls = []
+    with registered(name="test", flavor="csource", patterns=[], codegen=lambda f, t: calls.append(f) or []):
+        with pytest.raises(byoc.BuildError, match=re.escape(f"{format_global_name(name)} (Compiler='test'): ")
+                           + ".*" + reason + r".*Expected a C identifier \(\[A-Za-z_\]\[A-Za-z0-9_\]\*\)"):
+            run_codegen(_named(name), {"test": None})
+        assert calls == []  # refused before any backend wrote a file named after it
+
+
+def test_run_codegen_checks_extern_declarations_and_passes_the_partitioners_names():
+    from byoc.transform import run_codegen
+    from byoc.transform.run_codegen import symbol_name_problem
+    declared = parse("""
+def @main(%x: Tensor[(4,), float32]) -> Tensor[(4,), float32] {
+  %y = @free(%x)
+  return %y
+}
+
+def @free(%a: Tensor[(4,), float32]) -> Tensor[(4,), float32] [Extern=1];""")
+    with pytest.raises(byoc.BuildError, match=r"@free \(Extern=1\): it names a function or object of the C library"):
+        run_codegen(declared, {})
+    # what OutlineCompilerFunctions names (<backend>_<12 hex digits>) and plain names pass
+    outlined = outline_compiler_functions(parse(INLINED.replace("EXTRA", "")))
+    assert all(symbol_name_problem(name) is None for name in outlined.functions if name != "main")
+    for name in ("builtin_3f2a9c01b4de", "cublaslt_0123456789ab", "cutlass_abcdef012345", "kernel", "gemm_1"):
+        assert symbol_name_problem(name) is None, name
+
+
+def test_reserved_names_cover_what_the_host_code_defines():
+    """The host template's names at namespace scope (other than byoc_ ones) are reserved:
+    an extern function of that name would not compile, or would be called in their place."""
+    from pathlib import Path
+    from byoc.transform.run_codegen import RESERVED_NAMES
+    template = (Path(byoc.__file__).resolve().parent.parent / "templates" / "host" / "model.cc.j2").read_text()
+    defined = set()
+    for line in template.splitlines():
+        if line[:1].isspace() or line.startswith(("extern", "BYOC_EXPORT", "namespace", "#", "}", "{", "//")):
+            continue
+        match = re.match(r"(?:[\w:<>]+[\s*&]+)+(\w+)\s*[\[({=;]", line)
+        if match:
+            defined.add(match.group(1))
+    defined = {name for name in defined if not name.startswith("byoc_")}
+    assert {"fail", "kMetadata", "last_error", "run_calls"} <= defined
+    assert defined <= RESERVED_NAMES, sorted(defined - RESERVED_NAMES)
+
+
+def test_run_codegen_refuses_a_compiler_this_build_does_not_configure():
+    from byoc.transform import run_codegen
+    outlined, symbol = _outlined_and_marked()
+    calls = []
+    with registered(name="test", flavor="csource", patterns=[], codegen=lambda f, t: calls.append(f) or []):
+        with pytest.raises(byoc.BuildError, match=f"function\\(s\\) @{symbol} \\(Compiler='test'\\) name a backend "
+                                                  f"this build does not configure; the configured backends are "
+                                                  f"builtin, cutlass"):
+            run_codegen(outlined, {"builtin": None, "cutlass": None})
+    assert calls == []
 
 
 def _run_both(before, after, x=None):

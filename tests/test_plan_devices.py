@@ -301,6 +301,112 @@ def @main({PARAMS}) -> {T} {{
         pin_devices(parse(before), [{"node": "nope", "device": "cpu"}], "cuda")
 
 
+SPLIT = """
+def @main(%x: Tensor[(4, 6), float32]) -> Tensor[(4, 2), float32] {
+  %t = split(%x, axis=-1, sizes=[2, 2, 2])
+  %q = %t.0
+  %k = %t.1
+  %s = add(%q, %k)
+  return %s
+}"""
+
+
+def _pinned_ops(mod) -> list:
+    """(result name, op, device) of each pinned function bound in main."""
+    functions = {b.var: b.value for b in mod["main"].bindings if isinstance(b.value, byoc.ir.Function)}
+    return [(b.var.name_hint, functions[b.value.op].bindings[0].value.op.name, functions[b.value.op].attrs["Device"])
+            for b in mod["main"].bindings if getattr(b.value, "op", None) in functions]
+
+
+@pytest.mark.parametrize("pin, pinned", [
+    ({"op": "split"}, [("t_0", "strided_slice", "cpu"), ("t_1", "strided_slice", "cpu"),
+                       ("t_2", "strided_slice", "cpu")]),
+    ({"node": "t"}, [("t_0", "strided_slice", "cpu"), ("t_1", "strided_slice", "cpu"),
+                     ("t_2", "strided_slice", "cpu")]),
+    ({"node": "q"}, [("t_0", "strided_slice", "cpu")]),  # a tuple item of a split: its piece
+    ({"node": "t_1"}, [("t_1", "strided_slice", "cpu")]),  # a piece, as partitioned.ir prints it
+    ({"op": "strided_slice"}, []),  # the pieces of a split answer to op split only
+])
+def test_pin_devices_pins_splits_through_their_pieces(pin, pinned):
+    from byoc.transform.pin_devices import pin_devices
+    result = pin_devices(parse(SPLIT), [{**pin, "device": "cpu"}], "cuda")
+    assert _pinned_ops(result) == pinned
+    if pinned:
+        assert "split(" not in result.script()
+    x = np.arange(24, dtype=np.float32).reshape(4, 6)
+    np.testing.assert_array_equal(interpret(result, x), interpret(parse(SPLIT), x))
+
+
+def test_a_pinned_split_builds_for_cuda(tmp_path):
+    """Pinning ran before LowerSplit: the cpu split reached the builtin codegen whole
+    ("op 'split' has no shim emitter")."""
+    from byoc.build import _Builder
+    config = byoc.config.load_config("cpu", overrides={"target": "cuda -arch=sm_90", "workdir": str(tmp_path),
+                                                        "devices": {"pin": [{"op": "split", "device": "cpu"}]}})
+    builder = _Builder(config)
+    mod, *_ = builder.lower(parse(SPLIT), None)
+    assert sorted(str(device) for device in builder.devices.values()) == ["cpu", "cpu", "cuda"]
+    assert mod.script().count("device_copy(") == 3  # x to the host, both pieces back
+
+
+@pytest.mark.parametrize("pins, pattern", [
+    ([{"op": "softmax", "device": "cpu"}, {"op": "exp", "device": "cpu"}, {"op": "softmax", "device": "cuda"}],
+     r"devices\.pin\[0\] \(op 'softmax', device cpu\) and devices\.pin\[2\] \(op 'softmax', device cuda\) pin "
+     r"the same op to different devices"),
+    ([{"node": "s", "device": "cpu"}, {"node": "s", "device": "cuda"}],
+     r"devices\.pin\[0\] \(node 's', device cpu\) and devices\.pin\[1\] \(node 's', device cuda\) pin the same "
+     r"node to different devices"),
+    ([{"node": "q", "device": "cpu"}, {"node": "t", "device": "cuda"}],
+     r"devices\.pin\[0\] \(node 'q', device cpu\) and devices\.pin\[1\] \(node 't', device cuda\) both pin "
+     r"%t_0 \(a piece of a split\) to different devices"),
+])
+def test_conflicting_pins_name_both(pins, pattern):
+    from byoc.transform.pin_devices import pin_devices
+    text = SPLIT.replace("%s = add(%q, %k)", "%a = add(%q, %k)\n  %s = softmax(%a)")
+    with pytest.raises(ConfigError, match=pattern):
+        pin_devices(parse(text), pins, "cuda")
+    same = [{"op": "softmax", "device": "cpu"}, {"op": "softmax", "device": "cpu"}]
+    assert _pinned_ops(pin_devices(parse(text), same, "cuda")) == [("s", "softmax", "cpu")]
+
+
+def test_node_pins_on_what_no_op_call_computes_are_refused():
+    from byoc.transform.pin_devices import pin_devices
+    text = f"""
+def @main({PARAMS}) -> {T} {{
+  %a = add(%x, %y)
+  %t = (%a, %x)
+  %i = %t.0
+  %n = on_device(%i, device="cpu")
+  %r = relu(%n)
+  return %r
+}}"""
+    for node, what in (("i", "is item 0 of a tuple"), ("t", "is a tuple"), ("n", "is an on_device annotation")):
+        with pytest.raises(ConfigError, match=rf"devices\.pin\[0\] \(node '{node}', device cpu\): '{node}' {what}.*only an op call can be "
+                                              rf"pinned"):
+            pin_devices(parse(text), [{"node": node, "device": "cpu"}], "cuda")
+    with pytest.raises(ConfigError, match=r"no node named 'x' in main.*'x' is an input of main, not a node"):
+        pin_devices(parse(text), [{"node": "x", "device": "cpu"}], "cuda")
+    with pytest.raises(ConfigError, match=r"no node named 'ii' in main.*; did you mean 'i'\?"):
+        pin_devices(parse(text), [{"node": "ii", "device": "cpu"}], "cuda")
+
+
+def test_node_pins_take_the_model_name_or_the_printed_name():
+    """ONNX `probs"x` prints as %probs_x: either names the node."""
+    from byoc.ir import FunctionBuilder
+    from byoc.transform.pin_devices import pin_devices
+    with FunctionBuilder() as builder:
+        x = builder.param("x", (4,))
+        probs = builder.call("softmax", x, name='probs"x')
+        builder.ret(builder.call("exp", probs, name="out"))
+    mod = builder.module()
+    assert "%probs_x = softmax" in mod.script()
+    for name in ('probs"x', "probs_x"):
+        result = pin_devices(mod, [{"node": name, "device": "cpu"}], "cuda")
+        assert _pinned_ops(result) == [('probs"x', "softmax", "cpu")]
+    with pytest.raises(ConfigError, match=r"pin the same node to different devices"):
+        pin_devices(mod, [{"node": 'probs"x', "device": "cpu"}, {"node": "probs_x", "device": "cuda"}], "cuda")
+
+
 # ---------------------------------------------------------------- the devices config section
 
 
