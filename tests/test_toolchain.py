@@ -1,13 +1,19 @@
 """Toolchain: build.ninja (readable, rerunnable by hand), parallel compile, the object
 cache, compiler and linker errors, the link, and finding nvcc and CUTLASS."""
 import ctypes
+import importlib.metadata
+import importlib.util
 import os
+import re
 import shutil
 import subprocess
+import types
+import warnings
 
 import pytest
 
 import byoc
+import byoc.toolchain.cache as cache_module
 import byoc.toolchain.compiler as compiler
 from byoc.target import Target
 from byoc.toolchain import CompileUnit, compile_units, cutlass_include_dirs, find_ninja, find_nvcc, link_shared
@@ -200,3 +206,181 @@ def test_nvcc_error_names_file_and_line(tmp_path):
         compile_units([CompileUnit(source, "cuda", Target("cuda").nvcc_flags(), "broken.o")], tmp_path / "work")
     message = str(info.value)
     assert str(source) in message and "undefined_thing" in message and "error" in message
+
+
+# ---- failed compiles, package versions in the key, an unusable cache -------------------------
+
+def _fake_cxx(tmp_path, monkeypatch):
+    """A g++ on PATH that, while $FAKE_CXX_FAIL is set, writes half an object and fails
+    (as a compiler killed mid-write, or one that fails late, does); else the real g++."""
+    real = shutil.which("g++") or shutil.which("c++")
+    fake = tmp_path / "fakebin" / "g++"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\n'
+                    'if [ -n "$FAKE_CXX_FAIL" ]; then\n'
+                    '  output=""; previous=""\n'
+                    '  for argument in "$@"; do\n'
+                    '    [ "$previous" = "-o" ] && output="$argument"; previous="$argument"\n'
+                    '  done\n'
+                    '  if [ -n "$output" ]; then printf "\\177ELF half" > "$output"; fi\n'
+                    '  echo "fake.cc:1:1: error: the fake compiler failed" >&2; exit 1\n'
+                    'fi\n'
+                    f'exec {real} "$@"\n')
+    fake.chmod(0o755)
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    return fake
+
+
+def test_a_failed_compile_leaves_no_object_in_the_cache_or_the_workdir(tmp_path, monkeypatch, cache):
+    _fake_cxx(tmp_path, monkeypatch)
+    monkeypatch.setenv("FAKE_CXX_FAIL", "1")
+    first = tmp_path / "first"
+    units = _write_sources(first)
+    with pytest.raises(byoc.BuildError) as info:
+        compile_units(units, first, jobs=2)
+    message = str(info.value)
+    # Both sources named (the compiler wrote an object for each, yet failed), with the rerun.
+    assert f"compiling {first / 'a.cc'}, {first / 'b.cc'} failed" in message
+    assert f"rerun: ninja -C {first} obj/a.o obj/b.o" in message and "the fake compiler failed" in message
+    assert not (first / "obj" / "a.o").exists() and not (first / "obj" / "b.o").exists()
+    assert not list(cache.rglob("*.o"))
+
+    # The same compiler, working again: another directory compiles afresh (nothing half
+    # written comes from the cache), and the first directory's build.ninja rebuilds by hand.
+    monkeypatch.delenv("FAKE_CXX_FAIL")
+    second = tmp_path / "second"
+    ran = []
+    library = _build(second, _write_sources(second), progress=ran.append)
+    assert len(ran) == 2 and ctypes.CDLL(str(library)).twice() == 84
+    subprocess.run([find_ninja(), "-C", str(first)], check=True, capture_output=True)
+    assert (first / "obj" / "a.o").stat().st_size > 100
+
+
+def test_only_the_failed_edge_is_dropped(tmp_path, cache):
+    good = tmp_path / "good.cc"
+    good.write_text("int good() { return 1; }\n")
+    broken = tmp_path / "broken.cc"
+    broken.write_text("int broken() { return missing_name; }\n")
+    units = [CompileUnit(good, "cxx", ["-O0"], "good.o"), CompileUnit(broken, "cxx", ["-O0"], "broken.o")]
+    with pytest.raises(byoc.BuildError, match=r"compiling \S*broken\.cc failed .*rerun: ninja -C \S+ obj/broken\.o\)"):
+        compile_units(units, tmp_path / "work")
+    assert (tmp_path / "work" / "obj" / "good.o").is_file() and not (tmp_path / "work" / "obj" / "broken.o").exists()
+    assert len(list(cache.rglob("*.o"))) == 1
+
+
+def test_failed_outputs_reads_both_ninja_formats():
+    output = ("FAILED: obj/a.o \ng++ -c a.cc -o obj/a.o\nerror\n"
+              "FAILED: [code=1] obj/dir with space/b.o \nFAILED: [code=-9] obj/c.o\nFAILED: obj/unknown.o\n")
+    assert compiler.failed_outputs(output, ["obj/a.o", "obj/dir with space/b.o", "obj/c.o", "obj/d.o"]) == \
+        {"obj/a.o", "obj/dir with space/b.o", "obj/c.o"}
+
+
+def test_ninja_failing_without_naming_an_edge_trusts_no_object(tmp_path, monkeypatch, cache):
+    work = tmp_path / "work"
+    units = _write_sources(work)
+
+    def interrupted_ninja(workdir, targets, jobs=None, progress=None):
+        for target in targets:
+            (workdir / target).write_bytes(b"\x7fELF half")
+        return 2, "ninja: build stopped: interrupted by user.\n"
+    monkeypatch.setattr(compiler, "run_ninja", interrupted_ninja)
+    with pytest.raises(byoc.BuildError, match=r"(?s)ninja failed \(exit code 2\) while compiling \S+a\.cc, \S+b\.cc "
+                                              r"\(commands in .*interrupted by user"):
+        compile_units(units, work)
+    assert not list((work / "obj").glob("*.o")) and not list(cache.rglob("*.o"))
+
+    monkeypatch.setattr(compiler, "run_ninja", lambda *args, **kwargs: (0, ""))
+    with pytest.raises(byoc.BuildError, match=r"compiling \S+a\.cc, \S+b\.cc succeeded but wrote no object"):
+        compile_units(units, work)
+
+
+@pytest.fixture
+def fresh_package_lookups():
+    """The per-process lookups of installed packages, forgotten before and after."""
+    cache_module.installed_packages_changed()
+    yield
+    cache_module.installed_packages_changed()
+
+
+def _fake_package(site, version):
+    """A pip package `fakeheaders` with include/fake.h, installed in `site`."""
+    (site / "fakeheaders" / "include").mkdir(parents=True, exist_ok=True)
+    (site / "fakeheaders" / "include" / "fake.h").write_text("#define FAKE_VALUE 5\n")
+    info = site / "fakeheaders-1.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: fakeheaders\nVersion: {version}\n")
+    (info / "RECORD").write_text("fakeheaders/include/fake.h,,\nfakeheaders-1.dist-info/METADATA,,\n")
+    return site / "fakeheaders" / "include"
+
+
+def test_pip_package_versions_key_the_cache(tmp_path, monkeypatch, fresh_package_lookups):
+    site = tmp_path / "site"
+    include = _fake_package(site, "1.0")
+    monkeypatch.syspath_prepend(str(site))
+    source = tmp_path / "uses_fake.cc"
+    source.write_text('#include <fake.h>\nextern "C" int fake() { return FAKE_VALUE; }\n')
+    units = [CompileUnit(source, "cxx", ["-fPIC", f"-I{include}"], "uses_fake.o")]
+    assert cache_module.package_versions([include]) == "fakeheaders==1.0"
+    ran = []
+    compile_units(units, tmp_path / "one", progress=ran.append)
+    compile_units(units, tmp_path / "two", progress=ran.append)
+    assert len(ran) == 1  # the second build came from the cache
+    # Upgraded in place (same files, same paths): the objects are compiled again.
+    _fake_package(site, "2.0")
+    cache_module.installed_packages_changed()
+    assert cache_module.package_versions([include]) == "fakeheaders==2.0"
+    compile_units(units, tmp_path / "three", progress=ran.append)
+    assert len(ran) == 2
+
+
+def test_cutlass_and_nvidia_packages_and_the_compiler_key_the_cache(tmp_path, monkeypatch):
+    if importlib.util.find_spec("cutlass_library") is not None:
+        versions = cache_module.package_versions(cutlass_include_dirs())
+        assert f"nvidia-cutlass=={importlib.metadata.version('nvidia-cutlass')}" in versions.splitlines()
+    pip_cuda = compiler._pip_cuda_library_dir("cublasLt.h")
+    if pip_cuda is not None:
+        assert "nvidia-cublas==" in cache_module.package_versions([pip_cuda[0]])
+    assert cache_module.package_versions([tmp_path, "/nonexistent/include"]) == ""
+    # The compiler's version is in the key too.
+    source = tmp_path / "a.cc"
+    source.write_text("int a() { return 1; }\n")
+    unit = CompileUnit(source, "cxx", ["-O2"], "a.o")
+    command = compiler._command(unit, str(source), "obj/a.o")
+    key = compiler._cache_key(unit, command, tmp_path)
+    monkeypatch.setattr(compiler, "compiler_version", lambda name: "g++ (a newer release) 99.1")
+    assert compiler._cache_key(unit, command, tmp_path) != key
+
+
+def _unusable_cache(kind, tmp_path, monkeypatch):
+    if kind == "a file":
+        path = tmp_path / "cache_file"
+        path.write_text("not a directory\n")
+    elif kind == "under /proc":
+        path = "/proc/byoc-object-cache"
+    else:  # read-only: chmod does not stop root, so the copy into it is refused instead
+        path = tmp_path / "readonly"
+        path.mkdir()
+        path.chmod(0o555)
+        if os.geteuid() == 0:
+            def refused(source, destination, **kwargs):
+                raise PermissionError(13, "Permission denied", str(destination))
+            monkeypatch.setattr(cache_module, "shutil", types.SimpleNamespace(
+                copyfile=refused, copyfileobj=shutil.copyfileobj))
+    monkeypatch.setenv("BYOC_CACHE_DIR", str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("kind", ["a file", "under /proc", "read-only"])
+def test_an_unusable_cache_directory_warns_once_and_builds(kind, tmp_path, monkeypatch):
+    path = _unusable_cache(kind, tmp_path, monkeypatch)
+    work = tmp_path / "work"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        library = _build(work, _write_sources(work))
+        assert ctypes.CDLL(str(library)).twice() == 84
+        compile_units(_write_sources(tmp_path / "again"), tmp_path / "again")
+    messages = [str(w.message) for w in caught if issubclass(w.category, cache_module.CacheWarning)]
+    assert len(messages) == 1, messages
+    assert f"BYOC_CACHE_DIR={path}" in messages[0] and "building without it" in messages[0]
+    assert re.search(r"Not a directory|No such file|Permission denied|Read-only", messages[0])

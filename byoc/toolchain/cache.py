@@ -2,17 +2,29 @@
 
 The key of an object is the sha256 of its compile command, the compiler's version, the
 source, and every file the source includes with quotes (found next to it or in its -I
-directories), recursively; headers included with angle brackets belong to installed
-packages, whose versions enter through the command (include paths) and `extra_key`.
+directories), recursively. Headers included with angle brackets belong to the compiler,
+the CUDA toolkit (whose nvcc's version is in the key) or pip packages (CUTLASS from
+nvidia-cutlass, cuBLASLt from nvidia-cublas ...): the versions of the pip packages whose
+include directories a command names enter the key through `extra_key`
+(`package_versions`), so upgrading one in place does not reuse stale objects.
+
+A cache directory that cannot be used (read-only, a file, under /proc ...) is not an
+error: builds go on without it, after one warning that names $BYOC_CACHE_DIR.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.metadata
 import os
 import re
 import shutil
+import warnings
 from pathlib import Path
 
+# Changing how keys are made, or what may be stored, changes this: earlier entries are
+# then never matched (format 1 could hold objects of failed compiles).
+_KEY_FORMAT = "byoc object cache 2"
 _QUOTED_INCLUDE = re.compile(rb'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
 
 
@@ -21,15 +33,107 @@ def cache_dir() -> Path:
     return Path(root) / "objects"
 
 
+class CacheWarning(UserWarning):
+    """The object cache could not be used; the build goes on without it."""
+
+
+_warned_about = set()  # cache directories already warned about in this process
+
+
+def _cache_unusable(error: OSError, doing: str):
+    """Warn (once per cache directory and process) that the cache is skipped, and why."""
+    directory = cache_dir()
+    if directory in _warned_about:
+        return
+    _warned_about.add(directory)
+    reason = error.strerror or type(error).__name__
+    where = f" ({error.filename})" if error.filename else ""
+    variable = (f"BYOC_CACHE_DIR={os.environ['BYOC_CACHE_DIR']}" if os.environ.get("BYOC_CACHE_DIR")
+                else "the default cache directory (set BYOC_CACHE_DIR to choose another)")
+    warnings.warn(f"byoc's object cache {directory} cannot be used ({doing}: {reason}{where}); "
+                  f"building without it. Check {variable}: it must be a writable directory.",
+                  CacheWarning, stacklevel=3)
+
+
 def include_dirs(flags) -> list[Path]:
-    """The -I directories named in a command."""
+    """The include directories (-I, -isystem) named in a command."""
     dirs = []
     for index, flag in enumerate(flags):
-        if flag.startswith("-I") and len(flag) > 2:
-            dirs.append(Path(flag[2:]))
-        elif flag == "-I" and index + 1 < len(flags):
-            dirs.append(Path(flags[index + 1]))
+        for option in ("-I", "-isystem"):
+            if flag.startswith(option) and len(flag) > len(option):
+                dirs.append(Path(flag[len(option):]))
+            elif flag == option and index + 1 < len(flags):
+                dirs.append(Path(flags[index + 1]))
     return dirs
+
+
+# A line of a distribution's file list (RECORD, or SOURCES.txt of an editable install):
+# its first directory, and its second when the file lies deeper.
+_LISTED_DIRECTORIES = re.compile(r"^([^/,\n]+)/(?:([^/,\n]+)/)?", re.MULTILINE)
+
+
+@functools.lru_cache(maxsize=1)
+def _installed_distributions() -> tuple:
+    """(site directory, distribution, the directories its files lie in: 1- and 2-part
+    prefixes) of every installed distribution, read once per process (see
+    installed_packages_changed). The file lists are scanned as text: parsing them with
+    importlib.metadata costs three times more."""
+    found = []
+    for distribution in importlib.metadata.distributions():
+        try:
+            root = Path(distribution.locate_file("")).resolve()
+            listing = distribution.read_text("RECORD") or distribution.read_text("SOURCES.txt") or ""
+        except (OSError, ValueError, TypeError, UnicodeDecodeError):  # a broken install: not keyed on
+            continue
+        prefixes = set()
+        for first, second in _LISTED_DIRECTORIES.findall(listing.replace("\\", "/")):
+            prefixes.add((first,))
+            if second:
+                prefixes.add((first, second))
+        found.append((root, distribution, frozenset(prefixes)))
+    return tuple(found)
+
+
+@functools.lru_cache(maxsize=None)
+def _packages_providing(directory: Path) -> tuple:
+    """'name==version' of the pip packages whose files lie in `directory` (nvidia/cu13/include
+    is shared by several nvidia-* packages: all of them)."""
+    try:
+        directory = directory.resolve()
+    except OSError:
+        return ()
+    by_first, by_two = [], []
+    for root, distribution, prefixes in _installed_distributions():
+        try:
+            parts = directory.relative_to(root).parts
+        except ValueError:
+            continue
+        if parts and parts[:1] in prefixes:
+            by_first.append(distribution)
+            if len(parts) > 1 and parts[:2] in prefixes:
+                by_two.append(distribution)
+    packages = set()
+    for distribution in by_two or by_first:
+        try:
+            packages.add(f"{distribution.metadata['Name']}=={distribution.version}")
+        except (OSError, ValueError, TypeError):
+            continue
+    return tuple(sorted(packages))
+
+
+def installed_packages_changed():
+    """Forget the installed packages looked up so far (after installing in this process)."""
+    _installed_distributions.cache_clear()
+    _packages_providing.cache_clear()
+
+
+def package_versions(directories) -> str:
+    """The pip packages (name==version) that provide any of `directories`, one per line;
+    empty when none does. Looked up once per directory and process."""
+    packages = set()
+    for directory in directories:
+        packages.update(_packages_providing(Path(directory)))
+    return "\n".join(sorted(packages))
 
 
 def object_key(source: Path, command: list[str], compiler_version: str, extra_files=(), extra_key: str = "",
@@ -37,6 +141,7 @@ def object_key(source: Path, command: list[str], compiler_version: str, extra_fi
     """sha256 over the command, the compiler's version, `extra_key`, and the bytes of the
     source, of `extra_files` and of every local header they include (recursively)."""
     digest = hashlib.sha256()
+    digest.update(_KEY_FORMAT.encode())
     digest.update("\0".join(command).encode())
     digest.update(compiler_version.encode())
     digest.update(extra_key.encode())
@@ -66,20 +171,37 @@ def cached_object(key: str) -> Path:
 
 
 def fetch(key: str, destination: Path) -> bool:
-    """Copy the cached object for `key` to `destination`; False on a miss. A copy, not a
-    hard link: tools that rewrite an object in place would otherwise change the cache."""
-    cached = cached_object(key)
-    if not cached.is_file():
+    """Copy the cached object for `key` to `destination`; False on a miss, or when the
+    cache cannot be read (warned about once). A copy, not a hard link: tools that rewrite
+    an object in place would otherwise change the cache."""
+    try:
+        cached = open(cached_object(key), "rb")
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return False  # a miss (or no cache directory yet; `store` says if it cannot make one)
+    except OSError as error:
+        _cache_unusable(error, "reading an object")
         return False
+    # Errors writing `destination` belong to the work directory, not the cache: they propagate.
     destination.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(cached, destination)
+    with cached, open(destination, "wb") as copy:
+        shutil.copyfileobj(cached, copy)
     return True
 
 
 def store(key: str, built: Path):
-    """Put the object `built` in the cache under `key`."""
+    """Put the object `built` in the cache under `key`; when the cache cannot be written,
+    warn once and go on without it."""
     target = cached_object(key)
-    target.parent.mkdir(parents=True, exist_ok=True)
     temporary = target.with_suffix(f".{os.getpid()}.tmp")
-    shutil.copyfile(built, temporary)
-    os.replace(temporary, target)  # atomic: concurrent builds never see half a file
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(built, temporary)
+        os.replace(temporary, target)  # atomic: concurrent builds never see half a file
+    except OSError as error:
+        if error.filename is not None and Path(error.filename) == Path(built):
+            raise  # the object itself is unreadable: not the cache's fault
+        try:
+            temporary.unlink(missing_ok=True)
+        except OSError:
+            pass
+        _cache_unusable(error, "storing an object")

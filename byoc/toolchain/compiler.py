@@ -220,8 +220,11 @@ def _cache_key(unit: CompileUnit, command: list, workdir: Path) -> str:
     version = compiler_version(command[0])
     if unit.language == "cuda":
         version += compiler_version(find_cxx())  # nvcc compiles the host side with it
+    search_dirs = cache.include_dirs(command)
+    # Headers included with <...> from pip packages (CUTLASS, cuBLASLt) are not hashed:
+    # the packages' versions stand for them.
     return cache.object_key(unit.source, keyed_command, version, unit.dependencies,
-                            search_dirs=cache.include_dirs(command))
+                            extra_key=cache.package_versions(search_dirs), search_dirs=search_dirs)
 
 
 _ERROR_LINE = re.compile(r"\berror\b|undefined reference|cannot find|multiple definition|FAILED:|"
@@ -235,6 +238,21 @@ def first_error_lines(output: str, commands=(), limit: int = 10) -> str:
     lines = [line for line in output.splitlines() if line.strip() and line not in echoed]
     errors = [line for line in lines if _ERROR_LINE.search(line)]
     return "\n".join((errors or lines[-limit:])[:limit])
+
+
+# ninja announces each failed edge as "FAILED: obj/a.o" (1.13 and later: "FAILED: [code=1] obj/a.o").
+_FAILED_LINE = re.compile(r"^FAILED: (?:\[code=-?\d+\] )?(.*?) *$")
+
+
+def failed_outputs(ninja_output: str, outputs: list) -> set:
+    """The `outputs` whose ninja edges failed, as ninja's FAILED: lines name them."""
+    wanted = set(outputs)
+    failed = set()
+    for line in ninja_output.splitlines():
+        match = _FAILED_LINE.match(line)
+        if match and match.group(1) in wanted:
+            failed.add(match.group(1))
+    return failed
 
 
 def compile_units(units: list, workdir, jobs: int | None = None,
@@ -268,15 +286,33 @@ def compile_units(units: list, workdir, jobs: int | None = None,
         stats.update(units=len(units), compiled=sorted(index_of[o] for o in to_build), compile_seconds=0.0)
     if to_build:
         returncode, output_text = run_ninja(workdir, to_build, jobs, progress)
-        built = [output for output in to_build if (workdir / output).is_file()]
+        failed = failed_outputs(output_text, to_build)
+        headline = "compiling {} failed"
+        if returncode != 0 and not failed:
+            # ninja failed without naming an edge (interrupted, or its own error): no object
+            # of this run can be trusted.
+            failed = set(to_build)
+            headline = f"ninja failed (exit code {returncode}) while compiling {{}}"
+        # A failed compiler may leave half an object behind, and ninja does not always
+        # delete it: remove it, so that neither the cache, the link nor a later ninja run
+        # takes it for a built object.
+        for output in failed:
+            (workdir / output).unlink(missing_ok=True)
+        built = [output for output in to_build if output not in failed and (workdir / output).is_file()]
         for output in built:  # keep what did compile, even when another unit failed
             cache.store(keys[output], workdir / output)
-        if returncode != 0:
-            failed = [str(sources[output]) for output in to_build if output not in built]
-            rerun = f"ninja -C {shlex.quote(str(workdir))} {' '.join(o for o in to_build if o not in built)}"
-            raise BuildError(f"compiling {', '.join(failed) or 'the generated sources'} failed "
-                             f"(commands in {build_file}; rerun: {rerun}):\n"
-                             f"{first_error_lines(output_text, [edge.command for edge in edges])}")
+        commands = [edge.command for edge in edges]
+        if failed:
+            failed_in_order = [output for output in to_build if output in failed]
+            rerun = f"ninja -C {shlex.quote(str(workdir))} {' '.join(map(shlex.quote, failed_in_order))}"
+            what = ", ".join(str(sources[output]) for output in failed_in_order)
+            raise BuildError(f"{headline.format(what)} (commands in {build_file}; rerun: {rerun}):\n"
+                             f"{first_error_lines(output_text, commands)}")
+        missing = [output for output in to_build if output not in built]
+        if missing:
+            raise BuildError(f"compiling {', '.join(str(sources[output]) for output in missing)} succeeded but "
+                             f"wrote no object ({', '.join(str(workdir / output) for output in missing)}); "
+                             f"commands in {build_file}")
     if stats is not None:
         stats["compile_seconds"] = round(time.perf_counter() - started, 2)
     return [objects_dir / unit.output for unit in units]
