@@ -19,6 +19,7 @@ import re
 import sys
 import textwrap
 import traceback
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -365,6 +366,26 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_request:  # argparse has printed usage/help already
         return exit_request.code if isinstance(exit_request.code, int) else EXIT_USER_ERROR
 
+    with warnings.catch_warnings():
+        # byoc's own warnings (an unusable object cache, ...) read as the errors do
+        default_show = warnings.showwarning
+        warnings.showwarning = _show_warning(default_show)
+        try:
+            return _run(args)
+        finally:
+            warnings.showwarning = default_show
+
+
+def _show_warning(default_show):
+    def show(message, category, filename, lineno, file=None, line=None):
+        if category.__module__.startswith("byoc"):
+            print(f"byoc: warning: {message}", file=sys.stderr)
+        else:
+            default_show(message, category, filename, lineno, file, line)
+    return show
+
+
+def _run(args) -> int:
     try:
         return args.run(args)
     except BrokenPipeError:  # `byoc ops | head`: the reader left; nothing to report

@@ -262,3 +262,12 @@ def test_inspect_a_library_with_no_planned_tensors(capsys, tmp_path):
     code, out, err = run_cli(capsys, "inspect", str(library))
     assert code == 0, err
     assert "memory: no planned tensors" in out and "None" not in out
+
+
+def test_byoc_warnings_read_like_its_errors(capsys, tmp_path, monkeypatch):
+    not_a_directory = tmp_path / "cache_file"
+    not_a_directory.write_text("")
+    monkeypatch.setenv("BYOC_CACHE_DIR", str(not_a_directory))
+    code, out, err = run_cli(capsys, "build", MLP, "-c", "cpu", "-o", str(tmp_path / "mlp.so"))
+    assert code == 0, err
+    assert f"byoc: warning: byoc's object cache {not_a_directory}" in err and "CacheWarning" not in err

@@ -126,14 +126,13 @@ def run_ninja(workdir: Path, targets: list, jobs: int | None = None,
     jobs = jobs or os.cpu_count() or 2
     command = [find_ninja(), "-C", str(workdir), "-j", str(jobs), "-k", "0", *targets]
     environment = dict(os.environ, NINJA_STATUS="[%f/%t] ")
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               errors="replace", env=environment)
     kept = []
-    for line in process.stdout:
-        if _STATUS_LINE.match(line):
-            if progress is not None:
-                progress(line.rstrip("\n"))
-        else:
-            kept.append(line)
-    process.wait()
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          errors="replace", env=environment) as process:  # closes the pipe, waits
+        for line in process.stdout:
+            if _STATUS_LINE.match(line):
+                if progress is not None:
+                    progress(line.rstrip("\n"))
+            else:
+                kept.append(line)
     return process.returncode, "".join(kept)
