@@ -26,8 +26,13 @@ class PartitionReport:
         self.accepted[backend][pattern] += 1
         self.ops[backend].update(ops)
 
-    def refuse(self, backend: str, pattern: str, op: str, reason: str):
-        self.refused.append({"backend": backend, "pattern": pattern, "op": op, "reason": reason})
+    def refuse(self, backend: str, pattern: str, op: str, reason: str, node: str | None = None):
+        """`node`: the name of the value the refused match would have produced (for an ONNX
+        model, the node's output name), so that a refusal can be found in the model."""
+        entry = {"backend": backend, "pattern": pattern, "op": op, "reason": reason}
+        if node is not None:
+            entry["node"] = node
+        self.refused.append(entry)
 
     def count_functions(self, mod):
         """Unique outlined functions and their call sites in main, per backend."""
@@ -76,6 +81,12 @@ class PartitionReport:
         if self.refused:
             lines += ["", "refused matches:"]
             counted = Counter((r["backend"], r["pattern"], r["reason"]) for r in self.refused)
+            nodes = defaultdict(list)
+            for r in self.refused:
+                if "node" in r:
+                    nodes[(r["backend"], r["pattern"], r["reason"])].append(r["node"])
             for (backend, pattern, reason), count in sorted(counted.items()):
-                lines.append(f"  {backend}.{pattern} x{count}: {reason}")
+                where = nodes.get((backend, pattern, reason), [])
+                shown = ", ".join(f"%{n}" for n in where[:3]) + (", ..." if len(where) > 3 else "")
+                lines.append(f"  {backend}.{pattern} x{count}: {reason}" + (f" ({shown})" if shown else ""))
         return "\n".join(lines)

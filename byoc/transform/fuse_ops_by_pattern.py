@@ -120,7 +120,7 @@ def _fuse_entry(bindings, main, backend, entry, report):
             reason = entry.check(found)
         if reason is not None:
             if report is not None:
-                report.refuse(backend.name, entry.name, producers[root].op.name, reason)
+                report.refuse(backend.name, entry.name, producers[root].op.name, reason, node=root.name_hint)
             continue
         claimed |= matched
         accepted.append((root, found))
