@@ -489,3 +489,31 @@ def test_interpret_names_what_it_needs():
             byoc.interpret(model, np.zeros(4, np.float32))
     with pytest.raises(InterpreterError, match=r"entry 'nope': the module has no such function; it has main"):
         byoc.interpret(_tiny(), np.zeros(4, np.float32), entry="nope")
+
+
+def test_runs_from_several_threads_take_turns_on_one_module(built_models):
+    """ctypes releases the GIL during a run: without the module's lock, two threads would
+    share its arena and overwrite each other's intermediates."""
+    import threading
+    module = byoc.runtime.load(built_models["mlp"])
+    inputs, expected = fixture_inputs("mlp")
+    (name, value), = inputs.items()
+    rng = np.random.default_rng(0)
+    cases = [rng.standard_normal(value.shape).astype(value.dtype) for _ in range(4)]
+    references = [np.asarray(module.run(**{name: x})).copy() for x in cases]
+    failures = []
+
+    def worker(index):
+        for _ in range(50):
+            got = np.asarray(module.run(**{name: cases[index]}))
+            if not np.array_equal(got, references[index]):
+                failures.append(index)
+                return
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(cases))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    module.close()

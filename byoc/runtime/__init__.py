@@ -15,6 +15,7 @@ import ctypes
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -125,9 +126,14 @@ class _Prepared:
 
 class Module:
     """A loaded model: run() it as often as you like; close() (or garbage collection)
-    frees its memory. One Module runs one call at a time."""
+    frees its memory. One Module runs one call at a time: its intermediate tensors live in
+    one arena, so run() calls from several threads take turns (a lock; ctypes releases the
+    GIL, and two runs at once would overwrite each other's intermediates). On the cuda
+    target run() returns once the work is queued on its stream: runs queued on different
+    streams must be ordered by the caller (or use one Module per stream)."""
 
     def __init__(self, path, weights_path=None):
+        self._run_lock = threading.Lock()
         self.path = str(Path(_check_path(path)).resolve())
         self._lib = lib = _open_library(self.path)
         lib.byoc_model_metadata.restype = ctypes.c_char_p
@@ -204,10 +210,13 @@ class Module:
         input_array = (_DLTensor * max(len(prepared_inputs), 1))(*[p.tensor for p in prepared_inputs])
         output_array = (_DLTensor * max(len(prepared_outputs), 1))(*[p.tensor for p in prepared_outputs])
         stream_pointer = self._stream_pointer(stream, inputs)
-        status = self._lib.byoc_model_run(self._handle, input_array, len(prepared_inputs),
-                                          output_array, len(prepared_outputs), stream_pointer)
-        if status != 0:
-            raise ByocRuntimeError(self._error())
+        with self._run_lock:
+            if self._handle is None:
+                raise ByocRuntimeError("this module was closed")
+            status = self._lib.byoc_model_run(self._handle, input_array, len(prepared_inputs),
+                                              output_array, len(prepared_outputs), stream_pointer)
+            if status != 0:
+                raise ByocRuntimeError(self._error())  # last_error is per thread: read it here
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def _caller_outputs(self, out) -> list:
@@ -263,9 +272,12 @@ class Module:
             cupy.cuda.runtime.deviceSynchronize()
 
     def close(self):
-        if getattr(self, "_handle", None) is not None:
-            self._lib.byoc_model_destroy(self._handle)
-            self._handle = None
+        if getattr(self, "_handle", None) is None:
+            return
+        with self._run_lock:  # not while another thread's run() uses the model
+            if self._handle is not None:
+                self._lib.byoc_model_destroy(self._handle)
+                self._handle = None
 
     def __del__(self):
         try:
