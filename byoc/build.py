@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import mmap
 import os
 import shutil
 import tempfile
@@ -29,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import BuildError, ConfigError, ModelError
+from .errors import BuildError, CompileError, ConfigError, ModelError
 from .ir.module import IRModule
 
 
@@ -55,11 +54,9 @@ class Library:
     def check_current(self):
         """A BuildError when the work directory no longer holds this build's library: a later
         build into the same workdir replaced model.so (and the sidecar), which
-        load()/export_library() would otherwise silently return.
-
-        Cheap while the files are as the build left them (one stat each); a file that
-        changed is still this build's when it embeds this build id (a rebuild of the same
-        model), which is read from the file only then."""
+        load()/export_library() would otherwise silently return. One stat a file: any change
+        since this build counts (a build id names the sources and weights, not every option
+        that shapes the library, so it cannot tell a rebuild of the same model apart)."""
         for path in (self.path, self.sidecar):
             if path is None or self.build_id is None:
                 continue
@@ -69,13 +66,10 @@ class Library:
                 raise BuildError(f"workdir {self.workdir} no longer has {Path(path).name} of build {self.build_id} "
                                  f"(it was removed, or a later build into the workdir failed); export the "
                                  f"library before building again into the same workdir") from None
-            if self.file_states.get(str(path)) == state:
-                continue
-            if not _holds_build_id(path, self.build_id):
+            if self.file_states.get(str(path)) != state:
                 raise BuildError(f"workdir {self.workdir} was rebuilt since this Library was made: its "
-                                 f"{Path(path).name} is no longer build {self.build_id}; export it before "
-                                 f"building again into the same workdir")
-            self.file_states[str(path)] = state
+                                 f"{Path(path).name} is no longer the one build {self.build_id} wrote; export "
+                                 f"it before building again into the same workdir")
 
     def export_library(self, path) -> Path:
         """Copy the library (and its .safetensors sidecar, when the weights live outside)
@@ -106,17 +100,6 @@ class Library:
 def _file_state(path) -> tuple:
     stat = os.stat(path)
     return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
-
-
-def _holds_build_id(path, build_id: str) -> bool:
-    """Whether the library or sidecar at `path` carries `build_id` in its metadata (the
-    .so embeds the metadata JSON, the sidecar its header: both written compactly)."""
-    needle = b'"build_id":"' + build_id.encode() + b'"'
-    try:
-        with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            return data.find(needle) >= 0
-    except (OSError, ValueError):  # unreadable, or empty (nothing to map)
-        return False
 
 
 def build(model, target=None, config=None, *, input_shapes: dict | None = None, workdir=None,
@@ -210,7 +193,7 @@ class _Builder:
                 library.build_stats["seconds"] = round(time.perf_counter() - started, 2)
                 (self.workdir / "build_stats.json").write_text(json.dumps(library.build_stats, indent=2,
                                                                           sort_keys=True))
-        except BuildError:
+        except CompileError:
             raise  # a compiler or link error points into the workdir (its sources, its rerun command): keep it
         except BaseException:
             self.remove_temporary_workdir()

@@ -29,6 +29,11 @@ class BuildError(ByocError):
     """Building a model failed (codegen, compiler or linker)."""
 
 
+class CompileError(BuildError):
+    """The compiler or the linker failed on generated sources; the message says where they
+    are and how to rerun the command (the work directory is kept for that)."""
+
+
 class RuntimeError(ByocError):  # noqa: A001 - deliberately byoc.RuntimeError
     """Running a built model failed."""
 

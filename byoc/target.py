@@ -104,7 +104,7 @@ def _convert(kind: str, name: str, schema: AttrSchema, value):
             fail("is not a number")
     elif schema.type is list:
         if isinstance(value, str):
-            converted = [item for item in value.split(",") if item]
+            converted = [item.strip() for item in value.split(",") if item.strip()]
         elif isinstance(value, (list, tuple)):
             converted = list(value)
         else:

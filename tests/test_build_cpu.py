@@ -282,7 +282,7 @@ def test_benchmark_needs_at_least_one_repeat(built_models):
     module = load(built_models["mlp"])
     x = fixture_inputs("mlp")[0]["x"]
     for arguments, name in (({"repeat": 0}, "repeat"), ({"repeat": -1}, "repeat"), ({"warmup": -1}, "warmup")):
-        with pytest.raises(ValueError, match=rf"{name} must be an integer >= [01], got -?\d"):
+        with pytest.raises(byoc.RuntimeError, match=rf"{name} must be an integer >= [01], got -?\d"):
             module.benchmark(x=x, **arguments)
     assert module.benchmark(x=x, repeat=1, warmup=0) > 0
 
@@ -399,16 +399,19 @@ def test_a_library_whose_workdir_was_rebuilt_is_refused_not_swapped(tmp_path):
     second = byoc.build(_tiny("negative"), config="cpu", workdir=workdir)
     assert first.build_id != second.build_id
     expected = (f"workdir {re.escape(workdir)} was rebuilt since this Library was made: its model.so is no longer "
-                f"build {first.build_id}; export it before building again into the same workdir")
+                f"the one build {first.build_id} wrote; export it before building again into the same workdir")
     with pytest.raises(byoc.BuildError, match=expected):
         first.load()
     with pytest.raises(byoc.BuildError, match=expected):
         first.export_library(tmp_path / "first.so")
     assert not (tmp_path / "first.so").exists()
     np.testing.assert_array_equal(second.load().run(x), -x)
-    # building the first model again puts its build back: the Library is right again
-    byoc.build(_tiny("relu"), config="cpu", workdir=workdir)
-    np.testing.assert_array_equal(load(first.export_library(tmp_path / "first.so")).run(x), np.maximum(x, 0))
+    # even the same model built again (its options may differ: weights in a sidecar, CUDA
+    # graphs) leaves the first Library refused; the new one is the one to use
+    again = byoc.build(_tiny("relu"), config="cpu", workdir=workdir)
+    with pytest.raises(byoc.BuildError, match="was rebuilt since"):
+        first.load()
+    np.testing.assert_array_equal(load(again.export_library(tmp_path / "again.so")).run(x), np.maximum(x, 0))
 
 
 def test_a_read_only_workdir_is_a_config_error(tmp_path, monkeypatch):
@@ -443,10 +446,14 @@ def test_a_failed_build_removes_its_temporary_workdir_only(tmp_path, monkeypatch
     assert own.is_dir()  # a workdir the user named is left for them to look into
     for path in tmp_path.iterdir():
         shutil.rmtree(path)
-    with pytest.raises(byoc.BuildError, match="rerun"):  # a compiler error: its sources are kept to look into
+    with pytest.raises(byoc.CompileError, match="rerun"):  # a compiler error: its sources are kept to look into
         byoc.build(_tiny(), config={"target": "cpu -march=no_such_cpu"})
     kept = list(tmp_path.iterdir())
     assert len(kept) == 1 and (kept[0] / "build.ninja").exists()
+    shutil.rmtree(kept[0])
+    with pytest.raises(byoc.BuildError, match="not a C identifier|C library"):  # any other BuildError: removed
+        byoc.build(byoc.ir.parse(EXTERN_CALL.replace("@k", "@malloc").replace("BACKEND", "builtin")), config="cpu")
+    assert list(tmp_path.iterdir()) == []
 
 
 EXTERN_CALL = """

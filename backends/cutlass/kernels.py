@@ -135,7 +135,7 @@ class GemmKernel:
             return "operand-swapped kernels are sm90 kernels without split-K or stream-K"
         if self.schedule == "coop_n" and (not (self.swap_ab or problem.b_transposed) or self.tile[1] % 16):
             # an N-major B tile is staged in swizzle atoms as wide as 64 columns, which a
-            # warp group's half of a 96- or 128-column tile does not start on
+            # warp group's half of a 96-column tile (48) does not start on
             return "coop_n kernels need a K-major B (operand-swapped, or a transposed weight) and a tile N of 16k"
         if self.epilogue_tile and (self.sm < 90 or self.tile[1] % self.epilogue_tile[1]
                                    or self.epilogue_tile[0] != (128 if self.schedule == "coop" else 64)):

@@ -47,8 +47,8 @@ _ONNX_DTYPES = {
 }
 
 # Folding evaluates shape arithmetic at import time and keeps its results as constants in
-# memory (and in the built library): a constant larger than this is refused rather than
-# exhausting memory.
+# memory (and in the built library): a result larger than this is emitted as an op instead
+# (or refused where it must be known at import: a shape), rather than exhausting memory.
 MAX_FOLDED_ELEMENTS = 2**31
 
 Value = "np.ndarray | Expr"
@@ -69,6 +69,13 @@ def from_onnx(model, input_shapes: dict | None = None) -> IRModule:
     required for inputs with symbolic or unknown dims (the error names them)."""
     proto = _load(model)
     return _Importer(proto, _checked_input_shapes(input_shapes)).run()
+
+
+def _input_tensor_type(name: str, shape: tuple, dtype: str) -> TensorType:
+    try:
+        return TensorType(shape, dtype)
+    except TypeError as error:  # a dim or an element count beyond int64
+        raise ModelError(f"input {name!r} of shape {shape}: {error}") from None
 
 
 def _checked_input_shapes(input_shapes) -> dict:
@@ -283,7 +290,7 @@ class _Importer:
                     isinstance(d, int) and d != g for d, g in zip(declared, given))):
                 raise ModelError(f"input_shapes[{name!r}] = {given} does not fit the model's "
                                  f"declared shape {tuple(declared)}")
-            return TensorType(given, dtype)
+            return _input_tensor_type(name, given, dtype)
         if declared is None:
             raise ModelError(f"input {name!r} has no declared shape: pass input_shapes={{{name!r}: (...)}}")
         dynamic = [d for d in declared if not isinstance(d, int)]
@@ -291,7 +298,7 @@ class _Importer:
             raise ModelError(
                 f"input {name!r} has dynamic dims {dynamic} in shape {tuple(declared)}: pass "
                 f"input_shapes={{{name!r}: (...)}} with a static shape")
-        return TensorType(tuple(declared), dtype)
+        return _input_tensor_type(name, tuple(declared), dtype)
 
     def _convert_node(self, index: int, node: onnx.NodeProto):
         self.node_label = _node_label(node, index)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import numbers
 import os
 import sys
 import threading
@@ -253,8 +254,8 @@ class Module:
         """Mean milliseconds per run (inputs reused), measured with the device synchronized."""
         import time
         for name, value, least in (("repeat", repeat, 1), ("warmup", warmup, 0)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < least:
-                raise ValueError(f"benchmark(): {name} must be an integer >= {least}, got {value!r}")
+            if not isinstance(value, numbers.Integral) or isinstance(value, (bool, np.bool_)) or value < least:
+                raise ByocRuntimeError(f"benchmark(): {name} must be an integer >= {least}, got {value!r}")
         outputs = self.run(*args, **kwargs)
         outputs = list(outputs) if isinstance(outputs, tuple) else [outputs]
         for _ in range(warmup):

@@ -19,6 +19,7 @@ import importlib.metadata
 import os
 import re
 import shutil
+import threading
 import warnings
 from pathlib import Path
 
@@ -182,9 +183,10 @@ def fetch(key: str, destination: Path) -> bool:
         _cache_unusable(error, "reading an object")
         return False
     # Errors writing `destination` belong to the work directory, not the cache: they propagate.
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    with cached, open(destination, "wb") as copy:
-        shutil.copyfileobj(cached, copy)
+    with cached:
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        with open(destination, "wb") as copy:
+            shutil.copyfileobj(cached, copy)
     return True
 
 
@@ -192,7 +194,8 @@ def store(key: str, built: Path):
     """Put the object `built` in the cache under `key`; when the cache cannot be written,
     warn once and go on without it."""
     target = cached_object(key)
-    temporary = target.with_suffix(f".{os.getpid()}.tmp")
+    # per process and thread: two threads storing one key must not write one temporary file
+    temporary = target.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(built, temporary)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..errors import BuildError
+from ..errors import BuildError, CompileError
 from . import cache
 from .ninja import NinjaEdge, add_link_edge, ninja_path, run_ninja, write_build_ninja
 
@@ -306,11 +306,11 @@ def compile_units(units: list, workdir, jobs: int | None = None,
             failed_in_order = [output for output in to_build if output in failed]
             rerun = f"ninja -C {shlex.quote(str(workdir))} {' '.join(map(shlex.quote, failed_in_order))}"
             what = ", ".join(str(sources[output]) for output in failed_in_order)
-            raise BuildError(f"{headline.format(what)} (commands in {build_file}; rerun: {rerun}):\n"
+            raise CompileError(f"{headline.format(what)} (commands in {build_file}; rerun: {rerun}):\n"
                              f"{first_error_lines(output_text, commands)}")
         missing = [output for output in to_build if output not in built]
         if missing:
-            raise BuildError(f"compiling {', '.join(str(sources[output]) for output in missing)} succeeded but "
+            raise CompileError(f"compiling {', '.join(str(sources[output]) for output in missing)} succeeded but "
                              f"wrote no object ({', '.join(str(workdir / output) for output in missing)}); "
                              f"commands in {build_file}")
     if stats is not None:
@@ -331,5 +331,5 @@ def link_shared(objects: list, output, flags: list, libraries: list, workdir=Non
     run = subprocess.run(command, capture_output=True, text=True, errors="replace", cwd=base)
     if run.returncode != 0:
         where = f" (command in {base / 'build.ninja'})" if base is not None else ""
-        raise BuildError(f"linking {output} failed{where}:\n{first_error_lines(run.stdout + run.stderr, limit=20)}")
+        raise CompileError(f"linking {output} failed{where}:\n{first_error_lines(run.stdout + run.stderr, limit=20)}")
     return output

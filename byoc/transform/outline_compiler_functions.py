@@ -112,9 +112,11 @@ class _SymbolCache:
         for existing, symbol in self.by_hash.get(digest, []):
             if structural_equal(existing, key_function):
                 return symbol
-        symbol = f"{backend}_{digest & (2 ** 48 - 1):012x}"
-        while symbol in self.mod:
-            symbol += "_"
+        base = f"{backend}_{digest & (2 ** 48 - 1):012x}"
+        symbol, suffix = base, 1
+        while symbol in self.mod:  # a hash collision: _2, _3, ... (a double "__" is reserved in C++)
+            suffix += 1
+            symbol = f"{base}_{suffix}"
         self.by_hash.setdefault(digest, []).append((key_function, symbol))
         self.mod[symbol] = key_function.with_attrs(global_symbol=symbol)
         return symbol

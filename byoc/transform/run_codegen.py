@@ -13,7 +13,8 @@ Before any codegen runs, checks what a backend cannot check for itself:
   symbol: backends name source files after it and the host code declares and calls it,
   so `@"../escape"` would write outside the work directory and `@class`, `@malloc` or
   `@byoc_model_run` would not compile (or would take the place of a C library function
-  inside the .so). The partitioner's names (`<backend>_<12 hex digits>`) always pass;
+  inside the .so). The partitioner's names (`<backend>_<12 hex digits>`, `_2`... on a hash
+  collision) always pass;
 - with `targets` given, every Compiler names one of this build's backends (a codegen
   must not be called with no Target).
 """
