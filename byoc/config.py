@@ -174,7 +174,12 @@ def load_config(spec="default", overrides: dict | None = None, known_backends=No
         data, source = spec.to_dict(), spec.source
     else:
         data, source = _read(spec)
-    data.update(overrides or {})
+    overrides = dict(overrides or {})
+    if str(overrides.get("target", "")).split(" ")[0] == "cpu" and "cuda_graph" not in overrides:
+        # `-c cuda_sm90 --target cpu`: the caller moved a cuda config to the cpu, where
+        # there are no CUDA graphs to capture; a config file saying both is refused
+        overrides["cuda_graph"] = False
+    data.update(overrides)
     return validate(data, source, known_backends=known_backends)
 
 

@@ -238,6 +238,9 @@ def test_cuda_graph_is_allowed_where_a_gpu_may_be_built_for():
     assert validate({"cuda_graph": True}).cuda_graph is True
     assert validate({"target": "cuda -arch=sm_90", "cuda_graph": True}).cuda_graph is True
     assert validate({"target": "cpu", "cuda_graph": False}).cuda_graph is False
+    # a cuda config moved to the cpu by an override (`-c cuda_sm90 --target cpu`) drops its graphs
+    moved = load_config("cuda_sm90", overrides={"target": "cpu"})
+    assert str(moved.target) == "cpu" and moved.cuda_graph is False
 
 
 def test_config_errors_name_the_file(tmp_path):
