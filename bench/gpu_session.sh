@@ -8,8 +8,6 @@
 #   bench/gpu_session.sh profile [CASES...]  per-kernel GPU time (bench/profile_kernels.py)
 #   bench/gpu_session.sh tune [CASES...]     tune the CUTLASS kernels of whole models into the database
 #   bench/gpu_session.sh retune KEYS... [-- TILES...]  tune settled database problems again (new candidates)
-#   bench/gpu_session.sh awaiting  GPU tests of the forced tuning-only kernels, then the GEMMs the kernels
-#                                  awaiting a GPU check are for, tuned again with them
 #   bench/gpu_session.sh setup    only the set-up (then export PYTHONPATH=$PWD and CUTLASS_PATH as below)
 set -u
 cd "$(dirname "$0")/.."
@@ -67,33 +65,8 @@ case "$stage" in
     while [ $# -gt 0 ] && [ "$1" != "--" ]; do keys+=("$1"); shift; done
     [ $# -gt 0 ] && shift && tiles=("$@")
     cp bench/results/tuning_sm90.json "$OUT/tuning_sm90.json"
-    # AWAITING=1: also time the kernels not yet checked on a GPU (kernels.AWAITING_GPU_CHECK)
     python3 bench/retune_gemms.py --tuning-db "$OUT/tuning_sm90.json" --keys "${keys[@]}" --tiles "${tiles[@]}" \
-      ${AWAITING:+--awaiting-gpu-check} \
       2>&1 | tee "$OUT/retune.log" | tail -n 20 ;;
-  awaiting)
-    # kernels.AWAITING_GPU_CHECK: first the forced-kernel GPU tests (every tuning-only kernel,
-    # one process each), then BERT-base's N=2304 and N=3072 GEMMs tuned again among their
-    # tiles -> $OUT/tuning_sm90.json (winners that passed move into the candidates), and
-    # its N=768 GEMMs with the ws 128x64 kernel. About 7 minutes on an H100 (estimated).
-    mkdir -p /tmp/byoc-test-logs
-    index=0
-    while read -r id; do
-      index=$((index + 1))
-      (echo "== $id"; python3 -m pytest -q -m gpu -p no:cacheprovider "$id" 2>&1) >"/tmp/byoc-test-logs/forced.$index.log" &
-    done < <(python3 -m pytest -q --collect-only -m gpu -p no:cacheprovider tests/test_cutlass.py 2>/dev/null \
-             | grep 'test_tuning_only_kernels')
-    wait
-    cat /tmp/byoc-test-logs/forced.*.log >"$OUT/test_cutlass.log"
-    grep -hE "^== |passed|failed|^FAILED|^ERROR" "$OUT/test_cutlass.log"
-    cp bench/results/tuning_sm90.json "$OUT/tuning_sm90.json"
-    python3 bench/retune_gemms.py --tuning-db "$OUT/tuning_sm90.json" --awaiting-gpu-check \
-      --keys m1024:n2304:k768:l1:nn:plain m1024:n3072:k768:l1:nn: --tiles 192x96x64 192x128x64 128x192x64 \
-      2>&1 | tee "$OUT/retune.log" | tail -n 20
-    # and the N=768 problems not yet tuned with the one-warp-group (ws) 128x64 kernel
-    python3 bench/retune_gemms.py --tuning-db "$OUT/tuning_sm90.json" \
-      --keys m1024:n768:k3072:l1:nn: m1024:n768:k768:l1:nn:bias_residual --tiles 128x64x64 64x128x64 \
-      2>&1 | tee "$OUT/retune_n768.log" | tail -n 20 ;;
   profile)
     # Where one run's GPU time goes (kernel table per model and config)
     [ $# -eq 0 ] && set -- bert_base:1=cuda_sm90 mlp:1=cuda_sm90

@@ -14,7 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from byoc.backends.cutlass.codegen import cutlass_flags  # noqa: E402
-from byoc.backends.cutlass.kernels import AWAITING_GPU_CHECK, CandidateFilter, GemmProblem, parse_shape  # noqa: E402
+from byoc.backends.cutlass.kernels import CandidateFilter, GemmProblem, parse_shape  # noqa: E402
 from byoc.backends.cutlass.tuning import TuningDatabase, choose_kernels  # noqa: E402
 from byoc.target import Target  # noqa: E402
 
@@ -45,8 +45,6 @@ def main():
     parser.add_argument("--tiles", nargs="*", default=[], help="candidate tiles, e.g. 64x32x64 (empty: all)")
     parser.add_argument("--clusters", nargs="*", default=[], help="candidate cluster shapes, e.g. 1x1 (empty: all)")
     parser.add_argument("--workdir", default="/tmp/byoc-retune")
-    parser.add_argument("--awaiting-gpu-check", action="store_true",
-                        help="also time the kernels not yet checked on a GPU (kernels.AWAITING_GPU_CHECK)")
     parser.add_argument("--no-pdl", action="store_true",
                         help="time the CUTLASS kernels launched without programmatic dependent launch")
     args = parser.parse_args()
@@ -57,8 +55,7 @@ def main():
     for problem in problems:
         entries.pop(problem.key)
     allowed = CandidateFilter(tiles=tuple(parse_shape(t, 3, "tiles") for t in args.tiles),
-                              clusters=tuple(parse_shape(c, 2, "clusters") for c in args.clusters),
-                              extra=AWAITING_GPU_CHECK if args.awaiting_gpu_check else ())
+                              clusters=tuple(parse_shape(c, 2, "clusters") for c in args.clusters))
     flags = cutlass_flags(Target({"kind": "cutlass", "sm": 90, "pdl": not args.no_pdl}), 90)
     chosen = choose_kernels(problems, 90, database, profile=True, workdir=Path(args.workdir), compile_flags=flags,
                             allowed=allowed)

@@ -51,7 +51,7 @@ def test_kernel_families_compile(sm, tmp_path):
     problems = [GemmProblem(1024, 3072, 768, 1, "float16", False, "gelu", True, False),
                 GemmProblem(128, 128, 64, 96, "bfloat16", True, None, False, False, alpha=0.125), conv]
     kernels = [default_kernel(sm, problem) for problem in problems]
-    if sm == 90:  # split-K (CUTLASS's stream-K scheduler in split-K mode), a 64x96 pingpong, stream-K, ...
+    if sm == 90:  # split-K (CUTLASS's stream-K scheduler in split-K mode), a 64x96 pingpong, stream-K
         from byoc.backends.cutlass.kernels import GemmKernel
         problems.append(GemmProblem(1024, 768, 3072, 1, "float16", True, None, True, True))
         kernels.append(GemmKernel(90, (128, 128, 64), (1, 1), "coop", splits=2))
@@ -61,9 +61,6 @@ def test_kernel_families_compile(sm, tmp_path):
         kernels.append(GemmKernel(90, (128, 128, 64), (1, 1), "coop", stream_k=True))
         problems.append(GemmProblem(1000, 768, 768, 1, "float16", False, None, True, True))
         kernels.append(GemmKernel(90, (64, 96, 64), (1, 2), "pingpong", swap_ab=True))
-        # two warp groups splitting a swapped 192-row tile along N (its own mainloop and epilogue types)
-        problems.append(GemmProblem(1000, 2304, 768, 1, "float16", False, "gelu", True, False))
-        kernels.append(GemmKernel(90, (192, 96, 64), (1, 1), "coop_n", swap_ab=True, epilogue_tile=(64, 96)))
     units = []
     for index, (problem, kernel) in enumerate(zip(problems, kernels)):
         assert kernel.supports(problem) is None
@@ -113,29 +110,6 @@ def test_operand_swapped_kernels_tile_the_output_transposed_and_are_for_tuning_o
     assert heuristic_kernel(90, problem, only_swapped) == GemmKernel(90, (192, 96, 64), (1, 1), "pingpong",
                                                                      swap_ab=True)
     assert "sm90 kernels" in GemmKernel(80, (192, 96, 64), swap_ab=True).supports(problem)
-
-
-def test_kernels_awaiting_a_gpu_check_are_timed_only_when_asked():
-    """coop_n kernels (two warp groups splitting a swapped tile along N) are no candidates
-    until a GPU has run them: only an explicit `extra` (bench/retune_gemms.py) adds them, and
-    the heuristic never picks one."""
-    from byoc.backends.cutlass.kernels import (AWAITING_GPU_CHECK, CandidateFilter, GemmKernel, GemmProblem,
-                                               candidates, heuristic_kernel)
-    problem = GemmProblem(1024, 2304, 768, 1, "float16", False)
-    split_n = GemmKernel(90, (192, 96, 64), (1, 1), "coop_n", swap_ab=True, epilogue_tile=(64, 96))
-    assert split_n in AWAITING_GPU_CHECK and split_n not in candidates(90)
-    with_extra = CandidateFilter(extra=AWAITING_GPU_CHECK)
-    assert split_n in candidates(90, with_extra) and not set(AWAITING_GPU_CHECK) & set(candidates(80, with_extra))
-    assert heuristic_kernel(90, problem, with_extra) == heuristic_kernel(90, problem)
-    assert split_n.supports(problem) is None
-    assert split_n.name(problem) == "cutlass_sm90_f16_192x96x64_1x1_coop_n_swapab_epi64x96_nn_plain"
-    assert GemmKernel.from_json(split_n.to_json()) == split_n
-    # unswapped with an N-major weight: a warp group's half of the tile is not a swizzle atom
-    assert "K-major B" in GemmKernel(90, (128, 96, 64), (1, 1), "coop_n").supports(problem)
-    transposed = GemmProblem(1024, 2304, 768, 1, "float16", True)
-    assert GemmKernel(90, (128, 96, 64), (1, 1), "coop_n").supports(transposed) is None
-    assert "M of 128" in GemmKernel(90, (192, 96, 64), (1, 1), "coop_n", swap_ab=True,
-                                    epilogue_tile=(128, 96)).supports(problem)
 
 
 def test_target_narrows_candidates_and_split_k_is_for_tuning_only():
@@ -314,10 +288,6 @@ def test_patterns_match_float32_reference(kind, m, n, k, batch, tmp_path):
                                      "epilogue_tile": [64, 96]}),
     ("dense_bias_residual", 333, 768, 768, {"tile": [64, 128, 64], "schedule": "ws"}),
     ("dense", 1000, 768, 200, {"tile": [128, 64, 64], "schedule": "ws"}),
-    # two warp groups splitting a swapped 192-row tile along N
-    ("dense", 1000, 2304, 768, {"tile": [192, 96, 64], "schedule": "coop_n", "swap_ab": True,
-                                "epilogue_tile": [64, 96]}),
-    ("dense_bias_gelu", 1000, 3000, 200, {"tile": [192, 128, 64], "schedule": "coop_n", "swap_ab": True}),
 ])
 def test_tuning_only_kernels_from_the_tuning_database_match_float32_reference(kind, m, n, k, kernel, tmp_path):
     """Kernels only tuning picks (stream-K, split-K, operand-swapped), forced through a

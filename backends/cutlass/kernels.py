@@ -60,9 +60,6 @@ SM90_SCHEDULES = {
     "coop": ("KernelTmaWarpSpecializedCooperative", "TmaWarpSpecializedCooperative"),
     "pingpong": ("KernelTmaWarpSpecializedPingpong", "TmaWarpSpecialized"),
     "ws": ("KernelTmaWarpSpecialized", "TmaWarpSpecialized"),
-    # the cooperative kernel with its two consumer warp groups splitting the tile along N;
-    # the epilogue's sub-tiles are then 64 rows, as for one warp group
-    "coop_n": ("KernelTmaWarpSpecializedCooperative", "TmaWarpSpecialized"),
 }
 
 
@@ -73,8 +70,6 @@ class GemmKernel:
     cluster: tuple = (1, 1)  # sm90 only
     # sm90: coop (two consumer warp groups share a tile) | pingpong (two take turns over
     # tiles) | ws (one consumer warp group, not persistent: a CTA per tile, no scheduler loop)
-    # | coop_n (as coop, but the two warp groups take half the tile's columns each, all its
-    # rows: a 192-row tile cannot be halved into 64-row MMA steps; cuBLAS's `coopB` kernels)
     schedule: str = "coop"
     warp: tuple = (64, 64, 32)  # sm80 only
     stages: int = 3  # sm80 only
@@ -133,14 +128,9 @@ class GemmKernel:
             return "an activation before the residual add needs an epilogue visitor tree (not built)"
         if self.swap_ab and (self.sm < 90 or self.splits > 1 or self.stream_k):
             return "operand-swapped kernels are sm90 kernels without split-K or stream-K"
-        if self.schedule == "coop_n" and (not (self.swap_ab or problem.b_transposed) or self.tile[1] % 16):
-            # an N-major B tile is staged in swizzle atoms as wide as 64 columns, which a
-            # warp group's half of a 96-column tile (48) does not start on
-            return "coop_n kernels need a K-major B (operand-swapped, or a transposed weight) and a tile N of 16k"
         if self.epilogue_tile and (self.sm < 90 or self.tile[1] % self.epilogue_tile[1]
                                    or self.epilogue_tile[0] != (128 if self.schedule == "coop" else 64)):
-            return ("an epilogue tile is for sm90 kernels: M of 128 (cooperative) or 64 (pingpong, ws, coop_n), "
-                    "N dividing the tile's")
+            return "an epilogue tile is for sm90 kernels: M of 128 (cooperative) or 64 (pingpong, ws), N dividing the tile's"
         if self.stream_k and (self.sm < 90 or self.schedule != "coop" or self.splits > 1):
             return "stream-K kernels are sm90 cooperative kernels without a fixed split"
         if self.splits > 1:
@@ -177,8 +167,7 @@ class GemmKernel:
             kernel_schedule, epilogue_schedule = SM90_SCHEDULES[self.schedule]
             data.update(cluster=list(self.cluster), splits=self.splits, stream_k=self.stream_k, swap_ab=self.swap_ab,
                         epilogue_tile=list(self.epilogue_tile) if self.epilogue_tile else None,
-                        kernel_schedule=kernel_schedule, epilogue_schedule=epilogue_schedule,
-                        split_n=self.schedule == "coop_n")
+                        kernel_schedule=kernel_schedule, epilogue_schedule=epilogue_schedule)
         else:
             data.update(warp=list(self.warp), stages=self.stages)
         return data
@@ -246,20 +235,6 @@ ONE_WAVE_TILES = (
     GemmKernel(90, (64, 128, 64), (1, 1), "ws"),
 )
 TUNING_ONLY = NARROW_TILES + ONE_WAVE_TILES
-# Two warp groups splitting operand-swapped 192-row tiles along N (schedule coop_n): the
-# shapes of cuBLAS's own kernels for N=2304 (192x96, 132 CTAs) and N=3072 (192x128 `coopB`,
-# 128 CTAs) at M=1024, where one warp group computing the whole 192x96 tile (the pingpong
-# winner, 8.52 us against cuBLAS's 7.63) leaves the tensor cores idle while it waits on its
-# MMAs. They compile (tests/test_cutlass.py) but have not run on a GPU yet, so they are
-# no candidates: `bench/retune_gemms.py --awaiting-gpu-check` times them, and they join
-# ONE_WAVE_TILES once the forced-kernel GPU tests pass and a timing shows them winning.
-AWAITING_GPU_CHECK = (
-    GemmKernel(90, (192, 96, 64), (1, 1), "coop_n", swap_ab=True),
-    GemmKernel(90, (192, 96, 64), (1, 1), "coop_n", swap_ab=True, epilogue_tile=(64, 96)),
-    GemmKernel(90, (192, 96, 64), (2, 1), "coop_n", swap_ab=True, epilogue_tile=(64, 96)),
-    GemmKernel(90, (192, 128, 64), (1, 1), "coop_n", swap_ab=True),
-    GemmKernel(90, (192, 128, 64), (1, 1), "coop_n", swap_ab=True, epilogue_tile=(64, 128)),
-)
 SM90_CANDIDATES = (
     GemmKernel(90, (128, 128, 64), (1, 1), "coop"),
     GemmKernel(90, (128, 256, 64), (1, 1), "coop"),
@@ -305,8 +280,6 @@ class CandidateFilter:
     clusters: tuple = ()  # ((M, N), ...) cluster shapes (sm90)
     stages: tuple = ()  # stage counts (sm80)
     split_k: bool = False  # allow the split-K and stream-K kernels
-    # kernels to time beside the candidates (bench/retune_gemms.py; never from a target)
-    extra: tuple = ()
 
     @staticmethod
     def from_target(attrs: dict) -> "CandidateFilter":
@@ -341,8 +314,7 @@ NO_FILTER = CandidateFilter()
 
 def candidates(sm: int, allowed: CandidateFilter = NO_FILTER) -> tuple:
     family = SM90_CANDIDATES + SM90_SPLIT_K + SM90_STREAM_K if sm >= 90 else SM80_CANDIDATES
-    extra = tuple(kernel for kernel in allowed.extra if kernel.sm == (90 if sm >= 90 else 80))
-    return tuple(kernel for kernel in family + extra if allowed.admits(kernel))
+    return tuple(kernel for kernel in family if allowed.admits(kernel))
 
 
 def heuristic_kernel(sm: int, problem: GemmProblem, allowed: CandidateFilter = NO_FILTER) -> GemmKernel:
@@ -355,8 +327,7 @@ def heuristic_kernel(sm: int, problem: GemmProblem, allowed: CandidateFilter = N
     module docstring)."""
     sm_count = SM_COUNT[90 if sm >= 90 else 80]
     supported = [k for k in candidates(sm, allowed) if k.supports(problem) is None]
-    usable = [k for k in supported if k.splits == 1 and not k.stream_k and k not in TUNING_ONLY
-              and k not in allowed.extra] or supported
+    usable = [k for k in supported if k.splits == 1 and not k.stream_k and k not in TUNING_ONLY] or supported
     if not usable:
         raise ValueError(f"no sm{sm} kernel supports {problem.key} (among the candidates the cutlass target allows)")
 
