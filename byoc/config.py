@@ -48,14 +48,13 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.resources
-import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import yaml
 
 from .errors import ConfigError
+from .ir.types import is_static_shape
 
 KEYS = ("target", "backends", "precision", "cuda_graph", "cuda_graph_io", "workdir", "params", "tuning", "input_shapes",
         "compile_jobs", "output", "devices")
@@ -329,10 +328,7 @@ def _validate_input_shapes(source, shapes) -> dict:
     if not isinstance(shapes, dict):
         _fail(source, "input_shapes", f"{shapes!r} is not a mapping of input name to a list of dims")
     for name, dims in shapes.items():
-        # numbers.Integral: NumPy's integers too (an array's .shape may hold them), not bool
-        if not isinstance(dims, (list, tuple)) or not all(
-                isinstance(dim, numbers.Integral) and not isinstance(dim, (bool, np.bool_)) and dim >= 0
-                for dim in dims):
+        if not is_static_shape(dims):
             _fail(source, f"input_shapes.{name}", f"{dims!r} is not a list of non-negative integers")
     return {name: tuple(int(dim) for dim in dims) for name, dims in shapes.items()}
 

@@ -32,7 +32,7 @@ from ..ir.builder import FunctionBuilder
 from ..ir.expr import Call, Constant, Expr
 from ..ir.module import IRModule
 from ..ir.op import get_op
-from ..ir.types import NUMPY_DTYPES, TensorType, dtype_of_numpy
+from ..ir.types import NUMPY_DTYPES, TensorType, dtype_of_numpy, is_static_shape
 
 MIN_OPSET = 13
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -87,8 +87,7 @@ def _checked_input_shapes(input_shapes) -> dict:
         raise ModelError(f"input_shapes is a {type(input_shapes).__name__} ({input_shapes!r}); expected a "
                          f"mapping of input name to shape, e.g. {{'x': (4, 64)}}")
     for name, dims in input_shapes.items():
-        if not isinstance(dims, (list, tuple, np.ndarray)) or not all(
-                isinstance(dim, (int, np.integer)) and not isinstance(dim, bool) and dim >= 0 for dim in dims):
+        if not is_static_shape(dims):
             raise ModelError(f"input_shapes[{name!r}] = {dims!r} is not a shape; expected a tuple of "
                              f"non-negative integers")
     return {name: tuple(int(dim) for dim in dims) for name, dims in input_shapes.items()}

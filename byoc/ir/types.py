@@ -58,6 +58,14 @@ class Type:
     nesting_depth = 0
 
 
+def is_static_shape(dims) -> bool:
+    """Whether `dims` (a list, tuple or 1-D array given for an input's shape) holds only
+    non-negative integers (Python's or NumPy's, not bool): what int() may then convert
+    without truncating a 4.5 or iterating a string '4,64'."""
+    return isinstance(dims, (list, tuple, np.ndarray)) and all(
+        isinstance(dim, (int, np.integer)) and not isinstance(dim, (bool, np.bool_)) and dim >= 0 for dim in dims)
+
+
 def _nesting_depth(parts) -> int:
     # A part may be a non-Type (the None type of an ExternFunc inside a tuple).
     return 1 + max((getattr(part, "nesting_depth", 0) for part in parts), default=0)
