@@ -61,6 +61,10 @@ def test_kernel_families_compile(sm, tmp_path):
         kernels.append(GemmKernel(90, (128, 128, 64), (1, 1), "coop", stream_k=True))
         problems.append(GemmProblem(1000, 768, 768, 1, "float16", False, None, True, True))
         kernels.append(GemmKernel(90, (64, 96, 64), (1, 2), "pingpong", swap_ab=True))
+        # one warp group, a fixed mainloop depth, a per-row bias with no source C (void)
+        problems.append(GemmProblem(1024, 2304, 768, 1, "float16", False, "relu", True, False))
+        kernels.append(GemmKernel(90, (192, 96, 64), (1, 1), "ws", swap_ab=True, epilogue_tile=(64, 96),
+                                  mainloop_stages=4))
     units = []
     for index, (problem, kernel) in enumerate(zip(problems, kernels)):
         assert kernel.supports(problem) is None
@@ -110,6 +114,27 @@ def test_operand_swapped_kernels_tile_the_output_transposed_and_are_for_tuning_o
     assert heuristic_kernel(90, problem, only_swapped) == GemmKernel(90, (192, 96, 64), (1, 1), "pingpong",
                                                                      swap_ab=True)
     assert "sm90 kernels" in GemmKernel(80, (192, 96, 64), swap_ab=True).supports(problem)
+
+
+def test_mainloop_stages_name_render_and_round_trip():
+    from byoc.backends.cutlass.kernels import GemmKernel, GemmProblem, kernel_from_json, kernel_template
+    from byoc.codegen.templates import render_template
+    problem = GemmProblem(1024, 2304, 768, 1, "float16", False)
+    fixed = GemmKernel(90, (192, 96, 64), (1, 1), "ws", swap_ab=True, epilogue_tile=(64, 96), mainloop_stages=4)
+    assert fixed.name(problem) == "cutlass_sm90_f16_192x96x64_1x1_ws_swapab_epi64x96_4stage_nn_plain"
+    assert kernel_from_json(fixed.to_json()) == fixed
+    automatic = GemmKernel(90, (192, 96, 64), (1, 1), "ws", swap_ab=True, epilogue_tile=(64, 96))
+    assert "mainloop_stages" not in automatic.to_json()  # databases written before the field read the same
+
+    def text(kernel, problem):
+        return render_template(kernel_template(kernel), kernel.template_data(problem, "k", {"a": 0, "b": 1, "residual": 2}))
+    assert "StageCount<4>" in text(fixed, problem) and "StageCountAutoCarveout" not in text(fixed, problem)
+    assert "StageCountAutoCarveout" in text(automatic, problem)
+    # no source C unless there is a residual to add
+    assert "using ElementC = void;" in text(fixed, problem)
+    residual = GemmProblem(1024, 768, 768, 1, "float16", False, None, False, True)
+    assert "using ElementC = Element;" in text(GemmKernel(90, (128, 64, 64)), residual)
+    assert "sm90 kernels" in GemmKernel(80, (128, 128, 32), mainloop_stages=4).supports(problem)
 
 
 def test_target_narrows_candidates_and_split_k_is_for_tuning_only():
@@ -173,6 +198,7 @@ VALID_KERNEL = {"sm": 90, "tile": [128, 64, 64], "cluster": [1, 1], "schedule": 
     ({**VALID_KERNEL, "tile": [128, 64]}, "expected three positive integers"),
     ({**VALID_KERNEL, "tile": 128}, "is malformed"),
     ({**VALID_KERNEL, "epilogue_tile": [128, "64"]}, "epilogue_tile is"),
+    ({**VALID_KERNEL, "mainloop_stages": 1}, "mainloop_stages is 1, expected 0"),
     ({**VALID_KERNEL, "sm": 75}, "sm is 75, expected 80 or 90"),
     ({**VALID_KERNEL, "kind": "conv2d", "cluster": [0, 1]}, "cluster is [0, 1]"),
     ({**VALID_KERNEL, "sm": 80, "stages": 1}, "at least 2 stages"),
@@ -288,20 +314,22 @@ def test_patterns_match_float32_reference(kind, m, n, k, batch, tmp_path):
                                      "epilogue_tile": [64, 96]}),
     ("dense_bias_residual", 333, 768, 768, {"tile": [64, 128, 64], "schedule": "ws"}),
     ("dense", 1000, 768, 200, {"tile": [128, 64, 64], "schedule": "ws"}),
+    # ... with a fixed mainloop depth (no source C: the bias is the epilogue's only input)
+    ("dense_bias_gelu", 1000, 2304, 768, {"tile": [192, 96, 64], "schedule": "ws", "swap_ab": True,
+                                         "epilogue_tile": [64, 96], "mainloop_stages": 4}),
+    ("dense", 1000, 3072, 200, {"tile": [128, 192, 64], "schedule": "ws", "mainloop_stages": 4}),
 ])
 def test_tuning_only_kernels_from_the_tuning_database_match_float32_reference(kind, m, n, k, kernel, tmp_path):
     """Kernels only tuning picks (stream-K, split-K, operand-swapped), forced through a
     tuning-database entry."""
     import cupy
-    from byoc.backends.cutlass.kernels import GemmKernel, GemmProblem
+    from byoc.backends.cutlass.kernels import GemmProblem, kernel_from_json
     from byoc.backends.cutlass.tuning import TuningDatabase
     mod = _model(kind, m, n, k)
     problem = GemmProblem(m, n, k, 1, "float16", False, "gelu" if "gelu" in kind else None, "bias" in kind,
                           "residual" in kind)
-    forced = GemmKernel(90, tuple(kernel["tile"]), tuple(kernel.get("cluster", (1, 1))), kernel.get("schedule", "coop"),
-                        splits=kernel.get("splits", 1), stream_k=kernel.get("stream_k", False),
-                        swap_ab=kernel.get("swap_ab", False),
-                        epilogue_tile=tuple(kernel["epilogue_tile"]) if "epilogue_tile" in kernel else None)
+    forced = kernel_from_json({"sm": 90, "cluster": [1, 1], "schedule": "coop", "warp": [64, 64, 32], "stages": 3,
+                               **kernel})
     database = TuningDatabase(tmp_path / "db.json")
     database.record(90, problem, forced, 1.0, {})
     database.save()

@@ -91,6 +91,11 @@ class GemmKernel:
     # of register -> shared memory -> TMA store with a barrier between, so a kernel whose
     # CTAs store one tile each and exit is faster with fewer, larger sub-tiles.
     epilogue_tile: tuple | None = None
+    # sm90 only: stages of the mainloop's shared-memory pipeline; 0: as many as fit beside
+    # the epilogue (CUTLASS's StageCountAutoCarveout). Where each CTA has one tile, fewer can
+    # be faster: 4 for the swapped 192x96 one-warp-group kernel at N=2304 (8.0 us against 8.4
+    # with the 5 that fit), its first k-tiles arriving sooner when every SM asks at once.
+    mainloop_stages: int = 0
 
     kind = "gemm"
 
@@ -115,6 +120,8 @@ class GemmKernel:
                 shape += "_swapab"
             if self.epilogue_tile:
                 shape += "_epi" + "x".join(str(t) for t in self.epilogue_tile)
+            if self.mainloop_stages:
+                shape += f"_{self.mainloop_stages}stage"
         else:
             shape = f"{tile}_{'x'.join(str(w) for w in self.warp)}_{self.stages}stage"
         layout = "nt" if problem.b_transposed else "nn"
@@ -131,6 +138,8 @@ class GemmKernel:
         if self.epilogue_tile and (self.sm < 90 or self.tile[1] % self.epilogue_tile[1]
                                    or self.epilogue_tile[0] != (128 if self.schedule == "coop" else 64)):
             return "an epilogue tile is for sm90 kernels: M of 128 (cooperative) or 64 (pingpong, ws), N dividing the tile's"
+        if self.mainloop_stages and self.sm < 90:
+            return "mainloop_stages is for sm90 kernels (sm80 kernels take stages)"
         if self.stream_k and (self.sm < 90 or self.schedule != "coop" or self.splits > 1):
             return "stream-K kernels are sm90 cooperative kernels without a fixed split"
         if self.splits > 1:
@@ -167,6 +176,7 @@ class GemmKernel:
             kernel_schedule, epilogue_schedule = SM90_SCHEDULES[self.schedule]
             data.update(cluster=list(self.cluster), splits=self.splits, stream_k=self.stream_k, swap_ab=self.swap_ab,
                         epilogue_tile=list(self.epilogue_tile) if self.epilogue_tile else None,
+                        mainloop_stages=self.mainloop_stages,
                         kernel_schedule=kernel_schedule, epilogue_schedule=epilogue_schedule)
         else:
             data.update(warp=list(self.warp), stages=self.stages)
@@ -183,6 +193,8 @@ class GemmKernel:
             data["swap_ab"] = True
         if self.epilogue_tile:
             data["epilogue_tile"] = list(self.epilogue_tile)
+        if self.mainloop_stages:
+            data["mainloop_stages"] = self.mainloop_stages
         return data
 
     @staticmethod
@@ -191,7 +203,8 @@ class GemmKernel:
                           schedule=data["schedule"], warp=tuple(data["warp"]), stages=data["stages"],
                           splits=data.get("splits", 1), stream_k=bool(data.get("stream_k", False)),
                           swap_ab=bool(data.get("swap_ab", False)),
-                          epilogue_tile=tuple(data["epilogue_tile"]) if data.get("epilogue_tile") else None)
+                          epilogue_tile=tuple(data["epilogue_tile"]) if data.get("epilogue_tile") else None,
+                          mainloop_stages=data.get("mainloop_stages", 0))
 
 
 # The tuner's candidates. Cooperative kernels need a tile M of at least 128; pingpong runs
@@ -218,7 +231,7 @@ NARROW_TILES = (
 # slower; again on 2026-11-23 for the winners: 192x96 swapped 2x1 8.66 against 8.52 us at
 # N=2304, 64x128 2x1 / 1x2 5.29 / 5.05 against 4.94 at N=768), swapped 256x96, 128x96 and
 # 128x48 tiles, a K step of 128 at M=1024, and the `ws` schedule on the swapped 192x96 and
-# 64x96 tiles (8.69 against 8.52 us; 4.84 against 4.45).
+# 64x96 tiles with the stages that fit (8.69 against 8.52 us; 4.84 against 4.45).
 ONE_WAVE_TILES = (
     GemmKernel(90, (192, 96, 64), (1, 1), "pingpong", swap_ab=True),
     GemmKernel(90, (192, 96, 64), (1, 1), "pingpong", swap_ab=True, epilogue_tile=(64, 96)),
@@ -233,6 +246,11 @@ ONE_WAVE_TILES = (
     # group, H100 with PDL).
     GemmKernel(90, (128, 64, 64), (1, 1), "ws"),
     GemmKernel(90, (64, 128, 64), (1, 1), "ws"),
+    # ... with a 4-stage mainloop (H100, PDL, no source C): the swapped 192x96 tile at N=2304
+    # (7.5-7.7 us against 8.3-8.4 for the 5-stage pingpong), 128x192 at N=3072 (8.8-8.9
+    # against 9.0-9.3 for the cooperative kernel)
+    GemmKernel(90, (192, 96, 64), (1, 1), "ws", swap_ab=True, epilogue_tile=(64, 96), mainloop_stages=4),
+    GemmKernel(90, (128, 192, 64), (1, 1), "ws", mainloop_stages=4),
 )
 TUNING_ONLY = NARROW_TILES + ONE_WAVE_TILES
 SM90_CANDIDATES = (
@@ -559,6 +577,9 @@ def _kernel_flaw(kernel) -> str | None:
             return f"splits is {kernel.splits!r}, expected a positive integer"
         if kernel.epilogue_tile is not None and not shape(kernel.epilogue_tile, 2):
             return f"epilogue_tile is {list(kernel.epilogue_tile)!r}, expected two positive integers"
+        stages = kernel.mainloop_stages
+        if not (isinstance(stages, int) and not isinstance(stages, bool) and (stages == 0 or 2 <= stages <= 16)):
+            return f"mainloop_stages is {stages!r}, expected 0 (as many as fit) or 2 to 16"
     return None
 
 
