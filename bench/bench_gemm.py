@@ -9,8 +9,9 @@ accumulate):
   calls of the extern "C" entry captured into one CUDA graph, best of 5 replays); the
   fastest is kept (problems the tuning database already has keep its kernel), and the
   chosen kernels are timed again the same way in this run: that time is the one reported
-  (the tuning time is kept as cutlass_tuned_us). The kernels launch with programmatic dependent launch (the cutlass
-  target's pdl; --no-pdl: without), so one call's start overlaps the previous one's end.
+  (the tuning time is kept as cutlass_tuned_us). The kernels launch with programmatic
+  dependent launch (the cutlass target's pdl; --no-pdl: without), so one call's start
+  overlaps the previous one's end.
 - cublaslt: a one-GEMM model is built with the JSON-runtime backend (timed algorithm
   selection at create()) and its module.run is captured 20 times into a CUDA graph, so
   the time is GPU time, not Python overhead; the engine's Init time is reported.
