@@ -58,8 +58,8 @@ class Library:
         since this build counts (a build id names the sources and weights, not every option
         that shapes the library, so it cannot tell a rebuild of the same model apart)."""
         for path in (self.path, self.sidecar):
-            if path is None or self.build_id is None:
-                continue
+            if path is None or self.build_id is None or str(path) not in self.file_states:
+                continue  # a Library made by hand (no recorded file states) is taken as it is
             try:
                 state = _file_state(path)
             except OSError:
@@ -83,10 +83,9 @@ class Library:
         self.check_current()
         try:
             destination.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(self.path, destination)
-            os.chmod(destination, 0o755)
+            _replace_with_copy(self.path, destination, mode=0o755)
             if self.sidecar is not None:
-                shutil.copyfile(self.sidecar, destination.with_suffix(".safetensors"))
+                _replace_with_copy(self.sidecar, destination.with_suffix(".safetensors"))
         except OSError as error:
             raise BuildError(f"export_library: cannot write {str(destination)!r}: {error.strerror or error}") from None
         return destination
@@ -95,6 +94,21 @@ class Library:
         from .runtime import load
         self.check_current()
         return load(self.path, self.sidecar)
+
+
+def _replace_with_copy(source, destination: Path, mode: int | None = None):
+    """Copy `source` over `destination` as a new file (written beside it, then renamed): a
+    process that has the old library loaded keeps its mapping intact, where writing into
+    the mapped file in place could crash it."""
+    temporary = destination.with_name(f".{destination.name}.{os.getpid()}.tmp")
+    try:
+        shutil.copyfile(source, temporary)
+        if mode is not None:
+            os.chmod(temporary, mode)
+        os.replace(temporary, destination)
+    finally:
+        if temporary.exists():
+            temporary.unlink()
 
 
 def _file_state(path) -> tuple:
@@ -205,6 +219,10 @@ class _Builder:
         (backends only write their sources)."""
         mod, output_names = self.import_model(model, input_shapes)
         mod = self.simplify(mod)
+        # while main still binds every tensor (partitioning hides some inside functions), and
+        # before any backend writes a size into C++
+        from .codegen.host import check_tensor_sizes
+        check_tensor_sizes(mod["main"])
         mod = self.pin_devices(mod)
         mod, report = self.partition(mod)
         mod, artifacts = self.codegen(mod)

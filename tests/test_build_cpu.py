@@ -412,6 +412,28 @@ def test_a_library_whose_workdir_was_rebuilt_is_refused_not_swapped(tmp_path):
     with pytest.raises(byoc.BuildError, match="was rebuilt since"):
         first.load()
     np.testing.assert_array_equal(load(again.export_library(tmp_path / "again.so")).run(x), np.maximum(x, 0))
+    # a Library made by hand records no file states: it is taken as it is
+    from byoc.build import Library
+    by_hand = Library(path=again.path, workdir=again.workdir, metadata=again.metadata)
+    np.testing.assert_array_equal(by_hand.load().run(x), np.maximum(x, 0))
+
+
+def test_a_library_rebuilt_or_exported_again_at_the_same_path_loads_the_new_code(tmp_path):
+    """The dynamic loader returns the library it already has for a path it has seen: a
+    second build into one workdir, or a second export to one file, must still run the new
+    model in the same process."""
+    x = np.array([-1, 2, -3, 4], np.float32)
+    workdir = str(tmp_path / "w")
+    relu = byoc.build(_tiny("relu"), config="cpu", workdir=workdir)
+    np.testing.assert_array_equal(relu.load().run(x), np.maximum(x, 0))
+    exported = relu.export_library(tmp_path / "model.so")
+    np.testing.assert_array_equal(load(exported).run(x), np.maximum(x, 0))
+    negative = byoc.build(_tiny("negative"), config="cpu", workdir=workdir)
+    np.testing.assert_array_equal(negative.load().run(x), -x)
+    negative.export_library(tmp_path / "model.so")
+    np.testing.assert_array_equal(load(exported).run(x), -x)
+    assert byoc.runtime.metadata_of(exported)["build_id"] == negative.build_id
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.so", "w"]  # no temporary copies left
 
 
 def test_a_read_only_workdir_is_a_config_error(tmp_path, monkeypatch):

@@ -106,3 +106,5 @@ def test_a_tensor_no_machine_holds_is_a_build_error_not_a_wrapped_arena(tmp_path
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
         with pytest.raises(BuildError, match=r"tensor 'expanded' of shape \(.*\) \(float32\) needs \d+ bytes"):
             byoc.build(model, config="cpu", workdir=str(tmp_path / "w"))
+        sources = [p.name for p in (tmp_path / "w").rglob("*") if p.suffix in (".cc", ".cpp", ".cu", ".h")]
+        assert not sources, sources  # refused before any backend wrote a size into C++

@@ -25,7 +25,6 @@ everything else in the file is generated.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -34,6 +33,7 @@ from ...errors import BuildError, UnsupportedOpError
 from ...ir.expr import Call, Function
 from ...ir.op import Op
 from ...ir.types import TensorType
+from ...transform.run_codegen import symbol_name_problem
 from .partition import LAYOUT_COMPOSITE
 from .dtypes import SHIM_DTYPES, element_size, float_literal, int_literal
 from .elementwise import (_dense_strides, broadcast_strides, elementwise_kernel,
@@ -46,9 +46,6 @@ WORKSPACE_ALIGNMENT = 256
 MAX_DIMS = 8  # BYOC_SHIM_MAX_DIMS
 # Scratch cuBLASLt may use for a GEMM on cuda (its recommendation for Hopper); 0 on cpu.
 MATMUL_WORKSPACE_BYTES = {"cpu": 0, "cuda": 32 * 1024 * 1024}
-
-_C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-
 
 @dataclass
 class GeneratedSource:
@@ -69,8 +66,9 @@ def generate(functions: dict[str, Function], target_kind: str) -> GeneratedSourc
         raise BuildError(f"builtin codegen: target kind {target_kind!r} is not one of {', '.join(TARGET_KINDS)}")
     rendered, workspace = [], {}
     for symbol, func in functions.items():
-        if not isinstance(symbol, str) or not _C_IDENTIFIER.match(symbol):
-            raise BuildError(f"builtin codegen: symbol {symbol!r} is not a C identifier")
+        problem = symbol_name_problem(symbol)
+        if problem:
+            raise BuildError(f"builtin codegen: symbol {symbol!r} cannot be a C symbol: {problem}")
         if func.is_extern:
             raise BuildError(f"builtin codegen: {symbol} has no body to generate code from")
         if is_elementwise_function(func):

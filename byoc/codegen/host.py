@@ -143,7 +143,6 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
     (reshapes): no call is made, the result is the argument's storage (PlanMemory keeps
     that alive as long as the view is used)."""
     main = mod["main"]
-    check_tensor_sizes(main)
     on_host = _host_space_of(value_devices)
     workspace_bytes = workspace_bytes or {}
     placements: dict = {}

@@ -294,15 +294,45 @@ def _check_path(path):
     return path
 
 
+# resolved path -> (device, inode, size, mtime) of the file when this process first
+# dlopen()ed it under that name. The dynamic loader hands back the library it already has
+# for a name it has seen, so a .so rebuilt at the same path (a workdir built again) would
+# silently run the old code.
+_first_opened: dict = {}
+_first_opened_lock = threading.Lock()
+
+
 def _open_library(path) -> ctypes.CDLL:
-    """The library at `path`, checked to be one byoc built (it exports byoc_model_metadata)."""
+    """The library at `path`, checked to be one byoc built (it exports byoc_model_metadata).
+    A file that changed since this process first loaded that path is loaded from a private
+    copy (removed once loaded), so the loader cannot return the earlier one."""
+    resolved = str(Path(path).resolve())
     try:
-        lib = ctypes.CDLL(str(Path(path).resolve()), mode=os.RTLD_LOCAL | os.RTLD_NOW)
+        stat = os.stat(resolved)
+        state = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        with _first_opened_lock:
+            first = _first_opened.setdefault(resolved, state)
+        if first == state:
+            lib = ctypes.CDLL(resolved, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+        else:
+            lib = _open_private_copy(resolved)
     except OSError as error:
         raise ByocRuntimeError(f"cannot load {path}: {error}") from None
     if not hasattr(lib, "byoc_model_metadata"):
         raise ByocRuntimeError(f"{path}: not a byoc library: it has no byoc_model_metadata")
     return lib
+
+
+def _open_private_copy(path: str) -> ctypes.CDLL:
+    import shutil
+    import tempfile
+    handle, copy = tempfile.mkstemp(prefix="byoc-load-", suffix=".so")
+    try:
+        with os.fdopen(handle, "wb") as destination, open(path, "rb") as source:
+            shutil.copyfileobj(source, destination)
+        return ctypes.CDLL(copy, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+    finally:
+        os.unlink(copy)  # the loaded mapping stays valid
 
 
 def metadata_of(path) -> dict:

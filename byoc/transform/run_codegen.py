@@ -56,22 +56,31 @@ RESERVED_NAMES = frozenset("""
 # CUDA and CUTLASS headers (`cudaMalloc`, `cublasLtMatmul`, `cuInit`, `CUTLASS_HOST`).
 _RESERVED_PREFIX = re.compile(r"(?:cuda|cublas|cublasLt|cudnn|cu|nvtx|nvrtc)[A-Z]|(?:BYOC|CUDA|CUBLAS|CUTLASS)_")
 
-_c_library = None
+_c_libraries = None
 
 
 def _is_c_library_symbol(name: str) -> bool:
-    """Whether the C library (libc, libm) this process runs on has a global symbol `name`
-    (malloc, write, expf, stdin, ...): a function of that name in the .so would compile,
-    or not, depending on the headers, and would replace the library's inside the .so."""
-    global _c_library
-    try:
-        import ctypes
-        if _c_library is None:
-            _c_library = ctypes.CDLL(None)
-        _c_library[name]  # dlsym: an AttributeError when there is no such symbol
-        return True
-    except (OSError, AttributeError, ValueError):
-        return False
+    """Whether the C library (libc, libm) has a global symbol `name` (malloc, write, expf,
+    stdin, ...): a function of that name in the .so would compile, or not, depending on the
+    headers, and would replace the library's inside the .so. Only libc and libm are asked
+    (not the whole process, whose libpython or torch symbols say nothing about the .so)."""
+    global _c_libraries
+    import ctypes
+    import ctypes.util
+    if _c_libraries is None:
+        _c_libraries = []
+        for library in ("c", "m"):
+            try:
+                _c_libraries.append(ctypes.CDLL(ctypes.util.find_library(library) or f"lib{library}.so.6"))
+            except OSError:
+                pass
+    for handle in _c_libraries:
+        try:
+            handle[name]  # dlsym: an AttributeError when there is no such symbol
+            return True
+        except (AttributeError, ValueError):
+            pass
+    return False
 
 
 def symbol_name_problem(name) -> str | None:
