@@ -11,7 +11,7 @@ if _os.path.isdir(_os.path.join(_checkout, "backends")) and \
     __path__.append(_checkout)
 
 from .errors import (ByocError, ModelError, UnsupportedOpError, TypeInferenceError, ParseError,
-                     ConfigError, BuildError, CompileError, RuntimeError, DeviceConflictError)
+                     ConfigError, BuildError, CompileError, RuntimeError, DeviceConflictError, ByocWarning)
 from .interpreter import interpret
 from .frontend import from_onnx
 from .build import build, Library

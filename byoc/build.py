@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import BuildError, CompileError, ConfigError, ModelError
+from .errors import BuildError, ByocWarning, CompileError, ConfigError, ModelError
 from .ir.module import IRModule
 
 
@@ -194,7 +194,8 @@ class _Builder:
             except OSError as error:  # a file system without locks: build unlocked, but say so
                 import warnings
                 warnings.warn(f"workdir {self.workdir}: cannot lock {path.name} ({error.strerror or error}); "
-                              f"building without protection against a concurrent build into it", stacklevel=4)
+                              f"building without protection against a concurrent build into it", ByocWarning,
+                              stacklevel=4)
             yield
 
     # ---- the pipeline ----------------------------------------------------------------

@@ -366,19 +366,17 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_request:  # argparse has printed usage/help already
         return exit_request.code if isinstance(exit_request.code, int) else EXIT_USER_ERROR
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():  # restores showwarning on the way out
         # byoc's own warnings (an unusable object cache, ...) read as the errors do
-        default_show = warnings.showwarning
-        warnings.showwarning = _show_warning(default_show)
-        try:
-            return _run(args)
-        finally:
-            warnings.showwarning = default_show
+        warnings.showwarning = _show_warning(warnings.showwarning)
+        return _run(args)
 
 
 def _show_warning(default_show):
+    from .errors import ByocWarning
+
     def show(message, category, filename, lineno, file=None, line=None):
-        if category.__module__.startswith("byoc"):
+        if issubclass(category, ByocWarning):
             print(f"byoc: warning: {message}", file=sys.stderr)
         else:
             default_show(message, category, filename, lineno, file, line)

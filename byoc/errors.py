@@ -34,6 +34,12 @@ class CompileError(BuildError):
     are and how to rerun the command (the work directory is kept for that)."""
 
 
+class ByocWarning(UserWarning):
+    """A build goes on, but the user should know (an unusable object cache, a workdir that
+    cannot be locked, tuning candidates that did not compile); the CLI prints these as
+    'byoc: warning: ...'."""
+
+
 class RuntimeError(ByocError):  # noqa: A001 - deliberately byoc.RuntimeError
     """Running a built model failed."""
 

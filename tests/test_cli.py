@@ -271,3 +271,12 @@ def test_byoc_warnings_read_like_its_errors(capsys, tmp_path, monkeypatch):
     code, out, err = run_cli(capsys, "build", MLP, "-c", "cpu", "-o", str(tmp_path / "mlp.so"))
     assert code == 0, err
     assert f"byoc: warning: byoc's object cache {not_a_directory}" in err and "CacheWarning" not in err
+    # every ByocWarning reads so (the workdir lock's and the tuner's too); others as Python prints them
+    import warnings
+    from byoc.cli import _show_warning
+    shown = []
+    show = _show_warning(lambda message, category, *rest: shown.append(category))
+    show("cannot lock", byoc.ByocWarning, "build.py", 1)
+    show("something else", UserWarning, "build.py", 1)
+    assert "byoc: warning: cannot lock" in capsys.readouterr().err and shown == [UserWarning]
+    assert warnings.showwarning is not show  # main() put Python's back

@@ -1,6 +1,7 @@
 """The cutlass backend: kernels render and compile for sm_90 and sm_80 (CI, no GPU), and
 every pattern matches a float32 reference on a GPU."""
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -219,6 +220,10 @@ def test_malformed_tuning_database_entry_is_a_clear_build_error(kernel, says, tm
         TuningDatabase(path).lookup(90, problem)
     message = str(raised.value)
     assert str(path) in message and problem.key in message and says in message, message
+    path.write_text(json.dumps({"format": "byoc-cutlass-tuning", "version": 1,
+                                "entries": {"sm90": {problem.key: {**VALID_KERNEL, "us": 1.0}}}}))
+    with pytest.raises(BuildError, match=re.escape(f"the sm90 entry for {problem.key} has no 'kernel' object")):
+        TuningDatabase(path).lookup(90, problem)
     path.write_text(json.dumps({"format": "byoc-cutlass-tuning", "version": 1, "entries": []}))
     with pytest.raises(BuildError, match="'entries' must map"):
         TuningDatabase(path)
@@ -642,7 +647,7 @@ def test_tuning_leaves_out_candidates_that_do_not_compile(tmp_path, monkeypatch)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         results = tuning._profile([problem], 90, tmp_path, ["-arch=sm_90", "-O0"], jobs=2)
-    assert any("did not compile" in str(w.message) for w in caught)
+    assert any("did not compile" in str(w.message) and issubclass(w.category, byoc.ByocWarning) for w in caught)
     profiler = (tmp_path / "profiler_0.cu").read_text()
     assert "good_kernel" in profiler and "bad_kernel" not in profiler
     assert (tmp_path / "profiler_0").is_file()  # linked with the candidate that compiled

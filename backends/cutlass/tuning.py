@@ -20,7 +20,7 @@ import subprocess
 import warnings
 from pathlib import Path
 
-from byoc.errors import BuildError
+from byoc.errors import BuildError, ByocWarning
 from byoc.codegen.templates import render_template
 
 from .kernels import (NO_FILTER, CandidateFilter, default_kernel, kernel_from_json, kernel_template,
@@ -50,8 +50,11 @@ class TuningDatabase:
         entry = self.entries.get(f"sm{sm}", {}).get(problem.key)
         if not entry:
             return None
+        if not (isinstance(entry, dict) and "kernel" in entry):
+            raise BuildError(f"tuning database {self.path}: the sm{sm} entry for {problem.key} has no 'kernel' "
+                             "object (tune it again, or delete the entry)")
         try:
-            return kernel_from_json(entry["kernel"] if isinstance(entry, dict) and "kernel" in entry else entry)
+            return kernel_from_json(entry["kernel"])
         except ValueError as error:
             raise BuildError(f"tuning database {self.path}: the sm{sm} entry for {problem.key} is not usable: {error} "
                              "(tune it again, or delete the entry)") from None
@@ -138,7 +141,7 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
     try:
         compile_units(candidate_units, workdir, jobs=jobs)
     except BuildError as error:
-        warnings.warn(f"cutlass tuning: some candidates did not compile and are not measured: {error}")
+        warnings.warn(f"cutlass tuning: some candidates did not compile and are not measured: {error}", ByocWarning)
     built = {unit.output for unit in candidate_units if (workdir / "obj" / unit.output).is_file()}
     profiler_units = []
     for index, (problem, usable, entries, slots) in enumerate(programs):

@@ -23,6 +23,8 @@ import threading
 import warnings
 from pathlib import Path
 
+from ..errors import ByocWarning
+
 # Changing how keys are made, or what may be stored, changes this: earlier entries are
 # then never matched (format 1 could hold objects of failed compiles).
 _KEY_FORMAT = "byoc object cache 2"
@@ -34,7 +36,7 @@ def cache_dir() -> Path:
     return Path(root) / "objects"
 
 
-class CacheWarning(UserWarning):
+class CacheWarning(ByocWarning):
     """The object cache could not be used; the build goes on without it."""
 
 
