@@ -24,8 +24,14 @@ def lower_split(mod: IRModule) -> IRModule:
 
 def lower_split_in(main: Function) -> Function:
     """`main` with each split replaced by strided_slices and its tuple items by the pieces."""
+    return lower_split_with_pieces(main)[0]
+
+
+def lower_split_with_pieces(main: Function) -> tuple[Function, dict, dict]:
+    """lower_split_in(main), the split var -> the piece vars it became, and each tuple-item
+    var of a split -> the piece it names (what PinDevices needs to carry pins over)."""
     if not any(_is_split(b.value) for b in main.bindings):
-        return main
+        return main, {}, {}
     tuple_uses = _uses_other_than_get_item(main)
     pieces_of: dict[Var, list[Var]] = {}
     alias: dict[Var, Var] = {}  # tuple-item variable -> the piece it names
@@ -42,7 +48,8 @@ def lower_split_in(main: Function) -> Function:
             alias[binding.var] = pieces_of[value.tuple_value][value.index]
         else:
             bindings.append(Binding(binding.var, value))
-    return Function(main.params, bindings, substitute_vars(main.result, alias), main.ret_type, main.attrs)
+    lowered = Function(main.params, bindings, substitute_vars(main.result, alias), main.ret_type, main.attrs)
+    return lowered, pieces_of, alias
 
 
 def _is_split(value: Expr) -> bool:

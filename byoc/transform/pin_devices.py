@@ -55,14 +55,13 @@ def pin_devices(mod: IRModule, pins=(), default_device="cpu") -> IRModule:
     """`pins`: [{"op" | "node": name, "device": VirtualDevice text}] (the config's
     devices.pin, in its order: messages name a pin as devices.pin[index])."""
     from byoc.backends.builtin.partition import outline_op
-    from .lower_split import lower_split_in
+    from .lower_split import lower_split_with_pieces
     default_device = VirtualDevice.parse(default_device)
     main = mod["main"]
     by_op, by_node = _read_pins(pins)
     if not pins and not any(_is_op(b.value, "on_device") for b in main.bindings):
         return mod
-    lowered = lower_split_in(main)
-    pieces, items = _split_pieces(main, lowered)
+    lowered, pieces, items = lower_split_with_pieces(main)
     # A value taken out of a split is its piece; a split's tuple is all its pieces.
     def targets_of(var):
         if var in items:
@@ -188,33 +187,6 @@ def _printed_names(main: Function) -> dict:
     printer = _Printer(show_types=False)
     printer.print_global_function("main", main)
     return {binding.var: printer.var_names.get(id(binding.var)) for binding in main.bindings}
-
-
-def _split_pieces(main: Function, lowered: Function) -> tuple[dict, dict]:
-    """The split var of `main` -> the piece vars LowerSplit made of it in `lowered`, and
-    each tuple-item var of a split -> the piece it became. LowerSplit keeps every other
-    binding, in order, and emits a split's pieces (then, where the tuple itself is used, a
-    Tuple binding of the same var) in its place; tuple items of a split leave no binding."""
-    pieces, items = {}, {}
-    if lowered is main:
-        return pieces, items
-    position = 0
-    for binding in main.bindings:
-        value = binding.value
-        if _is_op(value, "split"):
-            count = len(value.attrs["sizes"])
-            pieces[binding.var] = [b.var for b in lowered.bindings[position:position + count]]
-            assert all(_is_op(b.value, "strided_slice") for b in lowered.bindings[position:position + count]), \
-                "LowerSplit no longer emits a split's pieces in its place"
-            position += count
-            if position < len(lowered.bindings) and lowered.bindings[position].var is binding.var:
-                position += 1
-        elif isinstance(value, TupleGetItem) and value.tuple_value in pieces:
-            items[binding.var] = pieces[value.tuple_value][value.index]
-        else:
-            assert lowered.bindings[position].var is binding.var, "LowerSplit no longer keeps bindings in order"
-            position += 1
-    return pieces, items
 
 
 def _is_op(value, name: str) -> bool:
