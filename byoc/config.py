@@ -174,12 +174,21 @@ def load_config(spec="default", overrides: dict | None = None, known_backends=No
     else:
         data, source = _read(spec)
     overrides = dict(overrides or {})
-    if str(overrides.get("target", "")).split(" ")[0] == "cpu" and "cuda_graph" not in overrides:
+    if "target" in overrides and "cuda_graph" not in overrides and _target_kind(overrides["target"]) == "cpu":
         # `-c cuda_sm90 --target cpu`: the caller moved a cuda config to the cpu, where
         # there are no CUDA graphs to capture; a config file saying both is refused
         overrides["cuda_graph"] = False
     data.update(overrides)
     return validate(data, source, known_backends=known_backends)
+
+
+def _target_kind(spec) -> str | None:
+    """The kind of a target override, or None when it does not parse (validate says why)."""
+    from .target import Target
+    try:
+        return Target(spec).kind
+    except ConfigError:
+        return None
 
 
 # ---- validation -------------------------------------------------------------------------------

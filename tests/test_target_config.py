@@ -241,6 +241,9 @@ def test_cuda_graph_is_allowed_where_a_gpu_may_be_built_for():
     # a cuda config moved to the cpu by an override (`-c cuda_sm90 --target cpu`) drops its graphs
     moved = load_config("cuda_sm90", overrides={"target": "cpu"})
     assert str(moved.target) == "cpu" and moved.cuda_graph is False
+    # the override is read as a target, not as text: a dict, or a cpu target with options
+    for target in ({"kind": "cpu"}, "cpu -march=native"):
+        assert load_config("cuda_sm90", overrides={"target": target}).cuda_graph is False
 
 
 def test_config_errors_name_the_file(tmp_path):
