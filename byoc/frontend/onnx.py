@@ -117,12 +117,29 @@ def _load(model) -> onnx.ModelProto:
     return proto
 
 
+def _elem_type_name(elem_type: int):
+    """FLOAT16 for 10; the number itself when ONNX has no such type."""
+    return onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() else elem_type
+
+
 def _dtype_of_elem_type(elem_type: int, what: str) -> str:
     if elem_type not in _ONNX_DTYPES:
-        name = onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() else elem_type
         raise UnsupportedOpError(
-            f"{what} has element type {name}; byoc supports {', '.join(NUMPY_DTYPES)}")
+            f"{what} has element type {_elem_type_name(elem_type)}; byoc supports {', '.join(NUMPY_DTYPES)}")
     return _ONNX_DTYPES[elem_type]
+
+
+def _declared_dims(tensor_type) -> list | None:
+    """A graph input's declared dims (ints; a dim's name, or "?" when unknown), or None
+    when it declares no shape."""
+    if not tensor_type.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tensor_type.shape.dim]
+
+
+def _fits(declared: list, dims: tuple) -> bool:
+    """Whether `dims` fit a declared shape (a named or unknown dim fits any size)."""
+    return len(declared) == len(dims) and all(not isinstance(d, int) or d == g for d, g in zip(declared, dims))
 
 
 def _node_label(node: onnx.NodeProto, index: int) -> str:
@@ -257,15 +274,12 @@ class _Importer:
             return  # not a tensor: _input_type refuses such inputs, the initializer is what counts
         tensor_type = graph_input.type.tensor_type
         if tensor_type.elem_type and tensor_type.elem_type != tensor.data_type:
-            declared, given = (onnx.TensorProto.DataType.Name(t) if t in onnx.TensorProto.DataType.values() else t
-                               for t in (tensor_type.elem_type, tensor.data_type))
+            declared, given = _elem_type_name(tensor_type.elem_type), _elem_type_name(tensor.data_type)
             raise ModelError(f"initializer {name!r} has element type {given}, but graph input {name!r} declares "
                              f"{declared}; expected the same element type")
-        if not tensor_type.HasField("shape"):
-            return
-        declared = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tensor_type.shape.dim]
+        declared = _declared_dims(tensor_type)
         dims = tuple(tensor.dims)
-        if len(declared) != len(dims) or any(isinstance(d, int) and d != g for d, g in zip(declared, dims)):
+        if declared is not None and not _fits(declared, dims):
             raise ModelError(f"initializer {name!r} has shape {dims}, but graph input {name!r} declares shape "
                              f"{tuple(declared)}; expected the initializer to fit the declared shape "
                              f"(a named or unknown dim fits any size)")
@@ -276,8 +290,7 @@ class _Importer:
             raise UnsupportedOpError(f"input {name!r} is not a tensor; byoc supports tensor inputs only")
         tensor_type = graph_input.type.tensor_type
         dtype = _dtype_of_elem_type(tensor_type.elem_type, f"input {name!r}")
-        declared = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
-                    for d in tensor_type.shape.dim] if tensor_type.HasField("shape") else None
+        declared = _declared_dims(tensor_type)
         negative = [d for d in declared or () if isinstance(d, int) and d < 0]
         if negative:
             raise ModelError(f"input {name!r} declares shape {tuple(declared)} with negative dim(s) {negative}; "
@@ -285,8 +298,7 @@ class _Importer:
         given = self.input_shapes.get(name)
         if given is not None:
             given = tuple(int(d) for d in given)
-            if declared is not None and (len(declared) != len(given) or any(
-                    isinstance(d, int) and d != g for d, g in zip(declared, given))):
+            if declared is not None and not _fits(declared, given):
                 raise ModelError(f"input_shapes[{name!r}] = {given} does not fit the model's "
                                  f"declared shape {tuple(declared)}")
             return _input_tensor_type(name, given, dtype)
