@@ -326,7 +326,10 @@ def _open_library(path) -> ctypes.CDLL:
 def _open_private_copy(path: str) -> ctypes.CDLL:
     import shutil
     import tempfile
-    handle, copy = tempfile.mkstemp(prefix="byoc-load-", suffix=".so")
+    try:  # beside the library: a directory it loads from (a temporary one may be noexec)
+        handle, copy = tempfile.mkstemp(prefix=".byoc-load-", suffix=".so", dir=os.path.dirname(path))
+    except OSError:
+        handle, copy = tempfile.mkstemp(prefix="byoc-load-", suffix=".so")
     try:
         with os.fdopen(handle, "wb") as destination, open(path, "rb") as source:
             shutil.copyfileobj(source, destination)
