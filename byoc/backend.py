@@ -60,7 +60,10 @@ class Backend:
 @dataclass
 class Artifact:
     """What a backend's codegen returns: the extern symbols it implements and what the
-    toolchain needs to build them (payload: compile_units, workspace_bytes, link_libraries)."""
+    toolchain needs to build them (payload: compile_units, workspace_bytes, link_libraries,
+    stateful_symbols: symbols whose state belongs to a model instance: the library defines
+    SYMBOL_init(weights, weights_bytes, void** state) and SYMBOL_destroy(void* state), and
+    SYMBOL takes that state as its first argument)."""
     backend: str
     kind: str  # source | object | json | shim
     symbols: list

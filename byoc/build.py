@@ -389,8 +389,8 @@ class _Builder:
                 "compile_seconds": compiled.get("compile_seconds", 0.0), "backends": per_backend}
 
     def link(self, mod, artifacts, output_names, report) -> Library:
-        from .codegen.host import (metadata_json, plan_host, render_host, render_weights_assembly,
-                                   write_safetensors)
+        from .codegen.host import (blob_checksum, metadata_json, plan_host, render_host,
+                                   render_weights_assembly, write_safetensors)
         from .toolchain import CompileUnit, compile_units, link_shared
         workspace = {}
         for artifact in artifacts:
@@ -441,9 +441,8 @@ class _Builder:
         host_source = render_host(plan, cuda=self.cuda, build_id=build_id, metadata=metadata,
                                   arch_number=arch_number, weights_embedded=not sidecar_wanted,
                                   cuda_graph=cuda_graph, graph_io=graph_io,
-                                  init_symbols=[s for a in artifacts for s in a.payload.get("init_symbols", [])],
-                                  destroy_symbols=[s for a in artifacts for s in a.payload.get("destroy_symbols", [])],
-                                  devices=devices)
+                                  stateful=[s for a in artifacts for s in a.payload.get("stateful_symbols", [])],
+                                  weights_checksum=blob_checksum(plan.weights), devices=devices)
         host_path = self.workdir / "host.cc"
         host_path.write_text(host_source)
         from .runtime import C_ABI_HEADER

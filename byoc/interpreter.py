@@ -1,8 +1,14 @@
 """The reference interpreter: runs an IRModule with the ops' NumPy references.
 
 It is the golden model for every correctness check and the engine of constant folding.
+It keeps every value in host memory: a call whose result would exceed MAX_VALUE_BYTES is
+refused before it runs, naming the value, and an op reference that fails on the values it
+is given (an index out of range, memory exhausted) is reported as an InterpreterError that
+names the value it was computing.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -11,11 +17,22 @@ from .ir.expr import (Call, Constant, Expr, ExternFunc, Function, GlobalVar, Tup
                       TupleGetItem, Var)
 from .ir.module import IRModule
 from .ir.op import Op
-from .ir.types import TupleType, numpy_dtype
+from .ir.types import TensorType, TupleType, numpy_dtype
+
+# The largest result of one call the interpreter computes (16 GiB). The interpreter is a
+# golden model for tests and small runs, not a runtime: a value beyond this (an Expand of a
+# constant to 2**40 elements imports fine and runs in a built library's planned memory) is
+# refused before NumPy tries to allocate it. Raise it here for a machine with more memory.
+MAX_VALUE_BYTES = 2**34
+
+# What an op reference raises on values it cannot compute (an index out of range, a
+# broadcast that does not fit): reported as InterpreterError naming the value.
+_REFERENCE_ERRORS = (LookupError, ValueError, TypeError, ArithmeticError)
 
 
 class InterpreterError(ByocError):
-    """The interpreter was given inputs that do not fit the function, or met an extern call."""
+    """The interpreter was given inputs that do not fit the function, met an extern call,
+    or could not compute a value (too large, or an op that failed on its inputs)."""
 
 
 def interpret(mod, *args, entry: str = "main", **kwargs):
@@ -66,8 +83,15 @@ def _bind_inputs(func: Function, args, kwargs) -> list:
 
 def _check_value(name: str, type_, value):
     if isinstance(type_, TupleType):
+        if not isinstance(value, (tuple, list)) or len(value) != len(type_.fields):
+            raise InterpreterError(f"input {name!r}: expected a tuple of {len(type_.fields)} values ({type_}), "
+                                   f"got {type(value).__name__}")
         return tuple(_check_value(f"{name}.{i}", t, v) for i, (t, v) in enumerate(zip(type_.fields, value)))
-    array = np.asarray(value)
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError) as error:  # a ragged nested list, an object NumPy cannot read
+        raise InterpreterError(f"input {name!r}: expected an array of {type_}, got a {type(value).__name__} "
+                               f"NumPy cannot convert ({error})") from None
     if tuple(array.shape) != type_.shape:
         raise InterpreterError(
             f"input {name!r}: expected shape {type_.shape}, got {tuple(array.shape)}")
@@ -106,10 +130,11 @@ class _Interpreter:
                 "cannot interpret an extern function: its body was compiled by a backend")
         env: dict[Var, object] = dict(zip(func.params, args))
         for binding in func.bindings:
-            env[binding.var] = self.evaluate(binding.value, env)
-        return self.evaluate(func.result, env)
+            env[binding.var] = self.evaluate(binding.value, env, f"%{binding.var.name_hint}")
+        return self.evaluate(func.result, env, "the result")
 
-    def evaluate(self, expr: Expr, env):
+    def evaluate(self, expr: Expr, env, name: str = "a value"):
+        """The value of `expr`; `name` (the variable it is bound to) is what errors name."""
         if isinstance(expr, Var):
             return env[expr]
         if isinstance(expr, Constant):
@@ -124,7 +149,7 @@ class _Interpreter:
             args = [self.evaluate(a, env) for a in expr.args]
             callee = expr.op
             if isinstance(callee, Op):
-                return evaluate_call(callee, args, expr.attrs, expr.type)
+                return self._evaluate_op(callee, args, expr, name)
             if isinstance(callee, GlobalVar):
                 if self.module is None:
                     raise InterpreterError(f"call to @{callee.name} needs the IRModule")
@@ -136,3 +161,27 @@ class _Interpreter:
             if isinstance(callee, ExternFunc):
                 raise InterpreterError(f"cannot interpret a call to extern symbol {callee.symbol!r}")
         raise InterpreterError(f"cannot evaluate {type(expr).__name__}")
+
+    @staticmethod
+    def _evaluate_op(op: Op, args: list, call: Call, name: str):
+        size = _byte_count(call.type)
+        if size > MAX_VALUE_BYTES:
+            raise InterpreterError(
+                f"{name} = {op.name}(...) of type {call.type} needs {size} bytes ({size / 2**30:.4g} GiB); "
+                f"expected at most {MAX_VALUE_BYTES} bytes ({MAX_VALUE_BYTES / 2**30:.4g} GiB, "
+                f"byoc.interpreter.MAX_VALUE_BYTES), the largest value the interpreter computes")
+        try:
+            return evaluate_call(op, args, call.attrs, call.type)
+        except MemoryError as error:
+            raise InterpreterError(f"{name} = {op.name}(...) of type {call.type} ({size} bytes) does not fit "
+                                   f"in memory: {error or 'no size given'}") from error
+        except _REFERENCE_ERRORS as error:
+            raise InterpreterError(f"{name} = {op.name}(...) could not be computed on the given values: "
+                                   f"{type(error).__name__}: {error}") from error
+
+
+def _byte_count(type_) -> int:
+    """Bytes of a tensor type, or of all fields of a tuple type (Python ints: exact)."""
+    if isinstance(type_, TensorType):
+        return math.prod(type_.shape) * numpy_dtype(type_.dtype).itemsize
+    return sum(_byte_count(field) for field in getattr(type_, "fields", ()))

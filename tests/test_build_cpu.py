@@ -87,7 +87,7 @@ def test_metadata_and_exports(built_models):
                              capture_output=True, text=True).stdout
     exported = sorted(line.split()[-1] for line in symbols.splitlines() if " T " in line)
     assert exported == ["byoc_last_error", "byoc_model_create", "byoc_model_destroy", "byoc_model_metadata",
-                        "byoc_model_run"]
+                        "byoc_model_run", "byoc_model_status"]
 
 
 def test_bad_inputs_are_named_and_the_module_keeps_working(built_models):
@@ -169,6 +169,46 @@ def test_json_runtime_backend_on_cpu_matches_onnxruntime(name, tmp_path):
     results = results if isinstance(results, tuple) else (results,)
     for got, want in zip(results, expected.values()):
         assert np.max(np.abs(got - want)) <= 1e-3 * np.max(np.abs(want))
+
+
+def test_json_engine_state_belongs_to_each_instance(tmp_path):
+    """Two Modules of one .so with a JSON-runtime partition each own an engine: closing one
+    leaves the other running (the engine was one file-static object per partition)."""
+    inputs, expected = fixture_inputs("mlp")
+    library = byoc.build(FIXTURES / "mlp.onnx", config={"target": "cpu", "backends": ["cublaslt", "builtin"]},
+                         workdir=str(tmp_path / "w"))
+    first, second = library.load(), byoc.load(library.path)
+    want = list(expected.values())[0]
+    for module in (first, second):
+        assert np.max(np.abs(module.run(**inputs) - want)) <= 1e-3 * np.max(np.abs(want))
+    first.close()
+    assert np.max(np.abs(second.run(**inputs) - want)) <= 1e-3 * np.max(np.abs(want))
+    third = byoc.load(library.path)
+    second.close()
+    assert np.max(np.abs(third.run(**inputs) - want)) <= 1e-3 * np.max(np.abs(want))
+
+
+def test_corrupted_embedded_blobs_are_refused_at_create(tmp_path):
+    """A byte changed in the embedded weights or JSON graph after the build is found by the
+    checksum at create, not run as another model."""
+    inputs, _ = fixture_inputs("mlp")
+    library = byoc.build(FIXTURES / "mlp.onnx", config={"target": "cpu", "backends": ["cublaslt", "builtin"]},
+                         workdir=str(tmp_path / "w"))
+    data = Path(library.path).read_bytes()
+    weights = (tmp_path / "w" / "weights.bin").read_bytes()
+    wrapper = next(path for path in (tmp_path / "w").glob("*.cc") if "kGraph" in path.read_text())
+    listed = re.search(r"kGraph\[\] = \{(.*?)\};", wrapper.read_text(), re.S).group(1)
+    graph = bytes(int(b) for b in listed.replace("\n", "").split(","))
+    graph_start = data.index(graph)
+    at_weights = data.index(weights[:64]) + len(weights) // 2
+    for offset, message in ((at_weights, "weights embedded in the library do not match"),
+                            (graph_start + 40, "embedded JSON graph does not match its checksum")):
+        edited = bytearray(data)
+        edited[offset] ^= 0x01
+        path = tmp_path / f"edited_{offset}.so"
+        path.write_bytes(bytes(edited))
+        with pytest.raises(byoc.RuntimeError, match=message):
+            byoc.load(path)
 
 
 def test_outputs_no_call_writes_are_copied_out(tmp_path):

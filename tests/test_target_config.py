@@ -282,3 +282,21 @@ def test_unknown_config_name_and_bad_files(tmp_path):
     bad.write_text("- a list\n")
     with pytest.raises(byoc.ConfigError, match="expected a mapping of keys"):
         load_config(str(bad))
+
+
+@pytest.mark.parametrize("flags, warned", [
+    (["-ccbin", "/tmp/compiler.sh"], True),
+    (["-Xcompiler", "-wrapper,/tmp/w.sh"], True),
+    (["--compiler-bindir=/opt/gcc"], True),
+    (["-lineinfo", "--ptxas-options=-v"], False),
+])
+def test_extra_nvcc_flags_that_run_programs_warn(flags, warned):
+    """A config is code: flags that make nvcc run a program they name are allowed, but said."""
+    import warnings
+    import byoc.backends.cutlass  # noqa: F401  (registers the target kind)
+    from byoc.target import Target
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Target("cutlass", extra_nvcc_flags=flags)
+    messages = [str(w.message) for w in caught if issubclass(w.category, byoc.ByocWarning)]
+    assert bool(messages) == warned and all("a build config is code" in m for m in messages)

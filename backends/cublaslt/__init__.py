@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from byoc.backend import Artifact, PatternEntry, register_backend
+from byoc.codegen.host import blob_checksum
 from byoc.codegen.templates import render_template
 from byoc.ir.types import numpy_dtype
 from byoc.pattern import is_op, wildcard
@@ -90,22 +91,21 @@ def codegen(functions: dict, target) -> list:
         host_flags = device.cxx_flags() + [f"-I{ENGINE_DIR}"]
     units.append(CompileUnit(ENGINE_DIR / "engine.cc", "cxx", host_flags,
                              "json_engine_cuda_host.o" if cuda else "json_engine_cpu.o"))
-    init, destroy = [], []
     for symbol, function in functions.items():
         graph = serialize_function(function).encode("ascii")
         workspace[symbol] = _workspace_estimate(function, target.attrs["workspace_limit"] if cuda else 0)
         source = workdir / f"{symbol}.cc"
         source.write_text(render_template("cublaslt/wrapper.cc.j2", {
             "symbol": symbol, "device_kind": 2 if cuda else 1, "options": options,
-            "workspace_bytes": workspace[symbol],
+            "workspace_bytes": workspace[symbol], "graph_checksum": blob_checksum(graph),
             "graph_bytes": ",\n".join(", ".join(str(b) for b in graph[i:i + 24]) for i in range(0, len(graph), 24)),
         }))
         units.append(CompileUnit(source, "cxx", host_flags, f"{symbol}.o"))
-        init.append(f"{symbol}_init")
-        destroy.append(f"{symbol}_destroy")
+    # every partition's engine is state of the model instance (see wrapper.cc.j2)
     return [Artifact(backend="cublaslt", kind="json", symbols=list(functions),
-                     payload={"compile_units": units, "workspace_bytes": workspace, "init_symbols": init,
-                              "destroy_symbols": destroy, "link_libraries": ["cublasLt"] if cuda else []})]
+                     payload={"compile_units": units, "workspace_bytes": workspace,
+                              "stateful_symbols": list(functions),
+                              "link_libraries": ["cublasLt"] if cuda else []})]
 
 
 register_backend("cublaslt", flavor="json", patterns=_patterns(), codegen=codegen, device="any")

@@ -24,6 +24,26 @@ def _shape_check(rank: int, attr: str):
     return check
 
 
+# nvcc and host-compiler options that make the build run a program the flag names (another
+# compiler, a wrapper, a plugin, a spec file): a build config is code, like a Makefile.
+_PROGRAM_RUNNING_FLAGS = ("-ccbin", "--compiler-bindir", "-B", "-wrapper", "-fplugin", "-specs", "--run",
+                          "--dependency-drive-prefix", "-Wl,-plugin", "-fuse-ld", "--use-local-env")
+
+
+def _warn_program_running_flags(flags):
+    """An AttrSchema check that refuses nothing but warns when the flags name a program to
+    run: whoever can edit a build config can run code on the build machine through them."""
+    named = [flag for flag in map(str, flags)
+             if any(part.startswith(_PROGRAM_RUNNING_FLAGS) for part in flag.replace(",", " ").split())]
+    if named:
+        import warnings
+        from byoc.errors import ByocWarning
+        warnings.warn(f"cutlass.extra_nvcc_flags {named} make the build run another program (compiler, wrapper "
+                      f"or plugin) named by the config; a build config is code: build only with configs you "
+                      f"trust", ByocWarning, stacklevel=2)
+    return None
+
+
 def _stage_check(item):
     return None if str(item).isdigit() and int(item) >= 2 else "expected a stage count of at least 2"
 
@@ -32,7 +52,8 @@ register_target_kind("cutlass", {
     "use_fast_math": AttrSchema(bool, False, None, "nvcc --use_fast_math for the kernels"),
     "profile": AttrSchema(str, "auto", ("auto", "true", "false"), "time candidate kernels (auto: when a GPU is visible)"),
     "tuning_db": AttrSchema(str, "", None, "JSON file remembering the fastest kernel per problem"),
-    "extra_nvcc_flags": AttrSchema(list, [], None, "more nvcc flags for the kernels"),
+    "extra_nvcc_flags": AttrSchema(list, [], None, "more nvcc flags for the kernels (they can name programs "
+                                   "that the build runs: a config is code)", check=_warn_program_running_flags),
     "tiles": AttrSchema(list, [], None, "candidate threadblock tiles, e.g. [128x128x64, 128x256x64] (empty: all)",
                           check=each(_shape_check(3, "tiles"))),
     "clusters": AttrSchema(list, [], None, "candidate sm90 cluster shapes, e.g. [1x1, 1x2] (empty: all)",

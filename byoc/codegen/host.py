@@ -62,6 +62,32 @@ def check_tensor_sizes(main) -> None:
                                  f"more than the {MAX_BYTES} one tensor may take")
 
 
+_CHECKSUM_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _splitmix_finalize(x):
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def blob_checksum(data: bytes) -> int:
+    """The checksum the model runtime recomputes at create (byoc_blob_checksum in
+    templates/host/model.cc.j2) for the weights and JSON graphs it embeds: each 8-byte
+    little-endian word (the last zero-padded) mixed with its position, summed mod 2**64,
+    and the sum mixed with the length. Order-independent sums let NumPy do it in chunks."""
+    total = np.uint64(0)
+    chunk_words = 1 << 22
+    padded = bytes(data) + b"\0" * (-len(data) % 8)
+    words = np.frombuffer(padded, dtype="<u8")
+    with np.errstate(over="ignore"):
+        for start in range(0, len(words), chunk_words):
+            index = np.arange(start, min(start + chunk_words, len(words)), dtype=np.uint64)
+            mixed = _splitmix_finalize(words[start:start + chunk_words] ^ (index * _CHECKSUM_GOLDEN))
+            total = total + mixed.sum(dtype=np.uint64)
+        return int(_splitmix_finalize(np.uint64(total) ^ (np.uint64(len(data)) * _CHECKSUM_GOLDEN)))
+
+
 def nbytes(type_: TensorType) -> int:
     return math.prod(type_.shape) * numpy_dtype(type_.dtype).itemsize
 
@@ -371,10 +397,16 @@ def metadata_json(plan: HostPlan, *, build_id: str, target: str, arch: str | Non
 
 def render_host(plan: HostPlan, *, cuda: bool, build_id: str, metadata: str, arch_number: int | None,
                 weights_embedded: bool, weights_symbol: str = "byoc_weights_blob", cuda_graph: bool = False,
-                init_symbols: list | None = None, destroy_symbols: list | None = None,
-                devices: bool = False, graph_io: str | None = None) -> str:
-    """`devices`: the plan places data on the host too (plan_host was given devices).
+                stateful: list | None = None, devices: bool = False, graph_io: str | None = None,
+                weights_checksum: int = 0) -> str:
+    """`stateful`: extern symbols with state per model instance (SYMBOL_init makes it at
+    create, SYMBOL_destroy frees it, every call passes it first).
+    `devices`: the plan places data on the host too (plan_host was given devices).
     `graph_io` (with cuda_graph): "copy" (the plan has static_io) or "update"."""
+    stateful = list(stateful or [])
+    state_of = {symbol: index for index, symbol in enumerate(stateful)}
+    calls = [dict(call, state=state_of.get(call.get("symbol")), label_literal=c_string_literal_body(call["label"]))
+             for call in plan.calls]
     data = metadata.encode("utf-8")
     metadata_bytes = ",\n".join(", ".join(str(b) for b in data[i:i + 24]) for i in range(0, len(data), 24))
     return render_template("host/model.cc.j2", {
@@ -383,10 +415,10 @@ def render_host(plan: HostPlan, *, cuda: bool, build_id: str, metadata: str, arc
         "arena_bytes": plan.arena_bytes, "workspace_bytes": plan.workspace_bytes,
         "inputs": [_tensor_entry(n, t) for n, t in plan.inputs],
         "outputs": [_tensor_entry(n, t) for n, t in plan.outputs],
-        "extern_symbols": plan.extern_symbols, "calls": plan.calls, "output_copies": plan.output_copies,
+        "extern_symbols": plan.extern_symbols, "calls": calls, "output_copies": plan.output_copies,
         "arch_number": arch_number or 0, "cuda_graph": cuda_graph and cuda, "input_copies": plan.input_copies,
         "graph_io": graph_io or "copy",
-        "init_symbols": list(init_symbols or []), "destroy_symbols": list(destroy_symbols or []),
+        "stateful": stateful, "weights_checksum": weights_checksum,
         "devices": {"inputs_on_host": [str(v).lower() for v in plan.inputs_on_host],
                     "outputs_on_host": [str(v).lower() for v in plan.outputs_on_host],
                     "host_arena_bytes": plan.host_arena_bytes, "pinned_arena_bytes": plan.pinned_arena_bytes,

@@ -22,6 +22,7 @@ import math
 from pathlib import Path
 from typing import Callable
 
+import google.protobuf.message
 import numpy as np
 import onnx
 from onnx import numpy_helper
@@ -33,6 +34,7 @@ from ..ir.expr import Call, Constant, Expr
 from ..ir.module import IRModule
 from ..ir.op import get_op
 from ..ir.types import NUMPY_DTYPES, TensorType, dtype_of_numpy, is_static_shape
+from .onnx_schema import check_node
 
 MIN_OPSET = 13
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -50,6 +52,10 @@ _ONNX_DTYPES = {
 # memory (and in the built library): a result larger than this is emitted as an op instead
 # (or refused where it must be known at import: a shape), rather than exhausting memory.
 MAX_FOLDED_ELEMENTS = 2**31
+
+# Errors of Python's own that a converter meets on input or attribute values it does not
+# expect (an index past a list's end, an int() of a string, ...): a malformed model.
+_MALFORMED_MODEL_ERRORS = (LookupError, ValueError, TypeError, ArithmeticError, AttributeError)
 
 Value = "np.ndarray | Expr"
 SUPPORTED_OPS: dict[str, Callable] = {}
@@ -114,7 +120,30 @@ def _load(model) -> onnx.ModelProto:
         raise ModelError(f"{where} is not a valid ONNX model (truncated or not ONNX): {error}") from None
     if not proto.HasField("graph") or not proto.graph.node and not proto.graph.output:
         raise ModelError(f"{where} is not a valid ONNX model: it has no graph")
+    bad_text = _first_invalid_text(proto, "model")
+    if bad_text:
+        raise ModelError(f"{where} is not a valid ONNX model: {bad_text} is not valid UTF-8 text")
     return proto
+
+
+def _first_invalid_text(message, path: str) -> str | None:
+    """The path of the first string field (a name, an op type, ...) that is not UTF-8, or
+    None. ONNX's .proto is proto2, whose parser does not check text: such a field reads as
+    bytes, and a name that is bytes would fail far from here (comparing it with a str)."""
+    for field, value in message.ListFields():
+        if field.type not in (field.TYPE_STRING, field.TYPE_MESSAGE):
+            continue  # numbers and bytes (raw_data): nothing to check, nothing to walk
+        single = isinstance(value, (str, bytes)) or field.type == field.TYPE_MESSAGE and \
+            isinstance(value, google.protobuf.message.Message)
+        for position, item in enumerate([value] if single else value):
+            where = f"{path}.{field.name}" if single else f"{path}.{field.name}[{position}]"
+            if isinstance(item, bytes):
+                return where
+            if field.type == field.TYPE_MESSAGE:
+                found = _first_invalid_text(item, where)
+                if found:
+                    return found
+    return None
 
 
 def _elem_type_name(elem_type: int):
@@ -313,25 +342,18 @@ class _Importer:
 
     def _convert_node(self, index: int, node: onnx.NodeProto):
         self.node_label = _node_label(node, index)
+        check_node(node, self.opset, self.node_label)
         inputs = []
-        for position, name in enumerate(node.input):
+        for name in node.input:
             if name == "":
-                self._check_omitted_input(node, position)
-                inputs.append(None)  # an omitted optional input
+                inputs.append(None)  # an omitted optional input (check_node refuses required ones)
             elif name not in self.values:
                 raise ModelError(f"{self.node_label}: input {name!r} is not produced by any earlier node "
                                  f"(the graph is not topologically sorted or is malformed)")
             else:
                 inputs.append(self.values[name])
-        self._check_attributes(node)
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        try:
-            outputs = SUPPORTED_OPS[node.op_type](self, node, inputs, attrs)
-        except ByocError as error:
-            message = str(error)
-            if not message.startswith(self.node_label):
-                message = f"{self.node_label}: {message}"
-            raise type(error)(message) from None
+        outputs = self._run_converter(node, inputs, attrs)
         for name, value in zip(node.output, outputs):
             if name:
                 self.values[name] = value
@@ -340,36 +362,24 @@ class _Importer:
             raise UnsupportedOpError(f"{self.node_label}: byoc does not produce its optional "
                                      f"output(s) {wanted}")
 
-    def _check_attributes(self, node: onnx.NodeProto):
-        """Attribute names against the op's schema at the model's opset (as onnx.checker
-        does): converters read the attributes they know, so a misspelt or unknown one would
-        be ignored silently, and one given twice would keep only its last value."""
-        names = [attribute.name for attribute in node.attribute]
-        twice = sorted({name for name in names if names.count(name) > 1})
-        if twice:
-            raise ModelError(f"{self.node_label}: attribute(s) {twice} given more than once; expected each once")
+    def _run_converter(self, node: onnx.NodeProto, inputs: list, attrs: dict) -> list:
+        """The node's converter, its errors named after the node. check_node has held the
+        node to its schema; an error of Python's own that still escapes a converter means an
+        input or attribute value the converter did not expect, so it is reported as a
+        malformed model, with the original error chained (`--debug` shows where)."""
         try:
-            allowed = onnx.defs.get_schema(node.op_type, self.opset, "").attributes
-        except onnx.defs.SchemaError:  # no schema at this opset: leave it to the converter
-            return
-        unknown = [name for name in names if name not in allowed]
-        if unknown:
-            raise ModelError(f"{self.node_label}: unknown attribute(s) {unknown} for {node.op_type} at opset "
-                             f"{self.opset}; allowed: {', '.join(sorted(allowed)) or 'none'}")
-
-    def _check_omitted_input(self, node: onnx.NodeProto, position: int):
-        """An empty input name omits an optional input; for a required one the converter
-        would meet None where it expects a value."""
-        try:
-            params = onnx.defs.get_schema(node.op_type, self.opset, "").inputs
-        except onnx.defs.SchemaError:  # no schema at this opset: leave it to the converter
-            return
-        if not params:
-            return
-        param = params[min(position, len(params) - 1)]  # a variadic parameter is the last
-        if param.option != onnx.defs.OpSchema.FormalParameterOption.Optional:
-            raise ModelError(f"{self.node_label}: required input {position} ({param.name}) is empty; "
-                             f"expected the name of a value")
+            return SUPPORTED_OPS[node.op_type](self, node, inputs, attrs)
+        except ByocError as error:
+            message = str(error)
+            if not message.startswith(self.node_label):
+                message = f"{self.node_label}: {message}"
+            raise type(error)(message) from None
+        except MemoryError as error:  # numpy says how much it tried to allocate
+            raise ModelError(f"{self.node_label}: computing its output at import time ran out of memory "
+                             f"({error or 'no size given'}); expected values that fit in memory") from error
+        except _MALFORMED_MODEL_ERRORS as error:
+            raise ModelError(f"{self.node_label} could not be converted; the model is malformed "
+                             f"({type(error).__name__}: {error})") from error
 
     # ---- helpers for converters ---------------------------------------------------
     def call(self, op_name: str, *args, name: str | None = None, **attrs):
@@ -380,7 +390,11 @@ class _Importer:
             call = Call(op_name, [a if isinstance(a, Expr) else self._scalar_like(a, atoms) for a in atoms], attrs)
             count = _element_count(call.type)
             if count <= MAX_FOLDED_ELEMENTS:
-                return evaluate_call(get_op(op_name), [a.data for a in call.args], call.attrs, call.type)
+                try:
+                    return evaluate_call(get_op(op_name), [a.data for a in call.args], call.attrs, call.type)
+                except _MALFORMED_MODEL_ERRORS as error:  # e.g. a constant index out of range
+                    raise ModelError(f"{self.node_label}: {error} (computing {op_name} of its constant inputs "
+                                     f"at import time)") from error
             # Too large to compute here (an Expand or Tile of a constant to 2**40 elements
             # would allocate it in the importer): emit the op, so that it runs in the built
             # library, where the memory planner and the host plan's size check decide. Only a
@@ -418,6 +432,27 @@ class _Importer:
                              f"at import time; expected at most 2**{int(math.log2(MAX_FOLDED_ELEMENTS))} elements")
         raise UnsupportedOpError(f"{self.node_label}: input {what!r} must be known at import time "
                                  f"(byoc compiles static shapes), but it is computed at run time")
+
+    def known_ints(self, value, what: str, allow_scalar: bool = False) -> tuple[int, ...]:
+        """A 1-D integer tensor known at import time (a shape, axes, pads, repeats, ...), as
+        Python ints; with `allow_scalar` a 0-D one too, as one int."""
+        array = np.asarray(self.known(value, what))
+        ranks = (0, 1) if allow_scalar else (1,)
+        if array.ndim not in ranks or array.dtype.kind not in "iu":
+            expected = "a 1-D tensor (or a scalar)" if allow_scalar else "a 1-D tensor"
+            raise ModelError(f"{self.node_label}: input {what!r} is a {array.dtype} tensor of shape "
+                             f"{list(array.shape)}; expected {expected} of integers")
+        return tuple(int(item) for item in array.reshape(-1))
+
+    def known_scalar(self, value, what: str, kind: str = "numeric"):
+        """A one-element tensor known at import time (a bound, a count, a fill value), as a
+        Python number. `kind` "integer" requires an integer tensor."""
+        array = np.asarray(self.known(value, what))
+        kinds = "iu" if kind == "integer" else "iufbV"  # V: bfloat16 (ml_dtypes)
+        if array.size != 1 or array.dtype.kind not in kinds:
+            raise ModelError(f"{self.node_label}: input {what!r} is a {array.dtype} tensor of shape "
+                             f"{list(array.shape)}; expected one {kind} value")
+        return array.reshape(-1)[0].item()
 
     @staticmethod
     def type_of(value) -> TensorType:
@@ -465,8 +500,7 @@ for _onnx_name, _op_name in {**_UNARY, **_BINARY}.items():
 @converter("Identity", "Dropout")
 def _identity(ctx, node, inputs, attrs):
     if node.op_type == "Dropout" and len(inputs) > 2 and inputs[2] is not None:
-        training = ctx.known(inputs[2], "training_mode")
-        if bool(np.asarray(training).reshape(-1)[0]):
+        if ctx.known_scalar(inputs[2], "training_mode"):
             ctx.unsupported("training_mode=True (byoc compiles inference graphs)")
     outputs = [inputs[0]]
     if node.op_type == "Dropout" and len(node.output) > 1 and node.output[1]:
@@ -574,7 +608,7 @@ def _clip(ctx, node, inputs, attrs):
         if bound is None:
             continue
         if isinstance(bound, np.ndarray) or isinstance(bound, Constant):
-            bounds[key] = float(np.asarray(ctx.known(bound, key)).reshape(-1)[0])
+            bounds[key] = float(ctx.known_scalar(bound, key))
         else:  # a bound computed at run time: clip as maximum/minimum
             x = ctx.call("maximum" if key == "min" else "minimum", x, bound)
     if not bounds:
@@ -590,7 +624,7 @@ def _reduce_axes(ctx, node, inputs, attrs):
     if "axes" in attrs:
         axes = tuple(attrs["axes"])
     elif len(inputs) > 1 and inputs[1] is not None:
-        axes = tuple(int(a) for a in np.asarray(ctx.known(inputs[1], "axes")).reshape(-1))
+        axes = ctx.known_ints(inputs[1], "axes")
     else:
         axes = ()
     if not axes and attrs.get("noop_with_empty_axes", 0):
@@ -757,6 +791,14 @@ def _spatial_pads(ctx, attrs, in_spatial, kernel, strides, dilations):
     ctx.unsupported(f"auto_pad={auto_pad!r}")
 
 
+def _check_window_attributes(attrs, rank: int):
+    """kernel_shape, strides and dilations give one value per spatial axis, pads two."""
+    for name, length in (("kernel_shape", rank), ("strides", rank), ("dilations", rank), ("pads", 2 * rank)):
+        if name in attrs and len(attrs[name]) != length:
+            raise ModelError(f"attribute {name!r} is {list(attrs[name])}; expected {length} values for an input "
+                             f"of {rank} spatial axes")
+
+
 def _to_2d_pads(pads):
     """ONNX (h_begin, w_begin, h_end, w_end) -> byoc (top, left, bottom, right): the same."""
     return tuple(pads)
@@ -769,7 +811,11 @@ def _conv(ctx, node, inputs, attrs):
     rank = len(ctx.shape(x)) - 2
     if rank not in (1, 2):
         ctx.unsupported(f"{rank}-D convolution (byoc has 1-D and 2-D)")
+    _check_window_attributes(attrs, rank)
     kernel = tuple(attrs.get("kernel_shape", ctx.shape(weight)[2:]))
+    if kernel != ctx.shape(weight)[2:]:
+        raise ModelError(f"attribute 'kernel_shape' is {list(kernel)}, but input W has shape "
+                         f"{list(ctx.shape(weight))}; expected its spatial dims")
     strides = tuple(attrs.get("strides", (1,) * rank))
     dilations = tuple(attrs.get("dilations", (1,) * rank))
     pads = _spatial_pads(ctx, attrs, ctx.shape(x)[2:], kernel, strides, dilations)
@@ -793,6 +839,7 @@ def _pool(ctx, node, inputs, attrs):
     rank = len(ctx.shape(x)) - 2
     if rank not in (1, 2):
         ctx.unsupported(f"{rank}-D pooling (byoc has 1-D and 2-D)")
+    _check_window_attributes(attrs, rank)
     if attrs.get("storage_order", 0):
         ctx.unsupported("storage_order=1")
     kernel = tuple(attrs["kernel_shape"])
@@ -839,12 +886,18 @@ def _size(ctx, node, inputs, attrs):
     return [np.asarray(math.prod(ctx.shape(inputs[0])), dtype=np.int64)]
 
 
+_CONSTANT_NUMBERS = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64,
+                     "value_ints": np.int64}
+
+
 @converter("Constant")
 def _constant(ctx, node, inputs, attrs):
+    if len(attrs) != 1:  # the spec: exactly one of its attributes gives the value
+        raise ModelError(f"attributes {sorted(attrs)} given; expected exactly one of "
+                         f"{', '.join(sorted(onnx.defs.get_schema('Constant', ctx.opset, '').attributes))}")
     if "value" in attrs:
-        return [ctx._tensor_to_array(node.attribute[0].t, f"{ctx.node_label} value")]
-    for key, dtype in (("value_float", np.float32), ("value_floats", np.float32),
-                       ("value_int", np.int64), ("value_ints", np.int64)):
+        return [ctx._tensor_to_array(attrs["value"], f"{ctx.node_label} value")]
+    for key, dtype in _CONSTANT_NUMBERS.items():
         if key in attrs:
             return [np.asarray(attrs[key], dtype=dtype)]
     ctx.unsupported(f"a Constant given by {sorted(attrs)} (byoc reads value, value_float(s), value_int(s))")
@@ -852,23 +905,22 @@ def _constant(ctx, node, inputs, attrs):
 
 @converter("ConstantOfShape")
 def _constant_of_shape(ctx, node, inputs, attrs):
-    shape = tuple(int(d) for d in ctx.known(inputs[0], "input"))
+    shape = ctx.known_ints(inputs[0], "input")
     if any(d < 0 for d in shape):
         raise ModelError(f"input 'input' (the shape) is {list(shape)}; expected non-negative dims")
     _check_folded_size(math.prod(shape), f"of shape {list(shape)}")
     if "value" in attrs:
-        fill = ctx._tensor_to_array(attrs["value"], f"{ctx.node_label} value").reshape(-1)[0]
-        return [np.full(shape, fill, dtype=fill.dtype)]
+        fill = ctx._tensor_to_array(attrs["value"], f"{ctx.node_label} value")
+        if fill.size != 1:
+            raise ModelError(f"attribute 'value' has shape {list(fill.shape)}; expected a one-element tensor")
+        return [np.full(shape, fill.reshape(-1)[0], dtype=fill.dtype)]
     return [np.zeros(shape, dtype=np.float32)]
 
 
 @converter("Range")
 def _range(ctx, node, inputs, attrs):
     start, limit, delta = (ctx.known(v, n) for v, n in zip(inputs, ("start", "limit", "delta")))
-    for value, name in ((start, "start"), (limit, "limit"), (delta, "delta")):
-        if np.asarray(value).size != 1:
-            raise ModelError(f"input {name!r} has shape {np.asarray(value).shape}; expected a scalar")
-    first, last, step = (np.asarray(v).reshape(-1)[0].item() for v in (start, limit, delta))
+    first, last, step = (ctx.known_scalar(v, n) for v, n in zip(inputs, ("start", "limit", "delta")))
     if step == 0:
         raise ModelError("input 'delta' is 0; expected a non-zero step")
     if not all(math.isfinite(v) for v in (first, last, step)):
@@ -895,12 +947,17 @@ def _check_folded_size(count: int, what: str):
 @converter("Reshape")
 def _reshape(ctx, node, inputs, attrs):
     x = inputs[0]
-    target = [int(d) for d in ctx.known(inputs[1], "shape")]
+    target = list(ctx.known_ints(inputs[1], "shape"))
     in_shape = ctx.shape(x)
     if not attrs.get("allowzero", 0):  # 0 copies the input's dim
+        copied = [i for i, d in enumerate(target) if d == 0 and i >= len(in_shape)]
+        if copied:
+            raise ModelError(f"input 'shape' {target} has 0 (copy the input's dim) at position(s) {copied}, "
+                             f"but the input has rank {len(in_shape)}; expected 0s only within its rank")
         target = [in_shape[i] if d == 0 else d for i, d in enumerate(target)]
-    elif 0 in target and -1 in target:
-        ctx.unsupported("allowzero=1 with both 0 and -1 in the shape")
+    elif 0 in target and -1 in target:  # the spec calls this invalid: -1 cannot be inferred
+        raise ModelError(f"input 'shape' {target} has both 0 and -1 with allowzero=1; expected at most one "
+                         f"of them")
     return [ctx.call("reshape", x, shape=tuple(target), name=node.output[0])]
 
 
@@ -908,6 +965,9 @@ def _reshape(ctx, node, inputs, attrs):
 def _flatten(ctx, node, inputs, attrs):
     shape = ctx.shape(inputs[0])
     axis = attrs.get("axis", 1)
+    if not -len(shape) <= axis <= len(shape):
+        raise ModelError(f"attribute 'axis' is {axis}; expected -{len(shape)} to {len(shape)} for an input of "
+                         f"rank {len(shape)}")
     axis = axis + len(shape) if axis < 0 else axis
     target = (math.prod(shape[:axis]), math.prod(shape[axis:]))
     return [ctx.call("reshape", inputs[0], shape=target, name=node.output[0])]
@@ -924,7 +984,8 @@ def _axes_from(ctx, inputs, attrs, index=1):
     if "axes" in attrs:
         return tuple(attrs["axes"])
     if len(inputs) > index and inputs[index] is not None:
-        return tuple(int(a) for a in np.asarray(ctx.known(inputs[index], "axes")).reshape(-1))
+        # the spec says 1-D; onnxruntime also reads a 0-D axes tensor, so byoc does
+        return ctx.known_ints(inputs[index], "axes", allow_scalar=True)
     return None
 
 
@@ -943,7 +1004,7 @@ def _unsqueeze(ctx, node, inputs, attrs):
 @converter("Expand")
 def _expand(ctx, node, inputs, attrs):
     x = inputs[0]
-    target = tuple(int(d) for d in ctx.known(inputs[1], "shape"))
+    target = ctx.known_ints(inputs[1], "shape")
     try:
         shape = np.broadcast_shapes(ctx.shape(x), target)
     except ValueError:
@@ -963,16 +1024,26 @@ def _concat(ctx, node, inputs, attrs):
 @converter("Split")
 def _split(ctx, node, inputs, attrs):
     x = inputs[0]
-    axis = attrs.get("axis", 0)
+    rank = len(ctx.shape(x))
+    axis = _checked_axis(attrs.get("axis", 0), rank)
     length = ctx.shape(x)[axis]
     count = len(node.output)
-    if "split" in attrs:
-        sizes = tuple(attrs["split"])
-    elif len(inputs) > 1 and inputs[1] is not None:
-        sizes = tuple(int(s) for s in ctx.known(inputs[1], "split"))
+    if len(inputs) > 1 and inputs[1] is not None:
+        if "num_outputs" in attrs:
+            raise ModelError("both input 'split' and attribute 'num_outputs' given; expected one of them")
+        sizes = ctx.known_ints(inputs[1], "split")
+        if len(sizes) != count:
+            raise ModelError(f"input 'split' has {len(sizes)} sizes {list(sizes)}, but the node has {count} "
+                             f"outputs; expected one size per output")
     else:
         parts = attrs.get("num_outputs", count)
+        if parts != count:
+            raise ModelError(f"attribute 'num_outputs' is {parts}, but the node has {count} outputs; "
+                             f"expected them to agree")
         chunk = -(-length // parts)  # the last chunk is smaller when it does not divide
+        if chunk * (parts - 1) > length:
+            raise ModelError(f"attribute 'num_outputs' is {parts}: {length} elements along axis {axis} do not "
+                             f"make {parts} chunks of {chunk} with a smaller last one")
         sizes = tuple(min(chunk, length - i * chunk) for i in range(parts))
     result = ctx.call("split", x, axis=axis, sizes=sizes)
     if isinstance(result, tuple):
@@ -980,13 +1051,20 @@ def _split(ctx, node, inputs, attrs):
     return [ctx.builder.get_item(result, i, name=name or None) for i, name in enumerate(node.output)]
 
 
+def _checked_axis(axis: int, rank: int, attribute: str = "axis") -> int:
+    """An axis attribute in -rank..rank-1, as 0..rank-1."""
+    if not -rank <= axis < rank:
+        raise ModelError(f"attribute {attribute!r} is {axis}; expected -{rank} to {rank - 1} for an input of "
+                         f"rank {rank}")
+    return axis % rank
+
+
 @converter("Slice")
 def _slice(ctx, node, inputs, attrs):
     x = inputs[0]
-    starts = tuple(int(v) for v in ctx.known(inputs[1], "starts"))
-    ends = tuple(int(v) for v in ctx.known(inputs[2], "ends"))
-    axes = tuple(int(v) for v in ctx.known(inputs[3], "axes")) if len(inputs) > 3 and inputs[3] is not None else ()
-    steps = tuple(int(v) for v in ctx.known(inputs[4], "steps")) if len(inputs) > 4 and inputs[4] is not None else ()
+    starts, ends, axes, steps = (
+        ctx.known_ints(value, name) if value is not None else ()
+        for value, name in zip(inputs[1:] + [None] * (5 - len(inputs)), ("starts", "ends", "axes", "steps")))
     # clamp to int64-safe values the op can hold
     limit = np.iinfo(np.int64).max
     ends = tuple(max(min(e, limit), -limit) for e in ends)
@@ -1011,14 +1089,12 @@ def _pad(ctx, node, inputs, attrs):
     mode = mode.decode() if isinstance(mode, bytes) else mode
     if mode not in ("constant", "reflect", "edge"):
         ctx.unsupported(f"mode={mode!r} (byoc pads with constant, reflect or edge)")
-    pads = [int(p) for p in (attrs["pads"] if "pads" in attrs else ctx.known(inputs[1], "pads"))]
+    pads = list(ctx.known_ints(inputs[1], "pads"))
     value = 0.0
     if len(inputs) > 2 and inputs[2] is not None:
-        value = float(np.asarray(ctx.known(inputs[2], "constant_value")).reshape(-1)[0])
-    elif "value" in attrs:
-        value = float(attrs["value"])
+        value = float(ctx.known_scalar(inputs[2], "constant_value"))
     if len(inputs) > 3 and inputs[3] is not None:  # opset 18: pads given for some axes only
-        axes = [int(a) % rank for a in ctx.known(inputs[3], "axes")]
+        axes = [a % rank for a in ctx.known_ints(inputs[3], "axes")]
         full = [0] * (2 * rank)
         for i, axis in enumerate(axes):
             full[axis], full[rank + axis] = pads[i], pads[len(axes) + i]
@@ -1028,19 +1104,19 @@ def _pad(ctx, node, inputs, attrs):
 
 @converter("Tile")
 def _tile(ctx, node, inputs, attrs):
-    repeats = tuple(int(r) for r in ctx.known(inputs[1], "repeats"))
+    repeats = ctx.known_ints(inputs[1], "repeats")
     return [ctx.call("tile", inputs[0], repeats=repeats, name=node.output[0])]
 
 
 @converter("Trilu")
 def _trilu(ctx, node, inputs, attrs):
-    k = int(np.asarray(ctx.known(inputs[1], "k")).reshape(-1)[0]) if len(inputs) > 1 and inputs[1] is not None else 0
+    k = ctx.known_scalar(inputs[1], "k", "integer") if len(inputs) > 1 and inputs[1] is not None else 0
     return [ctx.call("trilu", inputs[0], upper=bool(attrs.get("upper", 1)), k=k, name=node.output[0])]
 
 
 @converter("CumSum")
 def _cumsum(ctx, node, inputs, attrs):
-    axis = int(np.asarray(ctx.known(inputs[1], "axis")).reshape(-1)[0])
+    axis = ctx.known_scalar(inputs[1], "axis", "integer")
     return [ctx.call("cumsum", inputs[0], axis=axis, exclusive=bool(attrs.get("exclusive", 0)),
                      reverse=bool(attrs.get("reverse", 0)), name=node.output[0])]
 

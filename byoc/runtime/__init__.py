@@ -80,8 +80,21 @@ class _Prepared:
             interface, device = array.__array_interface__, _DEVICE_CPU
         else:
             raise ByocRuntimeError(f"{what}: expected a NumPy, CuPy or torch array, got {type(array).__name__}")
+        try:
+            self._describe(array, interface, device, what, expected_dtype, writable)
+        except (KeyError, TypeError, ValueError, IndexError, OverflowError, AttributeError) as error:
+            raise ByocRuntimeError(f"{what}: its {'__cuda_array_interface__' if device == _DEVICE_CUDA else '__array_interface__'} "
+                                   f"is malformed ({type(error).__name__}: {error}); expected a dict with 'shape' "
+                                   f"(a tuple of ints), 'typestr', 'data' (pointer, read_only) and optional "
+                                   f"'strides'") from None
+
+    def _describe(self, array, interface, device, what, expected_dtype, writable):
         shape = tuple(int(d) for d in interface["shape"])
+        if any(d < 0 for d in shape):
+            raise ValueError(f"negative dims in shape {shape}")
         typestr = interface["typestr"]
+        if not isinstance(typestr, str) or len(typestr) < 3:
+            raise ValueError(f"typestr {typestr!r} is not a NumPy type string")
         dtype = getattr(array, "dtype", typestr)
         if typestr[0] not in ("|", _NATIVE_BYTE_ORDER):
             # the C side reads native words: a byte-swapped array would give wrong numbers
@@ -96,13 +109,18 @@ class _Prepared:
         code, bits = dlpack
         itemsize = int(typestr[2:]) if typestr[2:].isdigit() else 1
         data, read_only = interface["data"] if interface.get("data") else (0, False)
+        data = int(data)
+        if not 0 <= data < 1 << 64:
+            raise ValueError(f"data pointer {data} is not a 64-bit address")
         if writable and read_only:
             raise ByocRuntimeError(f"{what}: the out= array is read-only; pass a writeable array")
         self.shape = (ctypes.c_int64 * max(len(shape), 1))(*shape)
         strides = interface.get("strides")
         self.strides = None
         if strides is not None:
-            self.strides = (ctypes.c_int64 * max(len(shape), 1))(*[s // itemsize for s in strides])
+            if len(strides) != len(shape):
+                raise ValueError(f"{len(strides)} strides for {len(shape)} dims")
+            self.strides = (ctypes.c_int64 * max(len(shape), 1))(*[int(s) // itemsize for s in strides])
         self.tensor = _DLTensor(
             data=data, device=_DLDevice(device, 0), ndim=len(shape), dtype=_DLDataType(code, bits, 1),
             shape=self.shape, strides=self.strides, byte_offset=0)
@@ -135,15 +153,26 @@ class Module:
 
     def __init__(self, path, weights_path=None):
         self._run_lock = threading.Lock()
-        self.path = str(Path(_check_path(path)).resolve())
-        self._lib = lib = _open_library(self.path)
+        self.path = _resolved(_check_path(path))
+        self._handle = None
+        self._lib = _open_library(self.path)
+        try:
+            self._create(weights_path)
+        except BaseException:
+            _close_library(self._lib)  # a refused library stays mapped in no process
+            raise
+
+    def _create(self, weights_path):
+        lib = self._lib
         lib.byoc_model_metadata.restype = ctypes.c_char_p
         lib.byoc_last_error.restype = ctypes.c_char_p
         lib.byoc_model_create.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p]
         lib.byoc_model_run.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DLTensor), ctypes.c_int32,
                                        ctypes.POINTER(_DLTensor), ctypes.c_int32, ctypes.c_void_p]
         lib.byoc_model_destroy.argtypes = [ctypes.c_void_p]
-        self.metadata = json.loads(lib.byoc_model_metadata().decode("utf-8"))
+        if hasattr(lib, "byoc_model_status"):  # libraries built before it lack it
+            lib.byoc_model_status.argtypes = [ctypes.c_void_p]
+        self.metadata = _read_metadata(lib, self.path)
         if weights_path is None and self.metadata["weights"]["location"] == "sidecar":
             weights_path = os.path.splitext(self.path)[0] + ".safetensors"
         elif weights_path is not None and self.metadata["weights"]["location"] != "sidecar":
@@ -193,8 +222,8 @@ class Module:
                 torch_dtype = getattr(torch, spec["dtype"])
                 outputs.append(torch.empty(spec["shape"], dtype=torch_dtype, device=like.device))
             else:
-                import cupy
-                outputs.append(cupy.empty(spec["shape"], dtype=dtype))
+                outputs.append(_cupy("allocating the outputs (pass torch tensors, or out= arrays)")
+                               .empty(spec["shape"], dtype=dtype))
         return outputs
 
     def run(self, *args, out=None, stream=None, **kwargs):
@@ -237,9 +266,12 @@ class Module:
 
     def _stream_pointer(self, stream, inputs):
         if self.device != "cuda":
+            if stream is not None:
+                raise ByocRuntimeError(f"stream=: this model runs on the cpu; expected no stream, got "
+                                       f"{type(stream).__name__}")
             return None
         if stream is not None:
-            return getattr(stream, "ptr", getattr(stream, "cuda_stream", stream))
+            return _stream_handle(stream)
         first = inputs[0] if inputs else None
         if first is not None and type(first).__module__.startswith("torch"):
             import torch
@@ -269,8 +301,26 @@ class Module:
 
     def _synchronize(self):
         if self.device == "cuda":
-            import cupy
-            cupy.cuda.runtime.deviceSynchronize()
+            try:
+                import cupy
+                cupy.cuda.runtime.deviceSynchronize()
+            except ImportError:
+                try:
+                    import torch
+                except ImportError:
+                    raise ByocRuntimeError("synchronizing the GPU needs CuPy or torch; install byoc[cuda]") from None
+                torch.cuda.synchronize()
+
+    def synchronize(self):
+        """Wait for the GPU work queued so far, then raise a byoc.RuntimeError if one of the
+        finished runs met an error only its kernels could see (an out-of-range Gather index:
+        clamped, never read outside the table, and its outputs are wrong). Without this,
+        such an error is raised by the next run()."""
+        self._synchronize()
+        with self._run_lock:
+            if self._handle is not None and hasattr(self._lib, "byoc_model_status"):
+                if self._lib.byoc_model_status(self._handle) != 0:
+                    raise ByocRuntimeError(self._error())
 
     def close(self):
         if getattr(self, "_handle", None) is None:
@@ -279,12 +329,175 @@ class Module:
             if self._handle is not None:
                 self._lib.byoc_model_destroy(self._handle)
                 self._handle = None
+                _close_library(self._lib)  # a long-lived process loading many models keeps none
 
     def __del__(self):
         try:
             self.close()
         except Exception:
             pass
+
+
+def _read_metadata(lib, path: str) -> dict:
+    """The library's metadata JSON, checked against what this runtime reads from it: a
+    corrupted or foreign file is a byoc.RuntimeError naming the key at fault."""
+    lib.byoc_model_metadata.restype = ctypes.c_char_p
+    raw = lib.byoc_model_metadata()
+    name = os.path.basename(path)
+    if raw is None:
+        raise ByocRuntimeError(f"{name}: byoc_model_metadata() returned NULL; expected a JSON object")
+    try:
+        metadata = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as error:
+        raise ByocRuntimeError(f"{name}: its metadata is not valid UTF-8 JSON ({error}); the file is corrupted "
+                               f"or not a byoc library: rebuild it") from None
+    validate_metadata(metadata, name)
+    return metadata
+
+
+_TENSOR_DTYPES = {"float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"}
+
+
+def validate_metadata(metadata, name: str = "library") -> None:
+    """A byoc.RuntimeError naming the first key of `metadata` that is missing or not of the
+    form byoc writes (format byoc-model version 1)."""
+    def bad(key, expected, got):
+        return ByocRuntimeError(f"{name}: metadata key {key!r} is {got!r}; expected {expected} (the library is "
+                                f"corrupted or was not built by this byoc: rebuild it)")
+
+    def field(where, key, kinds, expected):
+        if not isinstance(where, dict) or key not in where:
+            raise ByocRuntimeError(f"{name}: metadata has no key {key!r}; expected {expected} (the library is "
+                                   f"corrupted or was not built by this byoc: rebuild it)")
+        value = where[key]
+        if not isinstance(value, kinds) or isinstance(value, bool):  # no field of it is a bool
+            raise bad(key, expected, value)
+        return value
+
+    if not isinstance(metadata, dict):
+        raise bad("(top level)", "a JSON object", type(metadata).__name__)
+    if field(metadata, "format", str, "'byoc-model'") != "byoc-model":
+        raise bad("format", "'byoc-model'", metadata["format"])
+    if field(metadata, "version", int, "1") != 1:
+        raise bad("version", "1 (this byoc reads version 1)", metadata["version"])
+    field(metadata, "target", str, "a target string")
+    for role in ("inputs", "outputs"):
+        for index, tensor in enumerate(field(metadata, role, list, "a list of tensors")):
+            key = f"{role}[{index}]"
+            if not isinstance(tensor, dict):
+                raise bad(key, "an object with name, shape and dtype", tensor)
+            field(tensor, "name", str, f"{key}.name: a string")
+            shape = field(tensor, "shape", list, f"{key}.shape: a list of dims")
+            if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 63 for d in shape):
+                raise bad(f"{key}.shape", "a list of non-negative int64 dims", shape)
+            if field(tensor, "dtype", str, f"{key}.dtype") not in _TENSOR_DTYPES:
+                raise bad(f"{key}.dtype", f"one of {sorted(_TENSOR_DTYPES)}", tensor["dtype"])
+            if tensor.get("device", "cuda") not in ("cpu", "cuda"):
+                raise bad(f"{key}.device", "'cpu' or 'cuda'", tensor["device"])
+    weights = field(metadata, "weights", dict, "an object with bytes and location")
+    if field(weights, "location", str, "weights.location") not in ("embedded", "sidecar"):
+        raise bad("weights.location", "'embedded' or 'sidecar'", weights["location"])
+    if field(weights, "bytes", int, "weights.bytes: an integer") < 0:
+        raise bad("weights.bytes", "a non-negative integer", weights["bytes"])
+
+
+def _check_library_file(path: str) -> None:
+    """Checks that `path` is a whole ELF shared object before the dynamic loader maps it: a
+    FIFO or device would block or be read forever, and a truncated file maps pages past its
+    end, which fault (SIGBUS) when the loader touches them."""
+    import stat as stat_module
+    import struct
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError) as error:
+        raise ByocRuntimeError(f"cannot load {path}: {error}") from None
+    if not stat_module.S_ISREG(info.st_mode):
+        kind = "a directory" if stat_module.S_ISDIR(info.st_mode) else "not a regular file"
+        raise ByocRuntimeError(f"cannot load {path}: it is {kind}; expected a byoc .so file")
+    size = info.st_size
+
+    def corrupt(why):
+        return ByocRuntimeError(f"cannot load {path}: {why}; the file is truncated or corrupted "
+                                f"(expected a whole ELF shared object as byoc builds it)")
+    try:
+        with open(path, "rb") as file:
+            header = file.read(64)
+            if len(header) < 64 or header[:4] != b"\x7fELF":
+                raise ByocRuntimeError(f"cannot load {path}: not an ELF shared object (no ELF header); "
+                                       f"expected a .so built by byoc")
+            if header[4] != 2 or header[5] != (1 if sys.byteorder == "little" else 2):
+                raise corrupt("its ELF class or byte order is not this machine's (64-bit, native)")
+            endian = "<" if header[5] == 1 else ">"
+            (e_type, _machine, _version, _entry, e_phoff, e_shoff, _flags, _ehsize, e_phentsize, e_phnum,
+             e_shentsize, e_shnum, _shstrndx) = struct.unpack(endian + "HHIQQQIHHHHHH", header[16:64])
+            if e_type != 3:
+                raise ByocRuntimeError(f"cannot load {path}: ELF type {e_type} is not a shared object (3)")
+            if e_phentsize != 56 or e_phnum == 0 or e_phoff + e_phnum * 56 > size:
+                raise corrupt(f"its program headers ({e_phnum} at offset {e_phoff}) lie outside its {size} bytes")
+            if e_shnum and (e_shentsize != 64 or e_shoff + e_shnum * 64 > size):
+                raise corrupt(f"its section headers ({e_shnum} at offset {e_shoff}) lie outside its {size} bytes")
+            file.seek(e_phoff)
+            table = file.read(e_phnum * 56)
+            for index in range(e_phnum):
+                p_type, _flags, p_offset, _vaddr, _paddr, p_filesz, _memsz, _align = struct.unpack_from(
+                    endian + "IIQQQQQQ", table, index * 56)
+                if p_type == 1 and p_offset + p_filesz > size:  # PT_LOAD: mapped from the file
+                    raise corrupt(f"segment {index} needs bytes {p_offset}..{p_offset + p_filesz} of the file, "
+                                  f"which has {size}")
+            if e_shnum:
+                file.seek(e_shoff)
+                table = file.read(e_shnum * 64)
+                for index in range(e_shnum):
+                    (_name, sh_type, _flags, _addr, sh_offset, sh_size, *_rest) = struct.unpack_from(
+                        endian + "IIQQQQIIQQ", table, index * 64)
+                    if sh_type != 8 and sh_offset + sh_size > size:  # SHT_NOBITS takes no file bytes
+                        raise corrupt(f"section {index} needs bytes {sh_offset}..{sh_offset + sh_size}, "
+                                      f"beyond its {size}")
+    except OSError as error:
+        raise ByocRuntimeError(f"cannot load {path}: {error}") from None
+
+
+def _cupy(purpose: str):
+    try:
+        import cupy
+    except ImportError:
+        raise ByocRuntimeError(f"{purpose} needs CuPy, which is not installed: install byoc[cuda] "
+                               f"(cupy-cuda13x)") from None
+    return cupy
+
+
+def _stream_handle(stream) -> int:
+    """The cudaStream_t of a stream object: a CuPy stream (.ptr), a torch stream
+    (.cuda_stream), an object with __cuda_stream__ (the CUDA stream protocol), or 0 for the
+    legacy default stream. A bare integer other than 0 is refused: the library would take
+    any number for a stream and crash on one that is not; wrap a raw handle you own in
+    cupy.cuda.ExternalStream(handle) or torch.cuda.ExternalStream(handle)."""
+    if hasattr(stream, "__cuda_stream__"):
+        try:
+            _version, handle = stream.__cuda_stream__()
+        except (TypeError, ValueError) as error:
+            raise ByocRuntimeError(f"stream=: __cuda_stream__() of {type(stream).__name__} did not return "
+                                   f"(version, handle): {error}") from None
+    elif hasattr(stream, "ptr"):
+        handle = stream.ptr
+    elif hasattr(stream, "cuda_stream"):
+        handle = stream.cuda_stream
+    elif isinstance(stream, numbers.Integral) and not isinstance(stream, bool) and int(stream) == 0:
+        return 0
+    else:
+        raise ByocRuntimeError(
+            f"stream=: expected a CuPy or torch stream (or 0 for the legacy default stream), got "
+            f"{type(stream).__name__} {stream!r}; wrap a raw cudaStream_t in cupy.cuda.ExternalStream(handle)")
+    if not isinstance(handle, numbers.Integral) or not 0 <= int(handle) < 1 << 64:
+        raise ByocRuntimeError(f"stream=: {type(stream).__name__} gave handle {handle!r}; expected a pointer")
+    return int(handle)
+
+
+def _resolved(path) -> str:
+    try:
+        return str(Path(path).resolve(strict=True))
+    except (OSError, RuntimeError, ValueError) as error:  # missing, a symlink loop, a NUL byte
+        raise ByocRuntimeError(f"cannot load {path}: {error}") from None
 
 
 def _check_path(path):
@@ -306,7 +519,8 @@ def _open_library(path) -> ctypes.CDLL:
     """The library at `path`, checked to be one byoc built (it exports byoc_model_metadata).
     A file that changed since this process first loaded that path is loaded from a private
     copy (removed once loaded), so the loader cannot return the earlier one."""
-    resolved = str(Path(path).resolve())
+    resolved = _resolved(path)
+    _check_library_file(resolved)
     try:
         stat = os.stat(resolved)
         state = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
@@ -319,6 +533,7 @@ def _open_library(path) -> ctypes.CDLL:
     except OSError as error:
         raise ByocRuntimeError(f"cannot load {path}: {error}") from None
     if not hasattr(lib, "byoc_model_metadata"):
+        _close_library(lib)
         raise ByocRuntimeError(f"{path}: not a byoc library: it has no byoc_model_metadata")
     return lib
 
@@ -341,8 +556,20 @@ def _open_private_copy(path: str) -> ctypes.CDLL:
 def metadata_of(path) -> dict:
     """A library's metadata JSON, read without creating the model (no weights loaded)."""
     lib = _open_library(_check_path(path))
-    lib.byoc_model_metadata.restype = ctypes.c_char_p
-    return json.loads(lib.byoc_model_metadata().decode("utf-8"))
+    try:
+        return _read_metadata(lib, str(path))
+    finally:
+        _close_library(lib)
+
+
+def _close_library(lib: ctypes.CDLL) -> None:
+    """Drops this CDLL's reference to the library (each CDLL is one dlopen; the library is
+    unmapped when the last goes). Nothing may call into `lib` afterwards."""
+    import _ctypes
+    try:
+        _ctypes.dlclose(lib._handle)
+    except OSError:
+        pass
 
 
 def load(path, weights_path=None) -> Module:

@@ -12,7 +12,9 @@
  * (strides NULL or the compact ones). run() checks all of this, never allocates, and
  * enqueues all work on `stream` (a cudaStream_t; NULL = the legacy default stream; ignored
  * on the cpu target). Every function returns 0 on success; otherwise byoc_last_error()
- * (thread-local) says what went wrong, and the model stays usable.
+ * (thread-local) says what went wrong, and the model stays usable. Outputs must not
+ * overlap inputs or each other (refused). Model instances are independent: each owns its
+ * memory, engines and graphs.
  */
 #ifndef BYOC_MODEL_H_
 #define BYOC_MODEL_H_
@@ -47,6 +49,12 @@ int byoc_model_create(byoc_model** model, const char* weights_path);
 int byoc_model_run(byoc_model* model, const byoc_dl_tensor* inputs, int32_t num_inputs,
                    const byoc_dl_tensor* outputs, int32_t num_outputs, void* stream);
 void byoc_model_destroy(byoc_model* model);
+/* 0 when every finished run went well; else 1, and byoc_last_error() names the call whose
+ * kernel found an error it could only see on the device (cuda: an out-of-range Gather
+ * index, clamped so that nothing outside the table is read). Such an error is reported
+ * once, by this or by the next byoc_model_run; call it after synchronizing the stream to
+ * know about the runs before. Does not wait for queued work. */
+int byoc_model_status(byoc_model* model);
 /* JSON: format, version, build_id, target, arch, inputs, outputs, backends, functions, weights. */
 const char* byoc_model_metadata(void);
 const char* byoc_last_error(void);

@@ -49,7 +49,8 @@ RESERVED_NAMES = frozenset("""
     last_error fail kMetadata kWeightsBytes kArenaBytes kWorkspaceBytes TensorSpec kInputs kOutputs
     kNumInputs kNumOutputs kInputOnHost kOutputOnHost kHostArenaBytes kPinnedArenaBytes
     kHostWorkspaceBytes shape_text dtype_text checked_data cuda_failed device_alloc device_free
-    read_sidecar run_calls
+    read_sidecar run_calls kWeightsChecksum kCallLabels current_status_word current_call
+    take_reported_error overlaps check_no_overlap
 """.split())
 
 # Prefixes of the CUDA runtime, driver and library APIs and of the macros of byoc,

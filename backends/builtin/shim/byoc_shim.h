@@ -60,8 +60,10 @@ int byoc_shim_tile(const void* in, void* out, int elem_size, int ndim, const int
 
 /* gather(data, indices, axis): data viewed as (outer, axis_len, inner); indices has
  * num_indices entries (int64 or int32 per index_dtype), negative indices wrap; an index
- * outside [-axis_len, axis_len) is an error (CPU) or clamps (CUDA, reported via a device flag is
- * not required). out is (outer, num_indices, inner). */
+ * outside [-axis_len, axis_len) is an error (CPU) or clamps to the nearest slice and is
+ * reported through the running model's status word (CUDA: the indices are on the device;
+ * byoc_model_run or byoc_model_status says so once the run has finished).
+ * out is (outer, num_indices, inner). */
 int byoc_shim_gather(const void* data, const void* indices, void* out, int elem_size,
                      byoc_dtype index_dtype, int64_t outer, int64_t axis_len, int64_t inner,
                      int64_t num_indices, void* stream);

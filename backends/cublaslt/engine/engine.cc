@@ -9,6 +9,7 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <new>
@@ -1345,7 +1346,9 @@ std::unique_ptr<Executor> make_cpu_executor(const Graph& graph, const void* weig
 
 namespace {
 
-thread_local std::string last_error;
+// A fixed buffer: a thread_local with a destructor would keep the model library loaded
+// until the thread exits (glibc), so closed models would stay mapped.
+thread_local char last_error[2048] = "";
 
 struct Engine {
   byoc_json::Graph graph;
@@ -1354,7 +1357,7 @@ struct Engine {
 };
 
 int fail(int code, const std::string& message) {
-  last_error = message.empty() ? "unknown error" : message;
+  std::snprintf(last_error, sizeof(last_error), "%s", message.empty() ? "unknown error" : message.c_str());
   return code;
 }
 
@@ -1444,7 +1447,7 @@ void byoc_json_engine_destroy(void* engine) {
 }
 
 const char* byoc_json_engine_last_error(void) {
-  return last_error.c_str();
+  return last_error;
 }
 
 }  // extern "C"

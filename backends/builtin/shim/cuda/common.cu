@@ -14,4 +14,18 @@ int check_launch(const char* function) { return check_cuda(function, "kernel lau
 
 }  // namespace byoc_shim_cuda
 
+// Defined by a model's host code (templates/host/model.cc.j2); weak, so that the shim also
+// links alone.
+extern "C" __attribute__((weak)) void byoc_current_run_status(unsigned int** word, unsigned int* call);
+
+namespace byoc_shim_cuda {
+
+RunStatus current_run_status() {
+  RunStatus status{nullptr, 0};
+  if (byoc_current_run_status != nullptr) byoc_current_run_status(&status.word, &status.call);
+  return status;
+}
+
+}  // namespace byoc_shim_cuda
+
 extern "C" const char* byoc_shim_last_error(void) { return byoc_shim_checks::last_error_message; }

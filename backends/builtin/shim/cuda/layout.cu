@@ -200,7 +200,7 @@ int visit_units(int elem_size, const void* a, const void* b, Visit&& visit) {
 template <class Element, class Index, class IndexValue>
 __global__ void gather_kernel(const Element* __restrict__ data, const IndexValue* __restrict__ indices,
                               Element* __restrict__ out, Index axis_len, Index inner, Index num_indices,
-                              Index total) {
+                              Index total, RunStatus status) {
   for (Index linear = blockIdx.x * blockDim.x + threadIdx.x; linear < total;
        linear += static_cast<Index>(gridDim.x) * blockDim.x) {
     const Index column = linear % inner;
@@ -209,8 +209,10 @@ __global__ void gather_kernel(const Element* __restrict__ data, const IndexValue
     const Index o = slice / num_indices;
     int64_t index = static_cast<int64_t>(indices[position]);
     if (index < 0) index += axis_len;
-    // Out of range clamps (the CUDA shim does not report bad indices; see byoc_shim.h).
-    index = index < 0 ? 0 : (index >= axis_len ? axis_len - 1 : index);
+    if (index < 0 || index >= axis_len) {  // clamped, never read outside data; reported
+      report_to(status);
+      index = index < 0 ? 0 : axis_len - 1;
+    }
     out[linear] = data[(o * axis_len + static_cast<Index>(index)) * inner + column];
   }
 }
@@ -234,14 +236,18 @@ struct GatherElementsParams {
 
 template <class Element, class Index, class IndexValue>
 __global__ void gather_elements_kernel(const Element* __restrict__ data, const IndexValue* __restrict__ indices,
-                                       Element* __restrict__ out, GatherElementsParams<Index> p, Index total) {
+                                       Element* __restrict__ out, GatherElementsParams<Index> p, Index total,
+                                       RunStatus status) {
   for (Index linear = blockIdx.x * blockDim.x + threadIdx.x; linear < total;
        linear += static_cast<Index>(gridDim.x) * blockDim.x) {
     const Index element = p.units == 1 ? linear : linear / p.units;
     const Index part = p.units == 1 ? 0 : linear % p.units;
     int64_t index = static_cast<int64_t>(indices[element]);
     if (index < 0) index += p.axis_len;
-    index = index < 0 ? 0 : (index >= p.axis_len ? p.axis_len - 1 : index);
+    if (index < 0 || index >= p.axis_len) {  // clamped, never read outside data; reported
+      report_to(status);
+      index = index < 0 ? 0 : p.axis_len - 1;
+    }
     Index rest = element, source = 0;
     for (int d = p.ndim - 1; d >= 0; --d) {
       const Index coordinate = rest % p.shape[d];
@@ -557,7 +563,7 @@ extern "C" int byoc_shim_gather(const void* data, const void* indices, void* out
       gather_kernel<Element, Index, IndexValue><<<blocks_for(total), kThreads, 0, cuda_stream>>>(
           static_cast<const Element*>(data), static_cast<const IndexValue*>(indices), static_cast<Element*>(out),
           static_cast<Index>(axis_len), static_cast<Index>(words), static_cast<Index>(num_indices),
-          static_cast<Index>(total));
+          static_cast<Index>(total), current_run_status());
       return check_launch(kFunction);
     };
     if (index_dtype == BYOC_INT64) return small ? launch(int32_t{}, int64_t{}) : launch(int64_t{}, int64_t{});
@@ -615,7 +621,7 @@ extern "C" int byoc_shim_gather_elements(const void* data, const void* indices, 
       params.units = units;
       gather_elements_kernel<Element, Index, IndexValue><<<blocks_for(total), kThreads, 0, cuda_stream>>>(
           static_cast<const Element*>(data), static_cast<const IndexValue*>(indices), static_cast<Element*>(out),
-          params, static_cast<Index>(total));
+          params, static_cast<Index>(total), current_run_status());
       return check_launch(kFunction);
     };
     const bool small = total < kIndex32Limit && data_count * units < kIndex32Limit;

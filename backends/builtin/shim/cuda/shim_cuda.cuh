@@ -36,6 +36,21 @@ int check_cuda(const char* function, const char* what, cudaError_t status);
 
 inline cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
+// Errors that only a kernel can see (an out-of-range index read from device memory): the
+// kernel clamps and writes the number of the model's call that launched it into the
+// running model's status word (mapped host memory), which the model reports at its next
+// run (byoc_model_run) or status check (byoc_model_status). Outside a model (the shim's
+// own tests) word is NULL and nothing is reported.
+struct RunStatus {
+  unsigned int* word;
+  unsigned int call;
+};
+RunStatus current_run_status();
+
+__device__ inline void report_to(const RunStatus& status) {
+  if (status.word != nullptr) *reinterpret_cast<volatile unsigned int*>(status.word) = status.call;
+}
+
 // ---------------------------------------------------------------- launch helpers
 
 constexpr int kThreads = 256;  // threads per block of the elementwise-style kernels

@@ -1,0 +1,196 @@
+"""The runtime's checks of what a caller hands it: library files (not regular, truncated,
+corrupted metadata), out= arrays that overlap inputs, streams, malformed array objects.
+Cases that could crash or hang run in a subprocess with a timeout."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import byoc
+from byoc.runtime import validate_metadata
+
+
+@pytest.fixture(scope="module")
+def add_library(tmp_path_factory):
+    """y = x + x + 1 on the cpu: small, one input, one output."""
+    tmp = tmp_path_factory.mktemp("runtime_checks")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])
+    one = helper.make_tensor("one", TensorProto.FLOAT, [8], np.arange(8, dtype=np.float32))
+    nodes = [helper.make_node("Add", ["x", "x"], ["t"]), helper.make_node("Add", ["t", "one"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y], [one]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    library = byoc.build(model, config="cpu", workdir=str(tmp / "w"))
+    return Path(library.path)
+
+
+def run_isolated(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Runs `code` in a fresh interpreter: a crash or a hang shows as a failed test."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("fraction", [0.5, 0.25])
+def test_truncated_library_is_refused_before_the_loader_maps_it(add_library, tmp_path, fraction):
+    data = add_library.read_bytes()
+    truncated = tmp_path / "truncated.so"
+    truncated.write_bytes(data[:int(len(data) * fraction)])
+    result = run_isolated(f"""
+        import byoc
+        try:
+            byoc.load({str(truncated)!r})
+        except byoc.RuntimeError as error:
+            print("REFUSED", error)
+        """)
+    assert result.returncode == 0, result.stderr
+    assert "REFUSED" in result.stdout and "truncated or corrupted" in result.stdout
+
+
+def test_fifo_directory_and_symlink_loop_are_refused(tmp_path):
+    fifo = tmp_path / "model.so"
+    os.mkfifo(fifo)
+    loop = tmp_path / "loop.so"
+    loop.symlink_to(tmp_path / "loop.so")
+    result = run_isolated(f"""
+        import byoc
+        for path in ({str(fifo)!r}, {str(tmp_path)!r}, {str(loop)!r}):
+            try:
+                byoc.load(path)
+            except byoc.RuntimeError as error:
+                print("REFUSED", error)
+        """, timeout=30)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 3 and all(line.startswith("REFUSED") for line in lines), result.stdout
+    assert "not a regular file" in lines[0] and "directory" in lines[1]
+
+
+def test_non_elf_file_is_refused(tmp_path):
+    fake = tmp_path / "model.so"
+    fake.write_bytes(b"not an elf file" * 10)
+    with pytest.raises(byoc.RuntimeError, match="not an ELF shared object"):
+        byoc.load(fake)
+
+
+@pytest.mark.parametrize("edit, key", [
+    (lambda m: m.pop("weights"), "weights"),
+    (lambda m: m.update(format="other"), "format"),
+    (lambda m: m["inputs"][0].update(shape=[4, -8]), "inputs[0].shape"),
+    (lambda m: m["inputs"][0].update(dtype="complex64"), "inputs[0].dtype"),
+    (lambda m: m["outputs"].append(7), "outputs[1]"),
+    (lambda m: m["weights"].update(location="cloud"), "weights.location"),
+    (lambda m: m.update(version=True), "version"),
+])
+def test_metadata_is_validated_with_the_key_named(add_library, edit, key):
+    metadata = byoc.runtime.metadata_of(add_library)
+    validate_metadata(metadata)  # as built: valid
+    edited = json.loads(json.dumps(metadata))
+    edit(edited)
+    with pytest.raises(byoc.RuntimeError, match=key.replace("[", r"\[").replace("]", r"\]")):
+        validate_metadata(edited)
+
+
+def test_metadata_bytes_edited_in_the_file_are_refused(add_library, tmp_path):
+    data = add_library.read_bytes()
+    start = data.index(b'{"arch"')
+    for replacement, message in ((b'{"arch"'.replace(b"{", b"["), "not valid UTF-8 JSON"),
+                                 (b'{"arch"'.replace(b"a", b"\xff", 1), "not valid UTF-8 JSON")):
+        edited = data[:start] + replacement + data[start + len(replacement):]
+        path = tmp_path / "edited.so"
+        path.write_bytes(edited)
+        result = run_isolated(f"""
+            import byoc
+            try:
+                byoc.load({str(path)!r})
+            except byoc.RuntimeError as error:
+                print("REFUSED", error)
+            """)
+        assert result.returncode == 0 and "REFUSED" in result.stdout and message in result.stdout, result
+
+
+def test_out_overlapping_an_input_is_refused(add_library):
+    module = byoc.load(add_library)
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    expected = x + x + np.arange(8, dtype=np.float32)
+    with pytest.raises(byoc.RuntimeError, match="output 'y' .* overlaps input 'x'"):
+        module.run(x, out=x)
+    buffer = np.zeros(64, dtype=np.float32)
+    with pytest.raises(byoc.RuntimeError, match="overlaps input"):  # a view sharing part of the input
+        module.run(buffer[:32].reshape(4, 8), out=buffer[16:48].reshape(4, 8))
+    np.testing.assert_array_equal(module.run(x), expected)  # still usable
+
+
+def test_stream_on_the_cpu_target_is_refused(add_library):
+    module = byoc.load(add_library)
+    with pytest.raises(byoc.RuntimeError, match="runs on the cpu"):
+        module.run(np.zeros((4, 8), np.float32), stream=12345)
+
+
+def test_stream_handles_are_checked():
+    from byoc.runtime import _stream_handle
+
+    class CupyLike:
+        ptr = 0x1234
+
+    class Protocol:
+        def __cuda_stream__(self):
+            return (0, 0x5678)
+    assert _stream_handle(CupyLike()) == 0x1234 and _stream_handle(Protocol()) == 0x5678 and _stream_handle(0) == 0
+    for bad in (12345, -1, "stream", 1.5):
+        with pytest.raises(byoc.RuntimeError, match="stream="):
+            _stream_handle(bad)
+
+
+class _BrokenInterface:
+    def __init__(self, interface):
+        self.__array_interface__ = interface
+
+
+@pytest.mark.parametrize("interface", [
+    {},
+    {"shape": (4, 8)},
+    {"shape": "abc", "typestr": "<f4", "data": (0, False)},
+    {"shape": (4, 8), "typestr": 5, "data": (0, False)},
+    {"shape": (4, 8), "typestr": "<f4", "data": ("x", False)},
+    {"shape": (4, 8), "typestr": "<f4", "data": (1, False), "strides": (4,)},
+    {"shape": (4, -8), "typestr": "<f4", "data": (1, False)},
+])
+def test_malformed_array_interfaces_are_refused(add_library, interface):
+    module = byoc.load(add_library)
+    with pytest.raises(byoc.RuntimeError, match="input 'x'"):
+        module.run(_BrokenInterface(interface))
+
+
+def test_closed_modules_leave_no_mapping_or_memory_behind(add_library, tmp_path):
+    """Each load maps a library; close() unmaps it again (the model's thread-local error
+    buffer has no destructor, which would have pinned it), so a long-lived process that
+    loads and closes many models does not grow."""
+    result = run_isolated(f"""
+        import os, shutil, numpy as np, byoc
+        def mappings():
+            return sum(1 for _ in open("/proc/self/maps"))
+        def rss_kb():
+            return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS"))
+        x = np.ones((4, 8), np.float32)
+        counts = []
+        for i in range(60):
+            copy = {str(tmp_path)!r} + f"/model_{{i}}.so"  # a new file each time: a new mapping
+            shutil.copy({str(add_library)!r}, copy)
+            module = byoc.load(copy)
+            module.run(x)
+            byoc.runtime.metadata_of(copy)
+            module.close()
+            os.unlink(copy)
+            if i in (9, 59):
+                counts.append((mappings(), rss_kb(), len(os.listdir("/proc/self/fd"))))
+        print(counts)
+        """)
+    assert result.returncode == 0, result.stderr
+    (maps_10, rss_10, fds_10), (maps_60, rss_60, fds_60) = eval(result.stdout.strip().splitlines()[-1])
+    assert maps_60 == maps_10 and fds_60 == fds_10 and rss_60 - rss_10 < 2048, result.stdout
