@@ -1,0 +1,217 @@
+"""The cuda runtime under misuse and concurrency (gpu tests, run on the lent H100):
+out-of-range Gather indices are clamped and reported, model instances of one .so are
+independent (JSON engines included), CUDA graph capture survives other threads' work on
+the legacy default stream, and closed modules leave nothing mapped."""
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import byoc
+from byoc.toolchain.compiler import cuda_home
+
+FIXTURES = Path(__file__).parent / "fixtures"
+needs_nvcc = pytest.mark.skipif(cuda_home() is None, reason="nvcc not installed")
+
+
+def gpu_visible():
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+gpu = pytest.mark.skipif(not gpu_visible(), reason="no GPU visible")
+VOCABULARY, WIDTH, TOKENS = 500, 16, 8
+
+
+def embedding_model():
+    """y = table[ids] * 2: a Gather from a constant table by a caller's int64 indices."""
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, [TOKENS])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [TOKENS, WIDTH])
+    table = np.arange(VOCABULARY * WIDTH, dtype=np.float32).reshape(VOCABULARY, WIDTH)
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["rows"], name="embedding"),
+             helper.make_node("Add", ["rows", "rows"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [ids], [y], [numpy_helper.from_array(table, "table")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), table
+
+
+@needs_nvcc
+def test_gather_reporting_compiles_into_the_host_code(tmp_path):
+    """The host code hands the shim its status word and numbers the calls (CI: no GPU)."""
+    model, _ = embedding_model()
+    byoc.build(model, target="cuda -arch=sm_90", config={"backends": ["builtin"]}, workdir=str(tmp_path / "w"))
+    host = (tmp_path / "w" / "host.cc").read_text()
+    assert "byoc_current_run_status" in host and "current_call = 1;" in host and "cudaHostAllocMapped" in host
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_out_of_range_gather_indices_are_clamped_and_reported(cuda_graph, tmp_path):
+    import cupy
+    model, table = embedding_model()
+    module = byoc.build(model, target="cuda -arch=sm_90", config={"backends": ["builtin"], "cuda_graph": cuda_graph},
+                        workdir=str(tmp_path / "w")).load()
+    good = np.array([0, 1, 499, -1, -500, 7, 8, 9], dtype=np.int64)
+    for _ in range(3):  # direct, captured, replayed
+        np.testing.assert_array_equal(cupy.asnumpy(module.run(cupy.asarray(good))), table[good] * 2)
+    module.synchronize()
+    for bad_index in (-2**31, -VOCABULARY - 1, VOCABULARY, 2**31 - 1, 2**62, -2**62):
+        bad = good.copy()
+        bad[3] = bad_index
+        out = cupy.asnumpy(module.run(cupy.asarray(bad)))
+        clamped = 0 if bad_index < 0 else VOCABULARY - 1
+        np.testing.assert_array_equal(out[3], table[clamped] * 2)  # the nearest row, nothing outside
+        with pytest.raises(byoc.RuntimeError, match=r"read indices out of range in call #\d+ .*embedding|"
+                                                    r"read indices out of range in call"):
+            module.synchronize()
+        module.synchronize()  # reported once
+        np.testing.assert_array_equal(cupy.asnumpy(module.run(cupy.asarray(good))), table[good] * 2)
+    # without synchronize(): the next run() says so, then the model goes on
+    module.run(cupy.asarray(np.full(TOKENS, VOCABULARY, np.int64)))
+    cupy.cuda.runtime.deviceSynchronize()
+    with pytest.raises(byoc.RuntimeError, match="out of range"):
+        module.run(cupy.asarray(good))
+    np.testing.assert_array_equal(cupy.asnumpy(module.run(cupy.asarray(good))), table[good] * 2)
+
+
+@pytest.mark.gpu
+@gpu
+def test_json_engine_instances_of_one_library_are_independent(tmp_path):
+    import cupy
+    data = np.load(FIXTURES / "mlp.npz")
+    inputs = {k[3:]: cupy.asarray(data[k]) for k in data if k.startswith("in_")}
+    want = next(data[k] for k in data if k.startswith("out_"))
+    library = byoc.build(FIXTURES / "mlp.onnx", target="cuda -arch=sm_90",
+                         config={"backends": ["cublaslt", "builtin"]}, workdir=str(tmp_path / "w"))
+    assert "cublaslt" in library.metadata["backends"]
+    first, second = library.load(), byoc.load(library.path)
+
+    def check(module):
+        got = cupy.asnumpy(module.run(**inputs))
+        assert np.max(np.abs(got - want)) <= 1e-3 * np.max(np.abs(want))
+    check(first)
+    check(second)
+    first.close()
+    check(second)
+    third = byoc.load(library.path)
+    second.close()
+    check(third)
+
+
+def _concurrent_runs(library_path, modules_per_thread, shared, runs, inputs, want, cupy_noise=True):
+    """8 threads run their own Modules (or one shared Module) `runs` times each, while two
+    more threads keep CuPy and torch busy on their default (legacy) streams."""
+    import cupy
+    errors, stop = [], threading.Event()
+    shared_module = byoc.load(library_path) if shared else None
+
+    def noise_cupy():
+        a = cupy.ones((512, 512), cupy.float32)
+        while not stop.is_set():
+            (a @ a).sum()
+            cupy.cuda.Stream.null.synchronize()
+
+    def noise_torch():
+        import torch
+        a = torch.ones((512, 512), device="cuda")
+        while not stop.is_set():
+            (a @ a).sum().item()
+
+    def worker(index):
+        try:
+            modules = [shared_module] if shared else [byoc.load(library_path) for _ in range(modules_per_thread)]
+            stream = cupy.cuda.Stream(non_blocking=index % 2 == 0)
+            with stream:
+                x = {k: cupy.asarray(v) for k, v in inputs.items()}
+                for step in range(runs):
+                    module = modules[step % len(modules)]
+                    got = module.run(**x)
+                    if step % 50 == 0 or step == runs - 1:
+                        got = cupy.asnumpy(got)
+                        if np.max(np.abs(got.astype(np.float32) - want)) > 2e-2 * np.max(np.abs(want)):
+                            errors.append(f"thread {index} step {step}: wrong output")
+                            return
+            if not shared:
+                for module in modules:
+                    module.close()
+        except Exception as error:  # noqa: BLE001 - reported below with the thread's index
+            errors.append(f"thread {index}: {type(error).__name__}: {error}")
+    noise = [threading.Thread(target=noise_cupy)]
+    try:
+        import torch  # noqa: F401
+        noise.append(threading.Thread(target=noise_torch))
+    except ImportError:
+        pass
+    for thread in noise:
+        thread.start()
+    workers = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join()
+    stop.set()
+    for thread in noise:
+        thread.join()
+    if shared_module is not None:
+        shared_module.close()
+    return errors
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("cuda_graph", [False, True])
+@pytest.mark.parametrize("shared", [False, True], ids=["8x8 modules", "one shared module"])
+def test_threads_with_graphs_and_legacy_stream_work_beside_them(cuda_graph, shared, tmp_path):
+    data = np.load(FIXTURES / "mlp.npz")
+    inputs = {k[3:]: data[k] for k in data if k.startswith("in_")}
+    want = next(data[k] for k in data if k.startswith("out_"))
+    library = byoc.build(FIXTURES / "mlp.onnx", target="cuda -arch=sm_90",
+                         config={"backends": ["cublaslt", "builtin"], "cuda_graph": cuda_graph},
+                         workdir=str(tmp_path / "w"))
+    errors = _concurrent_runs(library.path, modules_per_thread=8, shared=shared, runs=1000, inputs=inputs, want=want)
+    assert not errors, errors[:5]
+
+
+@pytest.mark.gpu
+@gpu
+def test_closed_cuda_modules_leave_no_mapping_behind(tmp_path):
+    """Load, run and close 40 copies of a cuda library in one process: the mappings and
+    open files stop growing once the CUDA libraries are in."""
+    data = np.load(FIXTURES / "mlp.npz")
+    library = byoc.build(FIXTURES / "mlp.onnx", target="cuda -arch=sm_90",
+                         config={"backends": ["cublaslt", "builtin"], "cuda_graph": True},
+                         workdir=str(tmp_path / "w"))
+    np.savez(tmp_path / "inputs.npz", **{k[3:]: data[k] for k in data if k.startswith("in_")})
+    code = f"""
+        import os, shutil, numpy as np, cupy, byoc
+        inputs = {{k: cupy.asarray(v) for k, v in np.load({str(tmp_path / 'inputs.npz')!r}).items()}}
+        def counts():
+            rss = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS"))
+            return sum(1 for _ in open("/proc/self/maps")), len(os.listdir("/proc/self/fd")), rss
+        seen = []
+        for i in range(40):
+            copy = {str(tmp_path)!r} + f"/copy_{{i}}.so"
+            shutil.copy({str(library.path)!r}, copy)
+            module = byoc.load(copy)
+            for _ in range(3):
+                module.run(**inputs)
+            module.synchronize()
+            module.close()
+            os.unlink(copy)
+            if i in (9, 39):
+                seen.append(counts())
+        print(seen)
+        """
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (maps_10, fds_10, rss_10), (maps_40, fds_40, rss_40) = eval(result.stdout.strip().splitlines()[-1])
+    assert maps_40 <= maps_10 + 4 and fds_40 <= fds_10 and rss_40 - rss_10 < 5 * 1024, result.stdout
