@@ -77,7 +77,11 @@ class Library:
         if not isinstance(path, (str, os.PathLike)):
             raise BuildError(f"export_library: expected a file path such as 'model.so', got {path!r}")
         destination = Path(path)
-        if destination.is_dir():
+        try:
+            is_directory = destination.is_dir()
+        except (OSError, ValueError) as error:  # a name too long, a NUL byte
+            raise BuildError(f"export_library: {str(destination)!r} is not a usable path: {error}") from None
+        if is_directory:
             raise BuildError(f"export_library: {str(destination)!r} is a directory; expected a file path "
                              f"such as {str(destination / 'model.so')!r}")
         self.check_current()
@@ -142,17 +146,21 @@ class _Builder:
             raise ConfigError(f"target: {self.target} is not a device target; expected 'cpu', 'cuda -arch=sm_XX' or 'auto'")
         self.cuda = self.target.kind == "cuda"
         # Absolute: ninja runs in the work directory, so relative paths in its commands would break.
-        self.workdir = Path(cfg.workdir).resolve() if cfg.workdir else Path(tempfile.mkdtemp(prefix="byoc-build-"))
+        try:
+            self.workdir = Path(cfg.workdir).resolve() if cfg.workdir else Path(tempfile.mkdtemp(prefix="byoc-build-"))
+        except (OSError, ValueError, RuntimeError) as error:  # a NUL byte, a symlink loop, no temporary directory
+            raise ConfigError(f"workdir {str(cfg.workdir or tempfile.gettempdir())!r} is not a usable directory "
+                              f"path: {error}") from None
         # A temporary directory is byoc's own: removed again when the build fails.
         self.temporary = not cfg.workdir
         try:
-            if self.workdir.exists() and not self.workdir.is_dir():
-                raise ConfigError(f"workdir {self.workdir} is not a directory; expected a directory "
-                                  f"(it is created when missing)")
             try:
+                if self.workdir.exists() and not self.workdir.is_dir():
+                    raise ConfigError(f"workdir {self.workdir} is not a directory; expected a directory "
+                                      f"(it is created when missing)")
                 self.workdir.mkdir(parents=True, exist_ok=True)
-            except OSError as error:  # a parent is a file, or no permission
-                raise ConfigError(f"workdir {self.workdir} cannot be created: {error.strerror}") from None
+            except OSError as error:  # a parent is a file, no permission, a name too long
+                raise ConfigError(f"workdir {self.workdir} cannot be created: {error.strerror or error}") from None
             self.check_writable()
         except BaseException:
             self.remove_temporary_workdir()

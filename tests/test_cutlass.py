@@ -1,6 +1,7 @@
 """The cutlass backend: kernels render and compile for sm_90 and sm_80 (CI, no GPU), and
 every pattern matches a float32 reference on a GPU."""
 import json
+import os
 import re
 from pathlib import Path
 
@@ -226,6 +227,27 @@ def test_malformed_tuning_database_entry_is_a_clear_build_error(kernel, says, tm
         TuningDatabase(path).lookup(90, problem)
     path.write_text(json.dumps({"format": "byoc-cutlass-tuning", "version": 1, "entries": []}))
     with pytest.raises(BuildError, match="'entries' must map"):
+        TuningDatabase(path)
+
+
+@pytest.mark.parametrize("content, says", [
+    ("[1, 2, 3]", "is not a byoc-cutlass-tuning version 1 file"),
+    ('"text"', "is not a byoc-cutlass-tuning version 1 file"),
+    (b"\xff\xfe", "is not readable JSON"),
+    ("[" * 100000, "is not readable JSON"),
+    (None, "is not a regular file"),
+])
+def test_tuning_database_file_of_the_wrong_kind_is_a_clear_build_error(content, says, tmp_path):
+    from byoc.backends.cutlass.tuning import TuningDatabase
+    from byoc.errors import BuildError
+    path = tmp_path / "db.json"
+    if content is None:
+        os.mkfifo(path)  # read, it would block forever; /dev/zero would fill memory
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    with pytest.raises(BuildError, match=re.escape(says)):
         TuningDatabase(path)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import warnings
 from pathlib import Path
@@ -27,6 +28,7 @@ from .kernels import (NO_FILTER, CandidateFilter, default_kernel, kernel_from_js
                       kernel_workspace_bytes, operand_sizes, usable_candidates)
 
 FORMAT = "byoc-cutlass-tuning"
+MAX_DATABASE_BYTES = 256 << 20  # thousands of problems take a few MB
 
 
 class TuningDatabase:
@@ -34,16 +36,27 @@ class TuningDatabase:
         self.path = Path(path) if path else None
         self.entries: dict = {}
         if self.path and self.path.exists():
-            try:
-                data = json.loads(self.path.read_text())
-            except (OSError, json.JSONDecodeError) as error:
-                raise BuildError(f"tuning database {self.path} is not readable JSON: {error}") from None
-            if data.get("format") != FORMAT or data.get("version") != 1:
+            data = self._read()
+            if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != 1:
                 raise BuildError(f"tuning database {self.path} is not a {FORMAT} version 1 file")
             self.entries = data.get("entries", {})
             if not (isinstance(self.entries, dict) and all(isinstance(v, dict) for v in self.entries.values())):
                 raise BuildError(f"tuning database {self.path}: 'entries' must map an arch ('sm90') to an object "
                                  "of problem keys")
+
+    def _read(self):
+        """The file's JSON; a device, FIFO or a file larger than any database is refused
+        before reading (/dev/zero would be read until memory runs out)."""
+        try:
+            info = self.path.stat()
+            if not stat.S_ISREG(info.st_mode):
+                raise BuildError(f"tuning database {self.path} is not a regular file; expected a JSON file")
+            if info.st_size > MAX_DATABASE_BYTES:
+                raise BuildError(f"tuning database {self.path} has {info.st_size} bytes; expected a JSON file of at "
+                                 f"most {MAX_DATABASE_BYTES}")
+            return json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+            raise BuildError(f"tuning database {self.path} is not readable JSON: {error}") from None
 
     def lookup(self, sm: int, problem):
         """The remembered kernel (GemmKernel or ConvKernel) for `problem`, or None."""
