@@ -164,7 +164,7 @@ class _Interpreter:
 
     @staticmethod
     def _evaluate_op(op: Op, args: list, call: Call, name: str):
-        size = _byte_count(call.type)
+        size = byte_count(call.type)
         if size > MAX_VALUE_BYTES:
             raise InterpreterError(
                 f"{name} = {op.name}(...) of type {call.type} needs {size} bytes ({size / 2**30:.4g} GiB); "
@@ -180,8 +180,8 @@ class _Interpreter:
                                    f"{type(error).__name__}: {error}") from error
 
 
-def _byte_count(type_) -> int:
+def byte_count(type_) -> int:
     """Bytes of a tensor type, or of all fields of a tuple type (Python ints: exact)."""
     if isinstance(type_, TensorType):
         return math.prod(type_.shape) * numpy_dtype(type_.dtype).itemsize
-    return sum(_byte_count(field) for field in getattr(type_, "fields", ()))
+    return sum(byte_count(field) for field in getattr(type_, "fields", ()))

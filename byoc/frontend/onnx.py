@@ -9,12 +9,18 @@ Every value is either a NumPy array (known at import time) or an IR expression. 
 whose inputs are all known is evaluated on the spot with the ops' NumPy references, so
 shape arithmetic (Shape, Gather on shapes, ConstantOfShape, Range, Expand, ...) folds away
 and an exported transformer becomes a graph of compute ops only. A result of more than
-MAX_FOLDED_ELEMENTS elements is not computed at import time: the op is emitted instead.
+MAX_FOLDED_ELEMENTS elements or MAX_FOLDED_BYTES bytes is not computed at import time: the
+op is emitted instead.
 
-Each supported ONNX op type has one converter in `SUPPORTED_OPS`. A converter that meets
-an attribute combination byoc does not implement raises UnsupportedOpError naming the
-node and the attribute; a model with op types nobody converts fails before conversion
-with ONE error listing every such type and the first node of each.
+Each supported ONNX op type has one converter in `SUPPORTED_OPS`. Before it runs, the node
+is held to its ONNX schema (`onnx_schema.check_node`: input and output counts, attribute
+names, types and value domains; then its inputs' element types), so a malformed model is
+refused with a ModelError naming the node and the attribute or input at fault. A converter
+that meets an attribute combination byoc does not implement raises UnsupportedOpError
+naming the node and the attribute; a model with op types nobody converts fails before
+conversion with ONE error listing every such type and the first node of each. Any other
+error escaping a converter (an IndexError on a value it did not expect) becomes a
+ModelError naming the node, with the original error chained.
 """
 from __future__ import annotations
 
@@ -28,13 +34,13 @@ import onnx
 from onnx import numpy_helper
 
 from ..errors import ByocError, ModelError, UnsupportedOpError
-from ..interpreter import evaluate_call
+from ..interpreter import byte_count, evaluate_call
 from ..ir.builder import FunctionBuilder
 from ..ir.expr import Call, Constant, Expr
 from ..ir.module import IRModule
 from ..ir.op import get_op
 from ..ir.types import NUMPY_DTYPES, TensorType, dtype_of_numpy, is_static_shape
-from .onnx_schema import check_node
+from .onnx_schema import check_input_types, check_node
 
 MIN_OPSET = 13
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -51,7 +57,11 @@ _ONNX_DTYPES = {
 # Folding evaluates shape arithmetic at import time and keeps its results as constants in
 # memory (and in the built library): a result larger than this is emitted as an op instead
 # (or refused where it must be known at import: a shape), rather than exhausting memory.
+# Both limits hold: 2**31 int64 elements would be 16 GiB, and a few such values (a
+# ConstantOfShape, then a Cast of it) would have the kernel end the process before NumPy
+# could raise MemoryError.
 MAX_FOLDED_ELEMENTS = 2**31
+MAX_FOLDED_BYTES = 2**32
 
 # Errors of Python's own that a converter meets on input or attribute values it does not
 # expect (an index past a list's end, an int() of a string, ...): a malformed model.
@@ -101,6 +111,9 @@ def _checked_input_shapes(input_shapes) -> dict:
 
 def _load(model) -> onnx.ModelProto:
     if isinstance(model, onnx.ModelProto):
+        bad_text = _first_invalid_text(model, "model")
+        if bad_text:  # a ModelProto parsed by the caller from a corrupted file
+            raise ModelError(f"the given ModelProto is not a valid ONNX model: {bad_text} is not valid UTF-8 text")
         return model
     if isinstance(model, (str, Path)):
         path = Path(model)
@@ -152,6 +165,9 @@ def _elem_type_name(elem_type: int):
 
 
 def _dtype_of_elem_type(elem_type: int, what: str) -> str:
+    if elem_type == onnx.TensorProto.UNDEFINED or elem_type not in onnx.TensorProto.DataType.values():
+        raise ModelError(f"{what} has element type {_elem_type_name(elem_type)}; expected an ONNX element type "
+                         f"(byoc supports {', '.join(NUMPY_DTYPES)})")
     if elem_type not in _ONNX_DTYPES:
         raise UnsupportedOpError(
             f"{what} has element type {_elem_type_name(elem_type)}; byoc supports {', '.join(NUMPY_DTYPES)}")
@@ -342,7 +358,7 @@ class _Importer:
 
     def _convert_node(self, index: int, node: onnx.NodeProto):
         self.node_label = _node_label(node, index)
-        check_node(node, self.opset, self.node_label)
+        schema = check_node(node, self.opset, self.node_label)
         inputs = []
         for name in node.input:
             if name == "":
@@ -352,6 +368,7 @@ class _Importer:
                                  f"(the graph is not topologically sorted or is malformed)")
             else:
                 inputs.append(self.values[name])
+        check_input_types(node, schema, [None if v is None else self.dtype(v) for v in inputs], self.node_label)
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         outputs = self._run_converter(node, inputs, attrs)
         for name, value in zip(node.output, outputs):
@@ -384,12 +401,12 @@ class _Importer:
     # ---- helpers for converters ---------------------------------------------------
     def call(self, op_name: str, *args, name: str | None = None, **attrs):
         """Apply an op: evaluated now when every argument is known (and the result is at
-        most MAX_FOLDED_ELEMENTS elements), else emitted."""
+        most MAX_FOLDED_ELEMENTS elements and MAX_FOLDED_BYTES bytes), else emitted."""
         atoms = [self._as_expr(a) if not isinstance(a, (int, float)) else a for a in args]
         if all(isinstance(a, Constant) or isinstance(a, (int, float)) for a in atoms):
             call = Call(op_name, [a if isinstance(a, Expr) else self._scalar_like(a, atoms) for a in atoms], attrs)
             count = _element_count(call.type)
-            if count <= MAX_FOLDED_ELEMENTS:
+            if count <= MAX_FOLDED_ELEMENTS and byte_count(call.type) <= MAX_FOLDED_BYTES:
                 try:
                     return evaluate_call(get_op(op_name), [a.data for a in call.args], call.attrs, call.type)
                 except _MALFORMED_MODEL_ERRORS as error:  # e.g. a constant index out of range
@@ -429,7 +446,7 @@ class _Importer:
             origin, count = self.unfolded[value]
             raise ModelError(f"{self.node_label}: input {what!r} must be known at import time, but it is "
                              f"computed from the output of {origin} ({count} elements), too large to compute "
-                             f"at import time; expected at most 2**{int(math.log2(MAX_FOLDED_ELEMENTS))} elements")
+                             f"at import time; expected at most {_FOLDING_LIMITS}")
         raise UnsupportedOpError(f"{self.node_label}: input {what!r} must be known at import time "
                                  f"(byoc compiles static shapes), but it is computed at run time")
 
@@ -505,7 +522,7 @@ def _identity(ctx, node, inputs, attrs):
     outputs = [inputs[0]]
     if node.op_type == "Dropout" and len(node.output) > 1 and node.output[1]:
         shape = ctx.shape(inputs[0])
-        _check_folded_size(math.prod(shape), f"mask of shape {list(shape)}")
+        _check_folded_size(math.prod(shape), 1, f"mask of shape {list(shape)}")
         outputs.append(np.ones(shape, dtype=bool))  # the inference mask
     return outputs
 
@@ -827,6 +844,10 @@ def _conv(ctx, node, inputs, attrs):
     result = ctx.call("conv2d", x, weight, strides=strides, pads=_to_2d_pads(pads), dilations=dilations,
                       groups=attrs.get("group", 1))
     if bias is not None:
+        channels = ctx.shape(weight)[0]
+        if ctx.shape(bias) != (channels,):
+            raise ModelError(f"input B has shape {list(ctx.shape(bias))}; expected a 1-D bias of the {channels} "
+                             f"output channels")
         result = ctx.call("add", result, ctx.call("reshape", bias, shape=(-1, 1, 1)))
     if rank == 1:
         result = ctx.call("squeeze", result, axes=(2,))
@@ -908,13 +929,13 @@ def _constant_of_shape(ctx, node, inputs, attrs):
     shape = ctx.known_ints(inputs[0], "input")
     if any(d < 0 for d in shape):
         raise ModelError(f"input 'input' (the shape) is {list(shape)}; expected non-negative dims")
-    _check_folded_size(math.prod(shape), f"of shape {list(shape)}")
+    fill = np.zeros((), dtype=np.float32)
     if "value" in attrs:
         fill = ctx._tensor_to_array(attrs["value"], f"{ctx.node_label} value")
         if fill.size != 1:
             raise ModelError(f"attribute 'value' has shape {list(fill.shape)}; expected a one-element tensor")
-        return [np.full(shape, fill.reshape(-1)[0], dtype=fill.dtype)]
-    return [np.zeros(shape, dtype=np.float32)]
+    _check_folded_size(math.prod(shape), fill.dtype.itemsize, f"of shape {list(shape)}")
+    return [np.full(shape, fill.reshape(-1)[0], dtype=fill.dtype)]
 
 
 @converter("Range")
@@ -927,8 +948,10 @@ def _range(ctx, node, inputs, attrs):
         raise ModelError(f"start={first}, limit={last}, delta={step}; expected finite numbers")
     # ONNX's element count; Python ints keep int64 bounds exact
     count = max(math.ceil((last - first) / step) if isinstance(step, float) else -((first - last) // step), 0)
-    _check_folded_size(count, f"of {count} elements from start={first}, limit={last}, delta={step}")
-    return [np.arange(start, limit, delta).astype(np.asarray(start).dtype)]
+    _check_folded_size(count, np.asarray(start).dtype.itemsize,
+                       f"of {count} elements from start={first}, limit={last}, delta={step}")
+    start, limit, delta = (np.asarray(v).reshape(()) for v in (start, limit, delta))  # one element each
+    return [np.arange(start, limit, delta).astype(start.dtype)]
 
 
 def _element_count(type_) -> int:
@@ -938,10 +961,14 @@ def _element_count(type_) -> int:
     return sum(_element_count(field) for field in getattr(type_, "fields", ()))
 
 
-def _check_folded_size(count: int, what: str):
-    if count > MAX_FOLDED_ELEMENTS:
-        raise ModelError(f"its output {what} is a constant computed at import time; expected at most "
-                         f"2**{int(math.log2(MAX_FOLDED_ELEMENTS))} elements")
+_FOLDING_LIMITS = (f"2**{int(math.log2(MAX_FOLDED_ELEMENTS))} elements and 2**{int(math.log2(MAX_FOLDED_BYTES))} "
+                   f"bytes")
+
+
+def _check_folded_size(count: int, itemsize: int, what: str):
+    if count > MAX_FOLDED_ELEMENTS or count * itemsize > MAX_FOLDED_BYTES:
+        raise ModelError(f"its output {what} ({count * itemsize} bytes) is a constant computed at import time; "
+                         f"expected at most {_FOLDING_LIMITS}")
 
 
 @converter("Reshape")
@@ -1093,12 +1120,23 @@ def _pad(ctx, node, inputs, attrs):
     value = 0.0
     if len(inputs) > 2 and inputs[2] is not None:
         value = float(ctx.known_scalar(inputs[2], "constant_value"))
+    axes = list(range(rank))
     if len(inputs) > 3 and inputs[3] is not None:  # opset 18: pads given for some axes only
-        axes = [a % rank for a in ctx.known_ints(inputs[3], "axes")]
-        full = [0] * (2 * rank)
-        for i, axis in enumerate(axes):
-            full[axis], full[rank + axis] = pads[i], pads[len(axes) + i]
-        pads = full
+        axes = list(ctx.known_ints(inputs[3], "axes"))
+        outside = [a for a in axes if not -rank <= a < rank]
+        if outside:
+            raise ModelError(f"input 'axes' {axes} has {outside} outside -{rank}..{rank - 1} for an input of "
+                             f"rank {rank}")
+        axes = [a % rank for a in axes]
+        if len(set(axes)) != len(axes):
+            raise ModelError(f"input 'axes' {axes} names an axis twice; expected each axis once")
+    if len(pads) != 2 * len(axes):
+        raise ModelError(f"input 'pads' has {len(pads)} values {pads}; expected 2 per padded axis "
+                         f"({2 * len(axes)} for axes {axes})")
+    full = [0] * (2 * rank)
+    for i, axis in enumerate(axes):
+        full[axis], full[rank + axis] = pads[i], pads[len(axes) + i]
+    pads = full
     return [ctx.call("pad", x, pads=tuple(pads), mode=mode, value=value, name=node.output[0])]
 
 

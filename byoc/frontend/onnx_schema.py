@@ -90,8 +90,9 @@ def schema_of(op_type: str, opset: int) -> onnx.defs.OpSchema | None:
         return None
 
 
-def check_node(node: onnx.NodeProto, opset: int, label: str):
-    """Raise ModelError, naming `label` (the node), when the node does not fit its schema."""
+def check_node(node: onnx.NodeProto, opset: int, label: str) -> onnx.defs.OpSchema:
+    """Raise ModelError, naming `label` (the node), when the node does not fit its schema;
+    return the schema."""
     schema = schema_of(node.op_type, opset)
     if schema is None:
         _refuse_missing_schema(node.op_type, opset, label)
@@ -102,6 +103,38 @@ def check_node(node: onnx.NodeProto, opset: int, label: str):
         if name == "":
             _check_omitted_input(label, schema, position)
     _check_attributes(node, schema, label, where)
+    return schema
+
+
+# byoc dtype -> the ONNX type string that schemas' type constraints list
+_TYPE_STRINGS = {"float32": "tensor(float)", "float64": "tensor(double)", "float16": "tensor(float16)",
+                 "bfloat16": "tensor(bfloat16)", "int64": "tensor(int64)", "int32": "tensor(int32)",
+                 "int16": "tensor(int16)", "int8": "tensor(int8)", "uint8": "tensor(uint8)", "bool": "tensor(bool)"}
+
+
+def check_input_types(node: onnx.NodeProto, schema: onnx.defs.OpSchema, dtypes: list, label: str):
+    """The inputs' element types (byoc dtypes; None for an omitted input) against the
+    schema's type constraints: each allowed for its parameter, and inputs that share a type
+    parameter (Add's A and B are both T) of one type."""
+    allowed = {constraint.type_param_str: constraint.allowed_type_strs for constraint in schema.type_constraints}
+    params = schema.inputs
+    bound: dict[str, tuple[str, str]] = {}  # type parameter -> (dtype, the input that fixed it)
+    for position, dtype in enumerate(dtypes):
+        if dtype is None or not params:
+            continue
+        param = params[min(position, len(params) - 1)]
+        what = f"input {position} ({param.name})"
+        type_string = _TYPE_STRINGS.get(dtype)
+        choices = allowed.get(param.type_str, [param.type_str])
+        if type_string not in choices:
+            names = sorted(name[len("tensor("):-1] for name in choices if name.startswith("tensor("))
+            raise ModelError(f"{label}: {what} has element type {dtype}; {node.op_type} expects one of "
+                             f"{', '.join(names)}")
+        if param.type_str in allowed:
+            first = bound.setdefault(param.type_str, (dtype, what))
+            if first[0] != dtype:
+                raise ModelError(f"{label}: {what} has element type {dtype}, but {first[1]} has {first[0]}; "
+                                 f"expected one element type for both ({node.op_type}'s type {param.type_str})")
 
 
 def _refuse_missing_schema(op_type: str, opset: int, label: str):
@@ -129,7 +162,8 @@ def _check_count(label, kind, names, params, low, high, where):
         expected = f"at least {low}"
     else:
         expected = f"{low} to {high}"
-    raise ModelError(f"{label}: {count} {kind}(s) {names}; {where} takes {expected} "
+    verb = "takes" if kind == "input" else "produces"
+    raise ModelError(f"{label}: {count} {kind}(s) {names} given; {where} {verb} {expected} "
                      f"({_parameter_names(params)})")
 
 

@@ -93,7 +93,7 @@ class _Prepared:
         if any(d < 0 for d in shape):
             raise ValueError(f"negative dims in shape {shape}")
         typestr = interface["typestr"]
-        if not isinstance(typestr, str) or len(typestr) < 3:
+        if not isinstance(typestr, str) or len(typestr) < 2:
             raise ValueError(f"typestr {typestr!r} is not a NumPy type string")
         dtype = getattr(array, "dtype", typestr)
         if typestr[0] not in ("|", _NATIVE_BYTE_ORDER):
