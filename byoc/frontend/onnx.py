@@ -117,11 +117,14 @@ def _load(model) -> onnx.ModelProto:
         return model
     if isinstance(model, (str, Path)):
         path = Path(model)
-        if path.is_dir():
-            raise ModelError(f"ONNX model path {str(path)!r} is a directory; expected an .onnx file")
-        if not path.is_file():
-            raise ModelError(f"ONNX model file {str(path)!r} does not exist")
-        data, where = path.read_bytes(), f"file {str(path)!r}"
+        try:
+            if path.is_dir():
+                raise ModelError(f"ONNX model path {str(path)!r} is a directory; expected an .onnx file")
+            if not path.is_file():  # a FIFO or device would block or never end
+                raise ModelError(f"ONNX model file {str(path)!r} does not exist or is not a regular file")
+            data, where = path.read_bytes(), f"file {str(path)!r}"
+        except (OSError, ValueError) as error:  # a name too long, no permission, a NUL byte
+            raise ModelError(f"ONNX model file {str(path)!r} cannot be read: {error}") from None
     elif isinstance(model, (bytes, bytearray)):
         data, where = bytes(model), "the given bytes"
     else:

@@ -10,9 +10,11 @@ its inputs and attributes without guarding against a malformed model:
     required ones are present;
   - attribute values lie in the domains the operator docs give (`ATTRIBUTE_DOMAINS`):
     flags that are 0 or 1, enumerated strings, element types, positive sizes.
-Each refusal is a ModelError that names the node, the attribute or input at fault and what
-was expected. Checks that need the inputs' shapes (an axis within the rank, a kernel of
-the input's spatial rank) are the converters' and the ops' type inference's.
+`check_input_types(node, schema, dtypes, label)` then holds the inputs' element types to
+the schema's type constraints. Each refusal is a ModelError that names the node, the
+attribute or input at fault and what was expected. Checks that need the inputs' shapes or
+values (an axis within the rank, a kernel of the input's spatial rank, a 1-D shape tensor)
+are the converters' and the ops' type inference's.
 """
 from __future__ import annotations
 
