@@ -8,6 +8,7 @@
 #   bench/gpu_session.sh profile [CASES...]  per-kernel GPU time (bench/profile_kernels.py)
 #   bench/gpu_session.sh tune [CASES...]     tune the CUTLASS kernels of whole models into the database
 #   bench/gpu_session.sh retune KEYS... [-- TILES...]  tune settled database problems again (new candidates)
+#   bench/gpu_session.sh real [CASES...]   real transformers/torchvision models (bench/real_models.py)
 #   bench/gpu_session.sh setup    only the set-up (then export PYTHONPATH=$PWD and CUTLASS_PATH as below)
 set -u
 cd "$(dirname "$0")/.."
@@ -79,6 +80,25 @@ case "$stage" in
     python3 bench/run_models.py --out "$OUT" --configs cuda_sm90_builtin cuda_sm90 cuda_sm90:nograph cuda_sm90_cublaslt \
       ${TUNING_DB:+--tuning-db "$TUNING_DB"} ${PROFILE:+--profile "$PROFILE"} --cases "$@" 2>&1 \
       | tee "$OUT/run_models.log" | tail -n 40 ;;
+  real)
+    # Real models (transformers, torchvision; random weights) exported to ONNX, checked against
+    # onnxruntime and timed against torch eager and torch.compile, e.g.
+    #   bash bench/gpu_session.sh real bert_base:1 gpt2:1
+    # A 10-minute command fits about two cases with every torch mode (max-autotune compiles
+    # for minutes): TORCH_MODES=eager,default,reduce-overhead leaves it out. Rows of cases not
+    # run now are kept from ${MERGE_FROM:-bench/results/real_models.json}: copy each call's
+    # $OUT/real_models.json there before the next. BUDGET_S (default 540) stops starting cases
+    # and torch modes in time for the results to come back. Per-case kernel profiles go to
+    # /tmp/byoc-real-profiles (all of them, merged rows too, in $OUT/real_models_profiles.txt).
+    [ $# -eq 0 ] && set -- bert_base:1 gpt2:1
+    merge_from="${MERGE_FROM:-bench/results/real_models.json}"
+    merge=(); [ -f "$merge_from" ] && merge=(--merge-from "$merge_from")
+    set -o pipefail
+    PYTHONUNBUFFERED=1 python3 bench/real_models.py --out "$OUT" --workdir /tmp/byoc-real \
+      --profile-dir /tmp/byoc-real-profiles --configs ${CONFIGS:-cuda_sm90} \
+      --tuning-db "${TUNING_DB:-bench/results/tuning_sm90.json}" --profile "${PROFILE:-false}" \
+      --torch-modes "${TORCH_MODES:-eager,default,reduce-overhead,max-autotune-no-cudagraphs}" \
+      --budget-s "${BUDGET_S:-540}" "${merge[@]}" --cases "$@" 2>&1 | tee "$OUT/real_models.log" | tail -n 40 ;;
   release)
     # The model cases the open issues need, with the kernels `gemm` tuned (bench/results/
     # tuning_sm90.json). Each part fits one 10-minute device command (measured on an H100:

@@ -1,0 +1,658 @@
+"""Real models (transformers, torchvision) built by byoc against onnxruntime and torch, same process.
+
+    python3 bench/real_models.py --cases bert_base:1 gpt2:1 --out DIR [--configs cuda_sm90]
+        [--torch-modes eager,default,reduce-overhead,max-autotune-no-cudagraphs]
+        [--merge-from DIR/real_models.json] [--workdir W] [--tiny]
+
+A case is model:batch (models: see model_spec below). Every model is built from its config class
+with random weights and fixed seeds (nothing is downloaded): transformers' BertModel, GPT2Model,
+ViTModel, T5EncoderModel, DistilBertModel, RobertaModel, torchvision's resnet50,
+mobilenet_v3_large and efficientnet_b0 (their BatchNorm statistics are first set from a few
+random batches, as a trained network's would be: with the initial statistics the depthwise
+nets' outputs are ~1e-10 and all fp16 numbers would be noise). Per case, in one process:
+
+1. the model and its wrapper (one tensor out: last_hidden_state or the logits), both in
+   eval(), exported float32 to ONNX with static shapes: opset 17 by torch.onnx's TorchScript
+   exporter, or where that fails or is gone opset 18 by the dynamo one (--exporter).
+   Transformers export with attn_implementation=eager (--export-attn): SDPA exports with an
+   IsNaN guard (both exporters) and the dynamo exporter writes the padding mask with GatherND,
+   ONNX ops byoc's frontend does not take (yet);
+2. the reference: onnxruntime's CPUExecutionProvider on that ONNX, same inputs (and the
+   float32 torch output against it, which checks the export);
+3. byoc.build with each --configs config (run_models.load_config: `name:variant`), its error
+   max|byoc - ort| / max|ort| (pass: <= 2e-2; byoc runs fp16), timed as a user calls it,
+   module.run(**inputs) with the same torch CUDA tensors each call, and with out= preallocated
+   (run_models.time_cuda: CUDA events, median of 5 rounds), and a per-kernel profile of a
+   run (torch.profiler, as bench/profile_kernels.py);
+4. torch fp16 on the GPU (model.half(); integer inputs stay int64; the model's default
+   attention, SDPA, via --torch-attn): eager and each torch.compile mode of --torch-modes,
+   timed the same way, the first call's seconds recorded as its compile time.
+
+Every step is in its own try/except: a failure is recorded in the row and the run goes on.
+Results are rewritten after every measurement: --out DIR gets real_models.json,
+real_models.md and real_models_profiles.txt. --merge-from keeps the earlier file's rows of
+cases not run now, so that the suite can be spread over several device calls
+(`bash bench/gpu_session.sh real CASES...`). Without a GPU (e.g. `--configs cpu --tiny
+--torch-modes none`) it checks the exports and byoc's build of them against onnxruntime and
+times byoc on the CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(ROOT))
+from run_models import load_config, time_cuda  # noqa: E402
+
+TOLERANCE = 2e-2
+DEFAULT_CASES = ["bert_base:1", "bert_base:8", "gpt2:1", "vit_b16:8", "resnet50:32", "mobilenet_v3_large:32",
+                 "t5_encoder:8"]
+TORCH_MODES = ["eager", "default", "reduce-overhead", "max-autotune-no-cudagraphs"]
+START = time.perf_counter()
+
+
+def log(*parts):
+    print(f"[{datetime.datetime.now():%H:%M:%S} +{time.perf_counter() - START:7.1f}s]", *parts, flush=True)
+
+
+# --- the models ---------------------------------------------------------------------------
+
+def _seq(tiny):
+    return 32 if tiny else 128
+
+
+def _text_inputs(batch, seq, vocab, mask_pad, generator):
+    inputs = {"input_ids": torch.randint(0, vocab, (batch, seq), generator=generator)}
+    mask = torch.ones(batch, seq, dtype=torch.int64)
+    if mask_pad:
+        mask[:, seq - mask_pad:] = 0  # the last tokens of every row are padding
+    inputs["attention_mask"] = mask
+    return inputs
+
+
+def _hf(config_class, model_class, full, tiny_overrides, *, padded=True, model_kwargs=None):
+    """A transformers model: (make(attn, tiny) -> model, inputs(batch, tiny) -> dict)."""
+    def config(attn, tiny):
+        kwargs = dict(full)
+        if tiny:
+            kwargs.update(tiny_overrides)
+        cfg = config_class(**kwargs)
+        cfg._attn_implementation = attn  # what attn_implementation= sets; settable on every 5.x config
+        return cfg
+
+    def make(attn, tiny):
+        return model_class(config(attn, tiny), **(model_kwargs or {}))
+
+    def inputs(batch, tiny, generator):
+        seq = _seq(tiny)
+        vocab = config("eager", tiny).vocab_size
+        return _text_inputs(batch, seq, vocab, seq // 4 if padded else 0, generator)
+    return make, inputs
+
+
+def _torchvision(name, tiny_kwargs=None):
+    def make(attn, tiny):
+        import torchvision
+        model = getattr(torchvision.models, name)(weights=None, **((tiny_kwargs or {}) if tiny else {}))
+        _calibrate_batch_norm(model, 64 if tiny else 224)
+        return model
+
+    def inputs(batch, tiny, generator):
+        size = 64 if tiny else 224
+        return {"input": torch.randn(batch, 3, size, size, generator=generator)}
+    return make, inputs
+
+
+def _calibrate_batch_norm(model, size):
+    """Running statistics from two random batches (cumulative average), as training leaves
+    them: the initial ones (mean 0, var 1) let activations shrink to ~1e-10 in the depthwise
+    nets, which fp16 cannot represent."""
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None
+    generator = torch.Generator().manual_seed(2)
+    model.train()
+    with torch.no_grad():
+        for _ in range(2):
+            model(torch.randn(4, 3, size, size, generator=generator))
+    model.eval()
+
+
+def _vit():
+    from transformers import ViTConfig, ViTModel
+
+    def make(attn, tiny):
+        kwargs = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
+                      image_size=64) if tiny else {}
+        cfg = ViTConfig(**kwargs)
+        cfg._attn_implementation = attn
+        return ViTModel(cfg, add_pooling_layer=False)
+
+    def inputs(batch, tiny, generator):
+        size = 64 if tiny else 224
+        return {"pixel_values": torch.randn(batch, 3, size, size, generator=generator)}
+    return make, inputs
+
+
+def model_spec(name):
+    """(make(attn, tiny), inputs(batch, tiny, generator), output attribute or None)."""
+    import transformers as tf
+    tiny_bert = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128)
+    if name == "bert_base":
+        return (*_hf(tf.BertConfig, tf.BertModel, {}, tiny_bert, model_kwargs={"add_pooling_layer": False}),
+                "last_hidden_state")
+    if name == "roberta":
+        return (*_hf(tf.RobertaConfig, tf.RobertaModel, {}, tiny_bert, model_kwargs={"add_pooling_layer": False}),
+                "last_hidden_state")
+    if name == "distilbert":
+        return (*_hf(tf.DistilBertConfig, tf.DistilBertModel, {}, dict(n_layers=2, dim=64, n_heads=4, hidden_dim=128)),
+                "last_hidden_state")
+    if name == "gpt2":
+        # causal; attention_mask all ones, as a tokenizer gives it for one unpadded row (without
+        # it transformers 5's packed-sequence check traces torch.diff, which the TorchScript
+        # exporter cannot write)
+        return (*_hf(tf.GPT2Config, tf.GPT2Model, {"use_cache": False}, dict(n_layer=2, n_embd=64, n_head=4),
+                     padded=False), "last_hidden_state")
+    if name == "t5_encoder":  # t5-small's config: relative position bias, RMS-style norm, no biases
+        return (*_hf(tf.T5Config, tf.T5EncoderModel, {"use_cache": False},
+                     dict(num_layers=2, d_model=64, d_kv=16, num_heads=4, d_ff=128)), "last_hidden_state")
+    if name == "vit_b16":
+        return (*_vit(), "last_hidden_state")
+    if name in ("resnet50", "mobilenet_v3_large", "efficientnet_b0"):
+        return (*_torchvision(name), None)
+    raise ValueError(f"unknown model {name!r}; known: bert_base, roberta, distilbert, gpt2, t5_encoder, vit_b16, "
+                     f"resnet50, mobilenet_v3_large, efficientnet_b0")
+
+
+class Wrapper(torch.nn.Module):
+    """Positional tensors in the input order, one tensor out."""
+
+    def __init__(self, model, names, attribute):
+        super().__init__()
+        self.model, self.names, self.attribute = model, list(names), attribute
+
+    def forward(self, *tensors):
+        if self.attribute is None:
+            return self.model(*tensors)
+        return getattr(self.model(**dict(zip(self.names, tensors))), self.attribute)
+
+
+# --- steps ---------------------------------------------------------------------------------
+
+def export_onnx(wrapper, inputs, path, exporters=("torchscript", "dynamo")):
+    """float32 ONNX with static shapes; returns (exporter, seconds, errors of the exporters tried
+    first). The model and the wrapper are in eval() before (export restores the modes it found,
+    recursively). The dynamo exporter writes opset 18 (asked for 17 it converts down, and
+    torch 2.13's conversion leaves Split with opset 18's num_outputs: an invalid model)."""
+    wrapper.eval()
+    args = tuple(inputs.values())
+    start = time.perf_counter()
+    errors = []
+    for exporter in exporters:
+        try:
+            with torch.no_grad():
+                if exporter == "torchscript":
+                    torch.onnx.export(wrapper, args, str(path), opset_version=17, input_names=list(inputs),
+                                      output_names=["output"], dynamo=False, do_constant_folding=True)
+                else:
+                    program = torch.onnx.export(wrapper, args, input_names=list(inputs), output_names=["output"],
+                                                opset_version=18, dynamo=True)
+                    program.save(str(path))
+            assert not wrapper.training and not any(m.training for m in wrapper.modules()), "export left training on"
+            return exporter, time.perf_counter() - start, errors
+        except Exception as exc:  # the TorchScript exporter may be gone in a newer torch
+            errors.append(f"{exporter}: {type(exc).__name__}: {str(exc)[:1000]}")
+            log("export with", exporter, "failed:", errors[-1][:300])
+    raise RuntimeError("export failed: " + " | ".join(errors))
+
+
+def relative_error(got, reference) -> float:
+    got = np.asarray(got, dtype=np.float32)
+    scale = float(np.abs(reference).max()) or 1.0
+    if got.shape != reference.shape:
+        raise ValueError(f"output shape {got.shape} != reference {reference.shape}")
+    return float(np.abs(got - reference).max() / scale)
+
+
+def to_numpy(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach().float().cpu().numpy()
+    return np.asarray(value).astype(np.float32)
+
+
+def time_cpu(fn, repeat=20, warmup=3, rounds=5, seconds=2.0):
+    """Like time_cuda with perf_counter, with fewer calls for slow models (about `seconds`)."""
+    start = time.perf_counter()
+    for _ in range(warmup):
+        fn()
+    per_call = (time.perf_counter() - start) / warmup
+    repeat = max(1, min(repeat, int(seconds / rounds / max(per_call, 1e-6))))
+    means = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(repeat):
+            fn()
+        means.append((time.perf_counter() - start) * 1e3 / repeat)
+    return statistics.median(means)
+
+
+def profile_run(run, runs=20, top=25):
+    """Kernels of `runs` calls of run() seen by torch.profiler (CUPTI: graph replays too)."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    with torch_profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        for _ in range(runs):
+            run()
+        torch.cuda.synchronize()
+    kernels = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            entry = kernels.setdefault(event.name, [0, 0.0])
+            entry[0] += 1
+            entry[1] += event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
+    ordered = sorted(kernels.items(), key=lambda kv: -kv[1][1])
+    return {"runs": runs, "kernels_per_run": sum(v[0] for _, v in ordered) / runs,
+            "distinct_kernels": len(ordered), "gpu_us_per_run": round(sum(v[1] for _, v in ordered) / runs, 2),
+            "top": [{"name": name, "per_run": count / runs, "total_us": round(total / runs, 2),
+                     "mean_us": round(total / count, 3)} for name, (count, total) in ordered[:top]]}
+
+
+def profile_text(case, spec, entry) -> str:
+    profile = entry.get("profile")
+    if not profile:
+        return ""
+    lines = [f"# {case} {spec}", "",
+             f"wall {entry.get('ms_out', entry.get('ms', 0)) * 1000:.1f} us per run (out=); kernels and copies "
+             f"{profile['gpu_us_per_run']:.1f} us per run ({profile['kernels_per_run']:.0f} launches per run, "
+             f"{profile['distinct_kernels']} distinct kernels)", "",
+             "| per run | total us | mean us | kernel |", "|---|---|---|---|"]
+    for k in profile["top"]:
+        lines.append(f"| {k['per_run']:g} | {k['total_us']:.1f} | {k['mean_us']:.2f} | {k['name'][:150]} |")
+    return "\n".join(lines) + "\n"
+
+
+def byoc_inputs(module, inputs, device):
+    """The case's inputs as the library takes them (by name, in its dtypes)."""
+    result = {}
+    for spec in module.metadata["inputs"]:
+        tensor = inputs[spec["name"]]
+        dtype = getattr(torch, spec["dtype"])
+        if device == "cuda":
+            result[spec["name"]] = tensor.to(device="cuda", dtype=dtype).contiguous()
+        else:
+            result[spec["name"]] = tensor.to(dtype=dtype).numpy()
+    return result
+
+
+def run_byoc(args, case, name, batch, spec, onnx_path, inputs, reference, repeat, out_entry):
+    import byoc
+    tuning_db = args.tuning_db if spec.startswith("cuda") else None
+    config = load_config(spec, tuning_db, args.profile)
+    workdir = Path(args.workdir) / f"{name}_b{batch}{'_tiny' if args.tiny else ''}_{spec.replace(':', '_')}"
+    start = time.perf_counter()
+    library = byoc.build(onnx_path, config=config, workdir=str(workdir),
+                         input_shapes={k: tuple(v.shape) for k, v in inputs.items()},
+                         precision=args.precision)
+    out_entry["build_s"] = round(time.perf_counter() - start, 1)
+    out_entry["build_stats"] = getattr(library, "build_stats", None) or None
+    out_entry["backends"] = library.metadata.get("backends")
+    out_entry["cuda_graph"] = library.metadata.get("cuda_graph")
+    out_entry["output_dtype"] = library.metadata["outputs"][0]["dtype"]
+    log(case, spec, f"built in {out_entry['build_s']} s")
+    module = library.load()
+    device = module.device
+    feeds = byoc_inputs(module, inputs, device)
+    got = module.run(**feeds)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    out_entry["max_rel_error"] = relative_error(to_numpy(got), reference)
+    out_entry["pass"] = out_entry["max_rel_error"] <= TOLERANCE
+    log(case, spec, f"error vs onnxruntime {out_entry['max_rel_error']:.2e}")
+    if device == "cuda":
+        out_entry["ms"] = round(time_cuda(lambda: module.run(**feeds), repeat), 4)
+        preallocated = torch.empty_like(got)
+        out_entry["ms_out"] = round(time_cuda(lambda: module.run(**feeds, out=[preallocated]), repeat), 4)
+        torch.cuda.synchronize()
+    else:
+        out_entry["ms"] = round(time_cpu(lambda: module.run(**feeds)), 4)
+        preallocated = np.empty_like(got)
+        out_entry["ms_out"] = round(time_cpu(lambda: module.run(**feeds, out=[preallocated])), 4)
+    # the last timed run's output (with cuda_graph: a replay) must be right too
+    out_entry["max_rel_error"] = max(out_entry["max_rel_error"], relative_error(to_numpy(preallocated), reference))
+    out_entry["pass"] = out_entry["max_rel_error"] <= TOLERANCE
+    log(case, spec, f"byoc {out_entry['ms']} ms, out= {out_entry['ms_out']} ms, "
+        f"error {out_entry['max_rel_error']:.2e}")
+    if device == "cuda":
+        try:
+            out_entry["profile"] = profile_run(lambda: module.run(**feeds, out=[preallocated]))
+            log(case, spec, f"profile: {out_entry['profile']['kernels_per_run']:.0f} kernels and copies per run, "
+                f"{out_entry['profile']['gpu_us_per_run']} us of GPU time per run")
+            profile_dir = Path(args.profile_dir or Path(args.out) / "profiles")
+            profile_dir.mkdir(parents=True, exist_ok=True)
+            path = profile_dir / f"profile_{case.replace(':', '_b')}_{spec.replace(':', '_')}.txt"
+            path.write_text(profile_text(case, spec, out_entry))
+        except Exception as exc:
+            out_entry["profile_error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+            log(case, spec, "profile failed:", out_entry["profile_error"])
+    module.close()
+
+
+def run_torch_modes(args, case, wrapper, inputs, reference, repeat, row, save):
+    device = torch.device(args.torch_device)
+    cuda = device.type == "cuda"
+    synchronize = torch.cuda.synchronize if cuda else (lambda: None)
+    timer = time_cuda if cuda else (lambda fn, repeat: time_cpu(fn))
+    wrapper = wrapper.to(device).half().eval()
+    tensors = tuple(t.to(device) if not t.is_floating_point() else t.to(device).half() for t in inputs.values())
+    for mode in args.torch_modes:
+        entry = row["torch_fp16"].setdefault(mode, {})
+        if args.budget_s and time.perf_counter() - START > args.budget_s:
+            entry["error"] = f"skipped: past --budget-s {args.budget_s}"
+            log(case, "torch", mode, entry["error"])
+            continue
+        try:
+            torch._dynamo.reset()
+            if mode == "eager":
+                fn = wrapper
+            else:
+                fn = torch.compile(wrapper, mode=None if mode == "default" else mode)
+            log(case, "torch", mode, "first call" + ("" if mode == "eager" else " (compiling)"))
+            with torch.no_grad():
+                start = time.perf_counter()
+                first = fn(*tensors)
+                synchronize()
+                entry["compile_s" if mode != "eager" else "first_call_s"] = round(time.perf_counter() - start, 1)
+                entry["max_rel_error"] = relative_error(to_numpy(first), reference)
+                del first
+                for _ in range(3):
+                    fn(*tensors)
+                entry["ms"] = round(timer(lambda: fn(*tensors), repeat), 4)
+            log(case, "torch", mode, f"{entry['ms']} ms, error vs onnxruntime {entry['max_rel_error']:.2e}",
+                f"compile {entry.get('compile_s', '-')} s")
+        except Exception as exc:
+            entry["error"] = f"{type(exc).__name__}: {str(exc)[:1500]}"
+            log(case, "torch", mode, "FAILED:", entry["error"][:500])
+        finally:
+            fn = None
+            torch._dynamo.reset()
+            gc.collect()
+            if cuda:
+                torch.cuda.empty_cache()
+        save()
+
+
+def run_case(args, case, row, save):
+    name, _, batch = case.partition(":")
+    batch = int(batch or 1)
+    row.update({"model": name, "batch": batch})
+    make, make_inputs, attribute = model_spec(name)
+    torch.manual_seed(0)
+    model = make(args.export_attn, args.tiny).eval()
+    inputs = make_inputs(batch, args.tiny, torch.Generator().manual_seed(1))
+    row["inputs"] = {k: [list(v.shape), str(v.dtype).replace("torch.", "")] for k, v in inputs.items()}
+    row["params_m"] = round(sum(p.numel() for p in model.parameters()) / 1e6, 1)
+    wrapper = Wrapper(model, inputs, attribute).eval()
+    onnx_path = Path(args.workdir) / f"{name}_b{batch}{'_tiny' if args.tiny else ''}_{args.exporter}.onnx"
+    onnx_path.parent.mkdir(parents=True, exist_ok=True)
+    log(case, f"export ({row['params_m']}M parameters, inputs {row['inputs']})")
+    exporters = {"auto": ("torchscript", "dynamo"), "torchscript": ("torchscript",), "dynamo": ("dynamo",)}
+    exporter, seconds, export_errors = export_onnx(wrapper, inputs, onnx_path, exporters[args.exporter])
+    import onnx
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    row["export"] = {"exporter": exporter, "seconds": round(seconds, 1), "attn_implementation":
+                     args.export_attn if attribute else None, "nodes": len(graph.node),
+                     "op_types": dict(Counter(n.op_type for n in graph.node).most_common()),
+                     "failed_exporters": export_errors}
+    log(case, f"exported with {exporter} in {seconds:.1f} s: {len(graph.node)} nodes")
+    del graph
+
+    import onnxruntime as ort
+    start = time.perf_counter()
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    feed_names = [i.name for i in session.get_inputs()]
+    reference = session.run(None, {k: inputs[k].numpy() for k in feed_names})[0].astype(np.float32)
+    del session
+    with torch.no_grad():
+        torch_fp32 = to_numpy(wrapper(*inputs.values()))
+    row["reference"] = {"onnxruntime_s": round(time.perf_counter() - start, 1), "max_abs": float(np.abs(reference).max()),
+                        "onnx_inputs": feed_names, "torch_fp32_vs_ort": relative_error(torch_fp32, reference)}
+    log(case, f"onnxruntime reference {list(reference.shape)}, max |out| {row['reference']['max_abs']:.3g}, "
+        f"torch fp32 vs ort {row['reference']['torch_fp32_vs_ort']:.2e}")
+    unused = [k for k in inputs if k not in feed_names]
+    if unused:
+        row["reference"]["inputs_dropped_by_export"] = unused
+    save()
+
+    cuda = torch.cuda.is_available()
+    repeat = 200 if batch == 1 else 50
+    for spec in args.configs:
+        entry = row["byoc"].setdefault(spec, {})
+        try:
+            run_byoc(args, case, name, batch, spec, onnx_path, {k: inputs[k] for k in feed_names}, reference, repeat,
+                     entry)
+        except Exception as exc:
+            entry["error"] = f"{type(exc).__name__}: {str(exc)[:3000]}"
+            log(case, spec, "byoc FAILED:", entry["error"][:800])
+            if args.debug:
+                traceback.print_exc()
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+        save()
+
+    modes = [m for m in args.torch_modes]
+    if modes and args.torch_device.startswith("cuda") and not cuda:
+        row["torch_fp16"] = {m: {"error": "skipped: no CUDA device"} for m in modes}
+        return
+    if modes:
+        if attribute and args.torch_attn != args.export_attn:
+            try:  # the same weights, with the attention torch users get by default
+                torch_model = make(args.torch_attn, args.tiny)
+                torch_model.load_state_dict(model.state_dict())
+                model = torch_model.eval()
+            except Exception as exc:
+                row["torch_attn_error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+                log(case, f"torch with attn_implementation={args.torch_attn} failed, torch runs the export's:",
+                    row["torch_attn_error"])
+        if attribute:
+            row["torch_attn_implementation"] = getattr(model.config, "_attn_implementation", None)
+        run_torch_modes(args, case, Wrapper(model, inputs, attribute).eval(), inputs, reference, repeat, row, save)
+
+
+# --- results -------------------------------------------------------------------------------
+
+def versions() -> dict:
+    result = {"python": sys.version.split()[0], "torch": torch.__version__}
+    for package in ("transformers", "torchvision", "onnxruntime", "onnx"):
+        try:
+            result[package] = __import__(package).__version__
+        except Exception as exc:
+            result[package] = f"unavailable ({type(exc).__name__})"
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        result["byoc_commit"] = (commit + ("+dirty" if dirty else "")) if commit else None
+    except Exception:
+        result["byoc_commit"] = None
+    result["byoc_commit"] = result["byoc_commit"] or os.environ.get("BYOC_GIT_COMMIT") or "unknown (no .git)"
+    # the code itself, for a checkout copied without .git: sha256 over byoc/, backends/, templates/
+    digest = hashlib.sha256()
+    for folder in ("byoc", "backends", "templates", "build_configs"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(ROOT)).encode())
+                digest.update(path.read_bytes())
+    result["byoc_source_sha256"] = digest.hexdigest()[:16]
+    return result
+
+
+def device_name() -> str:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return "cpu (no CUDA device)"
+
+
+def _cell(entry):
+    if not entry:
+        return "-"
+    if entry.get("ms") is None:
+        return "failed" if "error" in entry and not entry["error"].startswith("skipped") else "skipped"
+    compile_s = entry.get("compile_s")
+    return f"{entry['ms']:.3f}" + (f" ({compile_s:.0f} s)" if compile_s is not None else "")
+
+
+def write_results(out: Path, header: dict, rows: list, torch_modes: list) -> None:
+    result = dict(header, rows=rows)
+    (out / "real_models.json").write_text(json.dumps(result, indent=2))
+    modes = list(dict.fromkeys(list(torch_modes) + [m for r in rows for m in r.get("torch_fp16", {})]))
+    devices = {r.get("device") for r in rows}
+    v = header["versions"]
+    lines = [f"# Real models ({header['device']}, {header['date']})", "",
+             f"torch {v['torch']}, transformers {v['transformers']}, torchvision {v['torchvision']}, onnxruntime "
+             f"{v['onnxruntime']}, onnx {v['onnx']}; byoc {v['byoc_commit']} (source {v['byoc_source_sha256']}).",
+             "",
+             "Random weights (fixed seeds) from the config classes; float32 ONNX (opset 17), the reference is "
+             "onnxruntime CPU on it. byoc: `module.run(**inputs)` with the same torch CUDA tensors each call "
+             "(out=: into a preallocated output); torch fp16 on the GPU, `ms (compile s)`. ms per run, median "
+             f"of 5 rounds. Error: max |byoc - ort| / max |ort| (pass <= {TOLERANCE:g}); torch eager fp16's "
+             "error beside it is what fp16 alone costs this model. Best torch / byoc > 1: byoc is faster. "
+             "Kernels/run: kernel launches and copies of one byoc run (real_models_profiles.txt).", ""]
+    head = ["case"] + (["device"] if len(devices) > 1 else []) + ["byoc config", "byoc ms", "byoc out= ms"] + \
+        [f"torch {m}" for m in modes] + ["best torch", "best torch / byoc", "error vs ort",
+                                         "torch eager fp16 error", "build s", "kernels/run"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    notes = []
+    for row in rows:
+        torch_entries = row.get("torch_fp16", {})
+        timed = {m: e["ms"] for m, e in torch_entries.items() if e.get("ms") is not None}
+        best = min(timed.items(), key=lambda kv: kv[1]) if timed else None
+        configs = row.get("byoc") or {"-": {"error": row.get("error", "not run")}}
+        for spec, entry in configs.items():
+            ms = entry.get("ms")
+            ratio = f"{best[1] / ms:.2f}" if best and ms else "-"
+            error = entry.get("max_rel_error")
+            error_cell = "-" if error is None else f"{error:.1e}" + ("" if error <= TOLERANCE else " FAIL")
+            profile = entry.get("profile") or {}
+            cells = [row["case"] + (" (tiny)" if row.get("tiny") else "")] + \
+                ([row.get("device", "?")] if len(devices) > 1 else []) + \
+                [spec, f"{ms:.3f}" if ms else ("failed" if "error" in entry else "-"),
+                 f"{entry['ms_out']:.3f}" if entry.get("ms_out") else "-"] + \
+                [_cell(torch_entries.get(m)) for m in modes] + \
+                [f"{best[1]:.3f} ({best[0]})" if best else "-", ratio, error_cell,
+                 f"{torch_entries['eager']['max_rel_error']:.1e}"
+                 if torch_entries.get("eager", {}).get("max_rel_error") is not None else "-",
+                 f"{entry['build_s']:.0f}" if entry.get("build_s") is not None else "-",
+                 f"{profile['kernels_per_run']:.0f}" if profile else "-"]
+            lines.append("| " + " | ".join(cells) + " |")
+            if entry.get("error") and spec != "-":
+                notes.append(f"- {row['case']} byoc {spec}: {entry['error'][:300]}")
+        for mode, entry in torch_entries.items():
+            if entry.get("error") and not entry["error"].startswith("skipped"):
+                notes.append(f"- {row['case']} torch {mode}: {entry['error'][:300]}")
+        if row.get("error"):
+            notes.append(f"- {row['case']}: {row['error'][:300]}")
+    if notes:
+        lines += ["", "Failures:", ""] + [n.replace("\n", " ") for n in notes]
+    (out / "real_models.md").write_text("\n".join(lines) + "\n")
+    texts = [profile_text(row["case"], spec, entry) for row in rows for spec, entry in row.get("byoc", {}).items()]
+    (out / "real_models_profiles.txt").write_text("\n".join(t for t in texts if t))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cases", nargs="+", default=DEFAULT_CASES, help="model:batch (default: the suite)")
+    parser.add_argument("--out", default="/tmp/byoc-real-out")
+    parser.add_argument("--configs", nargs="+", default=["cuda_sm90"], help="byoc configs (name or name:variant)")
+    parser.add_argument("--torch-modes", default=",".join(TORCH_MODES),
+                        help="comma-separated among eager,default,reduce-overhead,max-autotune-no-cudagraphs,"
+                             "max-autotune; 'none' for no torch runs")
+    parser.add_argument("--merge-from", metavar="REAL_MODELS_JSON",
+                        help="keep this earlier result's rows of the cases not run now")
+    parser.add_argument("--workdir", default="/tmp/byoc-real")
+    parser.add_argument("--tuning-db", default=str(ROOT / "bench/results/tuning_sm90.json"),
+                        help="CUTLASS tuning database for the cuda configs ('' for none)")
+    parser.add_argument("--profile", default="false", choices=("auto", "false", "true"),
+                        help="tune GEMMs missing from the database (auto/true) or take the heuristic's (false)")
+    parser.add_argument("--precision", help="override the config's precision (e.g. float16 with --configs cpu)")
+    parser.add_argument("--exporter", default="auto", choices=("auto", "torchscript", "dynamo"),
+                        help="torch.onnx exporter (auto: TorchScript, dynamo where that fails or is gone)")
+    parser.add_argument("--export-attn", default="eager", help="transformers attn_implementation for the export")
+    parser.add_argument("--torch-attn", default="sdpa", help="transformers attn_implementation for torch's runs")
+    parser.add_argument("--tiny", action="store_true", default=bool(os.environ.get("BYOC_REAL_TINY")),
+                        help="2 layers, hidden 64, seq 32, 64x64 images (a CPU check of the exports and builds)")
+    parser.add_argument("--budget-s", type=float,
+                        help="start no case and no torch mode after this many seconds (the device's command limit)")
+    parser.add_argument("--torch-device", default="cuda", help="where torch's fp16 runs go (cpu: to check the script)")
+    parser.add_argument("--profile-dir", help="per-case kernel profiles (default: OUT/profiles)")
+    parser.add_argument("--debug", action="store_true", help="print tracebacks of failures")
+    args = parser.parse_args()
+    args.torch_modes = [] if args.torch_modes in ("", "none") else [m.strip() for m in args.torch_modes.split(",")]
+    args.tuning_db = args.tuning_db or None
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    header = {"device": device_name(), "date": datetime.date.today().isoformat(), "versions": versions(),
+              "tolerance": TOLERANCE}
+    log("device", header["device"], "versions", header["versions"])
+    cases = list(dict.fromkeys(args.cases))
+    rows = []
+    if args.merge_from and Path(args.merge_from).exists():
+        earlier = json.loads(Path(args.merge_from).read_text())
+        for row in earlier.get("rows", []):
+            rows.append(row)  # rows of the cases run now are replaced in place, once measured
+        log(f"{len(rows)} rows in {args.merge_from}: {', '.join(r.get('case', '?') for r in rows)}")
+
+    def save():
+        write_results(out, header, rows, args.torch_modes)
+
+    for case in cases:
+        row = {"case": case, "device": header["device"], "date": header["date"], "tiny": args.tiny,
+               "versions": {k: header["versions"][k] for k in ("torch", "transformers", "torchvision", "byoc_commit")},
+               "byoc": {}, "torch_fp16": {}}
+        if args.budget_s and time.perf_counter() - START > args.budget_s:
+            log("==", case, f"skipped: past --budget-s {args.budget_s} (an earlier row of it is kept)")
+            continue
+        same = [i for i, r in enumerate(rows) if r.get("case") == case and bool(r.get("tiny")) == args.tiny]
+        if same:  # in the earlier row's place
+            rows[same[0]] = row
+            rows = [r for i, r in enumerate(rows) if i not in same[1:]]
+        else:
+            rows.append(row)
+        log("==", case)
+        try:
+            run_case(args, case, row, save)
+        except Exception as exc:  # one case failing must not lose the others
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:3000]}"
+            log(case, "FAILED:", row["error"][:800])
+            if args.debug:
+                traceback.print_exc()
+        gc.collect()
+        if torch.cuda.is_available():
+            torch._dynamo.reset()
+            torch.cuda.empty_cache()
+        save()
+    save()
+    log("done:", out / "real_models.md")
+    print((out / "real_models.md").read_text(), flush=True)
+
+
+if __name__ == "__main__":
+    main()
