@@ -485,6 +485,8 @@ class _Builder:
             libraries = cuda_link_flags(libraries)
         output = self.workdir / "model.so"
         link_shared(objects, output, link_flags, libraries, workdir=self.workdir)
+        from .runtime import seal_library
+        seal_library(output)  # load() checks every byte against it before the dynamic loader maps the file
         library = Library(path=output, workdir=self.workdir, metadata=json.loads(metadata), report=report,
                           sidecar=sidecar, memory=plan.memory_plan.summary() if plan.memory_plan else {},
                           build_stats=self.compile_stats(compiled, unit_backends),

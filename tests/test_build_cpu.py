@@ -207,6 +207,11 @@ def test_corrupted_embedded_blobs_are_refused_at_create(tmp_path):
         edited[offset] ^= 0x01
         path = tmp_path / f"edited_{offset}.so"
         path.write_bytes(bytes(edited))
+        with pytest.raises(byoc.RuntimeError, match="do not match the seal written at the build"):
+            byoc.load(path)  # the seal over the whole file, checked before dlopen
+        # sealed again (as if loaded from C, where nothing checks the seal): create() finds it
+        path.write_bytes(bytes(edited[:-byoc.runtime.SEAL_BYTES]))
+        byoc.runtime.seal_library(path)
         with pytest.raises(byoc.RuntimeError, match=message):
             byoc.load(path)
 
@@ -311,8 +316,7 @@ def test_unsupported_dtype_is_named_as_numpy_names_it(built_models, dtype):
 def test_library_not_built_by_byoc_and_a_missing_path_are_named():
     path = not_byoc_library()
     for read in (load, byoc.runtime.metadata_of):
-        with pytest.raises(byoc.RuntimeError, match=rf"{re.escape(path)}: not a byoc library: "
-                                                     r"it has no byoc_model_metadata"):
+        with pytest.raises(byoc.RuntimeError, match=rf"{re.escape(path)}: not a byoc library.*byoc's seal"):
             read(path)
         with pytest.raises(byoc.RuntimeError, match=r"expected a path to a byoc \.so, got None"):
             read(None)

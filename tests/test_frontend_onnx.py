@@ -173,7 +173,9 @@ def test_folded_constants_too_large_or_invalid_are_refused():
     def range_model(start, limit, delta):
         nodes = [_int64_constant(name, [value], dims=[]) for name, value in
                  (("start", start), ("limit", limit), ("delta", delta))]
-        return _model(nodes + [helper.make_node("Range", ["start", "limit", "delta"], ["y"], name="steps")], [], [y])
+        y_int = helper.make_tensor_value_info("y", TensorProto.INT64, None)
+        return _model(nodes + [helper.make_node("Range", ["start", "limit", "delta"], ["y"], name="steps")], [],
+                      [y_int])
     with pytest.raises(byoc.ModelError, match="Range node 'steps': input 'delta' is 0; expected a non-zero step"):
         byoc.from_onnx(range_model(0, 10, 0))
     with pytest.raises(byoc.ModelError, match=r"Range node 'steps': its output of 1000000000000 elements .*"

@@ -160,7 +160,8 @@ class NodeCase:
         outputs = [f"out{i}" for i in range(self.outputs)]
         node = helper.make_node(self.op_type, names, outputs, name=NODE_NAME)
         node.attribute.extend(self.attributes.values())
-        infos = [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in outputs]
+        # no declared element type: these cases are about the node, not the graph's declarations
+        infos = [helper.make_tensor_value_info(name, TensorProto.UNDEFINED, None) for name in outputs]
         graph = helper.make_graph([node], "g", [], infos, initializers)
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
 

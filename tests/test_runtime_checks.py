@@ -71,6 +71,25 @@ def test_fifo_directory_and_symlink_loop_are_refused(tmp_path):
     assert "not a regular file" in lines[0] and "directory" in lines[1]
 
 
+def test_a_changed_byte_anywhere_is_refused_by_the_seal(add_library, tmp_path):
+    """The seal (SHA-256 of the file, appended at the build) is checked before the dynamic
+    loader maps the file: a damaged dynamic section would crash the loader itself."""
+    data = add_library.read_bytes()
+    for offset in (100, len(data) // 3, len(data) - byoc.runtime.SEAL_BYTES - 1, len(data) - 1):
+        edited = bytearray(data)
+        edited[offset] ^= 0x40
+        path = tmp_path / "edited.so"
+        path.write_bytes(bytes(edited))
+        result = run_isolated(f"""
+            import byoc
+            try:
+                byoc.load({str(path)!r})
+            except byoc.RuntimeError as error:
+                print("REFUSED", error)
+            """)
+        assert result.returncode == 0 and "REFUSED" in result.stdout, (offset, result)
+
+
 def test_non_elf_file_is_refused(tmp_path):
     fake = tmp_path / "model.so"
     fake.write_bytes(b"not an elf file" * 10)
@@ -103,7 +122,8 @@ def test_metadata_bytes_edited_in_the_file_are_refused(add_library, tmp_path):
                                  (b'{"arch"'.replace(b"a", b"\xff", 1), "not valid UTF-8 JSON")):
         edited = data[:start] + replacement + data[start + len(replacement):]
         path = tmp_path / "edited.so"
-        path.write_bytes(edited)
+        path.write_bytes(edited[:-byoc.runtime.SEAL_BYTES])
+        byoc.runtime.seal_library(path)  # sealed again: what the metadata check sees, not the seal
         result = run_isolated(f"""
             import byoc
             try:

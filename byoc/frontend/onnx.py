@@ -39,7 +39,7 @@ from ..ir.builder import FunctionBuilder
 from ..ir.expr import Call, Constant, Expr
 from ..ir.module import IRModule
 from ..ir.op import get_op
-from ..ir.types import NUMPY_DTYPES, TensorType, dtype_of_numpy, is_static_shape
+from ..ir.types import NUMPY_DTYPES, TensorType, dtype_of_numpy, is_float, is_static_shape
 from .onnx_schema import check_input_types, check_node
 
 MIN_OPSET = 13
@@ -286,12 +286,32 @@ class _Importer:
         for output in self.graph.output:
             if output.name not in self.values:
                 raise ModelError(f"graph output {output.name!r} is produced by no node")
+            self._check_declared_output(output, self.type_of(self.values[output.name]))
             results.append(self._as_expr(self.values[output.name]))
         self.builder.ret(*results)
         mod = self.builder.module()
         # The graph's output names, for the built library's metadata (main returns a tuple).
         mod.attrs["output_names"] = [output.name for output in self.graph.output]
         return mod
+
+    @staticmethod
+    def _check_declared_output(output: onnx.ValueInfoProto, computed: TensorType):
+        """A graph output's declared element type and static dims must be what the graph
+        computes (as onnx.checker's full check and onnxruntime require): a caller reading
+        the declaration would otherwise get another type or shape than promised."""
+        if not output.type.HasField("tensor_type"):
+            return
+        tensor_type = output.type.tensor_type
+        if tensor_type.elem_type:
+            declared = _dtype_of_elem_type(tensor_type.elem_type, f"graph output {output.name!r}")
+            if declared != computed.dtype:
+                raise ModelError(f"graph output {output.name!r} is declared {declared}, but the graph computes "
+                                 f"{computed.dtype}; expected the declared element type")
+        dims = _declared_dims(tensor_type)
+        if dims is not None and not _fits(dims, tuple(computed.shape)):
+            raise ModelError(f"graph output {output.name!r} is declared with shape {tuple(dims)}, but the graph "
+                             f"computes {tuple(computed.shape)}; expected the declared shape (a named or unknown "
+                             f"dim fits any size)")
 
     def _tensor_to_array(self, tensor: onnx.TensorProto, what: str) -> np.ndarray:
         dtype = _dtype_of_elem_type(tensor.data_type, what)
@@ -579,6 +599,11 @@ def _mish(ctx, node, inputs, attrs):
 def _pow(ctx, node, inputs, attrs):
     base, exponent = inputs
     if ctx.dtype(exponent) != ctx.dtype(base):
+        if is_float(ctx.dtype(exponent)) and not is_float(ctx.dtype(base)):
+            # an integer base with a float exponent: computed in the exponent's type and cast
+            # back, as onnxruntime does (casting 0.5 to an integer exponent would give 0)
+            power = ctx.call("power", ctx.call("cast", base, dtype=ctx.dtype(exponent)), exponent)
+            return [ctx.call("cast", power, dtype=ctx.dtype(base), name=node.output[0])]
         exponent = ctx.call("cast", exponent, dtype=ctx.dtype(base))
     return [ctx.call("power", base, exponent, name=node.output[0])]
 
@@ -797,6 +822,8 @@ def _spatial_pads(ctx, attrs, in_spatial, kernel, strides, dilations):
     if auto_pad in ("NOTSET", ""):
         pads = tuple(attrs.get("pads", (0,) * (2 * rank)))
         return pads
+    if "pads" in attrs:  # the spec: "explicit padding ... cannot be used simultaneously with auto_pad"
+        raise ModelError(f"{ctx.node_label}: both auto_pad={auto_pad!r} and pads are given; expected one of them")
     if auto_pad == "VALID":
         return (0,) * (2 * rank)
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):

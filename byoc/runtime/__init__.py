@@ -71,15 +71,21 @@ class _Prepared:
         if type(array).__module__.startswith("torch") and getattr(array, "is_cuda", False):
             self._describe_torch_cuda(array, what, expected_dtype)
             return
-        if hasattr(array, "__cuda_array_interface__"):
-            interface, device = array.__cuda_array_interface__, _DEVICE_CUDA
-        elif hasattr(array, "__array_interface__"):
-            interface, device = array.__array_interface__, _DEVICE_CPU
-        elif hasattr(array, "numpy") and hasattr(array, "device"):  # a torch CPU tensor
-            self.array = array = array.numpy()
-            interface, device = array.__array_interface__, _DEVICE_CPU
-        else:
-            raise ByocRuntimeError(f"{what}: expected a NumPy, CuPy or torch array, got {type(array).__name__}")
+        try:  # the interfaces may be properties of the caller's class that raise
+            if hasattr(array, "__cuda_array_interface__"):
+                interface, device = array.__cuda_array_interface__, _DEVICE_CUDA
+            elif hasattr(array, "__array_interface__"):
+                interface, device = array.__array_interface__, _DEVICE_CPU
+            elif hasattr(array, "numpy") and hasattr(array, "device"):  # a torch CPU tensor
+                self.array = array = array.numpy()
+                interface, device = array.__array_interface__, _DEVICE_CPU
+            else:
+                raise ByocRuntimeError(f"{what}: expected a NumPy, CuPy or torch array, got {type(array).__name__}")
+        except ByocRuntimeError:
+            raise
+        except Exception as error:  # noqa: BLE001 - whatever the caller's object raised, named
+            raise ByocRuntimeError(f"{what}: reading its array interface raised {type(error).__name__}: "
+                                   f"{error}") from error
         try:
             self._describe(array, interface, device, what, expected_dtype, writable)
         except (KeyError, TypeError, ValueError, IndexError, OverflowError, AttributeError) as error:
@@ -120,6 +126,9 @@ class _Prepared:
         if strides is not None:
             if len(strides) != len(shape):
                 raise ValueError(f"{len(strides)} strides for {len(shape)} dims")
+            if any(int(s) % itemsize for s in strides):
+                raise ByocRuntimeError(f"{what}: strides {tuple(strides)} (bytes) are not multiples of the "
+                                       f"element size {itemsize}; expected a contiguous array")
             self.strides = (ctypes.c_int64 * max(len(shape), 1))(*[int(s) // itemsize for s in strides])
         self.tensor = _DLTensor(
             data=data, device=_DLDevice(device, 0), ndim=len(shape), dtype=_DLDataType(code, bits, 1),
@@ -179,6 +188,8 @@ class Module:
             # the library would ignore it: say so rather than run with other weights than asked
             raise ByocRuntimeError(f"{os.path.basename(self.path)} embeds its weights; weights_path="
                                    f"{str(weights_path)!r} is only for a library built with a .safetensors sidecar")
+        if weights_path is not None:
+            weights_path = _checked_weights_path(weights_path)
         handle = ctypes.c_void_p()
         path_arg = str(weights_path).encode() if weights_path is not None else None
         if lib.byoc_model_create(ctypes.byref(handle), path_arg) != 0:
@@ -191,7 +202,8 @@ class Module:
         self._output_dtypes = [t["dtype"] for t in self.metadata["outputs"]]
 
     def _error(self) -> str:
-        return self._lib.byoc_last_error().decode("utf-8", "replace")
+        message = self._lib.byoc_last_error()
+        return message.decode("utf-8", "replace") if message else "(the library gave no error message)"
 
     def _order_inputs(self, args, kwargs) -> list:
         names = self.input_names
@@ -401,6 +413,48 @@ def validate_metadata(metadata, name: str = "library") -> None:
         raise bad("weights.bytes", "a non-negative integer", weights["bytes"])
 
 
+SEAL_MAGIC = b"BYOCSEAL"
+SEAL_BYTES = len(SEAL_MAGIC) + 32  # the magic, then the SHA-256 of every byte before it
+
+
+def seal_library(path) -> None:
+    """Appends the seal that load() checks before the dynamic loader sees the file: the
+    SHA-256 of the whole library (ELF loaders ignore bytes after the ELF data). A damaged
+    dynamic section or symbol table would crash the loader itself; with the seal, any
+    changed byte is a clear error instead."""
+    import hashlib
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    with open(path, "ab") as file:
+        file.write(SEAL_MAGIC + digest.digest())
+
+
+def _check_seal(path: str, size: int) -> None:
+    import hashlib
+    with open(path, "rb") as file:
+        if size < SEAL_BYTES:
+            raise ByocRuntimeError(f"cannot load {path}: not a byoc library (too short for its seal)")
+        file.seek(size - SEAL_BYTES)
+        trailer = file.read(SEAL_BYTES)
+        if trailer[:len(SEAL_MAGIC)] != SEAL_MAGIC:
+            raise ByocRuntimeError(f"cannot load {path}: not a byoc library, or one changed after the build "
+                                   f"(strip, patchelf, a copy cut short): it does not end in byoc's seal; "
+                                   f"rebuild it")
+        file.seek(0)
+        digest, left = hashlib.sha256(), size - SEAL_BYTES
+        while left:
+            block = file.read(min(left, 1 << 20))
+            if not block:
+                break
+            digest.update(block)
+            left -= len(block)
+        if left or digest.digest() != trailer[len(SEAL_MAGIC):]:
+            raise ByocRuntimeError(f"cannot load {path}: its bytes do not match the seal written at the build: the "
+                                   f"file is corrupted or was changed after the build; rebuild it")
+
+
 def _check_library_file(path: str) -> None:
     """Checks that `path` is a whole ELF shared object before the dynamic loader maps it: a
     FIFO or device would block or be read forever, and a truncated file maps pages past its
@@ -453,6 +507,7 @@ def _check_library_file(path: str) -> None:
                     if sh_type != 8 and sh_offset + sh_size > size:  # SHT_NOBITS takes no file bytes
                         raise corrupt(f"section {index} needs bytes {sh_offset}..{sh_offset + sh_size}, "
                                       f"beyond its {size}")
+        _check_seal(path, size)
     except OSError as error:
         raise ByocRuntimeError(f"cannot load {path}: {error}") from None
 
@@ -493,6 +548,27 @@ def _stream_handle(stream) -> int:
     return int(handle)
 
 
+def _checked_weights_path(path) -> str:
+    """A sidecar path the C side can open: a regular file (a FIFO would block create()),
+    with no NUL byte (C would read the path only up to it, and open another file)."""
+    import stat as stat_module
+    if not isinstance(path, (str, os.PathLike)):
+        raise ByocRuntimeError(f"weights_path: expected a path to a .safetensors file, got {type(path).__name__}")
+    text = os.fspath(path)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    if "\0" in text:
+        raise ByocRuntimeError(f"weights_path {text!r} contains a NUL byte; expected a file path")
+    try:
+        info = os.stat(text)
+    except OSError as error:
+        raise ByocRuntimeError(f"weights file {text!r} cannot be read: {error.strerror or error}") from None
+    if not stat_module.S_ISREG(info.st_mode):
+        raise ByocRuntimeError(f"weights file {text!r} is not a regular file; expected the library's "
+                               f".safetensors sidecar")
+    return text
+
+
 def _resolved(path) -> str:
     try:
         return str(Path(path).resolve(strict=True))
@@ -530,12 +606,18 @@ def _open_library(path) -> ctypes.CDLL:
             lib = ctypes.CDLL(resolved, mode=os.RTLD_LOCAL | os.RTLD_NOW)
         else:
             lib = _open_private_copy(resolved)
-    except OSError as error:
+    except (OSError, UnicodeDecodeError) as error:  # the loader's message may not be UTF-8
         raise ByocRuntimeError(f"cannot load {path}: {error}") from None
-    if not hasattr(lib, "byoc_model_metadata"):
+    missing = [name for name in _REQUIRED_SYMBOLS if not hasattr(lib, name)]
+    if missing:
         _close_library(lib)
-        raise ByocRuntimeError(f"{path}: not a byoc library: it has no byoc_model_metadata")
+        raise ByocRuntimeError(f"{path}: not a byoc library: it has no {', '.join(missing)}")
     return lib
+
+
+# What a byoc library exports (byoc_model.h); byoc_model_status is newer and optional.
+_REQUIRED_SYMBOLS = ("byoc_model_metadata", "byoc_model_create", "byoc_model_run", "byoc_model_destroy",
+                     "byoc_last_error")
 
 
 def _open_private_copy(path: str) -> ctypes.CDLL:
