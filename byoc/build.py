@@ -1,7 +1,7 @@
 """build(): one model in, one deployable .so out. The whole pipeline, top to bottom:
 
     import (ONNX -> IRModule)
-    simplify: fold_constant, fold_batch_norm, recognize_gelu, dead_code_elimination,
+    simplify: fold_constant, fold_batch_norm, recognize_gelu, sink_reshapes, dead_code_elimination,
               convert_to_float16 when asked
     PinDevices: ops pinned to another device (config devices.pin) become builtin functions
     partition: each configured backend's patterns in priority order, then the built-in
@@ -257,7 +257,10 @@ class _Builder:
         from .transform import convert_to_float16, dead_code_elimination, fold_constant
         from .transform.recognize_gelu import recognize_gelu
         from .transform.fold_batch_norm import fold_batch_norm
+        from .transform.sink_reshapes import sink_reshapes
         mod = dead_code_elimination(recognize_gelu(dead_code_elimination(fold_batch_norm(fold_constant(mod)))))
+        # after RecognizeGelu: a GEMM's activation reads its reshape only once recognized
+        mod = dead_code_elimination(fold_constant(sink_reshapes(mod)))
         if self.cfg.precision in ("float16", "bfloat16"):
             mod = dead_code_elimination(fold_constant(convert_to_float16(
                 mod, dtype=self.cfg.precision, keep_float32_ops=self.keep_float32_ops())))

@@ -282,16 +282,22 @@ def _model(kind, m, n, k, dtype="float16", batch=()):
             if kind.endswith("scaled"):  # attention's scores / sqrt(d): the epilogue's alpha
                 y = fb.call("divide", y, np.array(8.0, dtype))
         else:
+            if "reshaped" in kind:  # GPT-2's Conv1D: x.view(-1, k) @ w + b, .view(1, m, n)
+                a16 = fb.call("reshape", fb.call("reshape", a16, shape=[1, m, k]), shape=[m, k])
             w = (rng.standard_normal((k, n)) * 0.1).astype(dtype)
             y = fb.call("matmul", a16, w)
             if "bias" in kind:
                 y = fb.call("add", y, (rng.standard_normal(n) * 0.1).astype(dtype))
+            out_shape = batch + (m, n)
+            if "reshaped" in kind:
+                y = fb.call("reshape", y, shape=[1, m, n])
+                out_shape = (1, m, n)
             if "gelu" in kind:
-                y = fb.call("gelu", y)
+                y = fb.call("gelu", y, approximate="tanh" if "tanh" in kind else "none")
             if "relu" in kind:
                 y = fb.call("relu", y)
             if "residual" in kind:
-                r = fb.param("r", batch + (m, n), "float32")
+                r = fb.param("r", out_shape, "float32")
                 y = fb.call("add", y, fb.call("cast", r, dtype=dtype))
         fb.ret(fb.call("cast", y, dtype="float32"))
     return fb.module()
@@ -304,7 +310,10 @@ def _model(kind, m, n, k, dtype="float16", batch=()):
     ("dense_bias_relu", 130, 200, 64, ()), ("dense_bias_residual", 333, 768, 768, ()),
     ("batched", 128, 64, 128, (2, 12)), ("batched_nt", 128, 128, 64, (2, 12)),
     ("batched_nt_scaled", 128, 128, 64, (2, 12)), ("batched_scaled", 100, 72, 64, (3,)),
-    ("dense_bias_residual", 128, 768, 768, ()), ("dense_bias_relu", 1, 1024, 1024, ())])  # batch 1
+    ("dense_bias_residual", 128, 768, 768, ()), ("dense_bias_relu", 1, 1024, 1024, ()),  # batch 1
+    # GPT-2's gelu_new, and its reshape-wrapped GEMMs (SinkReshapes brings the epilogue ops back)
+    ("dense_bias_gelu_tanh", 130, 3072, 768, ()), ("reshaped_dense_bias_gelu_tanh", 77, 1000, 256, ()),
+    ("reshaped_dense_bias_residual", 77, 768, 3072, ())])
 def test_patterns_match_float32_reference(kind, m, n, k, batch, tmp_path):
     import cupy
     mod = _model(kind, m, n, k, batch=batch)
@@ -744,9 +753,9 @@ def _partitioned_attention(mod, tmp_path):
 ATTENTION_MAIN = """\
 def @main(%qkv: Tensor[(2, 16, 192), float32]) -> Tensor[(2, 16, 64), float32] {
   %v1 = @builtin_HASH(%qkv)
-  %v17 = @cutlass_HASH(%v1)
-  %v18 = @builtin_HASH(%v17)
-  return %v18
+  %v18 = @cutlass_HASH(%v1)
+  %v18_fp32 = @builtin_HASH(%v18)
+  return %v18_fp32
 }"""
 
 
@@ -910,3 +919,19 @@ def test_pdl_launched_gemms_in_a_cuda_graph_agree_with_direct_runs_over_fresh_in
             results[graph] = [cupy.asnumpy(r) for r in (got if isinstance(got, tuple) else (got,))]
         for on, off in zip(results[True], results[False]):
             np.testing.assert_array_equal(on, off)
+
+
+@pytest.mark.parametrize("kind, pattern", [("reshaped_dense_bias_gelu_tanh", "dense_bias_activation"),
+                                           ("reshaped_dense_bias_residual", "dense_bias_residual")])
+def test_reshape_wrapped_gemms_keep_their_epilogues(kind, pattern, tmp_path):
+    """GPT-2's Conv1D form (reshape, GEMM, reshape, then gelu_new or + residual): after
+    SinkReshapes the epilogue op reaches the GEMM and CUTLASS fuses it (no builtin kernel)."""
+    from byoc.build import _Builder
+    from byoc.config import load_config
+    cfg = load_config({"target": "cuda -arch=sm_90", "backends": [{"cutlass": {"profile": "false"}}, "builtin"],
+                       "precision": "float16"}, overrides={"workdir": str(tmp_path)})
+    builder = _Builder(cfg)
+    _, report = builder.partition(builder.simplify(_model(kind, 77, 1000 if "gelu" in kind else 768, 256)))
+    backends = report.to_json()["backends"]
+    assert backends["cutlass"]["patterns"] == {pattern: 1}, report.to_text()
+    assert not {"add", "gelu"} & set(backends["builtin"]["ops_covered"]), report.to_text()

@@ -468,6 +468,36 @@ def @main(%x: Tensor[(2, 8), float32]) -> Tensor[(2, 8), float32] {
     assert_structural_equal(recognize_gelu(shared), shared)
 
 
+@pytest.mark.parametrize("cube", ["%c = power(%x, const(3.0, float32))",
+                                  "%xx = multiply(%x, %x)\n  %c = multiply(%xx, %x)"])
+def test_recognize_gelu_tanh_form(cube):
+    """GPT-2's gelu_new as the TorchScript exporter writes it."""
+    from byoc.transform import recognize_gelu
+    text = f"""
+def @main(%x: Tensor[(2, 8), float32]) -> Tensor[(2, 8), float32] {{
+  %h = multiply(%x, const(0.5, float32))
+  {cube}
+  %k = multiply(%c, const(0.044715, float32))
+  %i = add(%x, %k)
+  %s = multiply(%i, const(0.7978846, float32))
+  %t = tanh(%s)
+  %a = add(%t, const(1.0, float32))
+  %y = multiply(%h, %a)
+  return %y
+}}"""
+    before = parse(text)
+    after = parse("""
+def @main(%x: Tensor[(2, 8), float32]) -> Tensor[(2, 8), float32] {
+  %y = gelu(%x, approximate="tanh")
+  return %y
+}""")
+    assert_structural_equal(recognize_gelu(before), after)
+    x = np.linspace(-4, 4, 16, dtype=np.float32).reshape(2, 8)
+    np.testing.assert_allclose(interpret(after, x=x), interpret(before, x=x), rtol=1e-6, atol=1e-6)
+    wrong_constant = parse(text.replace("0.044715", "0.05"))
+    assert_structural_equal(recognize_gelu(wrong_constant), wrong_constant)
+
+
 # ================================================================= lower_split
 
 
@@ -497,3 +527,52 @@ def @main(%x: Tensor[(2, 12), float32]) -> Tuple[Tensor[(1, 4), float32], Tuple[
 }
 """
     check(before, after, lower_split)
+
+
+def test_sink_reshapes_moves_activation_and_residual_add_next_to_the_gemm():
+    """GPT-2's Conv1D: reshape -> GEMM -> reshape, then gelu or + residual. The elementwise
+    ops move before the reshape (the residual is reshaped instead, a view), and the two
+    reshapes between the GEMMs cancel."""
+    from byoc.transform import sink_reshapes
+    before = parse("""
+def @main(%x: Tensor[(1, 4, 8), float32], %w: Tensor[(8, 16), float32], %w2: Tensor[(16, 8), float32]) -> Tensor[(1, 4, 8), float32] {
+  %a = reshape(%x, shape=[4, 8])
+  %m = matmul(%a, %w)
+  %r = reshape(%m, shape=[1, 4, 16])
+  %g = gelu(%r, approximate="tanh")
+  %b = reshape(%g, shape=[4, 16])
+  %m2 = matmul(%b, %w2)
+  %r2 = reshape(%m2, shape=[1, 4, 8])
+  %y = add(%r2, %x)
+  return %y
+}""")
+    after = parse("""
+def @main(%x: Tensor[(1, 4, 8), float32], %w: Tensor[(8, 16), float32], %w2: Tensor[(16, 8), float32]) -> Tensor[(1, 4, 8), float32] {
+  %a = reshape(%x, shape=[4, 8])
+  %m = matmul(%a, %w)
+  %g0 = gelu(%m, approximate="tanh")
+  %m2 = matmul(%g0, %w2)
+  %x0 = reshape(%x, shape=[4, 8])
+  %y0 = add(%m2, %x0)
+  %y = reshape(%y0, shape=[1, 4, 8])
+  return %y
+}""")
+    assert_structural_equal(dead_code_elimination(fold_constant(sink_reshapes(before))), after)
+    rng = np.random.default_rng(0)
+    args = {"x": rng.standard_normal((1, 4, 8), np.float32), "w": rng.standard_normal((8, 16), np.float32),
+            "w2": rng.standard_normal((16, 8), np.float32)}
+    np.testing.assert_allclose(interpret(after, **args), interpret(before, **args), rtol=1e-5, atol=1e-5)
+
+
+def test_sink_reshapes_leaves_shared_reshapes_and_broadcasts_alone():
+    from byoc.transform import sink_reshapes
+    shared = parse("""
+def @main(%x: Tensor[(4, 8), float32], %v: Tensor[(1, 1, 4, 8), float32]) -> Tuple[Tensor[(1, 4, 8), float32], Tensor[(1, 4, 8), float32]] {
+  %r = reshape(%x, shape=[1, 4, 8])
+  %g = relu(%r)
+  %q = reshape(%x, shape=[1, 4, 8])
+  %b = add(%q, %v)
+  return (%g, %r)
+}""")
+    # %r is read twice; %b broadcasts %q to rank 4
+    assert_structural_equal(sink_reshapes(shared), shared)

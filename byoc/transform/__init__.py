@@ -10,4 +10,6 @@ from .mark_compiler_functions_as_extern import mark_compiler_functions_as_extern
 from .run_codegen import run_codegen
 from .partition import partition_for
 from .recognize_gelu import recognize_gelu
+from .sink_reshapes import sink_reshapes
 from .rewrite_cuda_graph import rewrite_cuda_graph
+
