@@ -16,14 +16,12 @@ import models  # noqa: E402
 from run_models import example_input, load_config, time_cuda  # noqa: E402
 
 
-def profile(library, x, runs=20):
-    module = library.load()
-    got = module.run(input=x)
-    wall_ms = time_cuda(lambda: module.run(input=x, out=[got]), 100)
+def profile_run(run, runs=20, top=25):
+    """Kernels of `runs` calls of run() seen by torch.profiler (CUPTI: graph replays too)."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
     with torch_profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         for _ in range(runs):
-            module.run(input=x, out=[got])
+            run()
         torch.cuda.synchronize()
     kernels = {}
     for event in prof.events():
@@ -31,13 +29,24 @@ def profile(library, x, runs=20):
             entry = kernels.setdefault(event.name, [0, 0.0])
             entry[0] += 1
             entry[1] += event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
-    rows = sorted(kernels.items(), key=lambda kv: -kv[1][1])
-    gpu_us = sum(v[1] for _, v in rows) / runs
-    lines = [f"wall {wall_ms * 1000:.1f} us per run; kernels and copies {gpu_us:.1f} us per run "
-             f"({sum(v[0] for _, v in rows) / runs:.0f} per run)", "",
+    ordered = sorted(kernels.items(), key=lambda kv: -kv[1][1])
+    return {"runs": runs, "kernels_per_run": sum(v[0] for _, v in ordered) / runs,
+            "distinct_kernels": len(ordered), "gpu_us_per_run": round(sum(v[1] for _, v in ordered) / runs, 2),
+            "top": [{"name": name, "per_run": count / runs, "total_us": round(total / runs, 2),
+                     "mean_us": round(total / count, 3)} for name, (count, total) in ordered[:top]]}
+
+
+def profile(library, x, runs=20):
+    module = library.load()
+    got = module.run(input=x)
+    wall_ms = time_cuda(lambda: module.run(input=x, out=[got]), 100)
+    found = profile_run(lambda: module.run(input=x, out=[got]), runs=runs, top=40)
+    lines = [f"wall {wall_ms * 1000:.1f} us per run; kernels and copies {found['gpu_us_per_run']:.1f} us per run "
+             f"({found['kernels_per_run']:.0f} per run)", "",
              "| per run | total us | mean us | kernel |", "|---|---|---|---|"]
-    for name, (count, total) in rows[:40]:
-        lines.append(f"| {count / runs:.0f} | {total / runs:.1f} | {total / count:.2f} | {name[:150]} |")
+    for kernel in found["top"]:
+        lines.append(f"| {kernel['per_run']:.0f} | {kernel['total_us']:.1f} | {kernel['mean_us']:.2f} | "
+                     f"{kernel['name'][:150]} |")
     return "\n".join(lines)
 
 

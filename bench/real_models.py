@@ -59,6 +59,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(ROOT))
+from profile_kernels import profile_run  # noqa: E402
 from run_models import load_config, time_cuda  # noqa: E402
 
 TOLERANCE = 2e-2
@@ -252,26 +253,6 @@ def time_cpu(fn, repeat=20, warmup=3, rounds=5, seconds=2.0):
             fn()
         means.append((time.perf_counter() - start) * 1e3 / repeat)
     return statistics.median(means)
-
-
-def profile_run(run, runs=20, top=25):
-    """Kernels of `runs` calls of run() seen by torch.profiler (CUPTI: graph replays too)."""
-    from torch.profiler import ProfilerActivity, profile as torch_profile
-    with torch_profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-        for _ in range(runs):
-            run()
-        torch.cuda.synchronize()
-    kernels = {}
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            entry = kernels.setdefault(event.name, [0, 0.0])
-            entry[0] += 1
-            entry[1] += event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
-    ordered = sorted(kernels.items(), key=lambda kv: -kv[1][1])
-    return {"runs": runs, "kernels_per_run": sum(v[0] for _, v in ordered) / runs,
-            "distinct_kernels": len(ordered), "gpu_us_per_run": round(sum(v[1] for _, v in ordered) / runs, 2),
-            "top": [{"name": name, "per_run": count / runs, "total_us": round(total / runs, 2),
-                     "mean_us": round(total / count, 3)} for name, (count, total) in ordered[:top]]}
 
 
 def profile_text(case, spec, entry) -> str:

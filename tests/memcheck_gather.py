@@ -10,6 +10,8 @@ import numpy as np
 
 
 def main():
+    if len(sys.argv) != 3 or sys.argv[1] not in ("build", "run"):
+        sys.exit(__doc__)
     stage, workdir = sys.argv[1], sys.argv[2]
     import byoc
     if stage == "build":

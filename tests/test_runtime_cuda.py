@@ -13,21 +13,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import byoc
-from byoc.toolchain.compiler import cuda_home
+from test_build_cuda import FIXTURES, gpu, needs_nvcc  # the same GPU and nvcc probes
 
-FIXTURES = Path(__file__).parent / "fixtures"
-needs_nvcc = pytest.mark.skipif(cuda_home() is None, reason="nvcc not installed")
-
-
-def gpu_visible():
-    try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
-
-
-gpu = pytest.mark.skipif(not gpu_visible(), reason="no GPU visible")
 VOCABULARY, WIDTH, TOKENS = 500, 16, 8
 
 
