@@ -72,14 +72,14 @@ class _Prepared:
             self._describe_torch_cuda(array, what, expected_dtype)
             return
         try:  # the interfaces may be properties of the caller's class that raise
-            if hasattr(array, "__cuda_array_interface__"):
-                interface, device = array.__cuda_array_interface__, _DEVICE_CUDA
-            elif hasattr(array, "__array_interface__"):
-                interface, device = array.__array_interface__, _DEVICE_CPU
-            elif hasattr(array, "numpy") and hasattr(array, "device"):  # a torch CPU tensor
+            # each read once: CuPy builds the dict anew on every access (a hot path)
+            interface, device = getattr(array, "__cuda_array_interface__", None), _DEVICE_CUDA
+            if interface is None:
+                interface, device = getattr(array, "__array_interface__", None), _DEVICE_CPU
+            if interface is None and hasattr(array, "numpy") and hasattr(array, "device"):  # a torch CPU tensor
                 self.array = array = array.numpy()
                 interface, device = array.__array_interface__, _DEVICE_CPU
-            else:
+            if interface is None:
                 raise ByocRuntimeError(f"{what}: expected a NumPy, CuPy or torch array, got {type(array).__name__}")
         except ByocRuntimeError:
             raise
