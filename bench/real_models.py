@@ -99,7 +99,7 @@ def _hf(config_class, model_class, full, tiny_overrides, *, padded=True, model_k
         return cfg
 
     def make(attn, tiny):
-        return model_class(config(attn, tiny), **(model_kwargs or {}))
+        return _trained_looking(model_class(config(attn, tiny), **(model_kwargs or {})))
 
     def inputs(batch, tiny, generator):
         seq = _seq(tiny)
@@ -112,6 +112,7 @@ def _torchvision(name, tiny_kwargs=None):
     def make(attn, tiny):
         import torchvision
         model = getattr(torchvision.models, name)(weights=None, **((tiny_kwargs or {}) if tiny else {}))
+        _trained_looking(model)
         _calibrate_batch_norm(model, 64 if tiny else 224)
         return model
 
@@ -119,6 +120,18 @@ def _torchvision(name, tiny_kwargs=None):
         size = 64 if tiny else 224
         return {"input": torch.randn(batch, 3, size, size, generator=generator)}
     return make, inputs
+
+
+def _trained_looking(model):
+    """Biases and norm parameters away from their initial values (0 and 1), as a checkpoint
+    has them. Left at 0, a bias is `x + 0`, which byoc's FoldConstant removes and torch
+    still computes: a benchmark on untrained weights would flatter byoc."""
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() == 1:
+                parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.02)
+    return model
 
 
 def _calibrate_batch_norm(model, size):
@@ -145,7 +158,7 @@ def _vit():
                       image_size=64) if tiny else {}
         cfg = ViTConfig(**kwargs)
         cfg._attn_implementation = attn
-        return ViTModel(cfg, add_pooling_layer=False)
+        return _trained_looking(ViTModel(cfg, add_pooling_layer=False))
 
     def inputs(batch, tiny, generator):
         size = 64 if tiny else 224

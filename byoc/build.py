@@ -258,9 +258,12 @@ class _Builder:
         from .transform.recognize_gelu import recognize_gelu
         from .transform.fold_batch_norm import fold_batch_norm
         from .transform.sink_reshapes import sink_reshapes
+        from .transform.combine_parallel_matmul import combine_parallel_matmul
         mod = dead_code_elimination(recognize_gelu(dead_code_elimination(fold_batch_norm(fold_constant(mod)))))
         # after RecognizeGelu: a GEMM's activation reads its reshape only once recognized
         mod = dead_code_elimination(fold_constant(sink_reshapes(mod)))
+        # after FoldConstant: weights and biases are constants only once their preprocessing folds
+        mod = dead_code_elimination(combine_parallel_matmul(mod))
         if self.cfg.precision in ("float16", "bfloat16"):
             mod = dead_code_elimination(fold_constant(convert_to_float16(
                 mod, dtype=self.cfg.precision, keep_float32_ops=self.keep_float32_ops())))
@@ -337,7 +340,9 @@ class _Builder:
         if "cutlass" in names and self.cuda and self.backend_targets()["cutlass"].attrs.get("conv2d"):
             # CUTLASS convs are NHWC: convert conv chains once
             from .transform.convert_conv_layout import convert_conv_layout
-            mod = convert_conv_layout(mod)
+            from .transform.pad_conv_channels import pad_conv_channels
+            # ... and pad the channels of those whose pixels vector loads cannot read (RGB stems)
+            mod = pad_conv_channels(convert_conv_layout(mod))
         # Slices instead of splits before any backend looks: patterns see one op per piece.
         from .transform.lower_split import lower_split
         mod, report = partition_for(lower_split(mod), names, finalize=partition_builtin)

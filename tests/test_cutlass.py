@@ -67,6 +67,11 @@ def test_kernel_families_compile(sm, tmp_path):
         problems.append(GemmProblem(1024, 2304, 768, 1, "float16", False, "relu", True, False))
         kernels.append(GemmKernel(90, (192, 96, 64), (1, 1), "ws", swap_ab=True, epilogue_tile=(64, 96),
                                   mainloop_stages=4))
+    # an RGB stem padded to 4 channels: CUTLASS 2.x's fixed-channel iterator, on either arch
+    problems.append(ConvProblem(2, 33, 33, 4, 64, 7, 7, 17, 17, (2, 2), (3, 3, 3, 3), (1, 1), "float16", "relu",
+                                True, False))
+    kernels.append(default_kernel(sm, problems[-1]))
+    assert kernels[-1].fixed_channels and "_fixed4_" in kernels[-1].name(problems[-1])
     units = []
     for index, (problem, kernel) in enumerate(zip(problems, kernels)):
         assert kernel.supports(problem) is None
@@ -311,6 +316,7 @@ def _model(kind, m, n, k, dtype="float16", batch=()):
     ("batched", 128, 64, 128, (2, 12)), ("batched_nt", 128, 128, 64, (2, 12)),
     ("batched_nt_scaled", 128, 128, 64, (2, 12)), ("batched_scaled", 100, 72, 64, (3,)),
     ("dense_bias_residual", 128, 768, 768, ()), ("dense_bias_relu", 1, 1024, 1024, ()),  # batch 1
+    ("dense_residual", 77, 264, 136, ()),  # no bias (T5; untrained HF biases fold away)
     # GPT-2's gelu_new, and its reshape-wrapped GEMMs (SinkReshapes brings the epilogue ops back)
     ("dense_bias_gelu_tanh", 130, 3072, 768, ()), ("reshaped_dense_bias_gelu_tanh", 77, 1000, 256, ()),
     ("reshaped_dense_bias_residual", 77, 768, 3072, ())])
@@ -436,7 +442,7 @@ def _compilers(mod) -> list:
 
 @pytest.mark.parametrize("case, graph, reason", [
     ("channels", dict(data_shape=(1, 9, 9, 12), weight_shape=(16, 3, 3, 12)),
-     "C=12 input channels not a multiple of 8"),
+     "C=12 input channels neither a multiple of 8"),
     ("out_channels", dict(data_shape=(1, 9, 9, 16), weight_shape=(20, 3, 3, 16)),
      "K=20 output channels not a multiple of 8"),
     ("groups", dict(data_shape=(1, 9, 9, 16), weight_shape=(16, 3, 3, 8), groups=2), "groups=2"),
@@ -544,12 +550,51 @@ def test_convert_conv_layout_ir_before_after():
     assert "NHWC" not in convert_conv_layout(_resnet_ir("float32")).script()
 
 
+def test_pad_conv_channels_ir_before_after():
+    """PadConvChannels: the NHWC stem's image gets one zero channel (3 -> 4), its constant
+    filter a zero channel too; a 12-channel conv is padded to 16; 16 channels and a conv
+    with a computed filter stay; the result is unchanged."""
+    from byoc.ir import parse
+    from byoc.ir.structural import assert_structural_equal
+    from byoc.transform.pad_conv_channels import pad_conv_channels
+    rng = np.random.default_rng(0)
+    w3 = rng.standard_normal((8, 3, 3, 3)).round(2).astype(np.float16)
+    w12 = rng.standard_normal((16, 1, 1, 12)).round(2).astype(np.float16)
+
+    def const(array):
+        return f"const({json.dumps(array.astype(float).tolist())}, float16)"
+    text = f"""
+def @main(%x: Tensor[(1, 6, 6, 3), float16], %y: Tensor[(1, 6, 6, 12), float16], %w: Tensor[(8, 1, 1, 16), float16]) -> Tuple[Tensor[(1, 6, 6, 8), float16], Tensor[(1, 6, 6, 16), float16], Tensor[(1, 6, 6, 8), float16]] {{
+  %a = conv2d(%x, {const(w3)}, pads=[1, 1, 1, 1], data_layout="NHWC", kernel_layout="OHWI")
+  %b = conv2d(%y, {const(w12)}, data_layout="NHWC", kernel_layout="OHWI")
+  %c = conv2d(%b, %w, data_layout="NHWC", kernel_layout="OHWI")
+  return (%a, %b, %c)
+}}"""
+    after = f"""
+def @main(%x: Tensor[(1, 6, 6, 3), float16], %y: Tensor[(1, 6, 6, 12), float16], %w: Tensor[(8, 1, 1, 16), float16]) -> Tuple[Tensor[(1, 6, 6, 8), float16], Tensor[(1, 6, 6, 16), float16], Tensor[(1, 6, 6, 8), float16]] {{
+  %xp = pad(%x, pads=[0, 0, 0, 0, 0, 0, 0, 1])
+  %a = conv2d(%xp, {const(np.pad(w3, [(0, 0)] * 3 + [(0, 1)]))}, pads=[1, 1, 1, 1], data_layout="NHWC", kernel_layout="OHWI")
+  %yp = pad(%y, pads=[0, 0, 0, 0, 0, 0, 0, 4])
+  %b = conv2d(%yp, {const(np.pad(w12, [(0, 0)] * 3 + [(0, 4)]))}, data_layout="NHWC", kernel_layout="OHWI")
+  %c = conv2d(%b, %w, data_layout="NHWC", kernel_layout="OHWI")
+  return (%a, %b, %c)
+}}"""
+    before = parse(text)
+    padded = pad_conv_channels(before)
+    assert_structural_equal(padded, parse(after))
+    inputs = {"x": rng.standard_normal((1, 6, 6, 3)).astype(np.float16),
+              "y": rng.standard_normal((1, 6, 6, 12)).astype(np.float16),
+              "w": rng.standard_normal((8, 1, 1, 16)).astype(np.float16)}
+    for got, want in zip(byoc.interpret(padded, **inputs), byoc.interpret(before, **inputs)):
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=2e-3, atol=2e-3)
+    assert pad_conv_channels(padded) is padded  # nothing left to pad
+
+
 def test_resnet_partitions_convs_into_cutlass_with_boundary_transposes_only(tmp_path):
     """build()'s pipeline up to partitioning, for cuda -arch=sm_90 with the cutlass backend:
-    the three convs with 16-channel inputs go to cutlass (epilogues fused: bias+relu,
-    bias+residual+relu, bias) and the fc GEMM too, the 3-channel stem is refused (alignment)
-    and runs NHWC in the built-in backend, and the only transposes are the two at the
-    region's boundary."""
+    every conv goes to cutlass (epilogues fused: bias+relu, bias+residual+relu, bias), the
+    3-channel stem too, its image padded to 4 channels by one built-in pad (PadConvChannels),
+    and the fc GEMM; the only transposes are the two at the region's boundary."""
     from byoc.build import _Builder
     from byoc.config import load_config
     from byoc.ir.expr import Call
@@ -561,8 +606,12 @@ def test_resnet_partitions_convs_into_cutlass_with_boundary_transposes_only(tmp_
     composites = sorted(b.value.attrs.get("Composite") for f in cutlass.values() for b in f.bindings
                         if b.value.__class__.__name__ == "Function")
     assert composites == ["cutlass.conv2d_bias", "cutlass.conv2d_bias_activation",
-                          "cutlass.conv2d_bias_residual_activation", "cutlass.dense"], report.to_text()
-    assert "C=3 input channels not a multiple of 8" in report.to_text()
+                          "cutlass.conv2d_bias_activation", "cutlass.conv2d_bias_residual_activation",
+                          "cutlass.dense"], report.to_text()
+    assert "refused matches" not in report.to_text()
+    pads = [b.value.attrs["pads"] for f in mod.functions.values() for b in f.bindings
+            if isinstance(b.value, Call) and getattr(b.value.op, "name", None) == "pad"]
+    assert [list(p) for p in pads] == [[0, 0, 0, 0, 0, 0, 0, 1]]
     ops = [(b.value.op.name, b.value.attrs) for name, f in mod.items() if name != "main"
            for b in f.bindings if isinstance(b.value, Call) and hasattr(b.value.op, "category")]
     ops += [(b.value.op.name, b.value.attrs) for f in cutlass.values() for inner in f.bindings
@@ -603,6 +652,10 @@ def _conv_model(kind, batch, channels, size, out_channels, kernel, stride, dtype
     ("conv_bias", 3, 32, 28, 136, 1, 2, "float16"),  # 1x1 stride 2 (a ResNet downsample)
     ("conv", 1, 16, 9, 24, 1, 1, "float16"),
     ("conv_bias_residual_relu", 2, 64, 15, 64, 3, 1, "bfloat16"),
+    # RGB stems: C=3 padded to 4 (the fixed-channel kernel), C=6 padded to 8 (the usual one)
+    ("conv_bias_relu", 2, 3, 33, 64, 7, 2, "float16"), ("conv_bias_relu", 3, 3, 30, 24, 7, 2, "bfloat16"),
+    ("conv", 2, 3, 32, 32, 16, 16, "float16"),  # a ViT patch embedding
+    ("conv_bias", 2, 6, 17, 32, 3, 1, "float16"),
 ])
 def test_conv_patterns_match_float32_reference(kind, batch, channels, size, out_channels, kernel, stride, dtype,
                                                 tmp_path):

@@ -811,6 +811,10 @@ POOL_CASES = [
     ((1, 4, 7, 6), (3, 2), (2, 3), (1, 0, 0, 1), (2, 1), True),
     ((2, 1, 4, 4), (4, 4), (1, 1), (3, 3, 3, 3), (1, 1), False),  # windows wholly in the padding
     ((1, 70, 6, 6), (2, 3), (1, 2), (0, 1, 1, 1), (1, 2), False),
+    # channels a multiple of every dtype's 16-byte vector: NHWC takes the vectorised kernel
+    ((2, 16, 9, 8), (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), False),
+    ((1, 32, 7, 6), (3, 2), (2, 3), (1, 0, 0, 1), (2, 1), True),
+    ((1, 16, 4, 4), (4, 4), (1, 1), (3, 3, 3, 3), (1, 1), False),
 ]
 
 POOL_KINDS = [("max_pool2d", False, dtype) for dtype in FLOATS + ["int64", "int8"]] + [

@@ -1,6 +1,8 @@
 """fold_constant and dead_code_elimination, as IR text before and after."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -576,3 +578,101 @@ def @main(%x: Tensor[(4, 8), float32], %v: Tensor[(1, 1, 4, 8), float32]) -> Tup
 }""")
     # %r is read twice; %b broadcasts %q to rank 4
     assert_structural_equal(sink_reshapes(shared), shared)
+
+
+def test_arithmetic_identities_with_constants_are_removed():
+    """x + 0, 0 + x, x - 0, x * 1, 1 * x and x / 1 are x when the constant does not
+    broadcast x (transformers' ViT adds a mask of zeros built from constants); a constant
+    that widens x, a nonzero one and 0 - x stay."""
+    before = """
+def @main(%x: Tensor[(2, 3), float32]) -> Tuple[Tensor[(2, 3), float32], Tensor[(2, 2, 3), float32], Tensor[(2, 3), float32], Tensor[(2, 3), float32]] {
+  %a = add(%x, const([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]], float32))
+  %b = add(const([0.0, 0.0, 0.0], float32), %a)
+  %c = subtract(%b, const(0.0, float32))
+  %d = multiply(const(1.0, float32), %c)
+  %e = divide(%d, const([1.0, 1.0, 1.0], float32))
+  %f = add(%e, const([[[0.0, 0.0, 0.0]], [[0.0, 0.0, 0.0]]], float32))
+  %g = add(%e, const([0.0, 0.5, 0.0], float32))
+  %h = subtract(const(0.0, float32), %e)
+  return (%e, %f, %g, %h)
+}
+"""
+    after = """
+def @main(%x: Tensor[(2, 3), float32]) -> Tuple[Tensor[(2, 3), float32], Tensor[(2, 2, 3), float32], Tensor[(2, 3), float32], Tensor[(2, 3), float32]] {
+  %f = add(%x, const([[[0.0, 0.0, 0.0]], [[0.0, 0.0, 0.0]]], float32))
+  %g = add(%x, const([0.0, 0.5, 0.0], float32))
+  %h = subtract(const(0.0, float32), %x)
+  return (%x, %f, %g, %h)
+}
+"""
+    check(before, after, fold_constant)
+
+
+COMBINE_BEFORE = """
+def @main(%x: Tensor[(1, 4, 8), float32]) -> Tuple[Tensor[(1, 4, 8), float32], Tensor[(1, 4, 16), float32], Tensor[(1, 4, 8), float32], Tensor[(1, 4, 8), float32]] {
+  %q = matmul(%x, const(%W0, float32))
+  %qb = add(%q, const(%B0, float32))
+  %k = matmul(%x, const(%W1, float32))
+  %kr = relu(%k)
+  %v = matmul(%x, const(%W2, float32))
+  %vb = add(const(%B2, float32), %v)
+  %o = matmul(%qb, const(%W3, float32))
+  return (%qb, %kr, %vb, %o)
+}
+"""
+
+
+def _literal(array) -> str:
+    return json.dumps(np.asarray(array, np.float32).astype(float).tolist())
+
+
+def test_combine_parallel_matmul_concatenates_weights_and_biases_and_slices_the_result():
+    """Q/K/V-style projections of one input become one matmul (+ one bias add: zeros for
+    the member without a bias), read back as last-axis slices; the matmul of another input
+    and everything after the bias stay."""
+    from byoc.transform import combine_parallel_matmul
+    rng = np.random.default_rng(0)
+    w = [rng.standard_normal(shape).round(2).astype(np.float32) for shape in ((8, 8), (8, 16), (8, 8), (8, 8))]
+    b = [rng.standard_normal(8).round(2).astype(np.float32), None, rng.standard_normal(8).round(2).astype(np.float32)]
+    text = COMBINE_BEFORE
+    for index, array in enumerate(w):
+        text = text.replace(f"%W{index}", _literal(array))
+    text = text.replace("%B0", _literal(b[0])).replace("%B2", _literal(b[2]))
+    before = parse(text)
+    weight = np.concatenate(w[:3], axis=1)
+    bias = np.concatenate([b[0], np.zeros(16, np.float32), b[2]])
+    after = parse(f"""
+def @main(%x: Tensor[(1, 4, 8), float32]) -> Tuple[Tensor[(1, 4, 8), float32], Tensor[(1, 4, 16), float32], Tensor[(1, 4, 8), float32], Tensor[(1, 4, 8), float32]] {{
+  %c = matmul(%x, const({_literal(weight)}, float32))
+  %cb = add(%c, const({_literal(bias)}, float32))
+  %qb = strided_slice(%cb, begin=[0], end=[8], axes=[2])
+  %k = strided_slice(%cb, begin=[8], end=[24], axes=[2])
+  %vb = strided_slice(%cb, begin=[24], end=[32], axes=[2])
+  %kr = relu(%k)
+  %o = matmul(%qb, const({_literal(w[3])}, float32))
+  return (%qb, %kr, %vb, %o)
+}}""")
+    combined = dead_code_elimination(combine_parallel_matmul(before))
+    assert_structural_equal(combined, after)
+    x = rng.standard_normal((1, 4, 8)).astype(np.float32)
+    for got, want in zip(interpret(combined, x=x), interpret(before, x=x)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_combine_parallel_matmul_leaves_unaligned_widths_variable_weights_and_single_matmuls():
+    from byoc.transform import combine_parallel_matmul
+    unaligned = parse("""
+def @main(%x: Tensor[(4, 8), float32]) -> Tuple[Tensor[(4, 6), float32], Tensor[(4, 6), float32]] {
+  %a = matmul(%x, const([[1.0, 0.0, 0.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]], float32))
+  %b = matmul(%x, const([[1.0, 0.0, 0.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]], float32))
+  return (%a, %b)
+}""")
+    assert_structural_equal(combine_parallel_matmul(unaligned), unaligned)
+    variable = parse("""
+def @main(%x: Tensor[(4, 8), float32], %w: Tensor[(8, 8), float32], %u: Tensor[(8, 8), float32]) -> Tuple[Tensor[(4, 8), float32], Tensor[(4, 8), float32], Tensor[(4, 8), float32]] {
+  %a = matmul(%x, %w)
+  %b = matmul(%x, %u)
+  %c = matmul(%a, %w)
+  return (%a, %b, %c)
+}""")
+    assert_structural_equal(combine_parallel_matmul(variable), variable)

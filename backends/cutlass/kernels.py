@@ -413,12 +413,19 @@ class ConvProblem:
 class ConvKernel:
     """An implicit-GEMM conv2d fprop configuration. sm_90: CUTLASS 3.x TMA im2col + wgmma
     (one consumer warp group: CUTLASS has no persistent schedules for conv); sm_80: CUTLASS
-    2.x multistage with the optimized activation iterator."""
+    2.x multistage with the optimized activation iterator, or (fixed_channels) the iterator
+    for images of FIXED_CHANNELS channels, a stem's RGB padded by PadConvChannels.
+
+    Why a second iterator: the others walk the GEMM's K as (filter tap, channel block), a
+    tile's K of 64 channels at a time, so 4 channels would leave 15/16 of every MMA zeros.
+    The fixed-channel iterator walks (tap, channel) jointly, one 8-byte pixel per tap, and
+    runs on sm_90 too (a CUTLASS 2.x kernel)."""
     sm: int
     tile: tuple  # (M, N, K) threadblock tile of the implicit GEMM
     cluster: tuple = (1, 1)  # sm90 only
     warp: tuple = (64, 64, 32)  # sm80 only
     stages: int = 3  # sm80 only
+    fixed_channels: bool = False  # sm80 only: the fixed-channel activation/filter iterators
 
     kind = "conv2d"
 
@@ -429,10 +436,18 @@ class ConvKernel:
             shape = f"{tile}_{self.cluster[0]}x{self.cluster[1]}_ws"
         else:
             shape = f"{tile}_{'x'.join(str(w) for w in self.warp)}_{self.stages}stage"
+            if self.fixed_channels:
+                shape += f"_fixed{problem.in_channels}"
         return f"cutlass_sm{self.sm}_{element}_fprop_{shape}_{problem.epilogue_name}"
 
     def supports(self, problem: ConvProblem) -> str | None:
-        return None  # every epilogue the conv patterns admit runs on every conv kernel
+        # every epilogue the conv patterns admit runs on every conv kernel; the channel
+        # count picks the iterator
+        if self.fixed_channels and problem.in_channels != FIXED_CHANNELS:
+            return f"the fixed-channel iterator takes C={FIXED_CHANNELS}, not {problem.in_channels}"
+        if not self.fixed_channels and problem.in_channels % 8:
+            return f"C={problem.in_channels} is not a multiple of 8 (16-byte pixel loads)"
+        return None
 
     def template(self) -> str:
         return "cutlass/conv2d_sm90.cu.j2" if self.sm >= 90 else "cutlass/conv2d_sm80.cu.j2"
@@ -453,17 +468,24 @@ class ConvKernel:
         if self.sm == 90:
             data.update(cluster=list(self.cluster))
         else:
-            data.update(warp=list(self.warp), stages=self.stages)
+            data.update(warp=list(self.warp), stages=self.stages,
+                        iterator="kFixedChannels" if self.fixed_channels else "kOptimized",
+                        # the fixed-channel iterators load one pixel (all its channels) at a time
+                        input_alignment=problem.in_channels if self.fixed_channels else None)
         return data
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "sm": self.sm, "tile": list(self.tile), "cluster": list(self.cluster),
+        data = {"kind": self.kind, "sm": self.sm, "tile": list(self.tile), "cluster": list(self.cluster),
                 "warp": list(self.warp), "stages": self.stages}
+        if self.fixed_channels:
+            data["fixed_channels"] = True
+        return data
 
     @staticmethod
     def from_json(data: dict) -> "ConvKernel":
         return ConvKernel(sm=data["sm"], tile=tuple(data["tile"]), cluster=tuple(data["cluster"]),
-                          warp=tuple(data["warp"]), stages=data["stages"])
+                          warp=tuple(data["warp"]), stages=data["stages"],
+                          fixed_channels=bool(data.get("fixed_channels", False)))
 
 
 # Conv candidates. sm90: tile M of 64 or 128 (one consumer warp group holds the whole
@@ -484,10 +506,19 @@ SM80_CONV_CANDIDATES = (
     ConvKernel(80, (128, 64, 32), warp=(64, 32, 32), stages=4),
     ConvKernel(80, (64, 64, 32), warp=(32, 32, 32), stages=5),
 )
+# Convs of FIXED_CHANNELS input channels (PadConvChannels pads RGB stems to it: 8-byte
+# pixels), on either arch. Stems have few output channels (64): tile N of 64.
+FIXED_CHANNELS = 4
+FIXED_CHANNEL_CONV_CANDIDATES = (
+    ConvKernel(80, (128, 64, 64), warp=(64, 32, 64), stages=3, fixed_channels=True),
+    ConvKernel(80, (128, 64, 32), warp=(64, 32, 32), stages=4, fixed_channels=True),
+    ConvKernel(80, (256, 64, 32), warp=(64, 64, 32), stages=3, fixed_channels=True),
+    ConvKernel(80, (64, 64, 64), warp=(32, 32, 64), stages=4, fixed_channels=True),
+)
 
 
 def conv_candidates(sm: int, allowed: CandidateFilter = NO_FILTER) -> tuple:
-    family = SM90_CONV_CANDIDATES if sm >= 90 else SM80_CONV_CANDIDATES
+    family = (SM90_CONV_CANDIDATES if sm >= 90 else SM80_CONV_CANDIDATES) + FIXED_CHANNEL_CONV_CANDIDATES
     return tuple(kernel for kernel in family if allowed.admits(kernel))
 
 
@@ -501,6 +532,8 @@ def heuristic_conv_kernel(sm: int, problem: ConvProblem, allowed: CandidateFilte
     allowed_kernels = conv_candidates(sm, allowed)
     if not allowed_kernels:
         raise ValueError(f"no sm{sm} conv kernel the cutlass target allows ({problem.key})")
+    allowed_kernels = [k for k in allowed_kernels if k.supports(problem) is None] or \
+        [k for k in conv_candidates(sm) if k.supports(problem) is None]
     usable = [k for k in allowed_kernels if n > 64 or k.tile[1] == 64] or list(allowed_kernels)
 
     def ctas(kernel):
@@ -570,6 +603,8 @@ def _kernel_flaw(kernel) -> str | None:
         return f"cluster is {list(kernel.cluster)!r}, expected two positive integers"
     if kernel.sm == 80 and not (shape(kernel.warp, 3) and isinstance(kernel.stages, int) and kernel.stages >= 2):
         return "sm80 kernels need a warp tile of three positive integers and at least 2 stages"
+    if isinstance(kernel, ConvKernel) and kernel.fixed_channels and kernel.sm != 80:
+        return "the fixed-channel iterator is a CUTLASS 2.x (sm 80) kernel"
     if isinstance(kernel, GemmKernel):
         if kernel.sm == 90 and kernel.schedule not in SM90_SCHEDULES:
             return f"schedule is {kernel.schedule!r}, expected one of {sorted(SM90_SCHEDULES)}"

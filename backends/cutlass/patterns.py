@@ -13,6 +13,8 @@ import math
 from byoc.backend import PatternEntry
 from byoc.pattern import is_const, is_op, wildcard
 
+from .kernels import FIXED_CHANNELS
+
 FLOAT_TYPES = ("float16", "bfloat16")
 ACTIVATIONS = ("gelu", "relu", "silu", "sigmoid")
 
@@ -194,8 +196,9 @@ def check_conv2d(match) -> str | None:
     if attrs["groups"] != 1:
         return f"groups={attrs['groups']} (grouped and depthwise convs are not implicit GEMMs here)"
     channels, out_channels = data.type.shape[3], weight.type.shape[0]
-    if channels % 8:
-        return f"C={channels} input channels not a multiple of 8 (16-byte alignment of fp16 pixels)"
+    if channels % 8 and channels != FIXED_CHANNELS:
+        return (f"C={channels} input channels neither a multiple of 8 (16-byte alignment of fp16 pixels) "
+                f"nor {FIXED_CHANNELS} (the fixed-channel kernel; PadConvChannels pads convs with a constant filter)")
     if out_channels % 8:
         return f"K={out_channels} output channels not a multiple of 8 (16-byte alignment of fp16 pixels)"
     kernel = weight.type.shape[1:3]
@@ -251,6 +254,7 @@ def pattern_table() -> list:
     plain = dense()
     return [PatternEntry("attention", attention(), check_attention)] + conv2d_patterns() + [
         PatternEntry("dense_bias_residual", with_residual(with_bias(plain)), check_dense),
+        PatternEntry("dense_residual", with_residual(plain), check_dense),
         PatternEntry("dense_bias_activation", with_activation(with_bias(plain)), check_dense),
         PatternEntry("dense_bias", with_bias(plain), check_dense),
         PatternEntry("dense_activation", with_activation(plain), check_dense),

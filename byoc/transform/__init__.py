@@ -11,5 +11,6 @@ from .run_codegen import run_codegen
 from .partition import partition_for
 from .recognize_gelu import recognize_gelu
 from .sink_reshapes import sink_reshapes
+from .combine_parallel_matmul import combine_parallel_matmul
 from .rewrite_cuda_graph import rewrite_cuda_graph
 

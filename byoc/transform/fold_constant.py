@@ -14,7 +14,10 @@ included):
   is replaced by the atom.
 - No-op elimination (listed in NO_OP_RULES): identity(x), reshape to x's own shape,
   cast to x's own dtype, transpose by the identity permutation and broadcast_to x's own
-  shape are replaced by x.
+  shape are replaced by x; so are x + 0, 0 + x, x - 0, x * 1, 1 * x and x / 1 when the
+  constant is all zeros (ones) and the result has x's own type (it does not broadcast x).
+  Exporters write such arithmetic: transformers' ViT adds an attention mask of zeros
+  built from constants, which hides the attention's shape from the patterns.
 
 Leaves alone:
 
@@ -30,6 +33,8 @@ Leaves alone:
 from __future__ import annotations
 
 from typing import Callable
+
+import numpy as np
 
 from ..interpreter import evaluate_call
 from ..ir.expr import Binding, Call, Constant, Expr, Function, Tuple, TupleGetItem, Var
@@ -64,19 +69,50 @@ def _same_type_as_input(call: Call) -> bool:
     return call.type == call.args[0].type
 
 
-# op name -> whether a call to it returns its first argument unchanged.
-NO_OP_RULES: dict[str, Callable[[Call], bool]] = {
-    "identity": lambda call: True,
-    "reshape": _same_type_as_input,
-    "cast": _same_type_as_input,
-    "broadcast_to": _same_type_as_input,
-    "transpose": _transpose_is_identity,
+def _all_equal_to(expr: Expr, value: float) -> bool:
+    if not isinstance(expr, Constant):
+        return False
+    data = np.asarray(expr.data)
+    return data.dtype.kind in "fiub" and bool(np.all(data == value))
+
+
+def _identity_operand(*positions: int, value: float) -> Callable[[Call], int | None]:
+    """A rule for a binary op that returns its other operand when the operand at one of
+    `positions` is a constant equal to `value` everywhere and the call does not broadcast
+    that other operand (same shape and dtype as the result)."""
+    def rule(call: Call) -> int | None:
+        for position in positions:
+            other = 1 - position
+            if _all_equal_to(call.args[position], value) and call.args[other].type == call.type:
+                return other
+        return None
+    return rule
+
+
+def _first_if(predicate: Callable[[Call], bool]) -> Callable[[Call], int | None]:
+    return lambda call: 0 if predicate(call) else None
+
+
+# op name -> which argument a call to it returns unchanged (None: not a no-op).
+NO_OP_RULES: dict[str, Callable[[Call], int | None]] = {
+    "identity": lambda call: 0,
+    "reshape": _first_if(_same_type_as_input),
+    "cast": _first_if(_same_type_as_input),
+    "broadcast_to": _first_if(_same_type_as_input),
+    "transpose": _first_if(_transpose_is_identity),
+    "add": _identity_operand(0, 1, value=0.0),
+    "subtract": _identity_operand(1, value=0.0),
+    "multiply": _identity_operand(0, 1, value=1.0),
+    "divide": _identity_operand(1, value=1.0),
 }
 
 
-def _is_no_op(call: Call) -> bool:
+def _no_op_operand(call: Call) -> int | None:
+    """The index of the argument `call` returns unchanged, or None."""
     rule = NO_OP_RULES.get(call.op.name)
-    return rule is not None and isinstance(call.args[0].type, TensorType) and rule(call)
+    if rule is None or not all(isinstance(arg.type, TensorType) for arg in call.args):
+        return None
+    return rule(call)
 
 
 # ---------------------------------------------------------------- folding
@@ -192,8 +228,9 @@ class _FunctionFolder:
                 value = field
 
         if isinstance(value, Call) and isinstance(value.op, Op):
-            if _is_no_op(value):
-                self.replacements[var] = value.args[0]
+            operand = _no_op_operand(value)
+            if operand is not None:
+                self.replacements[var] = value.args[operand]
                 return None
             folded = self.try_fold(value)
             if isinstance(folded, Constant):

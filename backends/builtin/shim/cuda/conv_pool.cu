@@ -393,12 +393,80 @@ __global__ void pool2d_kernel(const Storage* __restrict__ in, Storage* __restric
   }
 }
 
+// NHWC with channels a multiple of a 16-byte vector: one thread per output cell and
+// vector of channels, so that every load and store is 16 bytes and the index arithmetic
+// is shared by the vector's lanes (a ResNet-50 max-pool at batch 32 ran 102 us one
+// element per thread). The same semantics as pool2d_kernel, lane by lane.
+template <class Storage, class Index, bool kAverage>
+__global__ void pool2d_nhwc_vector_kernel(const uint4* __restrict__ in, uint4* __restrict__ out,
+                                          PoolGeometry<Index> s, bool count_include_pad, Index total) {
+  using T = Traits<Storage>;
+  using Compute = typename T::Compute;
+  constexpr int kLanes = sizeof(uint4) / sizeof(Storage);
+  const Index vectors = s.channels / kLanes;
+  for (Index linear = blockIdx.x * blockDim.x + threadIdx.x; linear < total;
+       linear += static_cast<Index>(gridDim.x) * blockDim.x) {
+    Index rest = linear;
+    const Index vector = rest % vectors;
+    rest /= vectors;
+    const Index ow = rest % s.out_w;
+    rest /= s.out_w;
+    const Index oh = rest % s.out_h;
+    const Index image = rest / s.out_h;
+    const uint4* base = in + image * s.in_h * s.in_w * vectors + vector;
+    const Index row_start = oh * s.stride_h - s.pad_top;
+    const Index column_start = ow * s.stride_w - s.pad_left;
+    Compute value[kLanes];
+    for (int lane = 0; lane < kLanes; ++lane) value[lane] = kAverage ? Compute(0) : T::lowest();
+    Index rows_inside = 0, rows_padded = 0, columns_inside = 0, columns_padded = 0;
+    for (Index kw = 0; kw < s.kernel_w; ++kw) {
+      const Index iw = column_start + kw * s.dilation_w;
+      columns_inside += (iw >= 0 && iw < s.in_w);
+      columns_padded += (iw >= -s.pad_left && iw < s.in_w + s.pad_right);
+    }
+    for (Index kh = 0; kh < s.kernel_h; ++kh) {
+      const Index ih = row_start + kh * s.dilation_h;
+      rows_padded += (ih >= -s.pad_top && ih < s.in_h + s.pad_bottom);
+      if (ih < 0 || ih >= s.in_h) continue;
+      ++rows_inside;
+      for (Index kw = 0; kw < s.kernel_w; ++kw) {
+        const Index iw = column_start + kw * s.dilation_w;
+        if (iw < 0 || iw >= s.in_w) continue;
+        const uint4 packed = base[(ih * s.in_w + iw) * vectors];
+        const Storage* lanes = reinterpret_cast<const Storage*>(&packed);
+        for (int lane = 0; lane < kLanes; ++lane) {
+          const Compute x = T::load(lanes[lane]);
+          value[lane] = kAverage ? value[lane] + x : nan_max(value[lane], x);
+        }
+      }
+    }
+    uint4 packed;
+    Storage* lanes = reinterpret_cast<Storage*>(&packed);
+    Index count = 1;
+    if (kAverage) {
+      count = count_include_pad ? rows_padded * columns_padded : rows_inside * columns_inside;
+      if (count < 1) count = 1;
+    }
+    for (int lane = 0; lane < kLanes; ++lane) {
+      lanes[lane] = T::store(kAverage ? value[lane] / static_cast<Compute>(count) : value[lane]);
+    }
+    out[linear] = packed;
+  }
+}
+
 template <class Storage, class Index, bool kAverage>
 int launch_pool(const char* function, const void* in, void* out, bool nhwc, const PoolGeometry<Index>& s,
                 bool count_include_pad, int64_t total, cudaStream_t stream) {
   const auto* x = static_cast<const Storage*>(in);
   auto* y = static_cast<Storage*>(out);
-  if (nhwc) {
+  constexpr int64_t kLanes = sizeof(uint4) / sizeof(Storage);
+  const bool vectorised = nhwc && s.channels % kLanes == 0 && reinterpret_cast<uintptr_t>(in) % sizeof(uint4) == 0 &&
+                          reinterpret_cast<uintptr_t>(out) % sizeof(uint4) == 0;
+  if (vectorised) {
+    const int64_t vectors = total / kLanes;
+    pool2d_nhwc_vector_kernel<Storage, Index, kAverage><<<blocks_for(vectors), kThreads, 0, stream>>>(
+        static_cast<const uint4*>(in), static_cast<uint4*>(out), s, count_include_pad, static_cast<Index>(vectors));
+  } else if (nhwc) {
     pool2d_kernel<Storage, Index, kAverage, true>
         <<<blocks_for(total), kThreads, 0, stream>>>(x, y, s, count_include_pad, static_cast<Index>(total));
   } else {
