@@ -176,6 +176,23 @@ def test_target_narrows_candidates_and_split_k_is_for_tuning_only():
         heuristic_kernel(90, problem, nothing)
 
 
+def test_a_problem_missing_from_the_database_takes_the_same_shapes_kernel(tmp_path):
+    """Without tuning, a problem the database lacks takes the kernel remembered for the same
+    operands with another epilogue (bias where the database has plain), not the heuristic;
+    another shape still takes the heuristic."""
+    from byoc.backends.cutlass.kernels import GemmKernel, GemmProblem, heuristic_kernel
+    from byoc.backends.cutlass.tuning import TuningDatabase, choose_kernels
+    plain = GemmProblem(1024, 2304, 768, 1, "float16", False, None, False, False)
+    biased = GemmProblem(1024, 2304, 768, 1, "float16", False, None, True, False)
+    other = GemmProblem(1024, 768, 768, 1, "float16", False, None, True, False)
+    database = TuningDatabase(tmp_path / "db.json")
+    remembered = GemmKernel(90, (192, 96, 64), (1, 1), "ws", swap_ab=True, mainloop_stages=4)
+    assert remembered != heuristic_kernel(90, biased)
+    database.record(90, plain, remembered, 7.5, {})
+    chosen = choose_kernels([biased, other], 90, database, profile=False, workdir=tmp_path, compile_flags=[])
+    assert chosen[biased] == remembered and chosen[other] == heuristic_kernel(90, other)
+
+
 def test_tuning_database_entry_outside_the_targets_candidates_is_not_used(tmp_path):
     from byoc.backends.cutlass.kernels import CandidateFilter, GemmKernel, GemmProblem
     from byoc.backends.cutlass.tuning import TuningDatabase, choose_kernels

@@ -72,6 +72,23 @@ class TuningDatabase:
             raise BuildError(f"tuning database {self.path}: the sm{sm} entry for {problem.key} is not usable: {error} "
                              "(tune it again, or delete the entry)") from None
 
+    def lookup_same_shape(self, sm: int, problem):
+        """A kernel remembered for the same operands with another epilogue (`bias` where
+        the database has `plain`), or None. The mainloop's shape decides a kernel's time;
+        the epilogue adds a pass over the output tile, so the shape's winner is a better
+        guess than the heuristic's."""
+        shape = problem.key.rsplit(":", 1)[0] + ":"
+        for key in sorted(self.entries.get(f"sm{sm}", {})):
+            if key.startswith(shape) and key.count(":") == problem.key.count(":"):
+                entry = self.entries[f"sm{sm}"][key]
+                try:
+                    kernel = kernel_from_json(entry["kernel"]) if isinstance(entry, dict) and "kernel" in entry else None
+                except ValueError:
+                    kernel = None
+                if kernel is not None and kernel.supports(problem) is None:
+                    return kernel
+        return None
+
     def record(self, sm: int, problem, kernel, microseconds: float, measured: dict):
         self.entries.setdefault(f"sm{sm}", {})[problem.key] = {
             "kernel": kernel.to_json(), "name": kernel.name(problem), "us": microseconds, "measured": measured}
@@ -90,7 +107,8 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
                    compile_flags: list, jobs: int | None = None, allowed: CandidateFilter = NO_FILTER) -> dict:
     """problem -> kernel for every problem (GemmProblem or ConvProblem): from the
     database (when the target allows that kernel), else measured among the allowed
-    candidates (when `profile`), else the heuristic."""
+    candidates (when `profile`), else the database's kernel for the same shape with another
+    epilogue, else the heuristic."""
     chosen = {}
     to_tune = []
     for problem in problems:
@@ -100,7 +118,9 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
         elif profile:
             to_tune.append(problem)
         else:
-            chosen[problem] = default_kernel(sm, problem, allowed)
+            similar = database.lookup_same_shape(sm, problem)
+            chosen[problem] = similar if similar is not None and allowed.admits(similar) else \
+                default_kernel(sm, problem, allowed)
     if to_tune:
         measured = _profile(to_tune, sm, workdir / "tuning", compile_flags, jobs, allowed)
         for problem in to_tune:
