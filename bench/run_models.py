@@ -65,7 +65,9 @@ def load_config(spec, tuning_db=None, profile="auto"):
                  # cuda_sm90 with CUTLASS's split-K/stream-K kernels among the tuning candidates
                  "split": {"backends": [{"cutlass": {"sm": 90, "split_k": True}}, "cublaslt", "builtin"]},
                  # cuda_sm90 with its CUTLASS GEMMs launched with programmatic dependent launch
+                 # (the default since 2026-11-24) and without it
                  "pdl": {"backends": [{"cutlass": {"sm": 90, "pdl": True}}, "cublaslt", "builtin"]},
+                 "nopdl": {"backends": [{"cutlass": {"sm": 90, "pdl": False}}, "cublaslt", "builtin"]},
                  "": {}}[variant]
     if tuning_db:
         overrides["tuning"] = {"profile": {"false": False, "true": True}.get(profile, profile), "tuning_db": tuning_db}

@@ -99,12 +99,13 @@ def test_heuristic_and_names():
         heuristic_kernel(80, GemmProblem(64, 64, 64, 1, "float16", False, None, True, True))
 
 
-def test_sm90_kernels_launch_with_pdl_when_the_target_asks():
+def test_sm90_kernels_launch_with_pdl_unless_the_target_says_not():
     from byoc.backends.cutlass.codegen import cutlass_flags
     from byoc.target import Target
     gdc = "-DCUTLASS_ENABLE_GDC_FOR_SM90"
     assert gdc in cutlass_flags(Target({"kind": "cutlass", "sm": 90, "pdl": True}), 90)
-    assert gdc not in cutlass_flags(Target("cutlass", sm=90), 90)  # off by default
+    assert gdc in cutlass_flags(Target("cutlass", sm=90), 90)  # on by default
+    assert gdc not in cutlass_flags(Target({"kind": "cutlass", "sm": 90, "pdl": False}), 90)
     assert gdc not in cutlass_flags(Target({"kind": "cutlass", "sm": 80, "pdl": True}), 80)
 
 

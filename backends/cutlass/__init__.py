@@ -63,11 +63,11 @@ register_target_kind("cutlass", {
     "split_k": AttrSchema(bool, False, None, "let tuning try sm90 split-K (K split 2/4/8 ways) and stream-K GEMMs"),
     "compile_threads": AttrSchema(int, 0, None, "parallel nvcc jobs while tuning (0: one per CPU)",
                                     check=at_least(0)),
-    # Off by default for now: BERT with PDL GEMMs in a CUDA graph matched its direct runs bit
-    # for bit on an H100 (test_pdl_launched_gemms_in_a_cuda_graph_agree_with_direct_runs_
-    # over_fresh_inputs), but the rest of the GPU suite and the model benchmarks have not run
-    # with it on. The GEMM benchmark: up to 0.9 us less a GEMM (bench/results/gemm.md).
-    "pdl": AttrSchema(bool, False, None, "sm90 GEMMs launch with programmatic dependent launch: their CTAs may "
+    # On by default since the whole GPU suite (tests -m gpu, every file) and the real-model
+    # benchmark ran with it on an H100 (2026-11-24); BERT with PDL GEMMs in a CUDA graph matches
+    # its direct runs bit for bit (test_pdl_launched_gemms_in_a_cuda_graph_agree_with_direct_
+    # runs_over_fresh_inputs). The GEMM benchmark: up to 0.9 us less a GEMM (bench/results/gemm.md).
+    "pdl": AttrSchema(bool, True, None, "sm90 GEMMs launch with programmatic dependent launch: their CTAs may "
                       "start while the previous kernel finishes and wait (griddepcontrol.wait) before touching memory"),
     # On by default since the whole resnet_small fixture with CUTLASS convs matched
     # onnxruntime on an H100 with CUDA graphs off and on (tests/test_cutlass.py).
