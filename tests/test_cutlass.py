@@ -194,6 +194,33 @@ def test_a_problem_missing_from_the_database_takes_the_same_shapes_kernel(tmp_pa
     assert chosen[biased] == remembered and chosen[other] == heuristic_kernel(90, other)
 
 
+def test_the_shipped_database_comes_after_the_users_and_is_never_written(tmp_path):
+    """Every entry of the database shipped in the package is a kernel byoc renders; a build
+    without a tuning_db takes its kernels (no tuning run), the user's database wins where
+    both know a problem, and recording writes the user's file only."""
+    from byoc.backends.cutlass.kernels import GemmKernel, GemmProblem, kernel_from_json
+    from byoc.backends.cutlass.tuning import SHIPPED_DATABASE, TuningDatabase, choose_kernels
+    shipped = TuningDatabase(SHIPPED_DATABASE)
+    assert shipped.entries["sm90"], "the package ships sm_90 kernels"
+    for entry in shipped.entries["sm90"].values():
+        kernel_from_json(entry["kernel"])
+    key = sorted(shipped.entries["sm90"])[0]
+    dtype, m, n, k, batch, layout, epilogue = key.split(":")
+    problem = GemmProblem(int(m[1:]), int(n[1:]), int(k[1:]), int(batch[1:]), dtype, layout == "nt",
+                          None if epilogue in ("plain", "bias", "residual", "bias_residual") else epilogue.split("_")[-1],
+                          "bias" in epilogue, "residual" in epilogue)
+    assert problem.key == key
+    before = SHIPPED_DATABASE.read_bytes()
+    users = TuningDatabase(tmp_path / "db.json", fallback=shipped)
+    from_package = choose_kernels([problem], 90, users, profile=True, workdir=tmp_path, compile_flags=[])[problem]
+    assert from_package == kernel_from_json(shipped.entries["sm90"][key]["kernel"])  # found: nothing measured
+    mine = GemmKernel(90, (64, 64, 64), (1, 1), "pingpong")
+    users.record(90, problem, mine, 1.0, {})
+    users.save()
+    assert choose_kernels([problem], 90, users, profile=False, workdir=tmp_path, compile_flags=[])[problem] == mine
+    assert SHIPPED_DATABASE.read_bytes() == before
+
+
 def test_tuning_database_entry_outside_the_targets_candidates_is_not_used(tmp_path):
     from byoc.backends.cutlass.kernels import CandidateFilter, GemmKernel, GemmProblem
     from byoc.backends.cutlass.tuning import TuningDatabase, choose_kernels

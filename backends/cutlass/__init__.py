@@ -52,6 +52,8 @@ register_target_kind("cutlass", {
     "use_fast_math": AttrSchema(bool, False, None, "nvcc --use_fast_math for the kernels"),
     "profile": AttrSchema(str, "auto", ("auto", "true", "false"), "time candidate kernels (auto: when a GPU is visible)"),
     "tuning_db": AttrSchema(str, "", None, "JSON file remembering the fastest kernel per problem"),
+    "shipped_tuning": AttrSchema(bool, True, None, "after tuning_db, use the kernels byoc ships for common sm_90 "
+                                 "problems (measured on an H100) instead of tuning them"),
     "extra_nvcc_flags": AttrSchema(list, [], None, "more nvcc flags for the kernels (they can name programs "
                                    "that the build runs: a config is code)", check=_warn_program_running_flags),
     "tiles": AttrSchema(list, [], None, "candidate threadblock tiles, e.g. [128x128x64, 128x256x64] (empty: all)",

@@ -205,7 +205,7 @@ def codegen(functions: dict, target) -> list:
     from byoc.codegen.templates import render_template
     from byoc.toolchain import CompileUnit
 
-    from .tuning import TuningDatabase, choose_kernels
+    from .tuning import SHIPPED_DATABASE, TuningDatabase, choose_kernels
 
     device = target.device
     if device is None or device.kind != "cuda":
@@ -221,7 +221,8 @@ def codegen(functions: dict, target) -> list:
     if profile == "auto":
         from byoc.target import visible_gpu_arch
         profile = visible_gpu_arch() is not None
-    database = TuningDatabase(target.attrs.get("tuning_db") or None)
+    shipped = TuningDatabase(SHIPPED_DATABASE) if target.attrs.get("shipped_tuning", True) else None
+    database = TuningDatabase(target.attrs.get("tuning_db") or None, fallback=shipped)
     try:
         allowed = CandidateFilter.from_target(target.attrs)
         chosen = choose_kernels(sorted({p for p, _ in problems.values()}, key=lambda p: p.key), sm, database,

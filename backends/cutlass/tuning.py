@@ -31,9 +31,17 @@ FORMAT = "byoc-cutlass-tuning"
 MAX_DATABASE_BYTES = 256 << 20  # thousands of problems take a few MB
 
 
+# Kernels measured on an H100 (sm_90) for the problems of bench/real_models.py's suite
+# (BERT, GPT-2, ViT, ResNet-50 at their benchmark batches) and bench/bench_gemm.py's: a build
+# of those models needs no tuning run. The user's database (the target's tuning_db) comes
+# first; this one is read, never written. bench/results/tuning_sm90.json is its source.
+SHIPPED_DATABASE = Path(__file__).resolve().parent / "tuning_sm90.json"
+
+
 class TuningDatabase:
-    def __init__(self, path=None):
+    def __init__(self, path=None, fallback: "TuningDatabase | None" = None):
         self.path = Path(path) if path else None
+        self.fallback = fallback
         self.entries: dict = {}
         if self.path and self.path.exists():
             data = self._read()
@@ -59,10 +67,11 @@ class TuningDatabase:
             raise BuildError(f"tuning database {self.path} is not readable JSON: {error}") from None
 
     def lookup(self, sm: int, problem):
-        """The remembered kernel (GemmKernel or ConvKernel) for `problem`, or None."""
+        """The remembered kernel (GemmKernel or ConvKernel) for `problem` (this database's,
+        else its fallback's), or None."""
         entry = self.entries.get(f"sm{sm}", {}).get(problem.key)
         if not entry:
-            return None
+            return self.fallback.lookup(sm, problem) if self.fallback is not None else None
         if not (isinstance(entry, dict) and "kernel" in entry):
             raise BuildError(f"tuning database {self.path}: the sm{sm} entry for {problem.key} has no 'kernel' "
                              "object (tune it again, or delete the entry)")
@@ -87,7 +96,7 @@ class TuningDatabase:
                     kernel = None
                 if kernel is not None and kernel.supports(problem) is None:
                     return kernel
-        return None
+        return self.fallback.lookup_same_shape(sm, problem) if self.fallback is not None else None
 
     def record(self, sm: int, problem, kernel, microseconds: float, measured: dict):
         self.entries.setdefault(f"sm{sm}", {})[problem.key] = {
