@@ -514,6 +514,8 @@ FIXED_CHANNEL_CONV_CANDIDATES = (
     ConvKernel(80, (128, 64, 32), warp=(64, 32, 32), stages=4, fixed_channels=True),
     ConvKernel(80, (256, 64, 32), warp=(64, 64, 32), stages=3, fixed_channels=True),
     ConvKernel(80, (64, 64, 64), warp=(32, 32, 64), stages=4, fixed_channels=True),
+    ConvKernel(80, (64, 64, 32), warp=(32, 32, 32), stages=6, fixed_channels=True),
+    ConvKernel(80, (256, 64, 64), warp=(64, 64, 64), stages=3, fixed_channels=True),
 )
 
 

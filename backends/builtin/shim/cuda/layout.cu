@@ -688,14 +688,28 @@ extern "C" int byoc_shim_pad(const void* in, void* out, byoc_dtype dtype, int nd
     auto launch = [&](auto index_tag) {
       using Index = decltype(index_tag);
       PadParams<Index> params{};
+      // Neighbouring dims that no pad touches merge into one (the input is dense), so that
+      // an NHWC image padded along its channels indexes as [N*H*W, C]: fewer divisions per
+      // element for the same result.
+      int dims = 0;
       for (int d = 0; d < ndim; ++d) {
-        params.out_shape[d] = static_cast<Index>(out_shape[d]);
-        params.in_strides[d] = static_cast<Index>(in_strides[d]);
-        params.pad_begin[d] = static_cast<Index>(pads_begin[d]);
-        params.low[d] = static_cast<Index>(low[d]);
-        params.high[d] = static_cast<Index>(high[d]);
+        const bool untouched = pads_begin[d] == 0 && pads_end[d] == 0;
+        const bool previous_untouched = dims > 0 && params.pad_begin[dims - 1] == 0 &&
+                                        params.low[dims - 1] == 0 && params.high[dims - 1] == params.out_shape[dims - 1];
+        if (untouched && previous_untouched) {
+          params.out_shape[dims - 1] *= static_cast<Index>(out_shape[d]);
+          params.high[dims - 1] = params.out_shape[dims - 1];
+          params.in_strides[dims - 1] = static_cast<Index>(in_strides[d]);
+          continue;
+        }
+        params.out_shape[dims] = static_cast<Index>(out_shape[d]);
+        params.in_strides[dims] = static_cast<Index>(in_strides[d]);
+        params.pad_begin[dims] = static_cast<Index>(pads_begin[d]);
+        params.low[dims] = static_cast<Index>(low[d]);
+        params.high[dims] = static_cast<Index>(high[d]);
+        ++dims;
       }
-      params.ndim = ndim;
+      params.ndim = dims;
       params.mode = mode;
       pad_kernel<Element, Index><<<blocks_for(total), kThreads, 0, cuda_stream>>>(
           static_cast<const Element*>(in), static_cast<Element*>(out), params, fill, static_cast<Index>(total));
