@@ -42,7 +42,7 @@ def test_kernel_families_compile(sm, tmp_path):
     NHWC conv2d fprop: sm_90 the 3.x TMA im2col kernel with ResNet's bias + residual + relu
     epilogue, sm_80 the 2.x kernel with a stride-0 bias + relu) renders and compiles with nvcc."""
     from byoc.backends.cutlass.codegen import cutlass_flags
-    from byoc.backends.cutlass.kernels import ConvProblem, GemmProblem, default_kernel, kernel_template
+    from byoc.backends.cutlass.kernels import ConvProblem, GemmProblem, default_kernel, kernel_flags, kernel_template
     from byoc.codegen.templates import render_template
     from byoc.target import Target
     from byoc.toolchain import CompileUnit, compile_units
@@ -85,7 +85,7 @@ def test_kernel_families_compile(sm, tmp_path):
         assert kernel.name(problem) in source.read_text()
         if getattr(problem, "alpha", 1.0) != 1.0:  # attention's scale, in the epilogue
             assert "0.125f" in source.read_text()
-        units.append(CompileUnit(source, "cuda", cutlass_flags(target, sm), f"k{index}.o"))
+        units.append(CompileUnit(source, "cuda", kernel_flags(kernel, cutlass_flags(target, sm)), f"k{index}.o"))
     objects = compile_units(units, tmp_path)
     assert all(Path(o).stat().st_size > 0 for o in objects)
 

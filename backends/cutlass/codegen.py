@@ -23,7 +23,8 @@ from byoc.errors import BuildError
 from byoc.ir.expr import Call, Constant, Function, Var
 from byoc.ir.op import Op
 
-from .kernels import SM_COUNT, CandidateFilter, ConvProblem, GemmProblem, kernel_template, kernel_workspace_bytes
+from .kernels import (PDL_FLAG, SM_COUNT, CandidateFilter, ConvProblem, GemmProblem, kernel_flags, kernel_template,
+                      kernel_workspace_bytes)
 
 ACTIVATION_OPS = {"relu": "relu", "silu": "silu", "sigmoid": "sigmoid"}
 
@@ -235,7 +236,7 @@ def codegen(functions: dict, target) -> list:
         kernel = chosen[problem]
         source = workdir / f"{symbol}.cu"
         source.write_text(render_template(kernel_template(kernel), kernel.template_data(problem, symbol, indices)))
-        units.append(CompileUnit(source, "cuda", flags, f"{symbol}.o"))
+        units.append(CompileUnit(source, "cuda", kernel_flags(kernel, flags), f"{symbol}.o"))
         workspace[symbol] = kernel_workspace_bytes(kernel, problem)
         kernels[symbol] = kernel.name(problem)
     units += attention_units(attention, SM_COUNT.get(sm, SM_COUNT[90]), workdir, flags, kernels, workspace)
@@ -275,7 +276,7 @@ def cutlass_flags(target, sm: int) -> list:
     if sm == 90 and target.attrs.get("pdl"):
         # CUTLASS's sm90 kernels then wait on the previous grid before their first global
         # access and signal the next one early; gemm_sm90.cu.j2 launches them with PDL.
-        flags.append("-DCUTLASS_ENABLE_GDC_FOR_SM90")
+        flags.append(PDL_FLAG)
     flags += [f"-I{d}" for d in cutlass_include_dirs()] + [f"-I{d}" for d in cuda_include_dirs()]
     flags += list(target.attrs.get("extra_nvcc_flags") or [])
     return flags

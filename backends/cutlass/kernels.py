@@ -620,6 +620,20 @@ def _kernel_flaw(kernel) -> str | None:
     return None
 
 
+# CUTLASS's programmatic-dependent-launch support (the cutlass target's pdl) in its sm90
+# kernels. Its stream-K tile scheduler (split-K and stream-K kernels) does not compile with it
+# (CUTLASS 4.2: sm90_tile_scheduler_stream_k.hpp's const is_last_tile calls a non-const
+# member), so those kernels are built and launched without it.
+PDL_FLAG = "-DCUTLASS_ENABLE_GDC_FOR_SM90"
+
+
+def kernel_flags(kernel, flags: list) -> list:
+    """The nvcc flags of `kernel`'s compile unit: the target's, less PDL where it cannot build."""
+    if getattr(kernel, "splits", 1) > 1 or getattr(kernel, "stream_k", False):
+        return [flag for flag in flags if flag != PDL_FLAG]
+    return list(flags)
+
+
 def kernel_template(kernel) -> str:
     """The template that renders `kernel`."""
     if isinstance(kernel, ConvKernel):

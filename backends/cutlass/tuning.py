@@ -24,8 +24,8 @@ from pathlib import Path
 from byoc.errors import BuildError, ByocWarning
 from byoc.codegen.templates import render_template
 
-from .kernels import (NO_FILTER, CandidateFilter, default_kernel, kernel_from_json, kernel_template,
-                      kernel_workspace_bytes, operand_sizes, usable_candidates)
+from .kernels import (NO_FILTER, CandidateFilter, default_kernel, kernel_flags, kernel_from_json,
+                      kernel_template, kernel_workspace_bytes, operand_sizes, usable_candidates)
 
 FORMAT = "byoc-cutlass-tuning"
 MAX_DATABASE_BYTES = 256 << 20  # thousands of problems take a few MB
@@ -174,8 +174,8 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
             symbol = f"candidate_{index}_{number}"
             source = workdir / f"{kernel.name(problem)}__{index}.cu"
             source.write_text(render_template(kernel_template(kernel), kernel.template_data(problem, symbol, indices)))
-            candidate_units.append(CompileUnit(source=source, language="cuda", flags=compile_flags,
-                                               output=f"{source.stem}.o"))
+            candidate_units.append(CompileUnit(source=source, language="cuda",
+                                               flags=kernel_flags(kernel, compile_flags), output=f"{source.stem}.o"))
             entries.append({"symbol": symbol, "name": kernel.name(problem), "object": f"{source.stem}.o"})
         programs.append((problem, usable, entries, slots))
     # A candidate that does not compile is left out (and reported), not fatal: the others
