@@ -51,7 +51,8 @@ def test_kernel_families_compile(sm, tmp_path):
             if sm == 90 else
             ConvProblem(2, 15, 17, 64, 72, 3, 3, 8, 9, (2, 2), (1, 1, 1, 1), (1, 1), "bfloat16", "relu", True, False))
     problems = [GemmProblem(1024, 3072, 768, 1, "float16", False, "gelu", True, False),
-                GemmProblem(128, 128, 64, 96, "bfloat16", True, None, False, False, alpha=0.125), conv]
+                GemmProblem(128, 128, 64, 96, "bfloat16", True, None, False, False, alpha=0.125), conv,
+                GemmProblem(77, 264, 136, 1, "float16", False, None, False, True)]  # dense_residual: no bias
     kernels = [default_kernel(sm, problem) for problem in problems]
     if sm == 90:  # split-K (CUTLASS's stream-K scheduler in split-K mode), a 64x96 pingpong, stream-K
         from byoc.backends.cutlass.kernels import GemmKernel
