@@ -856,3 +856,27 @@ def test_reshape_strides_of_views():
     assert reshape_strides((3, 4), (1, 3), (3, 2, 2)) == [1, 6, 3]  # but can split
     assert reshape_strides((1, 5, 1), (99, 2, 7), (5,)) == [2]
     assert reshape_strides((0, 4), (4, 1), (2, 0)) == [0, 1]
+
+
+def test_a_build_compiles_only_the_shim_families_its_code_calls(tmp_path):
+    """The shim is compiled per op family: an elementwise model links common only, a
+    conv model conv_pool and what conv_pool calls into (linalg: its GEMMs), and a call no
+    family defines takes every file (the link then names it). CUDA and CPU alike."""
+    from byoc.backends.builtin import SHIM_DIR, shim_sources
+    names = lambda paths: [p.stem for p in paths]  # noqa: E731
+    assert names(shim_sources(SHIM_DIR / "cuda", set())) == ["common"]
+    assert names(shim_sources(SHIM_DIR / "cuda", {"byoc_shim_conv2d"})) == ["common", "conv_pool", "linalg"]
+    assert names(shim_sources(SHIM_DIR / "cuda", {"byoc_shim_pad", "byoc_shim_softmax"})) == ["common", "layout", "norm"]
+    assert names(shim_sources(SHIM_DIR / "cpu", {"byoc_shim_reduce"})) == ["common", "reduce"]
+    every = names(shim_sources(SHIM_DIR / "cuda", None))
+    assert every == names(shim_sources(SHIM_DIR / "cuda", {"byoc_shim_no_such_function"}))
+    assert set(every) >= {"common", "conv_pool", "layout", "linalg", "norm", "reduce"}
+
+    with FunctionBuilder("main") as fb:
+        x = fb.param("x", (4, 8), "float32")
+        fb.ret(fb.call("relu", fb.call("add", x, np.ones(8, np.float32))))
+    library = byoc.build(fb.module(), target="cpu", config={"backends": ["builtin"]}, workdir=str(tmp_path / "w"))
+    ninja = (tmp_path / "w" / "build.ninja").read_text()
+    assert "shim_cpu_common.o" in ninja and "shim_cpu_conv_pool.o" not in ninja
+    x = np.arange(32, dtype=np.float32).reshape(4, 8) - 16
+    np.testing.assert_array_equal(library.load().run(x=x), np.maximum(x + 1, 0))

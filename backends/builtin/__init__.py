@@ -7,6 +7,8 @@ it) and linked into every model.
 """
 from __future__ import annotations
 
+import functools
+import re
 from pathlib import Path
 
 from byoc.backend import Artifact, register_backend
@@ -26,16 +28,70 @@ register_target_kind("builtin", {
 })
 
 
-def shim_compile_units(device_target) -> list:
-    """The shim library's compile units for a device target (cached like any other)."""
+# A function defined at the start of a line (the shim's style: bodies and calls are
+# indented), up to its opening brace: `int lt_matmul(...) {`, `extern "C" int byoc_shim_pad(`.
+_DEFINITION = re.compile(r'^(?:extern "C" )?[A-Za-z_][\w:<>,*& ]*?\b([A-Za-z_]\w*)\(([^;{]*)\)\s*(?:const\s*)?\{',
+                         re.MULTILINE)
+_SHIM_CALL = re.compile(r"\b(byoc_shim_\w+)\s*\(")
+
+
+@functools.lru_cache(maxsize=None)
+def _shim_families(folder: Path) -> tuple:
+    """The shim's source files of one device (one op family each: layout, norm, ...) as
+    ({file: names it defines}, {file: files it calls into}); common.* is in every build."""
+    sources = sorted(p for p in folder.iterdir() if p.suffix in (".cu", ".cpp"))
+    texts = {source: source.read_text() for source in sources}
+    # (compiler attributes such as __launch_bounds__(...) look like definitions: not names)
+    defined = {source: {match.group(1) for match in _DEFINITION.finditer(text) if not match.group(1).startswith("__")}
+               for source, text in texts.items()}
+    calls = {}
+    for source, text in texts.items():
+        used = set(re.findall(r"\b([A-Za-z_]\w*)\s*\(", text))
+        calls[source] = {other for other, names in defined.items() if other != source and used & names}
+    return defined, calls
+
+
+def shim_sources(folder: Path, called: set | None) -> list:
+    """The shim files a build needs: those defining the byoc_shim_* functions it calls, the
+    files they call into, and common.*; every file when `called` is None or names a function
+    no file defines (the link then says which)."""
+    defined, calls = _shim_families(folder)
+    every = sorted(defined)
+    if called is None:
+        return every
+    needed = {source for source in every if source.stem == "common"}
+    for symbol in called:
+        owners = [source for source, names in defined.items() if symbol in names]
+        if not owners:
+            return every
+        needed.update(owners)
+    pending = list(needed)
+    while pending:
+        for other in calls[pending.pop()]:
+            if other not in needed:
+                needed.add(other)
+                pending.append(other)
+    return sorted(needed)
+
+
+def shim_compile_units(device_target, called: set | None = None) -> list:
+    """The shim library's compile units for a device target (cached like any other): only
+    the op families whose functions `called` names (byoc_shim_* symbols the generated code
+    calls), so that a model of elementwise ops does not compile the convolutions; all of
+    them when `called` is None."""
     from byoc.toolchain import CompileUnit, cuda_include_dirs
     if device_target.kind == "cuda":
         flags = device_target.nvcc_flags() + [f"-I{SHIM_DIR}"] + [f"-I{d}" for d in cuda_include_dirs()]
-        sources = sorted((SHIM_DIR / "cuda").glob("*.cu"))
         suffix = device_target.attrs["arch"]
-        return [CompileUnit(s, "cuda", flags, f"shim_{suffix}_{s.stem}.o") for s in sources]
+        return [CompileUnit(s, "cuda", flags, f"shim_{suffix}_{s.stem}.o")
+                for s in shim_sources(SHIM_DIR / "cuda", called)]
     flags = device_target.cxx_flags() + [f"-I{SHIM_DIR}"]
-    return [CompileUnit(s, "cxx", flags, f"shim_cpu_{s.stem}.o") for s in sorted((SHIM_DIR / "cpu").glob("*.cpp"))]
+    return [CompileUnit(s, "cxx", flags, f"shim_cpu_{s.stem}.o") for s in shim_sources(SHIM_DIR / "cpu", called)]
+
+
+def shim_calls(source_text: str) -> set:
+    """The byoc_shim_* functions a generated source calls."""
+    return set(_SHIM_CALL.findall(source_text))
 
 
 def cpu_compile_units_in_cuda_build(functions: dict, device_target, workdir) -> tuple[list, dict]:
@@ -50,7 +106,7 @@ def cpu_compile_units_in_cuda_build(functions: dict, device_target, workdir) -> 
     renames = [CPU_SHIM_SYMBOLS]  # its bytes key the object cache too
     units = [CompileUnit(source, "cxx", flags, "builtin_cpu.o", dependencies=renames)]
     units += [CompileUnit(s, "cxx", flags, f"shim_cpu_in_cuda_{s.stem}.o", dependencies=renames)
-              for s in sorted((SHIM_DIR / "cpu").glob("*.cpp"))]
+              for s in shim_sources(SHIM_DIR / "cpu", shim_calls(generated.source))]
     return units, generated.workspace_bytes
 
 
@@ -84,7 +140,7 @@ def codegen(functions: dict, target) -> list:
         flags = device.cxx_flags() + [f"-I{SHIM_DIR}"]
         libraries = []
     units = [CompileUnit(source, "cuda" if kind == "cuda" else "cxx", flags, "builtin.o")]
-    units += shim_compile_units(device)
+    units += shim_compile_units(device, shim_calls(generated.source))
     return artifacts + [Artifact(backend="builtin", kind="source", symbols=list(functions),
                                  payload={"compile_units": units, "workspace_bytes": generated.workspace_bytes,
                                           "link_libraries": libraries,
