@@ -209,6 +209,7 @@ class _Builder:
     # ---- the pipeline ----------------------------------------------------------------
     def build(self, model, input_shapes) -> Library:
         started = time.perf_counter()
+        self.progress = _Progress()
         try:
             with self.workdir_lock():
                 mod, output_names, artifacts, report = self.lower(model, input_shapes)
@@ -226,15 +227,21 @@ class _Builder:
     def lower(self, model, input_shapes):
         """Every IR stage, up to the final main (written to final.ir); no compiler runs
         (backends only write their sources)."""
+        progress = getattr(self, "progress", None) or _Progress()
         mod, output_names = self.import_model(model, input_shapes)
+        progress.stage(f"imported: {len(mod['main'].bindings)} ops")
         mod = self.simplify(mod)
+        progress.stage(f"simplified: {len(mod['main'].bindings)} ops")
         # while main still binds every tensor (partitioning hides some inside functions), and
         # before any backend writes a size into C++
         from .codegen.host import check_tensor_sizes
         check_tensor_sizes(mod["main"])
         mod = self.pin_devices(mod)
         mod, report = self.partition(mod)
+        progress.stage(f"partitioned: {len(mod.functions) - 1} functions for "
+                       f"{', '.join(self.cfg.backend_names)} (report in {self.workdir / 'partition_report.txt'})")
         mod, artifacts = self.codegen(mod)
+        progress.stage(f"code generated: {len(artifacts)} artifacts (sources in {self.workdir})")
         # Pinned functions lose their Device attribute as they become extern: keep it here.
         self.pinned = {name: f.attrs["Device"] for name, f in mod.items() if "Device" in f.attrs}
         from .transform.mark_compiler_functions_as_extern import mark_compiler_functions_as_extern
@@ -483,7 +490,10 @@ class _Builder:
                                      output="weights.o", dependencies=[weights_path]))
 
         compiled = {}
-        objects = compile_units(units, self.workdir, jobs=self.cfg.compile_jobs, stats=compiled)
+        progress = getattr(self, "progress", None) or _Progress()
+        progress.stage(f"compiling {len(units)} units (ninja, {self.workdir / 'build.ninja'})")
+        objects = compile_units(units, self.workdir, jobs=self.cfg.compile_jobs, stats=compiled,
+                                progress=progress.compile_line)
         version_script = self.workdir / "exports.map"
         version_script.write_text("{\n  global: byoc_model_*; byoc_last_error;\n  local: *;\n};\n")
         link_flags = [f"-Wl,--version-script={version_script}", "-Wl,--no-undefined"]
@@ -501,6 +511,24 @@ class _Builder:
                           file_states={str(path): _file_state(path) for path in (output, sidecar) if path})
         (self.workdir / "metadata.json").write_text(json.dumps(library.metadata, indent=2, sort_keys=True))
         return library
+
+
+class _Progress:
+    """What a build is doing, as it does it: INFO records on the `byoc.build` logger (the
+    CLI prints them to stderr; a Python caller sees them by configuring logging), each with
+    the seconds since the step began."""
+
+    def __init__(self):
+        import logging
+        self.logger = logging.getLogger("byoc.build")
+        self.started = time.perf_counter()
+
+    def stage(self, what: str):
+        self.logger.info("[%6.1f s] %s", time.perf_counter() - self.started, what)
+
+    def compile_line(self, line: str):
+        # ninja's status lines: "[3/12] compile cutlass_1f2e.cu" (the edge's description)
+        self.logger.info("[%6.1f s] %s", time.perf_counter() - self.started, line)
 
 
 def check_module(mod: IRModule):

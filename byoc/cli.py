@@ -242,12 +242,48 @@ def _build_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--target", help="override the config's device target, e.g. 'cpu' or 'cuda -arch=sm_90'")
     parser.add_argument("--workdir", help="keep generated sources, build.ninja and the partition report here")
     _add_input_shape_option(parser)
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="print only the result, not the build's progress (stages, [n/m] compile units)")
+
+
+class _ProgressLines:
+    """The build's progress records (logger byoc.build) as plain lines on the current
+    stderr, so that they read the same on a terminal and in a CI log; attached for one
+    command and removed after it."""
+
+    def __init__(self, quiet: bool):
+        import logging
+        self.logger = logging.getLogger("byoc.build")
+        self.handler = None if quiet else _stderr_handler()
+        self.level = self.logger.level
+
+    def __enter__(self):
+        import logging
+        if self.handler is not None:
+            self.logger.addHandler(self.handler)
+            self.logger.setLevel(logging.INFO)
+        return self
+
+    def __exit__(self, *exc):
+        if self.handler is not None:
+            self.logger.removeHandler(self.handler)
+            self.logger.setLevel(self.level)
+
+
+def _stderr_handler():
+    import logging
+
+    class Handler(logging.Handler):
+        def emit(self, record):
+            print(f"byoc: {record.getMessage()}", file=sys.stderr, flush=True)
+    return Handler()
 
 
 def _build_command(args: argparse.Namespace) -> int:
     from .build import build
-    library = build(args.model, target=args.target, config=args.config, workdir=args.workdir,
-                    input_shapes=parse_input_shapes(args.input_shape) or None)
+    with _ProgressLines(args.quiet):
+        library = build(args.model, target=args.target, config=args.config, workdir=args.workdir,
+                        input_shapes=parse_input_shapes(args.input_shape) or None)
     output = args.output or "model.so"
     written = library.export_library(output)
     print(f"wrote {written} ({written.stat().st_size} bytes; build {library.metadata['build_id']}, "

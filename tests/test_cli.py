@@ -191,6 +191,20 @@ def test_build_with_relative_output_and_workdir_then_inspect(capsys, tmp_path, m
     assert json.loads(out)["partition_report"]["backends"]["builtin"]["partitions"] > 0
 
 
+def test_build_shows_its_progress_on_stderr_unless_quiet(capsys, tmp_path):
+    """Stages and ninja's [n/m] compile lines reach stderr as the build goes (plain lines,
+    as a CI log keeps them); --quiet leaves only the result on stdout."""
+    code, out, err = run_cli(capsys, "build", MLP, "-c", "cpu", "-o", str(tmp_path / "a.so"),
+                             "--workdir", str(tmp_path / "a"))
+    assert code == 0, err
+    for stage in ("imported:", "simplified:", "partitioned:", "code generated:", "compiling 5 units"):
+        assert f"] {stage}" in err, err
+    assert err.startswith("byoc: [") and "wrote " in out
+    code, out, err = run_cli(capsys, "build", MLP, "-c", "cpu", "-q", "-o", str(tmp_path / "b.so"),
+                             "--workdir", str(tmp_path / "b"))
+    assert code == 0 and "byoc: [" not in err and "wrote " in out
+
+
 # ---- built libraries and files that are not what a command expects ----------------------------
 
 @pytest.fixture(scope="module")

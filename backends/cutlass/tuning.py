@@ -131,6 +131,11 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
             chosen[problem] = similar if similar is not None and allowed.admits(similar) else \
                 default_kernel(sm, problem, allowed)
     if to_tune:
+        import logging
+        count = sum(len(usable_candidates(sm, problem, allowed)) for problem in to_tune)
+        logging.getLogger("byoc.build").info("cutlass: tuning %d problems the databases lack (%d candidate kernels "
+                                             "to compile and time; tuning_db remembers the winners)",
+                                             len(to_tune), count)
         measured = _profile(to_tune, sm, workdir / "tuning", compile_flags, jobs, allowed)
         for problem in to_tune:
             times = measured.get(problem, {})
