@@ -65,8 +65,10 @@ register_target_kind("cutlass", {
     "split_k": AttrSchema(bool, False, None, "let tuning try sm90 split-K (K split 2/4/8 ways) and stream-K GEMMs"),
     "compile_threads": AttrSchema(int, 0, None, "parallel nvcc jobs while tuning (0: one per CPU)",
                                     check=at_least(0)),
-    # On by default since the whole GPU suite (tests -m gpu, every file) and the real-model
-    # benchmark ran with it on an H100 (2026-11-24); BERT with PDL GEMMs in a CUDA graph matches
+    # On by default since the GPU tests that build CUTLASS kernels (test_cutlass.py, every
+    # whole-model fixture with graphs on and off) and the seven real models of
+    # bench/real_models.py (checked against onnxruntime) ran with it on an H100 (2026-11-24;
+    # the other GPU test files build no CUTLASS kernels); BERT with PDL GEMMs in a CUDA graph matches
     # its direct runs bit for bit (test_pdl_launched_gemms_in_a_cuda_graph_agree_with_direct_
     # runs_over_fresh_inputs). The GEMM benchmark: up to 0.9 us less a GEMM (bench/results/gemm.md).
     "pdl": AttrSchema(bool, True, None, "sm90 GEMMs launch with programmatic dependent launch: their CTAs may "
