@@ -23,7 +23,7 @@ Every key is optional; the values shown are the defaults unless noted.
       profile: auto         # true | false | auto (measure kernels when a GPU is visible)
       tuning_db: null       # path | null: JSON file remembering the fastest kernels
     input_shapes: {}        # {input name: [dims]}: static shapes for the model's inputs
-    compile_jobs: null      # positive integer | null (null: one per CPU)
+    compile_jobs: null      # positive integer | null (null: one per CPU, at most one per 3 GiB of available memory)
     output: null            # path | null: where `byoc build` writes the .so
     devices:                # where work and data live (PlanDevices)
       pin: []               # ops or nodes that must run on another device, e.g.

@@ -384,3 +384,41 @@ def test_an_unusable_cache_directory_warns_once_and_builds(kind, tmp_path, monke
     assert len(messages) == 1, messages
     assert f"BYOC_CACHE_DIR={path}" in messages[0] and "building without it" in messages[0]
     assert re.search(r"Not a directory|No such file|Permission denied|Read-only", messages[0])
+
+
+def test_a_compiler_launcher_runs_every_compile_and_keys_nothing(tmp_path, monkeypatch, cache):
+    """$BYOC_COMPILER_LAUNCHER (sccache, ccache, ...) goes in front of every compile command
+    in build.ninja and runs it; objects it made are keyed as without it, so a build without
+    the launcher takes them from byoc's cache. One that is not on PATH is a clear error."""
+    launcher = tmp_path / "count-launches"
+    launches = tmp_path / "launches.txt"
+    launcher.write_text(f'#!/bin/sh\necho "$@" >> {launches}\nexec "$@"\n')
+    launcher.chmod(0o755)
+    monkeypatch.setenv("BYOC_COMPILER_LAUNCHER", str(launcher))
+    work = tmp_path / "with"
+    library = _build(work, _write_sources(work))
+    assert ctypes.CDLL(str(library)).twice() == 84
+    assert len(launches.read_text().splitlines()) == 2
+    assert (work / "build.ninja").read_text().count(f"cmd = {launcher} ") == 2
+    monkeypatch.delenv("BYOC_COMPILER_LAUNCHER")
+    stats = {}
+    other = tmp_path / "without"
+    compile_units(_write_sources(other), other, jobs=2, stats=stats)
+    assert stats["compiled"] == []  # both from the cache the launched build filled
+    monkeypatch.setenv("BYOC_COMPILER_LAUNCHER", "no-such-launcher --flag")
+    with pytest.raises(byoc.BuildError, match="BYOC_COMPILER_LAUNCHER names 'no-such-launcher'"):
+        compile_units(_write_sources(tmp_path / "missing"), tmp_path / "missing")
+
+
+def test_default_compile_jobs_are_bounded_by_cpus_and_available_memory(monkeypatch):
+    from byoc.toolchain import ninja
+    monkeypatch.setattr(ninja.os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(ninja, "available_memory", lambda: 10 * ninja.MEMORY_PER_JOB + 1)
+    assert ninja.default_jobs() == 10
+    monkeypatch.setattr(ninja, "available_memory", lambda: 1)
+    assert ninja.default_jobs() == 1
+    monkeypatch.setattr(ninja, "available_memory", lambda: None)
+    assert ninja.default_jobs() == 64
+    monkeypatch.setattr(ninja.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(ninja, "available_memory", lambda: 100 * ninja.MEMORY_PER_JOB)
+    assert ninja.default_jobs() == 2

@@ -206,6 +206,21 @@ def compiler_version(compiler: str) -> str:
 
 # ---- compiling ------------------------------------------------------------------------------
 
+def compiler_launcher() -> list[str]:
+    """$BYOC_COMPILER_LAUNCHER (e.g. `sccache` or `ccache`, with arguments) split into words,
+    put in front of every compile command: a team shares compiled objects through
+    sccache's remote storage, or spreads nvcc jobs with its distributed compilation, while
+    byoc's own object cache stays in front. Empty when unset; a BuildError when the program
+    it names is not on PATH."""
+    import shlex
+    import shutil
+    words = shlex.split(os.environ.get("BYOC_COMPILER_LAUNCHER", ""))
+    if words and shutil.which(words[0]) is None:
+        raise BuildError(f"BYOC_COMPILER_LAUNCHER names {words[0]!r}, which is not an executable on PATH "
+                         "(expected a compiler launcher such as sccache or ccache, or unset)")
+    return words
+
+
 def _command(unit: CompileUnit, source: str, output: str) -> list[str]:
     compiler = str(find_nvcc()) if unit.language == "cuda" else find_cxx()
     return [compiler, *map(str, unit.flags), "-c", source, "-o", output]
@@ -266,13 +281,15 @@ def compile_units(units: list, workdir, jobs: int | None = None,
     objects_dir = workdir / "obj"
     objects_dir.mkdir(parents=True, exist_ok=True)
     edges, keys, sources, to_build = [], {}, {}, []
+    launcher = compiler_launcher()
     for unit in units:
         output = ninja_path(workdir, objects_dir / unit.output)
         if output in keys:
             raise BuildError(f"two compile units write {objects_dir / unit.output}")
         source = ninja_path(workdir, unit.source)
         command = _command(unit, source, output)
-        edges.append(NinjaEdge(_RULE_OF_LANGUAGE[unit.language], output, [source], command))
+        # the launcher (ccache, sccache) runs the same command: not part of the object's key
+        edges.append(NinjaEdge(_RULE_OF_LANGUAGE[unit.language], output, [source], launcher + command))
         keys[output] = _cache_key(unit, command, workdir)
         sources[output] = unit.source.resolve()
         if not cache.fetch(keys[output], workdir / output):

@@ -118,12 +118,37 @@ def find_ninja() -> str:
 _STATUS_LINE = re.compile(r"^\[\d+/\d+\] ")
 
 
+# One nvcc job of a CUTLASS kernel peaks at about 3.4 GB (measured: the issue on build
+# time): more parallel jobs than memory allows would swap or be killed.
+MEMORY_PER_JOB = 3 << 30
+
+
+def available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes, or None where there is none."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def default_jobs() -> int:
+    """Parallel compile jobs when the config leaves compile_jobs null: one per CPU, but at
+    most one per MEMORY_PER_JOB of available memory (at least one)."""
+    cpus = os.cpu_count() or 2
+    memory = available_memory()
+    return max(1, min(cpus, memory // MEMORY_PER_JOB)) if memory is not None else cpus
+
+
 def run_ninja(workdir: Path, targets: list, jobs: int | None = None,
               progress: Callable[[str], None] | None = None) -> tuple[int, str]:
     """Build `targets` (as build.ninja names them) with `jobs` parallel commands; keep
     going past failures so that every broken file is reported. Returns (exit code, the
     output without ninja's progress lines, which go to `progress`)."""
-    jobs = jobs or os.cpu_count() or 2
+    jobs = jobs or default_jobs()
     command = [find_ninja(), "-C", str(workdir), "-j", str(jobs), "-k", "0", *targets]
     environment = dict(os.environ, NINJA_STATUS="[%f/%t] ")
     kept = []
