@@ -266,11 +266,12 @@ class _Builder:
         from .transform.fold_batch_norm import fold_batch_norm
         from .transform.sink_reshapes import sink_reshapes
         from .transform.combine_parallel_matmul import combine_parallel_matmul
+        from .transform.combine_logit_addends import combine_logit_addends
         mod = dead_code_elimination(recognize_gelu(dead_code_elimination(fold_batch_norm(fold_constant(mod)))))
         # after RecognizeGelu: a GEMM's activation reads its reshape only once recognized
         mod = dead_code_elimination(fold_constant(sink_reshapes(mod)))
         # after FoldConstant: weights and biases are constants only once their preprocessing folds
-        mod = dead_code_elimination(combine_parallel_matmul(mod))
+        mod = dead_code_elimination(combine_logit_addends(combine_parallel_matmul(mod)))
         if self.cfg.precision in ("float16", "bfloat16"):
             mod = dead_code_elimination(fold_constant(convert_to_float16(
                 mod, dtype=self.cfg.precision, keep_float32_ops=self.keep_float32_ops())))

@@ -676,3 +676,32 @@ def @main(%x: Tensor[(4, 8), float32], %w: Tensor[(8, 8), float32], %u: Tensor[(
   return (%a, %b, %c)
 }""")
     assert_structural_equal(combine_parallel_matmul(variable), variable)
+
+
+def test_combine_logit_addends_sums_the_bias_and_the_mask_before_the_scores():
+    """T5's scores + position bias + mask: the two addends are summed first, so that the
+    attention pattern sees one additive term; a chain read elsewhere stays."""
+    from byoc.transform import combine_logit_addends
+    before = parse("""
+def @main(%s: Tensor[(2, 4, 8, 8), float32], %b: Tensor[(1, 4, 8, 8), float32], %m: Tensor[(2, 1, 1, 8), float32]) -> Tensor[(2, 4, 8, 8), float32] {
+  %s1 = add(%b, %s)
+  %s2 = add(%s1, %m)
+  %p = softmax(%s2, axis=-1)
+  return %p
+}""")
+    after = parse("""
+def @main(%s: Tensor[(2, 4, 8, 8), float32], %b: Tensor[(1, 4, 8, 8), float32], %m: Tensor[(2, 1, 1, 8), float32]) -> Tensor[(2, 4, 8, 8), float32] {
+  %a = add(%b, %m)
+  %s2 = add(%s, %a)
+  %p = softmax(%s2, axis=-1)
+  return %p
+}""")
+    combined = dead_code_elimination(combine_logit_addends(before))
+    assert_structural_equal(combined, after)
+    rng = np.random.default_rng(0)
+    args = {"s": rng.standard_normal((2, 4, 8, 8), np.float32), "b": rng.standard_normal((1, 4, 8, 8), np.float32),
+            "m": rng.standard_normal((2, 1, 1, 8), np.float32)}
+    np.testing.assert_allclose(interpret(combined, **args), interpret(before, **args), rtol=1e-5, atol=1e-6)
+    shared = parse(before.script().replace("return %p", "%q = add(%p, %s1)\n  return %q")
+                   .replace("-> Tensor[(2, 4, 8, 8), float32] {", "-> Tensor[(2, 4, 8, 8), float32] {", 1))
+    assert_structural_equal(combine_logit_addends(shared), shared)
