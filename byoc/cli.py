@@ -295,12 +295,29 @@ def _build_command(args: argparse.Namespace) -> int:
 
 
 def _inspect_arguments(parser: argparse.ArgumentParser):
-    parser.add_argument("library", help="a model library built by byoc")
-    parser.add_argument("--json", action="store_true", help="print the metadata JSON as the library carries it")
+    parser.add_argument("library", help="a model library built by byoc, or an ONNX model (its interface before building)")
+    parser.add_argument("--json", action="store_true", help="print the metadata JSON as the library carries it "
+                        "(for an ONNX model: its interface as JSON)")
+
+
+def _is_elf(path) -> bool:
+    try:
+        with open(path, "rb") as file:
+            return file.read(4) == b"\x7fELF"
+    except OSError:
+        return True  # let the library loader say what is wrong with the path
 
 
 def _inspect_command(args: argparse.Namespace) -> int:
     import json
+    # an ONNX model: neither an ELF file nor named like a library (a .so whose header is
+    # corrupted is reported as a library)
+    if not _is_elf(args.library) and ".so" not in Path(args.library).suffixes:
+        from .frontend.onnx import describe_model
+        description = describe_model(args.library)
+        print(json.dumps(description, indent=2, sort_keys=True) if args.json else
+              describe_onnx_model(args.library, description))
+        return 0
     from .runtime import metadata_of
     metadata = metadata_of(args.library)
     if args.json:
@@ -308,6 +325,30 @@ def _inspect_command(args: argparse.Namespace) -> int:
     else:
         print(describe_library(args.library, metadata))
     return 0
+
+
+def describe_onnx_model(path, description: dict) -> str:
+    """What `byoc inspect MODEL.onnx` prints: what a build needs to know before it starts."""
+    def dims(entry):
+        return "[" + ", ".join(str(d) for d in entry["dims"]) + "]" if entry["dims"] is not None else "(no shape)"
+    opsets = ", ".join(f"{domain} {version}" for domain, version in sorted(description["opsets"].items()))
+    lines = [f"{path}: ONNX (ir {description['ir_version']}, opset {opsets}; {description['producer'] or 'unknown producer'}),"
+             f" {description['nodes']} nodes, {description['initializers']} initializers "
+             f"({description['initializer_bytes'] / (1 << 20):.1f} MiB)"]
+    for kind in ("inputs", "outputs"):
+        for entry in description[kind]:
+            lines.append(f"  {kind[:-1]:<6} {entry['name']}: {entry['dtype']} {dims(entry)}")
+    if description["named_dims"]:
+        named = "; ".join(f"{name} ({', '.join(where)})" for name, where in description["named_dims"].items())
+        example = " ".join(f"--input-shape {entry['name']}={','.join(str(d) if isinstance(d, int) else '1' for d in entry['dims'])}"
+                           for entry in description["inputs"] if entry["dims"] and any(isinstance(d, str) for d in entry["dims"]))
+        lines.append(f"  dims to fix when building: {named}")
+        lines.append(f"    e.g. byoc build {path} {example}")
+    ops = ", ".join(f"{op} x{count}" for op, count in description["op_types"].items())
+    lines.append(textwrap.fill(f"ops: {ops}", width=100, initial_indent="  ", subsequent_indent="    "))
+    if description["unsupported"]:
+        lines.append(f"  not imported by byoc: {', '.join(description['unsupported'])} (byoc ops lists what is)")
+    return "\n".join(lines)
 
 
 def describe_library(path, metadata: dict) -> str:
@@ -362,7 +403,8 @@ SUBCOMMANDS = [
                _run_arguments, _run_command),
     Subcommand("build", "build an ONNX model into one deployable .so",
                _build_arguments, _build_command),
-    Subcommand("inspect", "print a built library's interface, backends, memory plan and partition report",
+    Subcommand("inspect", "print a built library's interface, backends, memory plan and partition report, "
+               "or an ONNX model's interface",
                _inspect_arguments, _inspect_command),
 ]
 

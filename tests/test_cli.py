@@ -191,6 +191,26 @@ def test_build_with_relative_output_and_workdir_then_inspect(capsys, tmp_path, m
     assert json.loads(out)["partition_report"]["backends"]["builtin"]["partitions"] > 0
 
 
+def test_inspect_an_onnx_model_shows_its_interface_before_building(capsys):
+    """`byoc inspect MODEL.onnx`: inputs with their named dims (all of them at once, with the
+    inputs that carry each), outputs, op counts and the op types byoc does not import."""
+    import json
+    code, out, err = run_cli(capsys, "inspect", str(FIXTURES / "bert2.onnx"))
+    assert code == 0, err
+    assert "input  input_ids: int64 [batch, sequence]" in out
+    assert "output last_hidden_state: float32 [batch, sequence, 128]" in out
+    assert "batch (input_ids[0], attention_mask[0], token_type_ids[0])" in out
+    assert "--input-shape input_ids=1,1" in out and "MatMul x16" in out and "not imported" not in out
+    code, out, err = run_cli(capsys, "inspect", "--json", str(FIXTURES / "bert2.onnx"))
+    described = json.loads(out)
+    assert described["named_dims"]["sequence"] == ["input_ids[1]", "attention_mask[1]", "token_type_ids[1]"]
+    assert described["opsets"] == {"ai.onnx": 17} and described["unsupported"] == []
+    code, out, err = run_cli(capsys, "inspect", str(FIXTURES / "bad_unsupported.onnx"))
+    assert code == 0 and "not imported by byoc: DFT, Det, Einsum" in out
+    code, out, err = run_cli(capsys, "inspect", str(FIXTURES / "bad_truncated.onnx"))
+    assert code == 2 and "is not a valid ONNX model" in err and "Traceback" not in err
+
+
 def test_build_shows_its_progress_on_stderr_unless_quiet(capsys, tmp_path):
     """Stages and ninja's [n/m] compile lines reach stderr as the build goes (plain lines,
     as a CI log keeps them); --quiet leaves only the result on stdout."""

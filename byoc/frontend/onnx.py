@@ -87,6 +87,48 @@ def from_onnx(model, input_shapes: dict | None = None) -> IRModule:
     return _Importer(proto, _checked_input_shapes(input_shapes)).run()
 
 
+def describe_model(model) -> dict:
+    """A model's interface and contents without importing it: opset, inputs and outputs
+    (dtype, dims: ints, a named dim's name, "?" when unknown), the named dims and which
+    inputs carry them, node counts per op type, the op types byoc does not import, and the
+    initializers' bytes. What `byoc inspect MODEL.onnx` prints."""
+    proto = _load(model)
+    graph = proto.graph
+    initializers = {tensor.name for tensor in graph.initializer}
+
+    def tensor_entry(value):
+        tensor_type = value.type.tensor_type
+        elem = tensor_type.elem_type
+        dtype = _ONNX_DTYPES.get(elem) or _elem_type_name(elem)
+        return {"name": value.name, "dtype": dtype, "dims": _declared_dims(tensor_type)}
+
+    inputs = [tensor_entry(value) for value in graph.input if value.name not in initializers]
+    named: dict = {}
+    for entry in inputs:
+        for axis, dim in enumerate(entry["dims"] or []):
+            if isinstance(dim, str):
+                named.setdefault(dim, []).append(f"{entry['name']}[{axis}]")
+    counts: dict = {}
+    for node in graph.node:
+        key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+        counts[key] = counts.get(key, 0) + 1
+    weight_bytes = 0
+    for tensor in graph.initializer:
+        size = 1
+        for dim in tensor.dims:
+            size *= dim
+        itemsize = np.dtype(_ONNX_DTYPES[tensor.data_type]).itemsize if tensor.data_type in _ONNX_DTYPES else 0
+        weight_bytes += size * itemsize
+    return {
+        "ir_version": proto.ir_version, "producer": f"{proto.producer_name} {proto.producer_version}".strip(),
+        "opsets": {(o.domain or "ai.onnx"): o.version for o in proto.opset_import},
+        "inputs": inputs, "outputs": [tensor_entry(value) for value in graph.output],
+        "named_dims": named, "nodes": len(graph.node), "op_types": dict(sorted(counts.items())),
+        "unsupported": sorted(op for op in counts if op not in SUPPORTED_OPS),
+        "initializers": len(graph.initializer), "initializer_bytes": weight_bytes,
+    }
+
+
 def _input_tensor_type(name: str, shape: tuple, dtype: str) -> TensorType:
     try:
         return TensorType(shape, dtype)
