@@ -59,9 +59,19 @@ def test_fixture_text_round_trip(name):
     assert_structural_equal(reparsed, mod)
 
 
-def test_dynamic_dims_need_input_shapes():
-    with pytest.raises(byoc.ModelError, match=r"input 'input_ids' has dynamic dims \['batch', 'sequence'\]"):
+def test_dynamic_dims_need_input_shapes_and_one_error_names_every_open_input():
+    """Every input still dynamic is named at once (bert2 used to need three attempts), with
+    an input_shapes that would do; a misspelled name is reported before them."""
+    with pytest.raises(byoc.ModelError) as info:
         byoc.from_onnx(FIXTURES / "bert2.onnx")
+    message = str(info.value)
+    assert message.startswith("3 inputs with dynamic dims need a static shape: input_ids ('batch', 'sequence'); "
+                              "attention_mask ('batch', 'sequence'); token_type_ids ('batch', 'sequence')")
+    assert "input_shapes={'input_ids': (1, 1), 'attention_mask': (1, 1), 'token_type_ids': (1, 1)}" in message
+    with pytest.raises(byoc.ModelError, match=r"2 inputs with dynamic dims .*: attention_mask .* token_type_ids"):
+        byoc.from_onnx(FIXTURES / "bert2.onnx", input_shapes={"input_ids": (2, 16)})
+    with pytest.raises(byoc.ModelError, match=r"input_shapes names \['input_id'\], which are not model inputs"):
+        byoc.from_onnx(FIXTURES / "bert2.onnx", input_shapes={"input_id": (2, 16)})
 
 
 def test_input_shapes_must_fit_and_exist():

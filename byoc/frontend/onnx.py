@@ -303,6 +303,19 @@ class _Importer:
     def run(self) -> IRModule:
         self._check_unique_names()
         self._check_supported()
+        initializer_names = {tensor.name for tensor in self.graph.initializer}
+        inputs = [i.name for i in self.graph.input if i.name not in initializer_names]
+        # the given shapes first: a misspelled name is the mistake to report, not the
+        # dynamic dims it left unset
+        unknown = set(self.input_shapes) - {i.name for i in self.graph.input}
+        if unknown:
+            raise ModelError(f"input_shapes names {sorted(unknown)}, which are not model inputs; "
+                             f"the inputs are {inputs}")
+        constant = set(self.input_shapes) - set(inputs)
+        if constant:  # its shape would be ignored: the initializer's data is used
+            raise ModelError(f"input_shapes names {sorted(constant)}, graph input(s) that an initializer gives "
+                             f"a value byoc keeps constant; the inputs are {inputs}")
+        self._check_all_inputs_static()
         initializers = {}
         for tensor in self.graph.initializer:
             self.values[tensor.name] = self._tensor_to_array(tensor, f"initializer {tensor.name!r}")
@@ -313,15 +326,6 @@ class _Importer:
                 self._check_initializer_fits_input(initializers[graph_input.name], graph_input)
                 continue
             self.values[graph_input.name] = self.builder.param(graph_input.name, self._input_type(graph_input))
-        inputs = [i.name for i in self.graph.input if i.name not in initializers]
-        unknown = set(self.input_shapes) - {i.name for i in self.graph.input}
-        if unknown:
-            raise ModelError(f"input_shapes names {sorted(unknown)}, which are not model inputs; "
-                             f"the inputs are {inputs}")
-        constant = set(self.input_shapes) - set(inputs)
-        if constant:  # its shape would be ignored: the initializer's data is used
-            raise ModelError(f"input_shapes names {sorted(constant)}, graph input(s) that an initializer gives "
-                             f"a value byoc keeps constant; the inputs are {inputs}")
         for index, node in enumerate(self.graph.node):
             self._convert_node(index, node)
         results = []
@@ -393,6 +397,31 @@ class _Importer:
             raise ModelError(f"initializer {name!r} has shape {dims}, but graph input {name!r} declares shape "
                              f"{tuple(declared)}; expected the initializer to fit the declared shape "
                              f"(a named or unknown dim fits any size)")
+
+    def _check_all_inputs_static(self):
+        """Every input whose shape is still open (declared dynamic, or not declared) and not
+        given, in one error: each with its declared dims, then an input_shapes that would
+        do (named dims at 1: replace them by the sizes wanted)."""
+        initializer_names = {tensor.name for tensor in self.graph.initializer}
+        open_inputs = []
+        for graph_input in self.graph.input:
+            name = graph_input.name
+            if name in initializer_names or name in self.input_shapes or \
+                    not graph_input.type.HasField("tensor_type"):
+                continue
+            declared = _declared_dims(graph_input.type.tensor_type)
+            if declared is None or any(not isinstance(d, int) for d in declared):
+                open_inputs.append((name, declared))
+        if not open_inputs:
+            return
+        described = "; ".join(f"{name} {tuple(declared) if declared is not None else '(no declared shape)'}"
+                              for name, declared in open_inputs)
+        example = ", ".join(f"{name!r}: ({', '.join(str(d) if isinstance(d, int) else '1' for d in declared)}"
+                            f"{',' if len(declared) == 1 else ''})" if declared is not None else f"{name!r}: (...)"
+                            for name, declared in open_inputs)
+        count = f"{len(open_inputs)} input{'s' if len(open_inputs) > 1 else ''}"
+        raise ModelError(f"{count} with dynamic dims need a static shape: {described}; pass "
+                         f"input_shapes={{{example}}} with the sizes wanted")
 
     def _input_type(self, graph_input: onnx.ValueInfoProto) -> TensorType:
         name = graph_input.name
