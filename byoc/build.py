@@ -121,15 +121,16 @@ def _file_state(path) -> tuple:
 
 
 def build(model, target=None, config=None, *, input_shapes: dict | None = None, workdir=None,
-          params: str | None = None, precision: str | None = None) -> Library:
+          params: str | None = None, precision: str | None = None, dims: dict | None = None) -> Library:
     """Build `model` (an IRModule, an ONNX path/bytes/ModelProto) into a shared library.
 
     `config` is a build config (a name from build_configs/, a YAML path or a dict;
-    default "default"); `target`, `workdir`, `params` and `precision` override its keys.
+    default "default"); `target`, `workdir`, `params`, `precision` and `dims` (sizes of
+    named dims, e.g. {"batch": 1}) override its keys.
     """
     from .config import _validate_input_shapes, load_config
     overrides = {key: value for key, value in (("target", target), ("workdir", workdir), ("params", params),
-                                                ("precision", precision)) if value is not None}
+                                                ("precision", precision), ("dims", dims)) if value is not None}
     cfg = load_config(config if config is not None else "default", overrides=overrides)
     if input_shapes is not None:  # it replaces the config's input_shapes: check it the same way
         input_shapes = _validate_input_shapes("build()", input_shapes)
@@ -256,7 +257,7 @@ class _Builder:
             mod = model
         else:
             from .frontend.onnx import from_onnx
-            mod = from_onnx(model, input_shapes or self.cfg.input_shapes or None)
+            mod = from_onnx(model, input_shapes or self.cfg.input_shapes or None, self.cfg.dims or None)
         output_names = mod.attrs.get("output_names")
         return mod, output_names
 

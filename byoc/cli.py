@@ -42,6 +42,23 @@ def _add_input_shape_option(parser: argparse.ArgumentParser):
         "--input-shape", action="append", default=[], metavar="NAME=D1,D2,...",
         help="static shape of a model input, e.g. input_ids=1,128 (repeat per input; "
              "'NAME=' is a scalar). Needed for inputs with dynamic dims.")
+    parser.add_argument(
+        "--dim", action="append", default=[], metavar="NAME=SIZE",
+        help="size of a named dim in every input that declares it, e.g. batch=1 (repeat per "
+             "dim; `byoc inspect MODEL.onnx` lists them); --input-shape wins for its input")
+
+
+def parse_dims(specs: list[str]) -> dict[str, int]:
+    """['batch=1', 'sequence=128'] -> {'batch': 1, 'sequence': 128}."""
+    dims: dict[str, int] = {}
+    for spec in specs:
+        name, equals, size = spec.rpartition("=")
+        if not equals or not name or not size.strip().isdigit():
+            raise UsageError(f"--dim {spec!r}: expected NAME=SIZE with a non-negative integer size (for example batch=1)")
+        if name in dims:
+            raise UsageError(f"--dim gives {name!r} twice")
+        dims[name] = int(size)
+    return dims
 
 
 def parse_input_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
@@ -88,7 +105,7 @@ def _import_arguments(parser: argparse.ArgumentParser):
 def _import_command(args: argparse.Namespace) -> int:
     from .frontend import from_onnx
 
-    mod = from_onnx(args.model, input_shapes=parse_input_shapes(args.input_shape))
+    mod = from_onnx(args.model, input_shapes=parse_input_shapes(args.input_shape), dims=parse_dims(args.dim))
     text = mod.script()
     if args.output:
         Path(args.output).write_text(text if text.endswith("\n") else text + "\n")
@@ -158,9 +175,9 @@ def _run_command(args: argparse.Namespace) -> int:
 
     arrays = _load_input_arrays(args.inputs)
     if args.model.endswith(".so"):
-        if args.input_shape:  # a built library's shapes were fixed at build time
-            raise UsageError(f"--input-shape is for an .onnx model; {args.model!r} is a built library whose "
-                             f"input shapes were fixed when it was built")
+        if args.input_shape or args.dim:  # a built library's shapes were fixed at build time
+            raise UsageError(f"--input-shape and --dim are for an .onnx model; {args.model!r} is a built library "
+                             f"whose input shapes were fixed when it was built")
         return _run_library(args, arrays)
     names = _graph_io_names(args.model)
     input_names, output_names = names if names else (None, None)
@@ -175,7 +192,7 @@ def _run_command(args: argparse.Namespace) -> int:
         # the arrays fix dynamic dims; an explicit --input-shape wins (and is checked below)
         shapes = {**{name: arrays[name].shape for name in input_names}, **shapes}
 
-    mod = from_onnx(args.model, input_shapes=shapes)
+    mod = from_onnx(args.model, input_shapes=shapes, dims=parse_dims(args.dim))
     if input_names is not None:
         results = interpret(mod, *[arrays[name] for name in input_names])  # params follow graph inputs
     else:
@@ -283,7 +300,7 @@ def _build_command(args: argparse.Namespace) -> int:
     from .build import build
     with _ProgressLines(args.quiet):
         library = build(args.model, target=args.target, config=args.config, workdir=args.workdir,
-                        input_shapes=parse_input_shapes(args.input_shape) or None)
+                        input_shapes=parse_input_shapes(args.input_shape) or None, dims=parse_dims(args.dim) or None)
     output = args.output or "model.so"
     written = library.export_library(output)
     print(f"wrote {written} ({written.stat().st_size} bytes; build {library.metadata['build_id']}, "
@@ -500,7 +517,10 @@ def _describe(error: BaseException) -> str:
     # the frontend speaks Python about the model's input shapes; say it the command-line way
     # (a config file's input_shapes key is a ConfigError and keeps its own words)
     if isinstance(error, ModelError) and "input_shapes" in message:
-        message += " (on the command line: --input-shape NAME=D1,D2,...)"
+        by_name = " or --dim NAME=SIZE" if "dims={" in message else ""
+        message += f" (on the command line: --input-shape NAME=D1,D2,...{by_name})"
+    elif isinstance(error, ModelError) and message.startswith("dims"):
+        message += " (on the command line: --dim NAME=SIZE)"
     return message
 
 

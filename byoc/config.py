@@ -23,6 +23,7 @@ Every key is optional; the values shown are the defaults unless noted.
       profile: auto         # true | false | auto (measure kernels when a GPU is visible)
       tuning_db: null       # path | null: JSON file remembering the fastest kernels
     input_shapes: {}        # {input name: [dims]}: static shapes for the model's inputs
+    dims: {}                # {named dim: size}: every input's dim of that name, e.g. {batch: 1}
     compile_jobs: null      # positive integer | null (null: one per CPU, at most one per 3 GiB of available memory)
     output: null            # path | null: where `byoc build` writes the .so
     devices:                # where work and data live (PlanDevices)
@@ -57,7 +58,7 @@ from .errors import ConfigError
 from .ir.types import is_static_shape
 
 KEYS = ("target", "backends", "precision", "cuda_graph", "cuda_graph_io", "workdir", "params", "tuning", "input_shapes",
-        "compile_jobs", "output", "devices")
+        "dims", "compile_jobs", "output", "devices")
 PRECISIONS = ("float32", "float16", "bfloat16")
 PARAMS = ("embedded", "sidecar")
 TUNING_KEYS = ("profile", "tuning_db")
@@ -96,6 +97,7 @@ class BuildConfig:
     params: str = "embedded"
     tuning: dict = field(default_factory=lambda: {"profile": "auto", "tuning_db": None})
     input_shapes: dict = field(default_factory=dict)
+    dims: dict = field(default_factory=dict)
     compile_jobs: int | None = None
     output: str | None = None
     devices: dict = field(default_factory=lambda: {"pin": [], "inputs": "device", "outputs": "device"})
@@ -119,7 +121,7 @@ class BuildConfig:
                 "workdir": self.workdir,
                 "params": self.params, "tuning": dict(self.tuning),
                 "input_shapes": {name: list(dims) for name, dims in self.input_shapes.items()},
-                "compile_jobs": self.compile_jobs, "output": self.output,
+                "dims": dict(self.dims), "compile_jobs": self.compile_jobs, "output": self.output,
                 "devices": {"pin": [dict(pin) for pin in self.devices["pin"]], "inputs": self.devices["inputs"],
                             "outputs": self.devices["outputs"]}}
 
@@ -237,6 +239,7 @@ def validate(data: dict, source: str = "<dict>", known_backends=None) -> BuildCo
     config.params = _one_of(source, "params", data.get("params", "embedded"), PARAMS)
     config.tuning = _validate_tuning(source, data.get("tuning"))
     config.input_shapes = _validate_input_shapes(source, data.get("input_shapes"))
+    config.dims = _validate_dims(source, data.get("dims"))
     jobs = data.get("compile_jobs")
     if jobs is not None and (not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1):
         _fail(source, "compile_jobs", f"{jobs!r} is not allowed; allowed: a positive integer, or null")
@@ -340,6 +343,16 @@ def _validate_input_shapes(source, shapes) -> dict:
         if not is_static_shape(dims):
             _fail(source, f"input_shapes.{name}", f"{dims!r} is not a list of non-negative integers")
     return {name: tuple(int(dim) for dim in dims) for name, dims in shapes.items()}
+
+
+def _validate_dims(source, dims) -> dict:
+    dims = {} if dims is None else dims
+    if not isinstance(dims, dict):
+        _fail(source, "dims", f"{dims!r} is not a mapping of named dim to size, e.g. {{batch: 1}}")
+    for name, size in dims.items():
+        if not isinstance(name, str) or isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            _fail(source, f"dims.{name}", f"{size!r} is not allowed; allowed: a non-negative integer")
+    return dict(dims)
 
 
 def _validate_devices(source, devices) -> dict:

@@ -251,7 +251,7 @@ def test_run_library_refuses_inputs_it_cannot_take(capsys, tmp_path, mlp_library
         ([str(not_byoc), "--inputs", str(FIXTURES / "mlp.npz")], "not_byoc.so: not a byoc library"),
         ([MLP, "--inputs", str(tmp_path / "x.npy")], "x.npy' is a single .npy array"),
         ([mlp_library, "--inputs", str(FIXTURES / "mlp.npz"), "--input-shape", "x=2,64"],
-         "--input-shape is for an .onnx model"),
+         "--input-shape and --dim are for an .onnx model"),
     ]
     for argv, message in cases:
         code, out, err = run_cli(capsys, "run", *argv)
@@ -282,7 +282,29 @@ def test_input_shape_hint_only_for_model_shape_errors(capsys, tmp_path):
     assert code == 2 and "unknown key(s) ['bogus']" in err
     assert "--input-shape" not in err  # the config's key list mentions input_shapes: no hint for that
     code, _, err = run_cli(capsys, "import", str(FIXTURES / "bert2.onnx"))
-    assert code == 2 and "dynamic dims" in err and "(on the command line: --input-shape NAME=D1,D2,...)" in err
+    assert code == 2 and "dynamic dims" in err
+    assert "(on the command line: --input-shape NAME=D1,D2,... or --dim NAME=SIZE)" in err
+
+
+def test_dim_sets_a_named_dim_in_every_input(capsys, tmp_path):
+    """--dim batch=2 --dim sequence=16 fixes bert2's three inputs at once (onnxruntime's
+    free dimension overrides); the built library runs the fixture's arrays; a dim no input
+    declares, a bad size and --dim on a built library are usage errors that say so."""
+    library = str(tmp_path / "bert2.so")
+    code, out, err = run_cli(capsys, "build", str(FIXTURES / "bert2.onnx"), "-c", "cpu", "-q", "--dim", "batch=2",
+                             "--dim", "sequence=16", "-o", library)
+    assert code == 0, err
+    code, out, err = run_cli(capsys, "run", library, "--inputs", str(FIXTURES / "bert2.npz"))
+    assert code == 0 and "last_hidden_state: float32 (2, 16, 128)" in out, err
+    code, out, err = run_cli(capsys, "import", str(FIXTURES / "bert2.onnx"), "--dim", "batch=1", "--dim", "sequence=4",
+                             "--input-shape", "input_ids=3,4")
+    assert code == 0 and "%input_ids: Tensor[(3, 4), int64]" in out and "%attention_mask: Tensor[(1, 4), int64]" in out
+    code, out, err = run_cli(capsys, "build", str(FIXTURES / "bert2.onnx"), "-c", "cpu", "--dim", "batchh=2")
+    assert code == 2 and "dims names ['batchh'], which no model input declares" in err and "--dim NAME=SIZE" in err
+    code, out, err = run_cli(capsys, "build", str(FIXTURES / "bert2.onnx"), "-c", "cpu", "--dim", "batch=-1")
+    assert code == 2 and "--dim 'batch=-1': expected NAME=SIZE" in err
+    code, out, err = run_cli(capsys, "run", library, "--inputs", str(FIXTURES / "bert2.npz"), "--dim", "batch=2")
+    assert code == 2 and "--input-shape and --dim are for an .onnx model" in err
 
 
 def test_inspect_a_library_with_no_planned_tensors(capsys, tmp_path):

@@ -198,6 +198,9 @@ def test_config_from_yaml_path_dict_and_overrides(tmp_path):
     ({"compile_jobs": 0}, r"compile_jobs: 0 is not allowed; allowed: a positive integer"),
     ({"input_shapes": {"x": [1, -2]}}, r"input_shapes\.x: \[1, -2\] is not a list of non-negative integers"),
     ({"input_shapes": [1, 2]}, r"input_shapes: \[1, 2\] is not a mapping"),
+    ({"dims": {"batch": -1}}, r"dims\.batch: -1 is not allowed; allowed: a non-negative integer"),
+    ({"dims": {"batch": True}}, r"dims\.batch: True is not allowed"),
+    ({"dims": ["batch"]}, r"dims: \['batch'\] is not a mapping of named dim to size"),
     # the device target
     ({"target": "cuda -arch=sm_1"}, r"target: target cuda: attribute arch='sm_1' is not allowed; allowed: sm_80"),
     ({"target": "cuda -sm=90"}, r"target: target cuda: unknown attribute 'sm'; allowed: arch"),

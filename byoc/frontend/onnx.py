@@ -80,11 +80,25 @@ def converter(*op_types: str):
     return register
 
 
-def from_onnx(model, input_shapes: dict | None = None) -> IRModule:
-    """Import an ONNX model. `input_shapes` maps input names to full static shapes; it is
-    required for inputs with symbolic or unknown dims (the error names them)."""
+def from_onnx(model, input_shapes: dict | None = None, dims: dict | None = None) -> IRModule:
+    """Import an ONNX model. Inputs with symbolic or unknown dims need static shapes (the
+    error names every such input): `input_shapes` maps input names to full shapes, `dims`
+    named dims to sizes, once for every input that declares them (onnxruntime's free
+    dimension overrides by name: {"batch": 1, "sequence": 128}); an input in input_shapes
+    takes that shape."""
     proto = _load(model)
-    return _Importer(proto, _checked_input_shapes(input_shapes)).run()
+    return _Importer(proto, _checked_input_shapes(input_shapes), _checked_dims(dims)).run()
+
+
+def _checked_dims(dims) -> dict:
+    if dims is None:
+        return {}
+    if not isinstance(dims, dict) or not all(isinstance(name, str) for name in dims):
+        raise ModelError(f"dims is {dims!r}; expected a mapping of named dims to sizes, e.g. {{'batch': 1}}")
+    for name, size in dims.items():
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:
+            raise ModelError(f"dims[{name!r}] = {size!r} is not a size; expected a non-negative integer")
+    return {name: int(size) for name, size in dims.items()}
 
 
 def describe_model(model) -> dict:
@@ -237,10 +251,11 @@ def _node_label(node: onnx.NodeProto, index: int) -> str:
 
 
 class _Importer:
-    def __init__(self, proto: onnx.ModelProto, input_shapes: dict):
+    def __init__(self, proto: onnx.ModelProto, input_shapes: dict, dims: dict | None = None):
         self.proto = proto
         self.graph = proto.graph
         self.input_shapes = input_shapes
+        self.dims = dims or {}
         self.opset = self._check_opset()
         self.values: dict[str, object] = {}
         self.builder = FunctionBuilder("main")
@@ -315,6 +330,13 @@ class _Importer:
         if constant:  # its shape would be ignored: the initializer's data is used
             raise ModelError(f"input_shapes names {sorted(constant)}, graph input(s) that an initializer gives "
                              f"a value byoc keeps constant; the inputs are {inputs}")
+        declared_names = {d for i in self.graph.input if i.name not in initializer_names and
+                          i.type.HasField("tensor_type") for d in _declared_dims(i.type.tensor_type) or ()
+                          if isinstance(d, str) and d != "?"}
+        unused = sorted(set(self.dims) - declared_names)
+        if unused:
+            raise ModelError(f"dims names {unused}, which no model input declares; the named dims are "
+                             f"{sorted(declared_names) or 'none'}")
         self._check_all_inputs_static()
         initializers = {}
         for tensor in self.graph.initializer:
@@ -409,7 +431,7 @@ class _Importer:
             if name in initializer_names or name in self.input_shapes or \
                     not graph_input.type.HasField("tensor_type"):
                 continue
-            declared = _declared_dims(graph_input.type.tensor_type)
+            declared = self._with_dims(_declared_dims(graph_input.type.tensor_type))
             if declared is None or any(not isinstance(d, int) for d in declared):
                 open_inputs.append((name, declared))
         if not open_inputs:
@@ -419,9 +441,17 @@ class _Importer:
         example = ", ".join(f"{name!r}: ({', '.join(str(d) if isinstance(d, int) else '1' for d in declared)}"
                             f"{',' if len(declared) == 1 else ''})" if declared is not None else f"{name!r}: (...)"
                             for name, declared in open_inputs)
+        named = sorted({d for _, declared in open_inputs for d in declared or () if isinstance(d, str) and d != "?"})
+        by_name = f", or dims={{{', '.join(f'{d!r}: 1' for d in named)}}} for the named dims" if named else ""
         count = f"{len(open_inputs)} input{'s' if len(open_inputs) > 1 else ''}"
         raise ModelError(f"{count} with dynamic dims need a static shape: {described}; pass "
-                         f"input_shapes={{{example}}} with the sizes wanted")
+                         f"input_shapes={{{example}}}{by_name}, with the sizes wanted")
+
+    def _with_dims(self, declared: list | None) -> list | None:
+        """Declared dims with the named ones that `dims` sizes replaced by their sizes."""
+        if declared is None:
+            return None
+        return [self.dims.get(d, d) if isinstance(d, str) else d for d in declared]
 
     def _input_type(self, graph_input: onnx.ValueInfoProto) -> TensorType:
         name = graph_input.name
@@ -443,6 +473,7 @@ class _Importer:
             return _input_tensor_type(name, given, dtype)
         if declared is None:
             raise ModelError(f"input {name!r} has no declared shape: pass input_shapes={{{name!r}: (...)}}")
+        declared = self._with_dims(declared)
         dynamic = [d for d in declared if not isinstance(d, int)]
         if dynamic:
             raise ModelError(
