@@ -46,6 +46,8 @@ class Library:
     build_stats: dict = field(default_factory=dict)
     # path -> (device, inode, size, mtime) of the .so and sidecar as this build left them
     file_states: dict = field(default_factory=dict, repr=False, compare=False)
+    # False for byoc's own temporary workdir, which goes with this object (workdir= keeps one)
+    workdir_kept: bool = True
 
     @property
     def build_id(self) -> str | None:
@@ -218,6 +220,13 @@ class _Builder:
                 library.build_stats["seconds"] = round(time.perf_counter() - started, 2)
                 (self.workdir / "build_stats.json").write_text(json.dumps(library.build_stats, indent=2,
                                                                           sort_keys=True))
+            if self.temporary:
+                library.workdir_kept = False
+                # byoc's own directory goes with the Library (at the latest when the process
+                # exits): a Module loaded from it keeps its mapping and weights, and
+                # export_library() copies the files out first. workdir= keeps the sources.
+                import weakref
+                weakref.finalize(library, shutil.rmtree, str(self.workdir), True)
         except CompileError:
             raise  # a compiler or link error points into the workdir (its sources, its rerun command): keep it
         except BaseException:

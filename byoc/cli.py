@@ -303,8 +303,9 @@ def _build_command(args: argparse.Namespace) -> int:
                         input_shapes=parse_input_shapes(args.input_shape) or None, dims=parse_dims(args.dim) or None)
     output = args.output or "model.so"
     written = library.export_library(output)
+    sources = f"sources in {library.workdir}" if library.workdir_kept else "sources not kept: --workdir DIR keeps them"
     print(f"wrote {written} ({written.stat().st_size} bytes; build {library.metadata['build_id']}, "
-          f"target {library.metadata['target']}; sources in {library.workdir})")
+          f"target {library.metadata['target']}; {sources})")
     print(describe_build_stats(library.build_stats))
     if library.report is not None:
         print(library.report.to_text())

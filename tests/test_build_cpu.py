@@ -590,3 +590,22 @@ def test_runs_from_several_threads_take_turns_on_one_module(built_models):
         thread.join()
     assert failures == []
     module.close()
+
+
+def test_a_temporary_workdir_goes_with_its_library_and_a_loaded_module_keeps_running():
+    """Without workdir= byoc builds in a temporary directory of its own and removes it when
+    the Library goes (at the latest at exit): no /tmp/byoc-build-* litter. A Module loaded
+    before keeps working; an exported copy needs nothing from it; workdir= keeps the sources."""
+    import gc
+    library = byoc.build(str(Path(__file__).parent / "fixtures" / "mlp.onnx"), config="cpu")
+    workdir = library.workdir
+    assert workdir.is_dir() and not library.workdir_kept
+    module = library.load()
+    (spec,) = module.metadata["inputs"]
+    feeds = {spec["name"]: np.linspace(-1, 1, int(np.prod(spec["shape"])), dtype=np.float32).reshape(spec["shape"])}
+    before = module.run(**feeds)
+    del library
+    gc.collect()
+    assert not workdir.exists()
+    np.testing.assert_array_equal(module.run(**feeds), before)
+    module.close()
