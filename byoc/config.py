@@ -17,7 +17,8 @@ Every key is optional; the values shown are the defaults unless noted.
                             # the replay | update: the graph reads and writes the caller's
                             # tensors and is re-captured and updated when their pointers change
     workdir: null           # path | null: keep sources, build.ninja and the partition
-                            # report there (null: a fresh temporary directory)
+                            # report there (null: a fresh temporary directory, removed
+                            # with the Library object that build() returns)
     params: embedded        # embedded (weights inside the .so) | sidecar (.safetensors)
     tuning:
       profile: auto         # true | false | auto (measure kernels when a GPU is visible)
