@@ -214,3 +214,41 @@ def test_closed_modules_leave_no_mapping_or_memory_behind(add_library, tmp_path)
     assert result.returncode == 0, result.stderr
     (maps_10, rss_10, fds_10), (maps_60, rss_60, fds_60) = eval(result.stdout.strip().splitlines()[-1])
     assert maps_60 == maps_10 and fds_60 == fds_10 and rss_60 - rss_10 < 2048, result.stdout
+
+
+class _DLPackOnly:
+    """A tensor of some other library that offers only DLPack (as JAX arrays do)."""
+
+    def __init__(self, array, device_type=None):
+        self.array, self.device_type = array, device_type
+
+    def __dlpack__(self, **kwargs):
+        return self.array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return (self.device_type, 0) if self.device_type is not None else self.array.__dlpack_device__()
+
+
+def test_dlpack_producers_and_strided_arrays_are_taken(add_library, monkeypatch):
+    """An object offering only __dlpack__ is read without a copy and its outputs come back
+    through its library's from_dlpack; a strided NumPy input is copied once into a
+    row-major one (as onnxruntime takes it); a DLPack tensor on another device, and a
+    strided out= array (written in place), are refused with the reason."""
+    import types
+    module = byoc.load(add_library)
+    x = np.arange(64, dtype=np.float32).reshape(4, 16)[:, ::2]
+    want = x + x + np.arange(8, dtype=np.float32)
+    np.testing.assert_array_equal(module.run(x), want)
+
+    library = types.ModuleType("dlpack_only_arrays")
+    library.from_dlpack = lambda tensor: _DLPackOnly(np.from_dlpack(tensor))
+    monkeypatch.setitem(sys.modules, "dlpack_only_arrays", library)
+    monkeypatch.setattr(_DLPackOnly, "__module__", "dlpack_only_arrays")
+    got = module.run(_DLPackOnly(np.ascontiguousarray(x)))
+    assert isinstance(got, _DLPackOnly)
+    np.testing.assert_array_equal(np.from_dlpack(got), want)
+    with pytest.raises(byoc.RuntimeError, match=r"input 'x': a DLPack tensor on device type 9"):
+        module.run(_DLPackOnly(np.ascontiguousarray(x), device_type=9))
+    strided_out = np.empty((4, 16), np.float32)[:, ::2]
+    with pytest.raises(byoc.RuntimeError, match="contiguous"):
+        module.run(x, out=strided_out)

@@ -7,7 +7,10 @@ Inputs are NumPy arrays for the cpu target, and CuPy arrays or torch CUDA tensor
 the cuda target (anything with __cuda_array_interface__). Outputs come back as the same
 kind of array as the first input (NumPy, CuPy or torch), freshly allocated, or are
 written into `out=` arrays the caller provides (a list or tuple, one per output; a single
-array for a model with one output). Arrays must be in native byte order.
+array for a model with one output). Arrays must be in native byte order. A tensor of any
+other library that offers DLPack (`__dlpack__`, e.g. JAX) is taken without a copy, and its
+outputs come back through that library's from_dlpack. A strided input is copied once into
+a row-major array; out= arrays are written in place and must be row-major.
 """
 from __future__ import annotations
 
@@ -63,10 +66,75 @@ def _unsupported_dtype(what: str, dtype, expected_dtype) -> ByocRuntimeError:
     return ByocRuntimeError(f"{what}: dtype {dtype} is not supported; expected {expected_dtype}")
 
 
+# DLPack device types (dlpack.h): where a producer's tensor lives
+_DLPACK_CPU, _DLPACK_CUDA, _DLPACK_CUDA_HOST = 1, 2, 3
+
+
+def _readable_input(array, what: str):
+    """An input as the array interfaces can describe it, row-major: a tensor offered only
+    through DLPack (`__dlpack__`: JAX, PyTorch-likes, NumPy >= 1.22) is taken without a copy
+    by NumPy's or CuPy's from_dlpack; a strided NumPy, CuPy or torch array is copied once
+    into a row-major one (as onnxruntime does), since the library reads inputs densely."""
+    if _dlpack_only(array):
+        array = _from_dlpack(array, what)
+    flags = getattr(array, "flags", None)
+    if flags is not None and getattr(flags, "c_contiguous", True) is False and hasattr(array, "copy"):
+        return array.copy(order="C")  # NumPy, CuPy
+    is_contiguous = getattr(array, "is_contiguous", None)
+    if type(array).__module__.startswith("torch") and callable(is_contiguous) and not is_contiguous():
+        return array.contiguous()
+    return array
+
+
+# Array types read through their own interfaces. Checked by module name first: a CuPy or
+# torch CUDA array builds its __cuda_array_interface__ dict on every access (microseconds
+# of a run's hot path), so hasattr() on it would cost as much as reading it.
+_INTERFACE_MODULES = ("numpy", "cupy", "torch")
+
+
+def _dlpack_only(array) -> bool:
+    """Whether `array` offers DLPack but neither array interface (JAX, other libraries)."""
+    if type(array).__module__.startswith(_INTERFACE_MODULES) or not hasattr(array, "__dlpack__"):
+        return False
+    return not (hasattr(array, "__array_interface__") or hasattr(array, "__cuda_array_interface__"))
+
+
+def _from_dlpack(array, what: str):
+    try:
+        device_type, _ = array.__dlpack_device__()
+        if device_type in (_DLPACK_CPU, _DLPACK_CUDA_HOST):
+            return np.from_dlpack(array)
+        if device_type == _DLPACK_CUDA:
+            return _cupy(f"{what}: taking a CUDA tensor through DLPack").from_dlpack(array)
+    except ByocRuntimeError:
+        raise
+    except Exception as error:  # noqa: BLE001 - whatever the producer raised, named
+        raise ByocRuntimeError(f"{what}: taking {type(array).__name__} through DLPack raised "
+                               f"{type(error).__name__}: {error}") from error
+    raise ByocRuntimeError(f"{what}: a DLPack tensor on device type {device_type}; expected one in CPU (1) or "
+                           f"CUDA (2) memory")
+
+
+def _dlpack_returner(like):
+    """For an input offered only through DLPack: its library's from_dlpack (jax.numpy's,
+    a module's own), so that outputs come back as the caller's kind; else None."""
+    if like is None or not _dlpack_only(like):
+        return None
+    module = sys.modules.get(type(like).__module__)
+    root = sys.modules.get(type(like).__module__.split(".")[0])
+    for candidate in (module, getattr(root, "numpy", None), root):
+        function = getattr(candidate, "from_dlpack", None)
+        if callable(function):
+            return function
+    return None
+
+
 class _Prepared:
     """A caller array described as a DLTensor (keeps the shape/stride buffers alive)."""
 
     def __init__(self, array, what: str, expected_dtype: str, writable: bool = False):
+        if not writable:
+            array = _readable_input(array, what)
         self.array = array
         if type(array).__module__.startswith("torch") and getattr(array, "is_cuda", False):
             self._describe_torch_cuda(array, what, expected_dtype)
@@ -259,6 +327,10 @@ class Module:
                                               output_array, len(prepared_outputs), stream_pointer)
             if status != 0:
                 raise ByocRuntimeError(self._error())  # last_error is per thread: read it here
+        if out is None:
+            returner = _dlpack_returner(inputs[0] if inputs else None)
+            if returner is not None:  # outputs of the caller's kind, through DLPack (no copy)
+                outputs = [returner(output) for output in outputs]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def _caller_outputs(self, out) -> list:
