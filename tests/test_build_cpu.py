@@ -97,7 +97,6 @@ def test_bad_inputs_are_named_and_the_module_keeps_working(built_models):
     cases = [
         ({"x": x[:, :32].copy()}, r"input 'x' \(#0\): expected shape \(4, 64\), got \(4, 32\)"),
         ({"x": x.astype(np.float64)}, r"input 'x' \(#0\): expected dtype float32, got float64"),
-        ({"x": np.asfortranarray(x)}, r"input 'x' \(#0\): expected a contiguous"),
         ({"x": x, "y": x}, r"unknown input 'y'; the model's inputs are \['x'\]"),
         ({}, r"missing input\(s\) \['x'\]"),
     ]
@@ -107,6 +106,8 @@ def test_bad_inputs_are_named_and_the_module_keeps_working(built_models):
     got = module.run(x=x)
     want = next(iter(expected.values()))
     assert np.max(np.abs(got - want)) <= 1e-3 * np.max(np.abs(want))
+    # a column-major input is copied once into a row-major one (as onnxruntime takes it)
+    np.testing.assert_array_equal(module.run(x=np.asfortranarray(x)), got)
 
 
 HOSTILE = ['x"; system("rm -rf /"); //', "line\nbreak", "*/ #define int float /*", "#include <evil>",

@@ -70,13 +70,17 @@ def _unsupported_dtype(what: str, dtype, expected_dtype) -> ByocRuntimeError:
 _DLPACK_CPU, _DLPACK_CUDA, _DLPACK_CUDA_HOST = 1, 2, 3
 
 
-def _readable_input(array, what: str):
+def _readable_input(array, what: str, expected_shape=None):
     """An input as the array interfaces can describe it, row-major: a tensor offered only
     through DLPack (`__dlpack__`: JAX, PyTorch-likes, NumPy >= 1.22) is taken without a copy
-    by NumPy's or CuPy's from_dlpack; a strided NumPy, CuPy or torch array is copied once
-    into a row-major one (as onnxruntime does), since the library reads inputs densely."""
+    by NumPy's or CuPy's from_dlpack; a strided NumPy, CuPy or torch array of the expected
+    shape is copied once into a row-major one (as onnxruntime does), since the library
+    reads inputs densely. One of another shape is left for the library's check to name
+    (a broadcast view can claim a shape no copy could hold)."""
     if _dlpack_only(array):
         array = _from_dlpack(array, what)
+    if expected_shape is not None and tuple(getattr(array, "shape", ())) != tuple(expected_shape):
+        return array
     flags = getattr(array, "flags", None)
     if flags is not None and getattr(flags, "c_contiguous", True) is False and hasattr(array, "copy"):
         return array.copy(order="C")  # NumPy, CuPy
@@ -132,9 +136,9 @@ def _dlpack_returner(like):
 class _Prepared:
     """A caller array described as a DLTensor (keeps the shape/stride buffers alive)."""
 
-    def __init__(self, array, what: str, expected_dtype: str, writable: bool = False):
+    def __init__(self, array, what: str, expected_dtype: str, writable: bool = False, expected_shape=None):
         if not writable:
-            array = _readable_input(array, what)
+            array = _readable_input(array, what, expected_shape)
         self.array = array
         if type(array).__module__.startswith("torch") and getattr(array, "is_cuda", False):
             self._describe_torch_cuda(array, what, expected_dtype)
@@ -267,6 +271,7 @@ class Module:
         self.input_names = [t["name"] for t in self.metadata["inputs"]]
         self.output_names = [t["name"] for t in self.metadata["outputs"]]
         self._input_dtypes = [t["dtype"] for t in self.metadata["inputs"]]
+        self._input_shapes = [tuple(t["shape"]) for t in self.metadata["inputs"]]
         self._output_dtypes = [t["dtype"] for t in self.metadata["outputs"]]
 
     def _error(self) -> str:
@@ -311,8 +316,9 @@ class Module:
         if self._handle is None:
             raise ByocRuntimeError("this module was closed")
         inputs = self._order_inputs(args, kwargs)
-        prepared_inputs = [_Prepared(a, f"input {n!r}", d)
-                           for a, n, d in zip(inputs, self.input_names, self._input_dtypes)]
+        prepared_inputs = [_Prepared(a, f"input {n!r}", d, expected_shape=shape)
+                           for a, n, d, shape in zip(inputs, self.input_names, self._input_dtypes,
+                                                     self._input_shapes)]
         outputs = self._caller_outputs(out) if out is not None else self._allocate_outputs(
             inputs[0] if inputs else None)
         prepared_outputs = [_Prepared(a, f"output {n!r}", d, writable=True)
