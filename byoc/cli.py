@@ -79,6 +79,25 @@ def parse_input_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _check_arrays_fit(model_path: str, inputs_path: str, arrays: dict):
+    """A UsageError naming the --inputs file when one of its arrays does not fit the shape
+    the model declares for that input (the arrays, not an --input-shape, are wrong)."""
+    import numpy as np
+
+    from .frontend.onnx import describe_model
+    try:
+        declared = {entry["name"]: entry["dims"] for entry in describe_model(model_path)["inputs"]}
+    except Exception:  # noqa: BLE001 - an unreadable model: from_onnx says why, in its own words
+        return
+    for name, array in arrays.items():
+        dims = declared.get(name)
+        shape = tuple(np.shape(array))
+        if dims is not None and (len(dims) != len(shape) or
+                                 any(isinstance(d, int) and d != g for d, g in zip(dims, shape))):
+            raise UsageError(f"--inputs {inputs_path!r}: array {name!r} has shape {shape}; the model declares "
+                             f"{tuple(dims)} for that input (a named dim fits any size)")
+
+
 def _graph_io_names(model_path: str) -> tuple[list[str], list[str]] | None:
     """(non-initializer input names, output names) of an ONNX file, or None when it cannot
     be read; from_onnx then reports why, in its own words."""
@@ -190,6 +209,7 @@ def _run_command(args: argparse.Namespace) -> int:
                              f"({', '.join(input_names)}); missing: {missing or 'none'}, "
                              f"not inputs: {unknown or 'none'}")
         # the arrays fix dynamic dims; an explicit --input-shape wins (and is checked below)
+        _check_arrays_fit(args.model, args.inputs, {name: arrays[name] for name in input_names if name not in shapes})
         shapes = {**{name: arrays[name].shape for name in input_names}, **shapes}
 
     mod = from_onnx(args.model, input_shapes=shapes, dims=parse_dims(args.dim))

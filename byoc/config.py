@@ -182,7 +182,16 @@ def load_config(spec="default", overrides: dict | None = None, known_backends=No
         # there are no CUDA graphs to capture; a config file saying both is refused
         overrides["cuda_graph"] = False
     data.update(overrides)
-    return validate(data, source, known_backends=known_backends)
+    try:
+        return validate(data, source, known_backends=known_backends)
+    except ConfigError as error:
+        # a bad override is the caller's, not the config file's: name it as theirs
+        text = str(error)
+        for key in overrides:
+            if text.startswith(f"{source}: {key}:") or text.startswith(f"{source}: {key}."):
+                raise ConfigError(f"{text[len(source) + 2:]} (given on the command line or to build(), "
+                                  f"overriding {source})") from None
+        raise
 
 
 def _target_kind(spec) -> str | None:

@@ -336,3 +336,14 @@ def test_byoc_warnings_read_like_its_errors(capsys, tmp_path, monkeypatch):
     show("something else", UserWarning, "build.py", 1)
     assert "byoc: warning: cannot lock" in capsys.readouterr().err and shown == [UserWarning]
     assert warnings.showwarning is not show  # main() put Python's back
+
+
+def test_run_blames_the_inputs_file_for_an_array_that_does_not_fit(capsys, tmp_path):
+    """`byoc run model.onnx --inputs f.npz` with a wrong-shaped array names the file and the
+    array (it used to speak of --input-shape, which the user never gave)."""
+    x = np.load(FIXTURES / "mlp.npz")["in_x"]
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, x=x[:, :10])
+    code, out, err = run_cli(capsys, "run", MLP, "--inputs", str(bad))
+    assert code == 2 and f"--inputs {str(bad)!r}: array 'x' has shape (4, 10); the model declares (4, 64)" in err
+    assert "--input-shape" not in err

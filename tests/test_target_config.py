@@ -303,3 +303,17 @@ def test_extra_nvcc_flags_that_run_programs_warn(flags, warned):
         Target("cutlass", extra_nvcc_flags=flags)
     messages = [str(w.message) for w in caught if issubclass(w.category, byoc.ByocWarning)]
     assert bool(messages) == warned and all("a build config is code" in m for m in messages)
+
+
+def test_a_bad_override_is_named_as_the_callers_not_the_config_files():
+    """`byoc build -c cpu --target gpu` blamed build_configs/cpu.yaml; the override is the
+    caller's: the message says so, and which config it overrode."""
+    with pytest.raises(byoc.ConfigError) as info:
+        byoc.build("unused.onnx", config="cpu", target="gpu")
+    message = str(info.value)
+    assert message.startswith("target: unknown target kind 'gpu'")
+    assert message.endswith("(given on the command line or to build(), overriding build_configs/cpu.yaml)")
+    with pytest.raises(byoc.ConfigError, match=r"^dims\.batch: -1 is not allowed.*overriding build_configs/cpu\.yaml"):
+        byoc.build("unused.onnx", config="cpu", dims={"batch": -1})
+    with pytest.raises(byoc.ConfigError, match=r"^build_configs/cpu\.yaml: cuda_graph:|^<dict>"):
+        byoc.build("unused.onnx", config={"target": "cpu", "cuda_graph": True})
