@@ -1,4 +1,5 @@
 """Error types a user can catch; every message names the thing and what was expected."""
+import builtins
 
 
 class ByocError(Exception):
@@ -40,8 +41,9 @@ class ByocWarning(UserWarning):
     'byoc: warning: ...'."""
 
 
-class RuntimeError(ByocError):  # noqa: A001 - deliberately byoc.RuntimeError
-    """Running a built model failed."""
+class RuntimeError(ByocError, builtins.RuntimeError):  # noqa: A001 - deliberately byoc.RuntimeError
+    """Running a built model failed. Also a builtin RuntimeError, so that code catching
+    that (as it would around onnxruntime or torch) catches byoc's too."""
 
 
 class DeviceConflictError(BuildError):

@@ -252,3 +252,12 @@ def test_dlpack_producers_and_strided_arrays_are_taken(add_library, monkeypatch)
     strided_out = np.empty((4, 16), np.float32)[:, ::2]
     with pytest.raises(byoc.RuntimeError, match="contiguous"):
         module.run(x, out=strided_out)
+
+
+def test_byoc_runtime_error_is_also_the_builtin_one(add_library):
+    """Code that catches RuntimeError around onnxruntime or torch catches byoc's too."""
+    import builtins
+    module = byoc.load(add_library)
+    with pytest.raises(builtins.RuntimeError, match="input 'x'"):
+        module.run(np.zeros((3, 8), np.float32))
+    assert issubclass(byoc.RuntimeError, byoc.ByocError)
