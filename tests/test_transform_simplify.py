@@ -705,3 +705,17 @@ def @main(%s: Tensor[(2, 4, 8, 8), float32], %b: Tensor[(1, 4, 8, 8), float32], 
     shared = parse(before.script().replace("return %p", "%q = add(%p, %s1)\n  return %q")
                    .replace("-> Tensor[(2, 4, 8, 8), float32] {", "-> Tensor[(2, 4, 8, 8), float32] {", 1))
     assert_structural_equal(combine_logit_addends(shared), shared)
+
+
+def test_map_bodies_rewrites_functions_with_a_body_and_keeps_extern_declarations():
+    mod = parse("""
+def @main(%x: Tensor[(2,), float32]) -> Tensor[(2,), float32] {
+  %y = @shim(%x)
+  return %y
+}
+
+def @shim(%p: Tensor[(2,), float32]) -> Tensor[(2,), float32] [Extern=1];
+""")
+    seen = []
+    mapped = mod.map_bodies(lambda function: seen.append(function) or function)
+    assert seen == [mod["main"]] and mapped["shim"] is mod["shim"] and mapped is not mod

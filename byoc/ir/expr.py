@@ -221,6 +221,14 @@ def const(value, dtype: str | None = None) -> Constant:
     return Constant(value, dtype)
 
 
+def is_op_call(value, names=None, categories=None) -> bool:
+    """Whether `value` calls a registered op (not a function), one of `names` and of
+    `categories` when they are given."""
+    if not isinstance(value, Call) or not isinstance(value.op, Op):
+        return False
+    return (names is None or value.op.name in names) and (categories is None or value.op.category in categories)
+
+
 def vars_read(expr: Expr, callees: bool = True) -> list:
     """The variables `expr` reads directly: itself, tuple fields, a tuple item's tuple, a
     call's arguments and (with `callees`) a local function it calls. Bodies of nested

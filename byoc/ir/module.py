@@ -54,6 +54,15 @@ class IRModule:
         result[name] = func
         return result
 
+    def map_bodies(self, rewrite) -> "IRModule":
+        """A copy with every function that has a body (not an extern declaration) replaced
+        by rewrite(function): how a pass that rewrites each function on its own runs."""
+        result = self.copy()
+        for name, function in self.functions.items():
+            if function.bindings:
+                result[name] = rewrite(function)
+        return result
+
     def script(self, **options) -> str:
         from .printer import print_module
         return print_module(self, **options)

@@ -19,27 +19,21 @@ The sum is rounded in another order (a + b first), as any fused attention would.
 """
 from __future__ import annotations
 
-from ..ir.expr import Binding, Call, Constant, Function, Var
+from ..ir.expr import Binding, Call, Constant, Function, Var, is_op_call
 from ..ir.module import IRModule
-from ..ir.op import Op
 from .fuse_ops_by_pattern import _uses
 
 
 def combine_logit_addends(mod: IRModule) -> IRModule:
-    mod = mod.copy()
-    for name in list(mod.functions):
-        function = mod[name]
-        if function.bindings:
-            rewritten = _combine_once(function)
-            while rewritten is not None:  # one chain at a time: each rewrite changes the uses
-                function = rewritten
-                rewritten = _combine_once(function)
-            mod[name] = function
-    return mod
+    return mod.map_bodies(_combine)
 
 
-def _is_op(value, name) -> bool:
-    return isinstance(value, Call) and isinstance(value.op, Op) and value.op.name == name
+def _combine(function: Function) -> Function:
+    rewritten = _combine_once(function)
+    while rewritten is not None:  # one chain at a time: each rewrite changes the uses
+        function = rewritten
+        rewritten = _combine_once(function)
+    return function
 
 
 def _combine_once(function: Function) -> Function | None:
@@ -52,11 +46,11 @@ def _combine_once(function: Function) -> Function | None:
         return readers[0] if len(readers) == 1 else None
 
     for index, binding in enumerate(bindings):
-        if not _is_op(binding.value, "softmax") or not isinstance(binding.value.args[0], Var):
+        if not is_op_call(binding.value, ("softmax",)) or not isinstance(binding.value.args[0], Var):
             continue
         outer_var = binding.value.args[0]
         outer_index, outer = producers.get(outer_var, (None, None))
-        if not _is_op(outer, "add") or only_reader(outer_var) != index:
+        if not is_op_call(outer, ("add",)) or only_reader(outer_var) != index:
             continue
         split = _split(outer, outer_var, producers, only_reader, outer_index)
         if split is None:
@@ -77,7 +71,7 @@ def _split(outer: Call, outer_var: Var, producers: dict, only_reader, outer_inde
         if not isinstance(inner_var, Var) or inner_var not in producers:
             continue
         _, inner = producers[inner_var]
-        if not _is_op(inner, "add") or only_reader(inner_var) != outer_index:
+        if not is_op_call(inner, ("add",)) or only_reader(inner_var) != outer_index:
             continue
         full = [arg for arg in inner.args if not isinstance(arg, Constant) and arg.type == outer_var.type]
         if len(full) != 1:

@@ -31,9 +31,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.expr import Binding, Call, Constant, Function, Var
+from ..ir.expr import Binding, Call, Constant, Function, Var, is_op_call
 from ..ir.module import IRModule
-from ..ir.op import Op
 from ..ir.types import TensorType
 from .fuse_ops_by_pattern import _uses
 
@@ -42,16 +41,7 @@ COLUMN_ALIGNMENT = 8
 
 
 def combine_parallel_matmul(mod: IRModule) -> IRModule:
-    mod = mod.copy()
-    for name in list(mod.functions):
-        function = mod[name]
-        if function.bindings:
-            mod[name] = _combine(function)
-    return mod
-
-
-def _is_op(value, name) -> bool:
-    return isinstance(value, Call) and isinstance(value.op, Op) and value.op.name == name
+    return mod.map_bodies(_combine)
 
 
 def _weight(call: Call):
@@ -68,7 +58,7 @@ def _combine(function: Function) -> Function:
     groups: dict = {}  # input var -> [binding index of each member matmul]
     for index, binding in enumerate(bindings):
         value = binding.value
-        if _is_op(value, "matmul") and isinstance(value.args[0], Var) and _weight(value) is not None \
+        if is_op_call(value, ("matmul",)) and isinstance(value.args[0], Var) and _weight(value) is not None \
                 and isinstance(value.args[0].type, TensorType) and value.args[0].type.ndim >= 2:
             groups.setdefault(value.args[0], []).append(index)
 
@@ -110,7 +100,7 @@ def _bias_of(bindings, index, uses):
     if len(readers) != 1 or readers[0] >= len(bindings):
         return None
     reader = bindings[readers[0]].value
-    if not _is_op(reader, "add"):
+    if not is_op_call(reader, ("add",)):
         return None
     other = [arg for arg in reader.args if arg is not var]
     n = var.type.shape[-1]

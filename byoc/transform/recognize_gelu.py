@@ -57,12 +57,7 @@ def _gelu_patterns():
 
 
 def recognize_gelu(mod: IRModule) -> IRModule:
-    mod = mod.copy()
-    for name in list(mod.functions):
-        function = mod[name]
-        if function.bindings:
-            mod[name] = _rewrite(function)
-    return mod
+    return mod.map_bodies(_rewrite)
 
 
 def _rewrite(function: Function) -> Function:

@@ -23,9 +23,8 @@ dead_code_elimination.
 """
 from __future__ import annotations
 
-from ..ir.expr import Binding, Call, Constant, Function, Var
+from ..ir.expr import Binding, Call, Constant, Function, Var, is_op_call
 from ..ir.module import IRModule
-from ..ir.op import Op
 from ..ir.types import TensorType
 from .fuse_ops_by_pattern import _uses
 
@@ -33,18 +32,7 @@ ELEMENTWISE_CATEGORIES = ("elemwise", "broadcast")
 
 
 def sink_reshapes(mod: IRModule) -> IRModule:
-    mod = mod.copy()
-    for name in list(mod.functions):
-        function = mod[name]
-        if function.bindings:
-            mod[name] = _sink(function)
-    return mod
-
-
-def _is_op_call(value, names=None, categories=None) -> bool:
-    if not isinstance(value, Call) or not isinstance(value.op, Op):
-        return False
-    return (names is None or value.op.name in names) and (categories is None or value.op.category in categories)
+    return mod.map_bodies(_sink)
 
 
 def _sink(function: Function) -> Function:
@@ -69,15 +57,15 @@ def _sink_once(function: Function, adapters: set) -> tuple[Function, bool]:
 
     for index, binding in enumerate(bindings):
         value = binding.value
-        if _is_op_call(value, names=("reshape",)):
+        if is_op_call(value, names=("reshape",)):
             inner = value.args[0]
-            if isinstance(inner, Var) and _is_op_call(producers.get(inner), names=("reshape",)) \
+            if isinstance(inner, Var) and is_op_call(producers.get(inner), names=("reshape",)) \
                     and len(uses.get(inner, [])) == 1:
                 merged = Call("reshape", [producers[inner].args[0]], dict(value.attrs))
                 bindings[index] = Binding(binding.var, merged)
                 return _rebuilt(function, bindings), True
             continue
-        if not _is_op_call(value, categories=ELEMENTWISE_CATEGORIES):
+        if not is_op_call(value, categories=ELEMENTWISE_CATEGORIES):
             continue
         rewrite = _rewrite_over_reshape(binding, producers, uses, fresh, adapters)
         if rewrite is not None:
@@ -91,7 +79,7 @@ def _rewrite_over_reshape(binding, producers, uses, fresh, adapters):
     out_type = binding.var.type
     if not isinstance(out_type, TensorType):
         return None
-    reshaped = [arg for arg in value.args if isinstance(arg, Var) and _is_op_call(producers.get(arg), names=("reshape",))
+    reshaped = [arg for arg in value.args if isinstance(arg, Var) and is_op_call(producers.get(arg), names=("reshape",))
                 and len(uses.get(arg, [])) == 1 and arg not in adapters]
     if len({tuple(producers[arg].args[0].type.shape) for arg in reshaped}) > 1:
         return None  # reshapes of different shapes meet: moving over one would only move the other
