@@ -54,25 +54,25 @@ case "$stage" in
   tune)
     # Tune the CUTLASS kernels of whole models (problems the database lacks, e.g. BERT at
     # batch 1: M=128) while building them, then time the models; the grown database comes
-    # back as $OUT/tuning_sm90.json (copy it into bench/results/).
-    cp bench/results/tuning_sm90.json "$OUT/tuning_sm90.json"
+    # back as $OUT/tuning_sm90.json (copy it over backends/cutlass/tuning_sm90.json).
+    cp backends/cutlass/tuning_sm90.json "$OUT/tuning_sm90.json"
     [ $# -eq 0 ] && set -- bert_base:1=cuda_sm90
     TUNING_DB="$OUT/tuning_sm90.json" PROFILE=auto bash "$0" models "$@" ;;
   retune)
     # Problems whose keys contain any of KEYS, among TILES (all candidates when none) ->
-    # $OUT/tuning_sm90.json (copy it into bench/results/), e.g.
+    # $OUT/tuning_sm90.json (copy it over backends/cutlass/tuning_sm90.json), e.g.
     #   retune m128:n768 m128:n2304 -- 64x64x64 64x32x64 64x16x64
     keys=(); tiles=()
     while [ $# -gt 0 ] && [ "$1" != "--" ]; do keys+=("$1"); shift; done
     [ $# -gt 0 ] && shift && tiles=("$@")
-    cp bench/results/tuning_sm90.json "$OUT/tuning_sm90.json"
+    cp backends/cutlass/tuning_sm90.json "$OUT/tuning_sm90.json"
     python3 bench/retune_gemms.py --tuning-db "$OUT/tuning_sm90.json" --keys "${keys[@]}" --tiles "${tiles[@]}" \
       2>&1 | tee "$OUT/retune.log" | tail -n 20 ;;
   profile)
     # Where one run's GPU time goes (kernel table per model and config)
     [ $# -eq 0 ] && set -- bert_base:1=cuda_sm90 mlp:1=cuda_sm90
     python3 bench/profile_kernels.py --out /tmp/byoc-profile \
-      --tuning-db "${TUNING_DB:-bench/results/tuning_sm90.json}" "$@" >"$OUT/profile.log" 2>&1
+      --tuning-db "${TUNING_DB:-backends/cutlass/tuning_sm90.json}" "$@" >"$OUT/profile.log" 2>&1
     cat /tmp/byoc-profile/*.txt >"$OUT/profiles.txt"; cat "$OUT/profiles.txt" ;;
   gemm)
     python3 bench/bench_gemm.py --out "$OUT" --workdir /tmp/byoc-gemm --tuning-db "$OUT/tuning_sm90.json" "$@" 2>&1 | tee "$OUT/bench_gemm.log" | tail -n 30 ;;
@@ -96,7 +96,7 @@ case "$stage" in
     set -o pipefail
     PYTHONUNBUFFERED=1 python3 bench/real_models.py --out "$OUT" --workdir /tmp/byoc-real \
       --profile-dir /tmp/byoc-real-profiles --configs ${CONFIGS:-cuda_sm90} \
-      --tuning-db "${TUNING_DB:-bench/results/tuning_sm90.json}" --profile "${PROFILE:-false}" \
+      --tuning-db "${TUNING_DB:-backends/cutlass/tuning_sm90.json}" --profile "${PROFILE:-false}" \
       --torch-modes "${TORCH_MODES:-eager,default,reduce-overhead,max-autotune-no-cudagraphs}" \
       --budget-s "${BUDGET_S:-540}" "${merge[@]}" --cases "$@" 2>&1 | tee "$OUT/real_models.log" | tail -n 40 ;;
   release)
@@ -107,7 +107,7 @@ case "$stage" in
     # then merge: part 2 passes --merge-from $OUT/models.json only within one call, so copy
     # part 1's models.json into bench/results/ before part 2 (run_models keeps its rows).
     part="${1:-1}"
-    common=(--out "$OUT" --tuning-db "${TUNING_DB:-bench/results/tuning_sm90.json}" --profile false
+    common=(--out "$OUT" --tuning-db "${TUNING_DB:-backends/cutlass/tuning_sm90.json}" --profile false
             --merge-from bench/results/models.json)
     if [ "$part" = 1 ]; then
       python3 bench/run_models.py "${common[@]}" --cases \

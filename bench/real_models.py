@@ -584,7 +584,7 @@ def main():
     parser.add_argument("--merge-from", metavar="REAL_MODELS_JSON",
                         help="keep this earlier result's rows of the cases not run now")
     parser.add_argument("--workdir", default="/tmp/byoc-real")
-    parser.add_argument("--tuning-db", default=str(ROOT / "bench/results/tuning_sm90.json"),
+    parser.add_argument("--tuning-db", default=str(ROOT / "backends/cutlass/tuning_sm90.json"),
                         help="CUTLASS tuning database for the cuda configs ('' for none)")
     parser.add_argument("--profile", default="false", choices=("auto", "false", "true"),
                         help="tune GEMMs missing from the database (auto/true) or take the heuristic's (false)")

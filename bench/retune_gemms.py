@@ -2,7 +2,7 @@
 candidates --tiles allows (all when empty), and write the database back: how new candidate
 kernels reach problems that an earlier tuning already settled.
 
-    python3 bench/retune_gemms.py --tuning-db bench/results/tuning_sm90.json --keys m128: \\
+    python3 bench/retune_gemms.py --tuning-db backends/cutlass/tuning_sm90.json --keys m128: \\
         --tiles 64x64x64 64x32x64 64x16x64 64x64x128 64x32x128
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Tune one conv problem (NHWC, OHWI filters) into a tuning database: every candidate of its
 family that can run it is compiled and timed, and the fastest is recorded.
 
-    python3 bench/tune_conv.py --tuning-db bench/results/tuning_sm90.json \\
+    python3 bench/tune_conv.py --tuning-db backends/cutlass/tuning_sm90.json \\
         --input 32,224,224,4 --filter 64,7,7 --stride 2 --pad 3 --epilogue bias_relu
 
 How a conv the whole-model tuning would reach only with all of a model's problems (ResNet-50

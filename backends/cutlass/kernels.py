@@ -9,7 +9,7 @@ layout of B, epilogue), and the candidates the tuner chooses among.
 The cutlass Target narrows the candidates (CandidateFilter: tiles, clusters, stages) and
 may add (split_k, off by default) sm90 kernels that split K, split-K and stream-K, which
 only tuning picks. Measured on an H100 they lose to the unsplit tiles at M=1024
-(bench/results/tuning_sm90.json) and, when a heuristic picked split-K for the batch-1
+(backends/cutlass/tuning_sm90.json) and, when a heuristic picked split-K for the batch-1
 GEMMs whose tiles leave most SMs idle, whole models got slower (bench/results/models.md,
 rows cuda_sm90:split), so the heuristic never splits.
 

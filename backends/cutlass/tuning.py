@@ -34,7 +34,8 @@ MAX_DATABASE_BYTES = 256 << 20  # thousands of problems take a few MB
 # Kernels measured on an H100 (sm_90) for the problems of bench/real_models.py's suite
 # (BERT, GPT-2, ViT, ResNet-50 at their benchmark batches) and bench/bench_gemm.py's: a build
 # of those models needs no tuning run. The user's database (the target's tuning_db) comes
-# first; this one is read, never written. bench/results/tuning_sm90.json is its source.
+# first; a build reads this one and never writes it. The bench/ tuning stages (gpu_session.sh
+# tune/retune, tune_conv.py) grow a copy of it that is then committed here.
 SHIPPED_DATABASE = Path(__file__).resolve().parent / "tuning_sm90.json"
 
 
