@@ -79,16 +79,10 @@ def parse_input_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _check_arrays_fit(model_path: str, inputs_path: str, arrays: dict):
+def _check_arrays_fit(inputs_path: str, declared: dict, arrays: dict):
     """A UsageError naming the --inputs file when one of its arrays does not fit the shape
     the model declares for that input (the arrays, not an --input-shape, are wrong)."""
     import numpy as np
-
-    from .frontend.onnx import describe_model
-    try:
-        declared = {entry["name"]: entry["dims"] for entry in describe_model(model_path)["inputs"]}
-    except Exception:  # noqa: BLE001 - an unreadable model: from_onnx says why, in its own words
-        return
     for name, array in arrays.items():
         dims = declared.get(name)
         shape = tuple(np.shape(array))
@@ -98,18 +92,14 @@ def _check_arrays_fit(model_path: str, inputs_path: str, arrays: dict):
                              f"{tuple(dims)} for that input (a named dim fits any size)")
 
 
-def _graph_io_names(model_path: str) -> tuple[list[str], list[str]] | None:
-    """(non-initializer input names, output names) of an ONNX file, or None when it cannot
-    be read; from_onnx then reports why, in its own words."""
-    import onnx
-
+def _model_interface(model_path: str) -> dict | None:
+    """The ONNX file's interface (frontend.onnx.describe_model), or None when it cannot be
+    read; from_onnx then reports why, in its own words."""
+    from .frontend.onnx import describe_model
     try:
-        model = onnx.load_model(model_path, load_external_data=False)
-    except Exception:  # a missing, truncated or foreign file: from_onnx explains it
+        return describe_model(model_path)
+    except ByocError:
         return None
-    initializers = {tensor.name for tensor in model.graph.initializer}
-    inputs = [info.name for info in model.graph.input if info.name not in initializers]
-    return inputs, [info.name for info in model.graph.output]
 
 
 # ---- byoc import -----------------------------------------------------------------------
@@ -198,8 +188,9 @@ def _run_command(args: argparse.Namespace) -> int:
             raise UsageError(f"--input-shape and --dim are for an .onnx model; {args.model!r} is a built library "
                              f"whose input shapes were fixed when it was built")
         return _run_library(args, arrays)
-    names = _graph_io_names(args.model)
-    input_names, output_names = names if names else (None, None)
+    interface = _model_interface(args.model)
+    input_names = [entry["name"] for entry in interface["inputs"]] if interface else None
+    output_names = [entry["name"] for entry in interface["outputs"]] if interface else None
     shapes = parse_input_shapes(args.input_shape)
     if input_names is not None:
         missing = [name for name in input_names if name not in arrays]
@@ -209,7 +200,8 @@ def _run_command(args: argparse.Namespace) -> int:
                              f"({', '.join(input_names)}); missing: {missing or 'none'}, "
                              f"not inputs: {unknown or 'none'}")
         # the arrays fix dynamic dims; an explicit --input-shape wins (and is checked below)
-        _check_arrays_fit(args.model, args.inputs, {name: arrays[name] for name in input_names if name not in shapes})
+        _check_arrays_fit(args.inputs, {entry["name"]: entry["dims"] for entry in interface["inputs"]},
+                          {name: arrays[name] for name in input_names if name not in shapes})
         shapes = {**{name: arrays[name].shape for name in input_names}, **shapes}
 
     mod = from_onnx(args.model, input_shapes=shapes, dims=parse_dims(args.dim))
