@@ -15,6 +15,7 @@ adds its arguments and a function that runs it and returns the exit code.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import textwrap
@@ -331,11 +332,16 @@ def _inspect_arguments(parser: argparse.ArgumentParser):
 
 
 def _is_elf(path) -> bool:
+    """Whether `path` is an ELF file; True for anything but a readable regular file, whose
+    problem the library loader then names (reading a FIFO would wait for a writer)."""
+    import stat
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return True
         with open(path, "rb") as file:
             return file.read(4) == b"\x7fELF"
-    except OSError:
-        return True  # let the library loader say what is wrong with the path
+    except (OSError, ValueError):
+        return True
 
 
 def _inspect_command(args: argparse.Namespace) -> int:

@@ -211,6 +211,16 @@ def test_inspect_an_onnx_model_shows_its_interface_before_building(capsys):
     assert code == 2 and "is not a valid ONNX model" in err and "Traceback" not in err
 
 
+def test_inspect_a_fifo_does_not_wait_for_a_writer(tmp_path):
+    """A FIFO named like a model is refused at once (reading it to sniff the file's kind
+    would wait for a writer forever); run in a subprocess so that a hang shows as a failure."""
+    fifo = tmp_path / "model.onnx"
+    os.mkfifo(fifo)
+    run = subprocess.run([sys.executable, "-m", "byoc", "inspect", str(fifo)], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 2 and "not a regular file" in run.stderr and "Traceback" not in run.stderr
+
+
 def test_build_shows_its_progress_on_stderr_unless_quiet(capsys, tmp_path):
     """Stages and ninja's [n/m] compile lines reach stderr as the build goes (plain lines,
     as a CI log keeps them); --quiet leaves only the result on stdout."""

@@ -454,3 +454,42 @@ def test_a_folded_constant_is_limited_in_bytes_as_well_as_elements():
                                               r"\[1073741824\] \(8589934592 bytes\) is a constant computed at import "
                                               r"time; expected at most 2\*\*31 elements and 2\*\*32 bytes"):
         byoc.from_onnx(case.model())
+
+
+def test_describe_model_answers_or_names_the_fault_for_mutated_models():
+    """`byoc inspect MODEL.onnx` (describe_model) on flipped bytes, truncations and odd
+    graphs: a description or a byoc error, never a raw exception."""
+    import random
+    from onnx import TensorProto, helper
+    from byoc.frontend.onnx import describe_model
+    fixtures = Path(__file__).parent / "fixtures"
+    rng = random.Random(0)
+    blobs = []
+    for name in ("mlp", "bert2", "resnet_small"):
+        data = (fixtures / f"{name}.onnx").read_bytes()
+        blobs += [data[:int(len(data) * fraction)] for fraction in (0.0, 0.01, 0.5, 0.99)]
+        for _ in range(25):
+            flipped = bytearray(data)
+            for _ in range(rng.randint(1, 8)):
+                flipped[rng.randrange(len(flipped))] ^= 1 << rng.randrange(8)
+            blobs.append(bytes(flipped))
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", None, 3])
+    untyped = helper.make_value_info("u", helper.TypeProto())
+    sequence = helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, None)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    odd = helper.make_tensor("w", TensorProto.FLOAT, [2], [1.0, 2.0])
+    odd.data_type = 99
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Foo", ["u"], ["v"], domain="x.y")],
+                              "g", [x, untyped, sequence], [y], [odd])
+    blobs.append(helper.make_model(graph).SerializeToString())
+    described = 0
+    for blob in blobs:
+        try:
+            describe_model(blob)
+            described += 1
+        except byoc.ByocError:
+            pass
+    assert described > 0  # the odd graph, at least, is described
+    odd_description = describe_model(blobs[-1])
+    assert odd_description["inputs"][0]["dims"] == ["batch", "?", 3]
+    assert odd_description["unsupported"] == ["x.y.Foo"]

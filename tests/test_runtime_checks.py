@@ -249,6 +249,13 @@ def test_dlpack_producers_and_strided_arrays_are_taken(add_library, monkeypatch)
     np.testing.assert_array_equal(np.from_dlpack(got), want)
     with pytest.raises(byoc.RuntimeError, match=r"input 'x': a DLPack tensor on device type 9"):
         module.run(_DLPackOnly(np.ascontiguousarray(x), device_type=9))
+    def refuse(tensor):
+        raise TypeError("no, thanks")
+    library.from_dlpack = refuse
+    with pytest.raises(byoc.RuntimeError, match=r"returning the outputs through .*from_dlpack raised TypeError: "
+                                                 r"no, thanks; pass out= arrays"):
+        module.run(_DLPackOnly(np.ascontiguousarray(x)))
+    np.testing.assert_array_equal(module.run(x), want)  # the module keeps working
     strided_out = np.empty((4, 16), np.float32)[:, ::2]
     with pytest.raises(byoc.RuntimeError, match="contiguous"):
         module.run(x, out=strided_out)

@@ -408,6 +408,9 @@ def test_a_compiler_launcher_runs_every_compile_and_keys_nothing(tmp_path, monke
     monkeypatch.setenv("BYOC_COMPILER_LAUNCHER", "no-such-launcher --flag")
     with pytest.raises(byoc.BuildError, match="BYOC_COMPILER_LAUNCHER names 'no-such-launcher'"):
         compile_units(_write_sources(tmp_path / "missing"), tmp_path / "missing")
+    monkeypatch.setenv("BYOC_COMPILER_LAUNCHER", '"sccache')
+    with pytest.raises(byoc.BuildError, match="BYOC_COMPILER_LAUNCHER '\"sccache' does not split into words"):
+        compile_units(_write_sources(tmp_path / "quoted"), tmp_path / "quoted")
 
 
 def test_default_compile_jobs_are_bounded_by_cpus_and_available_memory(monkeypatch):

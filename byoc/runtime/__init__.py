@@ -336,7 +336,12 @@ class Module:
         if out is None:
             returner = _dlpack_returner(inputs[0] if inputs else None)
             if returner is not None:  # outputs of the caller's kind, through DLPack (no copy)
-                outputs = [returner(output) for output in outputs]
+                try:
+                    outputs = [returner(output) for output in outputs]
+                except Exception as error:  # noqa: BLE001 - the caller's library refused; name it
+                    raise ByocRuntimeError(
+                        f"returning the outputs through {getattr(returner, '__module__', '?')}.from_dlpack "
+                        f"raised {type(error).__name__}: {error}; pass out= arrays to receive them instead") from error
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def _caller_outputs(self, out) -> list:

@@ -214,7 +214,12 @@ def compiler_launcher() -> list[str]:
     it names is not on PATH."""
     import shlex
     import shutil
-    words = shlex.split(os.environ.get("BYOC_COMPILER_LAUNCHER", ""))
+    text = os.environ.get("BYOC_COMPILER_LAUNCHER", "")
+    try:
+        words = shlex.split(text)
+    except ValueError as error:  # an unclosed quote
+        raise BuildError(f"BYOC_COMPILER_LAUNCHER {text!r} does not split into words ({error}); expected a "
+                         f"command such as 'sccache' or 'ccache', shell-quoted") from None
     if words and shutil.which(words[0]) is None:
         raise BuildError(f"BYOC_COMPILER_LAUNCHER names {words[0]!r}, which is not an executable on PATH "
                          "(expected a compiler launcher such as sccache or ccache, or unset)")
