@@ -84,11 +84,12 @@ def _check_arrays_fit(inputs_path: str, declared: dict, arrays: dict):
     """A UsageError naming the --inputs file when one of its arrays does not fit the shape
     the model declares for that input (the arrays, not an --input-shape, are wrong)."""
     import numpy as np
+
+    from .frontend.onnx import _fits
     for name, array in arrays.items():
         dims = declared.get(name)
         shape = tuple(np.shape(array))
-        if dims is not None and (len(dims) != len(shape) or
-                                 any(isinstance(d, int) and d != g for d, g in zip(dims, shape))):
+        if dims is not None and not _fits(dims, shape):
             raise UsageError(f"--inputs {inputs_path!r}: array {name!r} has shape {shape}; the model declares "
                              f"{tuple(dims)} for that input (a named dim fits any size)")
 
