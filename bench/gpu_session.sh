@@ -61,12 +61,12 @@ case "$stage" in
   retune)
     # Problems whose keys contain any of KEYS, among TILES (all candidates when none) ->
     # $OUT/tuning_sm90.json (copy it over backends/cutlass/tuning_sm90.json), e.g.
-    #   retune m128:n768 m128:n2304 -- 64x64x64 64x32x64 64x16x64
+    #   retune m128:n768 m128:n2304 -- 64x64x64 64x32x64 64x16x64   (SPLIT_K=1: split-K and stream-K too)
     keys=(); tiles=()
     while [ $# -gt 0 ] && [ "$1" != "--" ]; do keys+=("$1"); shift; done
     [ $# -gt 0 ] && shift && tiles=("$@")
     cp backends/cutlass/tuning_sm90.json "$OUT/tuning_sm90.json"
-    python3 bench/retune_gemms.py --tuning-db "$OUT/tuning_sm90.json" --keys "${keys[@]}" --tiles "${tiles[@]}" \
+    python3 bench/retune_gemms.py --tuning-db "$OUT/tuning_sm90.json" --keys "${keys[@]}" --tiles "${tiles[@]}" ${SPLIT_K:+--split-k} \
       2>&1 | tee "$OUT/retune.log" | tail -n 20 ;;
   profile)
     # Where one run's GPU time goes (kernel table per model and config)

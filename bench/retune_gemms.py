@@ -44,6 +44,7 @@ def main():
     parser.add_argument("--keys", nargs="+", required=True, help="parts of the problem keys to tune again")
     parser.add_argument("--tiles", nargs="*", default=[], help="candidate tiles, e.g. 64x32x64 (empty: all)")
     parser.add_argument("--clusters", nargs="*", default=[], help="candidate cluster shapes, e.g. 1x1 (empty: all)")
+    parser.add_argument("--split-k", action="store_true", help="also try split-K and stream-K kernels")
     parser.add_argument("--workdir", default="/tmp/byoc-retune")
     parser.add_argument("--no-pdl", action="store_true",
                         help="time the CUTLASS kernels launched without programmatic dependent launch")
@@ -55,7 +56,8 @@ def main():
     for problem in problems:
         entries.pop(problem.key)
     allowed = CandidateFilter(tiles=tuple(parse_shape(t, 3, "tiles") for t in args.tiles),
-                              clusters=tuple(parse_shape(c, 2, "clusters") for c in args.clusters))
+                              clusters=tuple(parse_shape(c, 2, "clusters") for c in args.clusters),
+                              split_k=args.split_k)
     flags = cutlass_flags(Target({"kind": "cutlass", "sm": 90, "pdl": not args.no_pdl}), 90)
     chosen = choose_kernels(problems, 90, database, profile=True, workdir=Path(args.workdir), compile_flags=flags,
                             allowed=allowed)

@@ -67,7 +67,8 @@ def load_config(spec, tuning_db=None, profile="auto"):
                  # cuda_sm90 with its CUTLASS GEMMs launched with programmatic dependent launch
                  # (the default since 2026-11-24) and without it
                  "pdl": {"backends": [{"cutlass": {"sm": 90, "pdl": True}}, "cublaslt", "builtin"]},
-                 "nopdl": {"backends": [{"cutlass": {"sm": 90, "pdl": False}}, "cublaslt", "builtin"]},
+                 "nopdl": {"target": "cuda -arch=sm_90 -pdl=0",  # the built-in kernels' PDL off too
+                           "backends": [{"cutlass": {"sm": 90, "pdl": False}}, "cublaslt", "builtin"]},
                  "": {}}[variant]
     if tuning_db:
         overrides["tuning"] = {"profile": {"false": False, "true": True}.get(profile, profile), "tuning_db": tuning_db}

@@ -45,6 +45,8 @@ TARGET_KINDS: dict[str, dict[str, AttrSchema]] = {
         "opt_level": AttrSchema(int, 3, (0, 1, 2, 3), "-O level for nvcc and the host compiler"),
         "use_fast_math": AttrSchema(bool, False, None, "nvcc --use_fast_math"),
         "debug": AttrSchema(bool, False, None, "-g -lineinfo"),
+        "pdl": AttrSchema(bool, True, None, "sm_90 and later: the built-in kernels launch with programmatic "
+                          "dependent launch (start while the previous kernel drains, wait before touching memory)"),
     },
     "cpu": {
         "march": AttrSchema(str, "", None, "-march= for g++ (empty: the compiler's default)"),
@@ -256,6 +258,10 @@ class Target:
             flags.append("--use_fast_math")
         if self.attrs["debug"]:
             flags += ["-g", "-lineinfo"]
+        if self.attrs.get("pdl", True) and number >= 90:
+            # the shim's launch_after_previous sets the PDL attribute (backends/builtin/shim/cuda/pdl.cuh):
+            # right only for objects of this arch alone, whose kernels all wait (griddepcontrol.wait)
+            flags.append("-DBYOC_PDL")
         return flags
 
     def cxx_flags(self) -> list[str]:

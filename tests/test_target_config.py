@@ -90,7 +90,7 @@ def test_target_flags_come_from_attributes():
 
 def test_target_errors_name_kind_attribute_and_allowed_values():
     with pytest.raises(byoc.ConfigError, match=r"target cuda: unknown attribute 'sm'; "
-                                               r"allowed: arch, debug, opt_level, use_fast_math"):
+                                               r"allowed: arch, debug, opt_level, pdl, use_fast_math"):
         Target("cuda -sm=90")
     with pytest.raises(byoc.ConfigError, match=r"unknown attribute 'archh'.*did you mean 'arch'"):
         Target("cuda", archh="sm_90")

@@ -132,6 +132,7 @@ template <class Storage, class Index, bool kNhwc>
 __global__ void direct_conv_kernel(const Storage* __restrict__ in, const Storage* __restrict__ weight,
                                    const Storage* __restrict__ bias, Storage* __restrict__ out, ConvGeometry<Index> s,
                                    Index total) {
+  byoc_pdl::begin_after_previous();
   using Acc = typename Traits<Storage>::Accumulate;
   const Index depth = s.group_in * s.kernel_h * s.kernel_w;
   for (Index linear = blockIdx.x * blockDim.x + threadIdx.x; linear < total;
@@ -186,11 +187,11 @@ int implicit_gemm_conv(const char* function, const void* in, const void* weight,
   if (groups > 1 && s.group_out < kDirectConvMaxGroupOut) {
     const int64_t total = pixels * s.out_channels;
     if (nhwc) {
-      direct_conv_kernel<Storage, Index, true><<<blocks_for(total), kThreads, 0, stream>>>(x, w, b, y, s,
-                                                                                          static_cast<Index>(total));
+      byoc_pdl::launch_after_previous(direct_conv_kernel<Storage, Index, true>, blocks_for(total), kThreads, 0, stream,
+          x, w, b, y, s, static_cast<Index>(total));
     } else {
-      direct_conv_kernel<Storage, Index, false><<<blocks_for(total), kThreads, 0, stream>>>(x, w, b, y, s,
-                                                                                           static_cast<Index>(total));
+      byoc_pdl::launch_after_previous(direct_conv_kernel<Storage, Index, false>, blocks_for(total), kThreads, 0, stream,
+          x, w, b, y, s, static_cast<Index>(total));
     }
     return check_launch(function);
   }
@@ -209,6 +210,7 @@ int implicit_gemm_conv(const char* function, const void* in, const void* weight,
 // out[..., channel, ...] += bias[channel] after the cuBLASLt 1x1 path.
 template <class Storage>
 __global__ void add_bias_kernel(Storage* out, const Storage* bias, int64_t channels, int64_t inner, int64_t total) {
+  byoc_pdl::begin_after_previous();
   using T = Traits<Storage>;
   for (int64_t linear = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; linear < total;
        linear += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -288,6 +290,7 @@ ConvWorkspacePlan plan_conv_workspace(byoc_dtype dtype, int layout, int64_t batc
 template <class Vector, class Index>
 __global__ void im2col_nhwc_kernel(const Vector* __restrict__ in, Vector* __restrict__ columns,
                                    ConvGeometry<Index> s, Index channel_words, Index row0, Index total) {
+  byoc_pdl::begin_after_previous();
   const Index depth_words = s.kernel_h * s.kernel_w * channel_words;
   const Index pixels = s.out_h * s.out_w;
   for (Index linear = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x; linear < total;
@@ -309,6 +312,7 @@ __global__ void im2col_nhwc_kernel(const Vector* __restrict__ in, Vector* __rest
 template <class Element, class Index>
 __global__ void im2col_nchw_kernel(const Element* __restrict__ in, Element* __restrict__ columns,
                                    ConvGeometry<Index> s, Index image0, Index total) {
+  byoc_pdl::begin_after_previous();
   const Index pixels = s.out_h * s.out_w;
   const Index kernel_area = s.kernel_h * s.kernel_w;
   const Index depth = s.in_channels * kernel_area;
@@ -355,9 +359,9 @@ int im2col_conv(const char* function, const void* in, const void* weight, void* 
       const int64_t words = rows * depth / lanes;
       const int code = visit_blob(word_bytes, [&](auto blob) {
         using Vector = decltype(blob);
-        im2col_nhwc_kernel<Vector, Index><<<blocks_for(words), kThreads, 0, stream>>>(
-            static_cast<const Vector*>(in), static_cast<Vector*>(workspace), s, channel_words,
-            static_cast<Index>(row0), static_cast<Index>(words));
+        byoc_pdl::launch_after_previous(im2col_nhwc_kernel<Vector, Index>, blocks_for(words), kThreads, 0, stream,
+            static_cast<const Vector*>(in), static_cast<Vector*>(workspace), s, channel_words, static_cast<Index>(row0),
+            static_cast<Index>(words));
         return check_launch(function);
       });
       BYOC_CHECK(code);
@@ -373,7 +377,7 @@ int im2col_conv(const char* function, const void* in, const void* weight, void* 
     const int64_t total = images * depth * pixels;
     const int code = visit_blob(static_cast<int>(elem), [&](auto blob) {
       using Element = decltype(blob);
-      im2col_nchw_kernel<Element, Index><<<blocks_for(total), kThreads, 0, stream>>>(
+      byoc_pdl::launch_after_previous(im2col_nchw_kernel<Element, Index>, blocks_for(total), kThreads, 0, stream,
           static_cast<const Element*>(in), static_cast<Element*>(workspace), s, static_cast<Index>(image0),
           static_cast<Index>(total));
       return check_launch(function);
@@ -403,6 +407,7 @@ struct PoolGeometry {
 template <class Storage, class Index, bool kAverage, bool kNhwc>
 __global__ void pool2d_kernel(const Storage* __restrict__ in, Storage* __restrict__ out, PoolGeometry<Index> s,
                               bool count_include_pad, Index total) {
+  byoc_pdl::begin_after_previous();
   using T = Traits<Storage>;
   using Compute = typename T::Compute;
   for (Index linear = blockIdx.x * blockDim.x + threadIdx.x; linear < total;
@@ -463,6 +468,7 @@ __global__ void pool2d_kernel(const Storage* __restrict__ in, Storage* __restric
 template <class Storage, class Index, bool kAverage>
 __global__ void pool2d_nhwc_vector_kernel(const uint4* __restrict__ in, uint4* __restrict__ out,
                                           PoolGeometry<Index> s, bool count_include_pad, Index total) {
+  byoc_pdl::begin_after_previous();
   using T = Traits<Storage>;
   using Compute = typename T::Compute;
   constexpr int kLanes = sizeof(uint4) / sizeof(Storage);
@@ -527,14 +533,15 @@ int launch_pool(const char* function, const void* in, void* out, bool nhwc, cons
                           reinterpret_cast<uintptr_t>(out) % sizeof(uint4) == 0;
   if (vectorised) {
     const int64_t vectors = total / kLanes;
-    pool2d_nhwc_vector_kernel<Storage, Index, kAverage><<<blocks_for(vectors), kThreads, 0, stream>>>(
-        static_cast<const uint4*>(in), static_cast<uint4*>(out), s, count_include_pad, static_cast<Index>(vectors));
+    byoc_pdl::launch_after_previous(pool2d_nhwc_vector_kernel<Storage, Index, kAverage>,
+        blocks_for(vectors), kThreads, 0, stream, static_cast<const uint4*>(in), static_cast<uint4*>(out), s,
+        count_include_pad, static_cast<Index>(vectors));
   } else if (nhwc) {
-    pool2d_kernel<Storage, Index, kAverage, true>
-        <<<blocks_for(total), kThreads, 0, stream>>>(x, y, s, count_include_pad, static_cast<Index>(total));
+    byoc_pdl::launch_after_previous(pool2d_kernel<Storage, Index, kAverage, true>,
+        blocks_for(total), kThreads, 0, stream, x, y, s, count_include_pad, static_cast<Index>(total));
   } else {
-    pool2d_kernel<Storage, Index, kAverage, false>
-        <<<blocks_for(total), kThreads, 0, stream>>>(x, y, s, count_include_pad, static_cast<Index>(total));
+    byoc_pdl::launch_after_previous(pool2d_kernel<Storage, Index, kAverage, false>,
+        blocks_for(total), kThreads, 0, stream, x, y, s, count_include_pad, static_cast<Index>(total));
   }
   return check_launch(function);
 }
@@ -613,9 +620,9 @@ extern "C" int byoc_shim_conv2d(const void* in, const void* weight, const void* 
         }
         if (!unsupported) {
           if (bias == nullptr) return 0;
-          add_bias_kernel<Storage><<<blocks_for(out_count), kThreads, 0, cuda_stream>>>(
-              static_cast<Storage*>(out), static_cast<const Storage*>(bias), out_channels,
-              nhwc ? int64_t{1} : pixels, out_count);
+          byoc_pdl::launch_after_previous(add_bias_kernel<Storage>, blocks_for(out_count), kThreads, 0, cuda_stream,
+              static_cast<Storage*>(out), static_cast<const Storage*>(bias), out_channels, nhwc ? int64_t{1} : pixels,
+              out_count);
           return check_launch(kFunction);
         }
       }
@@ -654,7 +661,7 @@ extern "C" int byoc_shim_conv2d(const void* in, const void* weight, const void* 
         BYOC_CHECK(code);
         if (!unsupported) {
           if (bias == nullptr) return 0;
-          add_bias_kernel<Storage><<<blocks_for(out_count), kThreads, 0, cuda_stream>>>(
+          byoc_pdl::launch_after_previous(add_bias_kernel<Storage>, blocks_for(out_count), kThreads, 0, cuda_stream,
               static_cast<Storage*>(out), static_cast<const Storage*>(bias), out_channels,
               nhwc ? int64_t{1} : out_h * out_w, out_count);
           return check_launch(kFunction);

@@ -78,6 +78,7 @@ struct CopyParams {
 template <class Element, class Index>
 __global__ void strided_copy_kernel(const Element* __restrict__ in, Element* __restrict__ out, CopyParams<Index> p,
                                     Index total) {
+  byoc_pdl::begin_after_previous();
   for (Index linear = blockIdx.x * blockDim.x + threadIdx.x; linear < total;
        linear += static_cast<Index>(gridDim.x) * blockDim.x) {
     Index rest = linear, source = p.in_offset, destination = 0;
@@ -103,7 +104,7 @@ int launch_strided_copy(const char* function, const void* in, void* out, const C
     params.out_strides[d] = static_cast<Index>(problem.out_strides[d]);
   }
   const int64_t total = problem.count();
-  strided_copy_kernel<Element, Index><<<blocks_for(total), kThreads, 0, stream>>>(
+  byoc_pdl::launch_after_previous(strided_copy_kernel<Element, Index>, blocks_for(total), kThreads, 0, stream,
       static_cast<const Element*>(in), static_cast<Element*>(out), params, static_cast<Index>(total));
   return check_launch(function);
 }
@@ -201,6 +202,7 @@ template <class Element, class Index, class IndexValue>
 __global__ void gather_kernel(const Element* __restrict__ data, const IndexValue* __restrict__ indices,
                               Element* __restrict__ out, Index axis_len, Index inner, Index num_indices,
                               Index total, RunStatus status) {
+  byoc_pdl::begin_after_previous();
   for (Index linear = blockIdx.x * blockDim.x + threadIdx.x; linear < total;
        linear += static_cast<Index>(gridDim.x) * blockDim.x) {
     const Index column = linear % inner;
@@ -238,6 +240,7 @@ template <class Element, class Index, class IndexValue>
 __global__ void gather_elements_kernel(const Element* __restrict__ data, const IndexValue* __restrict__ indices,
                                        Element* __restrict__ out, GatherElementsParams<Index> p, Index total,
                                        RunStatus status) {
+  byoc_pdl::begin_after_previous();
   for (Index linear = blockIdx.x * blockDim.x + threadIdx.x; linear < total;
        linear += static_cast<Index>(gridDim.x) * blockDim.x) {
     const Index element = p.units == 1 ? linear : linear / p.units;
@@ -291,6 +294,7 @@ __device__ __forceinline__ Index pad_source(const PadParams<Index>& p, int d, In
 template <class Element, class Index>
 __global__ void pad_kernel(const Element* __restrict__ in, Element* __restrict__ out, PadParams<Index> p,
                            Element fill, Index total) {
+  byoc_pdl::begin_after_previous();
   for (Index linear = blockIdx.x * blockDim.x + threadIdx.x; linear < total;
        linear += static_cast<Index>(gridDim.x) * blockDim.x) {
     Index rest = linear, source = 0;
@@ -347,6 +351,7 @@ unsigned long long pad_fill_bits(byoc_dtype dtype, double value) {
 template <class Element, class Index>
 __global__ void trilu_kernel(const Element* __restrict__ in, Element* __restrict__ out, Index rows, Index cols,
                              int units, bool upper, int64_t k, Index total) {
+  byoc_pdl::begin_after_previous();
   for (Index linear = blockIdx.x * blockDim.x + threadIdx.x; linear < total;
        linear += static_cast<Index>(gridDim.x) * blockDim.x) {
     const Index element = units == 1 ? linear : linear / units;
@@ -371,6 +376,7 @@ __device__ __forceinline__ Accumulate sum_identity() {
 template <class Storage, class Index>
 __global__ void cumsum_columns_kernel(const Storage* in, Storage* out, Index n, Index inner, bool exclusive,
                                       bool reverse, Index columns) {
+  byoc_pdl::begin_after_previous();
   using Accumulate = typename Traits<Storage>::Accumulate;
   for (Index column = blockIdx.x * blockDim.x + threadIdx.x; column < columns;
        column += static_cast<Index>(gridDim.x) * blockDim.x) {
@@ -400,6 +406,7 @@ constexpr int kScanItems = 8;
 template <class Storage>
 __global__ void __launch_bounds__(kScanThreads)
     cumsum_rows_kernel(const Storage* in, Storage* out, int64_t rows, int64_t n, bool exclusive, bool reverse) {
+  byoc_pdl::begin_after_previous();
   using Accumulate = typename Traits<Storage>::Accumulate;
   __shared__ Accumulate warp_totals[kScanThreads / 32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -560,10 +567,10 @@ extern "C" int byoc_shim_gather(const void* data, const void* indices, void* out
     auto launch = [&](auto index_tag, auto value_tag) {
       using Index = decltype(index_tag);
       using IndexValue = decltype(value_tag);
-      gather_kernel<Element, Index, IndexValue><<<blocks_for(total), kThreads, 0, cuda_stream>>>(
-          static_cast<const Element*>(data), static_cast<const IndexValue*>(indices), static_cast<Element*>(out),
-          static_cast<Index>(axis_len), static_cast<Index>(words), static_cast<Index>(num_indices),
-          static_cast<Index>(total), current_run_status());
+      byoc_pdl::launch_after_previous(gather_kernel<Element, Index, IndexValue>,
+          blocks_for(total), kThreads, 0, cuda_stream, static_cast<const Element*>(data),
+          static_cast<const IndexValue*>(indices), static_cast<Element*>(out), static_cast<Index>(axis_len),
+          static_cast<Index>(words), static_cast<Index>(num_indices), static_cast<Index>(total), current_run_status());
       return check_launch(kFunction);
     };
     if (index_dtype == BYOC_INT64) return small ? launch(int32_t{}, int64_t{}) : launch(int64_t{}, int64_t{});
@@ -619,9 +626,10 @@ extern "C" int byoc_shim_gather_elements(const void* data, const void* indices, 
       params.ndim = ndim;
       params.axis = axis;
       params.units = units;
-      gather_elements_kernel<Element, Index, IndexValue><<<blocks_for(total), kThreads, 0, cuda_stream>>>(
-          static_cast<const Element*>(data), static_cast<const IndexValue*>(indices), static_cast<Element*>(out),
-          params, static_cast<Index>(total), current_run_status());
+      byoc_pdl::launch_after_previous(gather_elements_kernel<Element, Index, IndexValue>,
+          blocks_for(total), kThreads, 0, cuda_stream, static_cast<const Element*>(data),
+          static_cast<const IndexValue*>(indices), static_cast<Element*>(out), params, static_cast<Index>(total),
+          current_run_status());
       return check_launch(kFunction);
     };
     const bool small = total < kIndex32Limit && data_count * units < kIndex32Limit;
@@ -711,7 +719,7 @@ extern "C" int byoc_shim_pad(const void* in, void* out, byoc_dtype dtype, int nd
       }
       params.ndim = dims;
       params.mode = mode;
-      pad_kernel<Element, Index><<<blocks_for(total), kThreads, 0, cuda_stream>>>(
+      byoc_pdl::launch_after_previous(pad_kernel<Element, Index>, blocks_for(total), kThreads, 0, cuda_stream,
           static_cast<const Element*>(in), static_cast<Element*>(out), params, fill, static_cast<Index>(total));
       return check_launch(kFunction);
     };
@@ -735,7 +743,7 @@ extern "C" int byoc_shim_trilu(const void* in, void* out, int elem_size, int64_t
     const int64_t total = batch * rows * cols * units;
     auto launch = [&](auto index_tag) {
       using Index = decltype(index_tag);
-      trilu_kernel<Element, Index><<<blocks_for(total), kThreads, 0, cuda_stream>>>(
+      byoc_pdl::launch_after_previous(trilu_kernel<Element, Index>, blocks_for(total), kThreads, 0, cuda_stream,
           static_cast<const Element*>(in), static_cast<Element*>(out), static_cast<Index>(rows),
           static_cast<Index>(cols), units, upper != 0, k, static_cast<Index>(total));
       return check_launch(kFunction);
@@ -765,18 +773,19 @@ extern "C" int byoc_shim_cumsum(const void* in, void* out, byoc_dtype dtype, int
     // coalesced (inner > 1) and has enough columns to fill the GPU.
     if (inner == 1 && n >= 256) {
       const unsigned int blocks = static_cast<unsigned int>(outer < kMaxBlocks ? outer : kMaxBlocks);
-      cumsum_rows_kernel<Storage><<<blocks, kScanThreads, 0, cuda_stream>>>(source, destination, outer, n,
-                                                                             exclusive != 0, reverse != 0);
+      byoc_pdl::launch_after_previous(cumsum_rows_kernel<Storage>, blocks, kScanThreads, 0, cuda_stream,
+          source, destination, outer, n, exclusive != 0, reverse != 0);
       return check_launch(kFunction);
     }
     const int64_t columns = outer * inner;
     if (outer * n * inner < kIndex32Limit) {
-      cumsum_columns_kernel<Storage, int32_t><<<blocks_for(columns), kThreads, 0, cuda_stream>>>(
-          source, destination, static_cast<int32_t>(n), static_cast<int32_t>(inner), exclusive != 0, reverse != 0,
-          static_cast<int32_t>(columns));
+      byoc_pdl::launch_after_previous(cumsum_columns_kernel<Storage, int32_t>,
+          blocks_for(columns), kThreads, 0, cuda_stream, source, destination, static_cast<int32_t>(n),
+          static_cast<int32_t>(inner), exclusive != 0, reverse != 0, static_cast<int32_t>(columns));
     } else {
-      cumsum_columns_kernel<Storage, int64_t><<<blocks_for(columns), kThreads, 0, cuda_stream>>>(
-          source, destination, n, inner, exclusive != 0, reverse != 0, columns);
+      byoc_pdl::launch_after_previous(cumsum_columns_kernel<Storage, int64_t>,
+          blocks_for(columns), kThreads, 0, cuda_stream, source, destination, n, inner, exclusive != 0, reverse != 0,
+          columns);
     }
     return check_launch(kFunction);
   });

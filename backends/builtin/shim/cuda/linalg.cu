@@ -298,6 +298,7 @@ int tiled_matmul(const char* function, const void* a, const void* b, void* c, in
 // C = 0 for k == 0 (an empty sum); the batch's matrices may sit apart (batch_stride_c).
 template <class Storage>
 __global__ void zero_matrices_kernel(Storage* c, int64_t batch, int64_t size, int64_t batch_stride) {
+  byoc_pdl::begin_after_previous();
   const int64_t total = batch * size;
   for (int64_t linear = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; linear < total;
        linear += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -371,8 +372,8 @@ extern "C" int byoc_shim_matmul(const void* a, const void* b, void* c, byoc_dtyp
     using Storage = decltype(tag);
     if (empty) return 0;
     if (k == 0) {
-      zero_matrices_kernel<Storage><<<blocks_for(batch * m * n), kThreads, 0, cuda_stream>>>(
-          static_cast<Storage*>(c), batch, m * n, batch_stride_c);
+      byoc_pdl::launch_after_previous(zero_matrices_kernel<Storage>,
+          blocks_for(batch * m * n), kThreads, 0, cuda_stream, static_cast<Storage*>(c), batch, m * n, batch_stride_c);
       return check_launch(kFunction);
     }
     if constexpr (Traits<Storage>::is_float) {

@@ -126,6 +126,7 @@ template <class Storage, bool kWarpPerRow, int kVec>
 __global__ void __launch_bounds__(kMaxRowThreads)
     softmax_rows_kernel(const Storage* __restrict__ in, Storage* __restrict__ out, int64_t rows,
                         int64_t n, bool log, bool use_cache) {
+  byoc_pdl::begin_after_previous();
   using Compute = typename Traits<Storage>::Compute;
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   __shared__ Compute scratch[32];
@@ -168,6 +169,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
 template <class Storage>
 __global__ void softmax_columns_kernel(const Storage* __restrict__ in, Storage* __restrict__ out, int64_t outer,
                                        int64_t n, int64_t inner, bool log) {
+  byoc_pdl::begin_after_previous();
   using T = Traits<Storage>;
   using Compute = typename T::Compute;
   const int64_t columns = outer * inner;
@@ -195,6 +197,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
     norm_rows_kernel(const Storage* __restrict__ in, const Storage* __restrict__ gamma,
                      const Storage* __restrict__ beta, Storage* __restrict__ out, int64_t rows,
                      int64_t n, float epsilon, bool centered, bool use_cache) {
+  byoc_pdl::begin_after_previous();
   using T = Traits<Storage>;
   using Compute = typename T::Compute;
   extern __shared__ __align__(16) unsigned char shared_bytes[];
@@ -305,6 +308,7 @@ template <class Storage, int kVec, int kPacks, bool kBlock>
 __global__ void __launch_bounds__(kBlock ? kMaxRowThreads : kThreads)
     softmax_register_kernel(const Storage* __restrict__ in, Storage* __restrict__ out, int64_t rows, int n,
                             bool log) {
+  byoc_pdl::begin_after_previous();
   using T = Traits<Storage>;
   using Compute = typename T::Compute;
   __shared__ Compute scratch[kBlock ? 32 : 1];
@@ -357,6 +361,7 @@ __global__ void __launch_bounds__(kBlock ? kMaxRowThreads : kThreads)
     norm_register_kernel(const Storage* __restrict__ in, const Storage* __restrict__ gamma,
                          const Storage* __restrict__ beta, Storage* __restrict__ out, int64_t rows, int n,
                          float epsilon, bool centered) {
+  byoc_pdl::begin_after_previous();
   using T = Traits<Storage>;
   using Compute = typename T::Compute;
   __shared__ Compute scratch[kBlock ? 32 : 1];
@@ -521,6 +526,7 @@ __global__ void batch_norm_kernel(const Storage* __restrict__ in, const Storage*
                                   const Storage* __restrict__ bias, const Storage* __restrict__ mean,
                                   const Storage* __restrict__ var, Storage* __restrict__ out, Index channels,
                                   Index inner, float epsilon, Index total) {
+  byoc_pdl::begin_after_previous();
   using T = Traits<Storage>;
   using Compute = typename T::Compute;
   for (Index linear = blockIdx.x * blockDim.x + threadIdx.x; linear < total;
@@ -566,23 +572,23 @@ int launch_norm(const char* function, const void* in, const void* gamma, const v
         constexpr int kPacks = decltype(packs_tag)::value;
         if (registers.block) {
           const unsigned blocks = static_cast<unsigned>(rows < kMaxBlocks ? rows : kMaxBlocks);
-          norm_register_kernel<Storage, kVec, kPacks, true><<<blocks, registers.threads, 0, stream>>>(
-              x, g, b, y, rows, static_cast<int>(n), epsilon, centered);
+          byoc_pdl::launch_after_previous(norm_register_kernel<Storage, kVec, kPacks, true>,
+              blocks, registers.threads, 0, stream, x, g, b, y, rows, static_cast<int>(n), epsilon, centered);
         } else {
-          norm_register_kernel<Storage, kVec, kPacks, false>
-              <<<warp_row_blocks(rows), warp_row_threads(rows), 0, stream>>>(x, g, b, y, rows, static_cast<int>(n),
-                                                                            epsilon, centered);
+          byoc_pdl::launch_after_previous(norm_register_kernel<Storage, kVec, kPacks, false>,
+              warp_row_blocks(rows), warp_row_threads(rows), 0, stream, x, g, b, y, rows, static_cast<int>(n), epsilon,
+              centered);
         }
         return check_launch(function);
       });
     });
   } else {
     if (width > 1) {
-      norm_rows_kernel<Storage, false, kWide><<<plan.blocks, plan.threads, plan.shared_bytes, stream>>>(
-          x, g, b, y, rows, n, epsilon, centered, cache);
+      byoc_pdl::launch_after_previous(norm_rows_kernel<Storage, false, kWide>,
+          plan.blocks, plan.threads, plan.shared_bytes, stream, x, g, b, y, rows, n, epsilon, centered, cache);
     } else {
-      norm_rows_kernel<Storage, false, 1><<<plan.blocks, plan.threads, plan.shared_bytes, stream>>>(
-          x, g, b, y, rows, n, epsilon, centered, cache);
+      byoc_pdl::launch_after_previous(norm_rows_kernel<Storage, false, 1>,
+          plan.blocks, plan.threads, plan.shared_bytes, stream, x, g, b, y, rows, n, epsilon, centered, cache);
     }
   }
   return check_launch(function);
@@ -609,8 +615,8 @@ extern "C" int byoc_shim_softmax(const void* in, void* out, byoc_dtype dtype, in
     const auto* x = static_cast<const Storage*>(in);
     auto* y = static_cast<Storage*>(out);
     if (inner > 1) {
-      softmax_columns_kernel<Storage><<<blocks_for(outer * inner), kThreads, 0, cuda_stream>>>(x, y, outer, n, inner,
-                                                                                            log != 0);
+      byoc_pdl::launch_after_previous(softmax_columns_kernel<Storage>,
+          blocks_for(outer * inner), kThreads, 0, cuda_stream, x, y, outer, n, inner, log != 0);
       return check_launch(kFunction);
     }
     const RowLaunch plan = plan_rows<Compute>(outer, n);
@@ -626,23 +632,23 @@ extern "C" int byoc_shim_softmax(const void* in, void* out, byoc_dtype dtype, in
           constexpr int kPacks = decltype(packs_tag)::value;
           if (registers.block) {
             const unsigned blocks = static_cast<unsigned>(outer < kMaxBlocks ? outer : kMaxBlocks);
-            softmax_register_kernel<Storage, kVec, kPacks, true><<<blocks, registers.threads, 0, cuda_stream>>>(
-                x, y, outer, static_cast<int>(n), log != 0);
+            byoc_pdl::launch_after_previous(softmax_register_kernel<Storage, kVec, kPacks, true>,
+                blocks, registers.threads, 0, cuda_stream, x, y, outer, static_cast<int>(n), log != 0);
           } else {
-            softmax_register_kernel<Storage, kVec, kPacks, false>
-                <<<warp_row_blocks(outer), warp_row_threads(outer), 0, cuda_stream>>>(x, y, outer,
-                                                                                      static_cast<int>(n), log != 0);
+            byoc_pdl::launch_after_previous(softmax_register_kernel<Storage, kVec, kPacks, false>,
+                warp_row_blocks(outer), warp_row_threads(outer), 0, cuda_stream, x, y, outer, static_cast<int>(n),
+                log != 0);
           }
           return check_launch(kFunction);
         });
       });
     } else {
       if (wide) {
-        softmax_rows_kernel<Storage, false, kWide>
-            <<<plan.blocks, plan.threads, plan.shared_bytes, cuda_stream>>>(x, y, outer, n, log != 0, cache);
+        byoc_pdl::launch_after_previous(softmax_rows_kernel<Storage, false, kWide>,
+            plan.blocks, plan.threads, plan.shared_bytes, cuda_stream, x, y, outer, n, log != 0, cache);
       } else {
-        softmax_rows_kernel<Storage, false, 1>
-            <<<plan.blocks, plan.threads, plan.shared_bytes, cuda_stream>>>(x, y, outer, n, log != 0, cache);
+        byoc_pdl::launch_after_previous(softmax_rows_kernel<Storage, false, 1>,
+            plan.blocks, plan.threads, plan.shared_bytes, cuda_stream, x, y, outer, n, log != 0, cache);
       }
     }
     return check_launch(kFunction);
@@ -696,7 +702,7 @@ extern "C" int byoc_shim_batch_norm(const void* in, const void* scale, const voi
     const int64_t total = outer * channels * inner;
     auto launch = [&](auto index_tag) {
       using Index = decltype(index_tag);
-      batch_norm_kernel<Storage, Index><<<blocks_for(total), kThreads, 0, cuda_stream>>>(
+      byoc_pdl::launch_after_previous(batch_norm_kernel<Storage, Index>, blocks_for(total), kThreads, 0, cuda_stream,
           static_cast<const Storage*>(in), static_cast<const Storage*>(scale), static_cast<const Storage*>(bias),
           static_cast<const Storage*>(mean), static_cast<const Storage*>(var), static_cast<Storage*>(out),
           static_cast<Index>(channels), static_cast<Index>(inner), epsilon, static_cast<Index>(total));

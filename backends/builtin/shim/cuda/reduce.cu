@@ -122,6 +122,7 @@ template <class Op, bool kWarpPerRow>
 __global__ void __launch_bounds__(kRowBlockThreads)
     reduce_rows_kernel(const typename Op::In* __restrict__ in, typename Op::Out* __restrict__ out,
                        int64_t rows, int64_t n) {
+  byoc_pdl::begin_after_previous();
   using Value = typename Op::Value;
   __shared__ Value scratch[32];
   const int group_size = kWarpPerRow ? 32 : blockDim.x;
@@ -159,6 +160,7 @@ template <class Op>
 __global__ void __launch_bounds__(kColumnBlockThreads)
     reduce_columns_kernel(const typename Op::In* __restrict__ in, typename Op::Out* __restrict__ out, int64_t outer,
                           int64_t n, int64_t inner, int64_t column_blocks) {
+  byoc_pdl::begin_after_previous();
   using Value = typename Op::Value;
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   Value* partial = reinterpret_cast<Value*>(shared_bytes);  // [split][width]
@@ -194,15 +196,15 @@ int launch_reduction(const char* function, const void* in, void* out, int64_t ou
     if (n <= kWarpRowLimit) {
       const int64_t rows_per_block = kThreads / 32;
       const int64_t blocks = (outer + rows_per_block - 1) / rows_per_block;
-      reduce_rows_kernel<Op, true>
-          <<<static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks), kThreads, 0, stream>>>(
-              source, destination, outer, n);
+      byoc_pdl::launch_after_previous(reduce_rows_kernel<Op, true>,
+          static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks), kThreads, 0, stream, source, destination,
+          outer, n);
     } else {
       // Few rows: bigger blocks keep more loads in flight per row.
       const int threads = outer < kColumnBlocksWanted * 2 ? kRowBlockThreads : kRowBlockThreads / 2;
-      reduce_rows_kernel<Op, false>
-          <<<static_cast<unsigned>(outer < kMaxBlocks ? outer : kMaxBlocks), threads, 0, stream>>>(
-              source, destination, outer, n);
+      byoc_pdl::launch_after_previous(reduce_rows_kernel<Op, false>,
+          static_cast<unsigned>(outer < kMaxBlocks ? outer : kMaxBlocks), threads, 0, stream, source, destination,
+          outer, n);
     }
   } else {
     // Narrower tiles (down to 4 columns) when 32-wide ones would leave SMs idle, and no
@@ -218,8 +220,9 @@ int launch_reduction(const char* function, const void* in, void* out, int64_t ou
     int split = 1;
     while (split * 2 * width <= kColumnBlockThreads && split * 2 <= n && split * 2 <= split_limit) split *= 2;
     const size_t shared = static_cast<size_t>(width) * split * sizeof(typename Op::Value);
-    reduce_columns_kernel<Op><<<static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks), dim3(width, split),
-                                shared, stream>>>(source, destination, outer, n, inner, column_blocks);
+    byoc_pdl::launch_after_previous(reduce_columns_kernel<Op>,
+        static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks), dim3(width, split), shared, stream, source,
+        destination, outer, n, inner, column_blocks);
   }
   return check_launch(function);
 }

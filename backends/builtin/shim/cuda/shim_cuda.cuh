@@ -19,6 +19,7 @@
 
 #include "../byoc_shim.h"
 #include "../shim_checks.h"
+#include "pdl.cuh"
 
 namespace byoc_shim_cuda {
 

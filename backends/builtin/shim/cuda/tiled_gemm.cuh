@@ -28,6 +28,7 @@ template <class Acc, class LoadA, class LoadB, class StoreC>
 __global__ void __launch_bounds__(kGemmThreads)
     tiled_gemm_kernel(int64_t m, int64_t n, int64_t k, int64_t batch_offset, LoadA load_a, LoadB load_b,
                       StoreC store_c) {
+  byoc_pdl::begin_after_previous();
   // +1 column: the A tile is written depth-fastest, which would otherwise put 16 threads
   // of a warp on one shared-memory bank.
   __shared__ Acc a_tile[kGemmTileK][kGemmTileM + 1];
@@ -103,7 +104,8 @@ int launch_tiled_gemm(const char* function, int64_t batch, int64_t m, int64_t n,
     const int64_t count = batch - first < kGemmMaxBatchPerLaunch ? batch - first : kGemmMaxBatchPerLaunch;
     const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(column_tiles),
                     static_cast<unsigned>(count));
-    tiled_gemm_kernel<Acc><<<grid, kGemmThreads, 0, stream>>>(m, n, k, first, load_a, load_b, store_c);
+    byoc_pdl::launch_after_previous(tiled_gemm_kernel<Acc, LoadA, LoadB, StoreC>, grid, kGemmThreads, 0, stream,
+        m, n, k, first, load_a, load_b, store_c);
     BYOC_CHECK(check_launch(function));
   }
   return 0;
