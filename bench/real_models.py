@@ -277,7 +277,9 @@ def profile_text(case, spec, entry) -> str:
     lines = [f"# {case} {spec}", "",
              f"wall {entry.get('ms_out', entry.get('ms', 0)) * 1000:.1f} us per run (out=); kernels and copies "
              f"{profile['gpu_us_per_run']:.1f} us per run ({profile['kernels_per_run']:.0f} launches per run, "
-             f"{profile['distinct_kernels']} distinct kernels)", "",
+             f"{profile['distinct_kernels']} distinct kernels). With programmatic dependent launch a kernel "
+             "starts while the one before it drains and waits for it: its time includes that wait, so the "
+             "kernel times overlap and their sum can exceed the wall time.", "",
              "| per run | total us | mean us | kernel |", "|---|---|---|---|"]
     for k in profile["top"]:
         lines.append(f"| {k['per_run']:g} | {k['total_us']:.1f} | {k['mean_us']:.2f} | {k['name'][:150]} |")

@@ -30,10 +30,12 @@ def problem_from_key(key: str) -> GemmProblem | None:
     dtype, m, n, k, batch, layout, epilogue = parts
     if epilogue in EPILOGUES:
         activation, bias, residual = EPILOGUES[epilogue]
-    else:  # [bias_]<activation>[_residual]
+    else:  # [bias_]<activation>[_residual] or [bias_]residual_<activation> (a pointwise conv's)
         words = epilogue.split("_")
-        bias, residual = words[0] == "bias", words[-1] == "residual"
+        bias, residual = words[0] == "bias", "residual" in words
         activation = "_".join(w for w in words if w not in ("bias", "residual"))
+        return GemmProblem(int(m[1:]), int(n[1:]), int(k[1:]), int(batch[1:]), dtype, layout == "nt",
+                           activation, bias, residual, residual_in_activation=residual and words[-1] != "residual")
     return GemmProblem(int(m[1:]), int(n[1:]), int(k[1:]), int(batch[1:]), dtype, layout == "nt",
                        activation, bias, residual)
 

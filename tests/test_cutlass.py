@@ -68,6 +68,10 @@ def test_kernel_families_compile(sm, tmp_path):
         problems.append(GemmProblem(1024, 2304, 768, 1, "float16", False, "relu", True, False))
         kernels.append(GemmKernel(90, (192, 96, 64), (1, 1), "ws", swap_ab=True, epilogue_tile=(64, 96),
                                   mainloop_stages=4))
+        # a pointwise conv as its GEMM: relu(x [N*H*W, C] w^T + bias + residual)
+        problems.append(ConvProblem(2, 15, 15, 64, 256, 1, 1, 15, 15, (1, 1), (0, 0, 0, 0), (1, 1), "float16",
+                                    "relu", True, True).as_gemm())
+        kernels.append(default_kernel(sm, problems[-1]))
     # an RGB stem padded to 4 channels: CUTLASS 2.x's fixed-channel iterator, on either arch
     problems.append(ConvProblem(2, 33, 33, 4, 64, 7, 7, 17, 17, (2, 2), (3, 3, 3, 3), (1, 1), "float16", "relu",
                                 True, False))
@@ -517,6 +521,30 @@ def test_conv_patterns_take_resnet_epilogues():
     assert composite.attrs["Composite"] == "cutlass.conv2d_bias_residual_activation"
 
 
+def test_pointwise_convs_are_gemms_with_the_residual_inside_the_activation():
+    """A 1x1, stride-1, unpadded NHWC conv is the GEMM [N*H*W, C] x [K, C]^T with the conv's
+    epilogue act(acc + bias + residual): its key spells that order, and sm90 GEMM kernels
+    take it (an activation before a residual add they do not)."""
+    from byoc.backends.cutlass.codegen import partition_problem
+    from byoc.backends.cutlass.kernels import GemmProblem, default_kernel
+    mod, report = _partition(_conv_graph((2, 15, 15, 64), (256, 1, 1, 64), residual=True))
+    function = next(f for name, f in mod.items() if name != "main")
+    conv, indices = partition_problem(function)
+    gemm = conv.as_gemm()
+    assert gemm == GemmProblem(450, 256, 64, 1, "float16", True, "relu", True, True, residual_in_activation=True)
+    assert gemm.key == "float16:m450:n256:k64:l1:nt:bias_residual_relu"
+    assert indices == {"a": 0, "b": 1, "bias": 2, "residual": 3}  # the GEMM's A, B, bias, C
+    kernel = default_kernel(90, gemm)
+    assert kernel.supports(gemm) is None and kernel.name(gemm).endswith("_nt_bias_residual_relu")
+    after = GemmProblem(450, 256, 64, 1, "float16", True, "relu", True, True)  # act(...) + residual
+    assert after.key.endswith(":bias_relu_residual") and kernel.supports(after) is not None
+    for shape, strides, pads in [((256, 3, 3, 64), (1, 1), (1, 1, 1, 1)), ((256, 1, 1, 64), (2, 2), (0, 0, 0, 0)),
+                                 ((256, 1, 1, 64), (1, 1), (1, 1, 1, 1))]:
+        mod, _ = _partition(_conv_graph((2, 15, 15, 64), shape, strides=strides, pads=pads))
+        function = next(f for name, f in mod.items() if name != "main")
+        assert partition_problem(function)[0].as_gemm() is None, (shape, strides, pads)
+
+
 def _resnet_ir(dtype="float16", batch=1, size=16):
     """A small ResNet as the ONNX importer writes it (NCHW, batch norm folded into conv
     biases of shape (C, 1, 1)): a 3-channel stem, max pool, one basic block, a strided 1x1
@@ -696,7 +724,8 @@ def _conv_model(kind, batch, channels, size, out_channels, kernel, stride, dtype
     ("conv_bias_relu", 2, 64, 15, 72, 3, 2, "float16"),  # odd sizes: M = 2*8*8, N = 72 not tile multiples
     ("conv_bias_residual_relu", 2, 64, 14, 64, 3, 1, "float16"),
     ("conv_bias", 3, 32, 28, 136, 1, 2, "float16"),  # 1x1 stride 2 (a ResNet downsample)
-    ("conv", 1, 16, 9, 24, 1, 1, "float16"),
+    ("conv", 1, 16, 9, 24, 1, 1, "float16"),  # pointwise: a GEMM
+    ("conv_bias_residual_relu", 3, 64, 13, 136, 1, 1, "float16"),  # ResNet's pointwise conv3, M = 507
     ("conv_bias_residual_relu", 2, 64, 15, 64, 3, 1, "bfloat16"),
     # RGB stems: C=3 padded to 4 (the fixed-channel kernel), C=6 padded to 8 (the usual one)
     ("conv_bias_relu", 2, 3, 33, 64, 7, 2, "float16"), ("conv_bias_relu", 3, 3, 30, 24, 7, 2, "bfloat16"),

@@ -28,7 +28,9 @@ ACTIVATIONS = {None: "Identity", "relu": "ReLu", "gelu": "GELU", "gelu_tanh": "G
 
 @dataclass(frozen=True)
 class GemmProblem:
-    """What one partition computes: D = act(A @ B + bias) + residual, batched over L."""
+    """What one partition computes: D = act(A @ B + bias) + residual, batched over L, or
+    with residual_in_activation D = act(A @ B + bias + residual) (a pointwise conv's epilogue:
+    ResNet's relu(conv + shortcut))."""
     m: int
     n: int
     k: int
@@ -41,12 +43,15 @@ class GemmProblem:
     # D = alpha * (A @ B) ...: a scalar scale folded into the epilogue (attention's
     # 1/sqrt(d)). It changes no kernel choice, so it is not part of the tuning key.
     alpha: float = 1.0
+    residual_in_activation: bool = False
 
     @property
     def epilogue_name(self) -> str:
-        parts = (["bias"] if self.has_bias else []) + ([self.activation] if self.activation else []) + \
-            (["residual"] if self.has_residual else [])
-        return "_".join(parts) or "plain"
+        """The epilogue's steps in order: bias_gelu_residual, bias_residual_relu, plain."""
+        residual = ["residual"] if self.has_residual else []
+        activation = [self.activation] if self.activation else []
+        steps = residual + activation if self.residual_in_activation else activation + residual
+        return "_".join((["bias"] if self.has_bias else []) + steps) or "plain"
 
     @property
     def key(self) -> str:
@@ -131,7 +136,7 @@ class GemmKernel:
         """None when this kernel can run the problem, else why not."""
         if self.sm == 80 and problem.has_bias and problem.has_residual:
             return "sm80 kernels take either a bias or a residual in the epilogue, not both"
-        if problem.has_residual and problem.activation:
+        if problem.has_residual and problem.activation and not problem.residual_in_activation:
             return "an activation before the residual add needs an epilogue visitor tree (not built)"
         if self.swap_ab and (self.sm < 90 or self.splits > 1 or self.stream_k):
             return "operand-swapped kernels are sm90 kernels without split-K or stream-K"
@@ -400,6 +405,16 @@ class ConvProblem:
                 f"k{self.out_channels}r{self.kernel_h}s{self.kernel_w}:"
                 f"stride{'x'.join(map(str, self.strides))}:pad{'x'.join(map(str, self.pads))}:"
                 f"dilation{'x'.join(map(str, self.dilations))}:{self.epilogue_name}")
+
+    def as_gemm(self) -> GemmProblem | None:
+        """A pointwise conv (1x1, stride 1, no padding) as the GEMM it is: x as [N*H*W, C]
+        times the K x 1 x 1 x C filter as B stored N x K, the same epilogue (its operands keep
+        their places: a, b, bias, residual); None for any other conv."""
+        if (self.kernel_h, self.kernel_w) != (1, 1) or tuple(self.strides) != (1, 1) or any(self.pads):
+            return None
+        return GemmProblem(m=self.batch * self.height * self.width, n=self.out_channels, k=self.in_channels,
+                           batch=1, dtype=self.dtype, b_transposed=True, activation=self.activation,
+                           has_bias=self.has_bias, has_residual=self.has_residual, residual_in_activation=True)
 
     def operand_sizes(self) -> list:
         """Elements of x, w, bias, residual (0 when absent) and of the output, for the profiler."""
