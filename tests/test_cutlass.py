@@ -521,6 +521,24 @@ def test_conv_patterns_take_resnet_epilogues():
     assert composite.attrs["Composite"] == "cutlass.conv2d_bias_residual_activation"
 
 
+def test_a_measured_split_k_winner_is_used_without_split_k_candidates(tmp_path):
+    """split_k only widens what tuning compiles: a database entry that splits K was measured
+    fastest and is used by a target without split_k; the tile filter still applies."""
+    from byoc.backends.cutlass.kernels import NO_FILTER, CandidateFilter, GemmKernel, GemmProblem, candidates
+    from byoc.backends.cutlass.tuning import TuningDatabase, choose_kernels
+    problem = GemmProblem(128, 768, 3072, 1, "float16", False, None, True, True)
+    split = GemmKernel(90, (128, 64, 64), (1, 1), "coop", splits=4)
+    assert split not in candidates(90) and split in candidates(90, CandidateFilter(split_k=True))
+    database = TuningDatabase(tmp_path / "db.json")
+    database.record(90, problem, split, 3.0, {})
+    chosen = choose_kernels([problem], 90, database, profile=False, workdir=tmp_path, compile_flags=[])
+    assert chosen[problem] == split
+    narrowed = CandidateFilter(tiles=((64, 64, 64),))
+    chosen = choose_kernels([problem], 90, database, profile=False, workdir=tmp_path, compile_flags=[],
+                            allowed=narrowed)
+    assert chosen[problem].tile == (64, 64, 64) and NO_FILTER.admits(split, measured=True)
+
+
 def test_pointwise_convs_are_gemms_with_the_residual_inside_the_activation():
     """A 1x1, stride-1, unpadded NHWC conv is the GEMM [N*H*W, C] x [K, C]^T with the conv's
     epilogue act(acc + bias + residual): its key spells that order, and sm90 GEMM kernels

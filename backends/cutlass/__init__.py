@@ -62,7 +62,8 @@ register_target_kind("cutlass", {
                              check=each(_shape_check(2, "clusters"))),
     "stages": AttrSchema(list, [], None, "candidate sm80 pipeline stage counts, e.g. [3, 4] (empty: all)",
                            check=each(_stage_check)),
-    "split_k": AttrSchema(bool, False, None, "let tuning try sm90 split-K (K split 2/4/8 ways) and stream-K GEMMs"),
+    "split_k": AttrSchema(bool, False, None, "let tuning try sm90 split-K (K split 2/4/8 ways) and stream-K GEMMs "
+                          "(a tuning-database entry that splits is used either way)"),
     "compile_threads": AttrSchema(int, 0, None, "parallel nvcc jobs while tuning (0: one per CPU)",
                                     check=at_least(0)),
     # On by default since the GPU tests that build CUTLASS kernels (test_cutlass.py, every

@@ -8,7 +8,7 @@ layout of B, epilogue), and the candidates the tuner chooses among.
 
 The cutlass Target narrows the candidates (CandidateFilter: tiles, clusters, stages) and
 may add (split_k, off by default) sm90 kernels that split K, split-K and stream-K, which
-only tuning picks. Measured on an H100 they lose to the unsplit tiles at M=1024
+only tuning picks (a database entry that splits is used either way: it was measured). Measured on an H100 they lose to the unsplit tiles at M=1024
 (backends/cutlass/tuning_sm90.json) and, when a heuristic picked split-K for the batch-1
 GEMMs whose tiles leave most SMs idle, whole models got slower (bench/results/models.md,
 rows cuda_sm90:split), so the heuristic never splits.
@@ -302,7 +302,7 @@ class CandidateFilter:
     tiles: tuple = ()  # ((M, N, K), ...) threadblock tiles
     clusters: tuple = ()  # ((M, N), ...) cluster shapes (sm90)
     stages: tuple = ()  # stage counts (sm80)
-    split_k: bool = False  # allow the split-K and stream-K kernels
+    split_k: bool = False  # tuning also compiles and times the split-K and stream-K kernels
 
     @staticmethod
     def from_target(attrs: dict) -> "CandidateFilter":
@@ -311,8 +311,12 @@ class CandidateFilter:
                                stages=tuple(int(x) for x in attrs.get("stages") or ()),
                                split_k=bool(attrs.get("split_k", False)))
 
-    def admits(self, kernel) -> bool:
-        if (getattr(kernel, "splits", 1) > 1 or getattr(kernel, "stream_k", False)) and not self.split_k:
+    def admits(self, kernel, measured: bool = False) -> bool:
+        """Whether the target allows `kernel`: among the candidates, or (measured) as a
+        tuning-database winner, which may split K whatever split_k says (split_k only widens
+        what tuning compiles; a split kernel measured fastest is used)."""
+        if (getattr(kernel, "splits", 1) > 1 or getattr(kernel, "stream_k", False)) and not self.split_k \
+                and not measured:
             return False
         if self.tiles and tuple(kernel.tile) not in self.tiles:
             return False

@@ -123,13 +123,13 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
     to_tune = []
     for problem in problems:
         known = database.lookup(sm, problem)
-        if known is not None and known.supports(problem) is None and allowed.admits(known):
+        if known is not None and known.supports(problem) is None and allowed.admits(known, measured=True):
             chosen[problem] = known
         elif profile:
             to_tune.append(problem)
         else:
             similar = database.lookup_same_shape(sm, problem)
-            chosen[problem] = similar if similar is not None and allowed.admits(similar) else \
+            chosen[problem] = similar if similar is not None and allowed.admits(similar, measured=True) else \
                 default_kernel(sm, problem, allowed)
     if to_tune:
         import logging
