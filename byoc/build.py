@@ -252,6 +252,9 @@ class _Builder:
                        f"{', '.join(self.cfg.backend_names)} (report in {self.workdir / 'partition_report.txt'})")
         mod, artifacts = self.codegen(mod)
         progress.stage(f"code generated: {len(artifacts)} artifacts (sources in {self.workdir})")
+        from .report_page import describe_functions
+        self.function_summaries = describe_functions(
+            mod, {s: k for a in artifacts for s, k in a.payload.get("kernels", {}).items()})
         # Pinned functions lose their Device attribute as they become extern: keep it here.
         self.pinned = {name: f.attrs["Device"] for name, f in mod.items() if "Device" in f.attrs}
         from .transform.mark_compiler_functions_as_extern import mark_compiler_functions_as_extern
@@ -261,6 +264,9 @@ class _Builder:
         return mod, output_names, artifacts, report
 
     def import_model(self, model, input_shapes):
+        # what report.html is titled
+        self.model_name = Path(model).name if isinstance(model, (str, os.PathLike)) else \
+            ("IR module" if isinstance(model, IRModule) else "ONNX model")
         if isinstance(model, IRModule):
             check_module(model)
             mod = model
@@ -466,11 +472,13 @@ class _Builder:
         functions = [{"symbol": s, "backend": backend_of.get(s, "?"),
                       "calls": sum(1 for c in plan.calls if c["symbol"] == s)} for s in plan.extern_symbols]
         backends = sorted({f["backend"] for f in functions})
+        from .report_page import execution_graph
+        graph = execution_graph(mod, plan.memory_plan, getattr(self, "function_summaries", None), views=view_symbols)
         metadata = metadata_json(plan, build_id=build_id, target=str(self.target), arch=arch,
                                  backends=backends, functions=functions,
                                  weights_location="sidecar" if sidecar_wanted else "embedded",
                                  cuda_graph=cuda_graph,
-                                 partition_report=report.to_json() if report is not None else None)
+                                 partition_report=report.to_json() if report is not None else None, graph=graph)
         arch_number = int("".join(ch for ch in arch if ch.isdigit())) if arch else None
         host_source = render_host(plan, cuda=self.cuda, build_id=build_id, metadata=metadata,
                                   arch_number=arch_number, weights_embedded=not sidecar_wanted,
@@ -521,6 +529,9 @@ class _Builder:
                           build_stats=self.compile_stats(compiled, unit_backends),
                           file_states={str(path): _file_state(path) for path in (output, sidecar) if path})
         (self.workdir / "metadata.json").write_text(json.dumps(library.metadata, indent=2, sort_keys=True))
+        from .report_page import render_page
+        (self.workdir / "report.html").write_text(render_page(library.metadata,
+                                                                  title=getattr(self, "model_name", "model")))
         return library
 
 

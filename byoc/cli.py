@@ -4,6 +4,7 @@ messages.
     byoc import MODEL.onnx [--input-shape NAME=1,8 ...] [-o OUT.ir]
     byoc ops
     byoc run MODEL.onnx --inputs INPUTS.npz [--input-shape ...] [--save OUT.npz]
+    byoc report model.so|WORKDIR [-o report.html]
 
 A user error (any byoc.ByocError, a missing or unreadable file, a bad YAML file) prints
 `byoc: error: <message>` on stderr and exits 2, with no traceback. Anything else is a bug
@@ -423,6 +424,43 @@ def describe_library(path, metadata: dict) -> str:
     return "\n".join(lines)
 
 
+def _report_arguments(parser: argparse.ArgumentParser):
+    parser.add_argument("build", help="a model library built by byoc, or a build's workdir (its metadata.json)")
+    parser.add_argument("-o", "--output", help="the HTML file to write (default: report.html in the workdir, "
+                        "or beside the library as NAME.report.html)")
+
+
+def _report_command(args: argparse.Namespace) -> int:
+    import json
+    from .errors import ConfigError
+    from .report_page import render_page
+    source = Path(args.build)
+    if source.is_dir():
+        metadata_path = source / "metadata.json"
+        try:
+            metadata = json.loads(metadata_path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{source} has no metadata.json; expected a build's workdir (byoc build --workdir) "
+                              f"or a built library") from None
+        except (OSError, ValueError) as error:
+            raise ConfigError(f"{metadata_path}: cannot read it as a build's metadata ({error})") from None
+        output = Path(args.output) if args.output else source / "report.html"
+        title = source.name
+    else:
+        from .runtime import metadata_of
+        metadata = metadata_of(source)
+        output = Path(args.output) if args.output else source.with_name(source.name.split(".")[0] + ".report.html")
+        title = source.name
+    if not isinstance(metadata, dict):
+        raise ConfigError(f"{args.build}: its metadata is not a JSON object; expected a byoc build's")
+    try:
+        output.write_text(render_page(metadata, title=title))
+    except OSError as error:
+        raise ConfigError(f"--output {output}: cannot write it ({error.strerror or error})") from None
+    print(output)
+    return 0
+
+
 @dataclass(frozen=True)
 class Subcommand:
     name: str
@@ -443,6 +481,8 @@ SUBCOMMANDS = [
     Subcommand("inspect", "print a built library's interface, backends, memory plan and partition report, "
                "or an ONNX model's interface",
                _inspect_arguments, _inspect_command),
+    Subcommand("report", "draw a build as one HTML page: what runs where, refused patterns and why, the memory plan",
+               _report_arguments, _report_command),
 ]
 
 

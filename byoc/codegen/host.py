@@ -372,7 +372,7 @@ def _tensor_entry(name: str, type_: TensorType) -> dict:
 
 def metadata_json(plan: HostPlan, *, build_id: str, target: str, arch: str | None,
                   backends: list, functions: list, weights_location: str, cuda_graph: bool = False,
-                  partition_report: dict | None = None) -> str:
+                  partition_report: dict | None = None, graph: dict | None = None) -> str:
     def tensor(name, type_):
         return {"name": name, "shape": list(type_.shape), "dtype": type_.dtype}
 
@@ -392,6 +392,8 @@ def metadata_json(plan: HostPlan, *, build_id: str, target: str, arch: str | Non
     }
     if partition_report is not None:  # so that `byoc inspect` can show it without the build dir
         metadata["partition_report"] = partition_report
+    if graph is not None:  # the calls and the memory plan, for `byoc report` (report_page.py)
+        metadata["graph"] = graph
     return json.dumps(metadata, sort_keys=True, separators=(",", ":"))
 
 

@@ -16,7 +16,9 @@ def template_environment() -> jinja2.Environment:
     root = Path(byoc.templates.__file__).parent
     return jinja2.Environment(loader=jinja2.FileSystemLoader(str(root)), undefined=jinja2.StrictUndefined,
                               trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
-                              autoescape=False)
+                              # HTML pages escape what they show (names come from models); C/C++
+                              # sources get names already sanitized for C
+                              autoescape=lambda name: name is not None and ".html" in name)
 
 
 def render_template(name: str, data: dict) -> str:

@@ -1,0 +1,263 @@
+"""The build as a picture: one self-contained HTML page (no network at view time) showing
+what runs where, for a person to look at rather than read.
+
+    describe_functions(mod, kernels)            after codegen: each backend function's ops,
+        composites and kernel (before their bodies are dropped)
+    execution_graph(mod, memory_plan, functions)  at link time: the calls of @main in order
+        and the memory plan's lifetimes, as plain data (it goes into the library's metadata,
+        so a built .so can be drawn without its build directory)
+    render_page(metadata, title)                the page: the backends and their coverage,
+        the calls laid out in one lane per backend with the tensors between them, every
+        refused pattern match with its reason, and the memory plan as tensor lifetimes
+        against arena offsets
+
+`byoc report model.so|WORKDIR` writes it; every build writes `report.html` into its
+workdir. The page is one Jinja template (templates/report/page.html.j2) fed plain data;
+the SVG geometry is computed here. Names come from models: the template escapes them.
+"""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from .ir.expr import Call, Constant, Function, GlobalVar, Var
+from .ir.op import Op
+
+# backend -> fill colour; others take the palette in order of appearance
+BACKEND_COLORS = {"cutlass": "#76b900", "cublaslt": "#f28e2b", "builtin": "#4e79a7"}
+PALETTE = ["#b07aa1", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#9c755f", "#ff9da7", "#bab0ac"]
+LANE_WIDTH, BOX_WIDTH, ROW_HEIGHT, TOP = 300, 270, 30, 56
+TIMELINE_WIDTH, TIMELINE_HEIGHT = 900, 320
+
+
+def _function_ops(function: Function) -> tuple[list, list]:
+    """(op names in order, composite pattern names) of an outlined function's body."""
+    ops, composites = [], []
+
+    def walk(body: Function):
+        for binding in body.bindings:
+            value = binding.value
+            if isinstance(value, Function):
+                if "Composite" in value.attrs:
+                    composites.append(str(value.attrs["Composite"]))
+                walk(value)
+            elif isinstance(value, Call) and isinstance(value.op, Function):
+                walk(value.op)
+            elif isinstance(value, Call) and isinstance(value.op, Op):
+                ops.append(value.op.name)
+    if getattr(function, "bindings", None):
+        walk(function)
+    return ops, composites
+
+
+def describe_functions(mod, kernels: dict | None = None) -> dict:
+    """symbol -> {"ops", "composites", "kernel"} for every backend function of `mod`, read
+    while they still have bodies (MarkCompilerFunctionsAsExtern drops them); `kernels`:
+    symbol -> kernel name, as backends report them."""
+    kernels = kernels or {}
+    described = {}
+    for name, function in mod.items():
+        if "Compiler" in function.attrs:
+            ops, composites = _function_ops(function)
+            described[name] = {"backend": str(function.attrs["Compiler"]), "ops": ops, "composites": composites,
+                               "kernel": kernels.get(name)}
+    return described
+
+
+def execution_graph(mod, memory_plan=None, functions: dict | None = None, views=frozenset()) -> dict:
+    """What the page draws, as plain data: "values" (the model's inputs and every computed
+    tensor: name, shape, dtype, producing call), "calls" in @main's order (symbol, the
+    binding's position, value indices read, weights read, the value written),
+    "functions" (describe_functions() of the symbols called) and "lifetimes" (value, first
+    and last binding, arena offset and bytes) where memory was planned. A call of one of
+    `views` (a backend's reshape) launches nothing: its result is its argument's storage."""
+    main = mod["main"]
+    functions = functions or {}
+    values, index_of = [], {}
+
+    def add_value(var, producer=None):
+        index_of[var] = len(values)
+        values.append({"name": var.name_hint, "shape": list(getattr(var.type, "shape", [])),
+                       "dtype": getattr(var.type, "dtype", "?"), "call": producer})
+        return index_of[var]
+
+    for param in main.params:
+        add_value(param)
+    calls, symbols = [], []
+    for position, binding in enumerate(main.bindings):
+        value = binding.value
+        if not isinstance(value, Call):
+            continue
+        if isinstance(value.op, GlobalVar):
+            symbol = value.op.name
+        elif getattr(value.op, "name", None) == "device_copy":
+            symbol = "device_copy"
+        else:
+            continue
+        reads = [index_of[a] for a in value.args if isinstance(a, Var) and a in index_of]
+        weights = sum(1 for a in value.args if isinstance(a, Constant))
+        calls.append({"symbol": symbol, "position": position, "reads": reads, "weights": weights,
+                      "writes": add_value(binding.var, producer=len(calls)), "view": symbol in views})
+        if symbol not in symbols and symbol != "device_copy":
+            symbols.append(symbol)
+    lifetimes = []
+    if memory_plan is not None:
+        for lifetime in memory_plan.lifetimes:
+            if lifetime.var in index_of and lifetime.var in memory_plan.offsets:
+                lifetimes.append({"value": index_of[lifetime.var], "first": lifetime.first, "last": lifetime.last,
+                                  "offset": memory_plan.offsets[lifetime.var], "bytes": lifetime.size})
+    return {"values": values, "calls": calls, "lifetimes": lifetimes,
+            "functions": {symbol: functions.get(symbol, {"backend": "?", "ops": [], "composites": [], "kernel": None})
+                          for symbol in symbols}}
+
+
+def _mib(count: int) -> str:
+    return f"{count / (1 << 20):.2f} MiB" if count >= 1 << 16 else f"{count:,} B"
+
+
+def _shape(value: dict) -> str:
+    return f"{value['dtype']}[{', '.join(map(str, value['shape']))}]"
+
+
+def _colors(backends: list) -> dict:
+    spare = iter(PALETTE)
+    return {b: BACKEND_COLORS.get(b) or next(spare, "#999999") for b in backends}
+
+
+def _summary(function: dict | None) -> str:
+    """One line for a call's box: the composites it matched, else its ops."""
+    if not function:
+        return ""
+    if function["composites"]:
+        names = Counter(c.split(".", 1)[-1] for c in function["composites"])
+        return ", ".join(f"{name} x{n}" if n > 1 else name for name, n in names.items())
+    ops = Counter(function["ops"])
+    return ", ".join(f"{op} x{n}" if n > 1 else op for op, n in ops.items())
+
+
+def _backend(graph: dict, backend_of: dict, symbol: str) -> str:
+    if symbol == "device_copy":
+        return "copy"
+    return graph["functions"].get(symbol, {}).get("backend") or backend_of.get(symbol, "?")
+
+
+def _tail(name: str, limit: int) -> str:
+    """The end of a long name (ONNX paths differ at their ends)."""
+    return name if len(name) <= limit else "\u2026" + name[-(limit - 1):]
+
+
+def _graph_layout(graph: dict, backend_of: dict) -> dict:
+    """Boxes (one per call, in its backend's lane, one row per call) and edges (a computed
+    tensor from the call that writes it to each call that reads it)."""
+    lanes = []
+    for call in graph["calls"]:
+        backend = _backend(graph, backend_of, call["symbol"])
+        if backend not in lanes:
+            lanes.append(backend)
+    colors = _colors(lanes)
+    lane_x = {backend: 20 + i * LANE_WIDTH for i, backend in enumerate(lanes)}
+    boxes, centre = [], {}
+    values = graph["values"]
+    for row, call in enumerate(graph["calls"]):
+        backend = _backend(graph, backend_of, call["symbol"])
+        function = graph["functions"].get(call["symbol"])
+        x, y = lane_x[backend], TOP + row * ROW_HEIGHT
+        written = values[call["writes"]]
+        inputs = [values[i]["name"] for i in call["reads"]]
+        view = call.get("view", False)
+        boxes.append({"x": x, "y": y, "width": BOX_WIDTH, "height": ROW_HEIGHT - 8, "color": colors[backend],
+                      "view": view, "label": f"#{call['position']} {_tail(written['name'], 38)}",
+                      "detail": ("view, no kernel: " if view else "") + _summary(function)[:44],
+                      "tooltip": "\n".join(filter(None, [
+                          f"#{call['position']} {written['name']} = {call['symbol']}({', '.join(inputs)})",
+                          f"backend: {backend}", f"writes {_shape(written)}",
+                          f"weights read: {call['weights']}" if call["weights"] else "",
+                          f"patterns: {', '.join(function['composites'])}" if function and function["composites"]
+                          else "",
+                          f"ops: {', '.join(function['ops'])}" if function and function["ops"] else "",
+                          f"kernel: {function['kernel']}" if function and function.get("kernel") else ""]))})
+        centre[call["writes"]] = (x + BOX_WIDTH / 2, y + ROW_HEIGHT - 8)
+    edges = []
+    for row, call in enumerate(graph["calls"]):
+        x, y = boxes[row]["x"] + BOX_WIDTH / 2, boxes[row]["y"]
+        for read in call["reads"]:
+            if read in centre:
+                x0, y0 = centre[read]
+                bend = max(12.0, (y - y0) / 2)
+                edges.append(f"M{x0:.0f},{y0:.0f} C{x0:.0f},{y0 + bend:.0f} {x:.0f},{y - bend:.0f} {x:.0f},{y:.0f}")
+    width = 40 + LANE_WIDTH * max(1, len(lanes))
+    return {"lanes": [{"name": b, "x": lane_x[b], "color": colors[b], "width": LANE_WIDTH - 14} for b in lanes],
+            "boxes": boxes,
+            "edges": edges, "width": width, "height": TOP + ROW_HEIGHT * len(graph["calls"]) + 10,
+            "colors": colors}
+
+
+def _timeline(graph: dict, backend_of: dict, colors: dict, arena_bytes: int) -> dict | None:
+    """The memory plan: one rectangle per planned tensor, its lifetime (bindings) across and
+    its arena bytes up."""
+    lifetimes = graph.get("lifetimes") or []
+    if not lifetimes:
+        return None
+    top = max([arena_bytes] + [l["offset"] + l["bytes"] for l in lifetimes]) or 1
+    steps = max(l["last"] for l in lifetimes) + 1
+    left, bottom = 70, 20
+    width, height = TIMELINE_WIDTH - left - 10, TIMELINE_HEIGHT - bottom - 10
+    values, calls = graph["values"], graph["calls"]
+    rects = []
+    for l in lifetimes:
+        producer = values[l["value"]]["call"]
+        backend = _backend(graph, backend_of, calls[producer]["symbol"]) if producer is not None else "?"
+        x0 = left + width * l["first"] / steps
+        x1 = left + width * (l["last"] + 1) / steps
+        y1 = 10 + height * (1 - l["offset"] / top)
+        y0 = 10 + height * (1 - (l["offset"] + l["bytes"]) / top)
+        value = values[l["value"]]
+        rects.append({"x": round(x0, 1), "y": round(y0, 1), "width": round(max(x1 - x0, 1.0), 1),
+                      "height": round(max(y1 - y0, 1.0), 1), "color": colors.get(backend, "#999999"),
+                      "tooltip": f"{value['name']}: {_shape(value)}, {_mib(l['bytes'])} at offset {l['offset']:,}, "
+                                 f"live from binding #{l['first']} to #{l['last']}"})
+    unit, scale = ("MiB", 1 << 20) if top >= 1 << 20 else ("KiB", 1 << 10)
+    ticks = [{"y": round(10 + height * (1 - f), 1), "label": f"{top * f / scale:.1f} {unit}"}
+             for f in (0, 0.25, 0.5, 0.75, 1)]
+    return {"rects": rects, "ticks": ticks, "width": TIMELINE_WIDTH, "height": TIMELINE_HEIGHT, "left": left,
+            "plot_width": width, "axis_y": 10 + height, "steps": steps}
+
+
+def render_page(metadata: dict, title: str) -> str:
+    """The HTML page of a library's metadata (metadata.json in a workdir, or what a built
+    .so carries); builds from before the graph was recorded get the tables alone."""
+    from .codegen.templates import render_template
+    graph = metadata.get("graph") or {"values": [], "calls": [], "functions": {}, "lifetimes": []}
+    backend_of = {f["symbol"]: f["backend"] for f in metadata.get("functions", [])}
+    report = metadata.get("partition_report") or {"backends": {}, "refused": []}
+    layout = _graph_layout(graph, backend_of)
+    memory = metadata.get("memory", {})
+    timeline = _timeline(graph, backend_of, layout["colors"], memory.get("arena_bytes", 0))
+    refused = defaultdict(list)
+    for entry in report.get("refused", []):
+        refused[(entry.get("backend", "?"), entry.get("pattern", "?"), entry.get("reason", "?"))].append(
+            entry.get("node") or entry.get("op", "?"))
+    colors = _colors(sorted(set(report.get("backends", {})) | set(layout["colors"])))
+    colors.update(layout["colors"])
+    backends = [{"name": name, "color": colors.get(name, "#999999"), "partitions": entry.get("partitions", 0),
+                 "functions": entry.get("unique_functions", 0), "composites": entry.get("composites", 0),
+                 "refused": entry.get("refused", 0),
+                 "ops": ", ".join(f"{op} x{n}" for op, n in sorted(entry.get("ops_covered", {}).items()))}
+                for name, entry in sorted(report.get("backends", {}).items())]
+    plan = memory.get("plan", {})
+    return render_template("report/page.html.j2", {
+        "title": title,
+        "target": metadata.get("target", "?"), "arch": metadata.get("arch"),
+        "cuda_graph": metadata.get("cuda_graph", False), "build_id": metadata.get("build_id", "?"),
+        "inputs": [f"{t['name']}: {_shape(t)}" for t in metadata.get("inputs", [])],
+        "outputs": [f"{t['name']}: {_shape(t)}" for t in metadata.get("outputs", [])],
+        "backends": backends,
+        "refused": [{"backend": b, "pattern": p, "reason": r, "count": len(nodes),
+                     "nodes": ", ".join(nodes[:6]) + (f" and {len(nodes) - 6} more" if len(nodes) > 6 else "")}
+                    for (b, p, r), nodes in sorted(refused.items())],
+        "layout": layout, "timeline": timeline,
+        "memory": {"arena": _mib(memory.get("arena_bytes", 0)), "workspace": _mib(memory.get("workspace_bytes", 0)),
+                   "planned": _mib(plan.get("planned_bytes", 0)) if plan else None,
+                   "lower_bound": _mib(plan.get("lower_bound_bytes", 0)) if plan else None,
+                   "no_reuse": _mib(plan.get("no_reuse_bytes", 0)) if plan else None},
+        "weights": _mib(metadata.get("weights", {}).get("bytes", 0)),
+    })
