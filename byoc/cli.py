@@ -159,6 +159,9 @@ def _run_arguments(parser: argparse.ArgumentParser):
                              "as the test fixtures use, is accepted)")
     _add_input_shape_option(parser)
     parser.add_argument("--save", metavar="OUT.npz", help="save the outputs, named after the model's outputs")
+    parser.add_argument("--repeat", type=int, default=100, metavar="N",
+                        help="a built library: time N runs, each waited for, and print latency percentiles "
+                             "(default 100)")
 
 
 def _load_input_arrays(path: str) -> dict:
@@ -177,6 +180,25 @@ def _load_input_arrays(path: str) -> dict:
         raise UsageError(f"--inputs {path!r} is not a readable .npz file: {error}") from None
     prefixed = {key[len("in_"):]: value for key, value in arrays.items() if key.startswith("in_")}
     return prefixed or arrays
+
+
+def _load_expected_arrays(path: str) -> dict:
+    """The expected outputs an .npz may carry beside the inputs ('out_<name>', as the test
+    fixtures do); empty when it has none. Read after _load_input_arrays accepted the file."""
+    import numpy as np
+    with np.load(path, allow_pickle=False) as archive:
+        return {key[len("out_"):]: archive[key] for key in archive.files if key.startswith("out_")}
+
+
+def _compare_line(name: str, got, want) -> str:
+    """How far one output is from the expected array, in the terms tolerances use."""
+    import numpy as np
+    if got.shape != want.shape:
+        return f"{name}: shape {tuple(got.shape)}, but the expected array is {tuple(want.shape)}"
+    difference = np.max(np.abs(got.astype(np.float64) - want.astype(np.float64))) if got.size else 0.0
+    scale = np.max(np.abs(want.astype(np.float64))) if want.size else 0.0
+    relative = difference / scale if scale else difference
+    return f"{name}: max |got - expected| {difference:.3g}, relative to max |expected| {relative:.3g}"
 
 
 def _run_command(args: argparse.Namespace) -> int:
@@ -241,15 +263,23 @@ def _run_library(args: argparse.Namespace, arrays: dict) -> int:
     if module.device == "cuda":
         import cupy
         arrays = {name: cupy.asarray(value) for name, value in arrays.items()}
+    if args.repeat < 1:
+        raise UsageError(f"--repeat {args.repeat}: expected a number of runs >= 1")
     results = module.run(**arrays)
-    milliseconds = module.benchmark(**arrays, repeat=20, warmup=3)
+    times = np.sort(np.asarray(module.latencies(**arrays, repeat=args.repeat, warmup=min(10, args.repeat))))
     results = list(results) if isinstance(results, tuple) else [results]
     results = [np.asarray(r.get() if hasattr(r, "get") else r) for r in results]
+    p50, p90, p99 = (float(np.percentile(times, q)) for q in (50, 90, 99))
     print(f"{args.model}: {module.metadata['target']}, backends {', '.join(module.metadata['backends'])}; "
-          f"{milliseconds:.3f} ms per run")
+          f"latency over {len(times)} runs: p50 {p50:.3f} ms, p90 {p90:.3f} ms, p99 {p99:.3f} ms, "
+          f"mean {float(times.mean()):.3f} ms")
     for name, value in zip(module.output_names, results):
         first = np.array2string(value.reshape(-1)[:6], precision=5, separator=", ")
         print(f"{name}: {value.dtype} {tuple(value.shape)}  first values {first}")
+    expected = _load_expected_arrays(args.inputs)
+    for name, value in zip(module.output_names, results):
+        if name in expected:
+            print(_compare_line(name, value, expected[name]))
     if args.save:
         _save_outputs(args.save, dict(zip(module.output_names, results)))
     return EXIT_OK
@@ -486,12 +516,21 @@ SUBCOMMANDS = [
 ]
 
 
+def _version() -> str:
+    from importlib import metadata
+    try:
+        return metadata.version("byoc")
+    except metadata.PackageNotFoundError:  # run from a checkout without installing
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="byoc", description="byoc: split a model among code generators and build one library.")
     # --debug is accepted before or after the subcommand; SUPPRESS keeps the subparser's
     # absent flag from overwriting the main parser's value
     parser.add_argument("--debug", action="store_true", help="show the traceback of an internal error")
+    parser.add_argument("--version", action="version", version=f"byoc {_version()}")
     debug_after_subcommand = argparse.ArgumentParser(add_help=False)
     debug_after_subcommand.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                                         help=argparse.SUPPRESS)

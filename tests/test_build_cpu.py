@@ -329,7 +329,11 @@ def test_benchmark_needs_at_least_one_repeat(built_models):
     for arguments, name in (({"repeat": 0}, "repeat"), ({"repeat": -1}, "repeat"), ({"warmup": -1}, "warmup")):
         with pytest.raises(byoc.RuntimeError, match=rf"{name} must be an integer >= [01], got -?\d"):
             module.benchmark(x=x, **arguments)
+        with pytest.raises(byoc.RuntimeError, match=rf"latencies\(\): {name} must be an integer >= [01]"):
+            module.latencies(x=x, **arguments)
     assert module.benchmark(x=x, repeat=1, warmup=0) > 0
+    times = module.latencies(x=x, repeat=3, warmup=0)
+    assert len(times) == 3 and all(t > 0 for t in times)
 
 
 def test_out_takes_a_list_or_one_array_and_must_be_writeable(built_models):

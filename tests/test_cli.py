@@ -270,6 +270,27 @@ def test_run_library_refuses_inputs_it_cannot_take(capsys, tmp_path, mlp_library
         assert "Traceback" not in err + out
 
 
+def test_run_library_prints_latency_percentiles_and_compares_with_expected_outputs(capsys, tmp_path,
+                                                                                    mlp_library):
+    code, out, err = run_cli(capsys, "run", mlp_library, "--inputs", str(FIXTURES / "mlp.npz"), "--repeat", "7")
+    assert code == 0, err
+    assert "latency over 7 runs: p50 " in out and ", p90 " in out and ", p99 " in out
+    # the fixture carries its expected output (out_y): how far the library is from it
+    line = next(line for line in out.splitlines() if line.startswith("y: max |got - expected|"))
+    assert float(line.rsplit(" ", 1)[1]) < 1e-4
+    # an archive without expected outputs: no comparison
+    np.savez(tmp_path / "inputs.npz", x=np.load(FIXTURES / "mlp.npz")["in_x"])
+    code, out, err = run_cli(capsys, "run", mlp_library, "--inputs", str(tmp_path / "inputs.npz"), "--repeat", "1")
+    assert code == 0 and "expected" not in out, err
+    code, out, err = run_cli(capsys, "run", mlp_library, "--inputs", str(FIXTURES / "mlp.npz"), "--repeat", "0")
+    assert code == 2 and "--repeat 0: expected a number of runs >= 1" in err
+
+
+def test_version():
+    done = subprocess.run([sys.executable, "-m", "byoc", "--version"], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.startswith("byoc ")
+
+
 @pytest.mark.parametrize("library", [False, True])
 def test_run_save_reports_the_file_numpy_wrote(capsys, tmp_path, mlp_library, library):
     model = mlp_library if library else MLP

@@ -394,6 +394,27 @@ class Module:
         self._synchronize()
         return (time.perf_counter() - start) * 1e3 / repeat
 
+    def latencies(self, *args, repeat: int = 100, warmup: int = 10, **kwargs) -> list:
+        """Milliseconds of each of `repeat` runs (inputs and outputs reused), each waited for
+        before the next starts, as trtexec and onnxruntime's perf test time latency: for
+        percentiles. benchmark() is the throughput view (runs queued back to back)."""
+        import time
+        for name, value, least in (("repeat", repeat, 1), ("warmup", warmup, 0)):
+            if not isinstance(value, numbers.Integral) or isinstance(value, (bool, np.bool_)) or value < least:
+                raise ByocRuntimeError(f"latencies(): {name} must be an integer >= {least}, got {value!r}")
+        outputs = self.run(*args, **kwargs)
+        outputs = list(outputs) if isinstance(outputs, tuple) else [outputs]
+        for _ in range(warmup):
+            self.run(*args, out=outputs, **kwargs)
+        self._synchronize()
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            self.run(*args, out=outputs, **kwargs)
+            self._synchronize()
+            times.append((time.perf_counter() - start) * 1e3)
+        return times
+
     def _synchronize(self):
         if self.device == "cuda":
             try:
