@@ -305,6 +305,21 @@ def _arch_from_cupy() -> str | None:
 
 
 @functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)
+def visible_gpu_name() -> str | None:
+    """The product name of GPU 0 ("NVIDIA H100 80GB HBM3"), or None without nvidia-smi or
+    a GPU: the device a tuning measurement was made on."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        run = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        lines = run.stdout.strip().splitlines() if run.returncode == 0 else []
+        return lines[0].strip() or None if lines else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def visible_gpu_arch() -> str | None:
     """The arch of GPU 0 (e.g. "sm_90"), or None when no GPU is visible. Asked once per
     process: nvidia-smi first, then cupy."""

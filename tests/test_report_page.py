@@ -2,7 +2,6 @@
 self-contained report.html that shows which backend runs each call, why refused pattern
 matches were refused, and the memory plan; a built .so carries what it needs to be drawn
 after its build directory is gone."""
-import json
 import re
 import subprocess
 import sys

@@ -210,7 +210,7 @@ def codegen(functions: dict, target) -> list:
     from byoc.codegen.templates import render_template
     from byoc.toolchain import CompileUnit
 
-    from .tuning import SHIPPED_DATABASE, TuningDatabase, choose_kernels
+    from .tuning import choose_kernels, open_database
 
     device = target.device
     if device is None or device.kind != "cuda":
@@ -226,16 +226,24 @@ def codegen(functions: dict, target) -> list:
                     for symbol, (problem, indices) in problems.items()}
     flags = cutlass_flags(target, sm)
     profile = {"true": True, "false": False}.get(target.attrs.get("profile", "auto"), "auto")
+    # profile: true asks for tuning on this GPU: entries measured on another GPU model are
+    # measured again (auto uses them, as a cross-compiling build does)
+    remeasure_on = None
+    if profile is True:
+        from byoc.target import visible_gpu_name
+        remeasure_on = visible_gpu_name()
     if profile == "auto":
         from byoc.target import visible_gpu_arch
         profile = visible_gpu_arch() is not None
-    shipped = TuningDatabase(SHIPPED_DATABASE) if target.attrs.get("shipped_tuning", True) else None
-    database = TuningDatabase(target.attrs.get("tuning_db") or None, fallback=shipped)
+    # the user's database, else the persistent one in the byoc cache (tuning results are
+    # kept), with the shipped one behind it
+    database, optional_save = open_database(target.attrs.get("tuning_db"), target.attrs.get("shipped_tuning", True))
     try:
         allowed = CandidateFilter.from_target(target.attrs)
         chosen = choose_kernels(sorted({p for p, _ in problems.values()}, key=lambda p: p.key), sm, database,
                                 profile=bool(profile), workdir=workdir, compile_flags=flags,
-                                jobs=target.attrs.get("compile_threads") or None, allowed=allowed)
+                                jobs=target.attrs.get("compile_threads") or None, allowed=allowed,
+                                remeasure_on=remeasure_on, optional_save=optional_save)
     except ValueError as error:  # the target's tiles/clusters/stages leave no kernel for a problem
         raise BuildError(str(error)) from None
     units, workspace, kernels = [], {}, {}

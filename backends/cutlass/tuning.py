@@ -10,7 +10,17 @@ The database is one JSON file, shareable between machines of the same arch:
 
     {"format": "byoc-cutlass-tuning", "version": 1,
      "entries": {"sm90": {"<problem key>": {"kernel": {...}, "name": "...", "us": 12.3,
-                                             "measured": {"<name>": us, ...}}}}}
+                                             "measured": {"<name>": us, ...},
+                                             "device": "NVIDIA H100 80GB HBM3", "cuda": "13.0",
+                                             "cutlass": "4.2.0.0", "date": "2026-11-24"}}}}
+
+Each entry says where and with what it was measured (device, CUDA, CUTLASS, date; entries
+from before carry none). A build looks up the user's database (the target's tuning_db, else
+the persistent one under the byoc cache directory: `default_database_path()`), then the
+one shipped in the package; what tuning measures goes to the user's. An entry measured on
+another GPU model is used as it is (cross-compiling, or profile: auto), and measured again
+when `profile: true` asks for tuning on a GPU of another name. `byoc tuning show|merge|export`
+(byoc/cli.py) lists, combines and shares databases.
 """
 from __future__ import annotations
 
@@ -37,6 +47,33 @@ MAX_DATABASE_BYTES = 256 << 20  # thousands of problems take a few MB
 # first; a build reads this one and never writes it. The bench/ tuning stages (gpu_session.sh
 # tune/retune, tune_conv.py) grow a copy of it that is then committed here.
 SHIPPED_DATABASE = Path(__file__).resolve().parent / "tuning_sm90.json"
+
+
+def default_database_path() -> Path:
+    """Where tuning results persist when the target names no tuning_db: beside the object
+    cache ($BYOC_CACHE_DIR, else ~/.cache/byoc), so that a second build finds them."""
+    root = os.environ.get("BYOC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "byoc")
+    return Path(root) / "tuning" / "cutlass.json"
+
+
+def measurement_provenance(candidates: int) -> dict:
+    """Where and with what a measurement is made now: the GPU's name, nvcc's CUDA release,
+    the CUTLASS package's version, the date, and how many candidates were timed."""
+    import datetime
+    import re
+    from importlib import metadata
+    from byoc.target import visible_gpu_name
+    from byoc.toolchain.compiler import compiler_version, find_nvcc
+    try:
+        release = re.search(r"release (\d+\.\d+)", compiler_version(str(find_nvcc())))
+    except Exception:  # noqa: BLE001 - no nvcc: provenance says unknown, tuning itself reports it
+        release = None
+    try:
+        cutlass = metadata.version("nvidia-cutlass")
+    except metadata.PackageNotFoundError:
+        cutlass = None
+    return {"device": visible_gpu_name(), "cuda": release.group(1) if release else None, "cutlass": cutlass,
+            "date": datetime.date.today().isoformat(), "candidates": candidates}
 
 
 class TuningDatabase:
@@ -99,31 +136,94 @@ class TuningDatabase:
                     return kernel
         return self.fallback.lookup_same_shape(sm, problem) if self.fallback is not None else None
 
-    def record(self, sm: int, problem, kernel, microseconds: float, measured: dict):
-        self.entries.setdefault(f"sm{sm}", {})[problem.key] = {
-            "kernel": kernel.to_json(), "name": kernel.name(problem), "us": microseconds, "measured": measured}
+    def entry(self, sm: int, problem) -> dict | None:
+        """The raw entry (this database's, else its fallback's) for `problem`, or None."""
+        entry = self.entries.get(f"sm{sm}", {}).get(problem.key)
+        if entry:
+            return entry if isinstance(entry, dict) else None
+        return self.fallback.entry(sm, problem) if self.fallback is not None else None
 
-    def save(self):
+    def record(self, sm: int, problem, kernel, microseconds: float, measured: dict, provenance: dict | None = None):
+        self.entries.setdefault(f"sm{sm}", {})[problem.key] = {
+            "kernel": kernel.to_json(), "name": kernel.name(problem), "us": microseconds, "measured": measured,
+            **{k: v for k, v in (provenance or {}).items() if v is not None}}
+
+    def save(self, optional: bool = False):
+        """Write the entries back. `optional` (the persistent database in the byoc cache, not
+        one the user named): a failure is a warning, and the build goes on."""
         if self.path is None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps({"format": FORMAT, "version": 1, "entries": self.entries}, indent=1, sort_keys=True)
         temporary = self.path.with_suffix(".tmp")
-        temporary.write_text(text + "\n")
-        os.replace(temporary, self.path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            temporary.write_text(text + "\n")
+            os.replace(temporary, self.path)
+        except OSError as error:
+            message = f"cannot write the tuning database {self.path} ({error.strerror or error})"
+            if not optional:
+                raise BuildError(f"{message}; expected a writable file (the cutlass target's tuning_db)") from None
+            warnings.warn(f"{message}: this build's tuning results are not kept", ByocWarning)
+
+
+def merge_entries(databases: list) -> tuple[dict, int]:
+    """The entries of `databases` together, and how many problems two of them both hold.
+    For such a problem: the faster entry where both were measured on the same device (or
+    either does not say where), else the later database's (a team's newer measurement on
+    its own GPU replaces an older one made elsewhere)."""
+    merged, conflicts = {}, 0
+    for database in databases:
+        for arch, entries in database.entries.items():
+            target = merged.setdefault(arch, {})
+            for key, entry in entries.items():
+                if not isinstance(entry, dict):
+                    continue
+                earlier = target.get(key)
+                if earlier is not None:
+                    conflicts += 1
+                    same_device = earlier.get("device") is None or entry.get("device") is None or \
+                        earlier.get("device") == entry.get("device")
+                    if same_device and isinstance(earlier.get("us"), (int, float)) and \
+                            isinstance(entry.get("us"), (int, float)) and earlier["us"] <= entry["us"]:
+                        continue
+                target[key] = entry
+    return merged, conflicts
+
+
+def open_database(tuning_db, shipped: bool = True) -> tuple[TuningDatabase, bool]:
+    """(the database a build reads and tuning writes, whether it is the optional persistent
+    one): the user's `tuning_db`, else default_database_path(); the shipped one behind it. A
+    persistent database that cannot be read is ignored with a warning (it is a cache: the
+    next tuning rewrites it), a user's is an error."""
+    fallback = TuningDatabase(SHIPPED_DATABASE) if shipped else None
+    if tuning_db:
+        return TuningDatabase(tuning_db, fallback=fallback), False
+    try:
+        return TuningDatabase(default_database_path(), fallback=fallback), True
+    except BuildError as error:
+        warnings.warn(f"{error}; ignoring it (the next tuning run rewrites it)", ByocWarning)
+        database = TuningDatabase(None, fallback=fallback)
+        database.path = default_database_path()
+        return database, True
 
 
 def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile: bool, workdir: Path,
-                   compile_flags: list, jobs: int | None = None, allowed: CandidateFilter = NO_FILTER) -> dict:
+                   compile_flags: list, jobs: int | None = None, allowed: CandidateFilter = NO_FILTER,
+                   remeasure_on: str | None = None, optional_save: bool = False) -> dict:
     """problem -> kernel for every problem (GemmProblem or ConvProblem): from the
     database (when the target allows that kernel), else measured among the allowed
     candidates (when `profile`), else the database's kernel for the same shape with another
-    epilogue, else the heuristic."""
+    epilogue, else the heuristic. `remeasure_on`: the visible GPU's name where the user
+    asked for tuning; an entry measured on a GPU of another name is then measured again."""
     chosen = {}
     to_tune = []
     for problem in problems:
         known = database.lookup(sm, problem)
-        if known is not None and known.supports(problem) is None and allowed.admits(known, measured=True):
+        entry = database.entry(sm, problem) if known is not None else None
+        foreign = remeasure_on is not None and profile and entry is not None and \
+            entry.get("device") not in (None, remeasure_on)
+        if known is not None and not foreign and known.supports(problem) is None and \
+                allowed.admits(known, measured=True):
             chosen[problem] = known
         elif profile:
             to_tune.append(problem)
@@ -147,8 +247,8 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
             by_name = {k.name(problem): k for k in usable_candidates(sm, problem, allowed)}
             best = min(valid, key=valid.get)
             chosen[problem] = by_name[best]
-            database.record(sm, problem, by_name[best], valid[best], times)
-        database.save()
+            database.record(sm, problem, by_name[best], valid[best], times, measurement_provenance(len(times)))
+        database.save(optional=optional_save)
     return chosen
 
 

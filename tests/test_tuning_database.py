@@ -1,0 +1,168 @@
+"""The CUTLASS tuning database as a user meets it: tuning results persist in the byoc
+cache, each entry says where it was measured, the shipped database is used without
+measuring, an entry from another GPU model is used when cross-compiling and measured again
+when the user asks for tuning on this one, and `byoc tuning show|merge|export` shares them.
+The measurement itself (the profiler on a GPU) is replaced by a recording stand-in."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from byoc.backends.cutlass import tuning
+from byoc.backends.cutlass.kernels import GemmKernel, GemmProblem, default_kernel, usable_candidates
+from byoc.backends.cutlass.tuning import (SHIPPED_DATABASE, TuningDatabase, choose_kernels, default_database_path,
+                                          merge_entries, open_database)
+from byoc.errors import BuildError, ByocWarning
+
+PROBLEM = GemmProblem(320, 512, 256, 1, "float16", False, None, True, False)
+H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def measured(monkeypatch):
+    """Stand-in for the profiler: every candidate 'measures', the second-listed fastest;
+    records which problems were measured."""
+    calls = []
+
+    def fake_profile(problems, sm, workdir, compile_flags, jobs, allowed=None, kernels_of=None):
+        calls.extend(problems)
+        results = {}
+        for problem in problems:
+            names = [k.name(problem) for k in usable_candidates(sm, problem, allowed)]
+            results[problem] = {name: (1.0 if i == 1 else 2.0 + i) for i, name in enumerate(names)}
+        return results
+    monkeypatch.setattr(tuning, "_profile", fake_profile)
+    monkeypatch.setattr(tuning, "measurement_provenance",
+                        lambda n: {"device": H100, "cuda": "13.0", "cutlass": "4.2.0.0", "date": "2026-11-24",
+                                   "candidates": n})
+    return calls
+
+
+def test_tuning_results_persist_in_the_cache_with_where_they_were_measured(cache, measured, tmp_path):
+    database, optional = open_database(None, shipped=False)
+    assert optional and database.path == default_database_path() == cache / "tuning" / "cutlass.json"
+    chosen = choose_kernels([PROBLEM], 90, database, profile=True, workdir=tmp_path / "w", compile_flags=[],
+                            optional_save=optional)
+    assert measured == [PROBLEM]
+    second = usable_candidates(90, PROBLEM)[1]
+    assert chosen[PROBLEM] == second
+    entry = json.loads((cache / "tuning" / "cutlass.json").read_text())["entries"]["sm90"][PROBLEM.key]
+    assert entry["name"] == second.name(PROBLEM) and entry["us"] == 1.0
+    assert (entry["device"], entry["cuda"], entry["cutlass"], entry["date"]) == (H100, "13.0", "4.2.0.0", "2026-11-24")
+    assert entry["candidates"] == len(usable_candidates(90, PROBLEM))
+    # the next build finds it: nothing measured again
+    measured.clear()
+    again, _ = open_database(None, shipped=False)
+    assert choose_kernels([PROBLEM], 90, again, profile=True, workdir=tmp_path / "w", compile_flags=[],
+                          remeasure_on=H100)[PROBLEM] == second
+    assert measured == []
+
+
+def test_the_shipped_database_is_used_without_measuring(cache, measured, tmp_path):
+    shipped = TuningDatabase(SHIPPED_DATABASE)
+    key = "float16:m128:n768:k768:l1:nn:bias_residual"
+    problem = GemmProblem(128, 768, 768, 1, "float16", False, None, True, True)
+    assert problem.key == key
+    database, optional = open_database(None)
+    chosen = choose_kernels([problem], 90, database, profile=True, workdir=tmp_path, compile_flags=[],
+                            optional_save=optional)
+    assert measured == [] and chosen[problem] == shipped.lookup(90, problem)
+    assert shipped.entries["sm90"][key]["device"] == H100  # and it says where it was measured
+
+
+def test_an_entry_from_another_gpu_is_used_cross_compiling_and_measured_again_when_asked(cache, measured, tmp_path):
+    database = TuningDatabase(tmp_path / "team.json")
+    foreign = GemmKernel(90, (64, 64, 64), (1, 1), "pingpong")
+    database.record(90, PROBLEM, foreign, 3.0, {}, {"device": A100})
+    # profile auto / false, or no GPU to measure on: the foreign entry as it is
+    for profile, on in ((False, None), (True, None)):
+        assert choose_kernels([PROBLEM], 90, database, profile=profile, workdir=tmp_path, compile_flags=[],
+                              remeasure_on=on)[PROBLEM] == foreign
+    assert measured == []
+    # profile: true on an H100: measured again, and the H100's entry replaces it
+    chosen = choose_kernels([PROBLEM], 90, database, profile=True, workdir=tmp_path, compile_flags=[],
+                            remeasure_on=H100)
+    assert measured == [PROBLEM] and chosen[PROBLEM] != foreign
+    assert TuningDatabase(tmp_path / "team.json").entries["sm90"][PROBLEM.key]["device"] == H100
+    # an entry measured on this GPU model, or one that does not say where: kept
+    measured.clear()
+    choose_kernels([PROBLEM], 90, database, profile=True, workdir=tmp_path, compile_flags=[], remeasure_on=H100)
+    assert measured == []
+
+
+def test_an_unusable_persistent_database_warns_and_the_build_goes_on(cache, measured, tmp_path):
+    path = default_database_path()
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    with pytest.warns(ByocWarning, match="ignoring it"):
+        database, optional = open_database(None, shipped=False)
+    assert database.entries == {} and optional
+    # a cache directory that cannot be written: the results are lost, with a warning
+    path.unlink()
+    path.parent.chmod(0o500)
+    try:
+        if os.access(path.parent, os.W_OK):  # root ignores the mode
+            pytest.skip("running as root: directory permissions do not stop writes")
+        with pytest.warns(ByocWarning, match="tuning results are not kept"):
+            choose_kernels([PROBLEM], 90, database, profile=True, workdir=tmp_path / "w", compile_flags=[],
+                           optional_save=True)
+    finally:
+        path.parent.chmod(0o700)
+
+
+def test_a_users_database_that_cannot_be_written_is_an_error(tmp_path, measured):
+    database = TuningDatabase(tmp_path / "a_file" / "db.json")
+    (tmp_path / "a_file").write_text("")  # a file where the directory would be
+    with pytest.raises(BuildError, match="cannot write the tuning database .*tuning_db"):
+        choose_kernels([PROBLEM], 90, database, profile=True, workdir=tmp_path / "w", compile_flags=[])
+
+
+def test_merge_keeps_the_faster_entry_of_one_device_and_the_later_one_across_devices(tmp_path):
+    slow, fast = GemmKernel(90, (64, 64, 64), (1, 1), "pingpong"), GemmKernel(90, (128, 64, 64), (1, 1), "coop")
+    first, second, third = (TuningDatabase(tmp_path / f"{n}.json") for n in ("a", "b", "c"))
+    first.record(90, PROBLEM, fast, 2.0, {}, {"device": H100})
+    second.record(90, PROBLEM, slow, 3.0, {}, {"device": H100})
+    merged, conflicts = merge_entries([first, second])
+    assert merged["sm90"][PROBLEM.key]["us"] == 2.0 and conflicts == 1
+    third.record(90, PROBLEM, slow, 3.0, {}, {"device": A100})
+    merged, _ = merge_entries([first, third])
+    assert merged["sm90"][PROBLEM.key]["device"] == A100  # the later database's measurement
+
+
+def _cli(*argv, env):
+    return subprocess.run([sys.executable, "-m", "byoc", "tuning", *argv], capture_output=True, text=True, env=env)
+
+
+def test_byoc_tuning_show_merge_export(cache, tmp_path):
+    env = {**os.environ, "BYOC_CACHE_DIR": str(cache)}
+    done = _cli("show", env=env)
+    assert done.returncode == 0 and f"{SHIPPED_DATABASE}: " in done.stdout and "NVIDIA H100" in done.stdout
+    done = _cli("export", "-o", str(tmp_path / "mine.json"), env=env)
+    assert done.returncode == 2 and "no persistent tuning database" in done.stderr
+    team = TuningDatabase(tmp_path / "team.json")
+    team.record(90, PROBLEM, default_kernel(90, PROBLEM), 5.0, {}, {"device": H100, "date": "2026-11-20"})
+    team.save()
+    done = _cli("merge", str(tmp_path / "team.json"), env=env)  # into the persistent database
+    assert done.returncode == 0, done.stderr
+    assert str(default_database_path()) in done.stdout and "1 entries" in done.stdout
+    done = _cli("export", "-o", str(tmp_path / "mine.json"), env=env)
+    assert done.returncode == 0, done.stderr
+    assert TuningDatabase(tmp_path / "mine.json").entries == TuningDatabase(tmp_path / "team.json").entries
+    done = _cli("show", str(tmp_path / "mine.json"), env=env)
+    assert PROBLEM.key in done.stdout and "2026-11-20" in done.stdout
+    for argv, message in ((["merge"], "needs at least one DB.json"), (["show", str(tmp_path / "none.json")],
+                                                                      "no such tuning database file"),
+                          (["export", "x.json", "-o", "y.json"], "takes no databases")):
+        done = _cli(*argv, env=env)
+        assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+    (tmp_path / "bad.json").write_text("[]")
+    done = _cli("show", str(tmp_path / "bad.json"), env=env)
+    assert done.returncode == 2 and "is not a byoc-cutlass-tuning version 1 file" in done.stderr
