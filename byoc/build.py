@@ -213,8 +213,11 @@ class _Builder:
     def build(self, model, input_shapes) -> Library:
         started = time.perf_counter()
         self.progress = _Progress()
+        what = Path(model).name if isinstance(model, (str, os.PathLike)) else "the model"
+        self.progress.stage(f"building {what} for {self.target} (backends: "
+                            f"{', '.join(self.cfg.backend_names) or 'builtin'}; workdir {self.workdir})")
         try:
-            with self.workdir_lock():
+            with self.workdir_lock(), self.progress.heartbeat():
                 mod, output_names, artifacts, report = self.lower(model, input_shapes)
                 library = self.link(mod, artifacts, output_names, report)
                 library.build_stats["seconds"] = round(time.perf_counter() - started, 2)
@@ -538,19 +541,47 @@ class _Builder:
 class _Progress:
     """What a build is doing, as it does it: INFO records on the `byoc.build` logger (the
     CLI prints them to stderr; a Python caller sees them by configuring logging), each with
-    the seconds since the step began."""
+    the seconds since the step began. Within heartbeat(), a step that is silent for
+    HEARTBEAT_S (one long nvcc compile, a tuning run) is reported as still going."""
+
+    HEARTBEAT_S = 5.0
 
     def __init__(self):
         import logging
         self.logger = logging.getLogger("byoc.build")
         self.started = time.perf_counter()
+        self.last_time, self.last_what = self.started, "starting"
+
+    def _log(self, what: str):
+        self.last_time = time.perf_counter()
+        self.logger.info("[%6.1f s] %s", self.last_time - self.started, what)
 
     def stage(self, what: str):
-        self.logger.info("[%6.1f s] %s", time.perf_counter() - self.started, what)
+        self.last_what = what
+        self._log(what)
 
     def compile_line(self, line: str):
         # ninja's status lines: "[3/12] compile cutlass_1f2e.cu" (the edge's description)
-        self.logger.info("[%6.1f s] %s", time.perf_counter() - self.started, line)
+        self.last_what = line
+        self._log(line)
+
+    @contextlib.contextmanager
+    def heartbeat(self):
+        import threading
+        done = threading.Event()
+
+        def beat():
+            while not done.wait(0.5):
+                silent = time.perf_counter() - self.last_time
+                if silent >= self.HEARTBEAT_S - 0.5:
+                    self._log(f"... still working, {silent:.0f} s after: {self.last_what}")
+        thread = threading.Thread(target=beat, name="byoc-build-heartbeat", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
 
 
 def check_module(mod: IRModule):

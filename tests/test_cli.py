@@ -378,3 +378,40 @@ def test_run_blames_the_inputs_file_for_an_array_that_does_not_fit(capsys, tmp_p
     code, out, err = run_cli(capsys, "run", MLP, "--inputs", str(bad))
     assert code == 2 and f"--inputs {str(bad)!r}: array 'x' has shape (4, 10); the model declares (4, 64)" in err
     assert "--input-shape" not in err
+
+
+def test_a_terminal_build_shows_progress_at_once_and_every_few_seconds(tmp_path):
+    """Under a pseudo-terminal, as a person runs it: the first progress line within 2 s of
+    starting, then no silence longer than 5 s while one compile takes 7 s (a launcher that
+    holds host.cc back stands in for a long nvcc compile)."""
+    import pty
+    import time
+    launcher = tmp_path / "slow_launcher.sh"
+    launcher.write_text('#!/bin/sh\ncase "$*" in *host.cc*) sleep 7;; esac\nexec "$@"\n')
+    launcher.chmod(0o755)
+    env = {**os.environ, "BYOC_COMPILER_LAUNCHER": str(launcher), "BYOC_CACHE_DIR": str(tmp_path / "cache")}
+    primary, secondary = pty.openpty()
+    started = time.monotonic()
+    process = subprocess.Popen([sys.executable, "-m", "byoc", "build", MLP, "-c", "cpu", "-o",
+                                str(tmp_path / "mlp.so")], stdout=secondary, stderr=secondary, env=env)
+    os.close(secondary)
+    lines, pending = [], b""
+    while True:
+        try:
+            data = os.read(primary, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        pending += data
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            lines.append((time.monotonic() - started, line.decode(errors="replace").rstrip("\r")))
+    os.close(primary)
+    assert process.wait(timeout=120) == 0, lines
+    progress = [(at, text) for at, text in lines if text.startswith("byoc: [")]
+    assert progress and progress[0][0] < 2.0, progress[:2]
+    assert "building mlp.onnx for cpu" in progress[0][1]
+    times = [at for at, _ in progress]
+    assert max(b - a for a, b in zip(times, times[1:])) <= 5.5, progress
+    assert any("still working" in text for _, text in progress)  # the 7 s compile was reported while it ran
