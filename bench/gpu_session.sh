@@ -84,6 +84,7 @@ case "$stage" in
     # Real models (transformers, torchvision; random weights) exported to ONNX, checked against
     # onnxruntime and timed against torch eager and torch.compile, e.g.
     #   bash bench/gpu_session.sh real bert_base:1 gpt2:1
+    # Pass BYOC_GIT_COMMIT=<the local HEAD> in the command: the copied tree's .git may be older.
     # A 10-minute command fits about two cases with every torch mode (max-autotune compiles
     # for minutes): TORCH_MODES=eager,default,reduce-overhead leaves it out. Rows of cases not
     # run now are kept from ${MERGE_FROM:-bench/results/real_models.json}: copy each call's

@@ -491,7 +491,9 @@ def versions() -> dict:
         result["byoc_commit"] = (commit + ("+dirty" if dirty else "")) if commit else None
     except Exception:
         result["byoc_commit"] = None
-    result["byoc_commit"] = result["byoc_commit"] or os.environ.get("BYOC_GIT_COMMIT") or "unknown (no .git)"
+    # BYOC_GIT_COMMIT (the caller's `git rev-parse HEAD`) first: a working tree copied to the
+    # GPU machine may carry a .git of an older commit, which would name the wrong code
+    result["byoc_commit"] = os.environ.get("BYOC_GIT_COMMIT") or result["byoc_commit"] or "unknown (no .git)"
     # the code itself, for a checkout copied without .git: sha256 over byoc/, backends/, templates/
     digest = hashlib.sha256()
     for folder in ("byoc", "backends", "templates", "build_configs"):
