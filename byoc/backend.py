@@ -46,6 +46,9 @@ class Backend:
     # in float32 internally: a float16 build then gives them float16 in and out instead of
     # a cast pair around a float32 op.
     float32_statistics: frozenset = frozenset()
+    # (mod, target, build_device) -> mod: rewrites this backend needs before any backend's
+    # patterns look (the cutlass backend: NHWC conv chains), run when it is in the build
+    pre_partition: Callable | None = None
 
     def virtual_device(self, build_device: str):
         """The VirtualDevice of this backend's functions' parameters and results in a build
@@ -80,7 +83,7 @@ BACKENDS: dict[str, Backend] = {}
 
 def register_backend(name: str, flavor: str, patterns: list, codegen: Callable, device: str = "cuda",
                      memory_scope: str = "global", one_composite_per_function: bool = False,
-                     capturable: bool = True, float32_statistics=()) -> Backend:
+                     capturable: bool = True, float32_statistics=(), pre_partition: Callable | None = None) -> Backend:
     from .ir.op import OP_REGISTRY, get_op
     from .pattern import ops_named
     if flavor not in FLAVORS:
@@ -98,7 +101,7 @@ def register_backend(name: str, flavor: str, patterns: list, codegen: Callable, 
         if op_name not in OP_REGISTRY:
             raise ConfigError(f"backend {name!r}: float32_statistics names unknown op {op_name!r}")
     backend = Backend(name, flavor, list(patterns), codegen, device, memory_scope, one_composite_per_function,
-                      capturable, frozenset(float32_statistics))
+                      capturable, frozenset(float32_statistics), pre_partition)
     BACKENDS[name] = backend
     return backend
 

@@ -362,14 +362,11 @@ class _Builder:
         from .transform.partition import partition_for
         from byoc.backends.builtin.partition import partition_builtin
         names = [name for name in self.cfg.backend_names if name != "builtin"]
-        for name in names:
-            get_backend(name)  # an unknown backend fails here, with the known ones
-        if "cutlass" in names and self.cuda and self.backend_targets()["cutlass"].attrs.get("conv2d"):
-            # CUTLASS convs are NHWC: convert conv chains once
-            from .transform.convert_conv_layout import convert_conv_layout
-            from .transform.pad_conv_channels import pad_conv_channels
-            # ... and pad the channels of those whose pixels vector loads cannot read (RGB stems)
-            mod = pad_conv_channels(convert_conv_layout(mod))
+        backends = [get_backend(name) for name in names]  # an unknown backend fails here, with the known ones
+        targets = self.backend_targets() if any(b.pre_partition for b in backends) else {}
+        for backend in backends:  # what each backend needs before any patterns look (cutlass: NHWC convs)
+            if backend.pre_partition is not None:
+                mod = backend.pre_partition(mod, targets[backend.name], "cuda" if self.cuda else "cpu")
         # Slices instead of splits before any backend looks: patterns see one op per piece.
         from .transform.lower_split import lower_split
         mod, report = partition_for(lower_split(mod), names, finalize=partition_builtin)

@@ -621,6 +621,21 @@ def @main(%x: Tensor[(1, 3, 16, 16), float32]) -> Tensor[(1, 8), float32] {
 }"""
 
 
+def test_the_cutlass_backend_converts_conv_layouts_before_partitioning_only_where_it_takes_convs():
+    """The backend declares its pre-partition rewrite (Backend.pre_partition): NHWC conv
+    chains with padded RGB stems in a cuda build with conv2d on; nothing otherwise."""
+    from byoc.backend import get_backend
+    from byoc.ir import assert_structural_equal
+    from byoc.target import Target
+    from byoc.transform.convert_conv_layout import convert_conv_layout
+    from byoc.transform.pad_conv_channels import pad_conv_channels
+    prepare = get_backend("cutlass").pre_partition
+    before = _resnet_ir()
+    assert_structural_equal(prepare(before, Target("cutlass"), "cuda"), pad_conv_channels(convert_conv_layout(before)))
+    assert prepare(before, Target("cutlass"), "cpu") is before
+    assert prepare(before, Target("cutlass", conv2d=False), "cuda") is before
+
+
 def test_convert_conv_layout_ir_before_after():
     """ConvertConvLayout: one transpose into NHWC before the first conv, one back before the
     flatten; convs, biases (now channel vectors), relus, the residual add and both pools

@@ -79,7 +79,19 @@ register_target_kind("cutlass", {
     "conv2d": AttrSchema(bool, True, None, "convert NCHW conv chains to NHWC once so that CUTLASS takes the convs"),
 })
 
+def prepare_for_partition(mod, target, build_device: str):
+    """CUTLASS's convs are NHWC: conv chains go NHWC once (ConvertConvLayout), and convs
+    whose pixels vector loads cannot read (RGB stems) get their channels padded
+    (PadConvChannels); only in a cuda build whose cutlass target takes convs."""
+    if build_device != "cuda" or not target.attrs.get("conv2d"):
+        return mod
+    from byoc.transform.convert_conv_layout import convert_conv_layout
+    from byoc.transform.pad_conv_channels import pad_conv_channels
+    return pad_conv_channels(convert_conv_layout(mod))
+
+
 # The fused attention kernel's softmax runs in float32 registers: a float16 build gives it
 # float16 scores, not a cast pair around a float32 softmax (which would break the pattern).
 register_backend("cutlass", flavor="csource", patterns=pattern_table(), codegen=codegen, device="cuda",
-                 one_composite_per_function=True, float32_statistics=("softmax",))
+                 one_composite_per_function=True, float32_statistics=("softmax",),
+                 pre_partition=prepare_for_partition)
