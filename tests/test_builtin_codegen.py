@@ -696,6 +696,7 @@ def test_conv2d_workspace_mirror_matches_the_shim(workdir, cpu_shim_objects):
 # ================================================================= CUDA
 
 
+@pytest.mark.nvcc
 def test_cuda_source_compiles(workdir):
     """Every case's CUDA source compiles for sm_90 (no GPU needed)."""
     if shutil.which("nvcc") is None:

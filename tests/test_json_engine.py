@@ -658,6 +658,7 @@ def test_fuzz_error_messages_name_the_fault(engine_library):
 
 # ============================================================== CUDA: compile (CI) and run (GPU)
 
+@pytest.mark.nvcc
 def test_cuda_engine_compiles_for_sm90(tmp_path):
     if find_nvcc() is None or find_cublaslt() is None:
         pytest.skip("nvcc or cuBLASLt headers are not available")

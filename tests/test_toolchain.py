@@ -170,6 +170,7 @@ def test_cutlass_headers_from_the_pip_package():
     assert (include / "cutlass" / "cutlass.h").is_file()
 
 
+@pytest.mark.nvcc
 @pytest.mark.skipif(not HAS_NVCC, reason="nvcc not installed")
 def test_cuda_home_sees_through_an_nvcc_wrapper_script(tmp_path, monkeypatch):
     real_home = cuda_home()
@@ -183,6 +184,7 @@ def test_cuda_home_sees_through_an_nvcc_wrapper_script(tmp_path, monkeypatch):
     assert cuda_home().resolve() == real_home.resolve()
 
 
+@pytest.mark.nvcc
 @pytest.mark.skipif(not HAS_NVCC, reason="nvcc not installed")
 def test_nvcc_unit_for_sm90(tmp_path):
     source = tmp_path / "kernel.cu"
@@ -198,6 +200,7 @@ def test_nvcc_unit_for_sm90(tmp_path):
         assert "sm_90" in listing
 
 
+@pytest.mark.nvcc
 @pytest.mark.skipif(not HAS_NVCC, reason="nvcc not installed")
 def test_nvcc_error_names_file_and_line(tmp_path):
     source = tmp_path / "broken.cu"
