@@ -45,6 +45,12 @@ def test_models_compile_and_link_for_sm90(name, tmp_path):
                "libpthread", "librt")
     assert all(n.startswith(allowed) for n in needed), needed
     assert not any(n.startswith("libcudart") for n in needed)  # cudart is linked statically
+    if name == "mlp" and not gpu_visible():
+        # where it cannot run, it says why in the user's terms (not "CUDA driver version is
+        # insufficient for CUDA runtime version", the runtime's message for no driver at all)
+        with pytest.raises(byoc.RuntimeError, match=r"this model runs on an NVIDIA GPU \(built for sm_90\), but "
+                                                    r"(this machine has no NVIDIA driver|no CUDA device is visible)"):
+            library.load()
 
 
 @needs_nvcc
