@@ -30,6 +30,7 @@ from byoc.ir.types import numpy_dtype
 
 REPO = Path(__file__).resolve().parent.parent
 SHIM_DIR = REPO / "backends" / "builtin" / "shim"
+INCLUDE_DIR = REPO / "byoc" / "runtime"  # byoc_float16.h
 CPU_SHIM_SOURCES = sorted((SHIM_DIR / "cpu").glob("*.cpp")) if (SHIM_DIR / "cpu").is_dir() else []
 CUDA_SHIM_SOURCES = sorted((SHIM_DIR / "cuda").glob("*.cu")) if (SHIM_DIR / "cuda").is_dir() else []
 
@@ -475,7 +476,7 @@ def partition_cases(cases: list[Case], prefix: str) -> tuple[list[Partitioned], 
 
 def compile_command(kind: str, sources, output: Path, shared: bool = True) -> list[str]:
     if kind == "cpu":
-        return (["g++", "-std=c++17", "-O1", "-fPIC", "-I", str(SHIM_DIR)]
+        return (["g++", "-std=c++17", "-O1", "-fPIC", "-I", str(SHIM_DIR), "-I", str(INCLUDE_DIR)]
                 + (["-shared"] if shared else ["-c"]) + [str(s) for s in sources] + ["-o", str(output)])
     return (["nvcc", "-std=c++17", "-O2", "-gencode", "arch=compute_90,code=sm_90", "-Xcompiler", "-fPIC",
              "-I", str(SHIM_DIR)] + (["-shared"] if shared else ["-c"]) + [str(s) for s in sources]
@@ -618,7 +619,8 @@ def cpu_shim_objects(workdir):
     objects = []
     for source in CPU_SHIM_SOURCES:
         target = directory / (source.stem + ".o")
-        run_command(["g++", "-std=c++17", "-O2", "-fPIC", "-I", str(SHIM_DIR), "-I", str(source.parent),
+        run_command(["g++", "-std=c++17", "-O2", "-fPIC", "-I", str(SHIM_DIR), "-I", str(INCLUDE_DIR),
+                     "-I", str(source.parent),
                      "-c", str(source), "-o", str(target)])
         objects.append(target)
     return objects
@@ -686,7 +688,8 @@ def test_conv2d_workspace_mirror_matches_the_shim(workdir, cpu_shim_objects):
     program = workdir / "conv_workspace.cc"
     program.write_text("\n".join(lines))
     binary = workdir / "conv_workspace"
-    run_command(["g++", "-std=c++17", "-I", str(SHIM_DIR), str(program), *map(str, cpu_shim_objects),
+    run_command(["g++", "-std=c++17", "-I", str(SHIM_DIR), "-I", str(INCLUDE_DIR), str(program),
+                 *map(str, cpu_shim_objects),
                  "-o", str(binary)])
     printed = subprocess.run([str(binary)], capture_output=True, text=True, check=True).stdout.split()
     expected = [conv2d_workspace_bytes("cpu", dtype, layout, *sizes) for _, dtype, layout, sizes in shapes]

@@ -28,7 +28,8 @@ from byoc.backends.cublaslt.serialize import serialize_function
 
 ENGINE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                           "backends", "cublaslt", "engine")
-CPU_FLAGS = ["-std=c++17", "-O2", "-fPIC", "-shared"]
+RUNTIME_INCLUDE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "byoc", "runtime")
+CPU_FLAGS = ["-std=c++17", "-O2", "-fPIC", "-shared", f"-I{RUNTIME_INCLUDE}"]
 WEIGHTS_ALIGNMENT = 256
 DEVICE_CPU, DEVICE_CUDA = 1, 2
 
@@ -81,7 +82,7 @@ def _build_cuda_library(directory: str, arch: str = "sm_90") -> str:
     commands = [
         [nvcc, "-std=c++17", f"-arch={arch}", "-O2", "-DBYOC_JSON_ENGINE_WITH_CUDA", "-Xcompiler", "-fPIC",
          f"-I{include}", "-c", os.path.join(ENGINE_DIR, "engine_cuda.cu"), "-o", cuda_object],
-        ["g++", "-std=c++17", "-O2", "-fPIC", "-DBYOC_JSON_ENGINE_WITH_CUDA", "-c",
+        ["g++", "-std=c++17", "-O2", "-fPIC", "-DBYOC_JSON_ENGINE_WITH_CUDA", f"-I{RUNTIME_INCLUDE}", "-c",
          os.path.join(ENGINE_DIR, "engine.cc"), "-o", host_object],
         ["g++", "-shared", host_object, cuda_object, "-o", library, f"-L{cudart_dir}", "-lcudart",
          f"-L{lib_dir}", lib_flag, f"-Wl,-rpath,{lib_dir}"],

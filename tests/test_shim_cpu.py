@@ -96,7 +96,8 @@ def shim(tmp_path_factory) -> Shim:
     if compiler is None:
         pytest.skip("g++ is not installed")
     build = tmp_path_factory.mktemp("shim_cpu")
-    flags = ["-O2", "-std=c++17", "-fPIC", "-Wall", "-Wextra", "-Werror"]
+    from byoc.runtime import INCLUDE_DIR  # byoc_float16.h
+    flags = ["-O2", "-std=c++17", "-fPIC", "-Wall", "-Wextra", "-Werror", f"-I{INCLUDE_DIR}"]
     # One g++ per source, in parallel, then one link.
     jobs = [(subprocess.Popen([compiler, *flags, "-c", str(source), "-o", str(build / f"{source.stem}.o")],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT), source) for source in CPU_SOURCES]

@@ -85,7 +85,8 @@ def shim_compile_units(device_target, called: set | None = None) -> list:
         suffix = device_target.attrs["arch"]
         return [CompileUnit(s, "cuda", flags, f"shim_{suffix}_{s.stem}.o")
                 for s in shim_sources(SHIM_DIR / "cuda", called)]
-    flags = device_target.cxx_flags() + [f"-I{SHIM_DIR}"]
+    from byoc.runtime import INCLUDE_DIR
+    flags = device_target.cxx_flags() + [f"-I{SHIM_DIR}", f"-I{INCLUDE_DIR}"]
     return [CompileUnit(s, "cxx", flags, f"shim_cpu_{s.stem}.o") for s in shim_sources(SHIM_DIR / "cpu", called)]
 
 
@@ -102,7 +103,8 @@ def cpu_compile_units_in_cuda_build(functions: dict, device_target, workdir) -> 
     generated = generate(functions, "cpu")
     source = Path(workdir) / "builtin_cpu.cc"
     source.write_text(generated.source)
-    flags = device_target.cxx_flags() + [f"-I{SHIM_DIR}", "-include", str(CPU_SHIM_SYMBOLS)]
+    from byoc.runtime import INCLUDE_DIR
+    flags = device_target.cxx_flags() + [f"-I{SHIM_DIR}", f"-I{INCLUDE_DIR}", "-include", str(CPU_SHIM_SYMBOLS)]
     renames = [CPU_SHIM_SYMBOLS]  # its bytes key the object cache too
     units = [CompileUnit(source, "cxx", flags, "builtin_cpu.o", dependencies=renames)]
     units += [CompileUnit(s, "cxx", flags, f"shim_cpu_in_cuda_{s.stem}.o", dependencies=renames)
@@ -137,7 +139,8 @@ def codegen(functions: dict, target) -> list:
         flags = device.nvcc_flags() + [f"-I{SHIM_DIR}"] + [f"-I{d}" for d in cuda_include_dirs()]
         libraries = ["cublasLt"]
     else:
-        flags = device.cxx_flags() + [f"-I{SHIM_DIR}"]
+        from byoc.runtime import INCLUDE_DIR
+        flags = device.cxx_flags() + [f"-I{SHIM_DIR}", f"-I{INCLUDE_DIR}"]
         libraries = []
     units = [CompileUnit(source, "cuda" if kind == "cuda" else "cxx", flags, "builtin.o")]
     units += shim_compile_units(device, shim_calls(generated.source))

@@ -73,6 +73,7 @@ def _workspace_estimate(function, limit: int) -> int:
 
 
 def codegen(functions: dict, target) -> list:
+    from byoc.runtime import INCLUDE_DIR
     from byoc.toolchain import CompileUnit, cuda_include_dirs
     device = target.device
     cuda = device.kind == "cuda"
@@ -81,14 +82,14 @@ def codegen(functions: dict, target) -> list:
                f"timed_selection={int(target.attrs['timed_selection'])};candidates={target.attrs['candidates']}")
     units, workspace = [], {}
     if cuda:
-        host_flags = device.cxx_flags() + ["-DBYOC_JSON_ENGINE_WITH_CUDA", f"-I{ENGINE_DIR}"] + \
+        host_flags = device.cxx_flags() + ["-DBYOC_JSON_ENGINE_WITH_CUDA", f"-I{ENGINE_DIR}", f"-I{INCLUDE_DIR}"] + \
             [f"-I{d}" for d in cuda_include_dirs()]
         cuda_flags = device.nvcc_flags() + ["-DBYOC_JSON_ENGINE_WITH_CUDA", f"-I{ENGINE_DIR}"] + \
             [f"-I{d}" for d in cuda_include_dirs()]
         units.append(CompileUnit(ENGINE_DIR / "engine_cuda.cu", "cuda", cuda_flags,
                                  f"json_engine_cuda_{device.attrs['arch']}.o"))
     else:
-        host_flags = device.cxx_flags() + [f"-I{ENGINE_DIR}"]
+        host_flags = device.cxx_flags() + [f"-I{ENGINE_DIR}", f"-I{INCLUDE_DIR}"]
     units.append(CompileUnit(ENGINE_DIR / "engine.cc", "cxx", host_flags,
                              "json_engine_cuda_host.o" if cuda else "json_engine_cpu.o"))
     for symbol, function in functions.items():

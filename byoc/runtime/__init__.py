@@ -28,6 +28,9 @@ from ..errors import RuntimeError as ByocRuntimeError
 from ..ir.types import numpy_dtype
 
 C_ABI_HEADER = Path(__file__).with_name("byoc_model.h")
+# The runtime's C/C++ headers (byoc_model.h, byoc_float16.h): on the include path of the
+# host code and of every CPU compile unit that converts 16-bit floats
+INCLUDE_DIR = C_ABI_HEADER.parent
 
 
 class _DLDevice(ctypes.Structure):

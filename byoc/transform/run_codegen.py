@@ -48,7 +48,7 @@ RESERVED_NAMES = frozenset("""
     setjmp longjmp
     last_error fail kMetadata kWeightsBytes kArenaBytes kWorkspaceBytes TensorSpec kInputs kOutputs
     kNumInputs kNumOutputs kInputOnHost kOutputOnHost kHostArenaBytes kPinnedArenaBytes
-    kHostWorkspaceBytes shape_text dtype_text checked_data cuda_failed device_alloc device_free
+    kHostWorkspaceBytes shape_text dtype_text checked_data cuda_failed device_unavailable device_alloc device_free
     read_sidecar run_calls kWeightsChecksum kCallLabels current_status_word current_call
     take_reported_error overlaps check_no_overlap
 """.split())

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <utility>
 
+#include "byoc_float16.h"  // byoc/runtime: the 16-bit float conversions of every CPU path
 #include "engine_internal.h"
 
 namespace byoc_json {
@@ -1090,37 +1091,17 @@ std::string describe_steps(const Graph& graph, const std::vector<Step>& steps, c
 
 // ================================================================== CPU execution
 
-// 16-bit floats as their bits; conversions round to nearest even, as NumPy and
-// ml_dtypes do, so the CPU path rounds exactly like the reference interpreter.
+// 16-bit floats as their bits; the conversions are byoc/runtime/byoc_float16.h's (round to
+// nearest even, as NumPy and ml_dtypes do, and as every other CPU path), so the CPU path
+// rounds exactly like the reference interpreter.
 struct Half { uint16_t bits; };
 struct BFloat16 { uint16_t bits; };
 
 static inline float to_float(float value) { return value; }
 
-static inline float to_float(Half value) {
-  uint32_t sign = uint32_t(value.bits & 0x8000) << 16;
-  uint32_t exponent = (value.bits >> 10) & 0x1F, mantissa = value.bits & 0x3FF;
-  uint32_t bits;
-  if (exponent == 0x1F) {
-    bits = sign | 0x7F800000 | (mantissa << 13);  // inf, nan
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else {  // zero or subnormal: mantissa * 2^-24, exact in float
-    float magnitude = float(mantissa) * (1.0f / 16777216.0f);
-    std::memcpy(&bits, &magnitude, 4);
-    bits |= sign;
-  }
-  float result;
-  std::memcpy(&result, &bits, 4);
-  return result;
-}
+static inline float to_float(Half value) { return byoc_float16::half_to_float(value.bits); }
 
-static inline float to_float(BFloat16 value) {
-  uint32_t bits = uint32_t(value.bits) << 16;
-  float result;
-  std::memcpy(&result, &bits, 4);
-  return result;
-}
+static inline float to_float(BFloat16 value) { return byoc_float16::bfloat16_to_float(value.bits); }
 
 template <typename T>
 static inline T from_float(float value);
@@ -1129,29 +1110,10 @@ template <>
 inline float from_float<float>(float value) { return value; }
 
 template <>
-inline Half from_float<Half>(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, 4);
-  uint16_t sign = uint16_t((bits >> 16) & 0x8000);
-  uint32_t magnitude = bits & 0x7FFFFFFF;
-  if (magnitude >= 0x7F800000) return Half{uint16_t(sign | 0x7C00 | (magnitude > 0x7F800000 ? 0x200 : 0))};
-  if (magnitude >= 0x477FF000) return Half{uint16_t(sign | 0x7C00)};  // >= 65520 rounds to inf
-  if (magnitude < 0x38800000) {  // below 2^-14: a subnormal half, in units of 2^-24
-    float absolute;
-    std::memcpy(&absolute, &magnitude, 4);
-    return Half{uint16_t(sign | uint16_t(std::nearbyint(absolute * 16777216.0f)))};
-  }
-  uint32_t rounded = magnitude + 0xFFF + ((magnitude >> 13) & 1);  // round half to even
-  return Half{uint16_t(sign | ((rounded >> 13) - (112 << 10)))};
-}
+inline Half from_float<Half>(float value) { return Half{byoc_float16::float_to_half(value)}; }
 
 template <>
-inline BFloat16 from_float<BFloat16>(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, 4);
-  if ((bits & 0x7FFFFFFF) > 0x7F800000) return BFloat16{uint16_t((bits >> 16) | 0x40)};  // quiet nan
-  return BFloat16{uint16_t((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16)};
-}
+inline BFloat16 from_float<BFloat16>(float value) { return BFloat16{byoc_float16::float_to_bfloat16(value)}; }
 
 static inline float activate(Activation activation, float value) {
   switch (activation) {
