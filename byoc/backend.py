@@ -63,14 +63,21 @@ class Backend:
 @dataclass
 class Artifact:
     """What a backend's codegen returns: the extern symbols it implements and what the
-    toolchain needs to build them (payload: compile_units, workspace_bytes, link_libraries,
-    stateful_symbols: symbols whose state belongs to a model instance: the library defines
-    SYMBOL_init(weights, weights_bytes, void** state) and SYMBOL_destroy(void* state), and
-    SYMBOL takes that state as its first argument)."""
+    toolchain and the host code need to build and call them."""
     backend: str
     kind: str  # source | object | json | shim
     symbols: list
-    payload: dict = field(default_factory=dict)
+    compile_units: list = field(default_factory=list)  # byoc.toolchain.CompileUnit, linked into the library
+    workspace_bytes: dict = field(default_factory=dict)  # symbol -> scratch bytes one call needs
+    link_libraries: list = field(default_factory=list)  # e.g. ["cublasLt"]
+    # symbols whose state belongs to a model instance: the library defines
+    # SYMBOL_init(weights, weights_bytes, void** state) and SYMBOL_destroy(void* state), and
+    # SYMBOL takes that state as its first argument
+    stateful_symbols: list = field(default_factory=list)
+    # symbols whose result only reinterprets their first argument (reshapes): never called,
+    # the result is the argument's storage
+    view_symbols: list = field(default_factory=list)
+    kernels: dict = field(default_factory=dict)  # symbol -> kernel name (metadata, report.html)
 
     def __post_init__(self):
         if self.kind not in ARTIFACT_KINDS:

@@ -257,7 +257,7 @@ class _Builder:
         progress.stage(f"code generated: {len(artifacts)} artifacts (sources in {self.workdir})")
         from .report_page import describe_functions
         self.function_summaries = describe_functions(
-            mod, {s: k for a in artifacts for s, k in a.payload.get("kernels", {}).items()})
+            mod, {s: k for a in artifacts for s, k in a.kernels.items()})
         # Pinned functions lose their Device attribute as they become extern: keep it here.
         self.pinned = {name: f.attrs["Device"] for name, f in mod.items() if "Device" in f.attrs}
         from .transform.mark_compiler_functions_as_extern import mark_compiler_functions_as_extern
@@ -434,7 +434,7 @@ class _Builder:
         from .toolchain import CompileUnit, compile_units, link_shared
         workspace = {}
         for artifact in artifacts:
-            workspace.update(artifact.payload.get("workspace_bytes", {}))
+            workspace.update(artifact.workspace_bytes)
         cuda_graph = bool(self.cfg.cuda_graph and self.cuda)
         if cuda_graph:
             cuda_graph = self.plan_cuda_graph(mod, artifacts)
@@ -446,7 +446,7 @@ class _Builder:
             function_devices = self.devices
             value_devices = device_of_values(mod, self.virtual_device("device"), function_devices=function_devices,
                                              input_devices=self.input_device)
-        view_symbols = {s for artifact in artifacts for s in artifact.payload.get("view_symbols", [])}
+        view_symbols = {s for artifact in artifacts for s in artifact.view_symbols}
         graph_io = self.cfg.cuda_graph_io if cuda_graph else None
         plan = plan_host(mod, workspace, output_names=output_names, static_io=graph_io == "copy",
                          view_symbols=view_symbols,
@@ -455,9 +455,9 @@ class _Builder:
 
         units, link_libraries, unit_backends = [], [], []
         for artifact in artifacts:
-            units.extend(artifact.payload.get("compile_units", []))
-            unit_backends.extend([artifact.backend] * len(artifact.payload.get("compile_units", [])))
-            for library in artifact.payload.get("link_libraries", []):
+            units.extend(artifact.compile_units)
+            unit_backends.extend([artifact.backend] * len(artifact.compile_units))
+            for library in artifact.link_libraries:
                 if library not in link_libraries:
                     link_libraries.append(library)
 
@@ -483,7 +483,7 @@ class _Builder:
         host_source = render_host(plan, cuda=self.cuda, build_id=build_id, metadata=metadata,
                                   arch_number=arch_number, weights_embedded=not sidecar_wanted,
                                   cuda_graph=cuda_graph, graph_io=graph_io,
-                                  stateful=[s for a in artifacts for s in a.payload.get("stateful_symbols", [])],
+                                  stateful=[s for a in artifacts for s in a.stateful_symbols],
                                   weights_checksum=blob_checksum(plan.weights), devices=devices)
         host_path = self.workdir / "host.cc"
         host_path.write_text(host_source)

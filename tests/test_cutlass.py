@@ -939,7 +939,7 @@ def test_attention_takes_the_whole_chain_with_the_qkv_split_as_one_parameter(tmp
     assert main.strip() == ATTENTION_MAIN, main
     mod, artifacts = builder.codegen(mod)
     (cutlass,) = [a for a in artifacts if a.backend == "cutlass"]
-    assert list(cutlass.payload["kernels"].values()) == ["cutlass_fmha_sm80_f16_32x128_k64"]
+    assert list(cutlass.kernels.values()) == ["cutlass_fmha_sm80_f16_32x128_k64"]
     (source,) = tmp_path.glob("cutlass_*.cu")
     text = source.read_text()
     for line in ("p.query_ptr = static_cast<Element*>(const_cast<void*>(args[0])) + 0;",
@@ -998,8 +998,8 @@ def test_attention_kernel_compiles(sm, tmp_path):
     mod, _ = builder.partition(builder.simplify(mod))
     _, artifacts = builder.codegen(mod)
     (cutlass,) = [a for a in artifacts if a.backend == "cutlass"]
-    assert list(cutlass.payload["kernels"].values()) == ["cutlass_fmha_sm80_bf16_32x128_k64_mask"]
-    objects = compile_units(cutlass.payload["compile_units"], tmp_path)
+    assert list(cutlass.kernels.values()) == ["cutlass_fmha_sm80_bf16_32x128_k64_mask"]
+    objects = compile_units(cutlass.compile_units, tmp_path)
     assert all(Path(o).stat().st_size > 0 for o in objects)
 
 

@@ -460,7 +460,7 @@ def test_run_codegen_calls_each_backend_once_with_its_target_current():
 
     def codegen(functions, target):
         calls.append((sorted(functions), target, current_target()))
-        return [Artifact("test", "source", symbols=list(functions), payload={"source": "// generated"})]
+        return [Artifact("test", "source", symbols=list(functions))]
 
     outlined, symbol = _outlined_and_marked()
     target = object()  # any Target-like object

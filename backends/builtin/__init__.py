@@ -127,8 +127,8 @@ def codegen(functions: dict, target) -> list:
     if on_cpu:
         units, workspace = cpu_compile_units_in_cuda_build(on_cpu, device, target.workdir)
         artifacts.append(Artifact(backend="builtin", kind="source", symbols=list(on_cpu),
-                                  payload={"compile_units": units, "workspace_bytes": workspace,
-                                           "view_symbols": [s for s in views if s in on_cpu]}))
+                                  compile_units=units, workspace_bytes=workspace,
+                                  view_symbols=[s for s in views if s in on_cpu]))
         functions = {symbol: function for symbol, function in functions.items() if symbol not in on_cpu}
         if not functions:
             return artifacts
@@ -145,9 +145,8 @@ def codegen(functions: dict, target) -> list:
     units = [CompileUnit(source, "cuda" if kind == "cuda" else "cxx", flags, "builtin.o")]
     units += shim_compile_units(device, shim_calls(generated.source))
     return artifacts + [Artifact(backend="builtin", kind="source", symbols=list(functions),
-                                 payload={"compile_units": units, "workspace_bytes": generated.workspace_bytes,
-                                          "link_libraries": libraries,
-                                          "view_symbols": [s for s in views if s in functions]})]
+                                 compile_units=units, workspace_bytes=generated.workspace_bytes,
+                                 link_libraries=libraries, view_symbols=[s for s in views if s in functions])]
 
 
 # The shim's normalizations and softmax compute in float32 for 16-bit inputs (CPU and CUDA

@@ -104,9 +104,8 @@ def codegen(functions: dict, target) -> list:
         units.append(CompileUnit(source, "cxx", host_flags, f"{symbol}.o"))
     # every partition's engine is state of the model instance (see wrapper.cc.j2)
     return [Artifact(backend="cublaslt", kind="json", symbols=list(functions),
-                     payload={"compile_units": units, "workspace_bytes": workspace,
-                              "stateful_symbols": list(functions),
-                              "link_libraries": ["cublasLt"] if cuda else []})]
+                     compile_units=units, workspace_bytes=workspace, stateful_symbols=list(functions),
+                     link_libraries=["cublasLt"] if cuda else [])]
 
 
 register_backend("cublaslt", flavor="json", patterns=_patterns(), codegen=codegen, device="any")

@@ -256,7 +256,7 @@ def codegen(functions: dict, target) -> list:
         kernels[symbol] = kernel.name(problem)
     units += attention_units(attention, SM_COUNT.get(sm, SM_COUNT[90]), workdir, flags, kernels, workspace)
     return [Artifact(backend="cutlass", kind="source", symbols=list(functions),
-                     payload={"compile_units": units, "workspace_bytes": workspace, "kernels": kernels})]
+                     compile_units=units, workspace_bytes=workspace, kernels=kernels)]
 
 
 def attention_units(attention: dict, sm_count: int, workdir: Path, flags: list, kernels: dict,
