@@ -459,6 +459,8 @@ def _report_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("build", help="a model library built by byoc, or a build's workdir (its metadata.json)")
     parser.add_argument("-o", "--output", help="the HTML file to write (default: report.html in the workdir, "
                         "or beside the library as NAME.report.html)")
+    parser.add_argument("--onnx", metavar="OUT.onnx", help="also write the partitioned graph as ONNX (one node per "
+                        "call, typed by its patterns, in domain byoc.<backend>), for a model viewer such as Netron")
 
 
 def _report_command(args: argparse.Namespace) -> int:
@@ -489,6 +491,14 @@ def _report_command(args: argparse.Namespace) -> int:
     except OSError as error:
         raise ConfigError(f"--output {output}: cannot write it ({error.strerror or error})") from None
     print(output)
+    if args.onnx:
+        import onnx
+        from .report_page import partitioned_onnx
+        try:
+            onnx.save(partitioned_onnx(metadata, title), args.onnx)
+        except OSError as error:
+            raise ConfigError(f"--onnx {args.onnx}: cannot write it ({error.strerror or error})") from None
+        print(args.onnx)
     return 0
 
 

@@ -261,3 +261,57 @@ def render_page(metadata: dict, title: str) -> str:
                    "no_reuse": _mib(plan.get("no_reuse_bytes", 0)) if plan else None},
         "weights": _mib(metadata.get("weights", {}).get("bytes", 0)),
     })
+
+
+def partitioned_onnx(metadata: dict, title: str):
+    """The partitioned model as an ONNX graph a model viewer (Netron) opens: one node per
+    call of @main, its op type the function's composite or ops (`dense_bias_gelu`,
+    `layer_norm`), its domain `byoc.<backend>`, with the kernel, ops and patterns as
+    attributes; the values between calls keep their names, shapes and dtypes. It describes
+    the build; it is not a model to run."""
+    from onnx import TensorProto, helper
+    graph = metadata.get("graph") or {"values": [], "calls": [], "functions": {}}
+    backend_of = {f["symbol"]: f["backend"] for f in metadata.get("functions", [])}
+    values = graph["values"]
+    elem = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16,
+            "float64": TensorProto.DOUBLE, "int64": TensorProto.INT64, "int32": TensorProto.INT32,
+            "int8": TensorProto.INT8, "uint8": TensorProto.UINT8, "bool": TensorProto.BOOL}
+
+    def value_name(index: int) -> str:  # unique even where the IR reused a name
+        return f"{values[index]['name']}#{index}" if [v["name"] for v in values].count(values[index]["name"]) > 1 \
+            else values[index]["name"]
+
+    def info(index: int):
+        value = values[index]
+        return helper.make_tensor_value_info(value_name(index), elem.get(value["dtype"], TensorProto.UNDEFINED),
+                                             value["shape"])
+    nodes, domains = [], set()
+    for call in graph["calls"]:
+        function = graph["functions"].get(call["symbol"], {})
+        backend = _backend(graph, backend_of, call["symbol"])
+        op_type = "_".join(dict.fromkeys(c.split(".", 1)[-1] for c in function.get("composites", []))) or \
+            "_".join(dict.fromkeys(function.get("ops", []))) or call["symbol"]
+        domain = f"byoc.{backend}"
+        domains.add(domain)
+        attributes = {"symbol": call["symbol"], "binding": call["position"]}
+        if function.get("kernel"):
+            attributes["kernel"] = function["kernel"]
+        if function.get("ops"):
+            attributes["ops"] = ", ".join(function["ops"])
+        if call.get("view"):
+            attributes["view"] = 1
+        nodes.append(helper.make_node(op_type[:120], [value_name(i) for i in call["reads"]],
+                                      [value_name(call["writes"])], name=f"#{call['position']}", domain=domain,
+                                      **attributes))
+    produced = {call["writes"] for call in graph["calls"]}
+    read = {i for call in graph["calls"] for i in call["reads"]}
+    inputs = [info(i) for i, value in enumerate(values) if value["call"] is None]
+    output_names = [o["name"] for o in metadata.get("outputs", [])]
+    output_indices = [i for i in sorted(produced) if i not in read or values[i]["name"] in output_names]
+    model = helper.make_model(
+        helper.make_graph(nodes, title, inputs, [info(i) for i in output_indices],
+                          value_info=[info(i) for i in sorted(produced - set(output_indices))]),
+        opset_imports=[helper.make_opsetid("", 17)] + [helper.make_opsetid(d, 1) for d in sorted(domains)],
+        producer_name="byoc", doc_string="the partitioned build (byoc report --onnx): one node per call")
+    return model
+

@@ -184,3 +184,24 @@ def test_the_page_renders_in_headless_chromium(bert2_build, tmp_path):
     assert done.returncode == 0, done.stderr
     data = screenshot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000  # a blank page compresses to a few KB
+
+
+def test_the_partitioned_graph_as_onnx_for_a_model_viewer(bert2_build, tmp_path):
+    """`byoc report --onnx`: one node per call, typed by its patterns or ops, in domain
+    byoc.<backend>, the values between calls with their shapes; a valid ONNX model."""
+    import onnx
+    library, workdir = bert2_build
+    target = tmp_path / "partitioned.onnx"
+    done = subprocess.run([sys.executable, "-m", "byoc", "report", str(workdir), "-o", str(tmp_path / "r.html"),
+                           "--onnx", str(target)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    model = onnx.load(target)
+    onnx.checker.check_model(model)
+    calls = library.metadata["graph"]["calls"]
+    assert len(model.graph.node) == len(calls)
+    assert {node.domain for node in model.graph.node} == {"byoc.builtin"}
+    assert "layer_norm" in {node.op_type for node in model.graph.node}
+    assert [o.name for o in model.graph.output] == [o["name"] for o in library.metadata["outputs"]]
+    assert [i.name for i in model.graph.input] == list(BERT2_SHAPES)
+    kernels = {a.name for node in model.graph.node for a in node.attribute}
+    assert {"symbol", "binding", "ops"} <= kernels
