@@ -277,19 +277,26 @@ class Target:
 
 # ---- the visible GPU ------------------------------------------------------------------------
 
-def _arch_from_nvidia_smi() -> str | None:
+def _nvidia_smi_first_gpu(field: str) -> str | None:
+    """`nvidia-smi --query-gpu=FIELD` for GPU 0, or None without nvidia-smi or a GPU."""
     if not shutil.which("nvidia-smi"):
         return None
     try:
-        run = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+        run = subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=20)
-        lines = run.stdout.strip().splitlines() if run.returncode == 0 else []
-        if lines:
-            major, minor = lines[0].strip().split(".")
-            return f"sm_{int(major)}{int(minor)}"
-    except (OSError, subprocess.SubprocessError, ValueError):
-        pass
-    return None
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = run.stdout.strip().splitlines() if run.returncode == 0 else []
+    return (lines[0].strip() or None) if lines else None
+
+
+def _arch_from_nvidia_smi() -> str | None:
+    capability = _nvidia_smi_first_gpu("compute_cap")
+    try:
+        major, minor = capability.split(".") if capability else (None, None)
+        return f"sm_{int(major)}{int(minor)}" if capability else None
+    except ValueError:
+        return None
 
 
 def _arch_from_cupy() -> str | None:
@@ -305,21 +312,13 @@ def _arch_from_cupy() -> str | None:
 
 
 @functools.lru_cache(maxsize=None)
-@functools.lru_cache(maxsize=None)
 def visible_gpu_name() -> str | None:
     """The product name of GPU 0 ("NVIDIA H100 80GB HBM3"), or None without nvidia-smi or
     a GPU: the device a tuning measurement was made on."""
-    if not shutil.which("nvidia-smi"):
-        return None
-    try:
-        run = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)
-        lines = run.stdout.strip().splitlines() if run.returncode == 0 else []
-        return lines[0].strip() or None if lines else None
-    except (OSError, subprocess.SubprocessError):
-        return None
+    return _nvidia_smi_first_gpu("name")
 
 
+@functools.lru_cache(maxsize=None)
 def visible_gpu_arch() -> str | None:
     """The arch of GPU 0 (e.g. "sm_90"), or None when no GPU is visible. Asked once per
     process: nvidia-smi first, then cupy."""

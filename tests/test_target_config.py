@@ -141,6 +141,12 @@ def test_visible_gpu_arch_reads_nvidia_smi(monkeypatch, tmp_path):
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}")
     assert target_module._arch_from_nvidia_smi() == "sm_90"
+    # the GPU's name (tuning provenance) comes from the same query; garbage is no GPU
+    fake.write_text('#!/bin/sh\ncase "$1" in *name*) echo "NVIDIA H100 80GB HBM3";; *) echo "9.x";; esac\n')
+    assert target_module._nvidia_smi_first_gpu("name") == "NVIDIA H100 80GB HBM3"
+    assert target_module._arch_from_nvidia_smi() is None
+    fake.write_text("#!/bin/sh\nexit 9\n")
+    assert target_module._nvidia_smi_first_gpu("name") is None
 
 
 # ---- configs ------------------------------------------------------------------------------

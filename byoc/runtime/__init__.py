@@ -380,17 +380,23 @@ class Module:
         except ImportError:
             return None
 
-    def benchmark(self, *args, repeat: int = 100, warmup: int = 10, **kwargs) -> float:
-        """Mean milliseconds per run (inputs reused), measured with the device synchronized."""
-        import time
+    def _warmed_up(self, method: str, args, kwargs, repeat, warmup) -> list:
+        """The outputs a timing loop reuses, after `warmup` runs into them (the device
+        synchronized); `repeat` and `warmup` checked for `method`'s message."""
         for name, value, least in (("repeat", repeat, 1), ("warmup", warmup, 0)):
             if not isinstance(value, numbers.Integral) or isinstance(value, (bool, np.bool_)) or value < least:
-                raise ByocRuntimeError(f"benchmark(): {name} must be an integer >= {least}, got {value!r}")
+                raise ByocRuntimeError(f"{method}(): {name} must be an integer >= {least}, got {value!r}")
         outputs = self.run(*args, **kwargs)
         outputs = list(outputs) if isinstance(outputs, tuple) else [outputs]
         for _ in range(warmup):
             self.run(*args, out=outputs, **kwargs)
         self._synchronize()
+        return outputs
+
+    def benchmark(self, *args, repeat: int = 100, warmup: int = 10, **kwargs) -> float:
+        """Mean milliseconds per run (inputs reused), measured with the device synchronized."""
+        import time
+        outputs = self._warmed_up("benchmark", args, kwargs, repeat, warmup)
         start = time.perf_counter()
         for _ in range(repeat):
             self.run(*args, out=outputs, **kwargs)
@@ -402,14 +408,7 @@ class Module:
         before the next starts, as trtexec and onnxruntime's perf test time latency: for
         percentiles. benchmark() is the throughput view (runs queued back to back)."""
         import time
-        for name, value, least in (("repeat", repeat, 1), ("warmup", warmup, 0)):
-            if not isinstance(value, numbers.Integral) or isinstance(value, (bool, np.bool_)) or value < least:
-                raise ByocRuntimeError(f"latencies(): {name} must be an integer >= {least}, got {value!r}")
-        outputs = self.run(*args, **kwargs)
-        outputs = list(outputs) if isinstance(outputs, tuple) else [outputs]
-        for _ in range(warmup):
-            self.run(*args, out=outputs, **kwargs)
-        self._synchronize()
+        outputs = self._warmed_up("latencies", args, kwargs, repeat, warmup)
         times = []
         for _ in range(repeat):
             start = time.perf_counter()
