@@ -355,6 +355,9 @@ def _build_command(args: argparse.Namespace) -> int:
     print(describe_build_stats(library.build_stats))
     if library.report is not None:
         print(library.report.to_text())
+    # the picture of the build: kept in the workdir, else drawn from the library on request
+    print(f"what runs where: {library.workdir / 'report.html'}" if library.workdir_kept else
+          f"what runs where: byoc report {written} draws it")
     return 0
 
 

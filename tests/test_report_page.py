@@ -205,3 +205,16 @@ def test_the_partitioned_graph_as_onnx_for_a_model_viewer(bert2_build, tmp_path)
     assert [i.name for i in model.graph.input] == list(BERT2_SHAPES)
     kernels = {a.name for node in model.graph.node for a in node.attribute}
     assert {"symbol", "binding", "ops"} <= kernels
+
+
+def test_byoc_build_says_where_its_picture_is(tmp_path):
+    mlp = str(FIXTURES / "mlp.onnx")
+    kept = subprocess.run([sys.executable, "-m", "byoc", "build", mlp, "-c", "cpu", "-q", "--workdir",
+                           str(tmp_path / "w"), "-o", str(tmp_path / "a.so")], capture_output=True, text=True)
+    assert kept.returncode == 0, kept.stderr
+    assert f"what runs where: {tmp_path / 'w' / 'report.html'}" in kept.stdout
+    assert (tmp_path / "w" / "report.html").is_file()
+    temporary = subprocess.run([sys.executable, "-m", "byoc", "build", mlp, "-c", "cpu", "-q",
+                                "-o", str(tmp_path / "b.so")], capture_output=True, text=True)
+    assert temporary.returncode == 0, temporary.stderr
+    assert f"what runs where: byoc report {tmp_path / 'b.so'} draws it" in temporary.stdout
