@@ -490,7 +490,12 @@ def _report_command(args: argparse.Namespace) -> int:
     if not isinstance(metadata, dict):
         raise ConfigError(f"{args.build}: its metadata is not a JSON object; expected a byoc build's")
     try:
-        output.write_text(render_page(metadata, title=title))
+        page = render_page(metadata, title=title)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:  # an edited metadata.json
+        raise ConfigError(f"{args.build}: its metadata is not what a byoc build writes ({type(error).__name__}: "
+                          f"{error}); rebuild it, or restore metadata.json") from None
+    try:
+        output.write_text(page)
     except OSError as error:
         raise ConfigError(f"--output {output}: cannot write it ({error.strerror or error})") from None
     print(output)
@@ -499,6 +504,9 @@ def _report_command(args: argparse.Namespace) -> int:
         from .report_page import partitioned_onnx
         try:
             onnx.save(partitioned_onnx(metadata, title), args.onnx)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:
+            raise ConfigError(f"{args.build}: its metadata is not what a byoc build writes ({type(error).__name__}: "
+                              f"{error}); rebuild it, or restore metadata.json") from None
         except OSError as error:
             raise ConfigError(f"--onnx {args.onnx}: cannot write it ({error.strerror or error})") from None
         print(args.onnx)

@@ -277,9 +277,10 @@ def partitioned_onnx(metadata: dict, title: str):
             "float64": TensorProto.DOUBLE, "int64": TensorProto.INT64, "int32": TensorProto.INT32,
             "int8": TensorProto.INT8, "uint8": TensorProto.UINT8, "bool": TensorProto.BOOL}
 
+    uses = Counter(value["name"] for value in values)
+
     def value_name(index: int) -> str:  # unique even where the IR reused a name
-        return f"{values[index]['name']}#{index}" if [v["name"] for v in values].count(values[index]["name"]) > 1 \
-            else values[index]["name"]
+        return f"{values[index]['name']}#{index}" if uses[values[index]["name"]] > 1 else values[index]["name"]
 
     def info(index: int):
         value = values[index]

@@ -2,6 +2,7 @@
 self-contained report.html that shows which backend runs each call, why refused pattern
 matches were refused, and the memory plan; a built .so carries what it needs to be drawn
 after its build directory is gone."""
+import json
 import re
 import subprocess
 import sys
@@ -90,7 +91,8 @@ def test_byoc_report_draws_a_library_after_its_build_directory_is_gone(bert2_bui
     assert done.returncode == 0 and chosen.read_text() == html
 
 
-@pytest.mark.parametrize("case", ["no metadata", "bad json", "not a library", "unwritable output"])
+@pytest.mark.parametrize("case", ["no metadata", "bad json", "not a library", "unwritable output", "edited graph",
+                                  "edited values"])
 def test_byoc_report_names_what_it_cannot_read_or_write(case, tmp_path):
     target, extra = tmp_path / "w", []
     target.mkdir()
@@ -102,12 +104,21 @@ def test_byoc_report_names_what_it_cannot_read_or_write(case, tmp_path):
     elif case == "unwritable output":
         (target / "metadata.json").write_text("{}")
         extra = ["-o", str(tmp_path / "missing" / "dir" / "page.html")]
+    elif case == "edited graph":  # a call without its fields
+        (target / "metadata.json").write_text(json.dumps({"graph": {"values": [], "calls": [{}], "functions": {}}}))
+    elif case == "edited values":  # a call reading a value that is not there, and --onnx
+        (target / "metadata.json").write_text(json.dumps({"graph": {
+            "values": [{"name": "y", "shape": [1], "dtype": "float32", "call": 0}],
+            "calls": [{"symbol": "f", "position": 0, "reads": [5], "weights": 0, "writes": 0}], "functions": {}}}))
+        extra = ["--onnx", str(tmp_path / "p.onnx")]
     done = subprocess.run([sys.executable, "-m", "byoc", "report", str(target), *extra], capture_output=True,
                           text=True)
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("byoc: error:") and "Traceback" not in done.stderr
     expected = {"no metadata": "has no metadata.json", "bad json": "cannot read it as a build's metadata",
-                "not a library": "model.so", "unwritable output": "--output"}[case]
+                "not a library": "model.so", "unwritable output": "--output",
+                "edited graph": "its metadata is not what a byoc build writes",
+                "edited values": "its metadata is not what a byoc build writes"}[case]
     assert expected in done.stderr
 
 

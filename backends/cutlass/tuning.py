@@ -238,6 +238,7 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
                                              "to compile and time; tuning_db remembers the winners)",
                                              len(to_tune), count)
         measured = _profile(to_tune, sm, workdir / "tuning", compile_flags, jobs, allowed)
+        provenance = measurement_provenance(0)  # one GPU, one toolchain for the whole run
         for problem in to_tune:
             times = measured.get(problem, {})
             valid = {name: us for name, us in times.items() if us is not None}
@@ -247,7 +248,7 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
             by_name = {k.name(problem): k for k in usable_candidates(sm, problem, allowed)}
             best = min(valid, key=valid.get)
             chosen[problem] = by_name[best]
-            database.record(sm, problem, by_name[best], valid[best], times, measurement_provenance(len(times)))
+            database.record(sm, problem, by_name[best], valid[best], times, {**provenance, "candidates": len(times)})
         database.save(optional=optional_save)
     return chosen
 
