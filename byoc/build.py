@@ -280,15 +280,17 @@ class _Builder:
         return mod, output_names
 
     def simplify(self, mod):
-        from .transform import convert_to_float16, dead_code_elimination, fold_constant
+        from .transform import convert_to_float16, dead_code_elimination, fold_constant, simplify_identity_gather
         from .transform.recognize_gelu import recognize_gelu
         from .transform.fold_batch_norm import fold_batch_norm
         from .transform.sink_reshapes import sink_reshapes
         from .transform.combine_parallel_matmul import combine_parallel_matmul
         from .transform.combine_logit_addends import combine_logit_addends
         mod = dead_code_elimination(recognize_gelu(dead_code_elimination(fold_batch_norm(fold_constant(mod)))))
-        # after RecognizeGelu: a GEMM's activation reads its reshape only once recognized
-        mod = dead_code_elimination(fold_constant(sink_reshapes(mod)))
+        # after FoldConstant (the indices are constants then), before SinkReshapes (which
+        # merges the reshape it leaves with its neighbours); after RecognizeGelu: a GEMM's
+        # activation reads its reshape only once recognized
+        mod = dead_code_elimination(fold_constant(sink_reshapes(simplify_identity_gather(mod))))
         # after FoldConstant: weights and biases are constants only once their preprocessing folds
         mod = dead_code_elimination(combine_logit_addends(combine_parallel_matmul(mod)))
         if self.cfg.precision in ("float16", "bfloat16"):

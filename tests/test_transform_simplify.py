@@ -719,3 +719,81 @@ def @shim(%p: Tensor[(2,), float32]) -> Tensor[(2,), float32] [Extern=1];
     seen = []
     mapped = mod.map_bodies(lambda function: seen.append(function) or function)
     assert seen == [mod["main"]] and mapped["shim"] is mod["shim"] and mapped is not mod
+
+
+def test_sink_reshapes_moves_reshapes_of_a_cast_input_above_the_cast():
+    """transformers' padding mask: cast(attention_mask) read through reshapes by the mask
+    arithmetic. The reshapes go above the cast (views of the input) and merge, so the cast
+    can join the and/where in one kernel; sinking it back would split it off again."""
+    from byoc.transform import sink_reshapes
+    before = """
+def @main(%mask: Tensor[(2, 8), int64], %keep: Tensor[(1, 1, 8, 1), bool]) -> Tensor[(2, 1, 8, 8), float32] {
+  %c = cast(%mask, dtype="bool")
+  %f = reshape(%c, shape=[16, 1])
+  %r = reshape(%f, shape=[2, 1, 1, 8])
+  %a = logical_and(%keep, %r)
+  %w = where(%a, const(0.0, float32), const(-1e4, float32))
+  return %w
+}
+"""
+    after = """
+def @main(%mask: Tensor[(2, 8), int64], %keep: Tensor[(1, 1, 8, 1), bool]) -> Tensor[(2, 1, 8, 8), float32] {
+  %v = reshape(%mask, shape=[2, 1, 1, 8])
+  %r = cast(%v, dtype="bool")
+  %a = logical_and(%keep, %r)
+  %w = where(%a, const(0.0, float32), const(-1e4, float32))
+  return %w
+}
+"""
+    result = check(before, after, lambda mod: dead_code_elimination(sink_reshapes(mod)))
+    assert "mask_view" in result.script()
+    args = {"mask": np.array([[1] * 5 + [0] * 3, [1] * 8]), "keep": np.ones((1, 1, 8, 1), bool)}
+    np.testing.assert_array_equal(interpret(result, **args), interpret(parse(before), **args))
+    # a cast of a computed value stays where it is: its producer may take it in
+    computed = parse("""
+def @main(%x: Tensor[(2, 8), float32]) -> Tensor[(16,), float16] {
+  %e = exp(%x)
+  %c = cast(%e, dtype="float16")
+  %f = reshape(%c, shape=[16])
+  return %f
+}""")
+    assert_structural_equal(sink_reshapes(computed), computed)
+
+
+# ================================================================= simplify_identity_gather
+
+def test_gather_of_every_index_in_order_is_a_reshape():
+    """transformers' padding mask gathers the flattened mask at arange(batch) * seq +
+    arange(seq), a constant after folding: a reshape. Any other index constant (repeated,
+    permuted, negative, too few) and non-constant indices stay gathers."""
+    from byoc.transform import simplify_identity_gather
+    before = """
+def @main(%m: Tensor[(6, 1), bool], %x: Tensor[(2, 3), float32], %i: Tensor[(3,), int64]) -> Tuple[Tensor[(2, 1, 3, 1), bool], Tensor[(2, 1, 3), float32], Tensor[(2, 3), float32], Tensor[(2, 3), float32], Tensor[(2, 2), float32], Tensor[(2, 3), float32], Tensor[(2, 3), float32]] {
+  %a = gather(%m, const([[[0, 1, 2]], [[3, 4, 5]]], int64))
+  %b = gather(%x, const([[0, 1, 2]], int32), axis=-1)
+  %c = gather(%x, const([0, 2, 1], int64), axis=1)
+  %d = gather(%x, const([0, 1, -1], int64), axis=1)
+  %e = gather(%x, const([0, 1], int64), axis=1)
+  %f = gather(%x, %i, axis=1)
+  %g = gather(%x, const([0, 1, 1], int64), axis=1)
+  return (%a, %b, %c, %d, %e, %f, %g)
+}
+"""
+    after = """
+def @main(%m: Tensor[(6, 1), bool], %x: Tensor[(2, 3), float32], %i: Tensor[(3,), int64]) -> Tuple[Tensor[(2, 1, 3, 1), bool], Tensor[(2, 1, 3), float32], Tensor[(2, 3), float32], Tensor[(2, 3), float32], Tensor[(2, 2), float32], Tensor[(2, 3), float32], Tensor[(2, 3), float32]] {
+  %a = reshape(%m, shape=[2, 1, 3, 1])
+  %b = reshape(%x, shape=[2, 1, 3])
+  %c = gather(%x, const([0, 2, 1], int64), axis=1)
+  %d = gather(%x, const([0, 1, -1], int64), axis=1)
+  %e = gather(%x, const([0, 1], int64), axis=1)
+  %f = gather(%x, %i, axis=1)
+  %g = gather(%x, const([0, 1, 1], int64), axis=1)
+  return (%a, %b, %c, %d, %e, %f, %g)
+}
+"""
+    result = check(before, after, simplify_identity_gather)
+    rng = np.random.default_rng(0)
+    args = {"m": rng.random((6, 1)) > 0.5, "x": rng.standard_normal((2, 3), np.float32),
+            "i": np.array([2, 0, 1])}
+    for got, want in zip(interpret(result, **args), interpret(parse(before), **args)):
+        np.testing.assert_array_equal(got, want)

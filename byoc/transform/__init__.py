@@ -11,6 +11,7 @@ from .run_codegen import run_codegen
 from .partition import partition_for
 from .recognize_gelu import recognize_gelu
 from .sink_reshapes import sink_reshapes
+from .simplify_identity_gather import simplify_identity_gather
 from .combine_parallel_matmul import combine_parallel_matmul
 from .combine_logit_addends import combine_logit_addends
 from .rewrite_cuda_graph import rewrite_cuda_graph

@@ -16,7 +16,11 @@ reshape(%y)` is read by nothing else, when every other operand is
 - a vector of %r's last dim while the reshape keeps the last dim: used as it is (a bias).
 Also rewrites `reshape(reshape(%x))`, the inner one read by nothing else, into one
 reshape of %x, so that the reshapes of a chain meet and FoldConstant drops the pair that
-cancels. Repeats until nothing changes. Leaves alone reshapes read elsewhere (the op
+cancels. One exception goes the other way: a one-operand elementwise op of a function
+parameter or of a reshape of one (the cast of an input mask) has no producer to join, so a reshape reading it
+(and nothing else reading it) moves above it, `reshape(cast(%param))` -> `cast(reshape(
+%param))`, where it is a view and the cast can join its readers' kernel; such an op is
+never sunk. Repeats until nothing changes. Leaves alone reshapes read elsewhere (the op
 would then compute a value the reshape's other readers do not share), ops of other
 categories, and operands of other shapes; unused bindings are left to
 dead_code_elimination.
@@ -48,6 +52,7 @@ def _sink(function: Function) -> Function:
 def _sink_once(function: Function, adapters: set) -> tuple[Function, bool]:
     bindings = list(function.bindings)
     producers = {b.var: b.value for b in bindings}
+    params = set(function.params)
     uses = _uses(function)
     counter = [0]
 
@@ -64,9 +69,26 @@ def _sink_once(function: Function, adapters: set) -> tuple[Function, bool]:
                 merged = Call("reshape", [producers[inner].args[0]], dict(value.attrs))
                 bindings[index] = Binding(binding.var, merged)
                 return _rebuilt(function, bindings), True
+            if isinstance(inner, Var) and _unary_of_parameter(producers.get(inner), params, producers) \
+                    and len(uses.get(inner, [])) == 1:
+                unary = producers[inner]
+                source = unary.args[0]
+                shape = list(binding.var.type.shape)
+                root = source
+                while root not in params:
+                    root = producers[root].args[0]
+                reshaped = Var(f"{root.name_hint}_view", TensorType(shape, source.type.dtype))
+                bindings[index:index + 1] = [Binding(reshaped, Call("reshape", [source], {"shape": shape})),
+                                             Binding(binding.var, Call(unary.op, [reshaped], dict(unary.attrs)))]
+                # the op's old binding goes now: left for dead_code_elimination, it would
+                # still read the reshape chain and keep it from merging
+                bindings = [b for b in bindings if b.var is not inner]
+                return _rebuilt(function, bindings), True
             continue
         if not is_op_call(value, categories=ELEMENTWISE_CATEGORIES):
             continue
+        if _unary_of_parameter(value, params, producers, through_reshape=True):
+            continue  # the reshape goes above the op instead (above)
         rewrite = _rewrite_over_reshape(binding, producers, uses, fresh, adapters)
         if rewrite is not None:
             bindings[index:index + 1] = rewrite
@@ -129,6 +151,26 @@ def _adapted_operand(other, source_shape, shown_shape, fresh, new_bindings, adap
     if len(shape) == 1 and source_shape and shown_shape and shape[0] == shown_shape[-1] == source_shape[-1]:
         return other  # a bias along the last dim, which the reshape keeps
     return None
+
+
+def _unary_of_parameter(value, params: set, producers: dict, through_reshape: bool = False) -> bool:
+    """Whether `value` is a one-operand elementwise op (a cast, a negation) of a function
+    parameter or a reshape of one (through_reshape: of a reshape of such)."""
+    if not is_op_call(value, categories=ELEMENTWISE_CATEGORIES) or len(value.args) != 1:
+        return False
+    operand = value.args[0]
+    if through_reshape:
+        producer = producers.get(operand) if isinstance(operand, Var) else None
+        if not is_op_call(producer, names=("reshape",)):
+            return False
+        operand = producer.args[0]
+    return _is_parameter_view(operand, params, producers)
+
+
+def _is_parameter_view(expr, params: set, producers: dict) -> bool:
+    while isinstance(expr, Var) and expr not in params and is_op_call(producers.get(expr), names=("reshape",)):
+        expr = producers[expr].args[0]
+    return expr in params
 
 
 def _rebuilt(function: Function, bindings: list) -> Function:
