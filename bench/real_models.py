@@ -108,10 +108,11 @@ def _hf(config_class, model_class, full, tiny_overrides, *, padded=True, model_k
     return make, inputs
 
 
-def _torchvision(name, tiny_kwargs=None):
+def _torchvision(name, tiny_kwargs=None, model_kwargs=None):
     def make(attn, tiny):
         import torchvision
-        model = getattr(torchvision.models, name)(weights=None, **((tiny_kwargs or {}) if tiny else {}))
+        model = getattr(torchvision.models, name)(weights=None, **(model_kwargs or {}),
+                                                  **((tiny_kwargs or {}) if tiny else {}))
         _trained_looking(model)
         _calibrate_batch_norm(model, 64 if tiny else 224)
         return model
@@ -192,7 +193,15 @@ def model_spec(name):
                      dict(num_layers=2, d_model=64, d_kv=16, num_heads=4, d_ff=128)), "last_hidden_state")
     if name == "vit_b16":
         return (*_vit(), "last_hidden_state")
-    if name in ("resnet50", "mobilenet_v3_large", "efficientnet_b0"):
+    if name == "resnet50":
+        # The last BatchNorm of each residual branch starts at zero (torchvision's
+        # zero_init_residual, from Goyal et al.'s training recipe; then _trained_looking's
+        # noise: gamma ~ 0.02, no zeros for byoc to fold). With gamma = 1
+        # the random net is chaotic: rounding grows through 16 residual blocks until torch's
+        # own fp16 is 4.3e-2 off float32 (H100, 2026-11-24), and no fp16 build can be checked
+        # at 2e-2. Same ops and shapes either way: the timing does not change.
+        return (*_torchvision(name, model_kwargs={"zero_init_residual": True}), None)
+    if name in ("mobilenet_v3_large", "efficientnet_b0"):
         return (*_torchvision(name), None)
     raise ValueError(f"unknown model {name!r}; known: bert_base, roberta, distilbert, gpt2, t5_encoder, vit_b16, "
                      f"resnet50, mobilenet_v3_large, efficientnet_b0")
