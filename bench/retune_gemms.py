@@ -1,6 +1,7 @@
 """Tune again the database's GEMM problems whose keys contain any of --keys, among the
 candidates --tiles allows (all when empty), and write the database back: how new candidate
-kernels reach problems that an earlier tuning already settled.
+kernels reach problems that an earlier tuning already settled. A whole key the database
+lacks (e.g. the `bias` epilogue of a shape tuned as `plain`) is tuned and added.
 
     python3 bench/retune_gemms.py --tuning-db backends/cutlass/tuning_sm90.json --keys m128: \\
         --tiles 64x64x64 64x32x64 64x16x64 64x64x128 64x32x128
@@ -43,7 +44,8 @@ def problem_from_key(key: str) -> GemmProblem | None:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tuning-db", required=True)
-    parser.add_argument("--keys", nargs="+", required=True, help="parts of the problem keys to tune again")
+    parser.add_argument("--keys", nargs="+", required=True,
+                        help="parts of the problem keys to tune again, or whole keys of problems to add")
     parser.add_argument("--tiles", nargs="*", default=[], help="candidate tiles, e.g. 64x32x64 (empty: all)")
     parser.add_argument("--clusters", nargs="*", default=[], help="candidate cluster shapes, e.g. 1x1 (empty: all)")
     parser.add_argument("--split-k", action="store_true", help="also try split-K and stream-K kernels")
@@ -55,8 +57,10 @@ def main():
     entries = database.entries.get("sm90", {})
     problems = [p for p in (problem_from_key(key) for key in list(entries)
                             if any(part in key for part in args.keys)) if p is not None]
+    # a whole problem key the database lacks is tuned too (a new epilogue of a known shape)
+    problems += [p for p in (problem_from_key(key) for key in args.keys if key not in entries) if p is not None]
     for problem in problems:
-        entries.pop(problem.key)
+        entries.pop(problem.key, None)
     allowed = CandidateFilter(tiles=tuple(parse_shape(t, 3, "tiles") for t in args.tiles),
                               clusters=tuple(parse_shape(c, 2, "clusters") for c in args.clusters),
                               split_k=args.split_k)
