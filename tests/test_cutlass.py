@@ -850,6 +850,62 @@ def test_tuning_leaves_out_candidates_that_do_not_compile(tmp_path, monkeypatch)
     assert problem in results
 
 
+@needs_nvcc
+def test_tuning_compiles_each_candidate_once_for_every_problem_it_serves(tmp_path, monkeypatch):
+    """Candidates whose renders differ only in the entry point (symbol, sizes) share one
+    compile unit: a candidate kernel type is compiled once and linked into the profiler of
+    every problem it serves."""
+    from byoc.backends.cutlass import tuning
+    from byoc.backends.cutlass.kernels import GemmProblem
+    from byoc.codegen.templates import render_template as real_render
+
+    class FakeKernel:
+        def __init__(self, name):
+            self.label = name
+
+        def name(self, problem):
+            return f"{self.label}_m{problem.m}"
+
+        def template_data(self, problem, symbol, indices):
+            return {"symbol": symbol, "m": problem.m, "label": self.label}
+
+    def render(name, data):
+        if name == "fake":
+            return (f'#include <cstddef>\n// {data["label"]} for M={data["m"]}\n'
+                    f'extern "C" int {data["symbol"]}(void* const*, void* const*, void*, size_t, void*) {{ return 0; }}\n')
+        return real_render(name, data)
+
+    monkeypatch.setattr(tuning, "usable_candidates", lambda sm, problem, allowed=None: [FakeKernel("a"), FakeKernel("b")])
+    monkeypatch.setattr(tuning, "kernel_template", lambda kernel: "fake")
+    monkeypatch.setattr(tuning, "render_template", render)
+    problems = [GemmProblem(m, 64, 64, 1, "float16", False, None, False, False) for m in (64, 128, 192)]
+    tuning._profile(problems, 90, tmp_path, ["-arch=sm_90", "-O0"], jobs=2)
+    units = sorted(p.name for p in tmp_path.glob("*__*.cu"))
+    assert units == ["a_m64__0.cu", "b_m64__0.cu"]
+    shared = (tmp_path / "a_m64__0.cu").read_text()
+    assert all(f"candidate_{index}_0" in shared for index in range(3)) and "3 entry points" in shared
+    assert all((tmp_path / f"profiler_{index}").is_file() for index in range(3))  # each linked the shared objects
+
+
+def test_partitions_of_one_kernel_type_compile_as_one_unit(tmp_path):
+    """bert2: the QKV projection and the pooler are plain GEMMs of one tile, the attention
+    output and the FFN's second GEMM residual GEMMs of one tile; each pair is one unit, with
+    an entry point per partition, and its CUTLASS types once."""
+    from byoc.build import _Builder
+    from byoc.config import load_config
+    config = load_config("cuda_sm90", overrides={"workdir": str(tmp_path), "tuning": {"profile": False},
+                                                  "dims": {"batch": 1, "sequence": 128}})
+    _, _, artifacts, _ = _Builder(config).lower(str(Path(__file__).parent / "fixtures" / "bert2.onnx"), None)
+    (cutlass,) = [a for a in artifacts if a.backend == "cutlass"]
+    units = {unit.source.name: unit.source.read_text() for unit in cutlass.compile_units}
+    shared = {name: text for name, text in units.items() if "entry points of one kernel type" in text}
+    assert len(shared) == 2 and len(units) == 4, sorted(units)
+    for text in shared.values():
+        symbols = re.findall(r'^extern "C" int (cutlass_\w+)\(', text, re.M)
+        assert len(symbols) == 2 and all(symbol in cutlass.symbols for symbol in symbols)
+    assert sum(len(re.findall(r'^extern "C" int cutlass_', t, re.M)) for t in units.values()) == len(cutlass.symbols)
+
+
 def test_a_scale_after_a_batched_matmul_becomes_the_epilogue_alpha(tmp_path):
     """scores / 8 is taken by cutlass with the matmul, and the kernel scales in its epilogue
     (partitioning and codegen only: no GPU needed)."""

@@ -27,8 +27,8 @@ from byoc.errors import BuildError
 from byoc.ir.expr import Call, Constant, Function, Var
 from byoc.ir.op import Op
 
-from .kernels import (PDL_FLAG, SM_COUNT, CandidateFilter, ConvProblem, GemmProblem, kernel_flags, kernel_template,
-                      kernel_workspace_bytes)
+from .kernels import (PDL_FLAG, SM_COUNT, CandidateFilter, ConvProblem, GemmProblem, compile_unit_sources,
+                      kernel_flags, kernel_template, kernel_type_key, kernel_workspace_bytes)
 
 ACTIVATION_OPS = {"relu": "relu", "silu": "silu", "sigmoid": "sigmoid"}
 
@@ -246,14 +246,21 @@ def codegen(functions: dict, target) -> list:
                                 remeasure_on=remeasure_on, optional_save=optional_save)
     except ValueError as error:  # the target's tiles/clusters/stages leave no kernel for a problem
         raise BuildError(str(error)) from None
-    units, workspace, kernels = [], {}, {}
+    units, workspace, kernels, renders, unit_flags = [], {}, {}, [], {}
     for symbol, (problem, indices) in problems.items():
         kernel = chosen[problem]
-        source = workdir / f"{symbol}.cu"
-        source.write_text(render_template(kernel_template(kernel), kernel.template_data(problem, symbol, indices)))
-        units.append(CompileUnit(source, "cuda", kernel_flags(kernel, flags), f"{symbol}.o"))
+        data = kernel.template_data(problem, symbol, indices)
+        unit_flags[symbol] = kernel_flags(kernel, flags)
+        key = kernel_type_key(kernel_template(kernel), data, unit_flags[symbol])
+        renders.append((key, symbol, render_template(kernel_template(kernel), data)))
         workspace[symbol] = kernel_workspace_bytes(kernel, problem)
         kernels[symbol] = kernel.name(problem)
+    # partitions whose kernels share their CUTLASS types (ResNet's convs of one tile and
+    # epilogue at several sizes) compile as one unit, named after its first symbol
+    for symbol, text in compile_unit_sources(renders).items():
+        source = workdir / f"{symbol}.cu"
+        source.write_text(text)
+        units.append(CompileUnit(source, "cuda", unit_flags[symbol], f"{symbol}.o"))
     units += attention_units(attention, SM_COUNT.get(sm, SM_COUNT[90]), workdir, flags, kernels, workspace)
     return [Artifact(backend="cutlass", kind="source", symbols=list(functions),
                      compile_units=units, workspace_bytes=workspace, kernels=kernels)]

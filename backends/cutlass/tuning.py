@@ -34,8 +34,9 @@ from pathlib import Path
 from byoc.errors import BuildError, ByocWarning
 from byoc.codegen.templates import render_template
 
-from .kernels import (NO_FILTER, CandidateFilter, default_kernel, kernel_flags, kernel_from_json,
-                      kernel_template, kernel_workspace_bytes, operand_sizes, usable_candidates)
+from .kernels import (NO_FILTER, CandidateFilter, compile_unit_sources, default_kernel, kernel_flags,
+                      kernel_from_json, kernel_template, kernel_type_key, kernel_workspace_bytes, operand_sizes,
+                      usable_candidates)
 
 FORMAT = "byoc-cutlass-tuning"
 MAX_DATABASE_BYTES = 256 << 20  # thousands of problems take a few MB
@@ -265,7 +266,7 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
              allowed: CandidateFilter = NO_FILTER, kernels_of=None) -> dict:
     from byoc.toolchain import CompileUnit, compile_units
     workdir.mkdir(parents=True, exist_ok=True)
-    candidate_units, programs = [], []
+    candidate_units, programs, renders, unit_flags = [], [], [], {}
     for index, problem in enumerate(problems):
         # the heuristic's kernel first: the reference the others are checked against
         usable = kernels_of(problem) if kernels_of else usable_candidates(sm, problem, allowed)
@@ -279,12 +280,26 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
         entries = []
         for number, kernel in enumerate(usable):
             symbol = f"candidate_{index}_{number}"
-            source = workdir / f"{kernel.name(problem)}__{index}.cu"
-            source.write_text(render_template(kernel_template(kernel), kernel.template_data(problem, symbol, indices)))
-            candidate_units.append(CompileUnit(source=source, language="cuda",
-                                               flags=kernel_flags(kernel, compile_flags), output=f"{source.stem}.o"))
-            entries.append({"symbol": symbol, "name": kernel.name(problem), "object": f"{source.stem}.o"})
+            data = kernel.template_data(problem, symbol, indices)
+            stem, flags = f"{kernel.name(problem)}__{index}", kernel_flags(kernel, compile_flags)
+            key = kernel_type_key(kernel_template(kernel), data, flags)
+            renders.append((key, stem, render_template(kernel_template(kernel), data)))
+            unit_flags[stem] = flags
+            entries.append({"symbol": symbol, "name": kernel.name(problem), "key": key})
         programs.append((problem, usable, entries, slots))
+    # A candidate serves every problem of its epilogue and operand types: compiled once (one
+    # unit with an entry point per problem), timed on each.
+    object_of_key = {}
+    for stem, text in compile_unit_sources(renders).items():
+        source = workdir / f"{stem}.cu"
+        source.write_text(text)
+        candidate_units.append(CompileUnit(source=source, language="cuda", flags=unit_flags[stem],
+                                           output=f"{stem}.o"))
+    for key, stem, _ in renders:  # the unit of a key is named after its first render
+        object_of_key.setdefault(key, f"{stem}.o")
+    for _, _, entries, _ in programs:
+        for entry in entries:
+            entry["object"] = object_of_key[entry.pop("key")]
     # A candidate that does not compile is left out (and reported), not fatal: the others
     # are still measured, and the heuristic's kernel is what the build used before tuning.
     try:
