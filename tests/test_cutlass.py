@@ -56,7 +56,8 @@ def test_kernel_families_compile(sm, tmp_path):
             ConvProblem(2, 15, 17, 64, 72, 3, 3, 8, 9, (2, 2), (1, 1, 1, 1), (1, 1), "bfloat16", "relu", True, False))
     problems = [GemmProblem(1024, 3072, 768, 1, "float16", False, "gelu", True, False),
                 GemmProblem(128, 128, 64, 96, "bfloat16", True, None, False, False, alpha=0.125), conv,
-                GemmProblem(77, 264, 136, 1, "float16", False, None, False, True)]  # dense_residual: no bias
+                GemmProblem(77, 264, 136, 1, "float16", False, None, False, True),  # dense_residual: no bias
+                GemmProblem(1000, 264, 136, 1, "float16", False, "hard_swish", True, False)]
     kernels = [default_kernel(sm, problem) for problem in problems]
     if sm == 90:  # split-K (CUTLASS's stream-K scheduler in split-K mode), a 64x96 pingpong, stream-K
         from byoc.backends.cutlass.kernels import GemmKernel
@@ -355,6 +356,8 @@ def _model(kind, m, n, k, dtype="float16", batch=()):
                 y = fb.call("gelu", y, approximate="tanh" if "tanh" in kind else "none")
             if "relu" in kind:
                 y = fb.call("relu", y)
+            if "hard_swish" in kind:
+                y = fb.call("hard_swish", y)
             if "residual" in kind:
                 r = fb.param("r", out_shape, "float32")
                 y = fb.call("add", y, fb.call("cast", r, dtype=dtype))
@@ -373,13 +376,16 @@ def _model(kind, m, n, k, dtype="float16", batch=()):
     ("dense_residual", 77, 264, 136, ()),  # no bias (T5; untrained HF biases fold away)
     # GPT-2's gelu_new, and its reshape-wrapped GEMMs (SinkReshapes brings the epilogue ops back)
     ("dense_bias_gelu_tanh", 130, 3072, 768, ()), ("reshaped_dense_bias_gelu_tanh", 77, 1000, 256, ()),
-    ("reshaped_dense_bias_residual", 77, 768, 3072, ())])
+    ("reshaped_dense_bias_residual", 77, 768, 3072, ()),
+    ("dense_bias_hard_swish", 1000, 264, 136, ())])  # MobileNetV3's expansions
 def test_patterns_match_float32_reference(kind, m, n, k, batch, tmp_path):
     import cupy
     mod = _model(kind, m, n, k, batch=batch)
     library = byoc.build(mod, config={"target": "auto", "backends": [{"cutlass": {"profile": "false"}}]},
                          workdir=str(tmp_path / "w"))
     assert "cutlass" in library.metadata["backends"], library.report.to_text()
+    if "hard_swish" in kind:  # in the epilogue, not a kernel of its own
+        assert "HardSwish" in "".join(p.read_text() for p in (tmp_path / "w").glob("cutlass_*.cu"))
     module = library.load()
     rng = np.random.default_rng(1)
     inputs = {p.name_hint: rng.standard_normal(p.type.shape).astype(np.float32) for p in mod["main"].params}
@@ -751,6 +757,8 @@ def _conv_model(kind, batch, channels, size, out_channels, kernel, stride, dtype
             y = fb.call("add", y, fb.call("cast", r, dtype=dtype))
         if "relu" in kind:
             y = fb.call("relu", y)
+        if "hard_swish" in kind:
+            y = fb.call("hard_swish", y)
         fb.ret(fb.call("cast", y, dtype="float32"))
     return fb.module()
 
@@ -768,6 +776,8 @@ def _conv_model(kind, batch, channels, size, out_channels, kernel, stride, dtype
     ("conv_bias_relu", 2, 3, 33, 64, 7, 2, "float16"), ("conv_bias_relu", 3, 3, 30, 24, 7, 2, "bfloat16"),
     ("conv", 2, 3, 32, 32, 16, 16, "float16"),  # a ViT patch embedding
     ("conv_bias", 2, 6, 17, 32, 3, 1, "float16"),
+    # MobileNetV3's: a pointwise expansion (a GEMM) and its RGB stem (C=3, 3x3 stride 2), with hard_swish
+    ("conv_bias_hard_swish", 2, 16, 15, 72, 1, 1, "float16"), ("conv_bias_hard_swish", 2, 3, 33, 16, 3, 2, "float16"),
 ])
 def test_conv_patterns_match_float32_reference(kind, batch, channels, size, out_channels, kernel, stride, dtype,
                                                 tmp_path):
@@ -776,6 +786,8 @@ def test_conv_patterns_match_float32_reference(kind, batch, channels, size, out_
     library = byoc.build(mod, config={"target": "auto", "backends": [{"cutlass": {"profile": "false", "conv2d": True}}]},
                          workdir=str(tmp_path / "w"))
     assert "cutlass" in library.metadata["backends"], library.report.to_text()
+    if "hard_swish" in kind:  # in the epilogue, not a kernel of its own
+        assert "HardSwish" in "".join(p.read_text() for p in (tmp_path / "w").glob("cutlass_*.cu"))
     module = library.load()
     rng = np.random.default_rng(1)
     inputs = {p.name_hint: rng.standard_normal(p.type.shape).astype(np.float32) for p in mod["main"].params}
@@ -885,6 +897,22 @@ def test_tuning_compiles_each_candidate_once_for_every_problem_it_serves(tmp_pat
     shared = (tmp_path / "a_m64__0.cu").read_text()
     assert all(f"candidate_{index}_0" in shared for index in range(3)) and "3 entry points" in shared
     assert all((tmp_path / f"profiler_{index}").is_file() for index in range(3))  # each linked the shared objects
+
+
+@pytest.mark.parametrize("kind", ["dense_bias_hard_swish", "conv_bias_hard_swish"])
+def test_hard_swish_is_a_gemm_and_conv_epilogue(kind, tmp_path):
+    """MobileNetV3's hard_swish after a (pointwise) conv or a GEMM with bias runs in the CUTLASS
+    epilogue: no built-in function is left for it."""
+    from byoc.build import _Builder
+    from byoc.config import load_config
+    mod = _model(kind, 1000, 264, 136) if kind.startswith("dense") else \
+        _conv_model(kind, 2, 16, 15, 72, 3, 1, "float16")
+    config = load_config("cuda_sm90", overrides={"workdir": str(tmp_path), "tuning": {"profile": False}})
+    mod, _, artifacts, _ = _Builder(config).lower(mod, None)
+    (cutlass,) = [a for a in artifacts if a.backend == "cutlass"]
+    assert any("HardSwish" in unit.source.read_text() for unit in cutlass.compile_units)
+    assert "hard_swish" not in (tmp_path / "final.ir").read_text().split("def @main")[1].split("}")[0]
+    assert "hard_swish" in cutlass.kernels[cutlass.symbols[0]]
 
 
 def test_partitions_of_one_kernel_type_compile_as_one_unit(tmp_path):

@@ -30,7 +30,7 @@ from byoc.ir.op import Op
 from .kernels import (PDL_FLAG, SM_COUNT, CandidateFilter, ConvProblem, GemmProblem, compile_unit_sources,
                       kernel_flags, kernel_template, kernel_type_key, kernel_workspace_bytes)
 
-ACTIVATION_OPS = {"relu": "relu", "silu": "silu", "sigmoid": "sigmoid"}
+ACTIVATION_OPS = {"relu": "relu", "silu": "silu", "sigmoid": "sigmoid", "hard_swish": "hard_swish"}
 
 
 def flatten(func: Function) -> tuple[list, dict]:

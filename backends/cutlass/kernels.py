@@ -23,7 +23,7 @@ from dataclasses import dataclass
 ELEMENTS = {"float16": ("f16", "cutlass::half_t"), "bfloat16": ("bf16", "cutlass::bfloat16_t")}
 # epilogue activation name in byoc -> CUTLASS activation functor
 ACTIVATIONS = {None: "Identity", "relu": "ReLu", "gelu": "GELU", "gelu_tanh": "GELU_taylor",
-               "silu": "SiLu", "sigmoid": "Sigmoid"}
+               "silu": "SiLu", "sigmoid": "Sigmoid", "hard_swish": "HardSwish"}
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from byoc.pattern import is_const, is_op, wildcard
 from .kernels import FIXED_CHANNELS
 
 FLOAT_TYPES = ("float16", "bfloat16")
-ACTIVATIONS = ("gelu", "relu", "silu", "sigmoid")
+ACTIVATIONS = ("gelu", "relu", "silu", "sigmoid", "hard_swish")  # hard_swish: MobileNetV3's
 
 
 def _add(x, y):
