@@ -69,6 +69,11 @@ def load_config(spec, tuning_db=None, profile="auto"):
                  "pdl": {"backends": [{"cutlass": {"sm": 90, "pdl": True}}, "cublaslt", "builtin"]},
                  "nopdl": {"target": "cuda -arch=sm_90 -pdl=0",  # the built-in kernels' PDL off too
                            "backends": [{"cutlass": {"sm": 90, "pdl": False}}, "cublaslt", "builtin"]},
+                 # the fused attention with 32 queries x 128 keys a block (one pass over 128 keys)
+                 # and with 64 x 64 (two passes), whatever the problem's size
+                 "att32x128": {"backends": [{"cutlass": {"sm": 90, "attention_tile": "32x128"}}, "cublaslt",
+                                            "builtin"]},
+                 "att64x64": {"backends": [{"cutlass": {"sm": 90, "attention_tile": "64x64"}}, "cublaslt", "builtin"]},
                  "": {}}[variant]
     if tuning_db:
         overrides["tuning"] = {"profile": {"false": False, "true": True}.get(profile, profile), "tuning_db": tuning_db}

@@ -915,6 +915,25 @@ def test_hard_swish_is_a_gemm_and_conv_epilogue(kind, tmp_path):
     assert "hard_swish" in cutlass.kernels[cutlass.symbols[0]]
 
 
+def test_the_attention_tile_is_a_target_choice(tmp_path):
+    """cutlass.attention_tile picks the fused attention's block shape (bert2 at batch 8 is
+    small enough that the size rule takes 32x128); another value is a config error."""
+    from byoc.build import _Builder
+    from byoc.config import load_config
+    from byoc.errors import ConfigError
+    names = {}
+    for tile in ("", "64x64", "32x128"):
+        config = load_config("cuda_sm90", overrides={
+            "workdir": str(tmp_path / (tile or "auto")), "tuning": {"profile": False}, "dims": {"batch": 8, "sequence": 128},
+            "backends": [{"cutlass": {"sm": 90, "attention_tile": tile}}, "builtin"]})
+        _, _, artifacts, _ = _Builder(config).lower(str(Path(__file__).parent / "fixtures" / "bert2.onnx"), None)
+        names[tile] = [k for a in artifacts for k in a.kernels.values() if "fmha" in k]
+    assert names == {"": ["cutlass_fmha_sm80_f16_32x128_k64_mask"], "64x64": ["cutlass_fmha_sm80_f16_64x64_k64_mask"],
+                     "32x128": ["cutlass_fmha_sm80_f16_32x128_k64_mask"]}
+    with pytest.raises(ConfigError, match="attention_tile='16x16' expected 64x64 or 32x128"):
+        load_config("cuda_sm90", overrides={"backends": [{"cutlass": {"attention_tile": "16x16"}}]})
+
+
 def test_partitions_of_one_kernel_type_compile_as_one_unit(tmp_path):
     """bert2: the QKV projection and the pooler are plain GEMMs of one tile, the attention
     output and the FFN's second GEMM residual GEMMs of one tile; each pair is one unit, with

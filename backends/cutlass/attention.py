@@ -69,8 +69,10 @@ class Attention:
     mask: object = None  # leaf expression of the additive mask, or None
     mask_strides: tuple = ()  # (batch, head, query) strides in elements; keys are contiguous
 
-    def kernel(self, sm_count: int) -> "AttentionKernel":
-        return AttentionKernel.for_problem(self, sm_count)
+    def kernel(self, sm_count: int, tile: str = "") -> "AttentionKernel":
+        """The kernel for this problem: `tile` ("64x64", "32x128": the cutlass target's
+        attention_tile) where given (64x64 only for head dims up to 64), else by size."""
+        return AttentionKernel.for_problem(self, sm_count, tile)
 
 
 @dataclass(frozen=True)
@@ -82,8 +84,12 @@ class AttentionKernel:
     max_k: int
 
     @staticmethod
-    def for_problem(problem: Attention, sm_count: int) -> "AttentionKernel":
+    def for_problem(problem: Attention, sm_count: int, tile: str = "") -> "AttentionKernel":
         max_k = 64 if max(problem.head_dim, problem.head_dim_v) <= 64 else 128
+        if tile == "32x128" or (tile == "64x64" and max_k > 64):
+            return AttentionKernel(32, 128, max_k)
+        if tile == "64x64":
+            return AttentionKernel(64, 64, max_k)
         blocks_64 = math.ceil(problem.seq_q / 64) * problem.heads * problem.batch
         # 64 queries a block (4 warps over a 64x64 tile) when that fills the GPU; else 32
         # queries x 128 keys, twice the blocks (BERT at batch 1: 48 instead of 24).

@@ -261,13 +261,14 @@ def codegen(functions: dict, target) -> list:
         source = workdir / f"{symbol}.cu"
         source.write_text(text)
         units.append(CompileUnit(source, "cuda", unit_flags[symbol], f"{symbol}.o"))
-    units += attention_units(attention, SM_COUNT.get(sm, SM_COUNT[90]), workdir, flags, kernels, workspace)
+    units += attention_units(attention, SM_COUNT.get(sm, SM_COUNT[90]), workdir, flags, kernels, workspace,
+                             tile=target.attrs.get("attention_tile") or "")
     return [Artifact(backend="cutlass", kind="source", symbols=list(functions),
                      compile_units=units, workspace_bytes=workspace, kernels=kernels)]
 
 
 def attention_units(attention: dict, sm_count: int, workdir: Path, flags: list, kernels: dict,
-                    workspace: dict) -> list:
+                    workspace: dict, tile: str = "") -> list:
     """One compile unit per fused-attention partition (the kernel is chosen by its shape:
     attention.AttentionKernel.for_problem); fills in `kernels` and `workspace`."""
     from byoc.codegen.templates import render_template
@@ -277,7 +278,7 @@ def attention_units(attention: dict, sm_count: int, workdir: Path, flags: list, 
     units = []
     example = cutlass_example_dir("41_fused_multi_head_attention") if attention else None
     for symbol, (problem, index_of) in attention.items():
-        kernel = problem.kernel(sm_count)
+        kernel = problem.kernel(sm_count, tile)
         source = workdir / f"{symbol}.cu"
         source.write_text(render_template("cutlass/attention_sm80.cu.j2",
                                           template_data(problem, kernel, symbol, index_of.__getitem__)))
