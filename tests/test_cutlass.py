@@ -1114,7 +1114,8 @@ def test_attention_kernel_compiles(sm, tmp_path):
                                                     scale=("multiply", 0.125), key_form="two_transposes")),
     ("head_dim_128", (1, 200, 200, 3, 128), dict(scale=None)),
     ("full_mask_bf16", (2, 64, 64, 2, 32), dict(fused_qkv=False, mask=(2, 2, 64, 64), dtype="bfloat16")),
-    ("bert_base_batch8", (8, 128, 128, 12, 64), dict()),  # 64-query blocks
+    ("bert_base_batch8", (8, 128, 128, 12, 64), dict()),  # 32x128: one pass over the keys
+    ("vit_batch8", (8, 197, 197, 12, 64), dict()),  # 64-query blocks: keys in two passes, the GPU filled
 ], ids=lambda value: value if isinstance(value, str) else "")
 def test_attention_matches_float32_reference(case, shape, kwargs, tmp_path):
     import cupy
@@ -1122,6 +1123,9 @@ def test_attention_matches_float32_reference(case, shape, kwargs, tmp_path):
     library = byoc.build(mod, config={"target": "auto", "backends": [{"cutlass": {"profile": "false"}}]},
                          workdir=str(tmp_path / "w"))
     assert library.report.to_json()["backends"]["cutlass"]["patterns"] == {"attention": 1}, library.report.to_text()
+    blocks = {"bert_base_batch8": "_32x128_", "vit_batch8": "_64x64_"}.get(case)
+    if blocks:  # the kernel the size rule picks
+        assert blocks in "".join(p.read_text() for p in (tmp_path / "w").glob("cutlass_*.cu")), case
     module = library.load()
     rng = np.random.default_rng(1)
     inputs = {p.name_hint: rng.standard_normal(p.type.shape).astype(np.float32) for p in mod["main"].params}
