@@ -26,8 +26,10 @@ from byoc.ir.types import numpy_dtype
 
 from byoc.backends.cublaslt.serialize import serialize_function
 
-ENGINE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                          "backends", "cublaslt", "engine")
+from byoc.backends.cublaslt import ENGINE_DIR as _ENGINE_DIR, ENGINE_SOURCES as _ENGINE_NAMES
+
+ENGINE_DIR = str(_ENGINE_DIR)
+ENGINE_SOURCES = [os.path.join(ENGINE_DIR, name) for name in _ENGINE_NAMES]  # what a build compiles
 RUNTIME_INCLUDE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "byoc", "runtime")
 CPU_FLAGS = ["-std=c++17", "-O2", "-fPIC", "-shared", f"-I{RUNTIME_INCLUDE}"]
 WEIGHTS_ALIGNMENT = 256
@@ -38,7 +40,7 @@ DEVICE_CPU, DEVICE_CUDA = 1, 2
 
 def _build_cpu_library(directory: str) -> str:
     path = os.path.join(directory, "libbyoc_json_engine_cpu.so")
-    command = ["g++", *CPU_FLAGS, os.path.join(ENGINE_DIR, "engine.cc"), "-o", path]
+    command = ["g++", *CPU_FLAGS, *ENGINE_SOURCES, "-o", path]
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, f"{' '.join(command)}\n{result.stderr}"
     return path
@@ -76,16 +78,18 @@ def _build_cuda_library(directory: str, arch: str = "sm_90") -> str:
         pytest.skip("nvcc or the cuBLASLt headers are not available")
     include, lib_dir, lib_flag = cublaslt
     cuda_object = os.path.join(directory, "engine_cuda.o")
-    host_object = os.path.join(directory, "engine.o")
+    def host_object(source):
+        return os.path.join(directory, os.path.basename(source)[:-3] + ".o")
+
     library = os.path.join(directory, "libbyoc_json_engine_cuda.so")
     cudart_dir = os.path.join(os.path.dirname(os.path.dirname(nvcc)), "lib64")
     commands = [
         [nvcc, "-std=c++17", f"-arch={arch}", "-O2", "-DBYOC_JSON_ENGINE_WITH_CUDA", "-Xcompiler", "-fPIC",
          f"-I{include}", "-c", os.path.join(ENGINE_DIR, "engine_cuda.cu"), "-o", cuda_object],
-        ["g++", "-std=c++17", "-O2", "-fPIC", "-DBYOC_JSON_ENGINE_WITH_CUDA", f"-I{RUNTIME_INCLUDE}", "-c",
-         os.path.join(ENGINE_DIR, "engine.cc"), "-o", host_object],
-        ["g++", "-shared", host_object, cuda_object, "-o", library, f"-L{cudart_dir}", "-lcudart",
-         f"-L{lib_dir}", lib_flag, f"-Wl,-rpath,{lib_dir}"],
+        *[["g++", "-std=c++17", "-O2", "-fPIC", "-DBYOC_JSON_ENGINE_WITH_CUDA", f"-I{RUNTIME_INCLUDE}", "-c",
+           source, "-o", host_object(source)] for source in ENGINE_SOURCES],
+        ["g++", "-shared", *map(host_object, ENGINE_SOURCES), cuda_object, "-o", library, f"-L{cudart_dir}",
+         "-lcudart", f"-L{lib_dir}", lib_flag, f"-Wl,-rpath,{lib_dir}"],
     ]
     for command in commands:
         result = subprocess.run(command, capture_output=True, text=True)

@@ -17,6 +17,9 @@ from byoc.target import AttrSchema, at_least, register_target_kind
 from .serialize import serialize_function
 
 ENGINE_DIR = Path(__file__).parent / "engine"
+# The engine's host parts (engine/engine.cc names each one's role); engine_cuda.cu is its
+# CUDA executor.
+ENGINE_SOURCES = ("engine.cc", "engine_json.cc", "engine_graph.cc", "engine_plan.cc", "engine_cpu.cc")
 FLOAT_TYPES = ("float32", "float16", "bfloat16")
 
 register_target_kind("cublaslt", {
@@ -90,8 +93,9 @@ def codegen(functions: dict, target) -> list:
                                  f"json_engine_cuda_{device.attrs['arch']}.o"))
     else:
         host_flags = device.cxx_flags() + [f"-I{ENGINE_DIR}", f"-I{INCLUDE_DIR}"]
-    units.append(CompileUnit(ENGINE_DIR / "engine.cc", "cxx", host_flags,
-                             "json_engine_cuda_host.o" if cuda else "json_engine_cpu.o"))
+    for source in ENGINE_SOURCES:
+        units.append(CompileUnit(ENGINE_DIR / source, "cxx", host_flags,
+                                 f"json_{source[:-3]}_{'cuda_host' if cuda else 'cpu'}.o"))
     for symbol, function in functions.items():
         graph = serialize_function(function).encode("ascii")
         workspace[symbol] = _workspace_estimate(function, target.attrs["workspace_limit"] if cuda else 0)

@@ -1,7 +1,7 @@
 """Serializes one byoc IR Function into the engine's JSON graph (SCHEMA.md, version 1).
 
 The JSON runtime backend does not generate code: the build step writes the subgraph as
-JSON, the model library embeds it, and the engine (engine/engine.cc) parses it, plans it
+JSON, the model library embeds it, and the engine (engine/: engine_graph.cc) parses it, plans it
 once at create() and then only executes it. This module is the build-step half.
 
     text = serialize_function(func, constant_offsets={id(constant): offset, ...})

@@ -1,5 +1,5 @@
-// What engine.cc (parser, validation, planning, CPU execution) and engine_cuda.cu (CUDA
-// execution) share: the validated graph, the plan of steps and storage, and the
+// What the engine's parts (engine.cc, engine_json.cc, engine_graph.cc, engine_plan.cc,
+// engine_cpu.cc, engine_cuda.cu) share: the validated graph, the plan of steps and storage, and the
 // executor interface. Not part of the C API; plain C++17 so nvcc and g++ both read it.
 #ifndef BYOC_JSON_ENGINE_INTERNAL_H_
 #define BYOC_JSON_ENGINE_INTERNAL_H_
@@ -40,6 +40,15 @@ const char* dtype_name(DType dtype);
 
 enum class NodeKind { kMatmul, kAdd, kBiasAdd, kGelu, kGeluTanh, kRelu, kReshape, kTranspose };
 const char* node_kind_name(NodeKind kind);
+struct KindInfo {
+  const char* name;  // as the JSON writes it
+  NodeKind kind;
+  int num_inputs;
+};
+const KindInfo* find_node_kind(const std::string& name);  // nullptr for an unknown name
+
+std::string shape_text(const std::vector<int64_t>& shape);  // "[2,3]"
+size_t align_up(size_t value, size_t alignment);
 
 struct TensorInfo {
   DType dtype = DType::kFloat32;
