@@ -111,8 +111,8 @@ def _hf(config_class, model_class, full, tiny_overrides, *, padded=True, model_k
 def _torchvision(name, tiny_kwargs=None, model_kwargs=None):
     def make(attn, tiny):
         import torchvision
-        model = getattr(torchvision.models, name)(weights=None, **(model_kwargs or {}),
-                                                  **((tiny_kwargs or {}) if tiny else {}))
+        model = getattr(torchvision.models, name)(weights=None, **{**(model_kwargs or {}),
+                                                                   **((tiny_kwargs or {}) if tiny else {})})
         _trained_looking(model)
         _calibrate_batch_norm(model, 64 if tiny else 224)
         return model

@@ -55,10 +55,14 @@ def main():
     args = parser.parse_args()
     database = TuningDatabase(args.tuning_db)
     entries = database.entries.get("sm90", {})
+    # a whole problem key names that problem alone (`...:bias`, not `...:bias_residual` too);
+    # a part of a key names every problem whose key contains it
+    whole = [part for part in args.keys if problem_from_key(part) is not None]
+    parts = [part for part in args.keys if part not in whole]
     problems = [p for p in (problem_from_key(key) for key in list(entries)
-                            if any(part in key for part in args.keys)) if p is not None]
+                            if key in whole or any(part in key for part in parts)) if p is not None]
     # a whole problem key the database lacks is tuned too (a new epilogue of a known shape)
-    problems += [p for p in (problem_from_key(key) for key in args.keys if key not in entries) if p is not None]
+    problems += [problem_from_key(key) for key in whole if key not in entries]
     for problem in problems:
         entries.pop(problem.key, None)
     allowed = CandidateFilter(tiles=tuple(parse_shape(t, 3, "tiles") for t in args.tiles),

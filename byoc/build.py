@@ -1,7 +1,8 @@
 """build(): one model in, one deployable .so out. The whole pipeline, top to bottom:
 
     import (ONNX -> IRModule)
-    simplify: fold_constant, fold_batch_norm, recognize_gelu, sink_reshapes, dead_code_elimination,
+    simplify: fold_constant, fold_batch_norm, recognize_gelu, simplify_identity_gather, sink_reshapes,
+              combine_parallel_matmul, combine_logit_addends, dead_code_elimination,
               convert_to_float16 when asked
     PinDevices: ops pinned to another device (config devices.pin) become builtin functions
     partition: each configured backend's patterns in priority order, then the built-in

@@ -65,7 +65,8 @@ register_target_kind("cutlass", {
     "split_k": AttrSchema(bool, False, None, "let tuning try sm90 split-K (K split 2/4/8 ways) and stream-K GEMMs "
                           "(a tuning-database entry that splits is used either way)"),
     "attention_tile": AttrSchema(str, "", None, "queries x keys per thread block of the fused attention kernel, "
-                                 "64x64 or 32x128 (empty: 64x64 where that fills the GPU, else 32x128)",
+                                 "64x64 or 32x128 (empty: by the problem's size: 32x128 where the keys fit one block, else 64x64 where "
+                                 "that fills the GPU, else 32x128)",
                                  check=lambda tile: None if tile in ("", "64x64", "32x128") else
                                  "expected 64x64 or 32x128 (or empty: chosen by the problem's size)"),
     "compile_threads": AttrSchema(int, 0, None, "parallel nvcc jobs while tuning (0: one per CPU)",

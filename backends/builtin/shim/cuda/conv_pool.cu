@@ -248,12 +248,15 @@ bool launch_depthwise_nhwc(const Storage* x, const Storage* w, const Storage* b,
     }
     auto kernel = depthwise_nhwc_kernel<Storage, Index>;
     int device = 0, sm_count = 0;
+    // Over the default 48 KB of shared memory the kernel opts in, always to the one largest
+    // size it takes: threads launching convs of other sizes then set the same value.
     if (cudaGetDevice(&device) != cudaSuccess ||
         cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
         (shared_bytes > (size_t{48} << 10) &&
          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(shared_bytes)) != cudaSuccess)) {
-      return false;  // the generic kernel then runs: it needs none of this
+                              static_cast<int>(kDepthwiseMaxSharedBytes)) != cudaSuccess)) {
+      cudaGetLastError();  // not this conv's error: the generic kernel runs, needing none of this
+      return false;
     }
     const int64_t vectors = batch * static_cast<int64_t>(s.out_h) * s.out_w * (s.out_channels / kDepthwiseVector);
     unsigned int blocks = blocks_for(vectors);
