@@ -1,6 +1,7 @@
 """PlanMemory: liveness from uses and greedy-by-size placement, on IR text."""
 from byoc.ir import parse
-from byoc.transform.plan_memory import analyze_liveness, plan_memory
+from byoc.analysis import analyze_liveness
+from byoc.transform.plan_memory import plan_memory
 
 CHAIN = """
 def @main(%x: Tensor[(256,), float32]) -> Tensor[(256,), float32] {

@@ -19,7 +19,8 @@ from ..errors import BuildError
 from ..ir.expr import Call, Constant, GlobalVar, Tuple, Var
 from ..ir.module import IRModule
 from ..ir.types import TensorType, numpy_dtype
-from ..transform.plan_memory import is_view_call, plan_memory
+from ..analysis.liveness import is_view_call
+from ..transform.plan_memory import plan_memory
 from .templates import render_template
 
 ALIGNMENT = 256
