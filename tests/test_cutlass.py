@@ -3,6 +3,7 @@ every pattern matches a float32 reference on a GPU."""
 import json
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -954,6 +955,24 @@ def test_partitions_of_one_kernel_type_compile_as_one_unit(tmp_path):
         symbols = re.findall(r'^extern "C" int (cutlass_\w+)\(', text, re.M)
         assert len(symbols) == 2 and all(symbol in cutlass.symbols for symbol in symbols)
     assert sum(len(re.findall(r'^extern "C" int cutlass_', t, re.M)) for t in units.values()) == len(cutlass.symbols)
+
+
+@needs_nvcc
+def test_a_unit_of_two_entry_points_compiles_and_defines_both(tmp_path):
+    """One grouped unit of bert2 (two partitions of one GEMM type) compiles with nvcc, and
+    its object defines both partitions' symbols."""
+    from byoc.build import _Builder
+    from byoc.config import load_config
+    from byoc.toolchain import compile_units
+    config = load_config("cuda_sm90", overrides={"workdir": str(tmp_path), "tuning": {"profile": False},
+                                                  "dims": {"batch": 1, "sequence": 128}})
+    _, _, artifacts, _ = _Builder(config).lower(str(Path(__file__).parent / "fixtures" / "bert2.onnx"), None)
+    (cutlass,) = [a for a in artifacts if a.backend == "cutlass"]
+    unit = next(u for u in cutlass.compile_units if "entry points of one kernel type" in u.source.read_text())
+    symbols = re.findall(r'^extern "C" int (cutlass_\w+)\(', unit.source.read_text(), re.M)
+    (obj,) = compile_units([unit], tmp_path)
+    defined = subprocess.run(["nm", "--defined-only", str(obj)], capture_output=True, text=True).stdout
+    assert len(symbols) == 2 and all(re.search(rf" T {symbol}$", defined, re.M) for symbol in symbols), defined[-2000:]
 
 
 def test_a_scale_after_a_batched_matmul_becomes_the_epilogue_alpha(tmp_path):
