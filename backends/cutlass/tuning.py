@@ -20,7 +20,7 @@ the persistent one under the byoc cache directory: `default_database_path()`), t
 one shipped in the package; what tuning measures goes to the user's. An entry measured on
 another GPU model is used as it is (cross-compiling, or profile: auto), and measured again
 when `profile: true` asks for tuning on a GPU of another name. `byoc tuning show|merge|export`
-(byoc/cli.py) lists, combines and shares databases.
+(byoc/cli/tuning.py) lists, combines and shares databases.
 """
 from __future__ import annotations
 

@@ -1,0 +1,80 @@
+"""`byoc build`: one ONNX model into one .so, with progress lines on stderr."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .common import add_input_shape_option, parse_dims, parse_input_shapes
+
+
+def describe_build_stats(stats: dict) -> str:
+    """One line: build time, compile units compiled vs cached, per backend."""
+    per_backend = ", ".join(f"{name} {entry['compiled']}/{entry['units']}"
+                            for name, entry in sorted(stats.get("backends", {}).items()))
+    return (f"built in {stats.get('seconds', 0):.1f} s: {stats.get('compile_units', 0)} compile units, "
+            f"{stats.get('compiled', 0)} compiled ({stats.get('compile_seconds', 0):.1f} s), "
+            f"{stats.get('cached', 0)} from the object cache; compiled/units per backend: {per_backend or '-'}")
+
+
+def build_arguments(parser: argparse.ArgumentParser):
+    parser.add_argument("model", help="the ONNX model file")
+    parser.add_argument("-c", "--config", default="default",
+                        help="a build config: a name from build_configs/ (default, cpu, cuda_sm90, ...) or a YAML path")
+    parser.add_argument("-o", "--output", metavar="MODEL.so", help="where to write the library (default: model.so)")
+    parser.add_argument("--target", help="override the config's device target, e.g. 'cpu' or 'cuda -arch=sm_90'")
+    parser.add_argument("--workdir", help="keep generated sources, build.ninja and the partition report here")
+    add_input_shape_option(parser)
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="print only the result, not the build's progress (stages, [n/m] compile units)")
+
+
+class _ProgressLines:
+    """The build's progress records (logger byoc.build) as plain lines on the current
+    stderr, so that they read the same on a terminal and in a CI log; attached for one
+    command and removed after it."""
+
+    def __init__(self, quiet: bool):
+        import logging
+        self.logger = logging.getLogger("byoc.build")
+        self.handler = None if quiet else _stderr_handler()
+        self.level = self.logger.level
+
+    def __enter__(self):
+        import logging
+        if self.handler is not None:
+            self.logger.addHandler(self.handler)
+            self.logger.setLevel(logging.INFO)
+        return self
+
+    def __exit__(self, *exc):
+        if self.handler is not None:
+            self.logger.removeHandler(self.handler)
+            self.logger.setLevel(self.level)
+
+
+def _stderr_handler():
+    import logging
+
+    class Handler(logging.Handler):
+        def emit(self, record):
+            print(f"byoc: {record.getMessage()}", file=sys.stderr, flush=True)
+    return Handler()
+
+
+def build_command(args: argparse.Namespace) -> int:
+    from ..build import build
+    with _ProgressLines(args.quiet):
+        library = build(args.model, target=args.target, config=args.config, workdir=args.workdir,
+                        input_shapes=parse_input_shapes(args.input_shape) or None, dims=parse_dims(args.dim) or None)
+    output = args.output or "model.so"
+    written = library.export_library(output)
+    sources = f"sources in {library.workdir}" if library.workdir_kept else "sources not kept: --workdir DIR keeps them"
+    print(f"wrote {written} ({written.stat().st_size} bytes; build {library.metadata['build_id']}, "
+          f"target {library.metadata['target']}; {sources})")
+    print(describe_build_stats(library.build_stats))
+    if library.report is not None:
+        print(library.report.to_text())
+    # the picture of the build: kept in the workdir, else drawn from the library on request
+    print(f"what runs where: {library.workdir / 'report.html'}" if library.workdir_kept else
+          f"what runs where: byoc report {written} draws it")
+    return 0

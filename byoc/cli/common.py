@@ -1,0 +1,88 @@
+"""What the subcommands share: exit codes, UsageError, the --input-shape/--dim options and
+their parsing, and the checks of input arrays against a model's interface."""
+from __future__ import annotations
+
+import argparse
+import re
+
+from ..errors import ByocError
+
+
+EXIT_OK = 0
+EXIT_INTERNAL_ERROR = 1
+EXIT_USER_ERROR = 2  # the same code argparse uses for a bad command line
+
+
+class UsageError(ByocError):
+    """The command line or a file it names is not what the command expects."""
+
+
+# ---- shared argument helpers ---------------------------------------------------------
+
+def add_input_shape_option(parser: argparse.ArgumentParser):
+    parser.add_argument(
+        "--input-shape", action="append", default=[], metavar="NAME=D1,D2,...",
+        help="static shape of a model input, e.g. input_ids=1,128 (repeat per input; "
+             "'NAME=' is a scalar). Needed for inputs with dynamic dims.")
+    parser.add_argument(
+        "--dim", action="append", default=[], metavar="NAME=SIZE",
+        help="size of a named dim in every input that declares it, e.g. batch=1 (repeat per "
+             "dim; `byoc inspect MODEL.onnx` lists them); --input-shape wins for its input")
+
+
+def parse_dims(specs: list[str]) -> dict[str, int]:
+    """['batch=1', 'sequence=128'] -> {'batch': 1, 'sequence': 128}."""
+    dims: dict[str, int] = {}
+    for spec in specs:
+        name, equals, size = spec.rpartition("=")
+        if not equals or not name or not size.strip().isdigit():
+            raise UsageError(f"--dim {spec!r}: expected NAME=SIZE with a non-negative integer size (for example batch=1)")
+        if name in dims:
+            raise UsageError(f"--dim gives {name!r} twice")
+        dims[name] = int(size)
+    return dims
+
+
+def parse_input_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
+    """['x=1,8', 'mask=1,8'] -> {'x': (1, 8), 'mask': (1, 8)}."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for spec in specs:
+        # the name may itself contain '=' (ONNX names are free text): split at the last one
+        name, equals, dims = spec.rpartition("=")
+        if not equals or not name:
+            raise UsageError(f"--input-shape {spec!r}: expected NAME=D1,D2,... (for example x=1,8)")
+        dims = dims.strip()
+        if dims and not re.fullmatch(r"\d+(\s*,\s*\d+)*", dims):
+            raise UsageError(f"--input-shape {spec!r}: the dims must be non-negative integers "
+                             f"separated by commas (for example {name}=1,8)")
+        if name in shapes:
+            raise UsageError(f"--input-shape gives {name!r} twice")
+        shapes[name] = tuple(int(d) for d in dims.split(",")) if dims else ()
+    return shapes
+
+
+def check_arrays_fit(inputs_path: str, declared: dict, arrays: dict):
+    """A UsageError naming the --inputs file when one of its arrays does not fit the shape
+    the model declares for that input (the arrays, not an --input-shape, are wrong)."""
+    import numpy as np
+
+    from ..frontend.onnx import _fits
+    for name, array in arrays.items():
+        dims = declared.get(name)
+        shape = tuple(np.shape(array))
+        if dims is not None and not _fits(dims, shape):
+            raise UsageError(f"--inputs {inputs_path!r}: array {name!r} has shape {shape}; the model declares "
+                             f"{tuple(dims)} for that input (a named dim fits any size)")
+
+
+def model_interface(model_path: str) -> dict | None:
+    """The ONNX file's interface (frontend.onnx.describe_model), or None when it cannot be
+    read; from_onnx then reports why, in its own words."""
+    from ..frontend.onnx import describe_model
+    try:
+        return describe_model(model_path)
+    except ByocError:
+        return None
+
+
+# ---- byoc import -----------------------------------------------------------------------

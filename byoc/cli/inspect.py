@@ -1,0 +1,160 @@
+"""`byoc inspect` (a built library's or an ONNX model's interface) and `byoc report` (a build
+as one HTML page)."""
+from __future__ import annotations
+
+import argparse
+import os
+import textwrap
+from pathlib import Path
+
+
+def inspect_arguments(parser: argparse.ArgumentParser):
+    parser.add_argument("library", help="a model library built by byoc, or an ONNX model (its interface before building)")
+    parser.add_argument("--json", action="store_true", help="print the metadata JSON as the library carries it "
+                        "(for an ONNX model: its interface as JSON)")
+
+
+def _is_elf(path) -> bool:
+    """Whether `path` is an ELF file; True for anything but a readable regular file, whose
+    problem the library loader then names (reading a FIFO would wait for a writer)."""
+    import stat
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return True
+        with open(path, "rb") as file:
+            return file.read(4) == b"\x7fELF"
+    except (OSError, ValueError):
+        return True
+
+
+def inspect_command(args: argparse.Namespace) -> int:
+    import json
+    # an ONNX model: neither an ELF file nor named like a library (a .so whose header is
+    # corrupted is reported as a library)
+    if not _is_elf(args.library) and ".so" not in Path(args.library).suffixes:
+        from ..frontend.onnx import describe_model
+        description = describe_model(args.library)
+        print(json.dumps(description, indent=2, sort_keys=True) if args.json else
+              describe_onnx_model(args.library, description))
+        return 0
+    from ..runtime import metadata_of
+    metadata = metadata_of(args.library)
+    if args.json:
+        print(json.dumps(metadata, indent=2, sort_keys=True))
+    else:
+        print(describe_library(args.library, metadata))
+    return 0
+
+
+def describe_onnx_model(path, description: dict) -> str:
+    """What `byoc inspect MODEL.onnx` prints: what a build needs to know before it starts."""
+    def dims(entry):
+        return "[" + ", ".join(str(d) for d in entry["dims"]) + "]" if entry["dims"] is not None else "(no shape)"
+    opsets = ", ".join(f"{domain} {version}" for domain, version in sorted(description["opsets"].items()))
+    lines = [f"{path}: ONNX (ir {description['ir_version']}, opset {opsets}; {description['producer'] or 'unknown producer'}),"
+             f" {description['nodes']} nodes, {description['initializers']} initializers "
+             f"({description['initializer_bytes'] / (1 << 20):.1f} MiB)"]
+    for kind in ("inputs", "outputs"):
+        for entry in description[kind]:
+            lines.append(f"  {kind[:-1]:<6} {entry['name']}: {entry['dtype']} {dims(entry)}")
+    if description["named_dims"]:
+        named = "; ".join(f"{name} ({', '.join(where)})" for name, where in description["named_dims"].items())
+        example = " ".join(f"--input-shape {entry['name']}={','.join(str(d) if isinstance(d, int) else '1' for d in entry['dims'])}"
+                           for entry in description["inputs"] if entry["dims"] and any(isinstance(d, str) for d in entry["dims"]))
+        lines.append(f"  dims to fix when building: {named}")
+        lines.append(f"    e.g. byoc build {path} {example}")
+    ops = ", ".join(f"{op} x{count}" for op, count in description["op_types"].items())
+    lines.append(textwrap.fill(f"ops: {ops}", width=100, initial_indent="  ", subsequent_indent="    "))
+    if description["unsupported"]:
+        lines.append(f"  not imported by byoc: {', '.join(description['unsupported'])} (byoc ops lists what is)")
+    return "\n".join(lines)
+
+
+def describe_library(path, metadata: dict) -> str:
+    """What `byoc inspect` prints: the library's interface, backends, memory plan and
+    partition report, from the metadata it carries."""
+    from ..report import PartitionReport
+    mib = 1 << 20
+    lines = [f"{path}: build {metadata.get('build_id')}, target {metadata.get('target')}"
+             f"{', ' + metadata['arch'] if metadata.get('arch') else ''}, "
+             f"cuda graph {'on' if metadata.get('cuda_graph') else 'off'}"]
+    for kind in ("inputs", "outputs"):
+        for tensor in metadata.get(kind, []):
+            where = f" on {tensor['device']}" if "device" in tensor else ""
+            lines.append(f"  {kind[:-1]:<6} {tensor['name']}: {tensor['dtype']} {tuple(tensor['shape'])}{where}")
+    weights = metadata.get("weights", {})
+    lines.append(f"  weights: {weights.get('bytes', 0) / mib:.1f} MiB, {weights.get('location')}")
+    calls = {}
+    for function in metadata.get("functions", []):
+        entry = calls.setdefault(function["backend"], [0, 0])
+        entry[0] += 1
+        entry[1] += function["calls"]
+    for backend, (functions, count) in sorted(calls.items()):
+        lines.append(f"  backend {backend}: {functions} functions, {count} calls per run")
+    memory = metadata.get("memory", {})
+    plan = memory.get("plan")
+    if plan and not plan.get("planned_bytes"):  # every value is an input, output or weight
+        lines.append(f"  memory: no planned tensors, workspace {memory.get('workspace_bytes', 0) / mib:.2f} MiB")
+    elif plan:
+        lines.append(f"  memory: planned {plan['planned_bytes'] / mib:.2f} MiB, lower bound "
+                     f"{plan['lower_bound_bytes'] / mib:.2f} MiB ({plan.get('over_lower_bound')}x), no reuse "
+                     f"{plan['no_reuse_bytes'] / mib:.2f} MiB ({plan.get('reuse_factor')}x the plan), "
+                     f"workspace {memory.get('workspace_bytes', 0) / mib:.2f} MiB")
+    if metadata.get("partition_report"):
+        lines += ["", PartitionReport.from_json(metadata["partition_report"]).to_text()]
+    return "\n".join(lines)
+
+
+def report_arguments(parser: argparse.ArgumentParser):
+    parser.add_argument("build", help="a model library built by byoc, or a build's workdir (its metadata.json)")
+    parser.add_argument("-o", "--output", help="the HTML file to write (default: report.html in the workdir, "
+                        "or beside the library as NAME.report.html)")
+    parser.add_argument("--onnx", metavar="OUT.onnx", help="also write the partitioned graph as ONNX (one node per "
+                        "call, typed by its patterns, in domain byoc.<backend>), for a model viewer such as Netron")
+
+
+def report_command(args: argparse.Namespace) -> int:
+    import json
+    from ..errors import ConfigError
+    from ..report_page import render_page
+    source = Path(args.build)
+    if source.is_dir():
+        metadata_path = source / "metadata.json"
+        try:
+            metadata = json.loads(metadata_path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{source} has no metadata.json; expected a build's workdir (byoc build --workdir) "
+                              f"or a built library") from None
+        except (OSError, ValueError) as error:
+            raise ConfigError(f"{metadata_path}: cannot read it as a build's metadata ({error})") from None
+        output = Path(args.output) if args.output else source / "report.html"
+        title = source.name
+    else:
+        from ..runtime import metadata_of
+        metadata = metadata_of(source)
+        output = Path(args.output) if args.output else source.with_name(source.name.split(".")[0] + ".report.html")
+        title = source.name
+    if not isinstance(metadata, dict):
+        raise ConfigError(f"{args.build}: its metadata is not a JSON object; expected a byoc build's")
+    try:
+        page = render_page(metadata, title=title)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:  # an edited metadata.json
+        raise ConfigError(f"{args.build}: its metadata is not what a byoc build writes ({type(error).__name__}: "
+                          f"{error}); rebuild it, or restore metadata.json") from None
+    try:
+        output.write_text(page)
+    except OSError as error:
+        raise ConfigError(f"--output {output}: cannot write it ({error.strerror or error})") from None
+    print(output)
+    if args.onnx:
+        import onnx
+        from ..report_page import partitioned_onnx
+        try:
+            onnx.save(partitioned_onnx(metadata, title), args.onnx)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:
+            raise ConfigError(f"{args.build}: its metadata is not what a byoc build writes ({type(error).__name__}: "
+                              f"{error}); rebuild it, or restore metadata.json") from None
+        except OSError as error:
+            raise ConfigError(f"--onnx {args.onnx}: cannot write it ({error.strerror or error})") from None
+        print(args.onnx)
+    return 0
