@@ -66,11 +66,11 @@ def check_arrays_fit(inputs_path: str, declared: dict, arrays: dict):
     the model declares for that input (the arrays, not an --input-shape, are wrong)."""
     import numpy as np
 
-    from ..frontend.onnx import _fits
+    from ..frontend.onnx_model import fits_declared
     for name, array in arrays.items():
         dims = declared.get(name)
         shape = tuple(np.shape(array))
-        if dims is not None and not _fits(dims, shape):
+        if dims is not None and not fits_declared(dims, shape):
             raise UsageError(f"--inputs {inputs_path!r}: array {name!r} has shape {shape}; the model declares "
                              f"{tuple(dims)} for that input (a named dim fits any size)")
 

@@ -26,10 +26,8 @@ ModelError naming the node, with the original error chained.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Callable
 
-import google.protobuf.message
 import numpy as np
 import onnx
 from onnx import numpy_helper
@@ -40,20 +38,13 @@ from ..ir.builder import FunctionBuilder
 from ..ir.expr import Call, Constant, Expr
 from ..ir.module import IRModule
 from ..ir.op import get_op
-from ..ir.types import NUMPY_DTYPES, TensorType, dtype_of_numpy, is_static_shape
+from ..ir.types import NUMPY_DTYPES, TensorType, dtype_of_numpy
+from .onnx_model import (checked_dims, checked_input_shapes, declared_dims, describe_model,  # noqa: F401
+                         dtype_of_elem_type, elem_type_name, fits_declared, input_tensor_type, load_model, node_label)
 from .onnx_schema import check_input_types, check_node
 
 MIN_OPSET = 13
 MAX_OPSET = onnx.defs.onnx_opset_version()
-
-# ONNX TensorProto element type -> byoc dtype
-_ONNX_DTYPES = {
-    onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16",
-    onnx.TensorProto.BFLOAT16: "bfloat16", onnx.TensorProto.DOUBLE: "float64",
-    onnx.TensorProto.INT64: "int64", onnx.TensorProto.INT32: "int32",
-    onnx.TensorProto.INT16: "int16", onnx.TensorProto.INT8: "int8",
-    onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.BOOL: "bool",
-}
 
 # Folding evaluates shape arithmetic at import time and keeps its results as constants in
 # memory (and in the built library): a result larger than this is emitted as an op instead
@@ -87,168 +78,8 @@ def from_onnx(model, input_shapes: dict | None = None, dims: dict | None = None)
     named dims to sizes, once for every input that declares them (onnxruntime's free
     dimension overrides by name: {"batch": 1, "sequence": 128}); an input in input_shapes
     takes that shape."""
-    proto = _load(model)
-    return _Importer(proto, _checked_input_shapes(input_shapes), _checked_dims(dims)).run()
-
-
-def _checked_dims(dims) -> dict:
-    if dims is None:
-        return {}
-    if not isinstance(dims, dict) or not all(isinstance(name, str) for name in dims):
-        raise ModelError(f"dims is {dims!r}; expected a mapping of named dims to sizes, e.g. {{'batch': 1}}")
-    for name, size in dims.items():
-        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:
-            raise ModelError(f"dims[{name!r}] = {size!r} is not a size; expected a non-negative integer")
-    return {name: int(size) for name, size in dims.items()}
-
-
-def describe_model(model) -> dict:
-    """A model's interface and contents without importing it: opset, inputs and outputs
-    (dtype, dims: ints, a named dim's name, "?" when unknown), the named dims and which
-    inputs carry them, node counts per op type, the op types byoc does not import, and the
-    initializers' bytes. What `byoc inspect MODEL.onnx` prints."""
-    proto = _load(model)
-    graph = proto.graph
-    initializers = {tensor.name for tensor in graph.initializer}
-
-    def tensor_entry(value):
-        tensor_type = value.type.tensor_type
-        elem = tensor_type.elem_type
-        dtype = _ONNX_DTYPES.get(elem) or _elem_type_name(elem)
-        return {"name": value.name, "dtype": dtype, "dims": _declared_dims(tensor_type)}
-
-    inputs = [tensor_entry(value) for value in graph.input if value.name not in initializers]
-    named: dict = {}
-    for entry in inputs:
-        for axis, dim in enumerate(entry["dims"] or []):
-            if isinstance(dim, str):
-                named.setdefault(dim, []).append(f"{entry['name']}[{axis}]")
-    counts: dict = {}
-    for node in graph.node:
-        key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
-        counts[key] = counts.get(key, 0) + 1
-    weight_bytes = 0
-    for tensor in graph.initializer:
-        size = 1
-        for dim in tensor.dims:
-            size *= dim
-        itemsize = np.dtype(_ONNX_DTYPES[tensor.data_type]).itemsize if tensor.data_type in _ONNX_DTYPES else 0
-        weight_bytes += size * itemsize
-    return {
-        "ir_version": proto.ir_version, "producer": f"{proto.producer_name} {proto.producer_version}".strip(),
-        "opsets": {(o.domain or "ai.onnx"): o.version for o in proto.opset_import},
-        "inputs": inputs, "outputs": [tensor_entry(value) for value in graph.output],
-        "named_dims": named, "nodes": len(graph.node), "op_types": dict(sorted(counts.items())),
-        "unsupported": sorted(op for op in counts if op not in SUPPORTED_OPS),
-        "initializers": len(graph.initializer), "initializer_bytes": weight_bytes,
-    }
-
-
-def _input_tensor_type(name: str, shape: tuple, dtype: str) -> TensorType:
-    try:
-        return TensorType(shape, dtype)
-    except TypeError as error:  # a dim or an element count beyond int64
-        raise ModelError(f"input {name!r} of shape {shape}: {error}") from None
-
-
-def _checked_input_shapes(input_shapes) -> dict:
-    """`input_shapes` as {name: tuple of ints}. Checked before use: int() would truncate a
-    dim of 4.5 and iterate a string '4,64' character by character."""
-    if input_shapes is None:
-        return {}
-    if not isinstance(input_shapes, dict):
-        raise ModelError(f"input_shapes is a {type(input_shapes).__name__} ({input_shapes!r}); expected a "
-                         f"mapping of input name to shape, e.g. {{'x': (4, 64)}}")
-    for name, dims in input_shapes.items():
-        if not is_static_shape(dims):
-            raise ModelError(f"input_shapes[{name!r}] = {dims!r} is not a shape; expected a tuple of "
-                             f"non-negative integers")
-    return {name: tuple(int(dim) for dim in dims) for name, dims in input_shapes.items()}
-
-
-def _load(model) -> onnx.ModelProto:
-    if isinstance(model, onnx.ModelProto):
-        bad_text = _first_invalid_text(model, "model")
-        if bad_text:  # a ModelProto parsed by the caller from a corrupted file
-            raise ModelError(f"the given ModelProto is not a valid ONNX model: {bad_text} is not valid UTF-8 text")
-        return model
-    if isinstance(model, (str, Path)):
-        path = Path(model)
-        try:
-            if path.is_dir():
-                raise ModelError(f"ONNX model path {str(path)!r} is a directory; expected an .onnx file")
-            if not path.is_file():  # a FIFO or device would block or never end
-                raise ModelError(f"ONNX model file {str(path)!r} does not exist or is not a regular file")
-            data, where = path.read_bytes(), f"file {str(path)!r}"
-        except (OSError, ValueError) as error:  # a name too long, no permission, a NUL byte
-            raise ModelError(f"ONNX model file {str(path)!r} cannot be read: {error}") from None
-    elif isinstance(model, (bytes, bytearray)):
-        data, where = bytes(model), "the given bytes"
-    else:
-        raise ModelError(f"expected a path, bytes or onnx.ModelProto, got {type(model).__name__}")
-    proto = onnx.ModelProto()
-    try:
-        proto.ParseFromString(data)
-    except Exception as error:  # protobuf raises DecodeError or RuntimeWarning-like errors
-        raise ModelError(f"{where} is not a valid ONNX model (truncated or not ONNX): {error}") from None
-    if not proto.HasField("graph") or not proto.graph.node and not proto.graph.output:
-        raise ModelError(f"{where} is not a valid ONNX model: it has no graph")
-    bad_text = _first_invalid_text(proto, "model")
-    if bad_text:
-        raise ModelError(f"{where} is not a valid ONNX model: {bad_text} is not valid UTF-8 text")
-    return proto
-
-
-def _first_invalid_text(message, path: str) -> str | None:
-    """The path of the first string field (a name, an op type, ...) that is not UTF-8, or
-    None. ONNX's .proto is proto2, whose parser does not check text: such a field reads as
-    bytes, and a name that is bytes would fail far from here (comparing it with a str)."""
-    for field, value in message.ListFields():
-        if field.type not in (field.TYPE_STRING, field.TYPE_MESSAGE):
-            continue  # numbers and bytes (raw_data): nothing to check, nothing to walk
-        single = isinstance(value, (str, bytes)) or field.type == field.TYPE_MESSAGE and \
-            isinstance(value, google.protobuf.message.Message)
-        for position, item in enumerate([value] if single else value):
-            where = f"{path}.{field.name}" if single else f"{path}.{field.name}[{position}]"
-            if isinstance(item, bytes):
-                return where
-            if field.type == field.TYPE_MESSAGE:
-                found = _first_invalid_text(item, where)
-                if found:
-                    return found
-    return None
-
-
-def _elem_type_name(elem_type: int):
-    """FLOAT16 for 10; the number itself when ONNX has no such type."""
-    return onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() else elem_type
-
-
-def dtype_of_elem_type(elem_type: int, what: str) -> str:
-    if elem_type == onnx.TensorProto.UNDEFINED or elem_type not in onnx.TensorProto.DataType.values():
-        raise ModelError(f"{what} has element type {_elem_type_name(elem_type)}; expected an ONNX element type "
-                         f"(byoc supports {', '.join(NUMPY_DTYPES)})")
-    if elem_type not in _ONNX_DTYPES:
-        raise UnsupportedOpError(
-            f"{what} has element type {_elem_type_name(elem_type)}; byoc supports {', '.join(NUMPY_DTYPES)}")
-    return _ONNX_DTYPES[elem_type]
-
-
-def _declared_dims(tensor_type) -> list | None:
-    """A graph input's declared dims (ints; a dim's name, or "?" when unknown), or None
-    when it declares no shape."""
-    if not tensor_type.HasField("shape"):
-        return None
-    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tensor_type.shape.dim]
-
-
-def _fits(declared: list, dims: tuple) -> bool:
-    """Whether `dims` fit a declared shape (a named or unknown dim fits any size)."""
-    return len(declared) == len(dims) and all(not isinstance(d, int) or d == g for d, g in zip(declared, dims))
-
-
-def _node_label(node: onnx.NodeProto, index: int) -> str:
-    return f"{node.op_type} node {node.name!r}" if node.name else f"{node.op_type} node #{index}"
+    proto = load_model(model)
+    return _Importer(proto, checked_input_shapes(input_shapes), checked_dims(dims)).run()
 
 
 class _Importer:
@@ -293,7 +124,7 @@ class _Importer:
                 seen[entry.name] = position
                 defined.setdefault(entry.name, f"{kind} {entry.name!r}")
         for index, node in enumerate(self.graph.node):
-            label = _node_label(node, index)
+            label = node_label(node, index)
             for name in node.output:
                 if not name:
                     continue  # an omitted optional output
@@ -332,7 +163,7 @@ class _Importer:
             raise ModelError(f"input_shapes names {sorted(constant)}, graph input(s) that an initializer gives "
                              f"a value byoc keeps constant; the inputs are {inputs}")
         declared_names = {d for i in self.graph.input if i.name not in initializer_names and
-                          i.type.HasField("tensor_type") for d in _declared_dims(i.type.tensor_type) or ()
+                          i.type.HasField("tensor_type") for d in declared_dims(i.type.tensor_type) or ()
                           if isinstance(d, str) and d != "?"}
         unused = sorted(set(self.dims) - declared_names)
         if unused:
@@ -376,8 +207,8 @@ class _Importer:
             if declared != computed.dtype:
                 raise ModelError(f"graph output {output.name!r} is declared {declared}, but the graph computes "
                                  f"{computed.dtype}; expected the declared element type")
-        dims = _declared_dims(tensor_type)
-        if dims is not None and not _fits(dims, tuple(computed.shape)):
+        dims = declared_dims(tensor_type)
+        if dims is not None and not fits_declared(dims, tuple(computed.shape)):
             raise ModelError(f"graph output {output.name!r} is declared with shape {tuple(dims)}, but the graph "
                              f"computes {tuple(computed.shape)}; expected the declared shape (a named or unknown "
                              f"dim fits any size)")
@@ -411,12 +242,12 @@ class _Importer:
             return  # not a tensor: _input_type refuses such inputs, the initializer is what counts
         tensor_type = graph_input.type.tensor_type
         if tensor_type.elem_type and tensor_type.elem_type != tensor.data_type:
-            declared, given = _elem_type_name(tensor_type.elem_type), _elem_type_name(tensor.data_type)
+            declared, given = elem_type_name(tensor_type.elem_type), elem_type_name(tensor.data_type)
             raise ModelError(f"initializer {name!r} has element type {given}, but graph input {name!r} declares "
                              f"{declared}; expected the same element type")
-        declared = _declared_dims(tensor_type)
+        declared = declared_dims(tensor_type)
         dims = tuple(tensor.dims)
-        if declared is not None and not _fits(declared, dims):
+        if declared is not None and not fits_declared(declared, dims):
             raise ModelError(f"initializer {name!r} has shape {dims}, but graph input {name!r} declares shape "
                              f"{tuple(declared)}; expected the initializer to fit the declared shape "
                              f"(a named or unknown dim fits any size)")
@@ -432,7 +263,7 @@ class _Importer:
             if name in initializer_names or name in self.input_shapes or \
                     not graph_input.type.HasField("tensor_type"):
                 continue
-            declared = self._with_dims(_declared_dims(graph_input.type.tensor_type))
+            declared = self._with_dims(declared_dims(graph_input.type.tensor_type))
             if declared is None or any(not isinstance(d, int) for d in declared):
                 open_inputs.append((name, declared))
         if not open_inputs:
@@ -460,7 +291,7 @@ class _Importer:
             raise UnsupportedOpError(f"input {name!r} is not a tensor; byoc supports tensor inputs only")
         tensor_type = graph_input.type.tensor_type
         dtype = dtype_of_elem_type(tensor_type.elem_type, f"input {name!r}")
-        declared = _declared_dims(tensor_type)
+        declared = declared_dims(tensor_type)
         negative = [d for d in declared or () if isinstance(d, int) and d < 0]
         if negative:
             raise ModelError(f"input {name!r} declares shape {tuple(declared)} with negative dim(s) {negative}; "
@@ -468,10 +299,10 @@ class _Importer:
         given = self.input_shapes.get(name)
         if given is not None:
             given = tuple(int(d) for d in given)
-            if declared is not None and not _fits(declared, given):
+            if declared is not None and not fits_declared(declared, given):
                 raise ModelError(f"input_shapes[{name!r}] = {given} does not fit the model's "
                                  f"declared shape {tuple(declared)}")
-            return _input_tensor_type(name, given, dtype)
+            return input_tensor_type(name, given, dtype)
         if declared is None:
             raise ModelError(f"input {name!r} has no declared shape: pass input_shapes={{{name!r}: (...)}}")
         declared = self._with_dims(declared)
@@ -480,10 +311,10 @@ class _Importer:
             raise ModelError(
                 f"input {name!r} has dynamic dims {dynamic} in shape {tuple(declared)}: pass "
                 f"input_shapes={{{name!r}: (...)}} with a static shape")
-        return _input_tensor_type(name, tuple(declared), dtype)
+        return input_tensor_type(name, tuple(declared), dtype)
 
     def _convert_node(self, index: int, node: onnx.NodeProto):
-        self.node_label = _node_label(node, index)
+        self.node_label = node_label(node, index)
         schema = check_node(node, self.opset, self.node_label)
         inputs = []
         for name in node.input:
