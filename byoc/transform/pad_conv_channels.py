@@ -7,7 +7,7 @@ gets C' - C zero channels, so the result is unchanged.
     %y = conv2d(%xp, W'[K,R,S,4], data_layout="NHWC", ...)     W' = W with a zero channel
 
 C' is 4 for C < 4 (an RGB image: CUTLASS's fixed-channel iterator loads one 8-byte pixel
-per filter tap, see backends/cutlass/kernels.py) and the next multiple of 8 above (16-byte
+per filter tap, see backends/cutlass/conv_kernels.py) and the next multiple of 8 above (16-byte
 loads) otherwise. The stem of every torchvision CNN and the patch embedding of a ViT are
 such convs; without this they fall to an im2col and a GEMM (ResNet-50 at batch 32: about
 0.6 ms of 2.2). The pad runs once, on the image, at the boundary of the conv chain.

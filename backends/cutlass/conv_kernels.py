@@ -1,0 +1,211 @@
+"""CUTLASS 2-D convolution kernels (NHWC data, KRSC filters) as data: the problem (sizes,
+strides, pads, dilations, epilogue), a kernel configuration whose name spells it, the
+candidates the tuner chooses among and the heuristic's choice. On sm_90 a pointwise conv
+(1x1, stride 1, unpadded) runs as the GEMM it is (ConvProblem.as_gemm).
+
+Templates (templates/cutlass/conv2d_sm90.cu.j2, conv2d_sm80.cu.j2) receive
+`template_data()`: plain values only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .gemm_kernels import ACTIVATIONS, ELEMENTS, NO_FILTER, CandidateFilter, GemmProblem
+
+
+@dataclass(frozen=True)
+class ConvProblem:
+    """What one conv partition computes, NHWC data and OHWI (KRSC) filters:
+    y = act(conv2d(x, w) + bias + residual); as an implicit GEMM, M = N*P*Q output
+    pixels, N = K output channels, K = C*R*S."""
+    batch: int
+    height: int
+    width: int
+    in_channels: int
+    out_channels: int
+    kernel_h: int
+    kernel_w: int
+    out_h: int
+    out_w: int
+    strides: tuple
+    pads: tuple  # top, left, bottom, right
+    dilations: tuple
+    dtype: str
+    activation: str | None = None
+    has_bias: bool = False
+    has_residual: bool = False
+
+    @property
+    def epilogue_name(self) -> str:
+        parts = (["bias"] if self.has_bias else []) + (["residual"] if self.has_residual else []) + \
+            ([self.activation] if self.activation else [])
+        return "_".join(parts) or "plain"
+
+    @property
+    def gemm_shape(self) -> tuple:
+        return (self.batch * self.out_h * self.out_w, self.out_channels,
+                self.in_channels * self.kernel_h * self.kernel_w)
+
+    @property
+    def key(self) -> str:
+        """The tuning-database key: everything the choice of kernel depends on."""
+        return (f"conv2d:{self.dtype}:n{self.batch}h{self.height}w{self.width}c{self.in_channels}:"
+                f"k{self.out_channels}r{self.kernel_h}s{self.kernel_w}:"
+                f"stride{'x'.join(map(str, self.strides))}:pad{'x'.join(map(str, self.pads))}:"
+                f"dilation{'x'.join(map(str, self.dilations))}:{self.epilogue_name}")
+
+    def as_gemm(self) -> GemmProblem | None:
+        """A pointwise conv (1x1, stride 1, no padding) as the GEMM it is: x as [N*H*W, C]
+        times the K x 1 x 1 x C filter as B stored N x K, the same epilogue (its operands keep
+        their places: a, b, bias, residual); None for any other conv."""
+        if (self.kernel_h, self.kernel_w) != (1, 1) or tuple(self.strides) != (1, 1) or any(self.pads):
+            return None
+        return GemmProblem(m=self.batch * self.height * self.width, n=self.out_channels, k=self.in_channels,
+                           batch=1, dtype=self.dtype, b_transposed=True, activation=self.activation,
+                           has_bias=self.has_bias, has_residual=self.has_residual, residual_in_activation=True)
+
+    def operand_sizes(self) -> list:
+        """Elements of x, w, bias, residual (0 when absent) and of the output, for the profiler."""
+        output = self.batch * self.out_h * self.out_w * self.out_channels
+        return [self.batch * self.height * self.width * self.in_channels,
+                self.out_channels * self.kernel_h * self.kernel_w * self.in_channels,
+                self.out_channels if self.has_bias else 0, output if self.has_residual else 0, output]
+
+
+@dataclass(frozen=True)
+class ConvKernel:
+    """An implicit-GEMM conv2d fprop configuration. sm_90: CUTLASS 3.x TMA im2col + wgmma
+    (one consumer warp group: CUTLASS has no persistent schedules for conv); sm_80: CUTLASS
+    2.x multistage with the optimized activation iterator, or (fixed_channels) the iterator
+    for images of FIXED_CHANNELS channels, a stem's RGB padded by PadConvChannels.
+
+    Why a second iterator: the others walk the GEMM's K as (filter tap, channel block), a
+    tile's K of 64 channels at a time, so 4 channels would leave 15/16 of every MMA zeros.
+    The fixed-channel iterator walks (tap, channel) jointly, one 8-byte pixel per tap, and
+    runs on sm_90 too (a CUTLASS 2.x kernel)."""
+    sm: int
+    tile: tuple  # (M, N, K) threadblock tile of the implicit GEMM
+    cluster: tuple = (1, 1)  # sm90 only
+    warp: tuple = (64, 64, 32)  # sm80 only
+    stages: int = 3  # sm80 only
+    fixed_channels: bool = False  # sm80 only: the fixed-channel activation/filter iterators
+
+    kind = "conv2d"
+
+    def name(self, problem: ConvProblem) -> str:
+        element = ELEMENTS[problem.dtype][0]
+        tile = "x".join(str(t) for t in self.tile)
+        if self.sm == 90:
+            shape = f"{tile}_{self.cluster[0]}x{self.cluster[1]}_ws"
+        else:
+            shape = f"{tile}_{'x'.join(str(w) for w in self.warp)}_{self.stages}stage"
+            if self.fixed_channels:
+                shape += f"_fixed{problem.in_channels}"
+        return f"cutlass_sm{self.sm}_{element}_fprop_{shape}_{problem.epilogue_name}"
+
+    def supports(self, problem: ConvProblem) -> str | None:
+        # every epilogue the conv patterns admit runs on every conv kernel; the channel
+        # count picks the iterator
+        if self.fixed_channels and problem.in_channels != FIXED_CHANNELS:
+            return f"the fixed-channel iterator takes C={FIXED_CHANNELS}, not {problem.in_channels}"
+        if not self.fixed_channels and problem.in_channels % 8:
+            return f"C={problem.in_channels} is not a multiple of 8 (16-byte pixel loads)"
+        return None
+
+    def template(self) -> str:
+        return "cutlass/conv2d_sm90.cu.j2" if self.sm >= 90 else "cutlass/conv2d_sm80.cu.j2"
+
+    def template_data(self, problem: ConvProblem, symbol: str, arg_indices: dict) -> dict:
+        data = {
+            "kernel_name": self.name(problem), "symbol": symbol, "element": ELEMENTS[problem.dtype][1],
+            "tile": list(self.tile), "activation": ACTIVATIONS[problem.activation],
+            "has_bias": problem.has_bias, "has_residual": problem.has_residual,
+            "batch": problem.batch, "height": problem.height, "width": problem.width,
+            "in_channels": problem.in_channels, "out_channels": problem.out_channels,
+            "kernel_h": problem.kernel_h, "kernel_w": problem.kernel_w,
+            "out_h": problem.out_h, "out_w": problem.out_w,
+            "strides": list(problem.strides), "pads": list(problem.pads), "dilations": list(problem.dilations),
+            "a_index": arg_indices["a"], "b_index": arg_indices["b"],
+            "bias_index": arg_indices.get("bias", -1), "residual_index": arg_indices.get("residual", -1),
+        }
+        if self.sm == 90:
+            data.update(cluster=list(self.cluster))
+        else:
+            data.update(warp=list(self.warp), stages=self.stages,
+                        iterator="kFixedChannels" if self.fixed_channels else "kOptimized",
+                        # the fixed-channel iterators load one pixel (all its channels) at a time
+                        input_alignment=problem.in_channels if self.fixed_channels else None)
+        return data
+
+    def to_json(self) -> dict:
+        data = {"kind": self.kind, "sm": self.sm, "tile": list(self.tile), "cluster": list(self.cluster),
+                "warp": list(self.warp), "stages": self.stages}
+        if self.fixed_channels:
+            data["fixed_channels"] = True
+        return data
+
+    @staticmethod
+    def from_json(data: dict) -> "ConvKernel":
+        return ConvKernel(sm=data["sm"], tile=tuple(data["tile"]), cluster=tuple(data["cluster"]),
+                          warp=tuple(data["warp"]), stages=data["stages"],
+                          fixed_channels=bool(data.get("fixed_channels", False)))
+
+
+# Conv candidates. sm90: tile M of 64 or 128 (one consumer warp group holds the whole
+# accumulator, so 128x256 would spill); clusters of 2 multicast the filter tile (along M)
+# or the im2col activation tile (along N) through TMA. sm80: CUTLASS's usual fprop tiles.
+SM90_CONV_CANDIDATES = (
+    ConvKernel(90, (128, 128, 64), (1, 1)),
+    ConvKernel(90, (128, 128, 64), (2, 1)),
+    ConvKernel(90, (128, 128, 64), (1, 2)),
+    ConvKernel(90, (128, 64, 64), (1, 1)),
+    ConvKernel(90, (64, 128, 64), (1, 1)),
+    ConvKernel(90, (64, 64, 64), (2, 1)),
+)
+SM80_CONV_CANDIDATES = (
+    ConvKernel(80, (128, 128, 32), warp=(64, 64, 32), stages=3),
+    ConvKernel(80, (128, 128, 64), warp=(64, 64, 64), stages=3),
+    ConvKernel(80, (256, 64, 32), warp=(64, 64, 32), stages=4),
+    ConvKernel(80, (128, 64, 32), warp=(64, 32, 32), stages=4),
+    ConvKernel(80, (64, 64, 32), warp=(32, 32, 32), stages=5),
+)
+# Convs of FIXED_CHANNELS input channels (PadConvChannels pads RGB stems to it: 8-byte
+# pixels), on either arch. Stems have few output channels (64): tile N of 64.
+FIXED_CHANNELS = 4
+FIXED_CHANNEL_CONV_CANDIDATES = (
+    ConvKernel(80, (128, 64, 64), warp=(64, 32, 64), stages=3, fixed_channels=True),
+    ConvKernel(80, (128, 64, 32), warp=(64, 32, 32), stages=4, fixed_channels=True),
+    ConvKernel(80, (256, 64, 32), warp=(64, 64, 32), stages=3, fixed_channels=True),
+    ConvKernel(80, (64, 64, 64), warp=(32, 32, 64), stages=4, fixed_channels=True),
+    ConvKernel(80, (64, 64, 32), warp=(32, 32, 32), stages=6, fixed_channels=True),
+    ConvKernel(80, (256, 64, 64), warp=(64, 64, 64), stages=3, fixed_channels=True),
+)
+
+
+def conv_candidates(sm: int, allowed: CandidateFilter = NO_FILTER) -> tuple:
+    family = (SM90_CONV_CANDIDATES if sm >= 90 else SM80_CONV_CANDIDATES) + FIXED_CHANNEL_CONV_CANDIDATES
+    return tuple(kernel for kernel in family if allowed.admits(kernel))
+
+
+def heuristic_conv_kernel(sm: int, problem: ConvProblem, allowed: CandidateFilter = NO_FILTER) -> ConvKernel:
+    """The documented choice for a conv without a GPU or a tuning-database entry (the same
+    rule as GEMMs, on the implicit GEMM's M = N*P*Q and N = K): the first candidate whose
+    CTAs fill the GPU once; otherwise the one with the most CTAs. Output channels of at
+    most 64 take a tile N of 64, so that half of every CTA's work is not padding."""
+    sm_count = 132 if sm >= 90 else 108
+    m, n, _ = problem.gemm_shape
+    allowed_kernels = conv_candidates(sm, allowed)
+    if not allowed_kernels:
+        raise ValueError(f"no sm{sm} conv kernel the cutlass target allows ({problem.key})")
+    allowed_kernels = [k for k in allowed_kernels if k.supports(problem) is None] or \
+        [k for k in conv_candidates(sm) if k.supports(problem) is None]
+    usable = [k for k in allowed_kernels if n > 64 or k.tile[1] == 64] or list(allowed_kernels)
+
+    def ctas(kernel):
+        return -(-m // kernel.tile[0]) * -(-n // kernel.tile[1])
+
+    for kernel in usable:
+        if ctas(kernel) >= sm_count:
+            return kernel
+    # a small problem: the most CTAs, and among equals the smallest tile (least padding)
+    return max(usable, key=lambda kernel: (ctas(kernel), -kernel.tile[0] * kernel.tile[1]))
