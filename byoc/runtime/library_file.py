@@ -1,0 +1,281 @@
+"""A built library as a file: its metadata (read and validated), the seal that build()
+appends and load() checks before the dynamic loader maps a byte of it, the checks of the
+file and of a weights sidecar, and opening a private copy of it."""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+
+from ..errors import RuntimeError as ByocRuntimeError
+
+
+def _read_metadata(lib, path: str) -> dict:
+    """The library's metadata JSON, checked against what this runtime reads from it: a
+    corrupted or foreign file is a byoc.RuntimeError naming the key at fault."""
+    lib.byoc_model_metadata.restype = ctypes.c_char_p
+    raw = lib.byoc_model_metadata()
+    name = os.path.basename(path)
+    if raw is None:
+        raise ByocRuntimeError(f"{name}: byoc_model_metadata() returned NULL; expected a JSON object")
+    try:
+        metadata = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as error:
+        raise ByocRuntimeError(f"{name}: its metadata is not valid UTF-8 JSON ({error}); the file is corrupted "
+                               f"or not a byoc library: rebuild it") from None
+    validate_metadata(metadata, name)
+    return metadata
+
+
+_TENSOR_DTYPES = {"float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"}
+
+
+def validate_metadata(metadata, name: str = "library") -> None:
+    """A byoc.RuntimeError naming the first key of `metadata` that is missing or not of the
+    form byoc writes (format byoc-model version 1)."""
+    def bad(key, expected, got):
+        return ByocRuntimeError(f"{name}: metadata key {key!r} is {got!r}; expected {expected} (the library is "
+                                f"corrupted or was not built by this byoc: rebuild it)")
+
+    def field(where, key, kinds, expected):
+        if not isinstance(where, dict) or key not in where:
+            raise ByocRuntimeError(f"{name}: metadata has no key {key!r}; expected {expected} (the library is "
+                                   f"corrupted or was not built by this byoc: rebuild it)")
+        value = where[key]
+        if not isinstance(value, kinds) or isinstance(value, bool):  # no field of it is a bool
+            raise bad(key, expected, value)
+        return value
+
+    if not isinstance(metadata, dict):
+        raise bad("(top level)", "a JSON object", type(metadata).__name__)
+    if field(metadata, "format", str, "'byoc-model'") != "byoc-model":
+        raise bad("format", "'byoc-model'", metadata["format"])
+    if field(metadata, "version", int, "1") != 1:
+        raise bad("version", "1 (this byoc reads version 1)", metadata["version"])
+    field(metadata, "target", str, "a target string")
+    for role in ("inputs", "outputs"):
+        for index, tensor in enumerate(field(metadata, role, list, "a list of tensors")):
+            key = f"{role}[{index}]"
+            if not isinstance(tensor, dict):
+                raise bad(key, "an object with name, shape and dtype", tensor)
+            field(tensor, "name", str, f"{key}.name: a string")
+            shape = field(tensor, "shape", list, f"{key}.shape: a list of dims")
+            if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 63 for d in shape):
+                raise bad(f"{key}.shape", "a list of non-negative int64 dims", shape)
+            if field(tensor, "dtype", str, f"{key}.dtype") not in _TENSOR_DTYPES:
+                raise bad(f"{key}.dtype", f"one of {sorted(_TENSOR_DTYPES)}", tensor["dtype"])
+            if tensor.get("device", "cuda") not in ("cpu", "cuda"):
+                raise bad(f"{key}.device", "'cpu' or 'cuda'", tensor["device"])
+    weights = field(metadata, "weights", dict, "an object with bytes and location")
+    if field(weights, "location", str, "weights.location") not in ("embedded", "sidecar"):
+        raise bad("weights.location", "'embedded' or 'sidecar'", weights["location"])
+    if field(weights, "bytes", int, "weights.bytes: an integer") < 0:
+        raise bad("weights.bytes", "a non-negative integer", weights["bytes"])
+
+
+SEAL_MAGIC = b"BYOCSEAL"
+SEAL_BYTES = len(SEAL_MAGIC) + 32  # the magic, then the SHA-256 of every byte before it
+
+
+def seal_library(path) -> None:
+    """Appends the seal that load() checks before the dynamic loader sees the file: the
+    SHA-256 of the whole library (ELF loaders ignore bytes after the ELF data). A damaged
+    dynamic section or symbol table would crash the loader itself; with the seal, any
+    changed byte is a clear error instead."""
+    import hashlib
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    with open(path, "ab") as file:
+        file.write(SEAL_MAGIC + digest.digest())
+
+
+def _check_seal(path: str, size: int) -> None:
+    import hashlib
+    with open(path, "rb") as file:
+        if size < SEAL_BYTES:
+            raise ByocRuntimeError(f"cannot load {path}: not a byoc library (too short for its seal)")
+        file.seek(size - SEAL_BYTES)
+        trailer = file.read(SEAL_BYTES)
+        if trailer[:len(SEAL_MAGIC)] != SEAL_MAGIC:
+            raise ByocRuntimeError(f"cannot load {path}: not a byoc library, or one changed after the build "
+                                   f"(strip, patchelf, a copy cut short): it does not end in byoc's seal; "
+                                   f"rebuild it")
+        file.seek(0)
+        digest, left = hashlib.sha256(), size - SEAL_BYTES
+        while left:
+            block = file.read(min(left, 1 << 20))
+            if not block:
+                break
+            digest.update(block)
+            left -= len(block)
+        if left or digest.digest() != trailer[len(SEAL_MAGIC):]:
+            raise ByocRuntimeError(f"cannot load {path}: its bytes do not match the seal written at the build: the "
+                                   f"file is corrupted or was changed after the build; rebuild it")
+
+
+def _check_library_file(path: str) -> None:
+    """Checks that `path` is a whole ELF shared object before the dynamic loader maps it: a
+    FIFO or device would block or be read forever, and a truncated file maps pages past its
+    end, which fault (SIGBUS) when the loader touches them."""
+    import stat as stat_module
+    import struct
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError) as error:
+        raise ByocRuntimeError(f"cannot load {path}: {error}") from None
+    if not stat_module.S_ISREG(info.st_mode):
+        kind = "a directory" if stat_module.S_ISDIR(info.st_mode) else "not a regular file"
+        raise ByocRuntimeError(f"cannot load {path}: it is {kind}; expected a byoc .so file")
+    size = info.st_size
+
+    def corrupt(why):
+        return ByocRuntimeError(f"cannot load {path}: {why}; the file is truncated or corrupted "
+                                f"(expected a whole ELF shared object as byoc builds it)")
+    try:
+        with open(path, "rb") as file:
+            header = file.read(64)
+            if len(header) < 64 or header[:4] != b"\x7fELF":
+                raise ByocRuntimeError(f"cannot load {path}: not an ELF shared object (no ELF header); "
+                                       f"expected a .so built by byoc")
+            if header[4] != 2 or header[5] != (1 if sys.byteorder == "little" else 2):
+                raise corrupt("its ELF class or byte order is not this machine's (64-bit, native)")
+            endian = "<" if header[5] == 1 else ">"
+            (e_type, _machine, _version, _entry, e_phoff, e_shoff, _flags, _ehsize, e_phentsize, e_phnum,
+             e_shentsize, e_shnum, _shstrndx) = struct.unpack(endian + "HHIQQQIHHHHHH", header[16:64])
+            if e_type != 3:
+                raise ByocRuntimeError(f"cannot load {path}: ELF type {e_type} is not a shared object (3)")
+            if e_phentsize != 56 or e_phnum == 0 or e_phoff + e_phnum * 56 > size:
+                raise corrupt(f"its program headers ({e_phnum} at offset {e_phoff}) lie outside its {size} bytes")
+            if e_shnum and (e_shentsize != 64 or e_shoff + e_shnum * 64 > size):
+                raise corrupt(f"its section headers ({e_shnum} at offset {e_shoff}) lie outside its {size} bytes")
+            file.seek(e_phoff)
+            table = file.read(e_phnum * 56)
+            for index in range(e_phnum):
+                p_type, _flags, p_offset, _vaddr, _paddr, p_filesz, _memsz, _align = struct.unpack_from(
+                    endian + "IIQQQQQQ", table, index * 56)
+                if p_type == 1 and p_offset + p_filesz > size:  # PT_LOAD: mapped from the file
+                    raise corrupt(f"segment {index} needs bytes {p_offset}..{p_offset + p_filesz} of the file, "
+                                  f"which has {size}")
+            if e_shnum:
+                file.seek(e_shoff)
+                table = file.read(e_shnum * 64)
+                for index in range(e_shnum):
+                    (_name, sh_type, _flags, _addr, sh_offset, sh_size, *_rest) = struct.unpack_from(
+                        endian + "IIQQQQIIQQ", table, index * 64)
+                    if sh_type != 8 and sh_offset + sh_size > size:  # SHT_NOBITS takes no file bytes
+                        raise corrupt(f"section {index} needs bytes {sh_offset}..{sh_offset + sh_size}, "
+                                      f"beyond its {size}")
+        _check_seal(path, size)
+    except OSError as error:
+        raise ByocRuntimeError(f"cannot load {path}: {error}") from None
+
+
+def _checked_weights_path(path) -> str:
+    """A sidecar path the C side can open: a regular file (a FIFO would block create()),
+    with no NUL byte (C would read the path only up to it, and open another file)."""
+    import stat as stat_module
+    if not isinstance(path, (str, os.PathLike)):
+        raise ByocRuntimeError(f"weights_path: expected a path to a .safetensors file, got {type(path).__name__}")
+    text = os.fspath(path)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    if "\0" in text:
+        raise ByocRuntimeError(f"weights_path {text!r} contains a NUL byte; expected a file path")
+    try:
+        info = os.stat(text)
+    except OSError as error:
+        raise ByocRuntimeError(f"weights file {text!r} cannot be read: {error.strerror or error}") from None
+    if not stat_module.S_ISREG(info.st_mode):
+        raise ByocRuntimeError(f"weights file {text!r} is not a regular file; expected the library's "
+                               f".safetensors sidecar")
+    return text
+
+
+def _resolved(path) -> str:
+    try:
+        return str(Path(path).resolve(strict=True))
+    except (OSError, RuntimeError, ValueError) as error:  # missing, a symlink loop, a NUL byte
+        raise ByocRuntimeError(f"cannot load {path}: {error}") from None
+
+
+def _check_path(path):
+    if not isinstance(path, (str, os.PathLike)):
+        raise ByocRuntimeError(f"expected a path to a byoc .so, got "
+                               f"{'None' if path is None else type(path).__name__}")
+    return path
+
+
+# resolved path -> (device, inode, size, mtime) of the file when this process first
+# dlopen()ed it under that name. The dynamic loader hands back the library it already has
+# for a name it has seen, so a .so rebuilt at the same path (a workdir built again) would
+# silently run the old code.
+_first_opened: dict = {}
+_first_opened_lock = threading.Lock()
+
+
+def _open_library(path) -> ctypes.CDLL:
+    """The library at `path`, checked to be one byoc built (it exports byoc_model_metadata).
+    A file that changed since this process first loaded that path is loaded from a private
+    copy (removed once loaded), so the loader cannot return the earlier one."""
+    resolved = _resolved(path)
+    _check_library_file(resolved)
+    try:
+        stat = os.stat(resolved)
+        state = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        with _first_opened_lock:
+            first = _first_opened.setdefault(resolved, state)
+        if first == state:
+            lib = ctypes.CDLL(resolved, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+        else:
+            lib = _open_private_copy(resolved)
+    except (OSError, UnicodeDecodeError) as error:  # the loader's message may not be UTF-8
+        raise ByocRuntimeError(f"cannot load {path}: {error}") from None
+    missing = [name for name in _REQUIRED_SYMBOLS if not hasattr(lib, name)]
+    if missing:
+        _close_library(lib)
+        raise ByocRuntimeError(f"{path}: not a byoc library: it has no {', '.join(missing)}")
+    return lib
+
+
+# What a byoc library exports (byoc_model.h); byoc_model_status is newer and optional.
+_REQUIRED_SYMBOLS = ("byoc_model_metadata", "byoc_model_create", "byoc_model_run", "byoc_model_destroy",
+                     "byoc_last_error")
+
+
+def _open_private_copy(path: str) -> ctypes.CDLL:
+    import shutil
+    import tempfile
+    try:  # beside the library: a directory it loads from (a temporary one may be noexec)
+        handle, copy = tempfile.mkstemp(prefix=".byoc-load-", suffix=".so", dir=os.path.dirname(path))
+    except OSError:
+        handle, copy = tempfile.mkstemp(prefix="byoc-load-", suffix=".so")
+    try:
+        with os.fdopen(handle, "wb") as destination, open(path, "rb") as source:
+            shutil.copyfileobj(source, destination)
+        return ctypes.CDLL(copy, mode=os.RTLD_LOCAL | os.RTLD_NOW)
+    finally:
+        os.unlink(copy)  # the loaded mapping stays valid
+
+
+def metadata_of(path) -> dict:
+    """A library's metadata JSON, read without creating the model (no weights loaded)."""
+    lib = _open_library(_check_path(path))
+    try:
+        return _read_metadata(lib, str(path))
+    finally:
+        _close_library(lib)
+
+
+def _close_library(lib: ctypes.CDLL) -> None:
+    """Drops this CDLL's reference to the library (each CDLL is one dlopen; the library is
+    unmapped when the last goes). Nothing may call into `lib` afterwards."""
+    import _ctypes
+    try:
+        _ctypes.dlclose(lib._handle)
+    except OSError:
+        pass
