@@ -900,16 +900,26 @@ def test_tuning_compiles_each_candidate_once_for_every_problem_it_serves(tmp_pat
     assert all((tmp_path / f"profiler_{index}").is_file() for index in range(3))  # each linked the shared objects
 
 
+def _lowered(model, workdir, **overrides):
+    """(main, artifacts) of a cuda_sm90 build of `model` up to code generation (no compiler
+    runs; sources, partitioned.ir and final.ir in `workdir`), the heuristic's kernels."""
+    from byoc.build import _Builder
+    from byoc.config import load_config
+    config = load_config("cuda_sm90", overrides={"workdir": str(workdir), "tuning": {"profile": False}, **overrides})
+    mod, _, artifacts, _ = _Builder(config).lower(model, None)
+    return mod, artifacts
+
+
+BERT2 = str(Path(__file__).parent / "fixtures" / "bert2.onnx")
+
+
 @pytest.mark.parametrize("kind", ["dense_bias_hard_swish", "conv_bias_hard_swish"])
 def test_hard_swish_is_a_gemm_and_conv_epilogue(kind, tmp_path):
     """MobileNetV3's hard_swish after a (pointwise) conv or a GEMM with bias runs in the CUTLASS
     epilogue: no built-in function is left for it."""
-    from byoc.build import _Builder
-    from byoc.config import load_config
     mod = _model(kind, 1000, 264, 136) if kind.startswith("dense") else \
         _conv_model(kind, 2, 16, 15, 72, 3, 1, "float16")
-    config = load_config("cuda_sm90", overrides={"workdir": str(tmp_path), "tuning": {"profile": False}})
-    mod, _, artifacts, _ = _Builder(config).lower(mod, None)
+    _, artifacts = _lowered(mod, tmp_path)
     (cutlass,) = [a for a in artifacts if a.backend == "cutlass"]
     assert any("HardSwish" in unit.source.read_text() for unit in cutlass.compile_units)
     # no built-in function computes it as well
@@ -922,15 +932,12 @@ def test_hard_swish_is_a_gemm_and_conv_epilogue(kind, tmp_path):
 def test_the_attention_tile_is_a_target_choice(tmp_path):
     """cutlass.attention_tile picks the fused attention's block shape (bert2 at batch 8 is
     small enough that the size rule takes 32x128); another value is a config error."""
-    from byoc.build import _Builder
     from byoc.config import load_config
     from byoc.errors import ConfigError
     names = {}
     for tile in ("", "64x64", "32x128"):
-        config = load_config("cuda_sm90", overrides={
-            "workdir": str(tmp_path / (tile or "auto")), "tuning": {"profile": False}, "dims": {"batch": 8, "sequence": 128},
-            "backends": [{"cutlass": {"sm": 90, "attention_tile": tile}}, "builtin"]})
-        _, _, artifacts, _ = _Builder(config).lower(str(Path(__file__).parent / "fixtures" / "bert2.onnx"), None)
+        _, artifacts = _lowered(BERT2, tmp_path / (tile or "auto"), dims={"batch": 8, "sequence": 128},
+                                backends=[{"cutlass": {"sm": 90, "attention_tile": tile}}, "builtin"])
         names[tile] = [k for a in artifacts for k in a.kernels.values() if "fmha" in k]
     assert names == {"": ["cutlass_fmha_sm80_f16_32x128_k64_mask"], "64x64": ["cutlass_fmha_sm80_f16_64x64_k64_mask"],
                      "32x128": ["cutlass_fmha_sm80_f16_32x128_k64_mask"]}
@@ -942,11 +949,7 @@ def test_partitions_of_one_kernel_type_compile_as_one_unit(tmp_path):
     """bert2: the QKV projection and the pooler are plain GEMMs of one tile, the attention
     output and the FFN's second GEMM residual GEMMs of one tile; each pair is one unit, with
     an entry point per partition, and its CUTLASS types once."""
-    from byoc.build import _Builder
-    from byoc.config import load_config
-    config = load_config("cuda_sm90", overrides={"workdir": str(tmp_path), "tuning": {"profile": False},
-                                                  "dims": {"batch": 1, "sequence": 128}})
-    _, _, artifacts, _ = _Builder(config).lower(str(Path(__file__).parent / "fixtures" / "bert2.onnx"), None)
+    _, artifacts = _lowered(BERT2, tmp_path, dims={"batch": 1, "sequence": 128})
     (cutlass,) = [a for a in artifacts if a.backend == "cutlass"]
     units = {unit.source.name: unit.source.read_text() for unit in cutlass.compile_units}
     shared = {name: text for name, text in units.items() if "entry points of one kernel type" in text}
@@ -961,12 +964,8 @@ def test_partitions_of_one_kernel_type_compile_as_one_unit(tmp_path):
 def test_a_unit_of_two_entry_points_compiles_and_defines_both(tmp_path):
     """One grouped unit of bert2 (two partitions of one GEMM type) compiles with nvcc, and
     its object defines both partitions' symbols."""
-    from byoc.build import _Builder
-    from byoc.config import load_config
     from byoc.toolchain import compile_units
-    config = load_config("cuda_sm90", overrides={"workdir": str(tmp_path), "tuning": {"profile": False},
-                                                  "dims": {"batch": 1, "sequence": 128}})
-    _, _, artifacts, _ = _Builder(config).lower(str(Path(__file__).parent / "fixtures" / "bert2.onnx"), None)
+    _, artifacts = _lowered(BERT2, tmp_path, dims={"batch": 1, "sequence": 128})
     (cutlass,) = [a for a in artifacts if a.backend == "cutlass"]
     unit = next(u for u in cutlass.compile_units if "entry points of one kernel type" in u.source.read_text())
     symbols = re.findall(r'^extern "C" int (cutlass_\w+)\(', unit.source.read_text(), re.M)
