@@ -40,10 +40,19 @@ def example_input(name, batch):
     return torch.randn(shape, generator=generator)
 
 
-def time_cuda(fn, repeat=50, warmup=10, rounds=5):
-    """Median over `rounds` of the mean time of `repeat` back-to-back calls (ms)."""
-    for _ in range(warmup):
+def time_cuda(fn, repeat=50, warmup=10, rounds=5, warm_s=0.5):
+    """Median over `rounds` of the mean time of `repeat` back-to-back calls (ms), after at
+    least `warmup` calls and `warm_s` seconds of them: a GPU that idled through a build or a
+    torch.compile runs its first few hundred milliseconds of work at lower clocks, which
+    would otherwise be charged to whichever contestant is timed first."""
+    import time
+    start = time.perf_counter()
+    calls = 0
+    while calls < warmup or time.perf_counter() - start < warm_s:
         fn()
+        calls += 1
+        if calls % 10 == 0:
+            torch.cuda.synchronize()  # the seconds are of GPU work, not of queueing
     torch.cuda.synchronize()
     means = []
     for _ in range(rounds):
