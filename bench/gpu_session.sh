@@ -9,6 +9,7 @@
 #   bench/gpu_session.sh tune [CASES...]     tune the CUTLASS kernels of whole models into the database
 #   bench/gpu_session.sh retune KEYS... [-- TILES...]  tune settled database problems again (new candidates)
 #   bench/gpu_session.sh real [CASES...]   real transformers/torchvision models (bench/real_models.py)
+#   bench/gpu_session.sh suite [CASES...]  the same, built side by side first, then timed one by one
 #   bench/gpu_session.sh setup    only the set-up (then export PYTHONPATH=$PWD and CUTLASS_PATH as below)
 set -u
 cd "$(dirname "$0")/.."
@@ -100,6 +101,33 @@ case "$stage" in
       --tuning-db "${TUNING_DB:-backends/cutlass/tuning_sm90.json}" --profile "${PROFILE:-false}" \
       --torch-modes "${TORCH_MODES:-eager,default,reduce-overhead,max-autotune-no-cudagraphs}" \
       --budget-s "${BUDGET_S:-540}" "${merge[@]}" --cases "$@" 2>&1 | tee "$OUT/real_models.log" | tail -n 40 ;;
+  suite)
+    # The whole table in one device command: every case exported and built first, side by
+    # side (one process per case, SUITE_JOBS nvcc jobs each, default 16 / cases), then one
+    # process checks and times each case with nothing else running (its torch.compile modes
+    # compile cold there), e.g.
+    #   bash bench/gpu_session.sh suite bert_base:1 bert_base:8 gpt2:1 vit_b16:8 resnet50:32
+    # Environment as for `real` (CONFIGS, TORCH_MODES, MERGE_FROM, BYOC_GIT_COMMIT); BUDGET_S
+    # counts from the start of this script, the prebuilds included.
+    [ $# -eq 0 ] && set -- bert_base:1 bert_base:8 gpt2:1 vit_b16:8 resnet50:32
+    jobs_each="${SUITE_JOBS:-$(( ($(nproc) + $# - 1) / $# ))}"
+    mkdir -p "$OUT/prebuild"
+    echo "$(date +%T) prebuild $# cases, $jobs_each compile jobs each"
+    for case in "$@"; do
+      PYTHONUNBUFFERED=1 python3 bench/real_models.py --prebuild --workdir /tmp/byoc-real --configs ${CONFIGS:-cuda_sm90} \
+        --tuning-db "${TUNING_DB:-backends/cutlass/tuning_sm90.json}" --profile "${PROFILE:-false}" \
+        --compile-jobs "$jobs_each" --builds-beside $(($# - 1)) --cases "$case" >"$OUT/prebuild/${case/:/_b}.log" 2>&1 &
+    done
+    wait
+    echo "$(date +%T) prebuilt:"; grep -h "built in\|FAILED" "$OUT"/prebuild/*.log
+    merge_from="${MERGE_FROM:-bench/results/real_models.json}"
+    merge=(); [ -f "$merge_from" ] && merge=(--merge-from "$merge_from")
+    set -o pipefail
+    PYTHONUNBUFFERED=1 python3 bench/real_models.py --prebuilt --out "$OUT" --workdir /tmp/byoc-real \
+      --profile-dir /tmp/byoc-real-profiles --configs ${CONFIGS:-cuda_sm90} \
+      --tuning-db "${TUNING_DB:-backends/cutlass/tuning_sm90.json}" --profile "${PROFILE:-false}" \
+      --torch-modes "${TORCH_MODES:-eager,default,reduce-overhead}" \
+      --budget-s "$(( ${BUDGET_S:-560} - SECONDS ))" "${merge[@]}" --cases "$@" 2>&1 | tee "$OUT/real_models.log" | tail -n 40 ;;
   release)
     # The model cases the open issues need, with the kernels `gemm` tuned (bench/results/
     # tuning_sm90.json). Each part fits one 10-minute device command (measured on an H100:

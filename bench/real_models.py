@@ -308,22 +308,52 @@ def byoc_inputs(module, inputs, device):
     return result
 
 
-def run_byoc(args, case, name, batch, spec, onnx_path, inputs, reference, repeat, out_entry):
+def _stem(args, name, batch, spec=None) -> str:
+    return f"{name}_b{batch}{'_tiny' if args.tiny else ''}" + (f"_{spec.replace(':', '_')}" if spec else "")
+
+
+def prebuilt_paths(args, name, batch, spec):
+    """Where --prebuild leaves a case's library and what its build recorded."""
+    stem = Path(args.workdir) / "prebuilt" / _stem(args, name, batch, spec)
+    return stem.with_suffix(".so"), stem.with_suffix(".json")
+
+
+def build_byoc(args, case, name, batch, spec, onnx_path, input_shapes) -> tuple:
+    """byoc.build of one config: (the Library, what to record of the build)."""
     import byoc
     tuning_db = args.tuning_db if spec.startswith("cuda") else None
     config = load_config(spec, tuning_db, args.profile)
-    workdir = Path(args.workdir) / f"{name}_b{batch}{'_tiny' if args.tiny else ''}_{spec.replace(':', '_')}"
+    if args.compile_jobs:
+        config.compile_jobs = args.compile_jobs
+    workdir = Path(args.workdir) / _stem(args, name, batch, spec)
     start = time.perf_counter()
-    library = byoc.build(onnx_path, config=config, workdir=str(workdir),
-                         input_shapes={k: tuple(v.shape) for k, v in inputs.items()},
+    library = byoc.build(onnx_path, config=config, workdir=str(workdir), input_shapes=input_shapes,
                          precision=args.precision)
-    out_entry["build_s"] = round(time.perf_counter() - start, 1)
-    out_entry["build_stats"] = getattr(library, "build_stats", None) or None
-    out_entry["backends"] = library.metadata.get("backends")
-    out_entry["cuda_graph"] = library.metadata.get("cuda_graph")
-    out_entry["output_dtype"] = library.metadata["outputs"][0]["dtype"]
-    log(case, spec, f"built in {out_entry['build_s']} s")
-    module = library.load()
+    record = {"build_s": round(time.perf_counter() - start, 1),
+              "build_stats": getattr(library, "build_stats", None) or None,
+              "backends": library.metadata.get("backends"), "cuda_graph": library.metadata.get("cuda_graph"),
+              "output_dtype": library.metadata["outputs"][0]["dtype"]}
+    if args.compile_jobs:
+        record["compile_jobs"] = args.compile_jobs
+    log(case, spec, f"built in {record['build_s']} s")
+    return library, record
+
+
+def run_byoc(args, case, name, batch, spec, onnx_path, inputs, reference, repeat, out_entry):
+    import byoc
+    library_path, record_path = prebuilt_paths(args, name, batch, spec)
+    if args.prebuilt and library_path.exists() and record_path.exists():
+        # built by an earlier --prebuild process (beside the other cases' builds): its record
+        # says how long that build took and how many builds shared the machine meanwhile
+        out_entry.update(json.loads(record_path.read_text()))
+        log(case, spec, f"prebuilt library {library_path} (built in {out_entry['build_s']} s, "
+            f"{out_entry.get('builds_beside', 0)} other builds beside it)")
+        module = byoc.load(str(library_path))
+    else:
+        library, record = build_byoc(args, case, name, batch, spec, onnx_path,
+                                     {k: tuple(v.shape) for k, v in inputs.items()})
+        out_entry.update(record)
+        module = library.load()
     device = module.device
     feeds = byoc_inputs(module, inputs, device)
     got = module.run(**feeds)
@@ -405,6 +435,46 @@ def run_torch_modes(args, case, wrapper, inputs, reference, repeat, row, save):
         save()
 
 
+def exported(args, case, name, batch, wrapper, inputs, attribute) -> tuple:
+    """The case's ONNX file and the record of its export. Under --prebuilt, the export an
+    earlier --prebuild process made of the same model (same seeds) is taken as it is."""
+    onnx_path = Path(args.workdir) / f"{_stem(args, name, batch)}_{args.exporter}.onnx"
+    record_path = onnx_path.with_suffix(".export.json")
+    if args.prebuilt and onnx_path.exists() and record_path.exists():
+        record = json.loads(record_path.read_text())
+        log(case, f"export of the prebuild: {onnx_path} ({record['nodes']} nodes)")
+        return onnx_path, record
+    onnx_path.parent.mkdir(parents=True, exist_ok=True)
+    params_m = round(sum(p.numel() for p in wrapper.parameters()) / 1e6, 1)
+    log(case, f"export ({params_m}M parameters, inputs {[list(v.shape) for v in inputs.values()]})")
+    exporters = {"auto": ("torchscript", "dynamo"), "torchscript": ("torchscript",), "dynamo": ("dynamo",)}
+    exporter, seconds, export_errors = export_onnx(wrapper, inputs, onnx_path, exporters[args.exporter])
+    import onnx
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    record = {"exporter": exporter, "seconds": round(seconds, 1), "attn_implementation":
+              args.export_attn if attribute else None, "nodes": len(graph.node),
+              "op_types": dict(Counter(n.op_type for n in graph.node).most_common()),
+              "failed_exporters": export_errors}
+    log(case, f"exported with {exporter} in {seconds:.1f} s: {len(graph.node)} nodes")
+    record_path.write_text(json.dumps(record, indent=1))
+    return onnx_path, record
+
+
+def build_prebuilt(args, case, name, batch, onnx_path, inputs) -> None:
+    """--prebuild: build each config and leave the library and its build record where a
+    later --prebuilt run of the case finds them (prebuilt_paths)."""
+    import onnx
+    feed_names = [i.name for i in onnx.load(str(onnx_path), load_external_data=False).graph.input]
+    for spec in args.configs:
+        library, record = build_byoc(args, case, name, batch, spec, onnx_path,
+                                     {k: tuple(inputs[k].shape) for k in feed_names if k in inputs})
+        record["builds_beside"] = args.builds_beside
+        library_path, record_path = prebuilt_paths(args, name, batch, spec)
+        library.export_library(library_path)
+        record_path.write_text(json.dumps(record, indent=1))
+        log(case, spec, f"prebuilt: {library_path}")
+
+
 def run_case(args, case, row, save):
     name, _, batch = case.partition(":")
     batch = int(batch or 1)
@@ -416,19 +486,10 @@ def run_case(args, case, row, save):
     row["inputs"] = {k: [list(v.shape), str(v.dtype).replace("torch.", "")] for k, v in inputs.items()}
     row["params_m"] = round(sum(p.numel() for p in model.parameters()) / 1e6, 1)
     wrapper = Wrapper(model, inputs, attribute).eval()
-    onnx_path = Path(args.workdir) / f"{name}_b{batch}{'_tiny' if args.tiny else ''}_{args.exporter}.onnx"
-    onnx_path.parent.mkdir(parents=True, exist_ok=True)
-    log(case, f"export ({row['params_m']}M parameters, inputs {row['inputs']})")
-    exporters = {"auto": ("torchscript", "dynamo"), "torchscript": ("torchscript",), "dynamo": ("dynamo",)}
-    exporter, seconds, export_errors = export_onnx(wrapper, inputs, onnx_path, exporters[args.exporter])
-    import onnx
-    graph = onnx.load(str(onnx_path), load_external_data=False).graph
-    row["export"] = {"exporter": exporter, "seconds": round(seconds, 1), "attn_implementation":
-                     args.export_attn if attribute else None, "nodes": len(graph.node),
-                     "op_types": dict(Counter(n.op_type for n in graph.node).most_common()),
-                     "failed_exporters": export_errors}
-    log(case, f"exported with {exporter} in {seconds:.1f} s: {len(graph.node)} nodes")
-    del graph
+    onnx_path, row["export"] = exported(args, case, name, batch, wrapper, inputs, attribute)
+    if args.prebuild:
+        build_prebuilt(args, case, name, batch, onnx_path, inputs)
+        return
 
     import onnxruntime as ort
     start = time.perf_counter()
@@ -529,6 +590,13 @@ def _cell(entry):
     return f"{entry['ms']:.3f}" + (f" ({compile_s:.0f} s)" if compile_s is not None else "")
 
 
+def _build_cell(entry):
+    if entry.get("build_s") is None:
+        return "-"
+    beside = entry.get("builds_beside")  # built by --prebuild, side by side with other cases
+    return f"{entry['build_s']:.0f}" + (f" (+{beside} beside)" if beside else "")
+
+
 def write_results(out: Path, header: dict, rows: list, torch_modes: list) -> None:
     result = dict(header, rows=rows)
     (out / "real_models.json").write_text(json.dumps(result, indent=2))
@@ -544,7 +612,9 @@ def write_results(out: Path, header: dict, rows: list, torch_modes: list) -> Non
              "(out=: into a preallocated output); torch fp16 on the GPU, `ms (compile s)`. ms per run, median "
              f"of 5 rounds. Error: max |byoc - ort| / max |ort| (pass <= {TOLERANCE:g}); torch eager fp16's "
              "error beside it is what fp16 alone costs this model. Best torch / byoc > 1: byoc is faster. "
-             "Kernels/run: kernel launches and copies of one byoc run (real_models_profiles.txt).", ""]
+             "Kernels/run: kernel launches and copies of one byoc run (real_models_profiles.txt). Build s "
+             "`(+n beside)`: built cold while n other cases' builds shared the machine (`gpu_session.sh suite`: "
+             "the suite builds side by side, then one process times every case alone).", ""]
     head = ["case"] + (["device"] if len(devices) > 1 else []) + ["byoc config", "byoc ms", "byoc out= ms"] + \
         [f"torch {m}" for m in modes] + ["best torch", "best torch / byoc", "error vs ort",
                                          "torch eager fp16 error", "build s", "kernels/run"]
@@ -569,7 +639,7 @@ def write_results(out: Path, header: dict, rows: list, torch_modes: list) -> Non
                 [f"{best[1]:.3f} ({best[0]})" if best else "-", ratio, error_cell,
                  f"{torch_entries['eager']['max_rel_error']:.1e}"
                  if torch_entries.get("eager", {}).get("max_rel_error") is not None else "-",
-                 f"{entry['build_s']:.0f}" if entry.get("build_s") is not None else "-",
+                 _build_cell(entry),
                  f"{profile['kernels_per_run']:.0f}" if profile else "-"]
             lines.append("| " + " | ".join(cells) + " |")
             if entry.get("error") and spec != "-":
@@ -612,6 +682,15 @@ def main():
                         help="start no case and no torch mode after this many seconds (the device's command limit)")
     parser.add_argument("--torch-device", default="cuda", help="where torch's fp16 runs go (cpu: to check the script)")
     parser.add_argument("--profile-dir", help="per-case kernel profiles (default: OUT/profiles)")
+    parser.add_argument("--prebuild", action="store_true",
+                        help="only export the cases and build them (WORKDIR/prebuilt/), for a later --prebuilt run: "
+                             "the builds of a suite run side by side, in several processes, then one process times "
+                             "every case with nothing else on the machine (bench/gpu_session.sh suite)")
+    parser.add_argument("--prebuilt", action="store_true",
+                        help="take the exports and libraries an earlier --prebuild left, where there are any")
+    parser.add_argument("--compile-jobs", type=int, help="the build config's compile_jobs (parallel nvcc jobs)")
+    parser.add_argument("--builds-beside", type=int, default=0,
+                        help="(--prebuild) how many other builds share the machine: recorded beside build_s")
     parser.add_argument("--debug", action="store_true", help="print tracebacks of failures")
     args = parser.parse_args()
     args.torch_modes = [] if args.torch_modes in ("", "none") else [m.strip() for m in args.torch_modes.split(",")]
@@ -630,7 +709,8 @@ def main():
         log(f"{len(rows)} rows in {args.merge_from}: {', '.join(r.get('case', '?') for r in rows)}")
 
     def save():
-        write_results(out, header, rows, args.torch_modes)
+        if not args.prebuild:  # a prebuild measures nothing; the --prebuilt run writes the results
+            write_results(out, header, rows, args.torch_modes)
 
     for case in cases:
         row = {"case": case, "device": header["device"], "date": header["date"], "tiny": args.tiny,
@@ -659,6 +739,9 @@ def main():
             torch.cuda.empty_cache()
         save()
     save()
+    if args.prebuild:
+        log("done: prebuilt", ", ".join(cases))
+        return
     log("done:", out / "real_models.md")
     print((out / "real_models.md").read_text(), flush=True)
 
