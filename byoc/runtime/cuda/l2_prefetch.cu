@@ -5,10 +5,12 @@
 
 namespace {
 
-// Bytes one thread asks for: on sm_90 one bulk prefetch instruction (the copy engine
-// walks the range), before that one prefetch instruction per 128-byte line.
-constexpr unsigned int kChunkBytes = 64u << 10;
-constexpr unsigned int kThreads = 128;
+// Bytes one thread asks for: on sm_90 one bulk prefetch instruction, before that one
+// prefetch instruction per 128-byte line. A CTA lasts until its prefetches have landed and
+// one SM moves a few hundred GB/s, so the range is spread over many small CTAs (one CTA
+// of 128 threads x 64 KiB took 15 us for 4.5 MiB on an H100).
+constexpr unsigned int kChunkBytes = 4u << 10;
+constexpr unsigned int kThreads = 32;
 
 __global__ void __launch_bounds__(kThreads) prefetch_l2_kernel(const char* data, unsigned long long bytes) {
   const unsigned long long start = (static_cast<unsigned long long>(blockIdx.x) * kThreads + threadIdx.x) * kChunkBytes;
