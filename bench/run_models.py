@@ -83,8 +83,6 @@ def load_config(spec, tuning_db=None, profile="auto"):
                  "att32x128": {"backends": [{"cutlass": {"sm": 90, "attention_tile": "32x128"}}, "cublaslt",
                                             "builtin"]},
                  "att64x64": {"backends": [{"cutlass": {"sm": 90, "attention_tile": "64x64"}}, "cublaslt", "builtin"]},
-                 # without the weights' L2 prefetches (byoc/codegen/l2_prefetch.py)
-                 "noprefetch": {"target": "cuda -arch=sm_90 -l2_prefetch=0"},
                  "": {}}[variant]
     if tuning_db:
         overrides["tuning"] = {"profile": {"false": False, "true": True}.get(profile, profile), "tuning_db": tuning_db}

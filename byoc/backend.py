@@ -78,9 +78,6 @@ class Artifact:
     # the result is the argument's storage
     view_symbols: list = field(default_factory=list)
     kernels: dict = field(default_factory=dict)  # symbol -> kernel name (metadata, report.html)
-    # symbols whose calls read every byte of their constant operands (GEMM and conv
-    # weights): the host may prefetch those into L2 ahead of the call (codegen/l2_prefetch.py)
-    streamed_constants: list = field(default_factory=list)
 
     def __post_init__(self):
         if self.kind not in ARTIFACT_KINDS:

@@ -323,23 +323,6 @@ class _Builder:
         calls = [b.value for b in regions["main"].bindings if isinstance(b.value, Call)]
         return len(calls) == 1 and isinstance(calls[0].op, GlobalVar) and calls[0].op.name.startswith("cuda_graph")
 
-    def plan_l2_prefetch(self, plan, artifacts, cuda_graph: bool) -> list:
-        """Weights prefetched into L2 ahead of their readers (codegen/l2_prefetch.py): on
-        sm_90 and later (the bulk prefetch), in a CUDA graph (where the prefetch branches
-        cost no host time), as the cuda target's `l2_prefetch` MiB allow. Returns the
-        compile unit of the prefetch kernel when the plan has any."""
-        if not (self.cuda and cuda_graph and self.target.arch_number() >= 90):
-            return []
-        from .codegen.l2_prefetch import plan_l2_prefetch
-        streamed = {symbol for artifact in artifacts for symbol in artifact.streamed_constants}
-        if not plan_l2_prefetch(plan.calls, streamed, self.target.attrs.get("l2_prefetch", 0) << 20):
-            return []
-        from .runtime import RUNTIME_CUDA_DIR
-        from .toolchain import CompileUnit
-        source = RUNTIME_CUDA_DIR / "l2_prefetch.cu"
-        return [CompileUnit(source=source, language="cuda", flags=self.target.nvcc_flags(),
-                            output=f"runtime_l2_prefetch_{self.target.attrs['arch']}.o")]
-
     # ---- host code and the toolchain ------------------------------------------------------
     @staticmethod
     def compile_stats(compiled: dict, unit_backends: list) -> dict:
@@ -381,10 +364,9 @@ class _Builder:
         plan = plan_host(mod, workspace, output_names=output_names, static_io=graph_io == "copy",
                          view_symbols=view_symbols,
                          value_devices=value_devices, function_devices=function_devices)
-        prefetch_units = self.plan_l2_prefetch(plan, artifacts, cuda_graph)
         sidecar_wanted = self.cfg.params == "sidecar"
 
-        units, link_libraries, unit_backends = list(prefetch_units), [], ["host"] * len(prefetch_units)
+        units, link_libraries, unit_backends = [], [], []
         for artifact in artifacts:
             units.extend(artifact.compile_units)
             unit_backends.extend([artifact.backend] * len(artifact.compile_units))

@@ -47,9 +47,6 @@ TARGET_KINDS: dict[str, dict[str, AttrSchema]] = {
         "debug": AttrSchema(bool, False, None, "-g -lineinfo"),
         "pdl": AttrSchema(bool, True, None, "sm_90 and later: the built-in kernels launch with programmatic "
                           "dependent launch (start while the previous kernel drains, wait before touching memory)"),
-        "l2_prefetch": AttrSchema(int, 16, None, "sm_90 and later, with a CUDA graph: MiB of GEMM and conv weights "
-                                  "prefetched into L2 ahead of the calls that read them (0: none)",
-                                  check=lambda v: None if v >= 0 else "is negative; expected MiB (0: no prefetch)"),
     },
     "cpu": {
         "march": AttrSchema(str, "", None, "-march= for g++ (empty: the compiler's default)"),

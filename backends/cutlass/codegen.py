@@ -264,8 +264,7 @@ def codegen(functions: dict, target) -> list:
     units += attention_units(attention, SM_COUNT.get(sm, SM_COUNT[90]), workdir, flags, kernels, workspace,
                              tile=target.attrs.get("attention_tile") or "")
     return [Artifact(backend="cutlass", kind="source", symbols=list(functions),
-                     compile_units=units, workspace_bytes=workspace, kernels=kernels,
-                     streamed_constants=list(functions))]  # weights (and biases) are read whole
+                     compile_units=units, workspace_bytes=workspace, kernels=kernels)]
 
 
 def attention_units(attention: dict, sm_count: int, workdir: Path, flags: list, kernels: dict,

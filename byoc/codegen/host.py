@@ -273,11 +273,10 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
             raise BuildError(f"@{value.op.name} returns {binding.var.type}; extern functions return one tensor")
         runs_on_host = (function_devices is not None and value_devices is not None
                         and function_devices[value.op.name].device_type == "cpu")
-        args, constants = [], []
+        args = []
         for arg in value.args:
             if isinstance(arg, Constant):
                 args.append(place_constant(arg, runs_on_host).expression)
-                constants.append((args[-1], nbytes(arg.type)))
             elif isinstance(arg, Var) and arg in placements:
                 args.append(placements[arg].expression)
             else:
@@ -302,8 +301,7 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
         if symbol not in symbols:
             symbols.append(symbol)
         call = {"kind": "call", "symbol": symbol, "args": args, "results": [placements[var].expression],
-                "label": f"#{position} {comment_safe(var.name_hint)} = {symbol}",
-                "constants": [] if runs_on_host else constants}
+                "label": f"#{position} {comment_safe(var.name_hint)} = {symbol}"}
         if value_devices is not None:
             # A cpu function reads host memory the GPU may still be writing (a copy queued
             # on the stream): wait for the stream first.
@@ -423,7 +421,6 @@ def render_host(plan: HostPlan, *, cuda: bool, build_id: str, metadata: str, arc
         "extern_symbols": plan.extern_symbols, "calls": calls, "output_copies": plan.output_copies,
         "arch_number": arch_number or 0, "cuda_graph": cuda_graph and cuda, "input_copies": plan.input_copies,
         "graph_io": graph_io or "copy",
-        "l2_prefetch": bool(cuda and cuda_graph and any(call.get("prefetch") for call in plan.calls)),
         "stateful": stateful, "weights_checksum": weights_checksum,
         "devices": {"inputs_on_host": [str(v).lower() for v in plan.inputs_on_host],
                     "outputs_on_host": [str(v).lower() for v in plan.outputs_on_host],

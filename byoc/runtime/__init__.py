@@ -35,8 +35,6 @@ C_ABI_HEADER = Path(__file__).with_name("byoc_model.h")
 # The runtime's C/C++ headers (byoc_model.h, byoc_float16.h): on the include path of the
 # host code and of every CPU compile unit that converts 16-bit floats
 INCLUDE_DIR = C_ABI_HEADER.parent
-# The runtime's static CUDA sources (compiled per arch, linked into cuda models that use them)
-RUNTIME_CUDA_DIR = INCLUDE_DIR / "cuda"
 
 
 class Module:
