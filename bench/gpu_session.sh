@@ -102,28 +102,34 @@ case "$stage" in
       --torch-modes "${TORCH_MODES:-eager,default,reduce-overhead,max-autotune-no-cudagraphs}" \
       --budget-s "${BUDGET_S:-540}" "${merge[@]}" --cases "$@" 2>&1 | tee "$OUT/real_models.log" | tail -n 40 ;;
   suite)
-    # The whole table in one device command: every case exported and built first, side by
-    # side (one process per case, SUITE_JOBS nvcc jobs each, default 16 / cases), then one
-    # process checks and times each case with nothing else running (its torch.compile modes
-    # compile cold there), e.g.
+    # The whole table timed in one process: every case exported and built first
+    # (real_models.py --prebuild), then one process checks and times each case with nothing
+    # else running (its torch.compile modes compile cold there), e.g.
     #   bash bench/gpu_session.sh suite bert_base:1 bert_base:8 gpt2:1 vit_b16:8 resnet50:32
     # Environment as for `real` (CONFIGS, TORCH_MODES, MERGE_FROM, BYOC_GIT_COMMIT); BUDGET_S
     # counts from the start of this script, the prebuilds included.
+    # The builds run one after another, sharing the object cache: they are CPU-bound (on
+    # the H100 machine five cold builds side by side with 4 nvcc jobs each took 377 s, as
+    # long as one after another). SUITE_PHASE=build only builds,
+    # SUITE_PHASE=time only times what an earlier call on the same (still warm) machine
+    # built (the libraries stay in build/byoc-real, ignored by git, which the device keeps
+    # between calls); the default does both.
     [ $# -eq 0 ] && set -- bert_base:1 bert_base:8 gpt2:1 vit_b16:8 resnet50:32
-    jobs_each="${SUITE_JOBS:-$(( ($(nproc) + $# - 1) / $# ))}"
-    mkdir -p "$OUT/prebuild"
-    echo "$(date +%T) prebuild $# cases, $jobs_each compile jobs each"
-    for case in "$@"; do
-      PYTHONUNBUFFERED=1 python3 bench/real_models.py --prebuild --workdir /tmp/byoc-real --configs ${CONFIGS:-cuda_sm90} \
-        --tuning-db "${TUNING_DB:-backends/cutlass/tuning_sm90.json}" --profile "${PROFILE:-false}" \
-        --compile-jobs "$jobs_each" --builds-beside $(($# - 1)) --cases "$case" >"$OUT/prebuild/${case/:/_b}.log" 2>&1 &
-    done
-    wait
-    echo "$(date +%T) prebuilt:"; grep -h "built in\|FAILED" "$OUT"/prebuild/*.log
+    phase="${SUITE_PHASE:-both}"
+    if [ "$phase" != time ]; then
+      echo "$(date +%T) prebuild $# cases"
+      for case in "$@"; do
+        PYTHONUNBUFFERED=1 python3 bench/real_models.py --prebuild --workdir build/byoc-real --configs ${CONFIGS:-cuda_sm90} \
+          --tuning-db "${TUNING_DB:-backends/cutlass/tuning_sm90.json}" --profile "${PROFILE:-false}" \
+          --cases "$case" >>"$OUT/prebuild.log" 2>&1
+        echo "$(date +%T) $(grep -h "$case .*built in\|$case .*FAILED" "$OUT/prebuild.log" | tail -n 1)"
+      done
+    fi
+    [ "$phase" = build ] && exit 0
     merge_from="${MERGE_FROM:-bench/results/real_models.json}"
     merge=(); [ -f "$merge_from" ] && merge=(--merge-from "$merge_from")
     set -o pipefail
-    PYTHONUNBUFFERED=1 python3 bench/real_models.py --prebuilt --out "$OUT" --workdir /tmp/byoc-real \
+    PYTHONUNBUFFERED=1 python3 bench/real_models.py --prebuilt --out "$OUT" --workdir build/byoc-real \
       --profile-dir /tmp/byoc-real-profiles --configs ${CONFIGS:-cuda_sm90} \
       --tuning-db "${TUNING_DB:-backends/cutlass/tuning_sm90.json}" --profile "${PROFILE:-false}" \
       --torch-modes "${TORCH_MODES:-eager,default,reduce-overhead}" \

@@ -406,6 +406,13 @@ class _Builder:
             from .toolchain.compiler import cuda_include_dirs
             host_flags += [f"-I{d}" for d in cuda_include_dirs()]
         units.append(CompileUnit(source=host_path, language="cxx", flags=host_flags, output="host.o"))
+        # the static model runtime the tables of host.cc drive: compiled once per flavor
+        # (and flags) into the object cache
+        from .runtime import model_runtime_sources
+        runtime_flags = host_flags + [f"-DBYOC_RUNTIME_CUDA={int(self.cuda)}"]
+        units += [CompileUnit(source=source, language="cxx", flags=runtime_flags,
+                              output=f"{source.stem}_{'cuda' if self.cuda else 'cpu'}.o")
+                  for source in model_runtime_sources(self.cuda)]
 
         weights_path = self.workdir / "weights.bin"
         sidecar = None

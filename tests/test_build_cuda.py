@@ -63,12 +63,21 @@ def test_cuda_graph_build_copies_every_output_out_of_planned_storage(tmp_path):
                          input_shapes={k: v.shape for k, v in inputs.items()})
     host = (tmp_path / "w" / "host.cc").read_text()
     assert library.metadata["cuda_graph"]
-    run = host[host.index("int byoc_model_run("):]
-    launch = run.index("cudaGraphLaunch(")
-    for index in range(len(library.metadata["outputs"])):
-        assert run.index(f'"copying output {index}"') > launch
-    for index in range(len(library.metadata["inputs"])):
-        assert run.index(f'"copying input {index}"') < launch
+
+    def table(name):  # the rows of one of host.cc's tables, without the closing sentinel
+        rows = host[host.index(f"{name}[] = {{"):].split("};", 1)[0].splitlines()[1:-1]
+        return [row.strip() for row in rows]
+
+    # every caller tensor is copied (the runtime copies inputs in before the replay and
+    # outputs out after it), from and into planned storage ...
+    assert [row.split(",")[0] for row in table("kInputCopies")] == \
+        ["{" + str(i) for i in range(len(library.metadata["inputs"]))]
+    assert [row.split(",")[0] for row in table("kOutputCopies")] == \
+        ["{" + str(i) for i in range(len(library.metadata["outputs"]))]
+    assert all("{kArena," in row for row in table("kInputCopies") + table("kOutputCopies"))
+    # ... and no call reads or writes the caller's buffers
+    assert not any(row.startswith(("{kInput,", "{kOutput,")) for row in table("kRefs"))
+    assert "true, false,\n  " in host.split("byoc_model_spec = {")[1]  # cuda_graph, not graph_io "update"
 
 
 gpu = pytest.mark.skipif(not gpu_visible(), reason="no GPU visible")
@@ -196,6 +205,8 @@ def test_cuda_graph_update_mode_reads_and_writes_the_callers_tensors(tmp_path):
                config={"cuda_graph": True, "cuda_graph_io": "update", "precision": "float16"},
                workdir=str(tmp_path / "w"), input_shapes={k: v.shape for k, v in inputs.items()})
     host = (tmp_path / "w" / "host.cc").read_text()
-    run = host[host.index("int byoc_model_run("):]
-    assert "cudaGraphExecUpdate(" in run and "copying input" not in run
-    assert "in[0]" in host[host.index("static int run_calls("):host.index("int byoc_model_run(")]
+    spec = host.split("byoc_model_spec = {")[1]
+    assert "true, true,\n  " in spec  # cuda_graph, graph_io "update" (the runtime updates the graph)
+    assert "0, kInputCopies," in spec  # no staging copies
+    refs = host[host.index("kRefs[] = {"):].split("};", 1)[0]
+    assert "{kInput, 0ull}" in refs  # a call reads the caller's input itself

@@ -31,11 +31,17 @@ def embedding_model():
 
 @needs_nvcc
 def test_gather_reporting_compiles_into_the_host_code(tmp_path):
-    """The host code hands the shim its status word and numbers the calls (CI: no GPU)."""
+    """The cuda model runtime, which hands the shim its status word, is linked in, and the
+    call table labels the calls it numbers (CI: no GPU)."""
     model, _ = embedding_model()
-    byoc.build(model, target="cuda -arch=sm_90", config={"backends": ["builtin"]}, workdir=str(tmp_path / "w"))
+    library = byoc.build(model, target="cuda -arch=sm_90", config={"backends": ["builtin"]},
+                         workdir=str(tmp_path / "w"))
     host = (tmp_path / "w" / "host.cc").read_text()
-    assert "byoc_current_run_status" in host and "current_call = 1;" in host and "cudaHostAllocMapped" in host
+    calls = host[host.index("kCalls[] = {"):].split("};", 1)[0]
+    assert "\\0430 " in calls  # "#0 ...": the first call's label, as its reports name it
+    assert "model_runtime_cuda.o" in (tmp_path / "w" / "build.ninja").read_text()
+    symbols = subprocess.run(["nm", str(library.path)], capture_output=True, text=True).stdout
+    assert " byoc_current_run_status" in symbols
 
 
 @pytest.mark.gpu

@@ -398,29 +398,62 @@ def metadata_json(plan: HostPlan, *, build_id: str, target: str, arch: str | Non
     return json.dumps(metadata, sort_keys=True, separators=(",", ":"))
 
 
+# Where plan_host's C expressions point, as the runtime's Ref spaces (model_runtime.h)
+_SPACES = {"A": "kArena", "W": "kWeights", "H": "kHostArena", "P": "kPinnedArena", "HW": "kHostWeights"}
+_PLACEMENT = re.compile(r"^(?:(A|W|HW|H|P) \+ (\d+)|(in|out)\[(\d+)\])$")
+
+
+def runtime_ref(expression: str) -> tuple[str, int]:
+    """A placement expression of plan_host ("A + 256", "in[0]") as (Space, offset)."""
+    match = _PLACEMENT.match(expression)
+    if match is None:
+        raise BuildError(f"internal: placement {expression!r} is not one the model runtime knows")
+    if match.group(1):
+        return _SPACES[match.group(1)], int(match.group(2))
+    return ("kInput" if match.group(3) == "in" else "kOutput"), int(match.group(4))
+
+
 def render_host(plan: HostPlan, *, cuda: bool, build_id: str, metadata: str, arch_number: int | None,
                 weights_embedded: bool, weights_symbol: str = "byoc_weights_blob", cuda_graph: bool = False,
                 stateful: list | None = None, devices: bool = False, graph_io: str | None = None,
                 weights_checksum: int = 0) -> str:
-    """`stateful`: extern symbols with state per model instance (SYMBOL_init makes it at
+    """The model's tables for the static runtime (byoc/runtime/model_runtime.cc).
+    `stateful`: extern symbols with state per model instance (SYMBOL_init makes it at
     create, SYMBOL_destroy frees it, every call passes it first).
     `devices`: the plan places data on the host too (plan_host was given devices).
     `graph_io` (with cuda_graph): "copy" (the plan has static_io) or "update"."""
     stateful = list(stateful or [])
     state_of = {symbol: index for index, symbol in enumerate(stateful)}
-    calls = [dict(call, state=state_of.get(call.get("symbol")), label_literal=c_string_literal_body(call["label"]))
-             for call in plan.calls]
+    refs, calls = [], []
+    for call in plan.calls:
+        copy = call.get("kind") == "copy"
+        operands = [call["source"]] if copy else call["args"]
+        first = len(refs)
+        refs.extend(runtime_ref(expression) for expression in operands)
+        refs.append(runtime_ref(call["destination"] if copy else call["results"][0]))
+        symbol, state = call.get("symbol"), state_of.get(call.get("symbol"))
+        calls.append({
+            "function": symbol if not copy and state is None else "nullptr",
+            "stateful": symbol if state is not None else "nullptr",
+            "state": -1 if state is None else state, "is_copy": str(copy).lower(),
+            "on_host": str(bool(call.get("on_host"))).lower(), "sync_before": str(bool(call.get("sync_before"))).lower(),
+            "first_arg": first, "num_args": len(operands), "result": len(refs) - 1,
+            "bytes": call.get("bytes", 0) if copy else 0, "label_literal": c_string_literal_body(call["label"])})
     data = metadata.encode("utf-8")
     metadata_bytes = ",\n".join(", ".join(str(b) for b in data[i:i + 24]) for i in range(0, len(data), 24))
     return render_template("host/model.cc.j2", {
-        "cuda": cuda, "build_id": build_id, "metadata_bytes": metadata_bytes,
+        "build_id": build_id, "metadata_bytes": metadata_bytes,
         "weights": {"embedded": weights_embedded, "bytes": len(plan.weights), "symbol": weights_symbol},
         "arena_bytes": plan.arena_bytes, "workspace_bytes": plan.workspace_bytes,
         "inputs": [_tensor_entry(n, t) for n, t in plan.inputs],
         "outputs": [_tensor_entry(n, t) for n, t in plan.outputs],
-        "extern_symbols": plan.extern_symbols, "calls": calls, "output_copies": plan.output_copies,
-        "arch_number": arch_number or 0, "cuda_graph": cuda_graph and cuda, "input_copies": plan.input_copies,
-        "graph_io": graph_io or "copy",
+        "extern_symbols": plan.extern_symbols, "calls": calls, "refs": refs,
+        "max_args": max([0] + [call["num_args"] for call in calls]),
+        "input_copies": [{"tensor": c["input"], "ref": runtime_ref(c["destination"]), "bytes": c["bytes"]}
+                         for c in plan.input_copies],
+        "output_copies": [{"tensor": c["output"], "ref": runtime_ref(c["source"]), "bytes": c["bytes"]}
+                          for c in plan.output_copies],
+        "arch_number": arch_number or 0, "cuda_graph": cuda_graph and cuda, "graph_io": graph_io or "copy",
         "stateful": stateful, "weights_checksum": weights_checksum,
         "devices": {"inputs_on_host": [str(v).lower() for v in plan.inputs_on_host],
                     "outputs_on_host": [str(v).lower() for v in plan.outputs_on_host],

@@ -37,6 +37,12 @@ C_ABI_HEADER = Path(__file__).with_name("byoc_model.h")
 INCLUDE_DIR = C_ABI_HEADER.parent
 
 
+def model_runtime_sources(cuda: bool) -> list:
+    """The static model runtime's sources (its interface to a model's generated host code
+    is model_runtime.h); a cuda model's add the CUDA part."""
+    return [INCLUDE_DIR / "model_runtime.cc"] + ([INCLUDE_DIR / "model_runtime_cuda.cc"] if cuda else [])
+
+
 class Module:
     """A loaded model: run() it as often as you like; close() (or garbage collection)
     frees its memory. One Module runs one call at a time: its intermediate tensors live in

@@ -51,6 +51,8 @@ RESERVED_NAMES = frozenset("""
     kHostWorkspaceBytes shape_text dtype_text checked_data cuda_failed device_unavailable device_alloc device_free
     read_sidecar run_calls kWeightsChecksum kCallLabels current_status_word current_call
     take_reported_error overlaps check_no_overlap
+    kRefs kCalls kStates kInputCopies kOutputCopies kArena kWeights kInput kOutput kHostArena kPinnedArena
+    kHostWeights
 """.split())
 
 # Prefixes of the CUDA runtime, driver and library APIs and of the macros of byoc,

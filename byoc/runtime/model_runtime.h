@@ -1,0 +1,123 @@
+// What a model's generated host code (templates/host/model.cc.j2) gives the static model
+// runtime (model_runtime.cc): one ModelSpec, data only. The runtime implements the C ABI
+// (byoc_model.h) over it: create loads the weights and allocates, run checks the caller's
+// tensors and walks the call table (capturing it into a CUDA graph where the build says
+// so), destroy frees. The runtime is compiled once per target flavor (cpu, cuda) into the
+// object cache; only the tables are generated per model.
+#ifndef BYOC_MODEL_RUNTIME_H_
+#define BYOC_MODEL_RUNTIME_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+namespace byoc_runtime {
+
+// A caller tensor as the model declares it.
+struct TensorSpec {
+  const char* name;
+  int32_t ndim;
+  int64_t shape[8];
+  uint8_t code;
+  uint8_t bits;
+  const char* dtype;
+  uint64_t bytes;
+};
+
+// Where a call's operand or result lives: a byte offset into one of the model's memories,
+// or the caller's input / output number `offset`.
+enum Space : uint8_t {
+  kArena,        // the device (or, on the cpu, host) activation arena
+  kWeights,      // the weights the calls read (a device copy on cuda)
+  kInput,        // the caller's input #offset
+  kOutput,       // the caller's output #offset
+  kHostArena,    // PlanDevices' pageable host arena (cuda builds with data on the host)
+  kPinnedArena,  // its page-locked staging arena
+  kHostWeights,  // the weights in host memory, for cpu functions of a cuda build
+};
+
+struct Ref {
+  Space space;
+  uint64_t offset;
+};
+
+using ExternFunction = int (*)(void* const* args, void* const* results, void* workspace, size_t workspace_bytes,
+                               void* stream);
+using StatefulFunction = int (*)(void* state, void* const* args, void* const* results, void* workspace,
+                                 size_t workspace_bytes, void* stream);
+
+// One step of run(), in order: an extern call (`function`, or `stateful` with its state
+// number) on refs[first_arg .. first_arg + num_args) writing refs[result], or a copy of
+// `bytes` from refs[first_arg] to refs[result] (a device_copy between memories).
+struct Call {
+  ExternFunction function;
+  StatefulFunction stateful;
+  int32_t state;
+  bool is_copy;
+  bool on_host;      // a cpu function of a cuda build: host arenas, host workspace, no stream
+  bool sync_before;  // wait for the stream first (the cpu function reads what the GPU wrote)
+  uint32_t first_arg;
+  uint32_t num_args;
+  uint32_t result;
+  uint64_t bytes;
+  const char* label;  // "#position value = symbol", octal-escaped
+};
+
+// A caller tensor copied to (inputs, before a CUDA graph) or from (outputs) `ref`.
+struct Copy {
+  int32_t tensor;
+  Ref ref;
+  uint64_t bytes;
+};
+
+// Functions with state per model instance (JSON engines): init makes it at create,
+// destroy frees it.
+struct State {
+  int (*init)(const void* weights, size_t weights_bytes, void** state);
+  void (*destroy)(void* state);
+};
+
+struct ModelSpec {
+  const char* metadata;  // the metadata JSON
+  const char* build_id;
+  int32_t arch_number;   // cuda: the sm the kernels were compiled for
+  const unsigned char* embedded_weights;  // nullptr: a .safetensors sidecar holds them
+  uint64_t weights_bytes;
+  uint64_t weights_checksum;  // byoc_blob_checksum of the weights
+  uint64_t arena_bytes;
+  uint64_t workspace_bytes;
+  int32_t num_inputs;
+  int32_t num_outputs;
+  const TensorSpec* inputs;
+  const TensorSpec* outputs;
+  // PlanDevices put data on the host too (cuda): which caller tensors are in host memory
+  // and the host-side buffers; run() ends by synchronizing when an output is on the host.
+  bool devices;
+  const bool* input_on_host;
+  const bool* output_on_host;
+  uint64_t host_arena_bytes;
+  uint64_t pinned_arena_bytes;
+  uint64_t host_workspace_bytes;
+  bool sync_at_end;
+  // CUDA graph: capture the calls on the second run and replay them; "update" mode
+  // captures the caller's pointers (new pointers update the graph), else the inputs are
+  // copied into planned storage first (input_copies) and every output out last.
+  bool cuda_graph;
+  bool graph_io_update;
+  int32_t num_calls;
+  uint32_t max_args;  // the most operands of one call
+  const Call* calls;
+  const Ref* refs;
+  int32_t num_states;
+  const State* states;
+  int32_t num_input_copies;
+  const Copy* input_copies;
+  int32_t num_output_copies;  // outputs no call writes into the caller's buffer
+  const Copy* output_copies;
+};
+
+}  // namespace byoc_runtime
+
+// Defined by the model's host code.
+extern "C" const byoc_runtime::ModelSpec byoc_model_spec;
+
+#endif  // BYOC_MODEL_RUNTIME_H_

@@ -1,0 +1,238 @@
+// The model runtime's CUDA part (cuda models only): the device check, device memory and
+// streams, the kernels' status word, and running the calls as a CUDA graph.
+#include <cstdio>
+#include <cstdlib>
+#include <new>
+#include <string>
+
+#include "model_runtime_internal.h"
+
+#define BYOC_EXPORT extern "C" __attribute__((visibility("default")))
+
+// Errors kernels find while they run (an out-of-range Gather index, clamped): the shim asks
+// for the running model's status word (mapped host memory) and the number of the call being
+// launched, and its kernels write that number there. A later byoc_model_run or
+// byoc_model_status reports it, once the run has finished.
+namespace byoc_runtime {
+namespace internal {
+thread_local unsigned int* current_status_word = nullptr;
+thread_local unsigned int current_call = 0;
+}  // namespace internal
+}  // namespace byoc_runtime
+
+extern "C" __attribute__((visibility("hidden"))) void byoc_current_run_status(unsigned int** word,
+                                                                               unsigned int* call) {
+  *word = byoc_runtime::internal::current_status_word;
+  *call = byoc_runtime::internal::current_call;
+}
+
+namespace byoc_runtime {
+namespace internal {
+
+namespace {
+
+// byoc_model_create's device queries: where there is no GPU or no driver, say so in those
+// words (the CUDA runtime's own message for a machine without a driver is "CUDA driver
+// version is insufficient for CUDA runtime version").
+int device_unavailable(cudaError_t status, const char* what) {
+  const std::string arch = "sm_" + std::to_string(spec.arch_number);
+  if (status == cudaErrorInsufficientDriver) {
+    return fail("this model runs on an NVIDIA GPU (built for " + arch + "), but this machine has no NVIDIA "
+                "driver, or one older than its CUDA " + std::to_string(CUDART_VERSION / 1000) + "." +
+                std::to_string(CUDART_VERSION % 1000 / 10) + " runtime needs (libcuda.so.1); install or update the "
+                "NVIDIA driver, or build the model for the cpu target");
+  }
+  if (status == cudaErrorNoDevice) {
+    return fail("this model runs on an NVIDIA GPU (built for " + arch + "), but no CUDA device is visible "
+                "(is CUDA_VISIBLE_DEVICES empty?); run it on a machine with one, or build the model for the cpu target");
+  }
+  return cuda_failed(status, what);
+}
+
+}  // namespace
+
+int cuda_failed(cudaError_t status, const char* what) {
+  if (status == cudaSuccess) return 0;
+  return fail(std::string(what) + ": " + cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")");
+}
+
+int device_alloc(unsigned char** out, uint64_t bytes, const char* what) {
+  *out = nullptr;
+  if (bytes == 0) return 0;
+  return cuda_failed(cudaMalloc(reinterpret_cast<void**>(out), bytes), what);
+}
+
+void device_free(unsigned char* p) {
+  if (p) cudaFree(p);
+}
+
+// The device this process runs on must be the arch the kernels were compiled for.
+int check_device() {
+  int device = 0;
+  cudaError_t queried = cudaGetDevice(&device);
+  if (queried != cudaSuccess) return device_unavailable(queried, "cudaGetDevice");
+  cudaDeviceProp props;
+  queried = cudaGetDeviceProperties(&props, device);
+  if (queried != cudaSuccess) return device_unavailable(queried, "cudaGetDeviceProperties");
+  const int arch = props.major * 10 + props.minor;
+  if (arch != spec.arch_number) {
+    return fail("this model was built for sm_" + std::to_string(spec.arch_number) + ", but CUDA device " +
+                std::to_string(device) + " (" + props.name + ") is sm_" + std::to_string(arch) +
+                "; rebuild it with target 'cuda -arch=sm_" + std::to_string(arch) + "'");
+  }
+  return 0;
+}
+
+// Device memory, the status word, the capture stream and the host-side buffers.
+int allocate_cuda(byoc_model* model, const unsigned char* host_weights, unsigned char** sidecar) {
+  if (device_alloc(&model->weights, spec.weights_bytes, "allocating the weights") ||
+      (spec.weights_bytes && cuda_failed(cudaMemcpy(model->weights, host_weights, spec.weights_bytes,
+                                                    cudaMemcpyHostToDevice), "copying the weights to the device"))) {
+    return 1;
+  }
+  model->owns_weights = true;
+  if (spec.devices) {
+    model->host_weights = host_weights;
+    model->owned_host_weights = *sidecar;  // cpu functions read the weights from it
+    *sidecar = nullptr;
+  }
+  if (device_alloc(&model->arena, spec.arena_bytes, "allocating the activation arena") ||
+      device_alloc(&model->workspace, spec.workspace_bytes, "allocating the workspace")) {
+    return 1;
+  }
+  // Mapped (and, with unified addressing, the same pointer on the device): kernels write it
+  // and the host reads it without a copy or a synchronization.
+  if (cuda_failed(cudaHostAlloc(reinterpret_cast<void**>(&model->status_word), sizeof(unsigned int),
+                                cudaHostAllocMapped), "allocating the status word")) {
+    return 1;
+  }
+  *model->status_word = 0;
+  if (spec.cuda_graph) {
+    if (cuda_failed(cudaStreamCreateWithFlags(&model->capture_stream, cudaStreamNonBlocking),
+                    "creating the capture stream")) {
+      return 1;
+    }
+    model->graph_in = new (std::nothrow) void*[spec.num_inputs + 1]();
+    model->graph_out = new (std::nothrow) void*[spec.num_outputs + 1]();
+    if (model->graph_in == nullptr || model->graph_out == nullptr) return fail("out of host memory");
+  }
+  if (!spec.devices) return 0;
+  // Host-side buffers: 256-byte aligned like the planned offsets; the staging arena is
+  // page-locked so that copies to and from the GPU run asynchronously on the stream.
+  if (spec.host_arena_bytes) {
+    model->host_arena = static_cast<unsigned char*>(std::aligned_alloc(256, (spec.host_arena_bytes + 255) / 256 * 256));
+  }
+  if (spec.host_workspace_bytes) {
+    model->host_workspace =
+        static_cast<unsigned char*>(std::aligned_alloc(256, (spec.host_workspace_bytes + 255) / 256 * 256));
+  }
+  if ((spec.host_arena_bytes && model->host_arena == nullptr) ||
+      (spec.host_workspace_bytes && model->host_workspace == nullptr)) {
+    return fail("out of host memory allocating the host arena");
+  }
+  if (spec.pinned_arena_bytes &&
+      cuda_failed(cudaMallocHost(reinterpret_cast<void**>(&model->pinned_arena), spec.pinned_arena_bytes),
+                  "allocating the pinned host arena")) {
+    return 1;
+  }
+  return 0;
+}
+
+// An error a kernel of an earlier run wrote into the status word (see
+// byoc_current_run_status): reported once, then cleared.
+int take_reported_error(byoc_model* model) {
+  volatile unsigned int* word = model->status_word;
+  const unsigned int call = *word;
+  if (call == 0) return 0;
+  *word = 0;
+  const char* label = call >= 1 && call <= static_cast<unsigned int>(spec.num_calls) ? spec.calls[call - 1].label : "?";
+  return fail(std::string("an earlier run of this model read indices out of range in call ") + label +
+              " (clamped to the nearest valid index, so its outputs are wrong); expected every index in "
+              "[-size, size) of its axis");
+}
+
+// CUDA graph: the first run executes the calls directly, the second captures them, later
+// runs replay the graph. "copy": the calls always see the same (planned) pointers, the
+// caller's tensors are copied in before and out after. "update": the graph reads and
+// writes the caller's tensors; other pointers re-capture it and update the executable
+// graph in place.
+int run_graph(byoc_model* model, void* const* in, void* const* out, cudaStream_t run_stream) {
+  bool same_pointers = model->graph_exec != nullptr;
+  if (spec.graph_io_update) {
+    for (int32_t i = 0; same_pointers && i < spec.num_inputs; ++i) same_pointers = model->graph_in[i] == in[i];
+    for (int32_t i = 0; same_pointers && i < spec.num_outputs; ++i) same_pointers = model->graph_out[i] == out[i];
+  }
+  for (int32_t i = 0; i < spec.num_input_copies; ++i) {
+    const byoc_runtime::Copy& copy = spec.input_copies[i];
+    if (cuda_failed(cudaMemcpyAsync(resolve(model, copy.ref, in, out), in[copy.tensor], copy.bytes,
+                                    cudaMemcpyDeviceToDevice, run_stream),
+                    ("copying input " + std::to_string(copy.tensor)).c_str())) {
+      return 1;
+    }
+  }
+  if (same_pointers) {
+    return cuda_failed(cudaGraphLaunch(model->graph_exec, run_stream), "replaying the CUDA graph");
+  }
+  if (!model->warmed_up || model->capture_failed) {
+    if (run_calls(model, in, out, run_stream) != 0) return 1;
+    model->warmed_up = true;
+    return 0;
+  }
+  // Thread-local mode: only this thread's unsafe calls (an allocation, a synchronization)
+  // end the capture; other threads' calls do not.
+  if (cuda_failed(cudaStreamBeginCapture(model->capture_stream, cudaStreamCaptureModeThreadLocal),
+                  "starting CUDA graph capture")) {
+    return 1;
+  }
+  const int status = run_calls(model, in, out, model->capture_stream);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(model->capture_stream, &graph);
+  cudaError_t made = cudaErrorUnknown;
+  const bool captured = status == 0 && ended == cudaSuccess && graph != nullptr;
+  if (captured && model->graph_exec != nullptr) {
+    // ("update": same calls, other pointers) update the executable graph in place,
+    // cheaper than a new instantiation; where the update is refused, instantiate anew.
+    cudaGraphExecUpdateResultInfo update_info;
+    made = cudaGraphExecUpdate(model->graph_exec, graph, &update_info);
+    if (made != cudaSuccess) {
+      cudaGetLastError();
+      cudaGraphExecDestroy(model->graph_exec);
+      model->graph_exec = nullptr;
+    }
+  }
+  if (captured && model->graph_exec == nullptr) {
+    cudaGraphExec_t instantiated = nullptr;
+    made = cudaGraphInstantiate(&instantiated, graph, 0);
+    if (made == cudaSuccess) model->graph_exec = instantiated;
+  }
+  if (spec.graph_io_update && made == cudaSuccess) {
+    for (int32_t i = 0; i < spec.num_inputs; ++i) model->graph_in[i] = in[i];
+    for (int32_t i = 0; i < spec.num_outputs; ++i) model->graph_out[i] = out[i];
+  }
+  if (graph) cudaGraphDestroy(graph);
+  if (made != cudaSuccess) {
+    // Something in the calls cannot be captured (a backend that synchronizes or allocates
+    // at run time): run them directly from now on, this run included.
+    cudaGetLastError();
+    if (model->graph_exec != nullptr) cudaGraphExecDestroy(model->graph_exec);
+    model->graph_exec = nullptr;
+    model->capture_failed = true;
+    std::fprintf(stderr, "byoc: CUDA graph capture failed (%s); the model runs without a graph\n",
+                 status != 0 ? byoc_last_error() : cudaGetErrorString(ended != cudaSuccess ? ended : made));
+    return run_calls(model, in, out, run_stream);
+  }
+  return cuda_failed(cudaGraphLaunch(model->graph_exec, run_stream), "launching the CUDA graph");
+}
+
+}  // namespace internal
+}  // namespace byoc_runtime
+
+using byoc_runtime::internal::fail;
+using byoc_runtime::internal::take_reported_error;
+
+// 0 when every finished run of the model went well; else 1 and byoc_last_error() names the
+// call whose kernel found an error (reported once). Does not wait for queued work.
+BYOC_EXPORT int byoc_model_status(byoc_model* model) {
+  if (model == nullptr) return fail("byoc_model_status: the model is NULL");
+  return take_reported_error(model);
+}

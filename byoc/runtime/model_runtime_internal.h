@@ -1,0 +1,82 @@
+// Shared by the model runtime's translation units (model_runtime.cc, and for cuda models
+// model_runtime_cuda.cc): the model instance and the helpers both use. Not an interface
+// of the generated code (that is model_runtime.h).
+#ifndef BYOC_MODEL_RUNTIME_INTERNAL_H_
+#define BYOC_MODEL_RUNTIME_INTERNAL_H_
+
+#include <string>
+
+#include "byoc_model.h"
+#include "model_runtime.h"
+
+#if BYOC_RUNTIME_CUDA
+#include <cuda_runtime.h>
+#endif
+
+struct byoc_model {
+  unsigned char* weights = nullptr;  // device copy (cuda) or host copy (sidecar)
+  bool owns_weights = false;
+  unsigned char* arena = nullptr;
+  unsigned char* workspace = nullptr;
+  void** states = nullptr;  // per-instance state of the stateful functions (spec.states)
+#if BYOC_RUNTIME_CUDA
+  unsigned int* status_word = nullptr;  // mapped host memory; see byoc_current_run_status
+  cudaGraphExec_t graph_exec = nullptr;
+  // The stream the calls are captured on: the model's own and non-blocking, so that work
+  // other threads put on the legacy default stream meanwhile neither joins the capture nor
+  // breaks it (a capturing blocking stream would be made to wait on the legacy stream).
+  // Capturing executes nothing: the graph is launched on the caller's stream, in its order.
+  cudaStream_t capture_stream = nullptr;
+  // The first run is not captured: library handles, kernel modules and plans that set
+  // themselves up on first use do so outside the capture. The second run captures.
+  bool warmed_up = false;
+  bool capture_failed = false;  // then every run executes the calls directly
+  // ("update") the caller's pointers the graph was captured with: other pointers
+  // re-capture it and update the executable graph in place (cudaGraphExecUpdate).
+  void** graph_in = nullptr;
+  void** graph_out = nullptr;
+  const unsigned char* host_weights = nullptr;  // the weights in host memory, for cpu functions
+  unsigned char* owned_host_weights = nullptr;  // the sidecar's bytes, kept for them
+  unsigned char* host_arena = nullptr;
+  unsigned char* pinned_arena = nullptr;
+  unsigned char* host_workspace = nullptr;
+#endif
+};
+
+namespace byoc_runtime {
+namespace internal {
+
+extern const ModelSpec& spec;  // the model's tables (byoc_model_spec)
+
+// Sets byoc_last_error() (thread-local) and returns 1.
+int fail(const std::string& message);
+// The address a Ref names in this run.
+void* resolve(const byoc_model* model, const Ref& ref, void* const* in, void* const* out);
+// Copies `bytes` in stream order (cuda) or at once (cpu).
+int copy_bytes(void* destination, const void* source, uint64_t bytes, void* stream, const char* what);
+// The calls in order, on `stream`.
+int run_calls(byoc_model* model, void* const* in, void* const* out, void* stream);
+// The activation arena, the workspace: device memory on cuda, 256-byte aligned host memory on the cpu.
+int device_alloc(unsigned char** out, uint64_t bytes, const char* what);
+void device_free(unsigned char* p);
+
+#if BYOC_RUNTIME_CUDA
+// The number of the call being launched, for the kernels' status word (byoc_current_run_status).
+extern thread_local unsigned int* current_status_word;
+extern thread_local unsigned int current_call;
+
+int cuda_failed(cudaError_t status, const char* what);
+// The device this process runs on must be the arch the kernels were compiled for.
+int check_device();
+// Device memory, the status word, the capture stream and the host-side buffers.
+int allocate_cuda(byoc_model* model, const unsigned char* host_weights, unsigned char** sidecar);
+// An error a kernel of an earlier run reported into the status word: once, then cleared.
+int take_reported_error(byoc_model* model);
+// run() with a CUDA graph: direct, then capture, then replay.
+int run_graph(byoc_model* model, void* const* in, void* const* out, cudaStream_t run_stream);
+#endif
+
+}  // namespace internal
+}  // namespace byoc_runtime
+
+#endif  // BYOC_MODEL_RUNTIME_INTERNAL_H_
