@@ -343,7 +343,7 @@ class _Builder:
 
     def link(self, mod, artifacts, output_names, report) -> Library:
         from .codegen.host import (blob_checksum, metadata_json, plan_host, render_host,
-                                   render_weights_assembly, write_safetensors)
+                                   render_blob_assembly, write_safetensors)
         from .toolchain import CompileUnit, compile_units, link_shared
         workspace = {}
         for artifact in artifacts:
@@ -393,7 +393,7 @@ class _Builder:
                                  cuda_graph=cuda_graph,
                                  partition_report=report.to_json() if report is not None else None, graph=graph)
         arch_number = int("".join(ch for ch in arch if ch.isdigit())) if arch else None
-        host_source = render_host(plan, cuda=self.cuda, build_id=build_id, metadata=metadata,
+        host_source = render_host(plan, cuda=self.cuda, build_id=build_id,
                                   arch_number=arch_number, weights_embedded=not sidecar_wanted,
                                   cuda_graph=cuda_graph, graph_io=graph_io,
                                   stateful=[s for a in artifacts for s in a.stateful_symbols],
@@ -424,9 +424,17 @@ class _Builder:
             assembly = self.workdir / "weights.S"
             # .incbin finds the blob through the assembler's include path, so the source
             # (and its cache key) does not depend on where the build happens.
-            assembly.write_text(render_weights_assembly(weights_path.name))
+            assembly.write_text(render_blob_assembly(weights_path.name, "byoc_weights_blob", "The model's weights"))
             units.append(CompileUnit(source=assembly, language="asm", flags=[f"-Wa,-I,{self.workdir}"],
                                      output="weights.o", dependencies=[weights_path]))
+        # the metadata JSON the same way: a C array of it compiled for seconds (BERT-base's
+        # partition report and execution graph)
+        metadata_path = self.workdir / "metadata.bin"
+        metadata_path.write_bytes(metadata.encode("utf-8"))
+        assembly = self.workdir / "metadata.S"
+        assembly.write_text(render_blob_assembly(metadata_path.name, "byoc_metadata_json", "The metadata JSON"))
+        units.append(CompileUnit(source=assembly, language="asm", flags=[f"-Wa,-I,{self.workdir}"],
+                                 output="metadata.o", dependencies=[metadata_path]))
 
         compiled = {}
         progress = getattr(self, "progress", None) or _Progress()

@@ -4,7 +4,8 @@
 of calls to extern globals) and decides where every tensor lives: inputs and outputs are
 the caller's, constants go into one weights blob, everything else into one activation
 arena (offsets from the memory planner, 256-byte aligned). `render_host(plan, ...)` turns
-that plan into source text from templates/host/model.cc.j2.
+that plan into the tables (templates/host/model.cc.j2) the static model runtime
+(byoc/runtime/model_runtime.cc) runs the model from.
 """
 from __future__ import annotations
 
@@ -413,11 +414,14 @@ def runtime_ref(expression: str) -> tuple[str, int]:
     return ("kInput" if match.group(3) == "in" else "kOutput"), int(match.group(4))
 
 
-def render_host(plan: HostPlan, *, cuda: bool, build_id: str, metadata: str, arch_number: int | None,
-                weights_embedded: bool, weights_symbol: str = "byoc_weights_blob", cuda_graph: bool = False,
+def render_host(plan: HostPlan, *, cuda: bool, build_id: str, arch_number: int | None,
+                weights_embedded: bool, weights_symbol: str = "byoc_weights_blob",
+                metadata_symbol: str = "byoc_metadata_json", cuda_graph: bool = False,
                 stateful: list | None = None, devices: bool = False, graph_io: str | None = None,
                 weights_checksum: int = 0) -> str:
-    """The model's tables for the static runtime (byoc/runtime/model_runtime.cc).
+    """The model's tables for the static runtime (byoc/runtime/model_runtime.cc). The
+    metadata JSON and the weights are embedded by assembler files (render_blob_assembly)
+    under `metadata_symbol` and `weights_symbol`.
     `stateful`: extern symbols with state per model instance (SYMBOL_init makes it at
     create, SYMBOL_destroy frees it, every call passes it first).
     `devices`: the plan places data on the host too (plan_host was given devices).
@@ -429,8 +433,9 @@ def render_host(plan: HostPlan, *, cuda: bool, build_id: str, metadata: str, arc
         copy = call.get("kind") == "copy"
         operands = [call["source"]] if copy else call["args"]
         first = len(refs)
-        refs.extend(runtime_ref(expression) for expression in operands)
-        refs.append(runtime_ref(call["destination"] if copy else call["results"][0]))
+        call_refs = [runtime_ref(expression) for expression in operands]
+        call_refs.append(runtime_ref(call["destination"] if copy else call["results"][0]))
+        refs.extend(call_refs)
         symbol, state = call.get("symbol"), state_of.get(call.get("symbol"))
         calls.append({
             "function": symbol if not copy and state is None else "nullptr",
@@ -438,16 +443,15 @@ def render_host(plan: HostPlan, *, cuda: bool, build_id: str, metadata: str, arc
             "state": -1 if state is None else state, "is_copy": str(copy).lower(),
             "on_host": str(bool(call.get("on_host"))).lower(), "sync_before": str(bool(call.get("sync_before"))).lower(),
             "first_arg": first, "num_args": len(operands), "result": len(refs) - 1,
-            "bytes": call.get("bytes", 0) if copy else 0, "label_literal": c_string_literal_body(call["label"])})
-    data = metadata.encode("utf-8")
-    metadata_bytes = ",\n".join(", ".join(str(b) for b in data[i:i + 24]) for i in range(0, len(data), 24))
+            "bytes": call.get("bytes", 0) if copy else 0, "label_literal": c_string_literal_body(call["label"]),
+            "refs_row": ", ".join(f"{{{space}, {offset}ull}}" for space, offset in call_refs)})
     return render_template("host/model.cc.j2", {
-        "build_id": build_id, "metadata_bytes": metadata_bytes,
+        "build_id": build_id, "metadata_symbol": metadata_symbol,
         "weights": {"embedded": weights_embedded, "bytes": len(plan.weights), "symbol": weights_symbol},
         "arena_bytes": plan.arena_bytes, "workspace_bytes": plan.workspace_bytes,
         "inputs": [_tensor_entry(n, t) for n, t in plan.inputs],
         "outputs": [_tensor_entry(n, t) for n, t in plan.outputs],
-        "extern_symbols": plan.extern_symbols, "calls": calls, "refs": refs,
+        "extern_symbols": plan.extern_symbols, "calls": calls,
         "max_args": max([0] + [call["num_args"] for call in calls]),
         "input_copies": [{"tensor": c["input"], "ref": runtime_ref(c["destination"]), "bytes": c["bytes"]}
                          for c in plan.input_copies],
@@ -463,11 +467,11 @@ def render_host(plan: HostPlan, *, cuda: bool, build_id: str, metadata: str, arc
     })
 
 
-def render_weights_assembly(blob_path_literal: str, symbol: str = "byoc_weights_blob") -> str:
-    """An assembler file that embeds the weights blob with .incbin (fast for any size,
-    unlike a C array). The symbol is hidden so that two models loaded in one process do
-    not see each other's weights."""
-    return render_template("host/weights.S.j2", {"symbol": symbol, "path": blob_path_literal})
+def render_blob_assembly(blob_path_literal: str, symbol: str, what: str) -> str:
+    """An assembler file that embeds a file (the weights blob, the metadata JSON) with
+    .incbin (fast for any size, unlike a C array), NUL-terminated. The symbol is hidden so
+    that two models loaded in one process do not see each other's."""
+    return render_template("host/blob.S.j2", {"symbol": symbol, "path": blob_path_literal, "what": what})
 
 
 def write_safetensors(path, blob: bytes, build_id: str):
