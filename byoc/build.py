@@ -337,9 +337,11 @@ class _Builder:
             entry["units"] += 1
             entry["compiled"] += index in compiled_units
         total_compiled = len(compiled.get("compiled", ()))
+        slowest = sorted(compiled.get("unit_seconds", {}).items(), key=lambda item: -item[1])[:5]
         return {"compile_units": compiled.get("units", 0), "compiled": total_compiled,
                 "cached": compiled.get("units", 0) - total_compiled,
-                "compile_seconds": compiled.get("compile_seconds", 0.0), "backends": per_backend}
+                "compile_seconds": compiled.get("compile_seconds", 0.0), "backends": per_backend,
+                "slowest_units": [{"source": name, "seconds": seconds} for name, seconds in slowest]}
 
     def link(self, mod, artifacts, output_names, report) -> Library:
         from .codegen.host import (blob_checksum, metadata_json, plan_host, render_host,
@@ -410,8 +412,7 @@ class _Builder:
         # (and flags) into the object cache
         from .runtime import model_runtime_sources
         runtime_flags = host_flags + [f"-DBYOC_RUNTIME_CUDA={int(self.cuda)}"]
-        units += [CompileUnit(source=source, language="cxx", flags=runtime_flags,
-                              output=f"{source.stem}_{'cuda' if self.cuda else 'cpu'}.o")
+        units += [CompileUnit(source=source, language="cxx", flags=runtime_flags, output=f"{source.stem}.o")
                   for source in model_runtime_sources(self.cuda)]
 
         weights_path = self.workdir / "weights.bin"

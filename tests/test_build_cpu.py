@@ -251,6 +251,13 @@ def test_build_stats_count_compiled_and_cached_units(tmp_path, monkeypatch):
     assert sum(entry["units"] for entry in cold["backends"].values()) == cold["compile_units"]
     assert cold["seconds"] >= cold["compile_seconds"] > 0
     assert json.loads((tmp_path / "warm" / "build_stats.json").read_text()) == warm
+    # the slowest compiles of the cold build, each timed by ninja (none in the warm one)
+    sources = {unit.name for unit in (tmp_path / "cold").iterdir()} | {"model_runtime.cc"}
+    slowest = cold["slowest_units"]
+    assert 1 <= len(slowest) <= 5 and warm["slowest_units"] == []
+    assert [u["seconds"] for u in slowest] == sorted((u["seconds"] for u in slowest), reverse=True)
+    assert all(u["seconds"] >= 0 for u in slowest)
+    assert any(u["source"] in sources for u in slowest), slowest
 
 
 def test_reshapes_are_views_not_calls(tmp_path):

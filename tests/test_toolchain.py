@@ -428,3 +428,14 @@ def test_default_compile_jobs_are_bounded_by_cpus_and_available_memory(monkeypat
     monkeypatch.setattr(ninja.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(ninja, "available_memory", lambda: 100 * ninja.MEMORY_PER_JOB)
     assert ninja.default_jobs() == 2
+
+
+def test_edge_seconds_reads_the_last_run_of_each_output_from_the_ninja_log(tmp_path):
+    from byoc.toolchain.ninja import edge_seconds
+    (tmp_path / ".ninja_log").write_text("# ninja log v7\n"
+                                         "0\t1500\t1\tobj/a.o\tff\n"
+                                         "10\t30010\t1\tobj/b.o\tee\n"
+                                         "0\t2500\t2\tobj/a.o\tdd\n"  # a later run of a.o wins
+                                         "garbage line\n")
+    assert edge_seconds(tmp_path, ["obj/a.o", "obj/b.o", "obj/c.o"]) == {"obj/a.o": 2.5, "obj/b.o": 30.0}
+    assert edge_seconds(tmp_path / "missing", ["obj/a.o"]) == {}

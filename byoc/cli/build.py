@@ -8,12 +8,15 @@ from .common import add_input_shape_option, parse_dims, parse_input_shapes
 
 
 def describe_build_stats(stats: dict) -> str:
-    """One line: build time, compile units compiled vs cached, per backend."""
+    """One line: build time, compile units compiled vs cached, per backend, and the
+    slowest compiles (what bounds a cold build's time)."""
     per_backend = ", ".join(f"{name} {entry['compiled']}/{entry['units']}"
                             for name, entry in sorted(stats.get("backends", {}).items()))
+    slowest = [unit for unit in stats.get("slowest_units", []) if unit["seconds"] >= 1.0][:3]
     return (f"built in {stats.get('seconds', 0):.1f} s: {stats.get('compile_units', 0)} compile units, "
             f"{stats.get('compiled', 0)} compiled ({stats.get('compile_seconds', 0):.1f} s), "
-            f"{stats.get('cached', 0)} from the object cache; compiled/units per backend: {per_backend or '-'}")
+            f"{stats.get('cached', 0)} from the object cache; compiled/units per backend: {per_backend or '-'}"
+            + ("; slowest: " + ", ".join(f"{u['source']} {u['seconds']:.0f} s" for u in slowest) if slowest else ""))
 
 
 def build_arguments(parser: argparse.ArgumentParser):

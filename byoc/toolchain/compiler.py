@@ -26,7 +26,7 @@ from typing import Callable
 
 from ..errors import BuildError, CompileError
 from . import cache
-from .ninja import NinjaEdge, add_link_edge, ninja_path, run_ninja, write_build_ninja
+from .ninja import NinjaEdge, add_link_edge, edge_seconds, ninja_path, run_ninja, write_build_ninja
 
 LANGUAGES = ("cxx", "cuda", "asm")
 _RULE_OF_LANGUAGE = {"cxx": "cxx_compile", "cuda": "cuda_compile", "asm": "asm_compile"}
@@ -337,6 +337,10 @@ def compile_units(units: list, workdir, jobs: int | None = None,
                              f"commands in {build_file}")
     if stats is not None:
         stats["compile_seconds"] = round(time.perf_counter() - started, 2)
+        # each compiled unit's own time (the slowest bound a parallel build)
+        timed = edge_seconds(workdir, to_build)
+        stats["unit_seconds"] = {Path(unit.source).name: timed[output] for unit in units
+                                 for output in [ninja_path(workdir, objects_dir / unit.output)] if output in timed}
     return [objects_dir / unit.output for unit in units]
 
 

@@ -100,6 +100,22 @@ def add_link_edge(workdir: Path, edge: NinjaEdge) -> Path:
     return path
 
 
+def edge_seconds(workdir: Path, outputs) -> dict:
+    """How long ninja's last run of each of `outputs` took (seconds, from .ninja_log: one
+    line per edge run, "start_ms end_ms mtime output hash"); outputs it has no entry for
+    are left out."""
+    wanted, seconds = set(outputs), {}
+    try:
+        lines = (Path(workdir) / ".ninja_log").read_text(errors="replace").splitlines()
+    except OSError:
+        return {}
+    for line in lines[1:]:  # after the "# ninja log vN" header
+        fields = line.split("\t")
+        if len(fields) >= 4 and fields[3] in wanted and fields[0].isdigit() and fields[1].isdigit():
+            seconds[fields[3]] = round((int(fields[1]) - int(fields[0])) / 1000, 1)  # later runs win
+    return seconds
+
+
 def find_ninja() -> str:
     """The ninja of the `ninja` pip package, else a ninja on PATH."""
     try:
