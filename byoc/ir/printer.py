@@ -195,7 +195,7 @@ def inline_constant_text(constant: Constant) -> str | None:
         return None
     values = _literal_values(data, dtype)
     # Check the values give back the exact bytes, as the parser will build them.
-    from .parser import literal_to_array
+    from .tokens import literal_to_array
     try:
         reparsed = literal_to_array(values, dtype)
     except ValueError:
