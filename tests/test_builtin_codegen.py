@@ -676,7 +676,7 @@ def test_generated_names_only():
 
 def test_conv2d_workspace_mirror_matches_the_shim(workdir, cpu_shim_objects):
     """The build-time workspace of conv2d is the shim's own formula."""
-    from byoc.backends.builtin.codegen import conv2d_workspace_bytes
+    from byoc.backends.builtin.shim_calls import conv2d_workspace_bytes
     shapes = [("BYOC_FLOAT32", "float32", 0, (2, 3, 9, 8, 4, 3, 3, 5, 4, 1)),
               ("BYOC_FLOAT16", "float16", 1, (1, 8, 16, 16, 16, 1, 1, 16, 16, 2)),
               ("BYOC_FLOAT32", "float32", 0, (1, 4, 6, 6, 4, 3, 3, 6, 6, 4))]

@@ -700,7 +700,7 @@ def test_matmul_errors(shim, dev):
 
 def conv2d_workspace_expected(dtype, layout, *sizes_and_groups):
     """What codegen.py plans at build time for the CUDA shim's conv2d (the shim must agree)."""
-    from byoc.backends.builtin.codegen import conv2d_workspace_bytes
+    from byoc.backends.builtin.shim_calls import conv2d_workspace_bytes
     return conv2d_workspace_bytes("cuda", np.dtype(dtype).name, int(layout), *sizes_and_groups)
 
 
