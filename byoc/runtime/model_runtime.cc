@@ -57,22 +57,8 @@ void device_free(unsigned char* p) { std::free(p); }
 }  // namespace internal
 }  // namespace byoc_runtime
 
-using byoc_runtime::internal::copy_bytes;
-using byoc_runtime::internal::device_alloc;
-using byoc_runtime::internal::device_free;
-using byoc_runtime::internal::fail;
-using byoc_runtime::internal::resolve;
-using byoc_runtime::internal::run_calls;
-using byoc_runtime::internal::spec;
-#if BYOC_RUNTIME_CUDA
-using byoc_runtime::internal::allocate_cuda;
-using byoc_runtime::internal::check_device;
-using byoc_runtime::internal::cuda_failed;
-using byoc_runtime::internal::current_call;
-using byoc_runtime::internal::current_status_word;
-using byoc_runtime::internal::run_graph;
-using byoc_runtime::internal::take_reported_error;
-#endif
+// the helpers the runtime's parts share (model_runtime_internal.h)
+using namespace byoc_runtime::internal;  // NOLINT(build/namespaces)
 
 extern "C" {
 
