@@ -14,13 +14,14 @@ import ctypes
 import pathlib
 import subprocess
 
-import ml_dtypes
 import numpy as np
 import pytest
 
 import byoc  # noqa: F401  (registers the ops)
 from byoc.ir import get_op
 from byoc.toolchain.compiler import cuda_home, cuda_include_dirs, cuda_link_flags, find_cxx
+from shim_abi import BF16, DTYPE_CODES, FLOATS, I64, INT, SIZE, TOLERANCES  # the shim ABI (tests/shim_abi.py)
+from shim_abi import SIGNATURES as CPU_SIGNATURES
 
 SHIM_DIR = pathlib.Path(__file__).resolve().parent.parent / "backends" / "builtin" / "shim"
 CUDA_DIR = SHIM_DIR / "cuda"
@@ -84,39 +85,9 @@ def gpu_available() -> bool:
         return False
 
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
-DTYPE_CODES = {
-    np.dtype("float32"): 0, np.dtype("float16"): 1, BF16: 2, np.dtype("float64"): 3,
-    np.dtype("int64"): 4, np.dtype("int32"): 5, np.dtype("int16"): 6, np.dtype("int8"): 7,
-    np.dtype("uint8"): 8, np.dtype("bool"): 9,
-}
-FLOATS = ["float32", "float16", "bfloat16", "float64"]
-TOLERANCES = {"float32": (1e-4, 1e-5), "float16": (4e-3, 4e-3), "bfloat16": (3e-2, 3e-2), "float64": (1e-8, 1e-10)}
-
-I64, INT, SIZE, PTR, DBL, FLT = (ctypes.c_int64, ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p,
-                                  ctypes.c_double, ctypes.c_float)
-I64P = ctypes.POINTER(ctypes.c_int64)
-# Function name -> argument types, in byoc_shim.h's order (the trailing stream included).
-SIGNATURES = {
-    "byoc_shim_copy_strided": [PTR, PTR, INT, INT, I64P, I64, I64P, I64P, PTR],
-    "byoc_shim_tile": [PTR, PTR, INT, INT, I64P, I64P, PTR],
-    "byoc_shim_gather": [PTR, PTR, PTR, INT, INT, I64, I64, I64, I64, PTR],
-    "byoc_shim_gather_elements": [PTR, PTR, PTR, INT, INT, INT, I64P, I64P, INT, PTR],
-    "byoc_shim_pad": [PTR, PTR, INT, INT, I64P, I64P, I64P, INT, DBL, PTR],
-    "byoc_shim_trilu": [PTR, PTR, INT, I64, I64, I64, INT, I64, PTR],
-    "byoc_shim_cumsum": [PTR, PTR, INT, I64, I64, I64, INT, INT, PTR],
-    "byoc_shim_reduce": [PTR, PTR, INT, INT, I64, I64, I64, PTR],
-    "byoc_shim_arg_reduce": [PTR, PTR, INT, INT, I64, I64, I64, INT, PTR],
-    "byoc_shim_softmax": [PTR, PTR, INT, I64, I64, I64, INT, PTR],
-    "byoc_shim_layer_norm": [PTR, PTR, PTR, PTR, INT, I64, I64, FLT, PTR],
-    "byoc_shim_rms_norm": [PTR, PTR, PTR, INT, I64, I64, FLT, PTR],
-    "byoc_shim_batch_norm": [PTR, PTR, PTR, PTR, PTR, PTR, INT, I64, I64, I64, FLT, PTR],
-    "byoc_shim_matmul": [PTR, PTR, PTR, INT, I64, I64, I64, I64, INT, INT, I64, I64, I64, INT, PTR, SIZE, PTR],
-    "byoc_shim_conv2d": [PTR, PTR, PTR, PTR, INT, INT] + [I64] * 16 + [PTR, SIZE, PTR],
-    "byoc_shim_conv2d_workspace": [INT, INT] + [I64] * 10,
-    "byoc_shim_pool2d": [PTR, PTR, INT, INT, INT] + [I64] * 16 + [INT, PTR],
-    "byoc_shim_matmul_heuristic_count": [INT, I64, I64, I64, I64, INT, INT, I64, I64, I64, SIZE],
-}
+# The CUDA shim's entry points: the CPU shim's and the GEMM heuristic's count.
+SIGNATURES = {**CPU_SIGNATURES,
+              "byoc_shim_matmul_heuristic_count": [INT, I64, I64, I64, I64, INT, INT, I64, I64, I64, SIZE]}
 NO_STREAM = ("byoc_shim_conv2d_workspace", "byoc_shim_matmul_heuristic_count")
 
 
