@@ -26,6 +26,7 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import BuildError, ByocWarning, CompileError, ConfigError, ModelError
@@ -344,9 +345,40 @@ class _Builder:
                 "slowest_units": [{"source": name, "seconds": seconds} for name, seconds in slowest]}
 
     def link(self, mod, artifacts, output_names, report) -> Library:
-        from .codegen.host import (blob_checksum, metadata_json, plan_host, render_host,
-                                   render_blob_assembly, write_safetensors)
-        from .toolchain import CompileUnit, compile_units, link_shared
+        """The back end's last steps: plan the host (memory, devices, graph), write the
+        host tables and the embedded files, compile every unit and link the library."""
+        host = self.plan_host(mod, artifacts, output_names)
+        units, link_libraries, unit_backends = [], [], []
+        for artifact in artifacts:
+            units.extend(artifact.compile_units)
+            unit_backends.extend([artifact.backend] * len(artifact.compile_units))
+            link_libraries += [library for library in artifact.link_libraries if library not in link_libraries]
+        content = hashlib.sha256()
+        content.update(str(self.target).encode())
+        for unit in units:
+            content.update(Path(unit.source).read_bytes())
+        content.update(host.plan.weights)
+        build_id = content.hexdigest()[:16]
+        metadata = self.metadata(mod, host, artifacts, build_id, report)
+        units += self.host_units(host, artifacts, build_id)
+        embedded_units, sidecar = self.embedded_units(host.plan.weights, metadata, build_id)
+        units += embedded_units
+        output, compiled = self.compile_and_link(units, link_libraries)
+        library = Library(path=output, workdir=self.workdir, metadata=json.loads(metadata), report=report,
+                          sidecar=sidecar, memory=host.plan.memory_plan.summary() if host.plan.memory_plan else {},
+                          build_stats=self.compile_stats(compiled, unit_backends),
+                          file_states={str(path): file_state(path) for path in (output, sidecar) if path})
+        (self.workdir / "metadata.json").write_text(json.dumps(library.metadata, indent=2, sort_keys=True))
+        from .report_page import render_page
+        (self.workdir / "report.html").write_text(render_page(library.metadata,
+                                                                  title=getattr(self, "model_name", "model")))
+        return library
+
+    def plan_host(self, mod, artifacts, output_names) -> "_HostSetup":
+        """Where every tensor lives (codegen/host.py: plan_host), whether the calls run as a
+        CUDA graph and how it takes the caller's tensors, and which values PlanDevices put
+        on the host."""
+        from .codegen.host import plan_host
         workspace = {}
         for artifact in artifacts:
             workspace.update(artifact.workspace_bytes)
@@ -366,77 +398,78 @@ class _Builder:
         plan = plan_host(mod, workspace, output_names=output_names, static_io=graph_io == "copy",
                          view_symbols=view_symbols,
                          value_devices=value_devices, function_devices=function_devices)
-        sidecar_wanted = self.cfg.params == "sidecar"
+        return _HostSetup(plan, cuda_graph, graph_io, bool(devices), view_symbols)
 
-        units, link_libraries, unit_backends = [], [], []
-        for artifact in artifacts:
-            units.extend(artifact.compile_units)
-            unit_backends.extend([artifact.backend] * len(artifact.compile_units))
-            for library in artifact.link_libraries:
-                if library not in link_libraries:
-                    link_libraries.append(library)
-
-        content = hashlib.sha256()
-        content.update(str(self.target).encode())
-        for unit in units:
-            content.update(Path(unit.source).read_bytes())
-        content.update(plan.weights)
-        build_id = content.hexdigest()[:16]
-        arch = self.target.attrs.get("arch") if self.cuda else None
+    def metadata(self, mod, host: "_HostSetup", artifacts, build_id: str, report) -> str:
+        """The library's metadata JSON (codegen/host.py: metadata_json)."""
+        from .codegen.host import metadata_json
+        from .report_page import execution_graph
+        plan = host.plan
         backend_of = {symbol: artifact.backend for artifact in artifacts for symbol in artifact.symbols}
         functions = [{"symbol": s, "backend": backend_of.get(s, "?"),
                       "calls": sum(1 for c in plan.calls if c["symbol"] == s)} for s in plan.extern_symbols]
-        backends = sorted({f["backend"] for f in functions})
-        from .report_page import execution_graph
-        graph = execution_graph(mod, plan.memory_plan, getattr(self, "function_summaries", None), views=view_symbols)
-        metadata = metadata_json(plan, build_id=build_id, target=str(self.target), arch=arch,
-                                 backends=backends, functions=functions,
-                                 weights_location="sidecar" if sidecar_wanted else "embedded",
-                                 cuda_graph=cuda_graph,
-                                 partition_report=report.to_json() if report is not None else None, graph=graph)
-        arch_number = int("".join(ch for ch in arch if ch.isdigit())) if arch else None
-        host_source = render_host(plan, cuda=self.cuda, build_id=build_id,
-                                  arch_number=arch_number, weights_embedded=not sidecar_wanted,
-                                  cuda_graph=cuda_graph, graph_io=graph_io,
+        graph = execution_graph(mod, plan.memory_plan, getattr(self, "function_summaries", None),
+                                views=host.view_symbols)
+        return metadata_json(plan, build_id=build_id, target=str(self.target),
+                             arch=self.target.attrs.get("arch") if self.cuda else None,
+                             backends=sorted({f["backend"] for f in functions}), functions=functions,
+                             weights_location="sidecar" if self.cfg.params == "sidecar" else "embedded",
+                             cuda_graph=host.cuda_graph,
+                             partition_report=report.to_json() if report is not None else None, graph=graph)
+
+    def host_units(self, host: "_HostSetup", artifacts, build_id: str) -> list:
+        """host.cc (the model's tables) and the static model runtime they drive, which is
+        compiled once per flavor (and flags) into the object cache."""
+        from .codegen.host import blob_checksum, render_host
+        from .runtime import C_ABI_HEADER, model_runtime_sources
+        from .toolchain import CompileUnit
+        host_source = render_host(host.plan, cuda=self.cuda, build_id=build_id,
+                                  arch_number=self.target.arch_number() if self.cuda else None,
+                                  weights_embedded=self.cfg.params != "sidecar",
+                                  cuda_graph=host.cuda_graph, graph_io=host.graph_io,
                                   stateful=[s for a in artifacts for s in a.stateful_symbols],
-                                  weights_checksum=blob_checksum(plan.weights), devices=devices)
+                                  weights_checksum=blob_checksum(host.plan.weights), devices=host.devices)
         host_path = self.workdir / "host.cc"
         host_path.write_text(host_source)
-        from .runtime import C_ABI_HEADER
         host_flags = self.target.cxx_flags() + [f"-I{C_ABI_HEADER.parent}"]
         if self.cuda:
             from .toolchain.compiler import cuda_include_dirs
             host_flags += [f"-I{d}" for d in cuda_include_dirs()]
-        units.append(CompileUnit(source=host_path, language="cxx", flags=host_flags, output="host.o"))
-        # the static model runtime the tables of host.cc drive: compiled once per flavor
-        # (and flags) into the object cache
-        from .runtime import model_runtime_sources
         runtime_flags = host_flags + [f"-DBYOC_RUNTIME_CUDA={int(self.cuda)}"]
-        units += [CompileUnit(source=source, language="cxx", flags=runtime_flags, output=f"{source.stem}.o")
-                  for source in model_runtime_sources(self.cuda)]
+        return [CompileUnit(source=host_path, language="cxx", flags=host_flags, output="host.o")] + \
+            [CompileUnit(source=source, language="cxx", flags=runtime_flags, output=f"{source.stem}.o")
+             for source in model_runtime_sources(self.cuda)]
 
-        weights_path = self.workdir / "weights.bin"
+    def embedded_units(self, weights: bytes, metadata: str, build_id: str) -> tuple:
+        """The weights (embedded, or a .safetensors sidecar) and the metadata JSON, each
+        embedded by an assembler file with .incbin: a C array of them would compile for
+        seconds (BERT-base's weights, its partition report and execution graph). Returns
+        (the compile units, the sidecar's path or None)."""
+        from .codegen.host import render_blob_assembly, write_safetensors
+        from .toolchain import CompileUnit
+        files = [(self.workdir / "metadata.bin", "byoc_metadata_json", "The metadata JSON", metadata.encode("utf-8"))]
         sidecar = None
-        if sidecar_wanted:
+        if self.cfg.params == "sidecar":
             sidecar = self.workdir / "model.safetensors"
-            write_safetensors(sidecar, plan.weights, build_id)
+            write_safetensors(sidecar, weights, build_id)
         else:
-            weights_path.write_bytes(plan.weights)
-            assembly = self.workdir / "weights.S"
-            # .incbin finds the blob through the assembler's include path, so the source
+            files.insert(0, (self.workdir / "weights.bin", "byoc_weights_blob", "The model's weights", weights))
+        units = []
+        for path, symbol, what, data in files:
+            path.write_bytes(data)
+            assembly = path.with_suffix(".S")
+            # .incbin finds the file through the assembler's include path, so the source
             # (and its cache key) does not depend on where the build happens.
-            assembly.write_text(render_blob_assembly(weights_path.name, "byoc_weights_blob", "The model's weights"))
+            assembly.write_text(render_blob_assembly(path.name, symbol, what))
             units.append(CompileUnit(source=assembly, language="asm", flags=[f"-Wa,-I,{self.workdir}"],
-                                     output="weights.o", dependencies=[weights_path]))
-        # the metadata JSON the same way: a C array of it compiled for seconds (BERT-base's
-        # partition report and execution graph)
-        metadata_path = self.workdir / "metadata.bin"
-        metadata_path.write_bytes(metadata.encode("utf-8"))
-        assembly = self.workdir / "metadata.S"
-        assembly.write_text(render_blob_assembly(metadata_path.name, "byoc_metadata_json", "The metadata JSON"))
-        units.append(CompileUnit(source=assembly, language="asm", flags=[f"-Wa,-I,{self.workdir}"],
-                                 output="metadata.o", dependencies=[metadata_path]))
+                                     output=f"{path.stem}.o", dependencies=[path]))
+        return units, sidecar
 
+    def compile_and_link(self, units: list, link_libraries: list) -> tuple:
+        """Every unit through ninja and the object cache, then the sealed model.so, which
+        exports only the C ABI. Returns (its path, the compile statistics)."""
+        from .runtime import seal_library
+        from .toolchain import compile_units, link_shared
         compiled = {}
         progress = getattr(self, "progress", None) or _Progress()
         progress.stage(f"compiling {len(units)} units (ninja, {self.workdir / 'build.ninja'})")
@@ -451,17 +484,19 @@ class _Builder:
             libraries = cuda_link_flags(libraries)
         output = self.workdir / "model.so"
         link_shared(objects, output, link_flags, libraries, workdir=self.workdir)
-        from .runtime import seal_library
         seal_library(output)  # load() checks every byte against it before the dynamic loader maps the file
-        library = Library(path=output, workdir=self.workdir, metadata=json.loads(metadata), report=report,
-                          sidecar=sidecar, memory=plan.memory_plan.summary() if plan.memory_plan else {},
-                          build_stats=self.compile_stats(compiled, unit_backends),
-                          file_states={str(path): file_state(path) for path in (output, sidecar) if path})
-        (self.workdir / "metadata.json").write_text(json.dumps(library.metadata, indent=2, sort_keys=True))
-        from .report_page import render_page
-        (self.workdir / "report.html").write_text(render_page(library.metadata,
-                                                                  title=getattr(self, "model_name", "model")))
-        return library
+        return output, compiled
+
+
+@dataclass
+class _HostSetup:
+    """What the host code is planned from: the HostPlan, and the CUDA graph and device
+    decisions made with it."""
+    plan: object  # codegen.host.HostPlan
+    cuda_graph: bool
+    graph_io: str | None
+    devices: bool
+    view_symbols: set
 
 
 class _Progress:
