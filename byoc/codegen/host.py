@@ -172,185 +172,199 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
     that alive as long as the view is used)."""
     main = mod["main"]
     on_host = _host_space_of(value_devices)
-    workspace_bytes = workspace_bytes or {}
-    placements: dict = {}
-    inputs = []
-    for index, param in enumerate(main.params):
-        if not isinstance(param.type, TensorType):
-            raise BuildError(f"main parameter {param.name_hint!r} is not a tensor")
-        placements[param] = TensorPlacement(f"in[{index}]", param.type)
-        inputs.append((param.name_hint, param.type))
-    input_copies = []
-
     results = list(main.result.fields) if isinstance(main.result, Tuple) else [main.result]
     names = output_names or ([f"output_{i}" for i in range(len(results))] if len(results) > 1 else ["output"])
-    outputs = [(name, result.type) for name, result in zip(names, results)]
-
-    # An output computed by a call is written straight into the caller's buffer (the
-    # first time it appears); anything else is copied at the end of run().
-    direct_output: dict = {}
-    view_symbols = frozenset(view_symbols)
-    views = {b.var for b in main.bindings if is_view_call(b.value, view_symbols)}
-    bound = {binding.var for binding in main.bindings} - views  # a view writes nothing
-    for index, result in enumerate(results):
-        if isinstance(result, Var) and result in bound and result not in direct_output and not static_io:
-            direct_output[result] = index
-
-    arena_offsets = None
-    memory_plan = None
-    space_offsets = {}  # "H" / "P" -> {Var: offset} for host-resident values
-    if reuse_memory:
-        device_values = {b.var for b in main.bindings if on_host(b.var) is None}
-        memory_plan = plan_memory(main, exclude=set(direct_output) | ({b.var for b in main.bindings} - device_values),
-                                  views=view_symbols)
-        arena_offsets = memory_plan.offsets
-        for space in set(SPACES.values()):
-            members = {b.var for b in main.bindings if on_host(b.var) == space}
-            if members:
-                space_offsets[space] = plan_memory(main, exclude=set(direct_output) | (
-                    {b.var for b in main.bindings} - members), views=view_symbols).offsets
-
-    weights = bytearray()
-    constant_offsets: dict = {}
-
-    def place_constant(constant: Constant, host: bool = False) -> TensorPlacement:
-        key = id(constant)
-        if key not in constant_offsets:
-            offset = align(len(weights))
-            weights.extend(b"\0" * (offset - len(weights)))
-            weights.extend(np.ascontiguousarray(constant.data).tobytes())
-            constant_offsets[key] = offset
-        # HW: the weights in host memory, which cpu functions of a cuda build read.
-        return TensorPlacement(f"{'HW' if host else 'W'} + {constant_offsets[key]}", constant.type)
-
-    space_sizes = {space: 0 for space in set(SPACES.values())}
-    host_symbols = set()
-    pending_device_work = False  # GPU work queued on the stream since the last synchronization
-
-    arena_size = 0
-    own_offsets = {}
-    calls, symbols = [], []
+    placer = _Placer(main, results, on_host, frozenset(view_symbols), static_io, reuse_memory)
+    inputs = placer.place_inputs()
+    calls = []
     for position, binding in enumerate(main.bindings):
         value = binding.value
         if isinstance(value, Call) and getattr(value.op, "name", None) == "device_copy" and value_devices is not None:
-            source, var = value.args[0], binding.var
-            if isinstance(source, Constant):
-                source_expression = place_constant(source, on_host(var) is not None).expression
-            else:
-                source_expression = placements[source].expression
-            space = on_host(var)
-            if var in direct_output:
-                placements[var] = TensorPlacement(f"out[{direct_output[var]}]", var.type)
-            elif space is not None:
-                offset = space_offsets[space][var] if space in space_offsets else align(space_sizes[space])
-                space_sizes[space] = max(space_sizes[space], offset + nbytes(var.type))
-                placements[var] = TensorPlacement(f"{space} + {offset}", var.type)
-            else:
-                offset = arena_offsets[var] if arena_offsets is not None else align(arena_size)
-                own_offsets[var] = offset
-                arena_size = max(arena_size, offset + nbytes(var.type))
-                placements[var] = TensorPlacement(f"A + {offset}", var.type)
-            calls.append({"kind": "copy", "source": source_expression, "destination": placements[var].expression,
-                          "bytes": nbytes(var.type), "symbol": "device_copy", "args": [], "results": [],
-                          "label": f"#{position} {comment_safe(var.name_hint)} = device_copy "
-                                   f"{value.attrs['src']} -> {value.attrs['dst']}"})
-            pending_device_work = True
-            continue
-        if binding.var in views:
-            source = value.args[0]
-            if source in placements:
-                placements[binding.var] = TensorPlacement(placements[source].expression, binding.var.type)
-            else:
-                raise BuildError(f"the view @{value.op.name} reads {source!r}, which is not a computed tensor")
-            continue
+            calls.append(placer.device_copy(position, binding))
+        elif binding.var in placer.views:
+            placer.view(binding)
+        else:
+            calls.append(placer.call(position, binding, mod, value_devices, function_devices))
+    input_copies = placer.stage_inputs(calls) if static_io else []
+    host_symbols = placer.host_symbols
+    plan = HostPlan(inputs=inputs, outputs=[(name, result.type) for name, result in zip(names, results)],
+                    calls=calls, output_copies=placer.output_copies(), input_copies=input_copies,
+                    weights=bytes(placer.weights), constant_offsets=placer.constant_offsets,
+                    arena_bytes=align(placer.arena_size), arena_offsets=placer.own_offsets,
+                    extern_symbols=placer.symbols,
+                    workspace_bytes=max([0] + [(workspace_bytes or {}).get(s, 0) for s in placer.symbols
+                                               if s not in host_symbols]),
+                    memory_plan=placer.memory_plan)
+    if value_devices is not None:
+        plan.host_arena_bytes = align(placer.space_sizes["H"])
+        plan.pinned_arena_bytes = align(placer.space_sizes["P"])
+        plan.host_workspace_bytes = max([0] + [(workspace_bytes or {}).get(s, 0) for s in host_symbols])
+        plan.inputs_on_host = [on_host(p) is not None for p in main.params]
+        plan.outputs_on_host = [isinstance(r, Var) and on_host(r) is not None for r in results]
+        plan.sync_at_end = any(plan.outputs_on_host) and placer.pending_device_work
+    return plan
+
+
+class _Placer:
+    """plan_host's state while it walks main: where each tensor is placed so far, the
+    weights blob, the arenas' sizes, and what the calls so far queued on the GPU."""
+
+    def __init__(self, main, results, on_host, view_symbols, static_io: bool, reuse_memory: bool):
+        self.main, self.results, self.on_host, self.view_symbols = main, results, on_host, view_symbols
+        self.placements: dict = {}
+        self.weights = bytearray()
+        self.constant_offsets: dict = {}
+        self.arena_size = 0
+        self.own_offsets: dict = {}
+        self.space_sizes = {space: 0 for space in set(SPACES.values())}
+        self.symbols: list = []
+        self.host_symbols: set = set()
+        self.pending_device_work = False  # GPU work queued on the stream since the last synchronization
+        # An output computed by a call is written straight into the caller's buffer (the
+        # first time it appears); anything else is copied at the end of run().
+        self.direct_output: dict = {}
+        self.views = {b.var for b in main.bindings if is_view_call(b.value, view_symbols)}
+        bound = {binding.var for binding in main.bindings} - self.views  # a view writes nothing
+        for index, result in enumerate(results):
+            if isinstance(result, Var) and result in bound and result not in self.direct_output and not static_io:
+                self.direct_output[result] = index
+        self.arena_offsets = None
+        self.memory_plan = None
+        self.space_offsets = {}  # "H" / "P" -> {Var: offset} for host-resident values
+        if reuse_memory:
+            every = {b.var for b in main.bindings}
+            device_values = {var for var in every if on_host(var) is None}
+            self.memory_plan = plan_memory(main, exclude=set(self.direct_output) | (every - device_values),
+                                           views=view_symbols)
+            self.arena_offsets = self.memory_plan.offsets
+            for space in set(SPACES.values()):
+                members = {var for var in every if on_host(var) == space}
+                if members:
+                    self.space_offsets[space] = plan_memory(main, exclude=set(self.direct_output) | (every - members),
+                                                            views=view_symbols).offsets
+
+    def place_inputs(self) -> list:
+        inputs = []
+        for index, param in enumerate(self.main.params):
+            if not isinstance(param.type, TensorType):
+                raise BuildError(f"main parameter {param.name_hint!r} is not a tensor")
+            self.placements[param] = TensorPlacement(f"in[{index}]", param.type)
+            inputs.append((param.name_hint, param.type))
+        return inputs
+
+    def place_constant(self, constant: Constant, host: bool = False) -> TensorPlacement:
+        key = id(constant)
+        if key not in self.constant_offsets:
+            offset = align(len(self.weights))
+            self.weights.extend(b"\0" * (offset - len(self.weights)))
+            self.weights.extend(np.ascontiguousarray(constant.data).tobytes())
+            self.constant_offsets[key] = offset
+        # HW: the weights in host memory, which cpu functions of a cuda build read.
+        return TensorPlacement(f"{'HW' if host else 'W'} + {self.constant_offsets[key]}", constant.type)
+
+    def place_result(self, var: Var) -> TensorPlacement:
+        """The caller's output buffer, a host arena (PlanDevices) or the device arena."""
+        if var in self.direct_output:
+            placement = TensorPlacement(f"out[{self.direct_output[var]}]", var.type)
+        elif self.on_host(var) is not None:
+            space = self.on_host(var)
+            offset = self.space_offsets[space][var] if space in self.space_offsets else align(self.space_sizes[space])
+            self.space_sizes[space] = max(self.space_sizes[space], offset + nbytes(var.type))
+            placement = TensorPlacement(f"{space} + {offset}", var.type)
+        else:
+            offset = self.arena_offsets[var] if self.arena_offsets is not None else align(self.arena_size)
+            self.own_offsets[var] = offset
+            self.arena_size = max(self.arena_size, offset + nbytes(var.type))
+            placement = TensorPlacement(f"A + {offset}", var.type)
+        self.placements[var] = placement
+        return placement
+
+    def device_copy(self, position: int, binding) -> dict:
+        source, var = binding.value.args[0], binding.var
+        if isinstance(source, Constant):
+            source_expression = self.place_constant(source, self.on_host(var) is not None).expression
+        else:
+            source_expression = self.placements[source].expression
+        destination = self.place_result(var).expression
+        self.pending_device_work = True
+        attrs = binding.value.attrs
+        return {"kind": "copy", "source": source_expression, "destination": destination,
+                "bytes": nbytes(var.type), "symbol": "device_copy", "args": [], "results": [],
+                "label": f"#{position} {comment_safe(var.name_hint)} = device_copy {attrs['src']} -> {attrs['dst']}"}
+
+    def view(self, binding) -> None:
+        source = binding.value.args[0]
+        if source not in self.placements:
+            raise BuildError(f"the view @{binding.value.op.name} reads {source!r}, which is not a computed tensor")
+        self.placements[binding.var] = TensorPlacement(self.placements[source].expression, binding.var.type)
+
+    def call(self, position: int, binding, mod, value_devices, function_devices) -> dict:
+        value, var = binding.value, binding.var
         if not (isinstance(value, Call) and isinstance(value.op, GlobalVar)):
             raise BuildError(f"main still contains {type(value).__name__} "
                              f"{getattr(getattr(value, 'op', None), 'name', '')} after partitioning; "
                              f"every op must belong to a backend's extern function")
-        callee = mod[value.op.name]
-        if not callee.is_extern:
+        if not mod[value.op.name].is_extern:
             raise BuildError(f"main calls @{value.op.name}, which is not an extern function")
-        if not isinstance(binding.var.type, TensorType):
-            raise BuildError(f"@{value.op.name} returns {binding.var.type}; extern functions return one tensor")
+        if not isinstance(var.type, TensorType):
+            raise BuildError(f"@{value.op.name} returns {var.type}; extern functions return one tensor")
         runs_on_host = (function_devices is not None and value_devices is not None
                         and function_devices[value.op.name].device_type == "cpu")
-        args = []
+        args, constants = [], []
         for arg in value.args:
             if isinstance(arg, Constant):
-                args.append(place_constant(arg, runs_on_host).expression)
-            elif isinstance(arg, Var) and arg in placements:
-                args.append(placements[arg].expression)
+                args.append(self.place_constant(arg, runs_on_host).expression)
+                constants.append((args[-1], nbytes(arg.type)))
+            elif isinstance(arg, Var) and arg in self.placements:
+                args.append(self.placements[arg].expression)
             else:
                 raise BuildError(f"argument {arg!r} of @{value.op.name} is neither a constant nor a computed tensor")
-        var = binding.var
-        if var in direct_output:
-            placements[var] = TensorPlacement(f"out[{direct_output[var]}]", var.type)
-        elif on_host(var) is not None:
-            space = on_host(var)
-            offset = space_offsets[space][var] if space in space_offsets else align(space_sizes[space])
-            space_sizes[space] = max(space_sizes[space], offset + nbytes(var.type))
-            placements[var] = TensorPlacement(f"{space} + {offset}", var.type)
-        else:
-            if arena_offsets is not None:
-                offset = arena_offsets[var]
-            else:
-                offset = align(arena_size)
-            own_offsets[var] = offset
-            arena_size = max(arena_size, offset + nbytes(var.type))
-            placements[var] = TensorPlacement(f"A + {offset}", var.type)
         symbol = value.op.name
-        if symbol not in symbols:
-            symbols.append(symbol)
-        call = {"kind": "call", "symbol": symbol, "args": args, "results": [placements[var].expression],
-                "label": f"#{position} {comment_safe(var.name_hint)} = {symbol}"}
+        if symbol not in self.symbols:
+            self.symbols.append(symbol)
+        call = {"kind": "call", "symbol": symbol, "args": args, "results": [self.place_result(var).expression],
+                "label": f"#{position} {comment_safe(var.name_hint)} = {symbol}",
+                "constants": [] if runs_on_host else constants}
         if value_devices is not None:
             # A cpu function reads host memory the GPU may still be writing (a copy queued
             # on the stream): wait for the stream first.
             call["on_host"] = runs_on_host
-            call["sync_before"] = runs_on_host and pending_device_work
+            call["sync_before"] = runs_on_host and self.pending_device_work
             if runs_on_host:
-                host_symbols.add(symbol)
-                pending_device_work = False
+                self.host_symbols.add(symbol)
+                self.pending_device_work = False
             else:
-                pending_device_work = True
-        calls.append(call)
+                self.pending_device_work = True
+        return call
 
-    if static_io:  # staging slots for the inputs, after everything PlanMemory placed
-        for index, param in enumerate(main.params):
-            offset = align(arena_size)
-            arena_size = offset + nbytes(param.type)
-            input_copies.append({"input": index, "destination": f"A + {offset}", "bytes": nbytes(param.type)})
+    def stage_inputs(self, calls: list) -> list:
+        """(static_io) staging slots for the inputs, after everything PlanMemory placed;
+        the calls read the slots instead of the caller's buffers."""
+        copies = []
+        for index, param in enumerate(self.main.params):
+            offset = align(self.arena_size)
+            self.arena_size = offset + nbytes(param.type)
+            copies.append({"input": index, "destination": f"A + {offset}", "bytes": nbytes(param.type)})
             staged = f"A + {offset}"
             for call in calls:
                 call["args"] = [staged if a == f"in[{index}]" else a for a in call["args"]]
-            placements[param] = TensorPlacement(staged, param.type)
+            self.placements[param] = TensorPlacement(staged, param.type)
+        return copies
 
-    output_copies = []
-    for index, result in enumerate(results):
-        if direct_output.get(result) == index:
-            continue
-        if isinstance(result, Constant):
-            source = place_constant(result).expression
-        elif result in placements:
-            source = placements[result].expression
-        else:
-            raise BuildError(f"output {index} of main is not a tensor main computes")
-        output_copies.append({"output": index, "source": source, "bytes": nbytes(result.type)})
-
-    plan = HostPlan(inputs=inputs, outputs=outputs, calls=calls, output_copies=output_copies,
-                    input_copies=input_copies,
-                    weights=bytes(weights), constant_offsets=constant_offsets, arena_bytes=align(arena_size),
-                    arena_offsets=own_offsets, extern_symbols=symbols,
-                    workspace_bytes=max([0] + [workspace_bytes.get(s, 0) for s in symbols if s not in host_symbols]),
-                    memory_plan=memory_plan)
-    if value_devices is not None:
-        plan.host_arena_bytes = align(space_sizes["H"])
-        plan.pinned_arena_bytes = align(space_sizes["P"])
-        plan.host_workspace_bytes = max([0] + [workspace_bytes.get(s, 0) for s in host_symbols])
-        plan.inputs_on_host = [on_host(p) is not None for p in main.params]
-        plan.outputs_on_host = [isinstance(r, Var) and on_host(r) is not None for r in results]
-        plan.sync_at_end = any(plan.outputs_on_host) and pending_device_work
-    return plan
+    def output_copies(self) -> list:
+        """The outputs no call wrote into the caller's buffer, copied there last."""
+        copies = []
+        for index, result in enumerate(self.results):
+            if self.direct_output.get(result) == index:
+                continue
+            if isinstance(result, Constant):
+                source = self.place_constant(result).expression
+            elif result in self.placements:
+                source = self.placements[result].expression
+            else:
+                raise BuildError(f"output {index} of main is not a tensor main computes")
+            copies.append({"output": index, "source": source, "bytes": nbytes(result.type)})
+        return copies
 
 
 def _host_space_of(value_devices):
