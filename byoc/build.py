@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -522,8 +523,12 @@ class _Progress:
         self._log(what)
 
     def compile_line(self, line: str):
-        # ninja's status lines: "[3/12] compile cutlass_1f2e.cu" (the edge's description)
-        self.last_what = line
+        # ninja's status lines, "[3/12] compile cutlass_1f2e.cu" (the edge's description),
+        # come as each edge finishes: a heartbeat after one names what is still compiling
+        # by count, not the unit that just finished
+        status = re.match(r"\[(\d+)/(\d+)\] (.*)", line)
+        self.last_what = (f"compiling, {status.group(1)} of {status.group(2)} units done (the last: "
+                          f"{status.group(3)})") if status else line
         self._log(line)
 
     @contextlib.contextmanager
