@@ -28,6 +28,11 @@ nets' outputs are ~1e-10 and all fp16 numbers would be noise). Per case, in one 
    attention, SDPA, via --torch-attn): eager and each torch.compile mode of --torch-modes,
    timed the same way, the first call's seconds recorded as its compile time.
 
+With --prebuild a process only exports and builds (WORKDIR/prebuilt/: the library and its
+build record); a later --prebuilt run takes those and does the rest, so that a whole suite
+is timed in one process (`bash bench/gpu_session.sh suite`: a cold build of five models
+outlasts a 10-minute device command together with their timing).
+
 Every step is in its own try/except: a failure is recorded in the row and the run goes on.
 Results are rewritten after every measurement: --out DIR gets real_models.json,
 real_models.md and real_models_profiles.txt. --merge-from keeps the earlier file's rows of
