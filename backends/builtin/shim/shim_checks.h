@@ -105,4 +105,82 @@ inline int check_ndim(const char* function, int ndim) {  // 0 <= ndim <= BYOC_SH
     if (byoc_check_code != 0) return byoc_check_code;   \
   } while (0)
 
+namespace byoc_shim_checks {
+
+// The layouts of byoc_shim_conv2d and byoc_shim_pool2d.
+constexpr int kLayoutNCHW = 0;
+constexpr int kLayoutNHWC = 1;
+
+// byoc_shim_conv2d's arguments (every size, attribute and, unless the output is empty, pointer).
+inline int check_conv2d(const char* function, const void* in, const void* weight, const void* out, int layout,
+                        int64_t batch, int64_t in_channels, int64_t in_h, int64_t in_w, int64_t out_channels,
+                        int64_t kernel_h, int64_t kernel_w, int64_t out_h, int64_t out_w, int64_t stride_h,
+                        int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t dilation_h, int64_t dilation_w,
+                        int64_t groups) {
+  if (layout != kLayoutNCHW && layout != kLayoutNHWC) {
+    return fail(kInvalidArgument, function, "layout is %d; expected 0 (NCHW) or 1 (NHWC)", layout);
+  }
+  BYOC_CHECK(check_size(function, "batch", batch));
+  BYOC_CHECK(check_size(function, "in_channels", in_channels));
+  BYOC_CHECK(check_size(function, "in_h", in_h));
+  BYOC_CHECK(check_size(function, "in_w", in_w));
+  BYOC_CHECK(check_size(function, "out_channels", out_channels));
+  BYOC_CHECK(check_size(function, "out_h", out_h));
+  BYOC_CHECK(check_size(function, "out_w", out_w));
+  BYOC_CHECK(check_positive(function, "kernel_h", kernel_h));
+  BYOC_CHECK(check_positive(function, "kernel_w", kernel_w));
+  BYOC_CHECK(check_positive(function, "stride_h", stride_h));
+  BYOC_CHECK(check_positive(function, "stride_w", stride_w));
+  BYOC_CHECK(check_size(function, "pad_top", pad_top));
+  BYOC_CHECK(check_size(function, "pad_left", pad_left));
+  BYOC_CHECK(check_positive(function, "dilation_h", dilation_h));
+  BYOC_CHECK(check_positive(function, "dilation_w", dilation_w));
+  BYOC_CHECK(check_positive(function, "groups", groups));
+  if (in_channels % groups != 0 || out_channels % groups != 0) {
+    return fail(kInvalidArgument, function, "groups %lld must divide in_channels %lld and out_channels %lld",
+                static_cast<long long>(groups), static_cast<long long>(in_channels),
+                static_cast<long long>(out_channels));
+  }
+  if (batch != 0 && out_channels != 0 && out_h != 0 && out_w != 0) {
+    BYOC_CHECK(check_pointer(function, "in", in));
+    BYOC_CHECK(check_pointer(function, "weight", weight));
+    BYOC_CHECK(check_pointer(function, "out", out));
+  }
+  return 0;
+}
+
+// byoc_shim_pool2d's arguments.
+inline int check_pool2d(const char* function, const void* in, const void* out, int kind, int layout, int64_t batch,
+                        int64_t channels, int64_t in_h, int64_t in_w, int64_t out_h, int64_t out_w, int64_t kernel_h,
+                        int64_t kernel_w, int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left,
+                        int64_t pad_bottom, int64_t pad_right, int64_t dilation_h, int64_t dilation_w) {
+  if (kind != 0 && kind != 1) return fail(kInvalidArgument, function, "kind is %d; expected 0 (max) or 1 (average)", kind);
+  if (layout != kLayoutNCHW && layout != kLayoutNHWC) {
+    return fail(kInvalidArgument, function, "layout is %d; expected 0 (NCHW) or 1 (NHWC)", layout);
+  }
+  BYOC_CHECK(check_size(function, "batch", batch));
+  BYOC_CHECK(check_size(function, "channels", channels));
+  BYOC_CHECK(check_size(function, "in_h", in_h));
+  BYOC_CHECK(check_size(function, "in_w", in_w));
+  BYOC_CHECK(check_size(function, "out_h", out_h));
+  BYOC_CHECK(check_size(function, "out_w", out_w));
+  BYOC_CHECK(check_positive(function, "kernel_h", kernel_h));
+  BYOC_CHECK(check_positive(function, "kernel_w", kernel_w));
+  BYOC_CHECK(check_positive(function, "stride_h", stride_h));
+  BYOC_CHECK(check_positive(function, "stride_w", stride_w));
+  BYOC_CHECK(check_size(function, "pad_top", pad_top));
+  BYOC_CHECK(check_size(function, "pad_left", pad_left));
+  BYOC_CHECK(check_size(function, "pad_bottom", pad_bottom));
+  BYOC_CHECK(check_size(function, "pad_right", pad_right));
+  BYOC_CHECK(check_positive(function, "dilation_h", dilation_h));
+  BYOC_CHECK(check_positive(function, "dilation_w", dilation_w));
+  if (batch != 0 && channels != 0 && out_h != 0 && out_w != 0) {
+    BYOC_CHECK(check_pointer(function, "in", in));
+    BYOC_CHECK(check_pointer(function, "out", out));
+  }
+  return 0;
+}
+
+}  // namespace byoc_shim_checks
+
 #endif  // BYOC_SHIM_CHECKS_H_

@@ -12,8 +12,6 @@ using namespace byoc_shim_cpu;
 
 namespace {
 
-constexpr int kLayoutNCHW = 0;
-constexpr int kLayoutNHWC = 1;
 
 // Every size and attribute of one conv2d call (names as in byoc_shim.h).
 struct ConvShape {
@@ -241,36 +239,10 @@ extern "C" int byoc_shim_conv2d(const void* in, const void* weight, const void* 
   (void)workspace_bytes;
   (void)stream;
   static const char kFunction[] = "byoc_shim_conv2d";
-  if (layout != kLayoutNCHW && layout != kLayoutNHWC) {
-    return fail(kInvalidArgument, kFunction, "layout is %d; expected 0 (NCHW) or 1 (NHWC)", layout);
-  }
-  BYOC_CHECK(check_size(kFunction, "batch", batch));
-  BYOC_CHECK(check_size(kFunction, "in_channels", in_channels));
-  BYOC_CHECK(check_size(kFunction, "in_h", in_h));
-  BYOC_CHECK(check_size(kFunction, "in_w", in_w));
-  BYOC_CHECK(check_size(kFunction, "out_channels", out_channels));
-  BYOC_CHECK(check_size(kFunction, "out_h", out_h));
-  BYOC_CHECK(check_size(kFunction, "out_w", out_w));
-  BYOC_CHECK(check_positive(kFunction, "kernel_h", kernel_h));
-  BYOC_CHECK(check_positive(kFunction, "kernel_w", kernel_w));
-  BYOC_CHECK(check_positive(kFunction, "stride_h", stride_h));
-  BYOC_CHECK(check_positive(kFunction, "stride_w", stride_w));
-  BYOC_CHECK(check_size(kFunction, "pad_top", pad_top));
-  BYOC_CHECK(check_size(kFunction, "pad_left", pad_left));
-  BYOC_CHECK(check_positive(kFunction, "dilation_h", dilation_h));
-  BYOC_CHECK(check_positive(kFunction, "dilation_w", dilation_w));
-  BYOC_CHECK(check_positive(kFunction, "groups", groups));
-  if (in_channels % groups != 0 || out_channels % groups != 0) {
-    return fail(kInvalidArgument, kFunction, "groups %lld must divide in_channels %lld and out_channels %lld",
-                static_cast<long long>(groups), static_cast<long long>(in_channels),
-                static_cast<long long>(out_channels));
-  }
+  BYOC_CHECK(check_conv2d(kFunction, in, weight, out, layout, batch, in_channels, in_h, in_w, out_channels, kernel_h,
+                          kernel_w, out_h, out_w, stride_h, stride_w, pad_top, pad_left, dilation_h, dilation_w,
+                          groups));
   const bool empty = batch == 0 || out_channels == 0 || out_h == 0 || out_w == 0;
-  if (!empty) {
-    BYOC_CHECK(check_pointer(kFunction, "in", in));
-    BYOC_CHECK(check_pointer(kFunction, "weight", weight));
-    BYOC_CHECK(check_pointer(kFunction, "out", out));
-  }
   const ConvShape shape{batch, in_channels, in_h, in_w, out_channels, kernel_h, kernel_w, out_h,
                         out_w, stride_h, stride_w, pad_top, pad_left, dilation_h, dilation_w, groups};
   return dispatch<DtypeSet::kNumbers>(kFunction, dtype, [&](auto tag) {
@@ -296,31 +268,10 @@ extern "C" int byoc_shim_pool2d(const void* in, void* out, byoc_dtype dtype, int
                                 int64_t dilation_h, int64_t dilation_w, int count_include_pad, void* stream) {
   (void)stream;
   static const char kFunction[] = "byoc_shim_pool2d";
-  if (kind != 0 && kind != 1) return fail(kInvalidArgument, kFunction, "kind is %d; expected 0 (max) or 1 (average)", kind);
-  if (layout != kLayoutNCHW && layout != kLayoutNHWC) {
-    return fail(kInvalidArgument, kFunction, "layout is %d; expected 0 (NCHW) or 1 (NHWC)", layout);
-  }
-  BYOC_CHECK(check_size(kFunction, "batch", batch));
-  BYOC_CHECK(check_size(kFunction, "channels", channels));
-  BYOC_CHECK(check_size(kFunction, "in_h", in_h));
-  BYOC_CHECK(check_size(kFunction, "in_w", in_w));
-  BYOC_CHECK(check_size(kFunction, "out_h", out_h));
-  BYOC_CHECK(check_size(kFunction, "out_w", out_w));
-  BYOC_CHECK(check_positive(kFunction, "kernel_h", kernel_h));
-  BYOC_CHECK(check_positive(kFunction, "kernel_w", kernel_w));
-  BYOC_CHECK(check_positive(kFunction, "stride_h", stride_h));
-  BYOC_CHECK(check_positive(kFunction, "stride_w", stride_w));
-  BYOC_CHECK(check_size(kFunction, "pad_top", pad_top));
-  BYOC_CHECK(check_size(kFunction, "pad_left", pad_left));
-  BYOC_CHECK(check_size(kFunction, "pad_bottom", pad_bottom));
-  BYOC_CHECK(check_size(kFunction, "pad_right", pad_right));
-  BYOC_CHECK(check_positive(kFunction, "dilation_h", dilation_h));
-  BYOC_CHECK(check_positive(kFunction, "dilation_w", dilation_w));
+  BYOC_CHECK(check_pool2d(kFunction, in, out, kind, layout, batch, channels, in_h, in_w, out_h, out_w, kernel_h,
+                          kernel_w, stride_h, stride_w, pad_top, pad_left, pad_bottom, pad_right, dilation_h,
+                          dilation_w));
   const bool empty = batch == 0 || channels == 0 || out_h == 0 || out_w == 0;
-  if (!empty) {
-    BYOC_CHECK(check_pointer(kFunction, "in", in));
-    BYOC_CHECK(check_pointer(kFunction, "out", out));
-  }
   const PoolShape shape{batch,    channels, in_h,    in_w,       out_h,     out_w,      kernel_h,   kernel_w,
                         stride_h, stride_w, pad_top, pad_left, pad_bottom, pad_right, dilation_h, dilation_w};
   auto run = [&](auto tag) {
