@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 
 #include "byoc_shim.h"
 
@@ -106,6 +107,29 @@ inline int check_ndim(const char* function, int ndim) {  // 0 <= ndim <= BYOC_SH
   } while (0)
 
 namespace byoc_shim_checks {
+
+struct NamedSize {
+  const char* name;
+  int64_t value;
+};
+struct NamedPointer {
+  const char* name;
+  const void* pointer;
+};
+
+// Every size >= 0, then, unless one of them is 0 (the entry point reads and writes
+// nothing), every pointer non-NULL; each in the order given, the first failure reported.
+inline int check_sizes_then_pointers(const char* function, std::initializer_list<NamedSize> sizes,
+                                     std::initializer_list<NamedPointer> pointers) {
+  bool empty = false;
+  for (const NamedSize& size : sizes) {
+    BYOC_CHECK(check_size(function, size.name, size.value));
+    empty = empty || size.value == 0;
+  }
+  if (empty) return 0;
+  for (const NamedPointer& named : pointers) BYOC_CHECK(check_pointer(function, named.name, named.pointer));
+  return 0;
+}
 
 // The layouts of byoc_shim_conv2d and byoc_shim_pool2d.
 constexpr int kLayoutNCHW = 0;

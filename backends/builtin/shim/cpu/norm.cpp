@@ -113,14 +113,9 @@ extern "C" int byoc_shim_softmax(const void* in, void* out, byoc_dtype dtype, in
                                  int log, void* stream) {
   (void)stream;
   static const char kFunction[] = "byoc_shim_softmax";
-  BYOC_CHECK(check_size(kFunction, "outer", outer));
-  BYOC_CHECK(check_size(kFunction, "n", n));
-  BYOC_CHECK(check_size(kFunction, "inner", inner));
+  BYOC_CHECK(check_sizes_then_pointers(kFunction, {{"outer", outer}, {"n", n}, {"inner", inner}},
+                                       {{"in", in}, {"out", out}}));
   const bool empty = outer == 0 || n == 0 || inner == 0;
-  if (!empty) {
-    BYOC_CHECK(check_pointer(kFunction, "in", in));
-    BYOC_CHECK(check_pointer(kFunction, "out", out));
-  }
   return dispatch<DtypeSet::kFloats>(kFunction, dtype, [&](auto tag) {
     using Storage = decltype(tag);
     if (!empty) softmax_typed(static_cast<const Storage*>(in), static_cast<Storage*>(out), outer, n, inner, log != 0);
@@ -132,14 +127,9 @@ extern "C" int byoc_shim_layer_norm(const void* in, const void* gamma, const voi
                                     int64_t rows, int64_t n, float epsilon, void* stream) {
   (void)stream;
   static const char kFunction[] = "byoc_shim_layer_norm";
-  BYOC_CHECK(check_size(kFunction, "rows", rows));
-  BYOC_CHECK(check_size(kFunction, "n", n));
+  BYOC_CHECK(check_sizes_then_pointers(kFunction, {{"rows", rows}, {"n", n}},
+                                       {{"in", in}, {"gamma", gamma}, {"out", out}}));
   const bool empty = rows == 0 || n == 0;
-  if (!empty) {
-    BYOC_CHECK(check_pointer(kFunction, "in", in));
-    BYOC_CHECK(check_pointer(kFunction, "gamma", gamma));
-    BYOC_CHECK(check_pointer(kFunction, "out", out));
-  }
   return dispatch<DtypeSet::kFloats>(kFunction, dtype, [&](auto tag) {
     using Storage = decltype(tag);
     if (!empty) {
@@ -154,14 +144,9 @@ extern "C" int byoc_shim_rms_norm(const void* in, const void* gamma, void* out, 
                                   int64_t n, float epsilon, void* stream) {
   (void)stream;
   static const char kFunction[] = "byoc_shim_rms_norm";
-  BYOC_CHECK(check_size(kFunction, "rows", rows));
-  BYOC_CHECK(check_size(kFunction, "n", n));
+  BYOC_CHECK(check_sizes_then_pointers(kFunction, {{"rows", rows}, {"n", n}},
+                                       {{"in", in}, {"gamma", gamma}, {"out", out}}));
   const bool empty = rows == 0 || n == 0;
-  if (!empty) {
-    BYOC_CHECK(check_pointer(kFunction, "in", in));
-    BYOC_CHECK(check_pointer(kFunction, "gamma", gamma));
-    BYOC_CHECK(check_pointer(kFunction, "out", out));
-  }
   return dispatch<DtypeSet::kFloats>(kFunction, dtype, [&](auto tag) {
     using Storage = decltype(tag);
     if (!empty) {
@@ -177,18 +162,10 @@ extern "C" int byoc_shim_batch_norm(const void* in, const void* scale, const voi
                                     int64_t inner, float epsilon, void* stream) {
   (void)stream;
   static const char kFunction[] = "byoc_shim_batch_norm";
-  BYOC_CHECK(check_size(kFunction, "outer", outer));
-  BYOC_CHECK(check_size(kFunction, "channels", channels));
-  BYOC_CHECK(check_size(kFunction, "inner", inner));
+  BYOC_CHECK(check_sizes_then_pointers(kFunction, {{"outer", outer}, {"channels", channels}, {"inner", inner}},
+                                       {{"in", in}, {"scale", scale}, {"bias", bias}, {"mean", mean}, {"var", var},
+                                        {"out", out}}));
   const bool empty = outer == 0 || channels == 0 || inner == 0;
-  if (!empty) {
-    BYOC_CHECK(check_pointer(kFunction, "in", in));
-    BYOC_CHECK(check_pointer(kFunction, "scale", scale));
-    BYOC_CHECK(check_pointer(kFunction, "bias", bias));
-    BYOC_CHECK(check_pointer(kFunction, "mean", mean));
-    BYOC_CHECK(check_pointer(kFunction, "var", var));
-    BYOC_CHECK(check_pointer(kFunction, "out", out));
-  }
   return dispatch<DtypeSet::kFloats>(kFunction, dtype, [&](auto tag) {
     using Storage = decltype(tag);
     if (!empty) {

@@ -755,14 +755,9 @@ extern "C" int byoc_shim_trilu(const void* in, void* out, int elem_size, int64_t
 extern "C" int byoc_shim_cumsum(const void* in, void* out, byoc_dtype dtype, int64_t outer, int64_t n,
                                 int64_t inner, int exclusive, int reverse, void* stream) {
   static const char kFunction[] = "byoc_shim_cumsum";
-  BYOC_CHECK(check_size(kFunction, "outer", outer));
-  BYOC_CHECK(check_size(kFunction, "n", n));
-  BYOC_CHECK(check_size(kFunction, "inner", inner));
+  BYOC_CHECK(check_sizes_then_pointers(kFunction, {{"outer", outer}, {"n", n}, {"inner", inner}},
+                                       {{"in", in}, {"out", out}}));
   const bool empty = outer == 0 || n == 0 || inner == 0;
-  if (!empty) {
-    BYOC_CHECK(check_pointer(kFunction, "in", in));
-    BYOC_CHECK(check_pointer(kFunction, "out", out));
-  }
   cudaStream_t cuda_stream = as_stream(stream);
   return dispatch<DtypeSet::kNumbers>(kFunction, dtype, [&](auto tag) {
     using Storage = decltype(tag);

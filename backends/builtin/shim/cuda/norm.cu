@@ -599,14 +599,9 @@ int launch_norm(const char* function, const void* in, const void* gamma, const v
 extern "C" int byoc_shim_softmax(const void* in, void* out, byoc_dtype dtype, int64_t outer, int64_t n, int64_t inner,
                                  int log, void* stream) {
   static const char kFunction[] = "byoc_shim_softmax";
-  BYOC_CHECK(check_size(kFunction, "outer", outer));
-  BYOC_CHECK(check_size(kFunction, "n", n));
-  BYOC_CHECK(check_size(kFunction, "inner", inner));
+  BYOC_CHECK(check_sizes_then_pointers(kFunction, {{"outer", outer}, {"n", n}, {"inner", inner}},
+                                       {{"in", in}, {"out", out}}));
   const bool empty = outer == 0 || n == 0 || inner == 0;
-  if (!empty) {
-    BYOC_CHECK(check_pointer(kFunction, "in", in));
-    BYOC_CHECK(check_pointer(kFunction, "out", out));
-  }
   cudaStream_t cuda_stream = as_stream(stream);
   return dispatch<DtypeSet::kFloats>(kFunction, dtype, [&](auto tag) {
     using Storage = decltype(tag);
@@ -683,18 +678,10 @@ extern "C" int byoc_shim_batch_norm(const void* in, const void* scale, const voi
                                     const void* var, void* out, byoc_dtype dtype, int64_t outer, int64_t channels,
                                     int64_t inner, float epsilon, void* stream) {
   static const char kFunction[] = "byoc_shim_batch_norm";
-  BYOC_CHECK(check_size(kFunction, "outer", outer));
-  BYOC_CHECK(check_size(kFunction, "channels", channels));
-  BYOC_CHECK(check_size(kFunction, "inner", inner));
+  BYOC_CHECK(check_sizes_then_pointers(kFunction, {{"outer", outer}, {"channels", channels}, {"inner", inner}},
+                                       {{"in", in}, {"scale", scale}, {"bias", bias}, {"mean", mean}, {"var", var},
+                                        {"out", out}}));
   const bool empty = outer == 0 || channels == 0 || inner == 0;
-  if (!empty) {
-    BYOC_CHECK(check_pointer(kFunction, "in", in));
-    BYOC_CHECK(check_pointer(kFunction, "scale", scale));
-    BYOC_CHECK(check_pointer(kFunction, "bias", bias));
-    BYOC_CHECK(check_pointer(kFunction, "mean", mean));
-    BYOC_CHECK(check_pointer(kFunction, "var", var));
-    BYOC_CHECK(check_pointer(kFunction, "out", out));
-  }
   cudaStream_t cuda_stream = as_stream(stream);
   return dispatch<DtypeSet::kFloats>(kFunction, dtype, [&](auto tag) {
     using Storage = decltype(tag);
