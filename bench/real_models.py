@@ -348,11 +348,9 @@ def run_byoc(args, case, name, batch, spec, onnx_path, inputs, reference, repeat
     import byoc
     library_path, record_path = prebuilt_paths(args, name, batch, spec)
     if args.prebuilt and library_path.exists() and record_path.exists():
-        # built by an earlier --prebuild process (beside the other cases' builds): its record
-        # says how long that build took and how many builds shared the machine meanwhile
+        # built by an earlier --prebuild process: its record says how long that build took
         out_entry.update(json.loads(record_path.read_text()))
-        log(case, spec, f"prebuilt library {library_path} (built in {out_entry['build_s']} s, "
-            f"{out_entry.get('builds_beside', 0)} other builds beside it)")
+        log(case, spec, f"prebuilt library {library_path} (built in {out_entry['build_s']} s)")
         module = byoc.load(str(library_path))
     else:
         library, record = build_byoc(args, case, name, batch, spec, onnx_path,
@@ -473,7 +471,6 @@ def build_prebuilt(args, case, name, batch, onnx_path, inputs) -> None:
     for spec in args.configs:
         library, record = build_byoc(args, case, name, batch, spec, onnx_path,
                                      {k: tuple(inputs[k].shape) for k in feed_names if k in inputs})
-        record["builds_beside"] = args.builds_beside
         library_path, record_path = prebuilt_paths(args, name, batch, spec)
         library.export_library(library_path)
         record_path.write_text(json.dumps(record, indent=1))
@@ -595,13 +592,6 @@ def _cell(entry):
     return f"{entry['ms']:.3f}" + (f" ({compile_s:.0f} s)" if compile_s is not None else "")
 
 
-def _build_cell(entry):
-    if entry.get("build_s") is None:
-        return "-"
-    beside = entry.get("builds_beside")  # built by --prebuild, side by side with other cases
-    return f"{entry['build_s']:.0f}" + (f" (+{beside} beside)" if beside else "")
-
-
 def write_results(out: Path, header: dict, rows: list, torch_modes: list) -> None:
     result = dict(header, rows=rows)
     (out / "real_models.json").write_text(json.dumps(result, indent=2))
@@ -617,9 +607,9 @@ def write_results(out: Path, header: dict, rows: list, torch_modes: list) -> Non
              "(out=: into a preallocated output); torch fp16 on the GPU, `ms (compile s)`. ms per run, median "
              f"of 5 rounds. Error: max |byoc - ort| / max |ort| (pass <= {TOLERANCE:g}); torch eager fp16's "
              "error beside it is what fp16 alone costs this model. Best torch / byoc > 1: byoc is faster. "
-             "Kernels/run: kernel launches and copies of one byoc run (real_models_profiles.txt). Build s "
-             "`(+n beside)`: built cold while n other cases' builds shared the machine (`gpu_session.sh suite`: "
-             "the suite builds side by side, then one process times every case alone).", ""]
+             "Kernels/run: kernel launches and copies of one byoc run (real_models_profiles.txt). Build s: a "
+             "cold build (`gpu_session.sh suite` builds every case first, one after another, then one process "
+             "times every case).", ""]
     head = ["case"] + (["device"] if len(devices) > 1 else []) + ["byoc config", "byoc ms", "byoc out= ms"] + \
         [f"torch {m}" for m in modes] + ["best torch", "best torch / byoc", "error vs ort",
                                          "torch eager fp16 error", "build s", "kernels/run"]
@@ -644,7 +634,7 @@ def write_results(out: Path, header: dict, rows: list, torch_modes: list) -> Non
                 [f"{best[1]:.3f} ({best[0]})" if best else "-", ratio, error_cell,
                  f"{torch_entries['eager']['max_rel_error']:.1e}"
                  if torch_entries.get("eager", {}).get("max_rel_error") is not None else "-",
-                 _build_cell(entry),
+                 f"{entry['build_s']:.0f}" if entry.get("build_s") is not None else "-",
                  f"{profile['kernels_per_run']:.0f}" if profile else "-"]
             lines.append("| " + " | ".join(cells) + " |")
             if entry.get("error") and spec != "-":
@@ -694,8 +684,6 @@ def main():
     parser.add_argument("--prebuilt", action="store_true",
                         help="take the exports and libraries an earlier --prebuild left, where there are any")
     parser.add_argument("--compile-jobs", type=int, help="the build config's compile_jobs (parallel nvcc jobs)")
-    parser.add_argument("--builds-beside", type=int, default=0,
-                        help="(--prebuild) how many other builds share the machine: recorded beside build_s")
     parser.add_argument("--debug", action="store_true", help="print tracebacks of failures")
     args = parser.parse_args()
     args.torch_modes = [] if args.torch_modes in ("", "none") else [m.strip() for m in args.torch_modes.split(",")]

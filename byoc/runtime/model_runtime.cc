@@ -119,33 +119,34 @@ std::string dtype_text(uint8_t code, uint8_t bits, uint16_t lanes) {
 // Checks one caller tensor against its spec; returns its data pointer or sets the error.
 void* checked_data(const char* role, int32_t index, const TensorSpec& tensor_spec, const byoc_dl_tensor& t,
                    bool on_host) {
-  std::string who = std::string(role) + " '" + tensor_spec.name + "' (#" + std::to_string(index) + ")";
+  // the tensor's name for a message, built only when one is needed (run() allocates nothing)
+  auto who = [&] { return std::string(role) + " '" + tensor_spec.name + "' (#" + std::to_string(index) + ")"; };
   if (t.ndim != tensor_spec.ndim || (t.ndim > 0 && t.shape == nullptr) ||
       (t.ndim > 0 && std::memcmp(t.shape, tensor_spec.shape, sizeof(int64_t) * tensor_spec.ndim) != 0)) {
-    fail(who + ": expected shape " + shape_text(tensor_spec.ndim, tensor_spec.shape) + ", got " +
+    fail(who() + ": expected shape " + shape_text(tensor_spec.ndim, tensor_spec.shape) + ", got " +
          (t.ndim > 0 && t.shape == nullptr ? std::string("no shape") : shape_text(t.ndim, t.shape)));
     return nullptr;
   }
   if (t.dtype.code != tensor_spec.code || t.dtype.bits != tensor_spec.bits || t.dtype.lanes != 1) {
-    fail(who + ": expected dtype " + tensor_spec.dtype + ", got " +
+    fail(who() + ": expected dtype " + tensor_spec.dtype + ", got " +
          dtype_text(t.dtype.code, t.dtype.bits, t.dtype.lanes));
     return nullptr;
   }
 #if BYOC_RUNTIME_CUDA
   if (on_host) {
     if (t.device.device_type != BYOC_DL_CPU && t.device.device_type != BYOC_DL_CUDA_HOST) {
-      fail(who + ": expected a host tensor (cpu or pinned), got device type " + std::to_string(t.device.device_type));
+      fail(who() + ": expected a host tensor (cpu or pinned), got device type " + std::to_string(t.device.device_type));
       return nullptr;
     }
   } else if (t.device.device_type != BYOC_DL_CUDA) {
-    fail(who + ": expected a CUDA device tensor, got device type " + std::to_string(t.device.device_type) +
+    fail(who() + ": expected a CUDA device tensor, got device type " + std::to_string(t.device.device_type) +
          (t.device.device_type == BYOC_DL_CPU ? " (cpu)" : ""));
     return nullptr;
   }
 #else
   (void)on_host;
   if (t.device.device_type != BYOC_DL_CPU && t.device.device_type != BYOC_DL_CUDA_HOST) {
-    fail(who + ": expected a cpu tensor, got device type " + std::to_string(t.device.device_type) +
+    fail(who() + ": expected a cpu tensor, got device type " + std::to_string(t.device.device_type) +
          (t.device.device_type == BYOC_DL_CUDA ? " (cuda)" : ""));
     return nullptr;
   }
@@ -154,7 +155,7 @@ void* checked_data(const char* role, int32_t index, const TensorSpec& tensor_spe
     int64_t expected = 1;
     for (int32_t d = tensor_spec.ndim - 1; d >= 0; --d) {
       if (tensor_spec.shape[d] != 1 && t.strides[d] != expected) {
-        fail(who + ": expected a contiguous (row-major) tensor, got strides " +
+        fail(who() + ": expected a contiguous (row-major) tensor, got strides " +
              shape_text(t.ndim, t.strides) + " (in elements)");
         return nullptr;
       }
@@ -162,7 +163,7 @@ void* checked_data(const char* role, int32_t index, const TensorSpec& tensor_spe
     }
   }
   if (t.data == nullptr && tensor_spec.bytes != 0) {
-    fail(who + ": data pointer is NULL");
+    fail(who() + ": data pointer is NULL");
     return nullptr;
   }
   return static_cast<char*>(t.data) + t.byte_offset;
@@ -343,14 +344,20 @@ void* resolve(const byoc_model* model, const Ref& ref, void* const* in, void* co
   }
 }
 
-// Copies `bytes` in stream order (cuda) or at once (cpu).
-int copy_bytes(void* destination, const void* source, uint64_t bytes, void* stream, const char* what) {
+// Copies `bytes` in stream order (cuda) or at once (cpu). A failure is reported as `what`,
+// followed by `number` when that is not negative; the message is built only then (run()
+// allocates nothing).
+int copy_bytes(void* destination, const void* source, uint64_t bytes, void* stream, const char* what,
+               int32_t number) {
 #if BYOC_RUNTIME_CUDA
-  return cuda_failed(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)),
-                     what);
+  const cudaError_t status =
+      cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream));
+  if (status == cudaSuccess) return 0;
+  return cuda_failed(status, number < 0 ? what : (std::string(what) + " " + std::to_string(number)).c_str());
 #else
   (void)stream;
   (void)what;
+  (void)number;
   std::memcpy(destination, source, bytes);
   return 0;
 #endif
@@ -366,7 +373,7 @@ int run_calls(byoc_model* model, void* const* in, void* const* out, void* stream
     const Call& call = spec.calls[index];
     void* result = resolve(model, spec.refs[call.result], in, out);
     if (call.is_copy) {
-      if (copy_bytes(result, resolve(model, spec.refs[call.first_arg], in, out), call.bytes, stream, call.label)) {
+      if (copy_bytes(result, resolve(model, spec.refs[call.first_arg], in, out), call.bytes, stream, call.label, -1)) {
         return 1;
       }
       continue;
@@ -497,8 +504,8 @@ BYOC_EXPORT int byoc_model_run(byoc_model* model, const byoc_dl_tensor* inputs, 
   // since the graph only ever writes planned storage) are copied out last, in stream order.
   for (int32_t i = 0; i < spec.num_output_copies; ++i) {
     const byoc_runtime::Copy& copy = spec.output_copies[i];
-    if (copy_bytes(out[copy.tensor], resolve(model, copy.ref, in, out), copy.bytes, stream,
-                   ("copying output " + std::to_string(copy.tensor)).c_str())) {
+    if (copy_bytes(out[copy.tensor], resolve(model, copy.ref, in, out), copy.bytes, stream, "copying output",
+                   copy.tensor)) {
       return 1;
     }
   }

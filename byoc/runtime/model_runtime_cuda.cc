@@ -164,9 +164,8 @@ int run_graph(byoc_model* model, void* const* in, void* const* out, cudaStream_t
   }
   for (int32_t i = 0; i < spec.num_input_copies; ++i) {
     const byoc_runtime::Copy& copy = spec.input_copies[i];
-    if (cuda_failed(cudaMemcpyAsync(resolve(model, copy.ref, in, out), in[copy.tensor], copy.bytes,
-                                    cudaMemcpyDeviceToDevice, run_stream),
-                    ("copying input " + std::to_string(copy.tensor)).c_str())) {
+    if (copy_bytes(resolve(model, copy.ref, in, out), in[copy.tensor], copy.bytes, run_stream, "copying input",
+                   copy.tensor)) {
       return 1;
     }
   }

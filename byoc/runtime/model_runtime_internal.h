@@ -52,8 +52,10 @@ extern const ModelSpec& spec;  // the model's tables (byoc_model_spec)
 int fail(const std::string& message);
 // The address a Ref names in this run.
 void* resolve(const byoc_model* model, const Ref& ref, void* const* in, void* const* out);
-// Copies `bytes` in stream order (cuda) or at once (cpu).
-int copy_bytes(void* destination, const void* source, uint64_t bytes, void* stream, const char* what);
+// Copies `bytes` in stream order (cuda) or at once (cpu); a failure names `what` and,
+// unless negative, `number`.
+int copy_bytes(void* destination, const void* source, uint64_t bytes, void* stream, const char* what,
+               int32_t number);
 // The calls in order, on `stream`.
 int run_calls(byoc_model* model, void* const* in, void* const* out, void* stream);
 // The activation arena, the workspace: device memory on cuda, 256-byte aligned host memory on the cpu.
