@@ -3,6 +3,7 @@
 # in .whl/ (see README "Benchmarks"), then run a stage and leave logs and results in $OUT.
 #   bench/gpu_session.sh tests    GPU tests of every file that has them, files in parallel
 #   bench/gpu_session.sh gemm     bench/bench_gemm.py (CUTLASS tuned, cuBLASLt engine, cuBLAS)
+#   bench/gpu_session.sh attention [ARGS...]  bench/bench_attention.py (every fused attention kernel and tile)
 #   bench/gpu_session.sh models CASES...   bench/run_models.py over the shipped CUDA configs
 #   bench/gpu_session.sh release 1|2  the model cases the open issues ask for, in two calls
 #   bench/gpu_session.sh profile [CASES...]  per-kernel GPU time (bench/profile_kernels.py)
@@ -75,6 +76,8 @@ case "$stage" in
     python3 bench/profile_kernels.py --out /tmp/byoc-profile \
       --tuning-db "${TUNING_DB:-backends/cutlass/tuning_sm90.json}" "$@" >"$OUT/profile.log" 2>&1
     cat /tmp/byoc-profile/*.txt >"$OUT/profiles.txt"; cat "$OUT/profiles.txt" ;;
+  attention)
+    python3 bench/bench_attention.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench_attention.log" | tail -n 60 ;;
   gemm)
     python3 bench/bench_gemm.py --out "$OUT" --workdir /tmp/byoc-gemm --tuning-db "$OUT/tuning_sm90.json" "$@" 2>&1 | tee "$OUT/bench_gemm.log" | tail -n 30 ;;
   models)

@@ -930,18 +930,21 @@ def test_hard_swish_is_a_gemm_and_conv_epilogue(kind, tmp_path):
 
 
 def test_the_attention_tile_is_a_target_choice(tmp_path):
-    """cutlass.attention_tile picks the fused attention's block shape (bert2 at batch 8 is
-    small enough that the size rule takes 32x128); another value is a config error."""
+    """cutlass.attention_tile picks the fused attention's kernel and block shape (bert2 at
+    batch 8, head dim 64: the size rule takes the flash kernel, 128 keys a block as that is
+    all of them); another value is a config error."""
     from byoc.config import load_config
     from byoc.errors import ConfigError
     names = {}
-    for tile in ("", "64x64", "32x128"):
-        _, artifacts = _lowered(BERT2, tmp_path / (tile or "auto"), dims={"batch": 8, "sequence": 128},
+    for tile in ("", "64x64", "32x128", "flash:32x64"):
+        _, artifacts = _lowered(BERT2, tmp_path / (tile.replace(":", "_") or "auto"), dims={"batch": 8, "sequence": 128},
                                 backends=[{"cutlass": {"sm": 90, "attention_tile": tile}}, "builtin"])
-        names[tile] = [k for a in artifacts for k in a.kernels.values() if "fmha" in k]
-    assert names == {"": ["cutlass_fmha_sm80_f16_32x128_k64_mask"], "64x64": ["cutlass_fmha_sm80_f16_64x64_k64_mask"],
-                     "32x128": ["cutlass_fmha_sm80_f16_32x128_k64_mask"]}
-    with pytest.raises(ConfigError, match="attention_tile='16x16' expected 64x64 or 32x128"):
+        names[tile] = [k for a in artifacts for k in a.kernels.values() if "fmha" in k or "attention" in k]
+    assert names == {"": ["byoc_flash_attention_sm80_f16_64x128_d64_mask"],
+                     "64x64": ["cutlass_fmha_sm80_f16_64x64_k64_mask"],
+                     "32x128": ["cutlass_fmha_sm80_f16_32x128_k64_mask"],
+                     "flash:32x64": ["byoc_flash_attention_sm80_f16_32x64_d64_mask"]}
+    with pytest.raises(ConfigError, match="attention_tile='16x16' expected one of flash:64x64, .*, 32x128"):
         load_config("cuda_sm90", overrides={"backends": [{"cutlass": {"attention_tile": "16x16"}}]})
 
 
@@ -1029,11 +1032,12 @@ def _attention_model(batch, seq_q, seq_k, heads, head_dim, *, fused_qkv=True, ma
     return fb.module()
 
 
-def _partitioned_attention(mod, tmp_path):
+def _partitioned_attention(mod, tmp_path, tile="", precision="float16"):
     from byoc.build import _Builder
     from byoc.config import load_config
-    cfg = load_config({"target": "cuda -arch=sm_90", "backends": [{"cutlass": {"profile": "false"}}],
-                       "precision": "float16"}, overrides={"workdir": str(tmp_path)})
+    cfg = load_config({"target": "cuda -arch=sm_90",
+                       "backends": [{"cutlass": {"profile": "false", "attention_tile": tile}}],
+                       "precision": precision}, overrides={"workdir": str(tmp_path)})
     builder = _Builder(cfg)
     mod, report = builder.partition(builder.simplify(mod))
     return builder, mod, report
@@ -1091,62 +1095,108 @@ def test_attention_refuses_what_the_kernel_cannot_run_and_batched_matmuls_take_i
     assert "attention" not in report.to_json()["backends"]["cutlass"]["patterns"]
 
 
-def test_attention_with_mask_separate_inputs_and_two_key_transposes(tmp_path):
+@pytest.mark.parametrize("tile, lines", [
+    ("", ("p.seq_q = 24;", "p.seq_k = 40;", "p.k_batch_stride = 10240;", "p.mask_batch_stride = 40;",
+          "p.mask_head_stride = 0;", "p.mask_query_stride = 0;", "p.scale_log2 = 0.125f * 1.4426950408889634f;",
+          "config.gridDim = dim3(1, 4, 2);", "FlashAttention<cutlass::half_t, 64, 4, 128, true>")),
+    ("32x128", ("p.num_queries = 24;", "p.num_keys = 40;", "p.k_strideB = 10240;", "p.bias_strideB = 40;",
+                "p.bias_strideH = 0;", "p.bias_strideM = 0;", "p.scale = 0.125f;")),
+], ids=["flash", "example41"])
+def test_attention_with_mask_separate_inputs_and_two_key_transposes(tile, lines, tmp_path):
     """Separate Q/K/V inputs of different lengths, K^T as two transposes, * 0.125 and a
-    [B, 1, 1, Sk] mask (zero batch-broadcast strides for heads and queries)."""
+    [B, 1, 1, Sk] mask (zero batch-broadcast strides for heads and queries), in both kernels'
+    parameters: byoc's flash kernel (head dim 64: the size rule's choice) and CUTLASS's
+    example 41 kernel."""
     mod = _attention_model(2, 24, 40, 4, 64, fused_qkv=False, mask=(2, 1, 1, 40), scale=("multiply", 0.125),
                            key_form="two_transposes")
-    builder, mod, report = _partitioned_attention(mod, tmp_path)
+    builder, mod, report = _partitioned_attention(mod, tmp_path, tile)
     assert report.to_json()["backends"]["cutlass"]["patterns"] == {"attention": 1}, report.to_text()
     builder.codegen(mod)
     (source,) = tmp_path.glob("cutlass_*.cu")
     text = source.read_text()
-    for line in ("p.num_queries = 24;", "p.num_keys = 40;", "p.k_strideB = 10240;", "p.bias_strideB = 40;",
-                 "p.bias_strideH = 0;", "p.bias_strideM = 0;", "p.scale = 0.125f;"):
+    for line in lines:
+        assert line in text, line
+
+
+def test_attention_reads_heads_cast_outside_the_chain(tmp_path):
+    """float32 Q, K, V inputs cast to float16 by the model itself, in a float32 build:
+    SinkReshapes moves each head-split reshape above its input's cast, so the heads reach
+    the chain as [B, S, H, D] values computed outside it; the attention takes them as rows
+    of H*D (the builtin backend keeps reshape and cast)."""
+    mod = _attention_model(3, 50, 136, 2, 64, fused_qkv=False, mask=(3, 1, 1, 136), scale=("multiply", 0.125),
+                           key_form="two_transposes")
+    builder, mod, report = _partitioned_attention(mod, tmp_path, precision="float32")
+    assert report.to_json()["backends"]["cutlass"]["patterns"] == {"attention": 1}, report.to_text()
+    (attention,) = [f for name, f in mod.items() if name.startswith("cutlass_")]
+    assert sorted(tuple(p.type.shape) for p in attention.params) == [(3, 1, 1, 136), (3, 50, 2, 64), (3, 136, 2, 64),
+                                                                     (3, 136, 2, 64)]
+    builder.codegen(mod)
+    (source,) = tmp_path.glob("cutlass_*.cu")
+    text = source.read_text()
+    for line in ("p.q_row_stride = 128;", "p.k_row_stride = 128;", "p.k_batch_stride = 17408;", "p.seq_k = 136;"):
         assert line in text, line
 
 
 @needs_nvcc
 @needs_cutlass
-@pytest.mark.parametrize("sm", [90, 80])
-def test_attention_kernel_compiles(sm, tmp_path):
-    """The fused attention family (with a mask, bfloat16) renders and compiles with nvcc
-    for the target's arch, with the nvidia-cutlass example headers and cuRAND's header."""
+@pytest.mark.parametrize("sm, tile, kernel", [
+    (90, "", "byoc_flash_attention_sm80_bf16_64x128_d64_mask"),
+    (80, "", "byoc_flash_attention_sm80_bf16_64x128_d64_mask"),
+    (90, "flash:32x64", "byoc_flash_attention_sm80_bf16_32x64_d64_mask"),
+    (90, "32x128", "cutlass_fmha_sm80_bf16_32x128_k64_mask"),
+    (80, "32x128", "cutlass_fmha_sm80_bf16_32x128_k64_mask"),
+])
+def test_attention_kernel_compiles(sm, tile, kernel, tmp_path):
+    """Both fused attention kernels (with a mask, bfloat16) render and compile with nvcc for
+    the target's arch: byoc's flash kernel with its header, CUTLASS's example 41 kernel with
+    the nvidia-cutlass example headers and cuRAND's header."""
     from byoc.build import _Builder
     from byoc.config import load_config
     from byoc.toolchain import compile_units
     mod = _attention_model(2, 64, 64, 2, 64, fused_qkv=False, mask=(2, 1, 1, 64), dtype="bfloat16")
-    cfg = load_config({"target": f"cuda -arch=sm_{sm}", "backends": [{"cutlass": {"profile": "false"}}],
+    cfg = load_config({"target": f"cuda -arch=sm_{sm}",
+                       "backends": [{"cutlass": {"profile": "false", "attention_tile": tile}}],
                        "precision": "bfloat16"}, overrides={"workdir": str(tmp_path)})
     builder = _Builder(cfg)
     mod, _ = builder.partition(builder.simplify(mod))
     _, artifacts = builder.codegen(mod)
     (cutlass,) = [a for a in artifacts if a.backend == "cutlass"]
-    assert list(cutlass.kernels.values()) == ["cutlass_fmha_sm80_bf16_32x128_k64_mask"]
+    assert list(cutlass.kernels.values()) == [kernel]
     objects = compile_units(cutlass.compile_units, tmp_path)
     assert all(Path(o).stat().st_size > 0 for o in objects)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_visible(), reason="no GPU visible")
-@pytest.mark.parametrize("case, shape, kwargs", [
-    ("bert_qkv_split", (2, 77, 77, 4, 64), dict()),  # rows not a multiple of the tile
+@pytest.mark.parametrize("case, shape, kwargs, tile", [
+    # byoc's flash kernel (head dims 64 and 128; the size rule's choice for them)
+    ("bert_qkv_split", (2, 77, 77, 4, 64), dict(), ""),  # rows not a multiple of the tile
     ("mask_separate_qkv", (3, 50, 136, 2, 64), dict(fused_qkv=False, mask=(3, 1, 1, 136),
-                                                    scale=("multiply", 0.125), key_form="two_transposes")),
-    ("head_dim_128", (1, 200, 200, 3, 128), dict(scale=None)),
-    ("full_mask_bf16", (2, 64, 64, 2, 32), dict(fused_qkv=False, mask=(2, 2, 64, 64), dtype="bfloat16")),
-    ("bert_base_batch8", (8, 128, 128, 12, 64), dict()),  # 32x128: one pass over the keys
-    ("vit_batch8", (8, 197, 197, 12, 64), dict()),  # 64-query blocks: keys in two passes, the GPU filled
+                                                    scale=("multiply", 0.125), key_form="two_transposes"), ""),
+    ("full_mask_64x128", (2, 70, 200, 3, 64), dict(fused_qkv=False, mask=(2, 3, 70, 200)), "flash:64x128"),
+    ("head_dim_128", (1, 200, 200, 3, 128), dict(scale=None), ""),
+    ("head_dim_128_32x64", (2, 100, 72, 2, 128), dict(fused_qkv=False, mask=(2, 2, 100, 72)), "flash:32x64"),
+    ("bf16_32x128", (2, 33, 136, 2, 64), dict(fused_qkv=False, mask=(2, 1, 33, 136), dtype="bfloat16"),
+     "flash:32x128"),
+    ("bert_base_batch8", (8, 128, 128, 12, 64), dict(), ""),  # every key in one block of 128
+    ("vit_batch8", (8, 197, 197, 12, 64), dict(), ""),  # 64 keys a block
+    # CUTLASS's example 41 kernel: head dims the flash kernel does not take, and its tiles
+    ("full_mask_bf16", (2, 64, 64, 2, 32), dict(fused_qkv=False, mask=(2, 2, 64, 64), dtype="bfloat16"), ""),
+    ("example41_32x128", (8, 128, 128, 12, 64), dict(), "32x128"),
+    ("example41_64x64", (2, 77, 80, 4, 64), dict(fused_qkv=False, mask=(2, 1, 1, 80)), "64x64"),
 ], ids=lambda value: value if isinstance(value, str) else "")
-def test_attention_matches_float32_reference(case, shape, kwargs, tmp_path):
+def test_attention_matches_float32_reference(case, shape, kwargs, tile, tmp_path):
     import cupy
     mod = _attention_model(*shape, **kwargs)
-    library = byoc.build(mod, config={"target": "auto", "backends": [{"cutlass": {"profile": "false"}}]},
+    library = byoc.build(mod, config={"target": "auto",
+                                      "backends": [{"cutlass": {"profile": "false", "attention_tile": tile}}]},
                          workdir=str(tmp_path / "w"))
     assert library.report.to_json()["backends"]["cutlass"]["patterns"] == {"attention": 1}, library.report.to_text()
-    blocks = {"bert_base_batch8": "_32x128_", "vit_batch8": "_64x64_"}.get(case)
-    if blocks:  # the kernel the size rule picks
-        assert blocks in "".join(p.read_text() for p in (tmp_path / "w").glob("cutlass_*.cu")), case
+    kernel = {"bert_base_batch8": "FlashAttention<cutlass::half_t, 64, 4, 128, false>",
+              "vit_batch8": "FlashAttention<cutlass::half_t, 64, 4, 64, false>",
+              "full_mask_bf16": "AttentionKernel<Element, cutlass::arch::Sm80"}.get(case)
+    if kernel:  # the kernel the size rule picks
+        assert kernel in "".join(p.read_text() for p in (tmp_path / "w").glob("cutlass_*.cu")), case
     module = library.load()
     rng = np.random.default_rng(1)
     inputs = {p.name_hint: rng.standard_normal(p.type.shape).astype(np.float32) for p in mod["main"].params}

@@ -7,6 +7,7 @@ from __future__ import annotations
 from byoc.backend import register_backend
 from byoc.target import AttrSchema, at_least, each, register_target_kind
 
+from .attention import EXAMPLE_TILES, FLASH_TILES
 from .codegen import codegen
 from .kernels import parse_shape
 from .patterns import pattern_table
@@ -64,11 +65,13 @@ register_target_kind("cutlass", {
                            check=each(_stage_check)),
     "split_k": AttrSchema(bool, False, None, "let tuning try sm90 split-K (K split 2/4/8 ways) and stream-K GEMMs "
                           "(a tuning-database entry that splits is used either way)"),
-    "attention_tile": AttrSchema(str, "", None, "queries x keys per thread block of the fused attention kernel, "
-                                 "64x64 or 32x128 (empty: by the problem's size: 32x128 where the keys fit one block, else 64x64 where "
-                                 "that fills the GPU, else 32x128)",
-                                 check=lambda tile: None if tile in ("", "64x64", "32x128") else
-                                 "expected 64x64 or 32x128 (or empty: chosen by the problem's size)"),
+    "attention_tile": AttrSchema(str, "", None, "queries x keys per thread block of the fused attention kernel: "
+                                 "flash:64x64, flash:32x64, flash:64x128 or flash:32x128 (byoc's flash kernel, head dims "
+                                 "64 and 128), 64x64 or 32x128 (CUTLASS's example 41 kernel); empty: by the problem's "
+                                 "size and head dim",
+                                 check=lambda tile: None if tile in ("",) + EXAMPLE_TILES + FLASH_TILES else
+                                 "expected one of " + ", ".join(FLASH_TILES + EXAMPLE_TILES) +
+                                 " (or empty: chosen by the problem's size)"),
     "compile_threads": AttrSchema(int, 0, None, "parallel nvcc jobs while tuning (0: one per CPU)",
                                     check=at_least(0)),
     # On by default since the GPU tests that build CUTLASS kernels (test_cutlass.py, every

@@ -11,12 +11,17 @@ The chain (BERT's self-attention as exporters write it, after LowerSplit):
     o = matmul(softmax(s, axis=-1), v)
     out = [reshape(] transpose(o, [0, 2, 1, 3]) [, [B, Sq, H*Dv])]
 
-runs as one kernel, CUTLASS's fused multi-head attention (examples/41_fused_multi_head_attention
-in the nvidia-cutlass package: xformers' memory-efficient attention, a CUTLASS 2.x Sm80 kernel
-that also runs on sm_90). It reads Q, K and V in place through row, head and batch strides
-(out of the fused QKV projection when they are its slices), keeps the scores on chip, and
-writes [B, Sq, H, Dv] directly: the head-split copies, both batched GEMMs, the mask add and
-the softmax of the unfused chain are gone.
+where reshape(X, [B, S, H, D]) may also be a [B, S, H, D] value from outside the chain,
+read as rows of H*D.
+
+runs as one kernel that reads Q, K and V in place through row, head and batch strides (out
+of the fused QKV projection when they are its slices), keeps the scores on chip, and writes
+[B, Sq, H, Dv] directly: the head-split copies, both batched GEMMs, the mask add and the
+softmax of the unfused chain are gone. Two kernels: byoc's flash attention
+(include/byoc_flash_attention.cuh: FlashAttention-2's schedule on CUTLASS's sm80 MMA, ldmatrix
+and cp.async atoms) for head dims of 64 and 128, and otherwise CUTLASS's fused multi-head
+attention (examples/41_fused_multi_head_attention in the nvidia-cutlass package: xformers'
+memory-efficient attention, a CUTLASS 2.x Sm80 kernel that also runs on sm_90).
 
 `read_attention` walks the chain back from its output through a `producer` lookup, so the
 pattern check (over a Match) and codegen (over a partition's flattened ops) read it alike.
@@ -70,27 +75,45 @@ class Attention:
     mask_strides: tuple = ()  # (batch, head, query) strides in elements; keys are contiguous
 
     def kernel(self, sm_count: int, tile: str = "") -> "AttentionKernel":
-        """The kernel for this problem: `tile` ("64x64", "32x128": the cutlass target's
-        attention_tile) where given (64x64 only for head dims up to 64), else by size
-        (AttentionKernel.for_problem)."""
+        """The kernel for this problem: `tile` (the cutlass target's attention_tile:
+        EXAMPLE_TILES, FLASH_TILES) where given and the kernel takes the problem, else by
+        size (AttentionKernel.for_problem)."""
         return AttentionKernel.for_problem(self, sm_count, tile)
+
+
+# byoc's flash attention kernel (include/byoc_flash_attention.cuh) takes head dims of 64
+# and 128 with V's equal to Q's; other problems go to CUTLASS's example 41 kernel.
+FLASH_HEAD_DIMS = (64, 128)
+# attention_tile values: CUTLASS's example 41 kernel's blocks, and the flash kernel's
+# ("flash:" queries x keys; 16 queries a warp)
+EXAMPLE_TILES = ("64x64", "32x128")
+FLASH_TILES = ("flash:64x64", "flash:32x64", "flash:64x128", "flash:32x128")
 
 
 @dataclass(frozen=True)
 class AttentionKernel:
-    """One instantiation of CUTLASS's AttentionKernel: queries x keys per thread block and
-    kMaxK, the bound on the head dims (a single pass over V when kMaxK <= keys)."""
+    """One attention kernel: queries x keys per thread block, and either byoc's flash
+    kernel (`flash`: head dim `max_k` exactly) or an instantiation of CUTLASS's example 41
+    AttentionKernel (kMaxK = `max_k`, the bound on the head dims: a single pass over V
+    when kMaxK <= keys)."""
     queries: int
     keys: int
     max_k: int
+    flash: bool = False
 
     @staticmethod
     def for_problem(problem: Attention, sm_count: int, tile: str = "") -> "AttentionKernel":
+        flash_fits = problem.head_dim == problem.head_dim_v and problem.head_dim in FLASH_HEAD_DIMS
+        if tile.startswith("flash:") and flash_fits:
+            queries, keys = (int(n) for n in tile[len("flash:"):].split("x"))
+            return AttentionKernel(queries, keys, problem.head_dim, flash=True)
         max_k = 64 if max(problem.head_dim, problem.head_dim_v) <= 64 else 128
         if tile == "32x128" or (tile == "64x64" and max_k > 64):
             return AttentionKernel(32, 128, max_k)
         if tile == "64x64":
             return AttentionKernel(64, 64, max_k)
+        if flash_fits and not tile:
+            return AttentionKernel.flash_for(problem, sm_count)
         blocks_64 = math.ceil(problem.seq_q / 64) * problem.heads * problem.batch
         # 32 queries x 128 keys where the keys fit one block: one pass over them, and twice
         # the blocks (BERT-base at batch 8, seq 128: 0.745 -> 0.713 ms a run on an H100 against
@@ -102,9 +125,26 @@ class AttentionKernel:
             return AttentionKernel(64, 64, max_k)
         return AttentionKernel(32, 128, max_k)
 
+    @staticmethod
+    def flash_for(problem: Attention, sm_count: int) -> "AttentionKernel":
+        """The flash kernel's blocks, from bench/bench_attention.py on an H100 (every tile,
+        bench/results/attention.md): 64 queries (4 warps) a block won on every shape, even
+        where 32 would give twice the blocks (BERT-base at batch 1: 24 blocks of 64); 128 keys
+        a pass where that is all the keys (one pass, no rescaling: BERT at 128 tokens 4.98 us
+        against 5.37 for 64) or the head dim is 128 (10.8 us against 12.1 at 256 keys), else
+        64 (ViT's 197 keys: 13.5 us against 18.6 for 128)."""
+        keys = 128 if problem.seq_k <= 128 or problem.head_dim == 128 else 64
+        return AttentionKernel(64, keys, problem.head_dim, flash=True)
+
+    @property
+    def template(self) -> str:
+        return "cutlass/flash_attention.cu.j2" if self.flash else "cutlass/attention_sm80.cu.j2"
+
     def name(self, problem: Attention) -> str:
         dtype = {"float16": "f16", "bfloat16": "bf16"}[problem.dtype]
         mask = "_mask" if problem.mask is not None else ""
+        if self.flash:
+            return f"byoc_flash_attention_sm80_{dtype}_{self.queries}x{self.keys}_d{self.max_k}{mask}"
         return f"cutlass_fmha_sm80_{dtype}_{self.queries}x{self.keys}_k{self.max_k}{mask}"
 
 
@@ -220,6 +260,9 @@ def _key_heads(expr, producer):
 
 def _reshaped_source(expr, producer, role):
     made = producer(expr)
+    if made is None and len(expr.type.shape) == 4:  # [B, S, H, D] from outside: rows of H*D
+        batch, seq, heads, dim = expr.type.shape
+        return (batch, seq, heads, dim), Operand(expr, 0, heads * dim)
     if made is None or made[0] != "reshape" or len(expr.type.shape) != 4:
         raise NotAttention(f"{role} is not reshaped to [B, S, H, D]")
     batch, seq, heads, dim = expr.type.shape
@@ -270,7 +313,7 @@ def _mask_strides(mask, shape, dtype) -> tuple:
 
 
 def template_data(problem: Attention, kernel: AttentionKernel, symbol: str, index_of) -> dict:
-    """What templates/cutlass/attention_sm80.cu.j2 renders; index_of(expr) -> parameter index."""
+    """What kernel.template renders; index_of(expr) -> parameter index."""
     element = {"float16": "cutlass::half_t", "bfloat16": "cutlass::bfloat16_t"}[problem.dtype]
 
     def operand(o: Operand, head_dim, seq):

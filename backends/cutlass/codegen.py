@@ -30,6 +30,8 @@ from byoc.ir.op import Op
 from .kernels import (PDL_FLAG, SM_COUNT, CandidateFilter, ConvProblem, GemmProblem, compile_unit_sources,
                       kernel_flags, kernel_template, kernel_type_key, kernel_workspace_bytes)
 
+# byoc's own kernel headers (the flash attention kernel)
+INCLUDE_DIR = Path(__file__).parent / "include"
 ACTIVATION_OPS = {"relu": "relu", "silu": "silu", "sigmoid": "sigmoid", "hard_swish": "hard_swish"}
 
 
@@ -280,9 +282,9 @@ def attention_units(attention: dict, sm_count: int, workdir: Path, flags: list, 
     for symbol, (problem, index_of) in attention.items():
         kernel = problem.kernel(sm_count, tile)
         source = workdir / f"{symbol}.cu"
-        source.write_text(render_template("cutlass/attention_sm80.cu.j2",
-                                          template_data(problem, kernel, symbol, index_of.__getitem__)))
-        units.append(CompileUnit(source, "cuda", flags + [f"-I{example}"], f"{symbol}.o"))
+        source.write_text(render_template(kernel.template, template_data(problem, kernel, symbol, index_of.__getitem__)))
+        include = INCLUDE_DIR if kernel.flash else example
+        units.append(CompileUnit(source, "cuda", flags + [f"-I{include}"], f"{symbol}.o"))
         workspace[symbol] = 0
         kernels[symbol] = kernel.name(problem)
     return units

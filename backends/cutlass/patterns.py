@@ -139,14 +139,19 @@ def transposed_batched():
 def attention():
     """Multi-head attention from the projections to the merged heads (attention.py has the
     chain): Q, K, V are whatever feeds the head-split reshapes, or the fused QKV projection
-    when they are its slices (then one parameter, read at three offsets)."""
+    when they are its slices (then one parameter, read at three offsets), or a [B, S, H, D]
+    value computed outside (a cast that SinkReshapes put after the reshape of an input)."""
     def source():
         return is_op("strided_slice")(wildcard()) | wildcard()
 
-    def heads():
-        return is_op("transpose")(is_op("reshape")(source()))
+    def split():
+        return is_op("reshape")(source()) | wildcard()
 
-    keys = is_op("transpose")(is_op("reshape")(source())) | is_op("transpose")(heads())
+    def heads():
+        return is_op("transpose")(split())
+
+    # the two-transpose form first: the wildcard of split() would take its inner transpose
+    keys = is_op("transpose")(heads()) | is_op("transpose")(split())
     scores = is_op("matmul")(heads(), keys)
     scores = with_scale(scores) | scores
     scores = _add(scores, wildcard()) | scores
