@@ -312,18 +312,22 @@ class _Builder:
             target.workdir = self.workdir  # and write their sources here
         return targets
 
-    def plan_cuda_graph(self, mod, artifacts) -> bool:
-        """RewriteCUDAGraph over main; the host captures main as one graph when a single
-        region covers every call (otherwise the model runs without graphs, and the
-        regions are still written to the work directory)."""
+    def plan_cuda_graph(self, mod, artifacts) -> list:
+        """RewriteCUDAGraph's regions of main (binding indices): runs of calls that a CUDA
+        graph may capture, i.e. calls of a capturable backend's functions that run on the
+        GPU; a cpu function or a copy between memories runs between two regions. The
+        rewritten module is written to the work directory (cuda_graph.ir)."""
         from .backend import get_backend
-        from .transform.rewrite_cuda_graph import rewrite_cuda_graph
+        from .transform.rewrite_cuda_graph import graph_regions, rewrite_cuda_graph
         backend_of = {symbol: artifact.backend for artifact in artifacts for symbol in artifact.symbols}
-        regions = rewrite_cuda_graph(mod, lambda symbol: get_backend(backend_of[symbol]).capturable)
-        (self.workdir / "cuda_graph.ir").write_text(regions.script())
-        from .ir.expr import Call, GlobalVar
-        calls = [b.value for b in regions["main"].bindings if isinstance(b.value, Call)]
-        return len(calls) == 1 and isinstance(calls[0].op, GlobalVar) and calls[0].op.name.startswith("cuda_graph")
+        devices = getattr(self, "devices", {})
+
+        def capturable(symbol) -> bool:
+            on_gpu = symbol not in devices or devices[symbol].device_type == "cuda"
+            return on_gpu and get_backend(backend_of[symbol]).capturable
+
+        (self.workdir / "cuda_graph.ir").write_text(rewrite_cuda_graph(mod, capturable).script())
+        return graph_regions(mod, capturable)
 
     # ---- host code and the toolchain ------------------------------------------------------
     @staticmethod
@@ -383,9 +387,8 @@ class _Builder:
         workspace = {}
         for artifact in artifacts:
             workspace.update(artifact.workspace_bytes)
-        cuda_graph = bool(self.cfg.cuda_graph and self.cuda)
-        if cuda_graph:
-            cuda_graph = self.plan_cuda_graph(mod, artifacts)
+        regions = self.plan_cuda_graph(mod, artifacts) if self.cfg.cuda_graph and self.cuda else []
+        cuda_graph = bool(regions)
         # A cuda build with data on the host (pins, host inputs/outputs) places it by device.
         devices = self.cuda and self.has_host_data(mod)
         value_devices = function_devices = None
@@ -397,7 +400,7 @@ class _Builder:
         view_symbols = {s for artifact in artifacts for s in artifact.view_symbols}
         graph_io = self.cfg.cuda_graph_io if cuda_graph else None
         plan = plan_host(mod, workspace, output_names=output_names, static_io=graph_io == "copy",
-                         view_symbols=view_symbols,
+                         view_symbols=view_symbols, graph_regions=regions,
                          value_devices=value_devices, function_devices=function_devices)
         return _HostSetup(plan, cuda_graph, graph_io, bool(devices), view_symbols)
 

@@ -492,15 +492,22 @@ def minimum_copies(main, function_devices, input_device, output_device) -> int:
     return sum(len(devices - {producer[var]}) for var, devices in readers.items())
 
 
-def lower_for_cuda(tmp_path, devices):
+def lower_for_cuda(tmp_path, devices, **overrides):
     """The cuda build's IR stages (no compiler runs, no GPU needed)."""
+    builder, mod, _, _ = lowered_for_cuda(tmp_path, devices, **overrides)
+    return builder, mod
+
+
+def lowered_for_cuda(tmp_path, devices, **overrides):
+    """lower_for_cuda, and also the output names and the backends' artifacts."""
     from byoc.build import _Builder
     inputs, _ = bert_inputs()
     config = byoc.config.load_config("cpu", overrides={"target": "cuda -arch=sm_90", "workdir": str(tmp_path),
-                                                        "devices": devices})
+                                                        "devices": devices, **overrides})
     builder = _Builder(config)
-    mod, *_ = builder.lower(FIXTURES / "bert2.onnx", {name: value.shape for name, value in inputs.items()})
-    return builder, mod
+    mod, output_names, artifacts, _ = builder.lower(FIXTURES / "bert2.onnx",
+                                                    {name: value.shape for name, value in inputs.items()})
+    return builder, mod, output_names, artifacts
 
 
 def test_cuda_pipeline_inserts_the_minimum_number_of_copies(tmp_path):
@@ -521,6 +528,37 @@ def test_cuda_pipeline_inserts_the_minimum_number_of_copies(tmp_path):
 def test_cuda_pipeline_without_pins_has_no_copies(tmp_path):
     _, mod = lower_for_cuda(tmp_path, {"pin": [], "inputs": "device", "outputs": "device"})
     assert "device_copy" not in mod.script()
+
+
+def test_cuda_graph_regions_leave_cpu_functions_and_copies_between_them(tmp_path):
+    """bert2 with its softmaxes on the cpu and host inputs and outputs, graphs on: the
+    calls form captured regions (GPU functions only) with the copies and the cpu softmax
+    between them, run directly; the regions cover every call once, in order, and host.cc
+    carries them as its region table."""
+    from byoc.codegen.host import render_host
+    builder, mod, output_names, artifacts = lowered_for_cuda(tmp_path, PINNING, cuda_graph=True)
+    host = builder.plan_host(mod, artifacts, output_names)
+    calls, regions = host.plan.calls, host.plan.regions
+    assert host.cuda_graph and host.devices
+    assert [(r["first"], r["count"]) for r in regions] == \
+        [(sum(r["count"] for r in regions[:i]), r["count"]) for i, r in enumerate(regions)]
+    assert sum(r["count"] for r in regions) == len(calls)
+    cpu_symbols = {symbol for symbol, device in builder.devices.items() if device.device_type == "cpu"}
+    for region in regions:
+        members = calls[region["first"]:region["first"] + region["count"]]
+        direct = [c["kind"] == "copy" or c["symbol"] in cpu_symbols for c in members]
+        assert all(direct) if not region["capture"] else not any(direct), region
+    # the three inputs' copies (each placed before its first reader), then per layer: the
+    # scores to the host, softmax, the probabilities back; the outputs' copies last
+    assert [r["capture"] for r in regions] == [False, True] * 5 + [False]
+    assert [r["count"] for r in regions if not r["capture"]] == [1, 1, 1, 3, 3, 2]
+    source = render_host(host.plan, cuda=True, build_id="0", arch_number=90, weights_embedded=True,
+                         cuda_graph=True, devices=True, graph_io="copy")
+    table = source[source.index("kRegions[] = {"):]
+    rows = [f"{{{r['first']}, {r['count']}, {str(r['capture']).lower()}}}," for r in regions]
+    assert table.split("\n")[1:len(rows) + 1] == ["  " + row for row in rows], table[:600]
+    written = (tmp_path / "cuda_graph.ir").read_text()
+    assert written.count("[CUDAGraph=1]") == 5
 
 
 def gpu_visible() -> bool:
@@ -547,3 +585,31 @@ def test_cpu_shim_renames_cover_every_shim_function():
     declared = set(re.findall(r"\b(byoc_shim_[a-z0-9_]+)\s*\(", (SHIM_DIR / "byoc_shim.h").read_text()))
     renamed = set(re.findall(r"#define (byoc_shim_[a-z0-9_]+) byoc_cpu_shim_", CPU_SHIM_SYMBOLS.read_text()))
     assert declared and declared == renamed
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_visible(), reason="no GPU visible")
+def test_graph_regions_around_cpu_functions_match_direct_runs_over_fresh_inputs(tmp_path):
+    """bert2 with its softmaxes on the cpu and host inputs and outputs: with graphs on, the
+    five GPU regions are captured and replayed between the copies and the cpu softmaxes,
+    and 100 runs on fresh inputs (new values and new host buffers each time) agree bit for
+    bit with the same build without graphs."""
+    inputs, _ = bert_inputs()
+    shapes = {name: value.shape for name, value in inputs.items()}
+    libraries = {graph: byoc.build(FIXTURES / "bert2.onnx",
+                                   config={"target": "auto", "devices": PINNING, "cuda_graph": graph},
+                                   workdir=str(tmp_path / str(graph)), input_shapes=shapes)
+                 for graph in (True, False)}
+    regions = libraries[True].metadata["cuda_graph_regions"]
+    assert sum(r["captured"] for r in regions) == 5 and "cuda_graph_regions" not in libraries[False].metadata
+    modules = {graph: library.load() for graph, library in libraries.items()}
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        fresh = {"input_ids": rng.integers(0, 1000, size=shapes["input_ids"]).astype(inputs["input_ids"].dtype),
+                 "token_type_ids": rng.integers(0, 2, size=shapes["token_type_ids"]).astype(
+                     inputs["token_type_ids"].dtype),
+                 "attention_mask": (rng.random(shapes["attention_mask"]) < 0.8).astype(inputs["attention_mask"].dtype)}
+        fresh["attention_mask"][:, 0] = 1
+        with_graphs, direct = (modules[graph].run(**fresh) for graph in (True, False))
+        for a, b in zip(with_graphs, direct):
+            assert np.array_equal(np.asarray(a), np.asarray(b))

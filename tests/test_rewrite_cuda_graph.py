@@ -1,6 +1,7 @@
-"""RewriteCUDAGraph on IR text: regions end at non-capturable calls; views launch nothing."""
+"""RewriteCUDAGraph on IR text: regions end at non-capturable calls (a cpu function, a copy
+between memories); views launch nothing."""
 from byoc.ir import assert_structural_equal, parse
-from byoc.transform.rewrite_cuda_graph import rewrite_cuda_graph
+from byoc.transform.rewrite_cuda_graph import graph_regions, rewrite_cuda_graph
 
 T = "Tensor[(64,), float32]"
 DECLS = f"""
@@ -66,3 +67,68 @@ def @main(%x: {T}) -> {T} {{
 }}
 {DECLS}""")
     assert_structural_equal(rewrite_cuda_graph(before, capturable), before)
+
+
+# What PlanDevices leaves for a cuda build with host inputs and outputs and a function on
+# the cpu: the copies and the cpu function run between two regions.
+DEVICE_DECLS = f"""
+def @gpu(%a: {T}) -> {T} [Extern=1];
+def @host(%a: {T}) -> {T} [Extern=1];
+"""
+
+
+def on_gpu(symbol):
+    return symbol != "host"  # the builder refuses functions placed on the cpu
+
+
+def test_two_device_regions_around_a_cpu_function_with_host_inputs_and_outputs():
+    before = parse(f"""
+def @main(%x: {T}) -> {T} {{
+  %x_cuda = device_copy(%x, src="cpu", dst="cuda")
+  %a = @gpu(%x_cuda)
+  %b = @gpu(%a)
+  %b_cpu = device_copy(%b, src="cuda", dst="cpu")
+  %s = @host(%b_cpu)
+  %s_cuda = device_copy(%s, src="cpu", dst="cuda")
+  %c = @gpu(%s_cuda)
+  %d = @gpu(%c)
+  %d_cpu = device_copy(%d, src="cuda", dst="cpu")
+  return %d_cpu
+}}
+{DEVICE_DECLS}""")
+    expected = parse(f"""
+def @main(%x: {T}) -> {T} {{
+  %x_cuda = device_copy(%x, src="cpu", dst="cuda")
+  %b = @cuda_graph_0(%x_cuda)
+  %b_cpu = device_copy(%b, src="cuda", dst="cpu")
+  %s = @host(%b_cpu)
+  %s_cuda = device_copy(%s, src="cpu", dst="cuda")
+  %d = @cuda_graph_1(%s_cuda)
+  %d_cpu = device_copy(%d, src="cuda", dst="cpu")
+  return %d_cpu
+}}
+def @cuda_graph_0(%p0: {T}) -> {T} [CUDAGraph=1] {{
+  %a = @gpu(%p0)
+  %b = @gpu(%a)
+  return %b
+}}
+def @cuda_graph_1(%p0: {T}) -> {T} [CUDAGraph=1] {{
+  %c = @gpu(%p0)
+  %d = @gpu(%c)
+  return %d
+}}
+{DEVICE_DECLS}""")
+    assert_structural_equal(rewrite_cuda_graph(before, on_gpu), expected)
+    assert graph_regions(before, on_gpu) == [[1, 2], [6, 7]]
+
+
+def test_every_function_on_the_cpu_leaves_no_region():
+    before = parse(f"""
+def @main(%x: {T}) -> {T} {{
+  %a = @host(%x)
+  %b = @host(%a)
+  return %b
+}}
+{DEVICE_DECLS}""")
+    assert graph_regions(before, on_gpu) == []
+    assert_structural_equal(rewrite_cuda_graph(before, on_gpu), before)

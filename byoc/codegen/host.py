@@ -143,6 +143,9 @@ class HostPlan:
     inputs_on_host: list = field(default_factory=list)
     outputs_on_host: list = field(default_factory=list)
     sync_at_end: bool = False
+    # With CUDA graphs: every call in one of these, in order ({"first", "count",
+    # "capture"}): a captured region or calls run directly between two.
+    regions: list = field(default_factory=list)
 
 
 # Memory spaces of a build with devices: the device arena, the host arena (malloc) and the
@@ -153,7 +156,8 @@ SPACES = {"global": "H", "host-pinned": "P"}
 def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
               output_names: list[str] | None = None, reuse_memory: bool = True,
               static_io: bool = False, value_devices: dict | None = None,
-              function_devices: dict | None = None, view_symbols=frozenset()) -> HostPlan:
+              function_devices: dict | None = None, view_symbols=frozenset(),
+              graph_regions: list | None = None) -> HostPlan:
     """Place every tensor of mod["main"]. Intermediates share the arena as PlanMemory
     decides (`reuse_memory=False` gives each its own slot, for debugging).
 
@@ -169,7 +173,11 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
 
     `view_symbols`: extern functions whose result only reinterprets their first argument
     (reshapes): no call is made, the result is the argument's storage (PlanMemory keeps
-    that alive as long as the view is used)."""
+    that alive as long as the view is used).
+
+    `graph_regions` (RewriteCUDAGraph's regions, lists of binding indices of main): the
+    plan's `regions` then cover every call in order, each captured into its own CUDA graph
+    or (the calls between regions) run directly."""
     main = mod["main"]
     on_host = _host_space_of(value_devices)
     results = list(main.result.fields) if isinstance(main.result, Tuple) else [main.result]
@@ -186,6 +194,7 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
         else:
             calls.append(placer.call(position, binding, mod, value_devices, function_devices))
     input_copies = placer.stage_inputs(calls) if static_io else []
+    regions = _call_regions(calls, graph_regions) if graph_regions else []
     host_symbols = placer.host_symbols
     plan = HostPlan(inputs=inputs, outputs=[(name, result.type) for name, result in zip(names, results)],
                     calls=calls, output_copies=placer.output_copies(), input_copies=input_copies,
@@ -194,7 +203,7 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
                     extern_symbols=placer.symbols,
                     workspace_bytes=max([0] + [(workspace_bytes or {}).get(s, 0) for s in placer.symbols
                                                if s not in host_symbols]),
-                    memory_plan=placer.memory_plan)
+                    memory_plan=placer.memory_plan, regions=regions)
     if value_devices is not None:
         plan.host_arena_bytes = align(placer.space_sizes["H"])
         plan.pinned_arena_bytes = align(placer.space_sizes["P"])
@@ -203,6 +212,21 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
         plan.outputs_on_host = [isinstance(r, Var) and on_host(r) is not None for r in results]
         plan.sync_at_end = any(plan.outputs_on_host) and placer.pending_device_work
     return plan
+
+
+def _call_regions(calls: list, graph_regions: list) -> list:
+    """The calls as consecutive regions: {"first", "count", "capture"}; a region of
+    RewriteCUDAGraph (by binding position) is captured, the calls between run directly."""
+    region_of = {position: number for number, region in enumerate(graph_regions) for position in region}
+    regions, previous = [], object()
+    for index, call in enumerate(calls):
+        key = region_of.get(call["position"])
+        if regions and key == previous and (key is not None or not regions[-1]["capture"]):
+            regions[-1]["count"] += 1
+        else:
+            regions.append({"first": index, "count": 1, "capture": key is not None})
+        previous = key
+    return regions
 
 
 class _Placer:
@@ -288,7 +312,7 @@ class _Placer:
         destination = self.place_result(var).expression
         self.pending_device_work = True
         attrs = binding.value.attrs
-        return {"kind": "copy", "source": source_expression, "destination": destination,
+        return {"kind": "copy", "source": source_expression, "destination": destination, "position": position,
                 "bytes": nbytes(var.type), "symbol": "device_copy", "args": [], "results": [],
                 "label": f"#{position} {comment_safe(var.name_hint)} = device_copy {attrs['src']} -> {attrs['dst']}"}
 
@@ -323,6 +347,7 @@ class _Placer:
         if symbol not in self.symbols:
             self.symbols.append(symbol)
         call = {"kind": "call", "symbol": symbol, "args": args, "results": [self.place_result(var).expression],
+                "position": position,
                 "label": f"#{position} {comment_safe(var.name_hint)} = {symbol}",
                 "constants": [] if runs_on_host else constants}
         if value_devices is not None:
@@ -402,6 +427,9 @@ def metadata_json(plan: HostPlan, *, build_id: str, target: str, arch: str | Non
         "inputs": placed([tensor(n, t) for n, t in plan.inputs], plan.inputs_on_host),
         "outputs": placed([tensor(n, t) for n, t in plan.outputs], plan.outputs_on_host),
         "backends": backends, "functions": functions, "cuda_graph": cuda_graph,
+        # with CUDA graphs: each region's calls, and whether it is captured or runs directly
+        **({"cuda_graph_regions": [{"calls": r["count"], "captured": r["capture"]} for r in plan.regions]}
+           if cuda_graph else {}),
         "weights": {"bytes": len(plan.weights), "location": weights_location},
         "memory": {"arena_bytes": plan.arena_bytes, "workspace_bytes": plan.workspace_bytes,
                    **({"plan": plan.memory_plan.summary()} if plan.memory_plan else {})},
@@ -472,6 +500,7 @@ def render_host(plan: HostPlan, *, cuda: bool, build_id: str, arch_number: int |
         "output_copies": [{"tensor": c["output"], "ref": runtime_ref(c["source"]), "bytes": c["bytes"]}
                           for c in plan.output_copies],
         "arch_number": arch_number or 0, "cuda_graph": cuda_graph and cuda, "graph_io": graph_io or "copy",
+        "regions": plan.regions if cuda_graph and cuda else [],
         "stateful": stateful, "weights_checksum": weights_checksum,
         "devices": {"inputs_on_host": [str(v).lower() for v in plan.inputs_on_host],
                     "outputs_on_host": [str(v).lower() for v in plan.outputs_on_host],

@@ -242,7 +242,10 @@ BYOC_EXPORT void byoc_model_destroy(byoc_model* model) {
   std::free(model->host_arena);
   std::free(model->host_workspace);
   if (model->pinned_arena) cudaFreeHost(model->pinned_arena);
-  if (model->graph_exec) cudaGraphExecDestroy(model->graph_exec);
+  for (int32_t r = 0; model->graph_execs && r < spec.num_regions; ++r) {
+    if (model->graph_execs[r]) cudaGraphExecDestroy(model->graph_execs[r]);
+  }
+  delete[] model->graph_execs;
   if (model->capture_stream) cudaStreamDestroy(model->capture_stream);
   delete[] model->graph_in;
   delete[] model->graph_out;
@@ -363,13 +366,13 @@ int copy_bytes(void* destination, const void* source, uint64_t bytes, void* stre
 #endif
 }
 
-// The calls in order; `in`/`out` are the caller's data pointers (unused by the calls when
-// the model copies its inputs and outputs around a CUDA graph).
-int run_calls(byoc_model* model, void* const* in, void* const* out, void* stream) {
+// Calls [first, end) in order; `in`/`out` are the caller's data pointers (unused by the
+// calls when the model copies its inputs and outputs around its CUDA graphs).
+int run_calls(byoc_model* model, void* const* in, void* const* out, void* stream, int32_t first, int32_t end) {
   // on the stack: run() never allocates
   void** args = static_cast<void**>(__builtin_alloca(sizeof(void*) * (spec.max_args + 1)));
   args[0] = nullptr;
-  for (int32_t index = 0; index < spec.num_calls; ++index) {
+  for (int32_t index = first; index < end; ++index) {
     const Call& call = spec.calls[index];
     void* result = resolve(model, spec.refs[call.result], in, out);
     if (call.is_copy) {
@@ -403,12 +406,6 @@ int run_calls(byoc_model* model, void* const* in, void* const* out, void* stream
         : call.function(args, results, workspace, workspace_bytes, call_stream);
     if (status != 0) return 1;
   }
-#if BYOC_RUNTIME_CUDA
-  if (spec.sync_at_end &&  // outputs are delivered in host memory: complete when run() returns
-      cuda_failed(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "waiting for the outputs")) {
-    return 1;
-  }
-#endif
   return 0;
 }
 
@@ -496,9 +493,15 @@ BYOC_EXPORT int byoc_model_run(byoc_model* model, const byoc_dl_tensor* inputs, 
     }
   } clear_status_word;
   cudaStream_t run_stream = static_cast<cudaStream_t>(stream);
-  if (spec.cuda_graph ? run_graph(model, in, out, run_stream) : run_calls(model, in, out, stream)) return 1;
+  if (spec.cuda_graph ? run_graph(model, in, out, run_stream) : run_calls(model, in, out, stream, 0, spec.num_calls)) {
+    return 1;
+  }
+  if (spec.sync_at_end &&  // outputs are delivered in host memory: complete when run() returns
+      cuda_failed(cudaStreamSynchronize(run_stream), "waiting for the outputs")) {
+    return 1;
+  }
 #else
-  if (run_calls(model, in, out, stream)) return 1;
+  if (run_calls(model, in, out, stream, 0, spec.num_calls)) return 1;
 #endif
   // Outputs that no call wrote into the caller's buffer (with a CUDA graph: every output,
   // since the graph only ever writes planned storage) are copied out last, in stream order.

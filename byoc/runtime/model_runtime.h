@@ -62,6 +62,14 @@ struct Call {
   const char* label;  // "#position value = symbol", octal-escaped
 };
 
+// With CUDA graphs: calls [first_call, first_call + num_calls), captured into one graph
+// (`capture`) or run directly (a cpu function, a copy between memories).
+struct Region {
+  uint32_t first_call;
+  uint32_t num_calls;
+  bool capture;
+};
+
 // A caller tensor copied to (inputs, before a CUDA graph) or from (outputs) `ref`.
 struct Copy {
   int32_t tensor;
@@ -98,15 +106,18 @@ struct ModelSpec {
   uint64_t pinned_arena_bytes;
   uint64_t host_workspace_bytes;
   bool sync_at_end;
-  // CUDA graph: capture the calls on the second run and replay them; "update" mode
-  // captures the caller's pointers (new pointers update the graph), else the inputs are
-  // copied into planned storage first (input_copies) and every output out last.
+  // CUDA graphs: each capturing region is captured on the second run and replayed later;
+  // "update" mode captures the caller's pointers (new pointers update the graphs), else
+  // the inputs are copied into planned storage first (input_copies) and every output out
+  // last.
   bool cuda_graph;
   bool graph_io_update;
   int32_t num_calls;
   uint32_t max_args;  // the most operands of one call
   const Call* calls;
   const Ref* refs;
+  int32_t num_regions;  // with cuda_graph: the regions cover every call, in order
+  const Region* regions;
   int32_t num_states;
   const State* states;
   int32_t num_input_copies;

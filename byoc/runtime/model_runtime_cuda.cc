@@ -114,7 +114,10 @@ int allocate_cuda(byoc_model* model, const unsigned char* host_weights, unsigned
     }
     model->graph_in = new (std::nothrow) void*[spec.num_inputs + 1]();
     model->graph_out = new (std::nothrow) void*[spec.num_outputs + 1]();
-    if (model->graph_in == nullptr || model->graph_out == nullptr) return fail("out of host memory");
+    model->graph_execs = new (std::nothrow) cudaGraphExec_t[spec.num_regions + 1]();
+    if (model->graph_in == nullptr || model->graph_out == nullptr || model->graph_execs == nullptr) {
+      return fail("out of host memory");
+    }
   }
   if (!spec.devices) return 0;
   // Host-side buffers: 256-byte aligned like the planned offsets; the staging arena is
@@ -151,13 +154,56 @@ int take_reported_error(byoc_model* model) {
               "[-size, size) of its axis");
 }
 
-// CUDA graph: the first run executes the calls directly, the second captures them, later
-// runs replay the graph. "copy": the calls always see the same (planned) pointers, the
-// caller's tensors are copied in before and out after. "update": the graph reads and
-// writes the caller's tensors; other pointers re-capture it and update the executable
-// graph in place.
+// Captures region `r`'s calls into graph_execs[r]: a new executable graph, or ("update":
+// the same calls, other pointers) the old one updated in place, which is cheaper where the
+// update is allowed. 0: captured; 1: an error (byoc_last_error says it); 2: the calls
+// cannot be captured (a backend that synchronizes or allocates at run time).
+int capture_region(byoc_model* model, int32_t r, void* const* in, void* const* out) {
+  const byoc_runtime::Region& region = spec.regions[r];
+  // Thread-local mode: only this thread's unsafe calls (an allocation, a synchronization)
+  // end the capture; other threads' calls do not.
+  if (cuda_failed(cudaStreamBeginCapture(model->capture_stream, cudaStreamCaptureModeThreadLocal),
+                  "starting CUDA graph capture")) {
+    return 1;
+  }
+  const int status = run_calls(model, in, out, model->capture_stream, static_cast<int32_t>(region.first_call),
+                               static_cast<int32_t>(region.first_call + region.num_calls));
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(model->capture_stream, &graph);
+  cudaError_t made = cudaErrorUnknown;
+  const bool captured = status == 0 && ended == cudaSuccess && graph != nullptr;
+  cudaGraphExec_t& exec = model->graph_execs[r];
+  if (captured && exec != nullptr) {
+    cudaGraphExecUpdateResultInfo update_info;
+    made = cudaGraphExecUpdate(exec, graph, &update_info);
+    if (made != cudaSuccess) {
+      cudaGetLastError();
+      cudaGraphExecDestroy(exec);
+      exec = nullptr;
+    }
+  }
+  if (captured && exec == nullptr) {
+    cudaGraphExec_t instantiated = nullptr;
+    made = cudaGraphInstantiate(&instantiated, graph, 0);
+    if (made == cudaSuccess) exec = instantiated;
+  }
+  if (graph) cudaGraphDestroy(graph);
+  if (made == cudaSuccess) return 0;
+  cudaGetLastError();
+  std::fprintf(stderr, "byoc: CUDA graph capture failed (%s); the model runs without graphs\n",
+               status != 0 ? byoc_last_error() : cudaGetErrorString(ended != cudaSuccess ? ended : made));
+  return 2;
+}
+
+// CUDA graphs: the first run executes the calls directly; the second captures each
+// capturing region of spec.regions into its own graph, later runs replay them, and the
+// calls between regions (a cpu function, a copy between memories) always run directly on
+// the caller's stream, in order with the graphs. "copy": the calls always see the same
+// (planned) pointers, the caller's tensors are copied in before and out after. "update":
+// the graphs read and write the caller's tensors; other pointers re-capture them and
+// update the executable graphs in place.
 int run_graph(byoc_model* model, void* const* in, void* const* out, cudaStream_t run_stream) {
-  bool same_pointers = model->graph_exec != nullptr;
+  bool same_pointers = true;
   if (spec.graph_io_update) {
     for (int32_t i = 0; same_pointers && i < spec.num_inputs; ++i) same_pointers = model->graph_in[i] == in[i];
     for (int32_t i = 0; same_pointers && i < spec.num_outputs; ++i) same_pointers = model->graph_out[i] == out[i];
@@ -169,58 +215,39 @@ int run_graph(byoc_model* model, void* const* in, void* const* out, cudaStream_t
       return 1;
     }
   }
-  if (same_pointers) {
-    return cuda_failed(cudaGraphLaunch(model->graph_exec, run_stream), "replaying the CUDA graph");
-  }
   if (!model->warmed_up || model->capture_failed) {
-    if (run_calls(model, in, out, run_stream) != 0) return 1;
+    if (run_calls(model, in, out, run_stream, 0, spec.num_calls) != 0) return 1;
     model->warmed_up = true;
     return 0;
   }
-  // Thread-local mode: only this thread's unsafe calls (an allocation, a synchronization)
-  // end the capture; other threads' calls do not.
-  if (cuda_failed(cudaStreamBeginCapture(model->capture_stream, cudaStreamCaptureModeThreadLocal),
-                  "starting CUDA graph capture")) {
-    return 1;
-  }
-  const int status = run_calls(model, in, out, model->capture_stream);
-  cudaGraph_t graph = nullptr;
-  const cudaError_t ended = cudaStreamEndCapture(model->capture_stream, &graph);
-  cudaError_t made = cudaErrorUnknown;
-  const bool captured = status == 0 && ended == cudaSuccess && graph != nullptr;
-  if (captured && model->graph_exec != nullptr) {
-    // ("update": same calls, other pointers) update the executable graph in place,
-    // cheaper than a new instantiation; where the update is refused, instantiate anew.
-    cudaGraphExecUpdateResultInfo update_info;
-    made = cudaGraphExecUpdate(model->graph_exec, graph, &update_info);
-    if (made != cudaSuccess) {
-      cudaGetLastError();
-      cudaGraphExecDestroy(model->graph_exec);
-      model->graph_exec = nullptr;
+  for (int32_t r = 0; r < spec.num_regions; ++r) {
+    const byoc_runtime::Region& region = spec.regions[r];
+    if (region.capture && !model->capture_failed && (model->graph_execs[r] == nullptr || !same_pointers)) {
+      const int captured = capture_region(model, r, in, out);
+      if (captured == 1) return 1;
+      if (captured == 2) {
+        // run directly from now on, this region included: no graph is replayed again
+        for (int32_t other = 0; other < spec.num_regions; ++other) {
+          if (model->graph_execs[other]) cudaGraphExecDestroy(model->graph_execs[other]);
+          model->graph_execs[other] = nullptr;
+        }
+        model->capture_failed = true;
+      }
+    }
+    if (!region.capture || model->capture_failed) {
+      if (run_calls(model, in, out, run_stream, static_cast<int32_t>(region.first_call),
+                    static_cast<int32_t>(region.first_call + region.num_calls)) != 0) {
+        return 1;
+      }
+    } else if (cuda_failed(cudaGraphLaunch(model->graph_execs[r], run_stream), "launching a CUDA graph")) {
+      return 1;
     }
   }
-  if (captured && model->graph_exec == nullptr) {
-    cudaGraphExec_t instantiated = nullptr;
-    made = cudaGraphInstantiate(&instantiated, graph, 0);
-    if (made == cudaSuccess) model->graph_exec = instantiated;
-  }
-  if (spec.graph_io_update && made == cudaSuccess) {
+  if (spec.graph_io_update && !model->capture_failed) {
     for (int32_t i = 0; i < spec.num_inputs; ++i) model->graph_in[i] = in[i];
     for (int32_t i = 0; i < spec.num_outputs; ++i) model->graph_out[i] = out[i];
   }
-  if (graph) cudaGraphDestroy(graph);
-  if (made != cudaSuccess) {
-    // Something in the calls cannot be captured (a backend that synchronizes or allocates
-    // at run time): run them directly from now on, this run included.
-    cudaGetLastError();
-    if (model->graph_exec != nullptr) cudaGraphExecDestroy(model->graph_exec);
-    model->graph_exec = nullptr;
-    model->capture_failed = true;
-    std::fprintf(stderr, "byoc: CUDA graph capture failed (%s); the model runs without a graph\n",
-                 status != 0 ? byoc_last_error() : cudaGetErrorString(ended != cudaSuccess ? ended : made));
-    return run_calls(model, in, out, run_stream);
-  }
-  return cuda_failed(cudaGraphLaunch(model->graph_exec, run_stream), "launching the CUDA graph");
+  return 0;
 }
 
 }  // namespace internal

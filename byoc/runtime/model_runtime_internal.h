@@ -21,7 +21,9 @@ struct byoc_model {
   void** states = nullptr;  // per-instance state of the stateful functions (spec.states)
 #if BYOC_RUNTIME_CUDA
   unsigned int* status_word = nullptr;  // mapped host memory; see byoc_current_run_status
-  cudaGraphExec_t graph_exec = nullptr;
+  // One executable graph per region of spec.regions (null: not captured yet, or a region
+  // that runs directly).
+  cudaGraphExec_t* graph_execs = nullptr;
   // The stream the calls are captured on: the model's own and non-blocking, so that work
   // other threads put on the legacy default stream meanwhile neither joins the capture nor
   // breaks it (a capturing blocking stream would be made to wait on the legacy stream).
@@ -56,8 +58,8 @@ void* resolve(const byoc_model* model, const Ref& ref, void* const* in, void* co
 // unless negative, `number`.
 int copy_bytes(void* destination, const void* source, uint64_t bytes, void* stream, const char* what,
                int32_t number);
-// The calls in order, on `stream`.
-int run_calls(byoc_model* model, void* const* in, void* const* out, void* stream);
+// Calls [first, end) in order, on `stream`.
+int run_calls(byoc_model* model, void* const* in, void* const* out, void* stream, int32_t first, int32_t end);
 // The activation arena, the workspace: device memory on cuda, 256-byte aligned host memory on the cpu.
 int device_alloc(unsigned char** out, uint64_t bytes, const char* what);
 void device_free(unsigned char* p);
@@ -74,7 +76,7 @@ int check_device();
 int allocate_cuda(byoc_model* model, const unsigned char* host_weights, unsigned char** sidecar);
 // An error a kernel of an earlier run reported into the status word: once, then cleared.
 int take_reported_error(byoc_model* model);
-// run() with a CUDA graph: direct, then capture, then replay.
+// run() with CUDA graphs: direct, then each region captured, then replayed.
 int run_graph(byoc_model* model, void* const* in, void* const* out, cudaStream_t run_stream);
 #endif
 

@@ -13,10 +13,11 @@ constant shape) becomes a global function with CUDAGraph=1:
     }
     def @cuda_graph_0(%p0: T) -> T [CUDAGraph=1] { %a = @k1(%p0); %b = @k2(%a); return %b }
 
-The host captures each region into a CUDA graph on the first run and replays it later;
-the caller's inputs and outputs are copied into and out of planned buffers around the
-replay, so new pointers on every call are handled (copying was measured against updating
-graph node parameters per call, see README). A region needs at least one call; a run of
+The host (the model runtime's region table, from `graph_regions`) captures each region
+into its own CUDA graph and replays it on later runs, running the calls between regions
+directly; the caller's inputs and outputs are copied into and out of planned buffers
+around the run ("copy"), or the graphs read the caller's tensors and are updated when
+their pointers change ("update"). A region needs at least one call; a run of
 tuple views or constants launches nothing and is left as it is. `capturable(symbol)`
 says whether an extern function may be captured (a backend declares it); every region
 returns exactly the values used after it.
@@ -32,23 +33,7 @@ def rewrite_cuda_graph(mod: IRModule, capturable=lambda symbol: True, prefix: st
     mod = mod.copy()
     main = mod["main"]
     bindings = list(main.bindings)
-
-    def is_capturable(binding) -> bool:
-        value = binding.value
-        return (isinstance(value, Call) and isinstance(value.op, GlobalVar) and
-                mod[value.op.name].is_extern and capturable(value.op.name))
-
-    regions, current = [], []
-    for index, binding in enumerate(bindings):
-        if is_capturable(binding):
-            current.append(index)
-        elif isinstance(binding.value, Call):
-            if current:
-                regions.append(current)
-            current = []
-        # views (tuples, tuple items) neither launch kernels nor end a region
-    if current:
-        regions.append(current)
+    regions = graph_regions(mod, capturable)
     if not regions:
         return mod
 
@@ -99,6 +84,26 @@ def rewrite_cuda_graph(mod: IRModule, capturable=lambda symbol: True, prefix: st
             new_bindings.append(binding)
     mod["main"] = Function(main.params, new_bindings, main.result, main.ret_type, main.attrs)
     return mod
+
+
+def graph_regions(mod: IRModule, capturable=lambda symbol: True) -> list[list[int]]:
+    """The regions RewriteCUDAGraph lifts, as lists of binding indices of main: maximal
+    runs of calls to capturable extern functions. Any other call (a device_copy, a
+    function `capturable` refuses: one that runs on the host) ends a region; tuples and
+    tuple items neither launch kernels nor end one."""
+    regions, current = [], []
+    for index, binding in enumerate(mod["main"].bindings):
+        value = binding.value
+        if (isinstance(value, Call) and isinstance(value.op, GlobalVar) and mod[value.op.name].is_extern
+                and capturable(value.op.name)):
+            current.append(index)
+        elif isinstance(value, Call):
+            if current:
+                regions.append(current)
+            current = []
+    if current:
+        regions.append(current)
+    return regions
 
 
 def _uses_after(bindings, result) -> dict:
