@@ -101,7 +101,37 @@ def gemm_module(problem, workdir):
     return module, init_s, library.metadata["backends"]
 
 
-def main():
+def write_results(out: Path, rows: list, no_pdl: bool) -> None:
+    """gemm.json and gemm.md in `out`, and the table on stdout."""
+    result = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
+              "torch": torch.__version__, "rows": rows}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gemm.json").write_text(json.dumps(result, indent=2))
+    launch = "without" if no_pdl else "with"
+    other = "with" if no_pdl else "without"
+    lines = [f"# byoc GEMMs vs cuBLAS, BERT-base shapes ({result['device']}, {result['date']}, torch {result['torch']})",
+             "", "Times in us (GPU time). 'vs' = baseline time / byoc time (>1 means byoc is faster); the "
+             "baseline is torch.matmul for plain GEMMs and torch.matmul plus separate epilogue kernels for fused ones. "
+             f"CUTLASS kernels launched {launch} programmatic dependent launch (PDL); the 'other launch' columns: "
+             f"the same kernel {other} it (--compare-launch).",
+             "", "| problem | torch.matmul | unfused baseline | cutlass kernel | cutlass | cutlass vs matmul | "
+             "cutlass vs unfused | cutlass, other launch | other launch vs matmul | cublaslt engine | "
+             "cublaslt vs matmul | cublaslt vs unfused | cublaslt init (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        def cell(key, suffix=""):
+            return f"{r[key]}{suffix}" if r.get(key) is not None else "-"
+        lines.append(f"| {r['problem']} | {r['cublas_matmul_us']} | {cell('unfused_baseline_us')} | "
+                     f"{cell('cutlass_kernel')} | {cell('cutlass_us')} | {cell('cutlass_vs_cublas_matmul', 'x')} | "
+                     f"{cell('cutlass_vs_unfused', 'x')} | {cell('cutlass_other_launch_us')} | "
+                     f"{cell('cutlass_other_launch_vs_cublas_matmul', 'x')} | {cell('cublaslt_us')} | "
+                     f"{cell('cublaslt_vs_cublas_matmul', 'x')} | {cell('cublaslt_vs_unfused', 'x')} | "
+                     f"{cell('cublaslt_init_s')} |")
+    (out / "gemm.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def parse_args():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--workdir", default="/tmp/byoc-gemm")
@@ -115,7 +145,11 @@ def main():
     parser.add_argument("--retune", nargs="*", default=[], metavar="KEY",
                         help="problems (tuning keys, or parts of them) to tune again although the "
                              "database has them: the rest keep their measured kernel and time")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main():
+    args = parse_args()
     from byoc.backends.cutlass.codegen import cutlass_flags
     from byoc.backends.cutlass.kernels import GemmProblem
     from byoc.backends.cutlass.tuning import TuningDatabase, choose_kernels, time_kernels
@@ -187,33 +221,7 @@ def main():
             del module
         rows.append(row)
         print(row, flush=True)
-    result = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
-              "torch": torch.__version__, "rows": rows}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gemm.json").write_text(json.dumps(result, indent=2))
-    launch = "without" if args.no_pdl else "with"
-    other = "with" if args.no_pdl else "without"
-    lines = [f"# byoc GEMMs vs cuBLAS, BERT-base shapes ({result['device']}, {result['date']}, torch {result['torch']})",
-             "", "Times in us (GPU time). 'vs' = baseline time / byoc time (>1 means byoc is faster); the "
-             "baseline is torch.matmul for plain GEMMs and torch.matmul plus separate epilogue kernels for fused ones. "
-             f"CUTLASS kernels launched {launch} programmatic dependent launch (PDL); the 'other launch' columns: "
-             f"the same kernel {other} it (--compare-launch).",
-             "", "| problem | torch.matmul | unfused baseline | cutlass kernel | cutlass | cutlass vs matmul | "
-             "cutlass vs unfused | cutlass, other launch | other launch vs matmul | cublaslt engine | "
-             "cublaslt vs matmul | cublaslt vs unfused | cublaslt init (s) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        def cell(key, suffix=""):
-            return f"{r[key]}{suffix}" if r.get(key) is not None else "-"
-        lines.append(f"| {r['problem']} | {r['cublas_matmul_us']} | {cell('unfused_baseline_us')} | "
-                     f"{cell('cutlass_kernel')} | {cell('cutlass_us')} | {cell('cutlass_vs_cublas_matmul', 'x')} | "
-                     f"{cell('cutlass_vs_unfused', 'x')} | {cell('cutlass_other_launch_us')} | "
-                     f"{cell('cutlass_other_launch_vs_cublas_matmul', 'x')} | {cell('cublaslt_us')} | "
-                     f"{cell('cublaslt_vs_cublas_matmul', 'x')} | {cell('cublaslt_vs_unfused', 'x')} | "
-                     f"{cell('cublaslt_init_s')} |")
-    (out / "gemm.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(Path(args.out), rows, no_pdl=args.no_pdl)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
         [--torch-modes eager,default,reduce-overhead,max-autotune-no-cudagraphs]
         [--merge-from DIR/real_models.json] [--workdir W] [--tiny]
 
-A case is model:batch (models: see model_spec below). Every model is built from its config class
+A case is model:batch (models: real_model_zoo.model_spec). Every model is built from its config class
 with random weights and fixed seeds (nothing is downloaded): transformers' BertModel, GPT2Model,
 ViTModel, T5EncoderModel, DistilBertModel, RobertaModel, torchvision's resnet50,
 mobilenet_v3_large and efficientnet_b0 (their BatchNorm statistics are first set from a few
@@ -65,6 +65,7 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(ROOT))
 from profile_kernels import profile_run  # noqa: E402
+from real_model_zoo import Wrapper, model_spec  # noqa: E402
 from run_models import load_config, time_cuda  # noqa: E402
 
 TOLERANCE = 2e-2
@@ -77,155 +78,6 @@ START = time.perf_counter()
 def log(*parts):
     print(f"[{datetime.datetime.now():%H:%M:%S} +{time.perf_counter() - START:7.1f}s]", *parts, flush=True)
 
-
-# --- the models ---------------------------------------------------------------------------
-
-def _seq(tiny):
-    return 32 if tiny else 128
-
-
-def _text_inputs(batch, seq, vocab, mask_pad, generator):
-    inputs = {"input_ids": torch.randint(0, vocab, (batch, seq), generator=generator)}
-    mask = torch.ones(batch, seq, dtype=torch.int64)
-    if mask_pad:
-        mask[:, seq - mask_pad:] = 0  # the last tokens of every row are padding
-    inputs["attention_mask"] = mask
-    return inputs
-
-
-def _hf(config_class, model_class, full, tiny_overrides, *, padded=True, model_kwargs=None):
-    """A transformers model: (make(attn, tiny) -> model, inputs(batch, tiny) -> dict)."""
-    def config(attn, tiny):
-        kwargs = dict(full)
-        if tiny:
-            kwargs.update(tiny_overrides)
-        cfg = config_class(**kwargs)
-        cfg._attn_implementation = attn  # what attn_implementation= sets; settable on every 5.x config
-        return cfg
-
-    def make(attn, tiny):
-        return _trained_looking(model_class(config(attn, tiny), **(model_kwargs or {})))
-
-    def inputs(batch, tiny, generator):
-        seq = _seq(tiny)
-        vocab = config("eager", tiny).vocab_size
-        return _text_inputs(batch, seq, vocab, seq // 4 if padded else 0, generator)
-    return make, inputs
-
-
-def _torchvision(name, tiny_kwargs=None, model_kwargs=None):
-    def make(attn, tiny):
-        import torchvision
-        model = getattr(torchvision.models, name)(weights=None, **{**(model_kwargs or {}),
-                                                                   **((tiny_kwargs or {}) if tiny else {})})
-        _trained_looking(model)
-        _calibrate_batch_norm(model, 64 if tiny else 224)
-        return model
-
-    def inputs(batch, tiny, generator):
-        size = 64 if tiny else 224
-        return {"input": torch.randn(batch, 3, size, size, generator=generator)}
-    return make, inputs
-
-
-def _trained_looking(model):
-    """Biases and norm parameters away from their initial values (0 and 1), as a checkpoint
-    has them. Left at 0, a bias is `x + 0`, which byoc's FoldConstant removes and torch
-    still computes: a benchmark on untrained weights would flatter byoc."""
-    generator = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() == 1:
-                parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.02)
-    return model
-
-
-def _calibrate_batch_norm(model, size):
-    """Running statistics from 64 random images (cumulative average), as training leaves
-    them: the initial ones (mean 0, var 1) let activations shrink to ~1e-10 in the depthwise
-    nets, which fp16 cannot represent. Fewer images (8) left the statistics noisy enough that
-    ResNet-50's activations grew through the residual stages, and fp16 alone (torch's) was
-    then 3.9e-2 off float32."""
-    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-    for norm in norms:
-        norm.reset_running_stats()
-        norm.momentum = None
-    generator = torch.Generator().manual_seed(2)
-    model.train()
-    with torch.no_grad():
-        for _ in range(8):
-            model(torch.randn(8, 3, size, size, generator=generator))
-    model.eval()
-
-
-def _vit():
-    from transformers import ViTConfig, ViTModel
-
-    def make(attn, tiny):
-        kwargs = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
-                      image_size=64) if tiny else {}
-        cfg = ViTConfig(**kwargs)
-        cfg._attn_implementation = attn
-        return _trained_looking(ViTModel(cfg, add_pooling_layer=False))
-
-    def inputs(batch, tiny, generator):
-        size = 64 if tiny else 224
-        return {"pixel_values": torch.randn(batch, 3, size, size, generator=generator)}
-    return make, inputs
-
-
-def model_spec(name):
-    """(make(attn, tiny), inputs(batch, tiny, generator), output attribute or None)."""
-    import transformers as tf
-    tiny_bert = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128)
-    if name == "bert_base":
-        return (*_hf(tf.BertConfig, tf.BertModel, {}, tiny_bert, model_kwargs={"add_pooling_layer": False}),
-                "last_hidden_state")
-    if name == "roberta":
-        return (*_hf(tf.RobertaConfig, tf.RobertaModel, {}, tiny_bert, model_kwargs={"add_pooling_layer": False}),
-                "last_hidden_state")
-    if name == "distilbert":
-        return (*_hf(tf.DistilBertConfig, tf.DistilBertModel, {}, dict(n_layers=2, dim=64, n_heads=4, hidden_dim=128)),
-                "last_hidden_state")
-    if name == "gpt2":
-        # causal; attention_mask all ones, as a tokenizer gives it for one unpadded row (without
-        # it transformers 5's packed-sequence check traces torch.diff, which the TorchScript
-        # exporter cannot write)
-        return (*_hf(tf.GPT2Config, tf.GPT2Model, {"use_cache": False}, dict(n_layer=2, n_embd=64, n_head=4),
-                     padded=False), "last_hidden_state")
-    if name == "t5_encoder":  # t5-small's config: relative position bias, RMS-style norm, no biases
-        return (*_hf(tf.T5Config, tf.T5EncoderModel, {"use_cache": False},
-                     dict(num_layers=2, d_model=64, d_kv=16, num_heads=4, d_ff=128)), "last_hidden_state")
-    if name == "vit_b16":
-        return (*_vit(), "last_hidden_state")
-    if name == "resnet50":
-        # The last BatchNorm of each residual branch starts at zero (torchvision's
-        # zero_init_residual, from Goyal et al.'s training recipe; then _trained_looking's
-        # noise: gamma ~ 0.02, no zeros for byoc to fold). With gamma = 1
-        # the random net is chaotic: rounding grows through 16 residual blocks until torch's
-        # own fp16 is 4.3e-2 off float32 (H100, 2026-11-24), and no fp16 build can be checked
-        # at 2e-2. Same ops and shapes either way: the timing does not change.
-        return (*_torchvision(name, model_kwargs={"zero_init_residual": True}), None)
-    if name in ("mobilenet_v3_large", "efficientnet_b0"):
-        return (*_torchvision(name), None)
-    raise ValueError(f"unknown model {name!r}; known: bert_base, roberta, distilbert, gpt2, t5_encoder, vit_b16, "
-                     f"resnet50, mobilenet_v3_large, efficientnet_b0")
-
-
-class Wrapper(torch.nn.Module):
-    """Positional tensors in the input order, one tensor out."""
-
-    def __init__(self, model, names, attribute):
-        super().__init__()
-        self.model, self.names, self.attribute = model, list(names), attribute
-
-    def forward(self, *tensors):
-        if self.attribute is None:
-            return self.model(*tensors)
-        return getattr(self.model(**dict(zip(self.names, tensors))), self.attribute)
-
-
-# --- steps ---------------------------------------------------------------------------------
 
 def export_onnx(wrapper, inputs, path, exporters=("torchscript", "dynamo")):
     """float32 ONNX with static shapes; returns (exporter, seconds, errors of the exporters tried
@@ -651,7 +503,7 @@ def write_results(out: Path, header: dict, rows: list, torch_modes: list) -> Non
     (out / "real_models_profiles.txt").write_text("\n".join(t for t in texts if t))
 
 
-def main():
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cases", nargs="+", default=DEFAULT_CASES, help="model:batch (default: the suite)")
     parser.add_argument("--out", default="/tmp/byoc-real-out")
@@ -685,7 +537,11 @@ def main():
                         help="take the exports and libraries an earlier --prebuild left, where there are any")
     parser.add_argument("--compile-jobs", type=int, help="the build config's compile_jobs (parallel nvcc jobs)")
     parser.add_argument("--debug", action="store_true", help="print tracebacks of failures")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main():
+    args = parse_args()
     args.torch_modes = [] if args.torch_modes in ("", "none") else [m.strip() for m in args.torch_modes.split(",")]
     args.tuning_db = args.tuning_db or None
     out = Path(args.out)

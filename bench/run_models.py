@@ -118,7 +118,40 @@ def write_results(out: Path, rows: list) -> None:
     print("\n".join(lines))
 
 
-def main():
+def measure_byoc(args, spec, name, batch, onnx_path, x, reference, repeat) -> dict:
+    """Build the case with config `spec`, check it against `reference`, and time it: with
+    the same buffers every call, and with two input/output buffers taken in turn."""
+    import byoc
+    config = load_config(spec, args.tuning_db, args.profile)
+    start = time.perf_counter()
+    library = byoc.build(onnx_path, config=config,
+                         workdir=str(Path(args.workdir) / f"{name}_b{batch}_{spec.replace(':', '_')}"),
+                         input_shapes={"input": tuple(x.shape)})
+    build_s = time.perf_counter() - start
+    module = library.load()
+    got = module.run(input=x)
+    error = float((got.float() - reference).abs().max() / reference.abs().max())
+    got.zero_()
+    byoc_ms = time_cuda(lambda: module.run(input=x, out=[got]), repeat)
+    # and the output of the last timed run (with cuda_graph: a replay)
+    error = max(error, float((got.float() - reference).abs().max() / reference.abs().max()))
+    # Two input and output buffers taken in turn: what a graph costs when the caller's
+    # pointers change on every call (copy: none; update: re-capture)
+    buffers = [(x, got), (x.clone(), torch.empty_like(got))]
+    turn = [0]
+
+    def alternating():
+        turn[0] ^= 1
+        source, target = buffers[turn[0]]
+        module.run(input=source, out=[target])
+    alternating_ms = time_cuda(alternating, repeat)
+    error = max(error, float((buffers[1][1].float() - reference).abs().max() / reference.abs().max()))
+    return {"ms": round(byoc_ms, 4), "ms_alternating_buffers": round(alternating_ms, 4),
+            "max_rel_error": error, "build_s": round(build_s, 1), "backends": library.metadata["backends"],
+            "cuda_graph": library.metadata.get("cuda_graph"), "memory": library.memory}
+
+
+def parse_args():
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", nargs="+", default=["bert_base:8", "resnet50:32"], help="model:batch")
     parser.add_argument("--configs", nargs="+", default=["cuda_sm90_builtin"])
@@ -131,8 +164,11 @@ def main():
                              "(only when it was measured on the same GPU)")
     parser.add_argument("--profile", default="auto", choices=("auto", "false"),
                         help="false: problems missing from the database take the heuristic's kernel (no tuning)")
-    args = parser.parse_args()
-    import byoc
+    return parser.parse_args()
+
+
+def main():
+    args = parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda")
@@ -175,42 +211,13 @@ def main():
         print(case, "torch", row["torch_fp16_ms"], flush=True)
         for spec in configs:
             try:
-                config = load_config(spec, args.tuning_db, args.profile)
-                start = time.perf_counter()
-                library = byoc.build(onnx_path, config=config,
-                                     workdir=str(Path(args.workdir) / f"{name}_b{batch}_{spec.replace(':', '_')}"),
-                                     input_shapes={"input": tuple(x.shape)})
-                build_s = time.perf_counter() - start
-                module = library.load()
-                got = module.run(input=x)
-                error = float((got.float() - reference).abs().max() / reference.abs().max())
-                got.zero_()
-                byoc_ms = time_cuda(lambda: module.run(input=x, out=[got]), repeat)
-                # and the output of the last timed run (with cuda_graph: a replay)
-                error = max(error, float((got.float() - reference).abs().max() / reference.abs().max()))
-                # Two input and output buffers taken in turn: what a graph costs when the
-                # caller's pointers change on every call (copy: none; update: re-capture)
-                buffers = [(x, got), (x.clone(), torch.empty_like(got))]
-                turn = [0]
-
-                def alternating():
-                    turn[0] ^= 1
-                    source, target = buffers[turn[0]]
-                    module.run(input=source, out=[target])
-                alternating_ms = time_cuda(alternating, repeat)
-                error = max(error, float((buffers[1][1].float() - reference).abs().max() / reference.abs().max()))
+                row["byoc"][spec] = measure_byoc(args, spec, name, batch, onnx_path, x, reference, repeat)
             except Exception as exc:  # one failing config must not lose the others' numbers
                 row["byoc"][spec] = {"ms": None, "error": f"{type(exc).__name__}: {str(exc)[:2000]}"}
                 print(case, spec, "FAILED", row["byoc"][spec]["error"], flush=True)
                 write_results(out, rows)
                 continue
-            row["byoc"][spec] = {"ms": round(byoc_ms, 4), "ms_alternating_buffers": round(alternating_ms, 4),
-                                 "max_rel_error": error, "build_s": round(build_s, 1),
-                                 "backends": library.metadata["backends"],
-                                 "cuda_graph": library.metadata.get("cuda_graph"),
-                                 "memory": library.memory}
             print(case, spec, {k: v for k, v in row["byoc"][spec].items() if k != "memory"}, flush=True)
-            del module
             write_results(out, rows)  # after every measurement, so a run cut short keeps what it measured
         del reference
     if args.no_compile:

@@ -260,6 +260,37 @@ def is_elementwise_function(func: Function) -> bool:
         getattr(b.value.op, "category", None) in ELEMENTWISE_CATEGORIES for b in func.bindings)
 
 
+def _statements(symbol: str, func: Function, names: dict) -> list:
+    """One C statement per binding of `func` (`names`: Var -> its C name so far; the
+    bindings' names are added)."""
+    statements = []
+    for number, binding in enumerate(func.bindings):
+        call = binding.value
+        args = []
+        for arg in call.args:
+            if isinstance(arg, Constant):
+                args.append(value_literal(arg.data.reshape(-1)[0], arg.type.dtype))
+            elif arg in names:
+                args.append(names[arg])
+            else:
+                raise BuildError(
+                    f"builtin codegen: {symbol}: argument of {call.op.name} is neither a parameter, "
+                    f"an earlier binding nor a scalar constant")
+        renderer = EXPRESSIONS.get(call.op.name)
+        if renderer is None:
+            raise BuildError(f"builtin codegen: {symbol}: no elementwise expression for op {call.op.name!r}")
+        input_dtype = call.args[1].type.dtype if call.op.name == "where" else call.args[0].type.dtype
+        result_dtype = call.type.dtype
+        expression = renderer(Operand(input_dtype, result_dtype, call.attrs), args)
+        is_output = number == len(func.bindings) - 1
+        if result_dtype in SIXTEEN_BIT_FLOATS and not is_output:
+            expression = f"{ROUND_HELPERS[result_dtype]}({expression})"
+        name = f"t{number}"
+        names[binding.var] = name
+        statements.append({"type": COMPUTE_TYPES[result_dtype], "name": name, "expression": expression})
+    return statements
+
+
 def elementwise_kernel(symbol: str, func: Function, target_kind: str) -> dict:
     """The plain dict templates/builtin/elementwise.j2 renders for one fused function."""
     output_type: TensorType = func.ret_type
@@ -293,31 +324,7 @@ def elementwise_kernel(symbol: str, func: Function, target_kind: str) -> dict:
             "value": names[param],
         })
 
-    statements = []
-    for number, binding in enumerate(func.bindings):
-        call = binding.value
-        args = []
-        for arg in call.args:
-            if isinstance(arg, Constant):
-                args.append(value_literal(arg.data.reshape(-1)[0], arg.type.dtype))
-            elif arg in names:
-                args.append(names[arg])
-            else:
-                raise BuildError(
-                    f"builtin codegen: {symbol}: argument of {call.op.name} is neither a parameter, "
-                    f"an earlier binding nor a scalar constant")
-        renderer = EXPRESSIONS.get(call.op.name)
-        if renderer is None:
-            raise BuildError(f"builtin codegen: {symbol}: no elementwise expression for op {call.op.name!r}")
-        input_dtype = call.args[1].type.dtype if call.op.name == "where" else call.args[0].type.dtype
-        result_dtype = call.type.dtype
-        expression = renderer(Operand(input_dtype, result_dtype, call.attrs), args)
-        is_output = number == len(func.bindings) - 1
-        if result_dtype in SIXTEEN_BIT_FLOATS and not is_output:
-            expression = f"{ROUND_HELPERS[result_dtype]}({expression})"
-        name = f"t{number}"
-        names[binding.var] = name
-        statements.append({"type": COMPUTE_TYPES[result_dtype], "name": name, "expression": expression})
+    statements = _statements(symbol, func, names)
 
     if func.result not in names:
         raise BuildError(f"builtin codegen: {symbol}: the result must be one of the body's bindings")

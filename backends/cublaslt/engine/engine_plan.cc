@@ -71,6 +71,29 @@ static Activation activation_of(NodeKind kind) {
   }
 }
 
+// The step of a node that no matmul chain absorbed: it runs alone.
+static Step single_node_step(const Node& node) {
+  Step step;
+  step.node = node.id;
+  step.fused_nodes = {node.id};
+  step.reads = node.inputs;
+  switch (node.kind) {
+    case NodeKind::kAdd: step.kind = StepKind::kAdd; break;
+    case NodeKind::kBiasAdd: step.kind = StepKind::kBiasAdd; break;
+    case NodeKind::kReshape: step.kind = StepKind::kReshape; break;
+    case NodeKind::kTranspose: step.kind = StepKind::kTranspose; break;
+    case NodeKind::kGelu:
+    case NodeKind::kGeluTanh:
+    case NodeKind::kRelu:
+      step.kind = StepKind::kActivation;
+      step.activation = activation_of(node.kind);
+      break;
+    case NodeKind::kMatmul:
+      break;  // unreachable: every matmul heads a chain
+  }
+  return step;
+}
+
 std::vector<Step> plan_steps(const Graph& graph, const FusionRules& rules) {
   const int count = int(graph.nodes.size());
   std::vector<int> uses(count, 0), last_consumer(count, -1);
@@ -140,25 +163,7 @@ std::vector<Step> plan_steps(const Graph& graph, const FusionRules& rules) {
       continue;
     }
     if (absorbed[node.id] || node.kind == NodeKind::kMatmul) continue;  // inside a chain, emitted at its tail
-    Step step;
-    step.node = node.id;
-    step.fused_nodes = {node.id};
-    step.reads = node.inputs;
-    switch (node.kind) {
-      case NodeKind::kAdd: step.kind = StepKind::kAdd; break;
-      case NodeKind::kBiasAdd: step.kind = StepKind::kBiasAdd; break;
-      case NodeKind::kReshape: step.kind = StepKind::kReshape; break;
-      case NodeKind::kTranspose: step.kind = StepKind::kTranspose; break;
-      case NodeKind::kGelu:
-      case NodeKind::kGeluTanh:
-      case NodeKind::kRelu:
-        step.kind = StepKind::kActivation;
-        step.activation = activation_of(node.kind);
-        break;
-      case NodeKind::kMatmul:
-        break;  // unreachable: every matmul heads a chain
-    }
-    steps.push_back(std::move(step));
+    steps.push_back(single_node_step(node));
   }
   return steps;
 }

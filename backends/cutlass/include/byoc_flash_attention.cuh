@@ -106,6 +106,16 @@ struct FlashAttention {
     }
   }
 
+  // left += A B[0..1], right += A B[2..3]: two 16x8x16 MMAs that share the A fragment
+  // (ldmatrix.x4 loads the B fragments of two adjacent n-tiles at once)
+  static __device__ __forceinline__ void mma_pair(const uint32_t (&a)[4], const uint32_t (&b)[4], float (&left)[4],
+                                                  float (&right)[4]) {
+    Traits::Mma::fma(left[0], left[1], left[2], left[3], a[0], a[1], a[2], a[3], b[0], b[1], left[0], left[1], left[2],
+                     left[3]);
+    Traits::Mma::fma(right[0], right[1], right[2], right[3], a[0], a[1], a[2], a[3], b[2], b[3], right[0], right[1],
+                     right[2], right[3]);
+  }
+
   static __device__ __forceinline__ float mask_at(const Element* row, int key, int seq_k) {
     return key < seq_k ? float(row[key]) : 0.0f;
   }
@@ -180,13 +190,7 @@ struct FlashAttention {
           uint32_t b[4];
           cute::SM75_U32x4_LDSM_N::copy(
               reinterpret_cast<const cute::uint128_t&>(shared_k[stage + chunk_at(key, chunk)]), b[0], b[1], b[2], b[3]);
-          const uint32_t* a = q_fragments[step];
-          float* left = scores[2 * pair];
-          float* right = scores[2 * pair + 1];
-          Traits::Mma::fma(left[0], left[1], left[2], left[3], a[0], a[1], a[2], a[3], b[0], b[1], left[0], left[1],
-                           left[2], left[3]);
-          Traits::Mma::fma(right[0], right[1], right[2], right[3], a[0], a[1], a[2], a[3], b[2], b[3], right[0],
-                           right[1], right[2], right[3]);
+          mma_pair(q_fragments[step], b, scores[2 * pair], scores[2 * pair + 1]);
         }
       }
 
@@ -249,12 +253,7 @@ struct FlashAttention {
           uint32_t b[4];
           cute::SM75_U16x8_LDSM_T::copy(
               reinterpret_cast<const cute::uint128_t&>(shared_v[stage + chunk_at(key, chunk)]), b[0], b[1], b[2], b[3]);
-          float* left = output[2 * pair];
-          float* right = output[2 * pair + 1];
-          Traits::Mma::fma(left[0], left[1], left[2], left[3], a[0], a[1], a[2], a[3], b[0], b[1], left[0], left[1],
-                           left[2], left[3]);
-          Traits::Mma::fma(right[0], right[1], right[2], right[3], a[0], a[1], a[2], a[3], b[2], b[3], right[0],
-                           right[1], right[2], right[3]);
+          mma_pair(a, b, output[2 * pair], output[2 * pair + 1]);
         }
       }
     }
