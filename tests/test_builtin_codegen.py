@@ -864,17 +864,17 @@ def test_reshape_strides_of_views():
 
 def test_a_build_compiles_only_the_shim_families_its_code_calls(tmp_path):
     """The shim is compiled per op family: an elementwise model links common only, a
-    conv model conv_pool and what conv_pool calls into (linalg: its GEMMs), and a call no
+    conv model conv and what conv calls into (linalg: its GEMMs), and a call no
     family defines takes every file (the link then names it). CUDA and CPU alike."""
     from byoc.backends.builtin import SHIM_DIR, shim_sources
     names = lambda paths: [p.stem for p in paths]  # noqa: E731
     assert names(shim_sources(SHIM_DIR / "cuda", set())) == ["common"]
-    assert names(shim_sources(SHIM_DIR / "cuda", {"byoc_shim_conv2d"})) == ["common", "conv_pool", "linalg"]
-    assert names(shim_sources(SHIM_DIR / "cuda", {"byoc_shim_pad", "byoc_shim_softmax"})) == ["common", "layout", "norm"]
+    assert names(shim_sources(SHIM_DIR / "cuda", {"byoc_shim_conv2d"})) == ["common", "conv", "linalg"]
+    assert names(shim_sources(SHIM_DIR / "cuda", {"byoc_shim_pad", "byoc_shim_softmax"})) == ["common", "pad", "softmax"]
     assert names(shim_sources(SHIM_DIR / "cpu", {"byoc_shim_reduce"})) == ["common", "reduce"]
     every = names(shim_sources(SHIM_DIR / "cuda", None))
     assert every == names(shim_sources(SHIM_DIR / "cuda", {"byoc_shim_no_such_function"}))
-    assert set(every) >= {"common", "conv_pool", "layout", "linalg", "norm", "reduce"}
+    assert set(every) >= {"common", "conv", "gather", "layout", "linalg", "norm", "pad", "pool", "reduce", "softmax"}
 
     with FunctionBuilder("main") as fb:
         x = fb.param("x", (4, 8), "float32")

@@ -12,14 +12,7 @@ using namespace byoc_shim_cpu;
 
 namespace {
 
-
-// Every size and attribute of one conv2d call (names as in byoc_shim.h).
-struct ConvShape {
-  int64_t batch, in_channels, in_h, in_w, out_channels, kernel_h, kernel_w, out_h, out_w;
-  int64_t stride_h, stride_w, pad_top, pad_left, dilation_h, dilation_w, groups;
-  int64_t group_in_channels() const { return in_channels / groups; }
-  int64_t group_out_channels() const { return out_channels / groups; }
-};
+// (ConvShape, every size and attribute of a conv2d call: ../shim_checks.h)
 
 template <class Storage>
 void conv2d_nchw(const Storage* in, const Storage* weight, const Storage* bias, Storage* out, const ConvShape& s) {
@@ -239,15 +232,12 @@ extern "C" int byoc_shim_conv2d(const void* in, const void* weight, const void* 
   (void)workspace_bytes;
   (void)stream;
   static const char kFunction[] = "byoc_shim_conv2d";
-  BYOC_CHECK(check_conv2d(kFunction, in, weight, out, layout, batch, in_channels, in_h, in_w, out_channels, kernel_h,
-                          kernel_w, out_h, out_w, stride_h, stride_w, pad_top, pad_left, dilation_h, dilation_w,
-                          groups));
-  const bool empty = batch == 0 || out_channels == 0 || out_h == 0 || out_w == 0;
   const ConvShape shape{batch, in_channels, in_h, in_w, out_channels, kernel_h, kernel_w, out_h,
                         out_w, stride_h, stride_w, pad_top, pad_left, dilation_h, dilation_w, groups};
+  BYOC_CHECK(check_conv2d(kFunction, in, weight, out, layout, shape));
   return dispatch<DtypeSet::kNumbers>(kFunction, dtype, [&](auto tag) {
     using Storage = decltype(tag);
-    if (empty) return 0;
+    if (shape.empty()) return 0;
     const Storage* typed_in = static_cast<const Storage*>(in);
     const Storage* typed_weight = static_cast<const Storage*>(weight);
     const Storage* typed_bias = static_cast<const Storage*>(bias);

@@ -29,21 +29,6 @@ bool visit_blob(int elem_size, Visit&& visit) {
   }
 }
 
-int64_t product(const int64_t* values, int count) {
-  int64_t result = 1;
-  for (int i = 0; i < count; ++i) result *= values[i];
-  return result;
-}
-
-// Row-major dense element strides of `shape`.
-void dense_strides(const int64_t* shape, int ndim, int64_t* strides) {
-  int64_t stride = 1;
-  for (int d = ndim - 1; d >= 0; --d) {
-    strides[d] = stride;
-    stride *= shape[d];
-  }
-}
-
 // Visits every index of `shape` but its last dim (odometer order), calling
 // row(index) once per row; `index` holds ndim-1 entries. Nothing when a dim is 0.
 template <class Row>
@@ -98,19 +83,8 @@ extern "C" int byoc_shim_copy_strided(const void* in, void* out, int elem_size, 
                                       void* stream) {
   (void)stream;
   static const char kFunction[] = "byoc_shim_copy_strided";
-  BYOC_CHECK(check_ndim(kFunction, ndim));
-  BYOC_CHECK(check_positive(kFunction, "elem_size", elem_size));
-  if (ndim > 0) {
-    BYOC_CHECK(check_pointer(kFunction, "shape", shape));
-    BYOC_CHECK(check_pointer(kFunction, "in_strides", in_strides));
-  }
-  for (int d = 0; d < ndim; ++d) {
-    if (shape[d] < 0) return fail(kInvalidArgument, kFunction, "shape[%d] is %lld; expected >= 0", d,
-                                  static_cast<long long>(shape[d]));
-  }
+  BYOC_CHECK(check_copy_strided(kFunction, in, out, elem_size, ndim, shape, in_strides));
   if (product(shape, ndim) == 0) return 0;
-  BYOC_CHECK(check_pointer(kFunction, "in", in));
-  BYOC_CHECK(check_pointer(kFunction, "out", out));
 
   int64_t dense[BYOC_SHIM_MAX_DIMS];
   if (out_strides == nullptr) {
@@ -142,23 +116,9 @@ extern "C" int byoc_shim_tile(const void* in, void* out, int elem_size, int ndim
                               const int64_t* repeats, void* stream) {
   (void)stream;
   static const char kFunction[] = "byoc_shim_tile";
-  BYOC_CHECK(check_ndim(kFunction, ndim));
-  BYOC_CHECK(check_positive(kFunction, "elem_size", elem_size));
-  if (ndim > 0) {
-    BYOC_CHECK(check_pointer(kFunction, "in_shape", in_shape));
-    BYOC_CHECK(check_pointer(kFunction, "repeats", repeats));
-  }
   int64_t out_shape[BYOC_SHIM_MAX_DIMS];
-  for (int d = 0; d < ndim; ++d) {
-    if (in_shape[d] < 0 || repeats[d] < 0) {
-      return fail(kInvalidArgument, kFunction, "in_shape[%d] = %lld and repeats[%d] = %lld; expected both >= 0", d,
-                  static_cast<long long>(in_shape[d]), d, static_cast<long long>(repeats[d]));
-    }
-    out_shape[d] = in_shape[d] * repeats[d];
-  }
+  BYOC_CHECK(check_tile(kFunction, in, out, elem_size, ndim, in_shape, repeats, out_shape));
   if (product(out_shape, ndim) == 0) return 0;
-  BYOC_CHECK(check_pointer(kFunction, "in", in));
-  BYOC_CHECK(check_pointer(kFunction, "out", out));
   const char* source = static_cast<const char*>(in);
   char* destination = static_cast<char*>(out);
   if (ndim == 0) {
@@ -192,13 +152,6 @@ inline int64_t read_index(const void* indices, bool is_int64, int64_t position) 
                   : static_cast<const int32_t*>(indices)[position];
 }
 
-int check_index_dtype(const char* function, byoc_dtype index_dtype) {
-  if (index_dtype != BYOC_INT64 && index_dtype != BYOC_INT32) {
-    return fail(kUnsupportedDtype, function, "index_dtype is %s; expected int64 or int32", dtype_name(index_dtype));
-  }
-  return 0;
-}
-
 // Checks that every index is in [-axis_len, axis_len) before anything is written.
 int check_indices(const char* function, const void* indices, bool is_int64, int64_t count, int64_t axis_len) {
   for (int64_t position = 0; position < count; ++position) {
@@ -218,12 +171,7 @@ extern "C" int byoc_shim_gather(const void* data, const void* indices, void* out
                                 int64_t num_indices, void* stream) {
   (void)stream;
   static const char kFunction[] = "byoc_shim_gather";
-  BYOC_CHECK(check_positive(kFunction, "elem_size", elem_size));
-  BYOC_CHECK(check_index_dtype(kFunction, index_dtype));
-  BYOC_CHECK(check_size(kFunction, "outer", outer));
-  BYOC_CHECK(check_size(kFunction, "axis_len", axis_len));
-  BYOC_CHECK(check_size(kFunction, "inner", inner));
-  BYOC_CHECK(check_size(kFunction, "num_indices", num_indices));
+  BYOC_CHECK(check_gather_sizes(kFunction, elem_size, index_dtype, outer, axis_len, inner, num_indices));
   if (num_indices == 0) return 0;
   BYOC_CHECK(check_pointer(kFunction, "indices", indices));
   const bool is_int64 = index_dtype == BYOC_INT64;
@@ -251,28 +199,10 @@ extern "C" int byoc_shim_gather_elements(const void* data, const void* indices, 
                                          const int64_t* shape, int axis, void* stream) {
   (void)stream;
   static const char kFunction[] = "byoc_shim_gather_elements";
-  BYOC_CHECK(check_positive(kFunction, "elem_size", elem_size));
-  BYOC_CHECK(check_index_dtype(kFunction, index_dtype));
-  BYOC_CHECK(check_ndim(kFunction, ndim));
-  if (ndim == 0) return fail(kInvalidArgument, kFunction, "ndim is 0; expected a rank of at least 1");
-  BYOC_CHECK(check_pointer(kFunction, "data_shape", data_shape));
-  BYOC_CHECK(check_pointer(kFunction, "shape", shape));
-  if (axis < 0 || axis >= ndim) return fail(kInvalidArgument, kFunction, "axis is %d; expected 0..%d", axis, ndim - 1);
-  for (int d = 0; d < ndim; ++d) {
-    if (data_shape[d] < 0 || shape[d] < 0) {
-      return fail(kInvalidArgument, kFunction, "data_shape[%d] = %lld, shape[%d] = %lld; expected sizes >= 0", d,
-                  static_cast<long long>(data_shape[d]), d, static_cast<long long>(shape[d]));
-    }
-    if (d != axis && shape[d] > data_shape[d]) {
-      return fail(kInvalidArgument, kFunction, "shape[%d] = %lld exceeds data_shape[%d] = %lld off the gathered axis",
-                  d, static_cast<long long>(shape[d]), d, static_cast<long long>(data_shape[d]));
-    }
-  }
+  BYOC_CHECK(check_gather_elements(kFunction, data, indices, out, elem_size, index_dtype, ndim, data_shape, shape,
+                                   axis));
   const int64_t count = product(shape, ndim);
   if (count == 0) return 0;
-  BYOC_CHECK(check_pointer(kFunction, "data", data));
-  BYOC_CHECK(check_pointer(kFunction, "indices", indices));
-  BYOC_CHECK(check_pointer(kFunction, "out", out));
   const bool is_int64 = index_dtype == BYOC_INT64;
   const int64_t axis_len = data_shape[axis];
   BYOC_CHECK(check_indices(kFunction, indices, is_int64, count, axis_len));
@@ -298,10 +228,6 @@ extern "C" int byoc_shim_gather_elements(const void* data, const void* indices, 
 }
 
 namespace {
-
-constexpr int kPadConstant = 0;
-constexpr int kPadReflect = 1;
-constexpr int kPadEdge = 2;
 
 // Where output position `o` of one dim reads from in the input, or -1 for the constant.
 // The kept (uncropped) input range is [low, high); positions outside it are padding.
@@ -329,42 +255,13 @@ extern "C" int byoc_shim_pad(const void* in, void* out, byoc_dtype dtype, int nd
                              void* stream) {
   (void)stream;
   static const char kFunction[] = "byoc_shim_pad";
-  BYOC_CHECK(check_ndim(kFunction, ndim));
-  if (mode != kPadConstant && mode != kPadReflect && mode != kPadEdge) {
-    return fail(kInvalidArgument, kFunction, "mode is %d; expected 0 (constant), 1 (reflect) or 2 (edge)", mode);
-  }
-  if (ndim > 0) {
-    BYOC_CHECK(check_pointer(kFunction, "in_shape", in_shape));
-    BYOC_CHECK(check_pointer(kFunction, "pads_begin", pads_begin));
-    BYOC_CHECK(check_pointer(kFunction, "pads_end", pads_end));
-  }
-  PadDim dims[BYOC_SHIM_MAX_DIMS];
-  int64_t out_shape[BYOC_SHIM_MAX_DIMS];
-  for (int d = 0; d < ndim; ++d) {
-    const int64_t size = in_shape[d], before = pads_begin[d], after = pads_end[d];
-    if (size < 0) return fail(kInvalidArgument, kFunction, "in_shape[%d] is %lld; expected >= 0", d,
-                              static_cast<long long>(size));
-    const int64_t low = before < 0 ? -before : 0;
-    const int64_t high = size + (after < 0 ? after : 0);
-    const int64_t kept = high - low;
-    if (kept < 0) {
-      return fail(kInvalidArgument, kFunction, "pads %lld/%lld crop more than the %lld elements of dim %d",
-                  static_cast<long long>(before), static_cast<long long>(after), static_cast<long long>(size), d);
-    }
-    const int64_t largest = before > after ? (before > 0 ? before : 0) : (after > 0 ? after : 0);
-    if (mode == kPadReflect && largest > 0 && largest >= kept) {
-      return fail(kInvalidArgument, kFunction, "reflect padding of %lld on dim %d needs more than %lld elements there",
-                  static_cast<long long>(largest), d, static_cast<long long>(kept));
-    }
-    if (mode == kPadEdge && largest > 0 && kept == 0) {
-      return fail(kInvalidArgument, kFunction, "edge padding of dim %d needs at least one element there", d);
-    }
-    dims[d] = PadDim{before, low, high, mode};
-    out_shape[d] = kept + (before > 0 ? before : 0) + (after > 0 ? after : 0);
-  }
+  BYOC_CHECK(check_pad_mode(kFunction, ndim, mode));
+  PadExtents extents;
+  BYOC_CHECK(check_pad(kFunction, in, out, ndim, in_shape, pads_begin, pads_end, mode, &extents));
+  const int64_t* out_shape = extents.out_shape;
   if (product(out_shape, ndim) == 0) return 0;
-  BYOC_CHECK(check_pointer(kFunction, "in", in));
-  BYOC_CHECK(check_pointer(kFunction, "out", out));
+  PadDim dims[BYOC_SHIM_MAX_DIMS];
+  for (int d = 0; d < ndim; ++d) dims[d] = PadDim{pads_begin[d], extents.low[d], extents.high[d], mode};
 
   return dispatch<DtypeSet::kAll>(kFunction, dtype, [&](auto tag) {
     using Storage = decltype(tag);
@@ -406,13 +303,8 @@ extern "C" int byoc_shim_trilu(const void* in, void* out, int elem_size, int64_t
                                int upper, int64_t k, void* stream) {
   (void)stream;
   static const char kFunction[] = "byoc_shim_trilu";
-  BYOC_CHECK(check_positive(kFunction, "elem_size", elem_size));
-  BYOC_CHECK(check_size(kFunction, "batch", batch));
-  BYOC_CHECK(check_size(kFunction, "rows", rows));
-  BYOC_CHECK(check_size(kFunction, "cols", cols));
+  BYOC_CHECK(check_trilu(kFunction, in, out, elem_size, batch, rows, cols));
   if (batch == 0 || rows == 0 || cols == 0) return 0;
-  BYOC_CHECK(check_pointer(kFunction, "in", in));
-  BYOC_CHECK(check_pointer(kFunction, "out", out));
   const char* source = static_cast<const char*>(in);
   char* destination = static_cast<char*>(out);
   const size_t element = static_cast<size_t>(elem_size);
@@ -437,14 +329,12 @@ extern "C" int byoc_shim_cumsum(const void* in, void* out, byoc_dtype dtype, int
                                 int64_t inner, int exclusive, int reverse, void* stream) {
   (void)stream;
   static const char kFunction[] = "byoc_shim_cumsum";
-  BYOC_CHECK(check_size(kFunction, "outer", outer));
-  BYOC_CHECK(check_size(kFunction, "n", n));
-  BYOC_CHECK(check_size(kFunction, "inner", inner));
-  if (outer == 0 || n == 0 || inner == 0) return dispatch<DtypeSet::kNumbers>(kFunction, dtype, [](auto) { return 0; });
-  BYOC_CHECK(check_pointer(kFunction, "in", in));
-  BYOC_CHECK(check_pointer(kFunction, "out", out));
+  BYOC_CHECK(check_sizes_then_pointers(kFunction, {{"outer", outer}, {"n", n}, {"inner", inner}},
+                                       {{"in", in}, {"out", out}}));
+  const bool empty = outer == 0 || n == 0 || inner == 0;
   return dispatch<DtypeSet::kNumbers>(kFunction, dtype, [&](auto tag) {
     using Storage = decltype(tag);
+    if (empty) return 0;
     using Accumulate = typename DtypeTraits<Storage>::Accumulate;
     const Storage* source = static_cast<const Storage*>(in);
     Storage* destination = static_cast<Storage*>(out);

@@ -54,18 +54,8 @@ extern "C" int byoc_shim_matmul(const void* a, const void* b, void* c, byoc_dtyp
   (void)workspace_bytes;
   (void)stream;
   static const char kFunction[] = "byoc_shim_matmul";
-  BYOC_CHECK(check_size(kFunction, "batch", batch));
-  BYOC_CHECK(check_size(kFunction, "m", m));
-  BYOC_CHECK(check_size(kFunction, "n", n));
-  BYOC_CHECK(check_size(kFunction, "k", k));
+  BYOC_CHECK(check_matmul(kFunction, a, b, c, batch, m, n, k));
   const bool empty = batch == 0 || m == 0 || n == 0;
-  if (!empty) {
-    if (k > 0) {
-      BYOC_CHECK(check_pointer(kFunction, "a", a));
-      BYOC_CHECK(check_pointer(kFunction, "b", b));
-    }
-    BYOC_CHECK(check_pointer(kFunction, "c", c));
-  }
   return dispatch<DtypeSet::kNumbers>(kFunction, dtype, [&](auto tag) {
     using Storage = decltype(tag);
     if (!empty) {

@@ -107,6 +107,23 @@ void batch_norm_typed(const Storage* in, const Storage* scale, const Storage* bi
   }
 }
 
+// byoc_shim_layer_norm (centered, with beta) and byoc_shim_rms_norm (beta NULL), checked
+// and dispatched.
+int normalize(const char* function, const void* in, const void* gamma, const void* beta, void* out,
+              byoc_dtype dtype, int64_t rows, int64_t n, float epsilon, bool centered) {
+  BYOC_CHECK(check_sizes_then_pointers(function, {{"rows", rows}, {"n", n}},
+                                       {{"in", in}, {"gamma", gamma}, {"out", out}}));
+  const bool empty = rows == 0 || n == 0;
+  return dispatch<DtypeSet::kFloats>(function, dtype, [&](auto tag) {
+    using Storage = decltype(tag);
+    if (!empty) {
+      normalize_rows(static_cast<const Storage*>(in), static_cast<const Storage*>(gamma),
+                     static_cast<const Storage*>(beta), static_cast<Storage*>(out), rows, n, epsilon, centered);
+    }
+    return 0;
+  });
+}
+
 }  // namespace
 
 extern "C" int byoc_shim_softmax(const void* in, void* out, byoc_dtype dtype, int64_t outer, int64_t n, int64_t inner,
@@ -126,35 +143,13 @@ extern "C" int byoc_shim_softmax(const void* in, void* out, byoc_dtype dtype, in
 extern "C" int byoc_shim_layer_norm(const void* in, const void* gamma, const void* beta, void* out, byoc_dtype dtype,
                                     int64_t rows, int64_t n, float epsilon, void* stream) {
   (void)stream;
-  static const char kFunction[] = "byoc_shim_layer_norm";
-  BYOC_CHECK(check_sizes_then_pointers(kFunction, {{"rows", rows}, {"n", n}},
-                                       {{"in", in}, {"gamma", gamma}, {"out", out}}));
-  const bool empty = rows == 0 || n == 0;
-  return dispatch<DtypeSet::kFloats>(kFunction, dtype, [&](auto tag) {
-    using Storage = decltype(tag);
-    if (!empty) {
-      normalize_rows(static_cast<const Storage*>(in), static_cast<const Storage*>(gamma),
-                     static_cast<const Storage*>(beta), static_cast<Storage*>(out), rows, n, epsilon, true);
-    }
-    return 0;
-  });
+  return normalize("byoc_shim_layer_norm", in, gamma, beta, out, dtype, rows, n, epsilon, true);
 }
 
 extern "C" int byoc_shim_rms_norm(const void* in, const void* gamma, void* out, byoc_dtype dtype, int64_t rows,
                                   int64_t n, float epsilon, void* stream) {
   (void)stream;
-  static const char kFunction[] = "byoc_shim_rms_norm";
-  BYOC_CHECK(check_sizes_then_pointers(kFunction, {{"rows", rows}, {"n", n}},
-                                       {{"in", in}, {"gamma", gamma}, {"out", out}}));
-  const bool empty = rows == 0 || n == 0;
-  return dispatch<DtypeSet::kFloats>(kFunction, dtype, [&](auto tag) {
-    using Storage = decltype(tag);
-    if (!empty) {
-      normalize_rows(static_cast<const Storage*>(in), static_cast<const Storage*>(gamma),
-                     static_cast<const Storage*>(nullptr), static_cast<Storage*>(out), rows, n, epsilon, false);
-    }
-    return 0;
-  });
+  return normalize("byoc_shim_rms_norm", in, gamma, nullptr, out, dtype, rows, n, epsilon, false);
 }
 
 extern "C" int byoc_shim_batch_norm(const void* in, const void* scale, const void* bias, const void* mean,

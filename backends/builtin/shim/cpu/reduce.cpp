@@ -9,7 +9,7 @@ using namespace byoc_shim_cpu;
 
 namespace {
 
-enum ReduceKind { kSum = 0, kMean = 1, kMax = 2, kMin = 3, kProd = 4 };
+// (ReduceKind, kSum .. kProd: ../shim_checks.h, shared with the CUDA shim)
 constexpr int64_t kChunk = 256;  // inner columns reduced together (their state is on the stack)
 
 template <class Storage>
@@ -114,29 +114,14 @@ void arg_reduce_typed(const Storage* in, int64_t* out, bool is_argmax, int64_t o
   }
 }
 
-int check_reduce_sizes(const char* function, int64_t outer, int64_t n, int64_t inner) {
-  BYOC_CHECK(check_size(function, "outer", outer));
-  BYOC_CHECK(check_size(function, "n", n));
-  BYOC_CHECK(check_size(function, "inner", inner));
-  return 0;
-}
-
 }  // namespace
 
 extern "C" int byoc_shim_reduce(const void* in, void* out, byoc_dtype dtype, int kind, int64_t outer, int64_t n,
                                 int64_t inner, void* stream) {
   (void)stream;
   static const char kFunction[] = "byoc_shim_reduce";
-  if (kind < kSum || kind > kProd) {
-    return fail(kInvalidArgument, kFunction, "kind is %d; expected 0 (sum), 1 (mean), 2 (max), 3 (min) or 4 (prod)",
-                kind);
-  }
-  BYOC_CHECK(check_reduce_sizes(kFunction, outer, n, inner));
+  BYOC_CHECK(check_reduce(kFunction, in, out, kind, outer, n, inner));
   const bool empty = outer == 0 || inner == 0;
-  if (!empty) {
-    if (n > 0) BYOC_CHECK(check_pointer(kFunction, "in", in));
-    BYOC_CHECK(check_pointer(kFunction, "out", out));
-  }
   return dispatch<DtypeSet::kNumbers>(kFunction, dtype, [&](auto tag) {
     using Storage = decltype(tag);
     if (!empty) reduce_typed(static_cast<const Storage*>(in), static_cast<Storage*>(out), kind, outer, n, inner);
@@ -148,14 +133,8 @@ extern "C" int byoc_shim_arg_reduce(const void* in, int64_t* out, byoc_dtype dty
                                     int64_t n, int64_t inner, int select_last_index, void* stream) {
   (void)stream;
   static const char kFunction[] = "byoc_shim_arg_reduce";
-  if (kind != 0 && kind != 1) return fail(kInvalidArgument, kFunction, "kind is %d; expected 0 (argmax) or 1 (argmin)", kind);
-  BYOC_CHECK(check_reduce_sizes(kFunction, outer, n, inner));
+  BYOC_CHECK(check_arg_reduce(kFunction, in, out, kind, outer, n, inner));
   const bool empty = outer == 0 || inner == 0;
-  if (!empty) {
-    if (n == 0) return fail(kInvalidArgument, kFunction, "n is 0; an empty axis has no index to return");
-    BYOC_CHECK(check_pointer(kFunction, "in", in));
-    BYOC_CHECK(check_pointer(kFunction, "out", out));
-  }
   return dispatch<DtypeSet::kNumbers>(kFunction, dtype, [&](auto tag) {
     using Storage = decltype(tag);
     if (!empty) {

@@ -187,28 +187,12 @@ inline bool is_nan(int64_t) { return false; }
 enum class DtypeSet { kFloats, kNumbers, kAll };
 
 // Calls visit(Storage{}) with the storage type of `dtype`, if `dtype` is in `kAllowed`;
-// otherwise records an error naming `function` and returns kUnsupportedDtype.
-// `visit` is a generic lambda returning int; it is instantiated only for allowed types.
+// otherwise records an error naming `function` and returns kUnsupportedDtype (see
+// dispatch_dtype in ../shim_checks.h, shared with the CUDA shim).
 template <DtypeSet kAllowed, class Visit>
 int dispatch(const char* function, byoc_dtype dtype, Visit&& visit) {
-  constexpr bool kNumbers = kAllowed != DtypeSet::kFloats;
-  constexpr bool kBool = kAllowed == DtypeSet::kAll;
-  switch (dtype) {
-    case BYOC_FLOAT32: return visit(float{});
-    case BYOC_FLOAT16: return visit(float16_t{});
-    case BYOC_BFLOAT16: return visit(bfloat16_t{});
-    case BYOC_FLOAT64: return visit(double{});
-    case BYOC_INT64: if constexpr (kNumbers) return visit(int64_t{}); break;
-    case BYOC_INT32: if constexpr (kNumbers) return visit(int32_t{}); break;
-    case BYOC_INT16: if constexpr (kNumbers) return visit(int16_t{}); break;
-    case BYOC_INT8: if constexpr (kNumbers) return visit(int8_t{}); break;
-    case BYOC_UINT8: if constexpr (kNumbers) return visit(uint8_t{}); break;
-    case BYOC_BOOL: if constexpr (kBool) return visit(bool{}); break;
-    default:
-      return fail(kUnsupportedDtype, function, "dtype %d is not a byoc_dtype", static_cast<int>(dtype));
-  }
-  return fail(kUnsupportedDtype, function, "dtype %s is not supported (expected %s)", dtype_name(dtype),
-              kNumbers ? "a float or integer dtype" : "a float dtype");
+  return dispatch_dtype<float16_t, bfloat16_t, kAllowed != DtypeSet::kFloats, kAllowed == DtypeSet::kAll>(
+      function, dtype, visit);
 }
 
 // ---------------------------------------------------------------- GEMM core

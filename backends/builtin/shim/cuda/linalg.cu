@@ -306,14 +306,6 @@ __global__ void zero_matrices_kernel(Storage* c, int64_t batch, int64_t size, in
   }
 }
 
-int check_matmul_sizes(const char* function, int64_t batch, int64_t m, int64_t n, int64_t k) {
-  BYOC_CHECK(check_size(function, "batch", batch));
-  BYOC_CHECK(check_size(function, "m", m));
-  BYOC_CHECK(check_size(function, "n", n));
-  BYOC_CHECK(check_size(function, "k", k));
-  return 0;
-}
-
 }  // namespace
 
 namespace byoc_shim_cuda {
@@ -357,15 +349,8 @@ extern "C" int byoc_shim_matmul(const void* a, const void* b, void* c, byoc_dtyp
                                 int64_t batch_stride_b, int64_t batch_stride_c, int algo, void* workspace,
                                 size_t workspace_bytes, void* stream) {
   static const char kFunction[] = "byoc_shim_matmul";
-  BYOC_CHECK(check_matmul_sizes(kFunction, batch, m, n, k));
+  BYOC_CHECK(check_matmul(kFunction, a, b, c, batch, m, n, k));
   const bool empty = batch == 0 || m == 0 || n == 0;
-  if (!empty) {
-    if (k > 0) {
-      BYOC_CHECK(check_pointer(kFunction, "a", a));
-      BYOC_CHECK(check_pointer(kFunction, "b", b));
-    }
-    BYOC_CHECK(check_pointer(kFunction, "c", c));
-  }
   if (algo < -1) return fail(kInvalidArgument, kFunction, "algo is %d; expected -1 or a heuristic index", algo);
   cudaStream_t cuda_stream = as_stream(stream);
   return dispatch<DtypeSet::kNumbers>(kFunction, dtype, [&](auto tag) {

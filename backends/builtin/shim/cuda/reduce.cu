@@ -17,9 +17,8 @@ using namespace byoc_shim_cuda;
 
 namespace {
 
-enum ReduceKind { kSum = 0, kMean = 1, kMax = 2, kMin = 3, kProd = 4 };
-
 // ---------------------------------------------------------------- ops
+// (ReduceKind, kSum .. kProd: ../shim_checks.h, shared with the CPU shim)
 
 template <class Storage, int kKind>
 struct ReduceOp {
@@ -227,28 +226,13 @@ int launch_reduction(const char* function, const void* in, void* out, int64_t ou
   return check_launch(function);
 }
 
-int check_reduce_sizes(const char* function, int64_t outer, int64_t n, int64_t inner) {
-  BYOC_CHECK(check_size(function, "outer", outer));
-  BYOC_CHECK(check_size(function, "n", n));
-  BYOC_CHECK(check_size(function, "inner", inner));
-  return 0;
-}
-
 }  // namespace
 
 extern "C" int byoc_shim_reduce(const void* in, void* out, byoc_dtype dtype, int kind, int64_t outer, int64_t n,
                                 int64_t inner, void* stream) {
   static const char kFunction[] = "byoc_shim_reduce";
-  if (kind < kSum || kind > kProd) {
-    return fail(kInvalidArgument, kFunction, "kind is %d; expected 0 (sum), 1 (mean), 2 (max), 3 (min) or 4 (prod)",
-                kind);
-  }
-  BYOC_CHECK(check_reduce_sizes(kFunction, outer, n, inner));
+  BYOC_CHECK(check_reduce(kFunction, in, out, kind, outer, n, inner));
   const bool empty = outer == 0 || inner == 0;
-  if (!empty) {
-    if (n > 0) BYOC_CHECK(check_pointer(kFunction, "in", in));
-    BYOC_CHECK(check_pointer(kFunction, "out", out));
-  }
   cudaStream_t cuda_stream = as_stream(stream);
   return dispatch<DtypeSet::kNumbers>(kFunction, dtype, [&](auto tag) {
     using Storage = decltype(tag);
@@ -266,16 +250,8 @@ extern "C" int byoc_shim_reduce(const void* in, void* out, byoc_dtype dtype, int
 extern "C" int byoc_shim_arg_reduce(const void* in, int64_t* out, byoc_dtype dtype, int kind, int64_t outer,
                                     int64_t n, int64_t inner, int select_last_index, void* stream) {
   static const char kFunction[] = "byoc_shim_arg_reduce";
-  if (kind != 0 && kind != 1) {
-    return fail(kInvalidArgument, kFunction, "kind is %d; expected 0 (argmax) or 1 (argmin)", kind);
-  }
-  BYOC_CHECK(check_reduce_sizes(kFunction, outer, n, inner));
+  BYOC_CHECK(check_arg_reduce(kFunction, in, out, kind, outer, n, inner));
   const bool empty = outer == 0 || inner == 0;
-  if (!empty) {
-    if (n == 0) return fail(kInvalidArgument, kFunction, "n is 0; an empty axis has no index to return");
-    BYOC_CHECK(check_pointer(kFunction, "in", in));
-    BYOC_CHECK(check_pointer(kFunction, "out", out));
-  }
   cudaStream_t cuda_stream = as_stream(stream);
   return dispatch<DtypeSet::kNumbers>(kFunction, dtype, [&](auto tag) {
     using Storage = decltype(tag);

@@ -69,6 +69,11 @@ inline unsigned int blocks_for(int64_t work_items, int threads_per_block = kThre
 // is markedly cheaper on the GPU: divisions and multiplies are half the instructions).
 inline bool fits_int32(int64_t count) { return count >= 0 && count < (int64_t{1} << 31); }
 
+// Kernels that pick 32-bit indexing by their own bounds need every index below this one
+// (with room for a grid-stride loop's last step, which may pass the end by a whole grid
+// before it stops).
+constexpr int64_t kIndex32Limit = int64_t{1} << 30;
+
 inline bool aligned_to(const void* pointer, size_t bytes) {
   return reinterpret_cast<uintptr_t>(pointer) % bytes == 0;
 }
@@ -220,27 +225,12 @@ __device__ __forceinline__ T nan_min(T a, T b) {
 enum class DtypeSet { kFloats, kNumbers };
 
 // Calls visit(Storage{}) with the storage type of `dtype` if `dtype` is in `kAllowed`;
-// otherwise records an error naming `function` and returns kUnsupportedDtype. bool moves
-// only (copy_strided, pad, ... take an element size), so no dispatch accepts it.
+// otherwise records an error naming `function` and returns kUnsupportedDtype (see
+// dispatch_dtype in ../shim_checks.h, shared with the CPU shim). bool moves only
+// (copy_strided, pad, ... take an element size), so no dispatch accepts it.
 template <DtypeSet kAllowed, class Visit>
 int dispatch(const char* function, byoc_dtype dtype, Visit&& visit) {
-  constexpr bool kNumbers = kAllowed == DtypeSet::kNumbers;
-  switch (dtype) {
-    case BYOC_FLOAT32: return visit(float{});
-    case BYOC_FLOAT16: return visit(__half{});
-    case BYOC_BFLOAT16: return visit(__nv_bfloat16{});
-    case BYOC_FLOAT64: return visit(double{});
-    case BYOC_INT64: if constexpr (kNumbers) return visit(int64_t{}); break;
-    case BYOC_INT32: if constexpr (kNumbers) return visit(int32_t{}); break;
-    case BYOC_INT16: if constexpr (kNumbers) return visit(int16_t{}); break;
-    case BYOC_INT8: if constexpr (kNumbers) return visit(int8_t{}); break;
-    case BYOC_UINT8: if constexpr (kNumbers) return visit(uint8_t{}); break;
-    case BYOC_BOOL: break;
-    default:
-      return fail(kUnsupportedDtype, function, "dtype %d is not a byoc_dtype", static_cast<int>(dtype));
-  }
-  return fail(kUnsupportedDtype, function, "dtype %s is not supported (expected %s)", dtype_name(dtype),
-              kNumbers ? "a float or integer dtype" : "a float dtype");
+  return dispatch_dtype<__half, __nv_bfloat16, kAllowed == DtypeSet::kNumbers, false>(function, dtype, visit);
 }
 
 // ---------------------------------------------------------------- opaque elements
@@ -279,6 +269,16 @@ inline int common_alignment(size_t bytes, const void* a, const void* b = nullptr
   while (width > 1 && (bytes % width != 0 || !aligned_to(a, width) || (b != nullptr && !aligned_to(b, width))))
     width /= 2;
   return width;
+}
+
+// Element type and count of "units" per element for kernels that take any elem_size:
+// visit(Blob{}, units) with the widest power-of-two word that divides the element and
+// keeps both pointers aligned.
+template <class Visit>
+int visit_units(int elem_size, const void* a, const void* b, Visit&& visit) {
+  const int width = common_alignment(static_cast<size_t>(elem_size), a, b);
+  const int units = elem_size / width;
+  return visit_blob(width, [&](auto blob) { return visit(blob, units); });
 }
 
 // ---------------------------------------------------------------- reductions in a group
