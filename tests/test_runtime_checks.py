@@ -261,6 +261,32 @@ def test_dlpack_producers_and_strided_arrays_are_taken(add_library, monkeypatch)
         module.run(x, out=strided_out)
 
 
+@pytest.mark.parametrize("library_name", ["jax", "torch"])
+def test_jax_and_torch_cpu_arrays_in_and_out(add_library, library_name, monkeypatch):
+    """JAX arrays and torch CPU tensors (where installed) are taken as themselves and as
+    __dlpack__-only wrappers; the outputs come back as the caller's kind."""
+    import types
+    lib = pytest.importorskip(library_name)
+    module = byoc.load(add_library)
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    want = x + x + np.arange(8, dtype=np.float32)
+    if library_name == "jax":
+        given = lib.device_put(x, lib.devices("cpu")[0])  # (a jax with CUDA puts arrays on the GPU)
+        kind = type(given)
+    else:
+        given, kind = lib.from_numpy(x.copy()), lib.Tensor
+    got = module.run(given)
+    assert isinstance(got, kind), type(got)
+    np.testing.assert_array_equal(np.asarray(got), want)
+    wrappers = types.ModuleType("dlpack_only_arrays")
+    wrappers.from_dlpack = lambda tensor: _DLPackOnly(np.from_dlpack(tensor))
+    monkeypatch.setitem(sys.modules, "dlpack_only_arrays", wrappers)
+    monkeypatch.setattr(_DLPackOnly, "__module__", "dlpack_only_arrays")
+    wrapped = module.run(_DLPackOnly(given))
+    assert isinstance(wrapped, _DLPackOnly)
+    np.testing.assert_array_equal(np.from_dlpack(wrapped), want)
+
+
 def test_byoc_runtime_error_is_also_the_builtin_one(add_library):
     """Code that catches RuntimeError around onnxruntime or torch catches byoc's too."""
     import builtins

@@ -208,3 +208,43 @@ def test_closed_cuda_modules_leave_no_mapping_behind(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     (maps_10, fds_10, rss_10), (maps_40, fds_40, rss_40) = eval(result.stdout.strip().splitlines()[-1])
     assert maps_40 <= maps_10 + 4 and fds_40 <= fds_10 and rss_40 - rss_10 < 5 * 1024, result.stdout
+
+
+class _DLPackOnly:
+    """A CUDA tensor of some other library that offers only DLPack."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, **kwargs):
+        return self.array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("library_name", ["cupy", "torch"])
+def test_cuda_arrays_in_and_out_as_themselves_and_as_dlpack_only_wrappers(library_name, tmp_path, monkeypatch):
+    """CuPy arrays and torch CUDA tensors are taken as themselves and as __dlpack__-only
+    wrappers (the CUDA device type); the outputs come back as the caller's kind."""
+    import types
+    lib = pytest.importorskip(library_name)
+    model, table = embedding_model()
+    library = byoc.build(model, config={"target": "auto", "backends": ["builtin"]}, workdir=str(tmp_path / "w"))
+    module = library.load()
+    ids = np.arange(TOKENS, dtype=np.int64) * 7
+    want = table[ids] * 2
+    given = lib.asarray(ids) if library_name == "cupy" else lib.from_numpy(ids).cuda()
+    got = module.run(given)
+    assert type(got) is type(given)
+    as_numpy = (lambda a: lib.asnumpy(a)) if library_name == "cupy" else (lambda a: a.cpu().numpy())
+    np.testing.assert_array_equal(as_numpy(got), want)
+    wrappers = types.ModuleType("dlpack_only_cuda_arrays")
+    wrappers.from_dlpack = lambda tensor: _DLPackOnly(lib.from_dlpack(tensor))
+    monkeypatch.setitem(sys.modules, "dlpack_only_cuda_arrays", wrappers)
+    monkeypatch.setattr(_DLPackOnly, "__module__", "dlpack_only_cuda_arrays")
+    wrapped = module.run(_DLPackOnly(given))
+    assert isinstance(wrapped, _DLPackOnly)
+    np.testing.assert_array_equal(as_numpy(wrapped.array), want)

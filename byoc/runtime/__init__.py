@@ -118,8 +118,13 @@ class Module:
         outputs = []
         for spec in specs:
             dtype = numpy_dtype(spec["dtype"])
-            # an output PlanDevices delivers in host memory ("device": "cpu") is a NumPy array
-            if self.device == "cpu" or spec.get("device") == "cpu":
+            on_host = self.device == "cpu" or spec.get("device") == "cpu"
+            if on_host and _torch_cpu_tensor(like) and spec["dtype"] != "bfloat16":
+                # a torch caller on the cpu gets torch tensors (NumPy has no bfloat16 view of one)
+                import torch
+                outputs.append(torch.empty(spec["shape"], dtype=getattr(torch, spec["dtype"])))
+            elif on_host:
+                # an output PlanDevices delivers in host memory ("device": "cpu") is a NumPy array
                 outputs.append(np.empty(spec["shape"], dtype=dtype))
             elif type(like).__module__.startswith("torch"):
                 import torch
@@ -270,6 +275,10 @@ class Module:
             self.close()
         except Exception:
             pass
+
+
+def _torch_cpu_tensor(array) -> bool:
+    return type(array).__module__.startswith("torch") and not getattr(array, "is_cuda", True)
 
 
 def load(path, weights_path=None) -> Module:

@@ -103,13 +103,21 @@ def _from_dlpack(array, what: str):
 
 
 def _dlpack_returner(like):
-    """For an input offered only through DLPack: its library's from_dlpack (jax.numpy's,
-    a module's own), so that outputs come back as the caller's kind; else None."""
+    """For an input offered only through DLPack: its library's from_dlpack, so that outputs
+    come back as the caller's kind; else None. The library is the array's Array API
+    namespace (`__array_namespace__()`: jax.numpy for JAX arrays, whose class lives in
+    jaxlib), else the module of its class, or that package's `numpy`."""
     if like is None or not _dlpack_only(like):
         return None
+    namespace = None
+    if callable(getattr(like, "__array_namespace__", None)):
+        try:
+            namespace = like.__array_namespace__()
+        except Exception:  # noqa: BLE001 - a namespace that cannot be had: the module's below
+            namespace = None
     module = sys.modules.get(type(like).__module__)
     root = sys.modules.get(type(like).__module__.split(".")[0])
-    for candidate in (module, getattr(root, "numpy", None), root):
+    for candidate in (namespace, module, getattr(root, "numpy", None), root):
         function = getattr(candidate, "from_dlpack", None)
         if callable(function):
             return function
