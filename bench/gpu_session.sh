@@ -4,6 +4,7 @@
 #   bench/gpu_session.sh tests    GPU tests of every file that has them, files in parallel
 #   bench/gpu_session.sh gemm     bench/bench_gemm.py (CUTLASS tuned, cuBLASLt engine, cuBLAS)
 #   bench/gpu_session.sh attention [ARGS...]  bench/bench_attention.py (every fused attention kernel and tile)
+#   bench/gpu_session.sh build_times [CASES...]  cold/warm/measure-all build times (bench/build_times.py tables them)
 #   bench/gpu_session.sh models CASES...   bench/run_models.py over the shipped CUDA configs
 #   bench/gpu_session.sh release 1|2  the model cases the open issues ask for, in two calls
 #   bench/gpu_session.sh profile [CASES...]  per-kernel GPU time (bench/profile_kernels.py)
@@ -76,6 +77,32 @@ case "$stage" in
     python3 bench/profile_kernels.py --out /tmp/byoc-profile \
       --tuning-db "${TUNING_DB:-backends/cutlass/tuning_sm90.json}" "$@" >"$OUT/profile.log" 2>&1
     cat /tmp/byoc-profile/*.txt >"$OUT/profiles.txt"; cat "$OUT/profiles.txt" ;;
+  build_times)
+    # Cold (empty object cache) and warm builds of each case with the shipped tuning database,
+    # then BERT-base b1 cold with every CUTLASS kernel measured here (cuda_sm90:measure, at
+    # most MEASURE_S seconds), then the libraries timed; the records come back as
+    # $OUT/build_times.tar.gz for bench/build_times.py.
+    [ $# -eq 0 ] && set -- bert_base:1 gpt2:1 resnet50:32
+    mkdir -p /tmp/build-times
+    prebuild() {  # CACHE WORKDIR TAG CONFIG PROFILE CASE [timeout]
+      BYOC_CACHE_DIR="$1" timeout "${7:-500}" python3 bench/real_models.py --prebuild --workdir "$2" \
+        --configs "$4" --tuning-db "${TUNING_DB_ARG-backends/cutlass/tuning_sm90.json}" --profile "$5" --cases "$6" \
+        >"/tmp/build-times/$3.log" 2>&1
+      echo "$(date +%T) $3: $(grep -h 'built in\|FAILED' "/tmp/build-times/$3.log" | tail -n 1)"
+      for record in "$2"/prebuilt/*.json; do cp "$record" "/tmp/build-times/$3.$(basename "$record")"; done
+    }
+    # the warm build in a workdir of its own: only the object cache is warm, as for a user
+    # building the same model again elsewhere
+    for case in "$@"; do
+      name="${case%%:*}"
+      prebuild "/tmp/cache-$name" build/byoc-real "$name.cold" cuda_sm90 false "$case"
+      prebuild "/tmp/cache-$name" build/byoc-real-warm "$name.warm" cuda_sm90 false "$case"
+    done
+    TUNING_DB_ARG="" prebuild /tmp/cache-measure build/byoc-real-measure bert_base.measure cuda_sm90:measure auto \
+      bert_base:1 "${MEASURE_S:-200}"
+    PYTHONUNBUFFERED=1 python3 bench/real_models.py --prebuilt --out /tmp/build-times --workdir build/byoc-real \
+      --configs cuda_sm90 --torch-modes none --cases "$@" >/tmp/build-times/timing.log 2>&1
+    tar -czf "$OUT/build_times.tar.gz" -C /tmp/build-times . ;;
   attention)
     python3 bench/bench_attention.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench_attention.log" | tail -n 60 ;;
   gemm)

@@ -83,6 +83,10 @@ def load_config(spec, tuning_db=None, profile="auto"):
                  "att32x128": {"backends": [{"cutlass": {"sm": 90, "attention_tile": "32x128"}}, "cublaslt",
                                             "builtin"]},
                  "att64x64": {"backends": [{"cutlass": {"sm": 90, "attention_tile": "64x64"}}, "cublaslt", "builtin"]},
+                 # every CUTLASS kernel measured on this GPU: the shipped database not consulted
+                 # (with a fresh BYOC_CACHE_DIR, the persistent one is empty too)
+                 "measure": {"backends": [{"cutlass": {"sm": 90, "shipped_tuning": False}}, "cublaslt", "builtin"],
+                             "tuning": {"profile": "auto", "tuning_db": None}},
                  "": {}}[variant]
     if tuning_db:
         overrides["tuning"] = {"profile": {"false": False, "true": True}.get(profile, profile), "tuning_db": tuning_db}
