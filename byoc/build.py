@@ -34,6 +34,10 @@ from .errors import BuildError, ByocWarning, CompileError, ConfigError, ModelErr
 from .ir.module import IRModule
 from .library import Library, file_state
 
+# The IR dumps a build writes for reading (partitioned.ir, final.ir, cuda_graph.ir) list
+# constants over this many bytes by type, size and digest, not by their data (the weights).
+DUMP_DATA_BYTES = 4096
+
 
 def build(model, target=None, config=None, *, input_shapes: dict | None = None, workdir=None,
           params: str | None = None, precision: str | None = None, dims: dict | None = None) -> Library:
@@ -176,7 +180,7 @@ class _Builder:
         from .transform.mark_compiler_functions_as_extern import mark_compiler_functions_as_extern
         mod = mark_compiler_functions_as_extern(mod)
         mod = self.plan_devices(mod, artifacts)
-        (self.workdir / "final.ir").write_text(mod.script())
+        (self.workdir / "final.ir").write_text(mod.script(elide_data_over=DUMP_DATA_BYTES))
         return mod, output_names, artifacts, report
 
     def import_model(self, model, input_shapes):
@@ -287,7 +291,7 @@ class _Builder:
         mod, report = partition_for(lower_split(mod), names, finalize=partition_builtin)
         (self.workdir / "partition_report.json").write_text(json.dumps(report.to_json(), indent=2, sort_keys=True))
         (self.workdir / "partition_report.txt").write_text(report.to_text())
-        (self.workdir / "partitioned.ir").write_text(mod.script())
+        (self.workdir / "partitioned.ir").write_text(mod.script(elide_data_over=DUMP_DATA_BYTES))
         return mod, report
 
     def codegen(self, mod):
@@ -326,7 +330,8 @@ class _Builder:
             on_gpu = symbol not in devices or devices[symbol].device_type == "cuda"
             return on_gpu and get_backend(backend_of[symbol]).capturable
 
-        (self.workdir / "cuda_graph.ir").write_text(rewrite_cuda_graph(mod, capturable).script())
+        (self.workdir / "cuda_graph.ir").write_text(rewrite_cuda_graph(mod, capturable).script(
+            elide_data_over=DUMP_DATA_BYTES))
         return graph_regions(mod, capturable)
 
     # ---- host code and the toolchain ------------------------------------------------------

@@ -725,3 +725,27 @@ def test_integer_attributes_beyond_int64_are_refused():
 }"""
     with pytest.raises(ParseError, match=r"line 2, col \d+: strided_slice: attribute end=.* is not a list of 64-bit"):
         parse(text)
+
+
+def test_dumps_list_large_constants_by_digest_and_do_not_parse_back():
+    """A build's IR dumps (elide_data_over) keep small constants' data and list larger ones
+    by type, size and digest; parsing such text names the constant that has no data."""
+    from byoc.ir.printer import print_module
+    from byoc.ir.builder import FunctionBuilder
+    with FunctionBuilder("main") as fb:
+        x = fb.param("x", (64,), "float32")
+        fb.ret(fb.call("multiply", fb.call("add", x, np.arange(64, dtype=np.float32)), np.full(2, 3, np.float32)[:1]))
+    mod = fb.module()
+    text = print_module(mod, elide_data_over=128)
+    assert text == '''def @main(%x: Tensor[(64,), float32]) -> Tensor[(64,), float32] {
+  %v1 = add(%x, meta[0])
+  %v2 = multiply(%v1, const([3.0], float32))
+  return %v2
+}
+
+metadata {
+  meta[0] = Tensor[(64,), float32] elided(256 bytes, sha256 21b9ca0f94efa26b)
+}''', text
+    with pytest.raises(ParseError, match=r"meta\[0\]'s data was left out when this text was printed"):
+        parse(text)
+    assert_structural_equal(parse(print_module(mod)), mod)  # with its data it round-trips

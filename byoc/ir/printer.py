@@ -35,6 +35,7 @@ them back in. Small constants print inline, large ones in the trailing metadata 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import math
 import re
@@ -61,9 +62,13 @@ _OP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\Z")
 # ---------------------------------------------------------------- public entry points
 
 
-def print_module(mod, show_types: bool = False) -> str:
-    """The text of an IRModule: its functions in insertion order, then the metadata block."""
-    printer = _Printer(show_types)
+def print_module(mod, show_types: bool = False, elide_data_over: int | None = None) -> str:
+    """The text of an IRModule: its functions in insertion order, then the metadata block.
+
+    `elide_data_over` (bytes): larger constants are listed in the metadata block by type,
+    size and a digest of their bytes instead of their data (the dumps a build writes for
+    reading: a model's weights would make them hundreds of MB); such text does not parse."""
+    printer = _Printer(show_types, elide_data_over)
     chunks = []
     if getattr(mod, "attrs", None):
         chunks.append("module " + printer.format_attr_dict(mod.attrs))
@@ -221,8 +226,9 @@ class _Printer:
     """Prints functions of one module (or one standalone expression), collecting the
     large constants for the metadata block as it goes."""
 
-    def __init__(self, show_types: bool):
+    def __init__(self, show_types: bool, elide_data_over: int | None = None):
         self.show_types = show_types
+        self.elide_data_over = elide_data_over
         # Large constants by identity, in order of first use; the list keeps them alive so
         # that their ids are not reused while printing.
         self.meta_index: dict[int, int] = {}
@@ -390,7 +396,12 @@ class _Printer:
             return ""
         lines = ["", "", "metadata {"]
         for index, constant in enumerate(self.meta_constants):
-            encoded = base64.b64encode(little_endian_bytes(constant.data)).decode("ascii")
+            data = little_endian_bytes(constant.data)
+            if self.elide_data_over is not None and len(data) > self.elide_data_over:
+                digest = hashlib.sha256(data).hexdigest()[:16]
+                lines.append(f"{INDENT}meta[{index}] = {constant.type} elided({len(data)} bytes, sha256 {digest})")
+                continue
+            encoded = base64.b64encode(data).decode("ascii")
             lines.append(f'{INDENT}meta[{index}] = {constant.type} "{encoded}"')
         lines.append("}")
         return "\n".join(lines)

@@ -29,6 +29,9 @@ from ..errors import ByocWarning
 # then never matched (format 1 could hold objects of failed compiles).
 _KEY_FORMAT = "byoc object cache 2"
 _QUOTED_INCLUDE = re.compile(rb'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
+# Files whose text may #include others; anything else (the weights blob a .S file embeds,
+# hundreds of MB) is hashed but not searched for includes.
+_SOURCE_SUFFIXES = {".c", ".cc", ".cpp", ".cxx", ".cu", ".cuh", ".h", ".hh", ".hpp", ".inc", ".S", ".s"}
 
 
 def cache_dir() -> Path:
@@ -159,7 +162,7 @@ def object_key(source: Path, command: list[str], compiler_version: str, extra_fi
         seen.add(resolved)
         data = resolved.read_bytes()
         digest.update(str(len(data)).encode() + b":" + data)
-        for name in _QUOTED_INCLUDE.findall(data):
+        for name in _QUOTED_INCLUDE.findall(data) if resolved.suffix in _SOURCE_SUFFIXES else ():
             name = name.decode(errors="replace")
             for directory in [resolved.parent] + search:
                 candidate = directory / name
