@@ -20,6 +20,8 @@ from typing import Callable
 from .errors import BuildError, ConfigError
 
 FLAVORS = ("csource", "json", "shim")
+# The backend that takes every op nobody else claimed (the config keeps it last).
+FALLBACK = "builtin"
 ARTIFACT_KINDS = ("source", "object", "json", "shim")
 
 
@@ -49,6 +51,11 @@ class Backend:
     # (mod, target, build_device) -> mod: rewrites this backend needs before any backend's
     # patterns look (the cutlass backend: NHWC conv chains), run when it is in the build
     pre_partition: Callable | None = None
+    # The catch-all backend (FALLBACK) only: mod -> mod, outlining every op no backend
+    # claimed into its functions (the partitioner's last step), and (binding, attrs) ->
+    # bindings, outlining one op call (PinDevices: an op pinned to a device).
+    takes_the_rest: Callable | None = None
+    outline_op: Callable | None = None
 
     def virtual_device(self, build_device: str):
         """The VirtualDevice of this backend's functions' parameters and results in a build
@@ -90,7 +97,8 @@ BACKENDS: dict[str, Backend] = {}
 
 def register_backend(name: str, flavor: str, patterns: list, codegen: Callable, device: str = "cuda",
                      memory_scope: str = "global", one_composite_per_function: bool = False,
-                     capturable: bool = True, float32_statistics=(), pre_partition: Callable | None = None) -> Backend:
+                     capturable: bool = True, float32_statistics=(), pre_partition: Callable | None = None,
+                     takes_the_rest: Callable | None = None, outline_op: Callable | None = None) -> Backend:
     from .ir.op import OP_REGISTRY, get_op
     from .pattern import ops_named
     if flavor not in FLAVORS:
@@ -108,7 +116,7 @@ def register_backend(name: str, flavor: str, patterns: list, codegen: Callable, 
         if op_name not in OP_REGISTRY:
             raise ConfigError(f"backend {name!r}: float32_statistics names unknown op {op_name!r}")
     backend = Backend(name, flavor, list(patterns), codegen, device, memory_scope, one_composite_per_function,
-                      capturable, frozenset(float32_statistics), pre_partition)
+                      capturable, frozenset(float32_statistics), pre_partition, takes_the_rest, outline_op)
     BACKENDS[name] = backend
     return backend
 

@@ -219,13 +219,13 @@ class _Builder:
         """The precision pass's float32 ops, less those that every backend able to take
         them computes with float32 statistics internally (the built-in backend takes any
         op; the others, the ops their patterns name)."""
-        from .backend import get_backend
+        from .backend import FALLBACK, get_backend
         from .pattern import ops_named
         from .transform.convert_to_float16 import DEFAULT_KEEP_FLOAT32_OPS
         backends = [get_backend(name) for name in self.cfg.backend_order]
         keep = set(DEFAULT_KEEP_FLOAT32_OPS)
         for op_name in DEFAULT_KEEP_FLOAT32_OPS:
-            takers = [b for b in backends if b.name == "builtin"
+            takers = [b for b in backends if b.name == FALLBACK
                       or any(op_name in ops_named(entry.pattern) for entry in b.patterns)]
             if takers and all(op_name in b.float32_statistics for b in takers):
                 keep.discard(op_name)
@@ -277,10 +277,9 @@ class _Builder:
                             input_devices=self.input_device, output_devices=self.output_device)
 
     def partition(self, mod):
-        from .backend import get_backend
+        from .backend import FALLBACK, get_backend
         from .transform.partition import partition_for
-        from byoc.backends.builtin.partition import partition_builtin
-        names = [name for name in self.cfg.backend_names if name != "builtin"]
+        names = [name for name in self.cfg.backend_names if name != FALLBACK]
         backends = [get_backend(name) for name in names]  # an unknown backend fails here, with the known ones
         targets = self.backend_targets() if any(b.pre_partition for b in backends) else {}
         for backend in backends:  # what each backend needs before any patterns look (cutlass: NHWC convs)
@@ -288,7 +287,7 @@ class _Builder:
                 mod = backend.pre_partition(mod, targets[backend.name], "cuda" if self.cuda else "cpu")
         # Slices instead of splits before any backend looks: patterns see one op per piece.
         from .transform.lower_split import lower_split
-        mod, report = partition_for(lower_split(mod), names, finalize=partition_builtin)
+        mod, report = partition_for(lower_split(mod), names, finalize=get_backend(FALLBACK).takes_the_rest)
         (self.workdir / "partition_report.json").write_text(json.dumps(report.to_json(), indent=2, sort_keys=True))
         (self.workdir / "partition_report.txt").write_text(report.to_text())
         (self.workdir / "partitioned.ir").write_text(mod.script(elide_data_over=DUMP_DATA_BYTES))
@@ -300,6 +299,7 @@ class _Builder:
         return run_codegen(mod, targets)
 
     def backend_targets(self) -> dict:
+        from .backend import FALLBACK
         from .target import TARGET_KINDS, Target
         targets = {}
         for name, options in self.cfg.backends:
@@ -310,7 +310,7 @@ class _Builder:
                       if value is not None and key in TARGET_KINDS.get(name, {})}
             options = {**tuning, **(options or {})}
             targets[name] = Target(name, **options) if options else Target(name)
-        targets.setdefault("builtin", Target("builtin"))
+        targets.setdefault(FALLBACK, Target(FALLBACK))
         for target in targets.values():
             target.device = self.target  # backends compile for this device target
             target.workdir = self.workdir  # and write their sources here

@@ -717,3 +717,21 @@ def test_artifact_kind_is_checked():
     from byoc.backend import Artifact
     with pytest.raises(byoc.BuildError, match="kind 'elf' is not one of source, object, json, shim"):
         Artifact("test", "elf", symbols=[])
+
+
+def test_the_core_reaches_backends_only_through_the_registry():
+    """No module of byoc's core imports a backend's package: the catch-all backend's
+    partition step and op outlining come from its registration (takes_the_rest,
+    outline_op), like every backend's patterns and codegen. (The CLI's `byoc tuning` is the
+    cutlass tuning database's command, and names it.)"""
+    import re
+    from pathlib import Path
+    import byoc
+    from byoc.backend import FALLBACK, get_backend
+    core = Path(byoc.__file__).parent
+    named = [str(p.relative_to(core)) for p in core.rglob("*.py")
+             if p.relative_to(core).parts[0] != "cli" and re.search(r"backends\.(builtin|cutlass|cublaslt)\b", p.read_text())]
+    assert named == []
+    fallback = get_backend(FALLBACK)
+    assert callable(fallback.takes_the_rest) and callable(fallback.outline_op)
+    assert all(get_backend(name).takes_the_rest is None for name in ("cutlass", "cublaslt"))

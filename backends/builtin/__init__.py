@@ -15,7 +15,7 @@ from byoc.backend import Artifact, register_backend
 from byoc.target import AttrSchema, at_least, register_target_kind
 
 from .codegen import generate
-from .partition import RESHAPE_COMPOSITE, partition_builtin
+from .partition import RESHAPE_COMPOSITE, outline_op, partition_builtin
 
 SHIM_DIR = Path(__file__).parent / "shim"
 # Included first by the cpu code of a cuda build: renames the CPU shim's symbols, which
@@ -153,4 +153,5 @@ def codegen(functions: dict, target) -> list:
 # alike, as the NumPy references do), so float16 builds need no casts around them.
 register_backend("builtin", flavor="shim", patterns=[], codegen=codegen, device="any",
                  one_composite_per_function=True,
-                 float32_statistics=("softmax", "log_softmax", "layer_norm", "rms_norm"))
+                 float32_statistics=("softmax", "log_softmax", "layer_norm", "rms_norm"),
+                 takes_the_rest=partition_builtin, outline_op=outline_op)

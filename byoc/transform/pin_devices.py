@@ -54,7 +54,8 @@ from ..ir.virtual_device import VirtualDevice
 def pin_devices(mod: IRModule, pins=(), default_device="cpu") -> IRModule:
     """`pins`: [{"op" | "node": name, "device": VirtualDevice text}] (the config's
     devices.pin, in its order: messages name a pin as devices.pin[index])."""
-    from byoc.backends.builtin.partition import outline_op
+    from ..backend import FALLBACK, get_backend
+    outline_op = get_backend(FALLBACK).outline_op
     from .lower_split import lower_split_with_pieces
     default_device = VirtualDevice.parse(default_device)
     main = mod["main"]
