@@ -35,7 +35,7 @@ from .ir.module import IRModule
 from .library import Library, file_state
 
 # The IR dumps a build writes for reading (partitioned.ir, final.ir, cuda_graph.ir) list
-# constants over this many bytes by type, size and digest, not by their data (the weights).
+# constants over this many bytes by type and size, not by their data (the weights).
 DUMP_DATA_BYTES = 4096
 
 
@@ -330,9 +330,10 @@ class _Builder:
             on_gpu = symbol not in devices or devices[symbol].device_type == "cuda"
             return on_gpu and get_backend(backend_of[symbol]).capturable
 
-        (self.workdir / "cuda_graph.ir").write_text(rewrite_cuda_graph(mod, capturable).script(
+        regions = graph_regions(mod, capturable)
+        (self.workdir / "cuda_graph.ir").write_text(rewrite_cuda_graph(mod, regions=regions).script(
             elide_data_over=DUMP_DATA_BYTES))
-        return graph_regions(mod, capturable)
+        return regions
 
     # ---- host code and the toolchain ------------------------------------------------------
     @staticmethod

@@ -1118,6 +1118,26 @@ def test_attention_with_mask_separate_inputs_and_two_key_transposes(tile, lines,
         assert line in text, line
 
 
+def test_the_flash_kernel_needs_no_cutlass_examples(tmp_path, monkeypatch):
+    """byoc's flash kernel ships its header: a CUTLASS without its examples folder still
+    builds it (only the example 41 kernel asks for examples/41_fused_multi_head_attention)."""
+    import byoc.toolchain
+    from byoc.errors import BuildError
+
+    def no_examples(name):
+        raise BuildError(f"CUTLASS's examples/{name} not found")
+    monkeypatch.setattr(byoc.toolchain, "cutlass_example_dir", no_examples)
+    mod = _attention_model(2, 24, 40, 4, 64, fused_qkv=False, mask=(2, 1, 1, 40))
+    builder, mod, _ = _partitioned_attention(mod, tmp_path)
+    _, artifacts = builder.codegen(mod)
+    (cutlass,) = [a for a in artifacts if a.backend == "cutlass"]
+    assert list(cutlass.kernels.values()) == ["byoc_flash_attention_sm80_f16_64x128_d64_mask"]
+    builder, mod, _ = _partitioned_attention(_attention_model(2, 24, 40, 4, 64, fused_qkv=False, mask=(2, 1, 1, 40)),
+                                             tmp_path / "example41", tile="32x128")
+    with pytest.raises(BuildError, match="examples/41_fused_multi_head_attention not found"):
+        builder.codegen(mod)
+
+
 def test_attention_reads_heads_cast_outside_the_chain(tmp_path):
     """float32 Q, K, V inputs cast to float16 by the model itself, in a float32 build:
     SinkReshapes moves each head-split reshape above its input's cast, so the heads reach

@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import byoc
 from test_build_cuda import FIXTURES, gpu, needs_nvcc  # the same GPU and nvcc probes
+from test_runtime_checks import _DLPackOnly  # a tensor of a library that offers only DLPack
 
 VOCABULARY, WIDTH, TOKENS = 500, 16, 8
 
@@ -208,19 +209,6 @@ def test_closed_cuda_modules_leave_no_mapping_behind(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     (maps_10, fds_10, rss_10), (maps_40, fds_40, rss_40) = eval(result.stdout.strip().splitlines()[-1])
     assert maps_40 <= maps_10 + 4 and fds_40 <= fds_10 and rss_40 - rss_10 < 5 * 1024, result.stdout
-
-
-class _DLPackOnly:
-    """A CUDA tensor of some other library that offers only DLPack."""
-
-    def __init__(self, array):
-        self.array = array
-
-    def __dlpack__(self, **kwargs):
-        return self.array.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self):
-        return self.array.__dlpack_device__()
 
 
 @pytest.mark.gpu

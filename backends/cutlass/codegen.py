@@ -278,12 +278,12 @@ def attention_units(attention: dict, sm_count: int, workdir: Path, flags: list, 
 
     from .attention import template_data
     units = []
-    example = cutlass_example_dir("41_fused_multi_head_attention") if attention else None
     for symbol, (problem, index_of) in attention.items():
         kernel = problem.kernel(sm_count, tile)
         source = workdir / f"{symbol}.cu"
         source.write_text(render_template(kernel.template, template_data(problem, kernel, symbol, index_of.__getitem__)))
-        include = INCLUDE_DIR if kernel.flash else example
+        # the flash kernel's header ships with byoc; only example 41 needs CUTLASS's examples
+        include = INCLUDE_DIR if kernel.flash else cutlass_example_dir("41_fused_multi_head_attention")
         units.append(CompileUnit(source, "cuda", flags + [f"-I{include}"], f"{symbol}.o"))
         workspace[symbol] = 0
         kernels[symbol] = kernel.name(problem)

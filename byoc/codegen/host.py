@@ -218,10 +218,10 @@ def _call_regions(calls: list, graph_regions: list) -> list:
     """The calls as consecutive regions: {"first", "count", "capture"}; a region of
     RewriteCUDAGraph (by binding position) is captured, the calls between run directly."""
     region_of = {position: number for number, region in enumerate(graph_regions) for position in region}
-    regions, previous = [], object()
+    regions, previous = [], object()  # (no key equals the first call's)
     for index, call in enumerate(calls):
-        key = region_of.get(call["position"])
-        if regions and key == previous and (key is not None or not regions[-1]["capture"]):
+        key = region_of.get(call["position"])  # None: between regions
+        if key == previous:
             regions[-1]["count"] += 1
         else:
             regions.append({"first": index, "count": 1, "capture": key is not None})

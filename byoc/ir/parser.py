@@ -267,7 +267,7 @@ class _Parser(TokenCursor):
                 raise self.error(f"expected a tensor type for meta[{index}] but found {type_}", type_token)
             if self.at_keyword("elided"):
                 raise self.error(f"meta[{index}]'s data was left out when this text was printed (a build's IR dump "
-                                 f"lists large constants by digest only); expected its base64 data", self.peek())
+                                 f"lists large constants by type and size only); expected its base64 data", self.peek())
             data_token = self.expect(STRING, "a base64 string")
             try:
                 raw = base64.b64decode(data_token.value, validate=True)

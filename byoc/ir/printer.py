@@ -35,7 +35,6 @@ them back in. Small constants print inline, large ones in the trailing metadata 
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import math
 import re
@@ -65,9 +64,9 @@ _OP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\Z")
 def print_module(mod, show_types: bool = False, elide_data_over: int | None = None) -> str:
     """The text of an IRModule: its functions in insertion order, then the metadata block.
 
-    `elide_data_over` (bytes): larger constants are listed in the metadata block by type,
-    size and a digest of their bytes instead of their data (the dumps a build writes for
-    reading: a model's weights would make them hundreds of MB); such text does not parse."""
+    `elide_data_over` (bytes): larger constants are listed in the metadata block by type
+    and size instead of their data (the dumps a build writes for reading: a model's
+    weights would make them hundreds of MB); such text does not parse."""
     printer = _Printer(show_types, elide_data_over)
     chunks = []
     if getattr(mod, "attrs", None):
@@ -396,12 +395,10 @@ class _Printer:
             return ""
         lines = ["", "", "metadata {"]
         for index, constant in enumerate(self.meta_constants):
-            data = little_endian_bytes(constant.data)
-            if self.elide_data_over is not None and len(data) > self.elide_data_over:
-                digest = hashlib.sha256(data).hexdigest()[:16]
-                lines.append(f"{INDENT}meta[{index}] = {constant.type} elided({len(data)} bytes, sha256 {digest})")
+            if self.elide_data_over is not None and constant.type.nbytes > self.elide_data_over:
+                lines.append(f"{INDENT}meta[{index}] = {constant.type} elided({constant.type.nbytes} bytes)")
                 continue
-            encoded = base64.b64encode(data).decode("ascii")
+            encoded = base64.b64encode(little_endian_bytes(constant.data)).decode("ascii")
             lines.append(f'{INDENT}meta[{index}] = {constant.type} "{encoded}"')
         lines.append("}")
         return "\n".join(lines)

@@ -29,11 +29,14 @@ from ..ir.module import IRModule
 from .fuse_ops_by_pattern import _vars_in
 
 
-def rewrite_cuda_graph(mod: IRModule, capturable=lambda symbol: True, prefix: str = "cuda_graph") -> IRModule:
+def rewrite_cuda_graph(mod: IRModule, capturable=lambda symbol: True, prefix: str = "cuda_graph",
+                       regions: list | None = None) -> IRModule:
+    """`regions`: graph_regions(mod, capturable) when the caller has it already."""
     mod = mod.copy()
     main = mod["main"]
     bindings = list(main.bindings)
-    regions = graph_regions(mod, capturable)
+    if regions is None:
+        regions = graph_regions(mod, capturable)
     if not regions:
         return mod
 
