@@ -180,6 +180,7 @@ class _Builder:
         from .transform.mark_compiler_functions_as_extern import mark_compiler_functions_as_extern
         mod = mark_compiler_functions_as_extern(mod)
         mod = self.plan_devices(mod, artifacts)
+        mod = self.plan_memory(mod, artifacts)
         (self.workdir / "final.ir").write_text(mod.script(elide_data_over=DUMP_DATA_BYTES))
         return mod, output_names, artifacts, report
 
@@ -276,6 +277,24 @@ class _Builder:
         return plan_devices(mod, self.virtual_device("device"), function_devices=self.devices,
                             input_devices=self.input_device, output_devices=self.output_device)
 
+    def value_devices(self, mod) -> dict | None:
+        """Var -> VirtualDevice of main's values in a cuda build that keeps data on the
+        host (pins, host inputs/outputs); None where everything is on the build's device."""
+        if not (self.cuda and self.has_host_data(mod)):
+            return None
+        from .transform.plan_devices import device_of_values
+        return device_of_values(mod, self.virtual_device("device"), function_devices=self.devices,
+                                input_devices=self.input_device)
+
+    def plan_memory(self, mod, artifacts):
+        """PlanMemory: every tensor's storage written into main. CUDA graphs that copy the
+        caller's tensors (cuda_graph_io: copy) need every output computed into the arena."""
+        from .transform.plan_memory import plan_memory
+        graphs_copy_outputs = self.cuda and self.cfg.cuda_graph and self.cfg.cuda_graph_io == "copy"
+        return plan_memory(mod, devices=self.value_devices(mod), default_device=self.virtual_device("device"),
+                           views={s for artifact in artifacts for s in artifact.view_symbols},
+                           outputs_in_place=not graphs_copy_outputs)
+
     def partition(self, mod):
         from .backend import FALLBACK, get_backend
         from .transform.partition import partition_for
@@ -319,20 +338,27 @@ class _Builder:
     def plan_cuda_graph(self, mod, artifacts) -> list:
         """RewriteCUDAGraph's regions of main (binding indices): runs of calls that a CUDA
         graph may capture, i.e. calls of a capturable backend's functions that run on the
-        GPU; a cpu function or a copy between memories runs between two regions. The
-        rewritten module is written to the work directory (cuda_graph.ir)."""
+        GPU on storage PlanMemory made static; a cpu function or a copy between memories
+        runs between two regions. The rewritten module is written to the work directory
+        (cuda_graph.ir), and why each other call is not captured to cuda_graph.txt."""
         from .backend import get_backend
-        from .transform.rewrite_cuda_graph import graph_regions, rewrite_cuda_graph
+        from .transform.rewrite_cuda_graph import graph_regions, region_breaks, rewrite_cuda_graph
         backend_of = {symbol: artifact.backend for artifact in artifacts for symbol in artifact.symbols}
         devices = getattr(self, "devices", {})
 
-        def capturable(symbol) -> bool:
-            on_gpu = symbol not in devices or devices[symbol].device_type == "cuda"
-            return on_gpu and get_backend(backend_of[symbol]).capturable
+        def capturable(symbol):
+            if symbol in devices and devices[symbol].device_type != "cuda":
+                return f"@{symbol} runs on the {devices[symbol].device_type}"
+            backend = backend_of[symbol]
+            return True if get_backend(backend).capturable else f"backend {backend!r} declares its functions not capturable"
 
         regions = graph_regions(mod, capturable)
         (self.workdir / "cuda_graph.ir").write_text(rewrite_cuda_graph(mod, regions=regions).script(
             elide_data_over=DUMP_DATA_BYTES))
+        lines = [f"{len(regions)} CUDA graph region(s): " + ", ".join(f"{len(r)} calls" for r in regions),
+                 "Calls run between regions (not captured), and why:"]
+        lines += [f"  binding {index}: {reason}" for index, reason in region_breaks(mod, capturable)]
+        (self.workdir / "cuda_graph.txt").write_text("\n".join(lines) + "\n")
         return regions
 
     # ---- host code and the toolchain ------------------------------------------------------
@@ -371,8 +397,9 @@ class _Builder:
         content.update(host.plan.weights)
         build_id = content.hexdigest()[:16]
         metadata = self.metadata(mod, host, artifacts, build_id, report)
-        units += self.host_units(host, artifacts, build_id)
-        embedded_units, sidecar = self.embedded_units(host.plan.weights, metadata, build_id)
+        program = self.program_table(host, artifacts)
+        units += self.host_units(host, artifacts, build_id, program)
+        embedded_units, sidecar = self.embedded_units(host.plan.weights, metadata, build_id, program)
         units += embedded_units
         output, compiled = self.compile_and_link(units, link_libraries)
         library = Library(path=output, workdir=self.workdir, metadata=json.loads(metadata), report=report,
@@ -386,29 +413,23 @@ class _Builder:
         return library
 
     def plan_host(self, mod, artifacts, output_names) -> "_HostSetup":
-        """Where every tensor lives (codegen/host.py: plan_host), whether the calls run as a
-        CUDA graph and how it takes the caller's tensors, and which values PlanDevices put
-        on the host."""
+        """Where every tensor lives (codegen/host.py: plan_host, from PlanMemory's storage),
+        whether the calls run as CUDA graphs and how they take the caller's tensors, and
+        which values PlanDevices put on the host."""
         from .codegen.host import plan_host
         workspace = {}
         for artifact in artifacts:
             workspace.update(artifact.workspace_bytes)
         regions = self.plan_cuda_graph(mod, artifacts) if self.cfg.cuda_graph and self.cuda else []
         cuda_graph = bool(regions)
-        # A cuda build with data on the host (pins, host inputs/outputs) places it by device.
-        devices = self.cuda and self.has_host_data(mod)
-        value_devices = function_devices = None
-        if devices:
-            from .transform.plan_devices import device_of_values
-            function_devices = self.devices
-            value_devices = device_of_values(mod, self.virtual_device("device"), function_devices=function_devices,
-                                             input_devices=self.input_device)
+        value_devices = self.value_devices(mod)
         view_symbols = {s for artifact in artifacts for s in artifact.view_symbols}
         graph_io = self.cfg.cuda_graph_io if cuda_graph else None
         plan = plan_host(mod, workspace, output_names=output_names, static_io=graph_io == "copy",
-                         view_symbols=view_symbols, graph_regions=regions,
-                         value_devices=value_devices, function_devices=function_devices)
-        return _HostSetup(plan, cuda_graph, graph_io, bool(devices), view_symbols)
+                         device=str(self.virtual_device("device")), view_symbols=view_symbols,
+                         graph_regions=regions, value_devices=value_devices,
+                         function_devices=self.devices if value_devices is not None else None)
+        return _HostSetup(plan, cuda_graph, graph_io, value_devices is not None, view_symbols)
 
     def metadata(self, mod, host: "_HostSetup", artifacts, build_id: str, report) -> str:
         """The library's metadata JSON (codegen/host.py: metadata_json)."""
@@ -427,13 +448,19 @@ class _Builder:
                              cuda_graph=host.cuda_graph,
                              partition_report=report.to_json() if report is not None else None, graph=graph)
 
-    def host_units(self, host: "_HostSetup", artifacts, build_id: str) -> list:
+    @staticmethod
+    def program_table(host: "_HostSetup", artifacts) -> bytes:
+        """The calls, regions and caller copies as the runtime's binary program table."""
+        from .codegen.host import program_table
+        return program_table(host.plan, [s for a in artifacts for s in a.stateful_symbols])
+
+    def host_units(self, host: "_HostSetup", artifacts, build_id: str, program: bytes) -> list:
         """host.cc (the model's tables) and the static model runtime they drive, which is
         compiled once per flavor (and flags) into the object cache."""
         from .codegen.host import blob_checksum, render_host
         from .runtime import C_ABI_HEADER, model_runtime_sources
         from .toolchain import CompileUnit
-        host_source = render_host(host.plan, cuda=self.cuda, build_id=build_id,
+        host_source = render_host(host.plan, cuda=self.cuda, build_id=build_id, program=program,
                                   arch_number=self.target.arch_number() if self.cuda else None,
                                   weights_embedded=self.cfg.params != "sidecar",
                                   cuda_graph=host.cuda_graph, graph_io=host.graph_io,
@@ -450,14 +477,16 @@ class _Builder:
             [CompileUnit(source=source, language="cxx", flags=runtime_flags, output=f"{source.stem}.o")
              for source in model_runtime_sources(self.cuda)]
 
-    def embedded_units(self, weights: bytes, metadata: str, build_id: str) -> tuple:
-        """The weights (embedded, or a .safetensors sidecar) and the metadata JSON, each
+    def embedded_units(self, weights: bytes, metadata: str, build_id: str, program: bytes) -> tuple:
+        """The weights (embedded, or a .safetensors sidecar), the metadata JSON and the program table, each
         embedded by an assembler file with .incbin: a C array of them would compile for
         seconds (BERT-base's weights, its partition report and execution graph). Returns
         (the compile units, the sidecar's path or None)."""
         from .codegen.host import render_blob_assembly, write_safetensors
         from .toolchain import CompileUnit
-        files = [(self.workdir / "metadata.bin", "byoc_metadata_json", "The metadata JSON", metadata.encode("utf-8"))]
+        files = [(self.workdir / "metadata.bin", "byoc_metadata_json", "The metadata JSON", metadata.encode("utf-8")),
+                 (self.workdir / "program.bin", "byoc_program_table", "The program table (byoc/runtime/model_program.cc)",
+                  program)]
         sidecar = None
         if self.cfg.params == "sidecar":
             sidecar = self.workdir / "model.safetensors"

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import byoc
+from byoc.codegen.host import read_program_table
 from byoc.toolchain.compiler import cuda_home
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -62,21 +63,15 @@ def test_cuda_graph_build_copies_every_output_out_of_planned_storage(tmp_path):
                          config={"cuda_graph": True, "precision": "float16"}, workdir=str(tmp_path / "w"),
                          input_shapes={k: v.shape for k, v in inputs.items()})
     host = (tmp_path / "w" / "host.cc").read_text()
+    program = read_program_table((tmp_path / "w" / "program.bin").read_bytes())
     assert library.metadata["cuda_graph"]
-
-    def table(name):  # the rows of one of host.cc's tables, without the closing sentinel
-        rows = host[host.index(f"{name}[] = {{"):].split("};", 1)[0].splitlines()[1:-1]
-        return [row.strip() for row in rows]
-
     # every caller tensor is copied (the runtime copies inputs in before the replay and
     # outputs out after it), from and into planned storage ...
-    assert [row.split(",")[0] for row in table("kInputCopies")] == \
-        ["{" + str(i) for i in range(len(library.metadata["inputs"]))]
-    assert [row.split(",")[0] for row in table("kOutputCopies")] == \
-        ["{" + str(i) for i in range(len(library.metadata["outputs"]))]
-    assert all("{kArena," in row for row in table("kInputCopies") + table("kOutputCopies"))
+    assert [copy[0] for copy in program["input_copies"]] == list(range(len(library.metadata["inputs"])))
+    assert [copy[0] for copy in program["output_copies"]] == list(range(len(library.metadata["outputs"])))
+    assert all(copy[1][0] == "kArena" for copy in program["input_copies"] + program["output_copies"])
     # ... and no call reads or writes the caller's buffers
-    assert not any(row.startswith(("{kInput,", "{kOutput,")) for row in table("kRefs"))
+    assert not any(space in ("kInput", "kOutput") for space, _ in program["refs"])
     assert "true, false,\n  " in host.split("byoc_model_spec = {")[1]  # cuda_graph, not graph_io "update"
 
 
@@ -207,6 +202,6 @@ def test_cuda_graph_update_mode_reads_and_writes_the_callers_tensors(tmp_path):
     host = (tmp_path / "w" / "host.cc").read_text()
     spec = host.split("byoc_model_spec = {")[1]
     assert "true, true,\n  " in spec  # cuda_graph, graph_io "update" (the runtime updates the graph)
-    assert "0, kInputCopies," in spec  # no staging copies
-    refs = host[host.index("kRefs[] = {"):].split("};", 1)[0]
-    assert "{kInput, 0ull}" in refs  # a call reads the caller's input itself
+    program = read_program_table((tmp_path / "w" / "program.bin").read_bytes())
+    assert program["input_copies"] == []  # no staging copies
+    assert ("kInput", 0) in program["refs"]  # a call reads the caller's input itself

@@ -570,7 +570,7 @@ def test_reserved_names_cover_what_the_host_code_defines():
         if match:
             defined.add(match.group(1))
     defined = {name for name in defined if not name.startswith("byoc_")}
-    assert {"kInputs", "kCalls", "kRefs", "kArena"} <= defined
+    assert {"kInputs", "kFunctions", "kStates"} <= defined
     assert defined <= RESERVED_NAMES, sorted(defined - RESERVED_NAMES)
 
 

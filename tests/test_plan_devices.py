@@ -199,8 +199,8 @@ def @main({PARAMS}) -> {T} {{
 }}{EXTERNS}""", f"""
 def @main({PARAMS}) -> {T} {{
   %x_cuda = device_copy(%x, src="cpu", dst="cuda")
-  %a = @gpu(%x_cuda)
   %y_cpu = device_copy(%y, src="cpu", dst="cpu/host-pinned")
+  %a = @gpu(%x_cuda)
   %a_cpu = device_copy(%a, src="cuda", dst="cpu")
   %b = @host(%a_cpu, %y_cpu)
   %b_cuda = device_copy(%b, src="cpu", dst="cuda")
@@ -533,9 +533,10 @@ def test_cuda_pipeline_without_pins_has_no_copies(tmp_path):
 def test_cuda_graph_regions_leave_cpu_functions_and_copies_between_them(tmp_path):
     """bert2 with its softmaxes on the cpu and host inputs and outputs, graphs on: the
     calls form captured regions (GPU functions only) with the copies and the cpu softmax
-    between them, run directly; the regions cover every call once, in order, and host.cc
-    carries them as its region table."""
-    from byoc.codegen.host import render_host
+    between them, run directly; the regions cover every call once, in order, and the
+    program table carries them."""
+    import struct
+    from byoc.codegen.host import program_table
     builder, mod, output_names, artifacts = lowered_for_cuda(tmp_path, PINNING, cuda_graph=True)
     host = builder.plan_host(mod, artifacts, output_names)
     calls, regions = host.plan.calls, host.plan.regions
@@ -548,17 +549,21 @@ def test_cuda_graph_regions_leave_cpu_functions_and_copies_between_them(tmp_path
         members = calls[region["first"]:region["first"] + region["count"]]
         direct = [c["kind"] == "copy" or c["symbol"] in cpu_symbols for c in members]
         assert all(direct) if not region["capture"] else not any(direct), region
-    # the three inputs' copies (each placed before its first reader), then per layer: the
-    # scores to the host, softmax, the probabilities back; the outputs' copies last
-    assert [r["capture"] for r in regions] == [False, True] * 5 + [False]
-    assert [r["count"] for r in regions if not r["capture"]] == [1, 1, 1, 3, 3, 2]
-    source = render_host(host.plan, cuda=True, build_id="0", arch_number=90, weights_embedded=True,
-                         cuda_graph=True, devices=True, graph_io="copy")
-    table = source[source.index("kRegions[] = {"):]
-    rows = [f"{{{r['first']}, {r['count']}, {str(r['capture']).lower()}}}," for r in regions]
-    assert table.split("\n")[1:len(rows) + 1] == ["  " + row for row in rows], table[:600]
+    # the three inputs' copies (bound first by PlanDevices), then per layer: the scores to
+    # the host, softmax, the probabilities back; the outputs' copies last
+    assert [r["capture"] for r in regions] == [False, True] * 3 + [False]
+    assert [r["count"] for r in regions if not r["capture"]] == [3, 3, 3, 2]
+    why = (tmp_path / "cuda_graph.txt").read_text()
+    assert "3 CUDA graph region(s)" in why and "runs on the cpu" in why and "a copy between memories" in why
+    # the program table carries them: header, refs, calls, then the region records
+    table = program_table(host.plan)
+    num_calls, num_refs, num_regions = struct.unpack_from("<3I", table, 8)
+    start = 40 + 16 * num_refs + 40 * num_calls
+    assert num_calls == len(calls) and num_regions == len(regions)
+    assert [struct.unpack_from("<3I", table, start + 16 * i) for i in range(num_regions)] == \
+        [(r["first"], r["count"], int(r["capture"])) for r in regions]
     written = (tmp_path / "cuda_graph.ir").read_text()
-    assert written.count("[CUDAGraph=1]") == 5
+    assert written.count("[CUDAGraph=1]") == 3
 
 
 def gpu_visible() -> bool:
@@ -601,7 +606,7 @@ def test_graph_regions_around_cpu_functions_match_direct_runs_over_fresh_inputs(
                                    workdir=str(tmp_path / str(graph)), input_shapes=shapes)
                  for graph in (True, False)}
     regions = libraries[True].metadata["cuda_graph_regions"]
-    assert sum(r["captured"] for r in regions) == 5 and "cuda_graph_regions" not in libraries[False].metadata
+    assert sum(r["captured"] for r in regions) == 3 and "cuda_graph_regions" not in libraries[False].metadata
     modules = {graph: library.load() for graph, library in libraries.items()}
     rng = np.random.default_rng(0)
     for _ in range(100):

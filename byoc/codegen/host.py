@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import struct
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,8 +21,9 @@ from ..errors import BuildError
 from ..ir.expr import Call, Constant, GlobalVar, Tuple, Var
 from ..ir.module import IRModule
 from ..ir.types import TensorType, numpy_dtype
+from ..ir.virtual_device import VirtualDevice
 from ..analysis.liveness import is_view_call
-from ..transform.plan_memory import plan_memory
+from ..transform.plan_memory import OUTPUT, memory_plan, space_bytes, storage_of
 from .templates import render_template
 
 ALIGNMENT = 256
@@ -148,41 +150,35 @@ class HostPlan:
     regions: list = field(default_factory=list)
 
 
-# Memory spaces of a build with devices: the device arena, the host arena (malloc) and the
-# pinned host arena (cudaMallocHost), named by the C pointer their placements start from.
-SPACES = {"global": "H", "host-pinned": "P"}
-
-
 def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
-              output_names: list[str] | None = None, reuse_memory: bool = True,
-              static_io: bool = False, value_devices: dict | None = None,
-              function_devices: dict | None = None, view_symbols=frozenset(),
-              graph_regions: list | None = None) -> HostPlan:
-    """Place every tensor of mod["main"]. Intermediates share the arena as PlanMemory
-    decides (`reuse_memory=False` gives each its own slot, for debugging).
+              output_names: list[str] | None = None, static_io: bool = False, device: str = "cpu",
+              value_devices: dict | None = None, function_devices: dict | None = None,
+              view_symbols=frozenset(), graph_regions: list | None = None) -> HostPlan:
+    """Where every tensor of mod["main"] lives, from the storage PlanMemory wrote on each
+    call (transform/plan_memory.py): memory space `device` (the build's device) is the
+    arena, "cpu" and "cpu/host-pinned" in a cuda build the host arenas; "output" the
+    caller's output buffer.
 
-    `static_io` (for CUDA graph capture): every kernel must see the same pointers on every
-    run, so inputs are copied into their own arena slots first and outputs are copied out
-    of the arena last, instead of the kernels reading and writing the caller's buffers.
+    `static_io` (for CUDA graphs in copy mode): every kernel must see the same pointers on
+    every run, so inputs are copied into their own arena slots first (PlanMemory was told
+    to write no output in place: outputs are copied out of the arena last).
 
     `value_devices` (Var -> VirtualDevice, from plan_devices.device_of_values) and
-    `function_devices` (symbol -> VirtualDevice) place host-resident values of a cuda
-    build in host arenas, run device_copy bindings as copies, give cpu functions the host
-    weights and a host workspace, and synchronize the stream before a cpu function reads
-    what the GPU wrote. Without them every value is in the one arena, as on the cpu.
+    `function_devices` (symbol -> VirtualDevice), for a cuda build with data on the host:
+    device_copy bindings run as copies, cpu functions get the host weights and a host
+    workspace, and the stream is synchronized before a cpu function reads what the GPU
+    wrote.
 
     `view_symbols`: extern functions whose result only reinterprets their first argument
-    (reshapes): no call is made, the result is the argument's storage (PlanMemory keeps
-    that alive as long as the view is used).
+    (reshapes): no call is made, the result is the argument's storage.
 
     `graph_regions` (RewriteCUDAGraph's regions, lists of binding indices of main): the
     plan's `regions` then cover every call in order, each captured into its own CUDA graph
     or (the calls between regions) run directly."""
     main = mod["main"]
-    on_host = _host_space_of(value_devices)
     results = list(main.result.fields) if isinstance(main.result, Tuple) else [main.result]
     names = output_names or ([f"output_{i}" for i in range(len(results))] if len(results) > 1 else ["output"])
-    placer = _Placer(main, results, on_host, frozenset(view_symbols), static_io, reuse_memory)
+    placer = _Placer(main, results, device, frozenset(view_symbols))
     inputs = placer.place_inputs()
     calls = []
     for position, binding in enumerate(main.bindings):
@@ -203,13 +199,15 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
                     extern_symbols=placer.symbols,
                     workspace_bytes=max([0] + [(workspace_bytes or {}).get(s, 0) for s in placer.symbols
                                                if s not in host_symbols]),
-                    memory_plan=placer.memory_plan, regions=regions)
+                    memory_plan=memory_plan(main, device, view_symbols), regions=regions)
     if value_devices is not None:
-        plan.host_arena_bytes = align(placer.space_sizes["H"])
-        plan.pinned_arena_bytes = align(placer.space_sizes["P"])
+        spaces = space_bytes(main)
+        plan.host_arena_bytes = align(spaces.get("cpu", 0)) if device != "cpu" else 0
+        plan.pinned_arena_bytes = align(spaces.get("cpu/host-pinned", 0))
         plan.host_workspace_bytes = max([0] + [(workspace_bytes or {}).get(s, 0) for s in host_symbols])
-        plan.inputs_on_host = [on_host(p) is not None for p in main.params]
-        plan.outputs_on_host = [isinstance(r, Var) and on_host(r) is not None for r in results]
+        plan.inputs_on_host = [value_devices[p].is_host for p in main.params]
+        plan.outputs_on_host = [isinstance(r, Var) and value_devices.get(r, None) is not None
+                                and value_devices[r].is_host for r in results]
         plan.sync_at_end = any(plan.outputs_on_host) and placer.pending_device_work
     return plan
 
@@ -231,41 +229,26 @@ def _call_regions(calls: list, graph_regions: list) -> list:
 
 class _Placer:
     """plan_host's state while it walks main: where each tensor is placed so far, the
-    weights blob, the arenas' sizes, and what the calls so far queued on the GPU."""
+    weights blob, the arena's size, and what the calls so far queued on the GPU."""
 
-    def __init__(self, main, results, on_host, view_symbols, static_io: bool, reuse_memory: bool):
-        self.main, self.results, self.on_host, self.view_symbols = main, results, on_host, view_symbols
+    def __init__(self, main, results, device: str, view_symbols):
+        self.main, self.results, self.view_symbols = main, results, view_symbols
+        # PlanMemory's memory spaces as the memories of the placement expressions: the
+        # build device's arena (A), and in a cuda build the host arena (malloc, H) and the
+        # pinned host arena (cudaMallocHost, P)
+        self.space_prefix = {"cpu": "H", "cpu/host-pinned": "P", device: "A"}
+        self.device = device
         self.placements: dict = {}
         self.weights = bytearray()
         self.constant_offsets: dict = {}
-        self.arena_size = 0
+        self.arena_size = space_bytes(main).get(device, 0)
         self.own_offsets: dict = {}
-        self.space_sizes = {space: 0 for space in set(SPACES.values())}
         self.symbols: list = []
         self.host_symbols: set = set()
         self.pending_device_work = False  # GPU work queued on the stream since the last synchronization
-        # An output computed by a call is written straight into the caller's buffer (the
-        # first time it appears); anything else is copied at the end of run().
-        self.direct_output: dict = {}
         self.views = {b.var for b in main.bindings if is_view_call(b.value, view_symbols)}
-        bound = {binding.var for binding in main.bindings} - self.views  # a view writes nothing
-        for index, result in enumerate(results):
-            if isinstance(result, Var) and result in bound and result not in self.direct_output and not static_io:
-                self.direct_output[result] = index
-        self.arena_offsets = None
-        self.memory_plan = None
-        self.space_offsets = {}  # "H" / "P" -> {Var: offset} for host-resident values
-        if reuse_memory:
-            every = {b.var for b in main.bindings}
-            device_values = {var for var in every if on_host(var) is None}
-            self.memory_plan = plan_memory(main, exclude=set(self.direct_output) | (every - device_values),
-                                           views=view_symbols)
-            self.arena_offsets = self.memory_plan.offsets
-            for space in set(SPACES.values()):
-                members = {var for var in every if on_host(var) == space}
-                if members:
-                    self.space_offsets[space] = plan_memory(main, exclude=set(self.direct_output) | (every - members),
-                                                            views=view_symbols).offsets
+        self.direct_output = {b.var: storage_of(b.value)[1] for b in main.bindings
+                              if (storage_of(b.value) or (None,))[0] == OUTPUT}
 
     def place_inputs(self) -> list:
         inputs = []
@@ -286,30 +269,34 @@ class _Placer:
         # HW: the weights in host memory, which cpu functions of a cuda build read.
         return TensorPlacement(f"{'HW' if host else 'W'} + {self.constant_offsets[key]}", constant.type)
 
-    def place_result(self, var: Var) -> TensorPlacement:
-        """The caller's output buffer, a host arena (PlanDevices) or the device arena."""
-        if var in self.direct_output:
-            placement = TensorPlacement(f"out[{self.direct_output[var]}]", var.type)
-        elif self.on_host(var) is not None:
-            space = self.on_host(var)
-            offset = self.space_offsets[space][var] if space in self.space_offsets else align(self.space_sizes[space])
-            self.space_sizes[space] = max(self.space_sizes[space], offset + nbytes(var.type))
-            placement = TensorPlacement(f"{space} + {offset}", var.type)
+    def place_result(self, binding) -> TensorPlacement:
+        """Where PlanMemory put the binding's result: the caller's output buffer, the
+        arena, or a host arena."""
+        var, storage = binding.var, storage_of(binding.value)
+        if storage is None:
+            raise BuildError(f"internal: %{var.name_hint} has no storage; PlanMemory runs before the host plan")
+        space, offset, _ = storage
+        if space == OUTPUT:
+            placement = TensorPlacement(f"out[{offset}]", var.type)
+        elif space in self.space_prefix:
+            prefix = self.space_prefix[space]
+            if prefix == "A":
+                self.own_offsets[var] = offset
+            placement = TensorPlacement(f"{prefix} + {offset}", var.type)
         else:
-            offset = self.arena_offsets[var] if self.arena_offsets is not None else align(self.arena_size)
-            self.own_offsets[var] = offset
-            self.arena_size = max(self.arena_size, offset + nbytes(var.type))
-            placement = TensorPlacement(f"A + {offset}", var.type)
+            raise BuildError(f"%{var.name_hint} is in memory space {space!r}; a {self.device} build's host code "
+                             f"has {', '.join(sorted(self.space_prefix))}")
         self.placements[var] = placement
         return placement
 
     def device_copy(self, position: int, binding) -> dict:
         source, var = binding.value.args[0], binding.var
+        destination = self.place_result(binding).expression
         if isinstance(source, Constant):
-            source_expression = self.place_constant(source, self.on_host(var) is not None).expression
+            to_host = self.device != "cpu" and VirtualDevice.parse(binding.value.attrs["dst"]).is_host
+            source_expression = self.place_constant(source, to_host).expression
         else:
             source_expression = self.placements[source].expression
-        destination = self.place_result(var).expression
         self.pending_device_work = True
         attrs = binding.value.attrs
         return {"kind": "copy", "source": source_expression, "destination": destination, "position": position,
@@ -346,7 +333,7 @@ class _Placer:
         symbol = value.op.name
         if symbol not in self.symbols:
             self.symbols.append(symbol)
-        call = {"kind": "call", "symbol": symbol, "args": args, "results": [self.place_result(var).expression],
+        call = {"kind": "call", "symbol": symbol, "args": args, "results": [self.place_result(binding).expression],
                 "position": position,
                 "label": f"#{position} {comment_safe(var.name_hint)} = {symbol}",
                 "constants": [] if runs_on_host else constants}
@@ -390,16 +377,6 @@ class _Placer:
                 raise BuildError(f"output {index} of main is not a tensor main computes")
             copies.append({"output": index, "source": source, "bytes": nbytes(result.type)})
         return copies
-
-
-def _host_space_of(value_devices):
-    """Var -> "H" / "P" for values a cuda build keeps in host memory, None for the rest."""
-    def on_host(var):
-        device = value_devices.get(var) if value_devices is not None else None
-        if device is None or device.device_type != "cpu":
-            return None
-        return SPACES[device.memory_scope]
-    return on_host
 
 
 def _tensor_entry(name: str, type_: TensorType) -> dict:
@@ -456,51 +433,107 @@ def runtime_ref(expression: str) -> tuple[str, int]:
     return ("kInput" if match.group(3) == "in" else "kOutput"), int(match.group(4))
 
 
+_SPACE_NUMBERS = {"kArena": 0, "kWeights": 1, "kInput": 2, "kOutput": 3, "kHostArena": 4, "kPinnedArena": 5,
+                  "kHostWeights": 6}  # enum Space of model_runtime.h
+
+
+def program_table(plan: HostPlan, stateful: list | None = None) -> bytes:
+    """The calls, their operands, the regions and the caller copies of `plan` as the
+    binary program table the runtime decodes (byoc/runtime/model_program.cc, which
+    describes the layout). A call names its function by its number in
+    plan.extern_symbols less `stateful` (render_host's function table), or its state by
+    its number in `stateful`."""
+    stateful = list(stateful or [])
+    functions = [symbol for symbol in plan.extern_symbols if symbol not in stateful]
+    refs, calls, labels = [], [], bytearray()
+    max_args = 0
+    for call in plan.calls:
+        copy = call.get("kind") == "copy"
+        operands = [call["source"]] if copy else call["args"]
+        first = len(refs)
+        refs.extend(runtime_ref(expression) for expression in operands)
+        refs.append(runtime_ref(call["destination"] if copy else call["results"][0]))
+        symbol = call.get("symbol")
+        flags = copy | bool(call.get("on_host")) << 1 | bool(call.get("sync_before")) << 2
+        calls.append(struct.pack("<iiIIIIQII", -1 if copy or symbol in stateful else functions.index(symbol),
+                                 stateful.index(symbol) if not copy and symbol in stateful else -1, flags, first,
+                                 len(operands), len(refs) - 1, call.get("bytes", 0) if copy else 0, len(labels), 0))
+        labels += call["label"].encode("utf-8").replace(b"\0", b"?") + b"\0"
+        max_args = max(max_args, len(operands))
+    regions = [struct.pack("<IIII", r["first"], r["count"], int(r["capture"]), 0) for r in plan.regions]
+    copies = [struct.pack("<iIQQ", c[key], _SPACE_NUMBERS[ref[0]], ref[1], c["bytes"])
+              for copies, key, where in ((plan.input_copies, "input", "destination"),
+                                         (plan.output_copies, "output", "source"))
+              for c in copies for ref in [runtime_ref(c[where])]]
+    header = b"BYOCPRG1" + struct.pack("<8I", len(calls), len(refs), len(regions), len(plan.input_copies),
+                                       len(plan.output_copies), max_args, len(labels) or 1, 0)
+    body = b"".join(struct.pack("<IIQ", _SPACE_NUMBERS[space], 0, offset) for space, offset in refs)
+    return header + body + b"".join(calls) + b"".join(regions) + b"".join(copies) + (bytes(labels) or b"\0")
+
+
+def read_program_table(data: bytes) -> dict:
+    """program_table's bytes as plain data (tests, tools): "refs" [(space, offset)],
+    "calls" [{function, state, copy, on_host, sync_before, operands, result, bytes, label}],
+    "regions" [(first, count, capture)], "input_copies" / "output_copies" [(tensor, (space,
+    offset), bytes)]. The runtime's own decoder (model_program.cc) is what checks it."""
+    if data[:8] != b"BYOCPRG1":
+        raise BuildError("not a byoc program table (it does not start with BYOCPRG1)")
+    counts = struct.unpack_from("<8I", data, 8)
+    num_calls, num_refs, num_regions, num_inputs, num_outputs = counts[:5]
+    names = {number: name for name, number in _SPACE_NUMBERS.items()}
+    at = 40
+    refs = []
+    for _ in range(num_refs):
+        space, _, offset = struct.unpack_from("<IIQ", data, at)
+        refs.append((names[space], offset))
+        at += 16
+    labels_start = len(data) - counts[6]
+    calls = []
+    for _ in range(num_calls):
+        function, state, flags, first, count, result, size, label, _ = struct.unpack_from("<iiIIIIQII", data, at)
+        end = data.index(b"\0", labels_start + label)
+        calls.append({"function": function, "state": state, "copy": bool(flags & 1), "on_host": bool(flags & 2),
+                      "sync_before": bool(flags & 4), "operands": refs[first:first + count], "result": refs[result],
+                      "bytes": size, "label": data[labels_start + label:end].decode("utf-8")})
+        at += 40
+    regions = []
+    for _ in range(num_regions):
+        first, count, capture, _ = struct.unpack_from("<IIII", data, at)
+        regions.append((first, count, bool(capture)))
+        at += 16
+    copies = []
+    for _ in range(num_inputs + num_outputs):
+        tensor, space, offset, size = struct.unpack_from("<iIQQ", data, at)
+        copies.append((tensor, (names[space], offset), size))
+        at += 24
+    return {"refs": refs, "calls": calls, "regions": regions, "input_copies": copies[:num_inputs],
+            "output_copies": copies[num_inputs:]}
+
+
 def render_host(plan: HostPlan, *, cuda: bool, build_id: str, arch_number: int | None,
                 weights_embedded: bool, weights_symbol: str = "byoc_weights_blob",
-                metadata_symbol: str = "byoc_metadata_json", cuda_graph: bool = False,
-                stateful: list | None = None, devices: bool = False, graph_io: str | None = None,
-                weights_checksum: int = 0) -> str:
-    """The model's tables for the static runtime (byoc/runtime/model_runtime.cc). The
-    metadata JSON and the weights are embedded by assembler files (render_blob_assembly)
-    under `metadata_symbol` and `weights_symbol`.
+                metadata_symbol: str = "byoc_metadata_json", program_symbol: str = "byoc_program_table",
+                program: bytes = b"", cuda_graph: bool = False, stateful: list | None = None,
+                devices: bool = False, graph_io: str | None = None, weights_checksum: int = 0) -> str:
+    """The model's tables for the static runtime (byoc/runtime/model_runtime.cc): the
+    caller's tensors, the extern functions, and the ModelSpec pointing at the program
+    table (`program`: program_table(plan, stateful)). The metadata JSON, the weights and
+    the program table are embedded by assembler files (render_blob_assembly) under
+    `metadata_symbol`, `weights_symbol` and `program_symbol`.
     `stateful`: extern symbols with state per model instance (SYMBOL_init makes it at
     create, SYMBOL_destroy frees it, every call passes it first).
     `devices`: the plan places data on the host too (plan_host was given devices).
     `graph_io` (with cuda_graph): "copy" (the plan has static_io) or "update"."""
     stateful = list(stateful or [])
-    state_of = {symbol: index for index, symbol in enumerate(stateful)}
-    refs, calls = [], []
-    for call in plan.calls:
-        copy = call.get("kind") == "copy"
-        operands = [call["source"]] if copy else call["args"]
-        first = len(refs)
-        call_refs = [runtime_ref(expression) for expression in operands]
-        call_refs.append(runtime_ref(call["destination"] if copy else call["results"][0]))
-        refs.extend(call_refs)
-        symbol, state = call.get("symbol"), state_of.get(call.get("symbol"))
-        calls.append({
-            "function": symbol if not copy and state is None else "nullptr",
-            "stateful": symbol if state is not None else "nullptr",
-            "state": -1 if state is None else state, "is_copy": str(copy).lower(),
-            "on_host": str(bool(call.get("on_host"))).lower(), "sync_before": str(bool(call.get("sync_before"))).lower(),
-            "first_arg": first, "num_args": len(operands), "result": len(refs) - 1,
-            "bytes": call.get("bytes", 0) if copy else 0, "label_literal": c_string_literal_body(call["label"]),
-            "refs_row": ", ".join(f"{{{space}, {offset}ull}}" for space, offset in call_refs)})
     return render_template("host/model.cc.j2", {
         "build_id": build_id, "metadata_symbol": metadata_symbol,
         "weights": {"embedded": weights_embedded, "bytes": len(plan.weights), "symbol": weights_symbol},
+        "program": {"symbol": program_symbol, "bytes": len(program), "checksum": blob_checksum(program)},
         "arena_bytes": plan.arena_bytes, "workspace_bytes": plan.workspace_bytes,
         "inputs": [_tensor_entry(n, t) for n, t in plan.inputs],
         "outputs": [_tensor_entry(n, t) for n, t in plan.outputs],
-        "extern_symbols": plan.extern_symbols, "calls": calls,
-        "max_args": max([0] + [call["num_args"] for call in calls]),
-        "input_copies": [{"tensor": c["input"], "ref": runtime_ref(c["destination"]), "bytes": c["bytes"]}
-                         for c in plan.input_copies],
-        "output_copies": [{"tensor": c["output"], "ref": runtime_ref(c["source"]), "bytes": c["bytes"]}
-                          for c in plan.output_copies],
+        "functions": [symbol for symbol in plan.extern_symbols if symbol not in stateful],
         "arch_number": arch_number or 0, "cuda_graph": cuda_graph and cuda, "graph_io": graph_io or "copy",
-        "regions": plan.regions if cuda_graph and cuda else [],
         "stateful": stateful, "weights_checksum": weights_checksum,
         "devices": {"inputs_on_host": [str(v).lower() for v in plan.inputs_on_host],
                     "outputs_on_host": [str(v).lower() for v in plan.outputs_on_host],

@@ -50,7 +50,10 @@ register_op(
 
 register_op(
     "device_copy", num_inputs=1, infer=_infer_device_copy, reference=_identity,
-    attrs={"src": AttrSpec("str"), "dst": AttrSpec("str")},
+    # where PlanMemory put the copy's result (byoc.transform.plan_memory): none until it runs
+    attrs={"src": AttrSpec("str"), "dst": AttrSpec("str"), "storage": AttrSpec("str", ""),
+           "offset": AttrSpec("optional_int", None), "size": AttrSpec("optional_int", None),
+           "output": AttrSpec("optional_int", None)},
     category="annotation",
     doc="Copy a tensor from virtual device src to virtual device dst (the identity on values).")
 

@@ -242,7 +242,7 @@ BYOC_EXPORT void byoc_model_destroy(byoc_model* model) {
   std::free(model->host_arena);
   std::free(model->host_workspace);
   if (model->pinned_arena) cudaFreeHost(model->pinned_arena);
-  for (int32_t r = 0; model->graph_execs && r < spec.num_regions; ++r) {
+  for (int32_t r = 0; model->graph_execs && r < program.num_regions; ++r) {
     if (model->graph_execs[r]) cudaGraphExecDestroy(model->graph_execs[r]);
   }
   delete[] model->graph_execs;
@@ -284,6 +284,7 @@ int host_weights_of(const char* weights_path, const unsigned char** host_weights
 BYOC_EXPORT int byoc_model_create(byoc_model** out, const char* weights_path) {
   if (out == nullptr) return fail("byoc_model_create: the output pointer is NULL");
   *out = nullptr;
+  if (load_program()) return 1;
 #if BYOC_RUNTIME_CUDA
   if (check_device()) return 1;
 #endif
@@ -370,13 +371,13 @@ int copy_bytes(void* destination, const void* source, uint64_t bytes, void* stre
 // calls when the model copies its inputs and outputs around its CUDA graphs).
 int run_calls(byoc_model* model, void* const* in, void* const* out, void* stream, int32_t first, int32_t end) {
   // on the stack: run() never allocates
-  void** args = static_cast<void**>(__builtin_alloca(sizeof(void*) * (spec.max_args + 1)));
+  void** args = static_cast<void**>(__builtin_alloca(sizeof(void*) * (program.max_args + 1)));
   args[0] = nullptr;
   for (int32_t index = first; index < end; ++index) {
-    const Call& call = spec.calls[index];
-    void* result = resolve(model, spec.refs[call.result], in, out);
+    const Call& call = program.calls[index];
+    void* result = resolve(model, program.refs[call.result], in, out);
     if (call.is_copy) {
-      if (copy_bytes(result, resolve(model, spec.refs[call.first_arg], in, out), call.bytes, stream, call.label, -1)) {
+      if (copy_bytes(result, resolve(model, program.refs[call.first_arg], in, out), call.bytes, stream, call.label, -1)) {
         return 1;
       }
       continue;
@@ -389,7 +390,7 @@ int run_calls(byoc_model* model, void* const* in, void* const* out, void* stream
     }
     current_call = static_cast<unsigned int>(index + 1);
 #endif
-    for (uint32_t a = 0; a < call.num_args; ++a) args[a] = resolve(model, spec.refs[call.first_arg + a], in, out);
+    for (uint32_t a = 0; a < call.num_args; ++a) args[a] = resolve(model, program.refs[call.first_arg + a], in, out);
     void* const results[] = {result};
     void* workspace = model->workspace;
     uint64_t workspace_bytes = spec.workspace_bytes;
@@ -493,7 +494,7 @@ BYOC_EXPORT int byoc_model_run(byoc_model* model, const byoc_dl_tensor* inputs, 
     }
   } clear_status_word;
   cudaStream_t run_stream = static_cast<cudaStream_t>(stream);
-  if (spec.cuda_graph ? run_graph(model, in, out, run_stream) : run_calls(model, in, out, stream, 0, spec.num_calls)) {
+  if (spec.cuda_graph ? run_graph(model, in, out, run_stream) : run_calls(model, in, out, stream, 0, program.num_calls)) {
     return 1;
   }
   if (spec.sync_at_end &&  // outputs are delivered in host memory: complete when run() returns
@@ -501,19 +502,19 @@ BYOC_EXPORT int byoc_model_run(byoc_model* model, const byoc_dl_tensor* inputs, 
     return 1;
   }
 #else
-  if (run_calls(model, in, out, stream, 0, spec.num_calls)) return 1;
+  if (run_calls(model, in, out, stream, 0, program.num_calls)) return 1;
 #endif
   // Outputs that no call wrote into the caller's buffer (with a CUDA graph: every output,
   // since the graph only ever writes planned storage) are copied out last, in stream order.
-  for (int32_t i = 0; i < spec.num_output_copies; ++i) {
-    const byoc_runtime::Copy& copy = spec.output_copies[i];
+  for (int32_t i = 0; i < program.num_output_copies; ++i) {
+    const byoc_runtime::Copy& copy = program.output_copies[i];
     if (copy_bytes(out[copy.tensor], resolve(model, copy.ref, in, out), copy.bytes, stream, "copying output",
                    copy.tensor)) {
       return 1;
     }
   }
 #if BYOC_RUNTIME_CUDA
-  if (spec.devices && spec.num_output_copies &&  // outputs delivered in host memory are complete on return
+  if (spec.devices && program.num_output_copies &&  // outputs delivered in host memory are complete on return
       cuda_failed(cudaStreamSynchronize(run_stream), "waiting for the outputs")) {
     return 1;
   }

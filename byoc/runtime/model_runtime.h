@@ -1,9 +1,11 @@
 // What a model's generated host code (templates/host/model.cc.j2) gives the static model
 // runtime (model_runtime.cc): one ModelSpec, data only. The runtime implements the C ABI
 // (byoc_model.h) over it: create loads the weights and allocates, run checks the caller's
-// tensors and walks the call table (capturing it into a CUDA graph where the build says
+// tensors and walks the call table (capturing it into CUDA graphs where the build says
 // so), destroy frees. The runtime is compiled once per target flavor (cpu, cuda) into the
-// object cache; only the tables are generated per model.
+// object cache; only the tables are generated per model: the caller's tensors, the
+// functions to call, and the program (the calls, their operands, the graph regions and
+// the caller copies) as an embedded binary table that model_program.cc decodes.
 #ifndef BYOC_MODEL_RUNTIME_H_
 #define BYOC_MODEL_RUNTIME_H_
 
@@ -47,7 +49,8 @@ using StatefulFunction = int (*)(void* state, void* const* args, void* const* re
 
 // One step of run(), in order: an extern call (`function`, or `stateful` with its state
 // number) on refs[first_arg .. first_arg + num_args) writing refs[result], or a copy of
-// `bytes` from refs[first_arg] to refs[result] (a device_copy between memories).
+// `bytes` from refs[first_arg] to refs[result] (a device_copy between memories). Decoded
+// from the program table.
 struct Call {
   ExternFunction function;
   StatefulFunction stateful;
@@ -59,7 +62,7 @@ struct Call {
   uint32_t num_args;
   uint32_t result;
   uint64_t bytes;
-  const char* label;  // "#position value = symbol", octal-escaped
+  const char* label;  // "#position value = symbol"
 };
 
 // With CUDA graphs: calls [first_call, first_call + num_calls), captured into one graph
@@ -78,10 +81,26 @@ struct Copy {
 };
 
 // Functions with state per model instance (JSON engines): init makes it at create,
-// destroy frees it.
+// destroy frees it, call runs the function with it.
 struct State {
   int (*init)(const void* weights, size_t weights_bytes, void** state);
   void (*destroy)(void* state);
+  StatefulFunction call;
+};
+
+// The calls, operands, regions and caller copies of a model, decoded from its program
+// table (model_program.cc): what run() walks.
+struct Program {
+  int32_t num_calls;
+  uint32_t max_args;  // the most operands of one call
+  const Call* calls;
+  const Ref* refs;
+  int32_t num_regions;  // with cuda_graph: the regions cover every call, in order
+  const Region* regions;
+  int32_t num_input_copies;
+  const Copy* input_copies;
+  int32_t num_output_copies;  // outputs no call writes into the caller's buffer
+  const Copy* output_copies;
 };
 
 struct ModelSpec {
@@ -112,23 +131,28 @@ struct ModelSpec {
   // last.
   bool cuda_graph;
   bool graph_io_update;
-  int32_t num_calls;
-  uint32_t max_args;  // the most operands of one call
-  const Call* calls;
-  const Ref* refs;
-  int32_t num_regions;  // with cuda_graph: the regions cover every call, in order
-  const Region* regions;
+  int32_t num_functions;  // the extern functions the program calls by number
+  const ExternFunction* functions;
   int32_t num_states;
   const State* states;
-  int32_t num_input_copies;
-  const Copy* input_copies;
-  int32_t num_output_copies;  // outputs no call writes into the caller's buffer
-  const Copy* output_copies;
+  const unsigned char* program;  // the program table (model_program.cc), from program.S
+  uint64_t program_bytes;
+  uint64_t program_checksum;  // byoc_blob_checksum of the program table
 };
 
 }  // namespace byoc_runtime
 
 // Defined by the model's host code.
 extern "C" const byoc_runtime::ModelSpec byoc_model_spec;
+
+// The declaration of one of a model's extern functions (the partition entry points).
+#define BYOC_EXTERN_FUNCTION(name) \
+  extern "C" int name(void* const* args, void* const* results, void* workspace, size_t workspace_bytes, void* stream)
+// ... and of one with state per model instance (SYMBOL_init makes it, SYMBOL_destroy frees it).
+#define BYOC_STATEFUL_FUNCTION(name)                                                                      \
+  extern "C" int name(void* state, void* const* args, void* const* results, void* workspace,             \
+                      size_t workspace_bytes, void* stream);                                             \
+  extern "C" int name##_init(const void* weights, size_t weights_bytes, void** state);                   \
+  extern "C" void name##_destroy(void* state)
 
 #endif  // BYOC_MODEL_RUNTIME_H_

@@ -114,7 +114,7 @@ int allocate_cuda(byoc_model* model, const unsigned char* host_weights, unsigned
     }
     model->graph_in = new (std::nothrow) void*[spec.num_inputs + 1]();
     model->graph_out = new (std::nothrow) void*[spec.num_outputs + 1]();
-    model->graph_execs = new (std::nothrow) cudaGraphExec_t[spec.num_regions + 1]();
+    model->graph_execs = new (std::nothrow) cudaGraphExec_t[program.num_regions + 1]();
     if (model->graph_in == nullptr || model->graph_out == nullptr || model->graph_execs == nullptr) {
       return fail("out of host memory");
     }
@@ -148,7 +148,7 @@ int take_reported_error(byoc_model* model) {
   const unsigned int call = *word;
   if (call == 0) return 0;
   *word = 0;
-  const char* label = call >= 1 && call <= static_cast<unsigned int>(spec.num_calls) ? spec.calls[call - 1].label : "?";
+  const char* label = call >= 1 && call <= static_cast<unsigned int>(program.num_calls) ? program.calls[call - 1].label : "?";
   return fail(std::string("an earlier run of this model read indices out of range in call ") + label +
               " (clamped to the nearest valid index, so its outputs are wrong); expected every index in "
               "[-size, size) of its axis");
@@ -159,7 +159,7 @@ int take_reported_error(byoc_model* model) {
 // update is allowed. 0: captured; 1: an error (byoc_last_error says it); 2: the calls
 // cannot be captured (a backend that synchronizes or allocates at run time).
 int capture_region(byoc_model* model, int32_t r, void* const* in, void* const* out) {
-  const byoc_runtime::Region& region = spec.regions[r];
+  const byoc_runtime::Region& region = program.regions[r];
   // Thread-local mode: only this thread's unsafe calls (an allocation, a synchronization)
   // end the capture; other threads' calls do not.
   if (cuda_failed(cudaStreamBeginCapture(model->capture_stream, cudaStreamCaptureModeThreadLocal),
@@ -196,7 +196,7 @@ int capture_region(byoc_model* model, int32_t r, void* const* in, void* const* o
 }
 
 // CUDA graphs: the first run executes the calls directly; the second captures each
-// capturing region of spec.regions into its own graph, later runs replay them, and the
+// capturing region of program.regions into its own graph, later runs replay them, and the
 // calls between regions (a cpu function, a copy between memories) always run directly on
 // the caller's stream, in order with the graphs. "copy": the calls always see the same
 // (planned) pointers, the caller's tensors are copied in before and out after. "update":
@@ -208,26 +208,26 @@ int run_graph(byoc_model* model, void* const* in, void* const* out, cudaStream_t
     for (int32_t i = 0; same_pointers && i < spec.num_inputs; ++i) same_pointers = model->graph_in[i] == in[i];
     for (int32_t i = 0; same_pointers && i < spec.num_outputs; ++i) same_pointers = model->graph_out[i] == out[i];
   }
-  for (int32_t i = 0; i < spec.num_input_copies; ++i) {
-    const byoc_runtime::Copy& copy = spec.input_copies[i];
+  for (int32_t i = 0; i < program.num_input_copies; ++i) {
+    const byoc_runtime::Copy& copy = program.input_copies[i];
     if (copy_bytes(resolve(model, copy.ref, in, out), in[copy.tensor], copy.bytes, run_stream, "copying input",
                    copy.tensor)) {
       return 1;
     }
   }
   if (!model->warmed_up || model->capture_failed) {
-    if (run_calls(model, in, out, run_stream, 0, spec.num_calls) != 0) return 1;
+    if (run_calls(model, in, out, run_stream, 0, program.num_calls) != 0) return 1;
     model->warmed_up = true;
     return 0;
   }
-  for (int32_t r = 0; r < spec.num_regions; ++r) {
-    const byoc_runtime::Region& region = spec.regions[r];
+  for (int32_t r = 0; r < program.num_regions; ++r) {
+    const byoc_runtime::Region& region = program.regions[r];
     if (region.capture && !model->capture_failed && (model->graph_execs[r] == nullptr || !same_pointers)) {
       const int captured = capture_region(model, r, in, out);
       if (captured == 1) return 1;
       if (captured == 2) {
         // run directly from now on, this region included: no graph is replayed again
-        for (int32_t other = 0; other < spec.num_regions; ++other) {
+        for (int32_t other = 0; other < program.num_regions; ++other) {
           if (model->graph_execs[other]) cudaGraphExecDestroy(model->graph_execs[other]);
           model->graph_execs[other] = nullptr;
         }

@@ -21,7 +21,7 @@ struct byoc_model {
   void** states = nullptr;  // per-instance state of the stateful functions (spec.states)
 #if BYOC_RUNTIME_CUDA
   unsigned int* status_word = nullptr;  // mapped host memory; see byoc_current_run_status
-  // One executable graph per region of spec.regions (null: not captured yet, or a region
+  // One executable graph per region of program.regions (null: not captured yet, or a region
   // that runs directly).
   cudaGraphExec_t* graph_execs = nullptr;
   // The stream the calls are captured on: the model's own and non-blocking, so that work
@@ -49,6 +49,10 @@ namespace byoc_runtime {
 namespace internal {
 
 extern const ModelSpec& spec;  // the model's tables (byoc_model_spec)
+extern const Program& program;  // its program table, decoded (model_program.cc)
+
+// Decodes and checks the program table, once per process: 0, or 1 with the error set.
+int load_program();
 
 // Sets byoc_last_error() (thread-local) and returns 1.
 int fail(const std::string& message);

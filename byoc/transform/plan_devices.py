@@ -35,7 +35,10 @@ Domains still free after all constraints take `default_device`. Two fixed constr
 that disagree are a DeviceConflictError naming both devices and where each came from.
 
 Leaves alone: every function but main (extern declarations and callees), and the order
-of main's bindings (copies are inserted just before their first reader).
+of main's bindings. Copies of main's inputs are bound first, in input order (the device
+work after them is then one stretch, one CUDA graph region, instead of being cut at each
+input's first reader); every other copy just before its first reader, so that its buffer
+lives no longer than needed.
 """
 from __future__ import annotations
 
@@ -352,7 +355,13 @@ class _Planner:
             bindings.append(Binding(var, value))
         materialize(self.main.result)
         result = substitute_vars(self.main.result, replaced)
-        return Function(self.main.params, bindings, result, self.main.ret_type, self.main.attrs)
+        # Copies of main's inputs go first: the device work after them is then one stretch
+        # (one CUDA graph region) instead of being cut at each input's first reader.
+        params = set(self.main.params)
+        inputs_first = sorted(bindings, key=lambda b: not (
+            isinstance(b.value, Call) and isinstance(b.value.op, Op) and b.value.op.name == "device_copy"
+            and b.value.args[0] in params))
+        return Function(self.main.params, inputs_first, result, self.main.ret_type, self.main.attrs)
 
 
 def _device_copy(var: Var, source: VirtualDevice, destination: VirtualDevice) -> Call:

@@ -1,9 +1,10 @@
 """RewriteCUDAGraph: lift static regions of main into capture functions.
 
-Runs on the final main (after MarkCompilerFunctionsAsExtern): a flat list of calls to
-extern functions whose storage PlanMemory made static. A maximal run of consecutive calls
-to capturable extern functions (every call launches kernels only, on planned storage of
-constant shape) becomes a global function with CUDAGraph=1:
+Runs on the final main after PlanMemory (transform/plan_memory.py): a flat list of calls
+to extern functions and device copies, each carrying the storage PlanMemory gave its
+result. A maximal run of consecutive capturable calls (calls of extern functions that
+launch kernels only, whose results PlanMemory put in device memory or the caller's
+output) becomes a global function with CUDAGraph=1:
 
     def @main(%x: T) -> T {
       %r = @cuda_graph_0(%x)
@@ -19,14 +20,17 @@ directly; the caller's inputs and outputs are copied into and out of planned buf
 around the run ("copy"), or the graphs read the caller's tensors and are updated when
 their pointers change ("update"). A region needs at least one call; a run of
 tuple views or constants launches nothing and is left as it is. `capturable(symbol)`
-says whether an extern function may be captured (a backend declares it); every region
-returns exactly the values used after it.
+says whether an extern function may be captured (its backend declares it; a function
+that runs on the cpu may not); every region returns exactly the values used after it.
+`region_breaks` says, for every call left between regions, why.
 """
 from __future__ import annotations
 
 from ..ir.expr import Binding, Call, Function, GlobalVar, Tuple, Var
 from ..ir.module import IRModule
+from ..ir.virtual_device import VirtualDevice
 from .fuse_ops_by_pattern import _vars_in
+from .plan_memory import OUTPUT, VIEW, storage_of
 
 
 def rewrite_cuda_graph(mod: IRModule, capturable=lambda symbol: True, prefix: str = "cuda_graph",
@@ -60,7 +64,7 @@ def rewrite_cuda_graph(mod: IRModule, capturable=lambda symbol: True, prefix: st
                     args.append(substitution.get(arg, arg))
             new_var = Var(bindings[i].var.name_hint, bindings[i].var.type)
             substitution[bindings[i].var] = new_var
-            body.append(Binding(new_var, Call(call.op, args, type_=call.type)))
+            body.append(Binding(new_var, Call(call.op, args, call.attrs, type_=call.type)))
         last = region[-1]
         results = [bindings[i].var for i in region if later_uses.get(bindings[i].var, -1) > last]
         name = f"{prefix}_{number}"
@@ -90,23 +94,58 @@ def rewrite_cuda_graph(mod: IRModule, capturable=lambda symbol: True, prefix: st
 
 
 def graph_regions(mod: IRModule, capturable=lambda symbol: True) -> list[list[int]]:
-    """The regions RewriteCUDAGraph lifts, as lists of binding indices of main: maximal
-    runs of calls to capturable extern functions. Any other call (a device_copy, a
-    function `capturable` refuses: one that runs on the host) ends a region; tuples and
-    tuple items neither launch kernels nor end one."""
-    regions, current = [], []
+    """The regions RewriteCUDAGraph lifts, as lists of binding indices of main (see
+    region_breaks for why each other call runs between regions)."""
+    return _scan(mod, capturable)[0]
+
+
+def region_breaks(mod: IRModule, capturable=lambda symbol: True) -> list[tuple[int, str]]:
+    """(binding index, why) for every call of main that no region captures."""
+    return _scan(mod, capturable)[1]
+
+
+def _scan(mod: IRModule, capturable) -> tuple[list, list]:
+    """Maximal runs of capturable calls: calls of extern functions that `capturable`
+    accepts (it returns True, or False or a reason to refuse) whose result PlanMemory put
+    in device memory or the caller's output. Any other call (a device_copy, a function
+    that runs on the host, one whose result is in host memory or has no static storage)
+    ends a region; tuples and tuple items neither launch kernels nor end one."""
+    regions, current, breaks = [], [], []
     for index, binding in enumerate(mod["main"].bindings):
         value = binding.value
-        if (isinstance(value, Call) and isinstance(value.op, GlobalVar) and mod[value.op.name].is_extern
-                and capturable(value.op.name)):
+        if not isinstance(value, Call):
+            continue
+        reason = _refusal(mod, value, capturable)
+        if reason is None:
             current.append(index)
-        elif isinstance(value, Call):
-            if current:
-                regions.append(current)
-            current = []
+            continue
+        breaks.append((index, f"%{binding.var.name_hint}: {reason}"))
+        if current:
+            regions.append(current)
+        current = []
     if current:
         regions.append(current)
-    return regions
+    return regions, breaks
+
+
+def _refusal(mod: IRModule, call: Call, capturable) -> str | None:
+    """Why a call of main cannot be captured, or None."""
+    if not isinstance(call.op, GlobalVar):
+        name = getattr(call.op, "name", "?")
+        if name == "device_copy":
+            return f"a copy between memories ({call.attrs['src']} -> {call.attrs['dst']}) runs between graphs"
+        return f"{name} is not a call of an extern function"
+    if not mod[call.op.name].is_extern:
+        return f"@{call.op.name} is not an extern function"
+    verdict = capturable(call.op.name)
+    if verdict is not True:
+        return verdict or f"@{call.op.name} is declared not capturable"
+    storage = storage_of(call)
+    if storage is None:
+        return f"@{call.op.name}'s result has no static storage (PlanMemory did not place it)"
+    if storage[0] not in (OUTPUT, VIEW) and VirtualDevice.parse(storage[0]).is_host:
+        return f"@{call.op.name} writes host memory ({storage[0]})"
+    return None
 
 
 def _uses_after(bindings, result) -> dict:

@@ -51,7 +51,7 @@ RESERVED_NAMES = frozenset("""
     kHostWorkspaceBytes shape_text dtype_text checked_data cuda_failed device_unavailable device_alloc device_free
     read_sidecar run_calls capture_region kWeightsChecksum kCallLabels current_status_word current_call
     take_reported_error overlaps check_no_overlap
-    kRefs kCalls kRegions kStates kInputCopies kOutputCopies kArena kWeights kInput kOutput kHostArena kPinnedArena
+    kRefs kCalls kRegions kStates kFunctions kInputCopies kOutputCopies kArena kWeights kInput kOutput kHostArena kPinnedArena
     kHostWeights
 """.split())
 
