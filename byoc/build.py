@@ -23,7 +23,6 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -33,6 +32,7 @@ from pathlib import Path
 from .errors import BuildError, ByocWarning, CompileError, ConfigError, ModelError
 from .ir.module import IRModule
 from .library import Library, file_state
+from .progress import BuildProgress
 
 # The IR dumps a build writes for reading (partitioned.ir, final.ir, cuda_graph.ir) list
 # constants over this many bytes by type and size, not by their data (the weights).
@@ -129,7 +129,7 @@ class _Builder:
     # ---- the pipeline ----------------------------------------------------------------
     def build(self, model, input_shapes) -> Library:
         started = time.perf_counter()
-        self.progress = _Progress()
+        self.progress = BuildProgress()
         what = Path(model).name if isinstance(model, (str, os.PathLike)) else "the model"
         self.progress.stage(f"building {what} for {self.target} (backends: "
                             f"{', '.join(self.cfg.backend_names) or 'builtin'}; workdir {self.workdir})")
@@ -157,7 +157,7 @@ class _Builder:
     def lower(self, model, input_shapes):
         """Every IR stage, up to the final main (written to final.ir); no compiler runs
         (backends only write their sources)."""
-        progress = getattr(self, "progress", None) or _Progress()
+        progress = getattr(self, "progress", None) or BuildProgress()
         mod, output_names = self.import_model(model, input_shapes)
         progress.stage(f"imported: {len(mod['main'].bindings)} ops")
         mod = self.simplify(mod)
@@ -510,7 +510,7 @@ class _Builder:
         from .runtime import seal_library
         from .toolchain import compile_units, link_shared
         compiled = {}
-        progress = getattr(self, "progress", None) or _Progress()
+        progress = getattr(self, "progress", None) or BuildProgress()
         progress.stage(f"compiling {len(units)} units (ninja, {self.workdir / 'build.ninja'})")
         objects = compile_units(units, self.workdir, jobs=self.cfg.compile_jobs, stats=compiled,
                                 progress=progress.compile_line)
@@ -536,56 +536,6 @@ class _HostSetup:
     graph_io: str | None
     devices: bool
     view_symbols: set
-
-
-class _Progress:
-    """What a build is doing, as it does it: INFO records on the `byoc.build` logger (the
-    CLI prints them to stderr; a Python caller sees them by configuring logging), each with
-    the seconds since the step began. Within heartbeat(), a step that is silent for
-    HEARTBEAT_S (one long nvcc compile, a tuning run) is reported as still going."""
-
-    HEARTBEAT_S = 5.0
-
-    def __init__(self):
-        import logging
-        self.logger = logging.getLogger("byoc.build")
-        self.started = time.perf_counter()
-        self.last_time, self.last_what = self.started, "starting"
-
-    def _log(self, what: str):
-        self.last_time = time.perf_counter()
-        self.logger.info("[%6.1f s] %s", self.last_time - self.started, what)
-
-    def stage(self, what: str):
-        self.last_what = what
-        self._log(what)
-
-    def compile_line(self, line: str):
-        # ninja's status lines, "[3/12] compile cutlass_1f2e.cu" (the edge's description),
-        # come as each edge finishes: a heartbeat after one names what is still compiling
-        # by count, not the unit that just finished
-        status = re.match(r"\[(\d+)/(\d+)\] (.*)", line)
-        self.last_what = (f"compiling, {status.group(1)} of {status.group(2)} units done (the last: "
-                          f"{status.group(3)})") if status else line
-        self._log(line)
-
-    @contextlib.contextmanager
-    def heartbeat(self):
-        import threading
-        done = threading.Event()
-
-        def beat():
-            while not done.wait(0.5):
-                silent = time.perf_counter() - self.last_time
-                if silent >= self.HEARTBEAT_S - 0.5:
-                    self._log(f"... still working, {silent:.0f} s after: {self.last_what}")
-        thread = threading.Thread(target=beat, name="byoc-build-heartbeat", daemon=True)
-        thread.start()
-        try:
-            yield
-        finally:
-            done.set()
-            thread.join()
 
 
 def check_module(mod: IRModule):

@@ -140,9 +140,14 @@ class _ConstantConverter:
 def _saturating_convert(data: np.ndarray, dtype: str) -> np.ndarray:
     """`data` in `dtype`, finite values beyond its range clamped to its largest finite
     value (infinities and NaNs stay as they are)."""
-    largest = float(ml_dtypes.finfo(numpy_dtype(dtype)).max)
+    target = numpy_dtype(dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        converted = data.astype(target)
+    if np.isfinite(converted).all():  # nothing overflowed: the usual case, one pass over the weights
+        return converted
+    largest = float(ml_dtypes.finfo(target).max)
     clamped = np.where(np.isfinite(data), np.clip(data, -largest, largest), data)
-    return clamped.astype(numpy_dtype(dtype))
+    return clamped.astype(target)
 
 
 # ---------------------------------------------------------------- values

@@ -230,6 +230,18 @@ def _text(value: Expr) -> str:
     return print_expr(value)
 
 
+class _Where:
+    """The binding a constraint comes from, printed only when it conflicts (printing every
+    binding up front took a second of BERT-base's build)."""
+    __slots__ = ("var", "value")
+
+    def __init__(self, var: Var, value: Expr):
+        self.var, self.value = var, value
+
+    def __str__(self) -> str:
+        return f"%{self.var.name_hint} = {_text(self.value)}"
+
+
 class _Planner:
     def __init__(self, main: Function, declared: dict):
         self.main = main
@@ -255,7 +267,7 @@ class _Planner:
 
     def collect_binding(self, var: Var, value: Expr):
         domains = self.domains
-        where = f"%{var.name_hint} = {_text(value)}"
+        where = _Where(var, value)
         result = self.domain(var)
         if isinstance(value, Call) and isinstance(value.op, Op) and value.op.name == "on_device":
             device = VirtualDevice.parse(value.attrs["device"])
