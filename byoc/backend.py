@@ -85,6 +85,11 @@ class Artifact:
     # the result is the argument's storage
     view_symbols: list = field(default_factory=list)
     kernels: dict = field(default_factory=dict)  # symbol -> kernel name (metadata, report.html)
+    # symbol -> byoc.transform.plan_devices.FunctionDevices: where a lowered function reads
+    # each parameter and writes its result, for functions that differ from their backend's
+    # one device (e.g. a parameter read from pinned host memory); PlanDevices copies each
+    # argument where its parameter is
+    devices: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.kind not in ARTIFACT_KINDS:

@@ -238,8 +238,8 @@ class _Builder:
         (cpu | cuda | cpu/host-pinned) in this build: everything is the cpu on the cpu target."""
         from .ir.virtual_device import VirtualDevice
         if not self.cuda:
-            if place == "cuda":
-                raise ConfigError("devices: 'cuda' is not a device of a cpu build; allowed there: cpu")
+            if place.startswith("cuda"):
+                raise ConfigError(f"devices: {place!r} is not a device of a cpu build; allowed there: cpu")
             return VirtualDevice("cpu")
         return VirtualDevice.parse({"device": "cuda", "host": "cpu", "host-pinned": "cpu/host-pinned"}.get(place, place))
 
@@ -248,33 +248,46 @@ class _Builder:
         pins = [{**pin, "device": str(self.virtual_device(pin["device"]))} for pin in self.cfg.devices["pin"]]
         return pin_devices(mod, pins, self.virtual_device("device"))
 
-    def function_devices(self, artifacts) -> dict:
-        """Extern symbol -> the VirtualDevice of its parameters and result: a pinned
-        function's own device, else what its backend declares."""
+    def function_devices(self, mod, artifacts) -> dict:
+        """Extern symbol -> FunctionDevices (where it reads each parameter and writes its
+        result): a pinned function's own device for all of them; else what the lowered
+        function declares (its artifact's `devices`, per parameter: memory scopes flow out
+        of lowering); else its backend's device for all. A cpu build keeps everything on
+        the cpu."""
         from .backend import get_backend
         from .ir.virtual_device import VirtualDevice
+        from .transform.plan_devices import FunctionDevices
         devices = {}
         for artifact in artifacts:
-            declared = get_backend(artifact.backend).virtual_device(self.target.kind)
+            backend_device = get_backend(artifact.backend).virtual_device(self.target.kind)
             for symbol in artifact.symbols:
                 pinned = self.pinned.get(symbol)
-                devices[symbol] = VirtualDevice.parse(pinned) if pinned and self.cuda else declared
+                num_params = len(mod[symbol].params) if symbol in mod else 0
+                if pinned and self.cuda:
+                    devices[symbol] = FunctionDevices.on(VirtualDevice.parse(pinned), num_params)
+                elif symbol in artifact.devices and self.cuda:
+                    devices[symbol] = artifact.devices[symbol]
+                else:
+                    devices[symbol] = FunctionDevices.on(backend_device, num_params)
         return devices
 
     def has_host_data(self, mod) -> bool:
-        """Whether a cuda build keeps any data on the host (then the host code needs the
+        """Whether a cuda build keeps any data off the GPU (then the host code needs the
         device-aware plan: host arenas, copies, synchronization)."""
         from .ir.virtual_device import VirtualDevice
         cuda = VirtualDevice("cuda")
         return (self.input_device != cuda or self.output_device != cuda
-                or any(device != cuda for device in self.devices.values()))
+                or any(device != cuda for declared in self.declared_devices.values()
+                       for device in (declared.result, *declared.params)))
 
     def plan_devices(self, mod, artifacts):
         from .transform.plan_devices import plan_devices
-        self.devices = self.function_devices(artifacts)
+        self.declared_devices = self.function_devices(mod, artifacts)
+        # where each function runs: where it writes its result
+        self.devices = {symbol: declared.result for symbol, declared in self.declared_devices.items()}
         self.input_device = self.virtual_device(self.cfg.devices["inputs"])
         self.output_device = self.virtual_device(self.cfg.devices["outputs"])
-        return plan_devices(mod, self.virtual_device("device"), function_devices=self.devices,
+        return plan_devices(mod, self.virtual_device("device"), function_devices=self.declared_devices,
                             input_devices=self.input_device, output_devices=self.output_device)
 
     def value_devices(self, mod) -> dict | None:
@@ -283,7 +296,7 @@ class _Builder:
         if not (self.cuda and self.has_host_data(mod)):
             return None
         from .transform.plan_devices import device_of_values
-        return device_of_values(mod, self.virtual_device("device"), function_devices=self.devices,
+        return device_of_values(mod, self.virtual_device("device"), function_devices=self.declared_devices,
                                 input_devices=self.input_device)
 
     def plan_memory(self, mod, artifacts):

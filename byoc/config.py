@@ -33,7 +33,7 @@ Every key is optional; the values shown are the defaults unless noted.
                             #   - {node: "attn/probs", device: cpu/host-pinned}
                             # (node: the name of the value it computes, as in the IR);
                             # device: cpu | cuda | cpu/host-pinned (pinned host memory,
-                            # so copies to and from the GPU run asynchronously)
+                            # so copies to and from the GPU run asynchronously) | cuda:<id>
       inputs: device        # device | host | host-pinned: where the caller's inputs are
       outputs: device       # device | host | host-pinned: where outputs are delivered
 
@@ -365,6 +365,22 @@ def _validate_dims(source, dims) -> dict:
     return dict(dims)
 
 
+def _pin_device(source, key_path, value) -> str:
+    """A pin's device as VirtualDevice text: cpu, cuda, cpu/host-pinned, or a numbered GPU
+    (cuda:1; cuda:0 is cuda). Any id is representable; the build says which it can run."""
+    from .ir.virtual_device import VirtualDevice
+    allowed = f"{', '.join(PIN_DEVICES)}, or a numbered GPU such as cuda:1"
+    if not isinstance(value, str):
+        _fail(source, key_path, f"{value!r} is not allowed; allowed: {allowed}")
+    try:
+        device = VirtualDevice.parse(value)
+    except ValueError:
+        _fail(source, key_path, f"{value!r} is not allowed; allowed: {allowed}")
+    if device.device_type == "cpu" and device.device_id != 0:  # one host
+        _fail(source, key_path, f"{value!r} is not allowed; allowed: {allowed}")
+    return str(device)
+
+
 def _validate_devices(source, devices) -> dict:
     devices = _section(source, "devices", devices, DEVICES_KEYS)
     pins = devices.get("pin") or []
@@ -396,8 +412,7 @@ def _validate_devices(source, devices) -> dict:
                                              f"{_did_you_mean(name, ops)}")
         if "device" not in pin:
             _fail(source, f"{where}.device", f"missing; allowed: {', '.join(PIN_DEVICES)}")
-        device = _one_of(source, f"{where}.device", pin["device"], PIN_DEVICES)
-        result.append({selector: name, "device": device})
+        result.append({selector: name, "device": _pin_device(source, f"{where}.device", pin["device"])})
     inputs = _one_of(source, "devices.inputs", devices.get("inputs", "device"), IO_PLACES)
     outputs = _one_of(source, "devices.outputs", devices.get("outputs", "device"), IO_PLACES)
     return {"pin": result, "inputs": inputs, "outputs": outputs}

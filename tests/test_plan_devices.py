@@ -618,3 +618,74 @@ def test_graph_regions_around_cpu_functions_match_direct_runs_over_fresh_inputs(
         with_graphs, direct = (modules[graph].run(**fresh) for graph in (True, False))
         for a, b in zip(with_graphs, direct):
             assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_numbered_gpus_are_devices_of_their_own():
+    """cuda:1 is representable: a function declared there gets its argument copied from
+    cuda (cuda:0) and its result copied back, like any other device."""
+    check(f"""
+def @main({PARAMS}) -> {T} {{
+  %a = @gpu(%x)
+  %b = @gpu1(%a)
+  %c = @gpu(%b)
+  return %c
+}}
+def @gpu(%p: {T}) -> {T} [Extern=1];
+def @gpu1(%p: {T}) -> {T} [Extern=1];""", f"""
+def @main({PARAMS}) -> {T} {{
+  %a = @gpu(%x)
+  %a_cuda = device_copy(%a, src="cuda", dst="cuda:1")
+  %b = @gpu1(%a_cuda)
+  %b_cuda = device_copy(%b, src="cuda:1", dst="cuda")
+  %c = @gpu(%b_cuda)
+  return %c
+}}
+def @gpu(%p: {T}) -> {T} [Extern=1];
+def @gpu1(%p: {T}) -> {T} [Extern=1];""", function_devices={"gpu": "cuda", "gpu1": "cuda:1"})
+
+
+def test_a_pin_to_another_gpu_is_refused_by_name_where_one_gpu_runs_the_model(tmp_path):
+    """The config takes cuda:1 and the IR carries it (copies to and from it); the host
+    code, which drives one GPU, names the value it cannot place."""
+    with pytest.raises(byoc.ConfigError, match=r"devices.pin\[0\].device: 'gpu:1' is not allowed"):
+        byoc.config.load_config("cpu", overrides={"devices": {"pin": [{"op": "softmax", "device": "gpu:1"}]}})
+    builder, mod, output_names, artifacts = lowered_for_cuda(
+        tmp_path, {"pin": [{"op": "softmax", "device": "cuda:1"}], "inputs": "device", "outputs": "device"})
+    assert 'dst="cuda:1"' in mod.script()
+    with pytest.raises(byoc.BuildError, match=r"Add_output_0_cuda is placed in memory space 'cuda:1' "
+                                              r"\(devices.pin\), which this build cannot hold: its model runtime "
+                                              r"drives one device \(cuda\) and the host"):
+        builder.plan_host(mod, artifacts, output_names)
+
+
+def test_lowered_functions_declare_where_each_parameter_is(tmp_path):
+    """A backend's artifact says its functions read their parameter from pinned host
+    memory and write their result on the GPU (memory scopes flowing out of lowering):
+    PlanDevices copies each argument there, and nothing back."""
+    from byoc.backend import Artifact, PatternEntry, registered
+    from byoc.ir.virtual_device import CUDA, HOST_PINNED
+    from byoc.pattern import is_op, wildcard
+    from byoc.transform.plan_devices import FunctionDevices
+
+    def codegen(functions, target):
+        return [Artifact(backend="scoped", kind="shim", symbols=list(functions),
+                         devices={symbol: FunctionDevices((HOST_PINNED,), CUDA) for symbol in functions})]
+    from byoc import target as target_module
+    target_module.register_target_kind("scoped", {})
+    try:
+        with registered(name="scoped", flavor="shim", patterns=[PatternEntry("softmax", is_op("softmax")(wildcard()))],
+                        codegen=codegen):
+            builder, mod, _, _ = lowered_for_cuda(tmp_path, {"pin": [], "inputs": "device", "outputs": "device"},
+                                                  backends=["scoped", "builtin"])
+    finally:
+        del target_module.TARGET_KINDS["scoped"]
+    main = mod["main"]
+    scoped = {symbol for symbol, device in builder.declared_devices.items() if device.params == (HOST_PINNED,)}
+    calls = [b for b in main.bindings if getattr(b.value.op, "name", None) in scoped]
+    assert len(calls) == 2  # bert2's two softmaxes
+    copies = {b.var: b.value for b in main.bindings if getattr(b.value.op, "name", None) == "device_copy"}
+    for call in calls:
+        argument = call.value.args[0]
+        assert copies[argument].attrs["dst"] == "cpu/host-pinned" and copies[argument].attrs["src"] == "cuda"
+    assert all(copy.attrs["dst"] == "cpu/host-pinned" for copy in copies.values())  # results stay on the GPU
+    assert builder.devices[calls[0].value.op.name] == CUDA  # it runs where it writes its result

@@ -284,8 +284,9 @@ class _Placer:
                 self.own_offsets[var] = offset
             placement = TensorPlacement(f"{prefix} + {offset}", var.type)
         else:
-            raise BuildError(f"%{var.name_hint} is in memory space {space!r}; a {self.device} build's host code "
-                             f"has {', '.join(sorted(self.space_prefix))}")
+            raise BuildError(f"%{var.name_hint} is placed in memory space {space!r} (devices.pin), which this "
+                             f"build cannot hold: its model runtime drives one device ({self.device}) and the host; "
+                             f"the memory spaces it has are {', '.join(sorted(self.space_prefix))}")
         self.placements[var] = placement
         return placement
 

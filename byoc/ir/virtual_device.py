@@ -2,9 +2,15 @@
 
 A VirtualDevice is a device type ("cpu" or "cuda"), a device id and a memory scope:
 
-    "global"       the device's ordinary memory (cudaMalloc on cuda, malloc on cpu)
+    "global"       the device's ordinary memory: GPU memory (cudaMalloc) on cuda,
+                   pageable host memory (malloc) on cpu
     "host-pinned"  page-locked host memory (cudaMallocHost): cpu only; copies between it
                    and a GPU run asynchronously on the stream
+
+so the memories the model runtime distinguishes are `cuda` (its device arena), `cpu`
+(pageable host) and `cpu/host-pinned`. Device ids are part of the device: `cuda:1` is
+another device than `cuda` (PlanDevices copies between them); a build whose runtime
+drives one GPU refuses values placed on another, by name.
 
 They are written as text in on_device/device_copy attributes and in configs:
 `cpu`, `cuda`, `cuda:1`, `cpu/host-pinned` (id 0 and scope "global" are left out; the
