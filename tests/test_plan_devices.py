@@ -498,15 +498,15 @@ def lower_for_cuda(tmp_path, devices, **overrides):
     return builder, mod
 
 
-def lowered_for_cuda(tmp_path, devices, **overrides):
+def lowered_for_cuda(tmp_path, devices, model="bert2", **overrides):
     """lower_for_cuda, and also the output names and the backends' artifacts."""
     from byoc.build import _Builder
-    inputs, _ = bert_inputs()
+    data = np.load(FIXTURES / f"{model}.npz")
     config = byoc.config.load_config("cpu", overrides={"target": "cuda -arch=sm_90", "workdir": str(tmp_path),
                                                         "devices": devices, **overrides})
     builder = _Builder(config)
-    mod, output_names, artifacts, _ = builder.lower(FIXTURES / "bert2.onnx",
-                                                    {name: value.shape for name, value in inputs.items()})
+    mod, output_names, artifacts, _ = builder.lower(FIXTURES / f"{model}.onnx",
+                                                    {key[3:]: data[key].shape for key in data if key.startswith("in_")})
     return builder, mod, output_names, artifacts
 
 
@@ -566,6 +566,26 @@ def test_cuda_graph_regions_leave_cpu_functions_and_copies_between_them(tmp_path
     assert written.count("[CUDAGraph=1]") == 3
 
 
+# The mlp fixture with its GELU on the cpu and its inputs and outputs in host memory: two
+# GPU regions (fc1; fc2, relu, fc3) around the copies and the cpu GELU.
+TWO_REGIONS = {"pin": [{"op": "gelu", "device": "cpu"}], "inputs": "host", "outputs": "host"}
+
+
+def test_two_device_regions_around_a_cpu_function_in_a_whole_build(tmp_path):
+    """The input's copy, then fc1 captured, then the copy to the host, the cpu GELU and the
+    copy back run directly, then fc2, relu and fc3 captured, then the output's copy."""
+    builder, mod, output_names, artifacts = lowered_for_cuda(tmp_path, TWO_REGIONS, model="mlp", cuda_graph=True)
+    host = builder.plan_host(mod, artifacts, output_names)
+    regions = host.plan.regions
+    assert [(r["count"], r["capture"]) for r in regions] == \
+        [(1, False), (2, True), (3, False), (4, True), (1, False)]
+    gelu = next(symbol for symbol, device in builder.devices.items() if device.device_type == "cpu")
+    direct = [host.plan.calls[i]["symbol"] for r in regions if not r["capture"]
+              for i in range(r["first"], r["first"] + r["count"])]
+    assert direct == ["device_copy", "device_copy", gelu, "device_copy", "device_copy"]
+    assert "2 CUDA graph region(s): 2 calls, 4 calls" in (tmp_path / "cuda_graph.txt").read_text()
+
+
 def gpu_visible() -> bool:
     return shutil.which("nvidia-smi") is not None and byoc.target.visible_gpu_arch() is not None
 
@@ -594,9 +614,31 @@ def test_cpu_shim_renames_cover_every_shim_function():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_visible(), reason="no GPU visible")
+def test_two_graph_regions_around_a_cpu_function_match_direct_runs_over_fresh_inputs(tmp_path):
+    """The two-region mlp (TWO_REGIONS): graphs on capture exactly two regions, and 100 runs
+    on fresh inputs (new values and new host buffers each time) agree bit for bit with
+    the same build without graphs, and with onnxruntime on the fixture's input."""
+    data = np.load(FIXTURES / "mlp.npz")
+    libraries = {graph: byoc.build(FIXTURES / "mlp.onnx", config={"target": "auto", "devices": TWO_REGIONS,
+                                                                   "cuda_graph": graph},
+                                   workdir=str(tmp_path / str(graph)))
+                 for graph in (True, False)}
+    regions = libraries[True].metadata["cuda_graph_regions"]
+    assert [r["captured"] for r in regions] == [False, True, False, True, False]
+    modules = {graph: library.load() for graph, library in libraries.items()}
+    got = np.asarray(modules[True].run(x=data["in_x"]))
+    assert np.max(np.abs(got - data["out_y"])) <= 1e-3 * np.max(np.abs(data["out_y"]))
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        x = rng.standard_normal(data["in_x"].shape).astype(np.float32)
+        assert np.array_equal(np.asarray(modules[True].run(x=x)), np.asarray(modules[False].run(x=x)))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_visible(), reason="no GPU visible")
 def test_graph_regions_around_cpu_functions_match_direct_runs_over_fresh_inputs(tmp_path):
     """bert2 with its softmaxes on the cpu and host inputs and outputs: with graphs on, the
-    five GPU regions are captured and replayed between the copies and the cpu softmaxes,
+    three GPU regions are captured and replayed between the copies and the cpu softmaxes,
     and 100 runs on fresh inputs (new values and new host buffers each time) agree bit for
     bit with the same build without graphs."""
     inputs, _ = bert_inputs()

@@ -114,20 +114,8 @@ def on_gpu(symbol):
 
 
 def test_two_device_regions_around_a_cpu_function_with_host_inputs_and_outputs():
-    before = parse(f"""
-def @main(%x: {T4}) -> {T4} {HOST_STORAGE} {{
-  %x_cuda = device_copy(%x, src="cpu", dst="cuda", storage="cuda", offset=0, size=16)
-  %a = @gpu(%x_cuda, offset=256, size=16, storage="cuda")
-  %b = @gpu(%a, offset=0, size=16, storage="cuda")
-  %b_cpu = device_copy(%b, src="cuda", dst="cpu/host-pinned", storage="cpu/host-pinned", offset=0, size=16)
-  %s = @host(%b_cpu, offset=256, size=16, storage="cpu/host-pinned")
-  %s_cuda = device_copy(%s, src="cpu/host-pinned", dst="cuda", storage="cuda", offset=0, size=16)
-  %c = @gpu(%s_cuda, offset=256, size=16, storage="cuda")
-  %d = @gpu(%c, offset=0, size=16, storage="cuda")
-  %d_cpu = device_copy(%d, src="cuda", dst="cpu", output=0, storage="output")
-  return %d_cpu
-}}
-{DEVICE_DECLS}""")
+    from test_plan_memory import HOST_IO_PLANNED  # what PlanMemory makes of that model
+    before = parse(HOST_IO_PLANNED)
     expected = parse(f"""
 def @main(%x: {T4}) -> {T4} {HOST_STORAGE} {{
   %x_cuda = device_copy(%x, src="cpu", dst="cuda", storage="cuda", offset=0, size=16)

@@ -36,11 +36,20 @@ _SHIM_CALL = re.compile(r"\b(byoc_shim_\w+)\s*\(")
 
 
 @functools.lru_cache(maxsize=None)
+def _with_entry_headers(source: Path) -> str:
+    """A shim file's text with the entry-point headers it includes (conv2d_entry.h: an
+    entry point written once for both shims, defined where it is included)."""
+    text = source.read_text()
+    for name in re.findall(r'#include "\.\./(\w+_entry\.h)"', text):
+        text += (source.parent.parent / name).read_text()
+    return text
+
+
 def _shim_families(folder: Path) -> tuple:
     """The shim's source files of one device (one op family each: layout, norm, ...) as
     ({file: names it defines}, {file: files it calls into}); common.* is in every build."""
     sources = sorted(p for p in folder.iterdir() if p.suffix in (".cu", ".cpp"))
-    texts = {source: source.read_text() for source in sources}
+    texts = {source: _with_entry_headers(source) for source in sources}
     # (compiler attributes such as __launch_bounds__(...) look like definitions: not names)
     defined = {source: {match.group(1) for match in _DEFINITION.finditer(text) if not match.group(1).startswith("__")}
                for source, text in texts.items()}

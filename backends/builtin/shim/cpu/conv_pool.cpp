@@ -222,20 +222,16 @@ extern "C" size_t byoc_shim_conv2d_workspace(byoc_dtype dtype, int layout, int64
   return 0;
 }
 
-extern "C" int byoc_shim_conv2d(const void* in, const void* weight, const void* bias, void* out, byoc_dtype dtype,
-                                int layout, int64_t batch, int64_t in_channels, int64_t in_h, int64_t in_w,
-                                int64_t out_channels, int64_t kernel_h, int64_t kernel_w, int64_t out_h,
-                                int64_t out_w, int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left,
-                                int64_t dilation_h, int64_t dilation_w, int64_t groups, void* workspace,
-                                size_t workspace_bytes, void* stream) {
+namespace {
+
+// byoc_shim_conv2d (conv2d_entry.h) on checked arguments: a direct loop nest per layout.
+int conv2d_checked(const char* function, const void* in, const void* weight, const void* bias, void* out,
+                   byoc_dtype dtype, int layout, const ConvShape& shape, void* workspace, size_t workspace_bytes,
+                   void* stream) {
   (void)workspace;
   (void)workspace_bytes;
   (void)stream;
-  static const char kFunction[] = "byoc_shim_conv2d";
-  const ConvShape shape{batch, in_channels, in_h, in_w, out_channels, kernel_h, kernel_w, out_h,
-                        out_w, stride_h, stride_w, pad_top, pad_left, dilation_h, dilation_w, groups};
-  BYOC_CHECK(check_conv2d(kFunction, in, weight, out, layout, shape));
-  return dispatch<DtypeSet::kNumbers>(kFunction, dtype, [&](auto tag) {
+  return dispatch<DtypeSet::kNumbers>(function, dtype, [&](auto tag) {
     using Storage = decltype(tag);
     if (shape.empty()) return 0;
     const Storage* typed_in = static_cast<const Storage*>(in);
@@ -250,6 +246,10 @@ extern "C" int byoc_shim_conv2d(const void* in, const void* weight, const void* 
     return 0;
   });
 }
+
+}  // namespace
+
+#include "../conv2d_entry.h"
 
 extern "C" int byoc_shim_pool2d(const void* in, void* out, byoc_dtype dtype, int kind, int layout, int64_t batch,
                                 int64_t channels, int64_t in_h, int64_t in_w, int64_t out_h, int64_t out_w,

@@ -395,27 +395,27 @@ extern "C" size_t byoc_shim_conv2d_workspace(byoc_dtype dtype, int layout, int64
       .total_bytes;
 }
 
-extern "C" int byoc_shim_conv2d(const void* in, const void* weight, const void* bias, void* out, byoc_dtype dtype,
-                                int layout, int64_t batch, int64_t in_channels, int64_t in_h, int64_t in_w,
-                                int64_t out_channels, int64_t kernel_h, int64_t kernel_w, int64_t out_h,
-                                int64_t out_w, int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left,
-                                int64_t dilation_h, int64_t dilation_w, int64_t groups, void* workspace,
-                                size_t workspace_bytes, void* stream) {
-  static const char kFunction[] = "byoc_shim_conv2d";
-  const ConvShape shape{batch, in_channels, in_h, in_w, out_channels, kernel_h, kernel_w, out_h,
-                        out_w, stride_h, stride_w, pad_top, pad_left, dilation_h, dilation_w, groups};
-  BYOC_CHECK(check_conv2d(kFunction, in, weight, out, layout, shape));
+namespace {
+
+// byoc_shim_conv2d (conv2d_entry.h) on checked arguments: a pointwise conv or im2col as a
+// cuBLASLt GEMM where one fits, else the implicit GEMM on the CUDA cores.
+int conv2d_checked(const char* function, const void* in, const void* weight, const void* bias, void* out,
+                   byoc_dtype dtype, int layout, const ConvShape& shape, void* workspace, size_t workspace_bytes,
+                   void* stream) {
+  const int64_t batch = shape.batch, in_channels = shape.in_channels, in_h = shape.in_h, in_w = shape.in_w;
+  const int64_t out_channels = shape.out_channels, kernel_h = shape.kernel_h, kernel_w = shape.kernel_w;
+  const int64_t out_h = shape.out_h, out_w = shape.out_w, groups = shape.groups;
   cudaStream_t cuda_stream = as_stream(stream);
   const bool nhwc = layout == kLayoutNHWC;
-  return dispatch<DtypeSet::kNumbers>(kFunction, dtype, [&](auto tag) {
+  return dispatch<DtypeSet::kNumbers>(function, dtype, [&](auto tag) {
     using Storage = decltype(tag);
     if (shape.empty()) return 0;
     if constexpr (Traits<Storage>::is_float) {
       bool ran = false;
-      BYOC_CHECK(pointwise_conv<Storage>(kFunction, in, weight, bias, out, dtype, nhwc, shape, workspace,
+      BYOC_CHECK(pointwise_conv<Storage>(function, in, weight, bias, out, dtype, nhwc, shape, workspace,
                                          workspace_bytes, cuda_stream, &ran));
       if (ran) return 0;
-      BYOC_CHECK(workspace_im2col_conv<Storage>(kFunction, in, weight, bias, out, dtype, layout, shape, workspace,
+      BYOC_CHECK(workspace_im2col_conv<Storage>(function, in, weight, bias, out, dtype, layout, shape, workspace,
                                                 workspace_bytes, cuda_stream, &ran));
       if (ran) return 0;
     }
@@ -424,9 +424,13 @@ extern "C" int byoc_shim_conv2d(const void* in, const void* weight, const void* 
                        batch * in_channels * in_h * in_w < kIndex32Limit &&
                        out_channels * (in_channels / groups) * kernel_h * kernel_w < kIndex32Limit &&
                        spatial_fits_index32(shape);
-    return small ? implicit_gemm_conv<Storage, int32_t>(kFunction, in, weight, bias, out, nhwc, batch,
+    return small ? implicit_gemm_conv<Storage, int32_t>(function, in, weight, bias, out, nhwc, batch,
                                                         conv_geometry<int32_t>(shape), groups, cuda_stream)
-                 : implicit_gemm_conv<Storage, int64_t>(kFunction, in, weight, bias, out, nhwc, batch,
+                 : implicit_gemm_conv<Storage, int64_t>(function, in, weight, bias, out, nhwc, batch,
                                                         conv_geometry<int64_t>(shape), groups, cuda_stream);
   });
 }
+
+}  // namespace
+
+#include "../conv2d_entry.h"
