@@ -188,6 +188,13 @@ struct ConvShape {
   bool empty() const { return batch == 0 || out_channels == 0 || out_h == 0 || out_w == 0; }  // no output
 };
 
+// The geometry of byoc_shim_pool2d's arguments.
+struct PoolShape {
+  int64_t batch, channels, in_h, in_w, out_h, out_w, kernel_h, kernel_w, stride_h, stride_w;
+  int64_t pad_top, pad_left, pad_bottom, pad_right, dilation_h, dilation_w;
+  bool empty() const { return batch == 0 || channels == 0 || out_h == 0 || out_w == 0; }  // no output
+};
+
 // byoc_shim_conv2d's arguments (every size, attribute and, unless the output is empty, pointer).
 inline int check_conv2d(const char* function, const void* in, const void* weight, const void* out, int layout,
                         const ConvShape& s) {

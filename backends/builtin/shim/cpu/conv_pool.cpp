@@ -134,11 +134,6 @@ inline WindowSpan window_span(int64_t start, int64_t kernel, int64_t dilation, i
   return span;
 }
 
-struct PoolShape {
-  int64_t batch, channels, in_h, in_w, out_h, out_w, kernel_h, kernel_w, stride_h, stride_w;
-  int64_t pad_top, pad_left, pad_bottom, pad_right, dilation_h, dilation_w;
-};
-
 template <class Storage>
 void pool2d_typed(const Storage* in, Storage* out, bool average, bool nhwc, const PoolShape& s,
                   bool count_include_pad) {
@@ -251,28 +246,23 @@ int conv2d_checked(const char* function, const void* in, const void* weight, con
 
 #include "../conv2d_entry.h"
 
-extern "C" int byoc_shim_pool2d(const void* in, void* out, byoc_dtype dtype, int kind, int layout, int64_t batch,
-                                int64_t channels, int64_t in_h, int64_t in_w, int64_t out_h, int64_t out_w,
-                                int64_t kernel_h, int64_t kernel_w, int64_t stride_h, int64_t stride_w,
-                                int64_t pad_top, int64_t pad_left, int64_t pad_bottom, int64_t pad_right,
-                                int64_t dilation_h, int64_t dilation_w, int count_include_pad, void* stream) {
+namespace {
+
+// byoc_shim_pool2d (pool2d_entry.h) on checked arguments, for the dtypes of `kDtypes`.
+template <DtypeSet kDtypes>
+int pool2d_checked(const char* function, const void* in, void* out, byoc_dtype dtype, bool average, bool nhwc,
+                   const PoolShape& shape, bool count_include_pad, void* stream) {
   (void)stream;
-  static const char kFunction[] = "byoc_shim_pool2d";
-  BYOC_CHECK(check_pool2d(kFunction, in, out, kind, layout, batch, channels, in_h, in_w, out_h, out_w, kernel_h,
-                          kernel_w, stride_h, stride_w, pad_top, pad_left, pad_bottom, pad_right, dilation_h,
-                          dilation_w));
-  const bool empty = batch == 0 || channels == 0 || out_h == 0 || out_w == 0;
-  const PoolShape shape{batch,    channels, in_h,    in_w,       out_h,     out_w,      kernel_h,   kernel_w,
-                        stride_h, stride_w, pad_top, pad_left, pad_bottom, pad_right, dilation_h, dilation_w};
-  auto run = [&](auto tag) {
+  return dispatch<kDtypes>(function, dtype, [&](auto tag) {
     using Storage = decltype(tag);
-    if (!empty) {
-      pool2d_typed(static_cast<const Storage*>(in), static_cast<Storage*>(out), kind == 1, layout == kLayoutNHWC,
-                   shape, count_include_pad != 0);
+    if (!shape.empty()) {
+      pool2d_typed(static_cast<const Storage*>(in), static_cast<Storage*>(out), average, nhwc, shape,
+                   count_include_pad);
     }
     return 0;
-  };
-  // An integer average would need a rounding rule: only floats average.
-  return kind == 1 ? dispatch<DtypeSet::kFloats>(kFunction, dtype, run)
-                   : dispatch<DtypeSet::kNumbers>(kFunction, dtype, run);
+  });
 }
+
+}  // namespace
+
+#include "../pool2d_entry.h"

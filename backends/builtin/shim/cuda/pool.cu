@@ -165,41 +165,38 @@ int launch_pool(const char* function, const void* in, void* out, bool nhwc, cons
 
 }  // namespace
 
-extern "C" int byoc_shim_pool2d(const void* in, void* out, byoc_dtype dtype, int kind, int layout, int64_t batch,
-                                int64_t channels, int64_t in_h, int64_t in_w, int64_t out_h, int64_t out_w,
-                                int64_t kernel_h, int64_t kernel_w, int64_t stride_h, int64_t stride_w,
-                                int64_t pad_top, int64_t pad_left, int64_t pad_bottom, int64_t pad_right,
-                                int64_t dilation_h, int64_t dilation_w, int count_include_pad, void* stream) {
-  static const char kFunction[] = "byoc_shim_pool2d";
-  BYOC_CHECK(check_pool2d(kFunction, in, out, kind, layout, batch, channels, in_h, in_w, out_h, out_w, kernel_h,
-                          kernel_w, stride_h, stride_w, pad_top, pad_left, pad_bottom, pad_right, dilation_h,
-                          dilation_w));
-  const bool empty = batch == 0 || channels == 0 || out_h == 0 || out_w == 0;
-  const int64_t total = batch * channels * out_h * out_w;
-  const bool small = total < kIndex32Limit && batch * channels * in_h * in_w < kIndex32Limit &&
-                     out_h * stride_h + kernel_h * dilation_h + in_h + pad_bottom < kIndex32Limit &&
-                     out_w * stride_w + kernel_w * dilation_w + in_w + pad_right < kIndex32Limit;
+namespace {
+
+// byoc_shim_pool2d (pool2d_entry.h) on checked arguments, for the dtypes of `kDtypes`: one
+// thread per output, with 32-bit indexing where every index fits.
+template <DtypeSet kDtypes>
+int pool2d_checked(const char* function, const void* in, void* out, byoc_dtype dtype, bool average, bool nhwc,
+                   const PoolShape& s, bool count_include_pad, void* stream) {
+  const int64_t total = s.batch * s.channels * s.out_h * s.out_w;
+  const bool small = total < kIndex32Limit && s.batch * s.channels * s.in_h * s.in_w < kIndex32Limit &&
+                     s.out_h * s.stride_h + s.kernel_h * s.dilation_h + s.in_h + s.pad_bottom < kIndex32Limit &&
+                     s.out_w * s.stride_w + s.kernel_w * s.dilation_w + s.in_w + s.pad_right < kIndex32Limit;
   cudaStream_t cuda_stream = as_stream(stream);
-  auto run = [&](auto tag) {
+  return dispatch<kDtypes>(function, dtype, [&](auto tag) {
     using Storage = decltype(tag);
-    if (empty) return 0;
+    if (s.empty()) return 0;
     auto launch = [&](auto index_tag) {
       using Index = decltype(index_tag);
       const PoolGeometry<Index> geometry{
-          static_cast<Index>(channels),   static_cast<Index>(in_h),       static_cast<Index>(in_w),
-          static_cast<Index>(out_h),      static_cast<Index>(out_w),      static_cast<Index>(kernel_h),
-          static_cast<Index>(kernel_w),   static_cast<Index>(stride_h),   static_cast<Index>(stride_w),
-          static_cast<Index>(pad_top),    static_cast<Index>(pad_left),   static_cast<Index>(pad_bottom),
-          static_cast<Index>(pad_right),  static_cast<Index>(dilation_h), static_cast<Index>(dilation_w)};
-      const bool nhwc = layout == kLayoutNHWC;
-      return kind == 1 ? launch_pool<Storage, Index, true>(kFunction, in, out, nhwc, geometry,
-                                                           count_include_pad != 0, total, cuda_stream)
-                       : launch_pool<Storage, Index, false>(kFunction, in, out, nhwc, geometry,
-                                                            count_include_pad != 0, total, cuda_stream);
+          static_cast<Index>(s.channels),   static_cast<Index>(s.in_h),       static_cast<Index>(s.in_w),
+          static_cast<Index>(s.out_h),      static_cast<Index>(s.out_w),      static_cast<Index>(s.kernel_h),
+          static_cast<Index>(s.kernel_w),   static_cast<Index>(s.stride_h),   static_cast<Index>(s.stride_w),
+          static_cast<Index>(s.pad_top),    static_cast<Index>(s.pad_left),   static_cast<Index>(s.pad_bottom),
+          static_cast<Index>(s.pad_right),  static_cast<Index>(s.dilation_h), static_cast<Index>(s.dilation_w)};
+      return average ? launch_pool<Storage, Index, true>(function, in, out, nhwc, geometry, count_include_pad, total,
+                                                         cuda_stream)
+                     : launch_pool<Storage, Index, false>(function, in, out, nhwc, geometry, count_include_pad, total,
+                                                          cuda_stream);
     };
     return small ? launch(int32_t{}) : launch(int64_t{});
-  };
-  // An integer average would need a rounding rule: only floats average.
-  return kind == 1 ? dispatch<DtypeSet::kFloats>(kFunction, dtype, run)
-                   : dispatch<DtypeSet::kNumbers>(kFunction, dtype, run);
+  });
 }
+
+}  // namespace
+
+#include "../pool2d_entry.h"
