@@ -4,18 +4,25 @@
     simplify: fold_constant, fold_batch_norm, recognize_gelu, simplify_identity_gather, sink_reshapes,
               combine_parallel_matmul, combine_logit_addends, dead_code_elimination,
               convert_to_float16 when asked
-    PinDevices: ops pinned to another device (config devices.pin) become builtin functions
+    PinDevices: ops pinned to another device (config devices.pin) become functions of the
+                catch-all backend
     partition: each configured backend's patterns in priority order, then the built-in
                backend takes every op left (so every model builds)
     OutlineCompilerFunctions (structurally equal partitions share one global)
     codegen: one call per backend, with its Target current -> Artifacts
     MarkCompilerFunctionsAsExtern
-    PlanDevices: device_copy where a value crosses devices (config devices.inputs/outputs)
-    host code (memory planned from liveness) + weights blob + metadata JSON
+    PlanDevices: device_copy where a value crosses devices (config devices.inputs/outputs),
+                 each function's parameters where its lowering declares them
+    PlanMemory: every tensor's storage (memory space, offset, size) written on its call
+    RewriteCUDAGraph (cuda_graph): the capturable regions, and why the rest is not
+    host code: the tensors, the function table and the program table (the calls, their
+               operands, the graph regions) for the static model runtime, the weights blob,
+               the metadata JSON
     toolchain: build.ninja (one edge per compile unit, one link edge), object cache, link
 
 Everything generated is kept in the work directory (the config's `workdir`, or a fresh
-temporary one): sources, build.ninja, the partition report, weights.
+temporary one): sources, build.ninja, the partition report, weights, and the IR after each
+stage (partitioned.ir, final.ir with storage, cuda_graph.ir and cuda_graph.txt).
 """
 from __future__ import annotations
 
