@@ -53,7 +53,7 @@ using byoc_float16::half_to_float;
 //                for integers (unsigned so that overflow wraps, as NumPy's int64 does,
 //                instead of being undefined; the cast back to a narrower type wraps too);
 //   load/store   conversions from storage to Compute and from Compute or Accumulate back.
-template <class Storage>
+template <class Storage, class = void>
 struct DtypeTraits;
 
 template <class Float>
@@ -107,16 +107,9 @@ struct IntTraits {
   static int64_t highest() { return std::numeric_limits<Int>::max(); }
 };
 
-template <>
-struct DtypeTraits<int64_t> : IntTraits<int64_t> {};
-template <>
-struct DtypeTraits<int32_t> : IntTraits<int32_t> {};
-template <>
-struct DtypeTraits<int16_t> : IntTraits<int16_t> {};
-template <>
-struct DtypeTraits<int8_t> : IntTraits<int8_t> {};
-template <>
-struct DtypeTraits<uint8_t> : IntTraits<uint8_t> {};
+// int64, int32, int16, int8 and uint8 (bool is not a number here: below)
+template <class Int>
+struct DtypeTraits<Int, std::enable_if_t<std::is_integral_v<Int> && !std::is_same_v<Int, bool>>> : IntTraits<Int> {};
 
 // bool (one byte, 0 or 1) only moves and pads; a value is true when nonzero.
 template <>

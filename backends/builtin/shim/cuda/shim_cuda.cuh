@@ -87,7 +87,7 @@ inline bool aligned_to(const void* pointer, size_t bytes) {
 //               long long for integers (unsigned so overflow wraps as NumPy's int64 does;
 //               the cast back to a narrower type wraps too);
 //   load/store  conversions between storage and Compute (stores round to nearest even).
-template <class Storage>
+template <class Storage, class = void>
 struct Traits;
 
 template <>
@@ -172,16 +172,9 @@ struct IntTraits {
   __device__ static int64_t lowest() { return IntRange<Int>::low; }
   __device__ static int64_t highest() { return IntRange<Int>::high; }
 };
-template <>
-struct Traits<int64_t> : IntTraits<int64_t> {};
-template <>
-struct Traits<int32_t> : IntTraits<int32_t> {};
-template <>
-struct Traits<int16_t> : IntTraits<int16_t> {};
-template <>
-struct Traits<int8_t> : IntTraits<int8_t> {};
-template <>
-struct Traits<uint8_t> : IntTraits<uint8_t> {};
+// int64, int32, int16, int8 and uint8 (the IntRange types; bool is not a number here: below)
+template <class Int>
+struct Traits<Int, std::enable_if_t<std::is_integral_v<Int> && !std::is_same_v<Int, bool>>> : IntTraits<Int> {};
 
 // A storage value straight into an accumulator (integers sign-extend to 64 bits before
 // becoming unsigned, so the wrap-around arithmetic stays exact).
