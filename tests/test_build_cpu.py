@@ -624,3 +624,34 @@ def test_a_temporary_workdir_goes_with_its_library_and_a_loaded_module_keeps_run
     assert not workdir.exists()
     np.testing.assert_array_equal(module.run(**feeds), before)
     module.close()
+
+
+@pytest.mark.parametrize("field, value, reason", [
+    ("function", 99, "a call: function out of range"),
+    ("result", 10**6, "a call: operand out of range"),
+    ("region", None, "its counts do not match its size"),
+])
+def test_a_program_table_that_names_what_does_not_exist_is_refused_at_create(field, value, reason, tmp_path,
+                                                                              monkeypatch):
+    """The runtime checks the program table it decodes, not only its checksum: a call of a
+    function or an operand that does not exist (here written by the build itself, so the
+    checksum matches) is refused at create, naming the table, instead of jumping anywhere."""
+    import struct
+    from byoc.build import _Builder
+    original = _Builder.program_table
+
+    def corrupted(host, artifacts):
+        table = bytearray(original(host, artifacts))
+        num_calls, num_refs = struct.unpack_from("<2I", table, 8)
+        first_call = 40 + 16 * num_refs
+        if field == "function":
+            struct.pack_into("<i", table, first_call, value)
+        elif field == "result":
+            struct.pack_into("<I", table, first_call + 20, value)
+        else:
+            struct.pack_into("<I", table, 16, 1)  # a region the table has no bytes for
+        return bytes(table)
+    monkeypatch.setattr(_Builder, "program_table", staticmethod(corrupted))
+    library = byoc.build(FIXTURES / "mlp.onnx", config="cpu", workdir=str(tmp_path / "w"))
+    with pytest.raises(byoc.RuntimeError, match=f"program table is corrupted \\({reason}\\)"):
+        library.load()
