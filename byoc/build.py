@@ -414,12 +414,13 @@ class _Builder:
         content.update(str(self.target).encode())
         for unit in units:
             content.update(Path(unit.source).read_bytes())
-        content.update(host.plan.weights)
+        weights_digest = hashlib.sha256(host.plan.weights).hexdigest()  # once: it keys the weights' object too
+        content.update(weights_digest.encode())
         build_id = content.hexdigest()[:16]
         metadata = self.metadata(mod, host, artifacts, build_id, report)
         program = self.program_table(host, artifacts)
         units += self.host_units(host, artifacts, build_id, program)
-        embedded_units, sidecar = self.embedded_units(host.plan.weights, metadata, build_id, program)
+        embedded_units, sidecar = self.embedded_units(host.plan.weights, metadata, build_id, program, weights_digest)
         units += embedded_units
         output, compiled = self.compile_and_link(units, link_libraries)
         library = Library(path=output, workdir=self.workdir, metadata=json.loads(metadata), report=report,
@@ -497,7 +498,8 @@ class _Builder:
             [CompileUnit(source=source, language="cxx", flags=runtime_flags, output=f"{source.stem}.o")
              for source in model_runtime_sources(self.cuda)]
 
-    def embedded_units(self, weights: bytes, metadata: str, build_id: str, program: bytes) -> tuple:
+    def embedded_units(self, weights: bytes, metadata: str, build_id: str, program: bytes,
+                       weights_digest: str = "") -> tuple:
         """The weights (embedded, or a .safetensors sidecar), the metadata JSON and the program table, each
         embedded by an assembler file with .incbin: a C array of them would compile for
         seconds (BERT-base's weights, its partition report and execution graph). Returns
@@ -521,7 +523,8 @@ class _Builder:
             # (and its cache key) does not depend on where the build happens.
             assembly.write_text(render_blob_assembly(path.name, symbol, what))
             units.append(CompileUnit(source=assembly, language="asm", flags=[f"-Wa,-I,{self.workdir}"],
-                                     output=f"{path.stem}.o", dependencies=[path]))
+                                     output=f"{path.stem}.o", dependencies=[path],
+                                     dependencies_digest=weights_digest if data is weights else ""))
         return units, sidecar
 
     def compile_and_link(self, units: list, link_libraries: list) -> tuple:

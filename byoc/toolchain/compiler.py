@@ -39,6 +39,9 @@ class CompileUnit:
     flags: list
     output: str  # object file name, relative to <workdir>/obj
     dependencies: list = field(default_factory=list)  # files whose bytes also key the cache
+    # the sha256 of the dependencies' bytes where the builder has it already (the weights,
+    # hashed once for the build id): the cache key takes it instead of reading them again
+    dependencies_digest: str = ""
 
     def __post_init__(self):
         if self.language not in LANGUAGES:
@@ -243,8 +246,13 @@ def _cache_key(unit: CompileUnit, command: list, workdir: Path) -> str:
     search_dirs = cache.include_dirs(command)
     # Headers included with <...> from pip packages (CUTLASS, cuBLASLt) are not hashed:
     # the packages' versions stand for them.
+    extra_key = cache.package_versions(search_dirs)
+    if unit.dependencies_digest:
+        return cache.object_key(unit.source, keyed_command, version, (),
+                                extra_key=f"{extra_key}\ndependencies {unit.dependencies_digest}",
+                                search_dirs=search_dirs)
     return cache.object_key(unit.source, keyed_command, version, unit.dependencies,
-                            extra_key=cache.package_versions(search_dirs), search_dirs=search_dirs)
+                            extra_key=extra_key, search_dirs=search_dirs)
 
 
 _ERROR_LINE = re.compile(r"\berror\b|undefined reference|cannot find|multiple definition|FAILED:|"
