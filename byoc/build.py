@@ -449,7 +449,7 @@ class _Builder:
         plan = plan_host(mod, workspace, output_names=output_names, static_io=graph_io == "copy",
                          device=str(self.virtual_device("device")), view_symbols=view_symbols,
                          graph_regions=regions, value_devices=value_devices,
-                         function_devices=self.devices if value_devices is not None else None)
+                         function_devices=self.declared_devices if value_devices is not None else None)
         return _HostSetup(plan, cuda_graph, graph_io, value_devices is not None, view_symbols)
 
     def metadata(self, mod, host: "_HostSetup", artifacts, build_id: str, report) -> str:

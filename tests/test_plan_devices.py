@@ -731,3 +731,16 @@ def test_lowered_functions_declare_where_each_parameter_is(tmp_path):
         assert copies[argument].attrs["dst"] == "cpu/host-pinned" and copies[argument].attrs["src"] == "cuda"
     assert all(copy.attrs["dst"] == "cpu/host-pinned" for copy in copies.values())  # results stay on the GPU
     assert builder.devices[calls[0].value.op.name] == CUDA  # it runs where it writes its result
+
+
+def test_copy_mode_graphs_leave_host_inputs_where_the_caller_has_them(tmp_path):
+    """With graphs copying the caller's tensors, only inputs on the device are staged into
+    the arena: a host input is read by its copy to the GPU and by cpu functions, which run
+    between graphs, so a cpu function that reads it gets the caller's host pointer."""
+    devices = {"pin": [{"op": "matmul", "device": "cpu"}], "inputs": "host", "outputs": "host"}
+    builder, mod, output_names, artifacts = lowered_for_cuda(tmp_path, devices, model="mlp", cuda_graph=True)
+    host = builder.plan_host(mod, artifacts, output_names)
+    assert host.graph_io == "copy" and host.plan.input_copies == []
+    readers = [call for call in host.plan.calls if "in[0]" in call["args"]]
+    assert readers and all(call["on_host"] for call in readers)
+    assert readers[0]["sync_before"]  # the previous run's GPU work may still use the host arenas

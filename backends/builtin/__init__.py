@@ -35,7 +35,6 @@ _DEFINITION = re.compile(r'^(?:extern "C" )?[A-Za-z_][\w:<>,*& ]*?\b([A-Za-z_]\w
 _SHIM_CALL = re.compile(r"\b(byoc_shim_\w+)\s*\(")
 
 
-@functools.lru_cache(maxsize=None)
 def _with_entry_headers(source: Path) -> str:
     """A shim file's text with the entry-point headers it includes (conv2d_entry.h: an
     entry point written once for both shims, defined where it is included)."""
@@ -45,6 +44,7 @@ def _with_entry_headers(source: Path) -> str:
     return text
 
 
+@functools.lru_cache(maxsize=None)
 def _shim_families(folder: Path) -> tuple:
     """The shim's source files of one device (one op family each: layout, norm, ...) as
     ({file: names it defines}, {file: files it calls into}); common.* is in every build."""

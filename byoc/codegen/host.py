@@ -93,10 +93,8 @@ def blob_checksum(data: bytes) -> int:
     total = np.uint64(0)
     chunk_words = 1 << 22
     whole = len(data) // 8 * 8
-    words = np.frombuffer(memoryview(data)[:whole], dtype="<u8")
     tail = bytes(data[whole:])
-    if tail:
-        words = np.concatenate([words, np.frombuffer(tail + b"\0" * (8 - len(tail)), dtype="<u8")])
+    words = np.frombuffer(memoryview(data)[:whole], dtype="<u8")
     offsets = np.arange(min(chunk_words, len(words)), dtype=np.uint64)
     mixed = np.empty_like(offsets)
     scratch = np.empty_like(offsets)
@@ -109,6 +107,9 @@ def blob_checksum(data: bytes) -> int:
             np.bitwise_xor(position, chunk, out=position)
             _splitmix_finalize_inplace(position, scratch[:count])
             total = total + position.sum(dtype=np.uint64)
+        if tail:  # the last word, zero-padded, at its position
+            last = np.frombuffer(tail + b"\0" * (8 - len(tail)), dtype="<u8")
+            total = total + _splitmix_finalize(last ^ (np.uint64(len(words)) * _CHECKSUM_GOLDEN))[0]
         return int(_splitmix_finalize(np.uint64(total) ^ (np.uint64(len(data)) * _CHECKSUM_GOLDEN)))
 
 
@@ -184,10 +185,11 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
     to write no output in place: outputs are copied out of the arena last).
 
     `value_devices` (Var -> VirtualDevice, from plan_devices.device_of_values) and
-    `function_devices` (symbol -> VirtualDevice), for a cuda build with data on the host:
-    device_copy bindings run as copies, cpu functions get the host weights and a host
-    workspace, and the stream is synchronized before a cpu function reads what the GPU
-    wrote.
+    `function_devices` (symbol -> FunctionDevices, or the one VirtualDevice of a
+    function), for a cuda build with data on the host: device_copy bindings run as copies,
+    cpu functions get a host workspace, every function gets its constants from the
+    weights in the memory it reads that parameter from, and the stream is synchronized
+    before a cpu function reads what the GPU (this run's or the previous run's) wrote.
 
     `view_symbols`: extern functions whose result only reinterprets their first argument
     (reshapes): no call is made, the result is the argument's storage.
@@ -209,7 +211,8 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
             placer.view(binding)
         else:
             calls.append(placer.call(position, binding, mod, value_devices, function_devices))
-    input_copies = placer.stage_inputs(calls) if static_io else []
+    on_host = [value_devices[p].is_host for p in main.params] if value_devices is not None else []
+    input_copies = placer.stage_inputs(calls, on_host) if static_io else []
     regions = _call_regions(calls, graph_regions) if graph_regions else []
     host_symbols = placer.host_symbols
     plan = HostPlan(inputs=inputs, outputs=[(name, result.type) for name, result in zip(names, results)],
@@ -265,7 +268,9 @@ class _Placer:
         self.own_offsets: dict = {}
         self.symbols: list = []
         self.host_symbols: set = set()
-        self.pending_device_work = False  # GPU work queued on the stream since the last synchronization
+        # GPU work queued on the stream since the last synchronization: at the start of a run,
+        # the previous run's (its copies may still read or write the host arenas)
+        self.pending_device_work = True
         self.views = {b.var for b in main.bindings if is_view_call(b.value, view_symbols)}
         self.direct_output = {b.var: storage_of(b.value)[1] for b in main.bindings
                               if (storage_of(b.value) or (None,))[0] == OUTPUT}
@@ -340,12 +345,18 @@ class _Placer:
             raise BuildError(f"main calls @{value.op.name}, which is not an extern function")
         if not isinstance(var.type, TensorType):
             raise BuildError(f"@{value.op.name} returns {var.type}; extern functions return one tensor")
-        runs_on_host = (function_devices is not None and value_devices is not None
-                        and function_devices[value.op.name].device_type == "cpu")
+        declared = function_devices.get(value.op.name) if function_devices is not None else None
+        # FunctionDevices (where each parameter is) or the one VirtualDevice of the function
+        runs_on = getattr(declared, "result", declared)
+        runs_on_host = value_devices is not None and runs_on is not None and runs_on.device_type == "cpu"
+        param_devices = list(getattr(declared, "params", ()))
         args, constants = [], []
-        for arg in value.args:
+        for position_in_call, arg in enumerate(value.args):
             if isinstance(arg, Constant):
-                args.append(self.place_constant(arg, runs_on_host).expression)
+                # the weights in the memory the function reads this parameter from
+                read_from = param_devices[position_in_call] if position_in_call < len(param_devices) else runs_on
+                host = value_devices is not None and read_from is not None and read_from.is_host
+                args.append(self.place_constant(arg, host).expression)
                 constants.append((args[-1], nbytes(arg.type)))
             elif isinstance(arg, Var) and arg in self.placements:
                 args.append(self.placements[arg].expression)
@@ -370,11 +381,15 @@ class _Placer:
                 self.pending_device_work = True
         return call
 
-    def stage_inputs(self, calls: list) -> list:
-        """(static_io) staging slots for the inputs, after everything PlanMemory placed;
-        the calls read the slots instead of the caller's buffers."""
+    def stage_inputs(self, calls: list, on_host: list) -> list:
+        """(static_io) staging slots for the inputs on the device, after everything
+        PlanMemory placed; the calls read the slots instead of the caller's buffers. An
+        input in host memory (`on_host`) is read by the copies to the device and by cpu
+        functions, which run between graphs: it stays where the caller has it."""
         copies = []
         for index, param in enumerate(self.main.params):
+            if index < len(on_host) and on_host[index]:
+                continue
             offset = align(self.arena_size)
             self.arena_size = offset + nbytes(param.type)
             copies.append({"input": index, "destination": f"A + {offset}", "bytes": nbytes(param.type)})

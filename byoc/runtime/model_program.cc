@@ -14,6 +14,7 @@
 //   labels   NUL-terminated strings; a call's label is the offset of its own
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -63,11 +64,25 @@ Program program_storage = {};
 std::once_flag decode_once;
 std::string decode_error;  // empty: the table decoded
 
-// A Ref from its record, or false when it names no memory (or a caller tensor that does not exist).
+// The bytes of one of the model's memories (0 for one it does not have).
+uint64_t memory_bytes(uint32_t space) {
+  switch (space) {
+    case kArena: return spec.arena_bytes;
+    case kWeights: return spec.weights_bytes;
+    case kHostArena: return spec.devices ? spec.host_arena_bytes : 0;
+    case kPinnedArena: return spec.devices ? spec.pinned_arena_bytes : 0;
+    case kHostWeights: return spec.devices ? spec.weights_bytes : 0;
+    default: return 0;
+  }
+}
+
+// A Ref from its record, or false when it names no memory the model has, an offset past
+// the end of it, or a caller tensor that does not exist.
 bool ref_of(uint32_t space, uint64_t offset, Ref* ref) {
   if (space > kHostWeights) return false;
   if (space == kInput && offset >= static_cast<uint64_t>(spec.num_inputs)) return false;
   if (space == kOutput && offset >= static_cast<uint64_t>(spec.num_outputs)) return false;
+  if (space != kInput && space != kOutput && offset > memory_bytes(space)) return false;
   *ref = Ref{static_cast<Space>(space), offset};
   return true;
 }
@@ -103,17 +118,21 @@ std::string decode(const unsigned char* p, uint64_t bytes) {
     if (!ref_of(r.space, r.offset, &ref)) return "an operand names no memory";
   }
   d->labels.assign(reinterpret_cast<const char*>(p + bytes - h.labels_bytes), h.labels_bytes);
+  if (h.max_args > h.num_refs) return "its operand count is out of range";
+  uint32_t most_args = 0;
   d->calls.resize(h.num_calls);
   for (Call& call : d->calls) {
     CallRecord c;
     std::memcpy(&c, at, sizeof(c));
     at += sizeof(c);
     if (const char* problem = call_problem(c, h)) return std::string("a call: ") + problem;
+    if (c.num_args > most_args) most_args = c.num_args;
     call = Call{c.function >= 0 ? spec.functions[c.function] : nullptr,
                 c.state >= 0 ? spec.states[c.state].call : nullptr, c.state, (c.flags & 1u) != 0,
                 (c.flags & 2u) != 0, (c.flags & 4u) != 0, c.first_arg, c.num_args, c.result, c.bytes,
                 d->labels.c_str() + c.label};
   }
+  if (most_args != h.max_args) return "its operand count does not match its calls";
   uint64_t covered = 0;
   d->regions.resize(h.num_regions);
   for (Region& region : d->regions) {
@@ -125,14 +144,16 @@ std::string decode(const unsigned char* p, uint64_t bytes) {
     region = Region{r.first_call, r.num_calls, r.capture != 0};
   }
   if (h.num_regions && covered != h.num_calls) return "the regions do not cover every call";
+  if (spec.cuda_graph && h.num_calls && !h.num_regions) return "a CUDA graph model without regions";
   for (uint32_t i = 0; i < h.num_input_copies + h.num_output_copies; ++i) {
     CopyRecord c;
     std::memcpy(&c, at, sizeof(c));
     at += sizeof(c);
     const bool input = i < h.num_input_copies;
     Copy copy{c.tensor, Ref{}, c.bytes};
-    if (c.tensor < 0 || c.tensor >= (input ? spec.num_inputs : spec.num_outputs) || !ref_of(c.space, c.offset, &copy.ref)) {
-      return "a caller copy names no tensor or memory";
+    if (c.tensor < 0 || c.tensor >= (input ? spec.num_inputs : spec.num_outputs) || !ref_of(c.space, c.offset, &copy.ref) ||
+        c.bytes != (input ? spec.inputs : spec.outputs)[c.tensor].bytes) {
+      return "a caller copy names no tensor or memory, or not its size";
     }
     (input ? d->input_copies : d->output_copies).push_back(copy);
   }
@@ -152,7 +173,11 @@ int load_program() {
     if (byoc_blob_checksum(spec.program, spec.program_bytes) != spec.program_checksum) {
       decode_error = "it does not match its checksum";
     } else {
-      decode_error = decode(spec.program, spec.program_bytes);
+      try {
+        decode_error = decode(spec.program, spec.program_bytes);
+      } catch (const std::bad_alloc&) {
+        decode_error = "out of host memory decoding it";
+      }
     }
   });
   if (decode_error.empty()) return 0;

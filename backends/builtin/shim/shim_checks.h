@@ -13,10 +13,18 @@
 #include <cstdint>
 #include <cstdio>
 #include <initializer_list>
+#include <type_traits>
 
 #include "byoc_shim.h"
 
 namespace byoc_shim_checks {
+
+// The integer storage types the shims compute with: int64, int32, int16, int8, uint8 (bool
+// moves only; other integers are no byoc dtype).
+template <class T>
+constexpr bool kIntegerStorage = std::is_same<T, int64_t>::value || std::is_same<T, int32_t>::value ||
+                                 std::is_same<T, int16_t>::value || std::is_same<T, int8_t>::value ||
+                                 std::is_same<T, uint8_t>::value;
 
 // Return codes (the ABI only promises "nonzero"; distinct codes help when debugging).
 constexpr int kInvalidArgument = 1;

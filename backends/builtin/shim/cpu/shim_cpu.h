@@ -109,7 +109,7 @@ struct IntTraits {
 
 // int64, int32, int16, int8 and uint8 (bool is not a number here: below)
 template <class Int>
-struct DtypeTraits<Int, std::enable_if_t<std::is_integral_v<Int> && !std::is_same_v<Int, bool>>> : IntTraits<Int> {};
+struct DtypeTraits<Int, std::enable_if_t<byoc_shim_checks::kIntegerStorage<Int>>> : IntTraits<Int> {};
 
 // bool (one byte, 0 or 1) only moves and pads; a value is true when nonzero.
 template <>

@@ -174,7 +174,7 @@ struct IntTraits {
 };
 // int64, int32, int16, int8 and uint8 (the IntRange types; bool is not a number here: below)
 template <class Int>
-struct Traits<Int, std::enable_if_t<std::is_integral_v<Int> && !std::is_same_v<Int, bool>>> : IntTraits<Int> {};
+struct Traits<Int, std::enable_if_t<byoc_shim_checks::kIntegerStorage<Int>>> : IntTraits<Int> {};
 
 // A storage value straight into an accumulator (integers sign-extend to 64 bits before
 // becoming unsigned, so the wrap-around arithmetic stays exact).
