@@ -273,10 +273,21 @@ class _Builder:
                 if pinned and self.cuda:
                     devices[symbol] = FunctionDevices.on(VirtualDevice.parse(pinned), num_params)
                 elif symbol in artifact.devices and self.cuda:
-                    devices[symbol] = artifact.devices[symbol]
+                    devices[symbol] = self.declared_by_lowering(artifact, symbol, num_params)
                 else:
                     devices[symbol] = FunctionDevices.on(backend_device, num_params)
         return devices
+
+    @staticmethod
+    def declared_by_lowering(artifact, symbol: str, num_params: int):
+        """An artifact's FunctionDevices for `symbol`, checked: one device per parameter."""
+        from .transform.plan_devices import FunctionDevices
+        declared = artifact.devices[symbol]
+        if not isinstance(declared, FunctionDevices) or len(declared.params) != num_params:
+            raise BuildError(f"backend {artifact.backend!r} declares the devices of @{symbol} as {declared!r}; "
+                             f"expected a FunctionDevices with one device for each of its {num_params} "
+                             f"parameter(s)")
+        return declared
 
     def has_host_data(self, mod) -> bool:
         """Whether a cuda build keeps any data off the GPU (then the host code needs the
@@ -362,7 +373,7 @@ class _Builder:
         runs between two regions. The rewritten module is written to the work directory
         (cuda_graph.ir), and why each other call is not captured to cuda_graph.txt."""
         from .backend import get_backend
-        from .transform.rewrite_cuda_graph import graph_regions, region_breaks, rewrite_cuda_graph
+        from .transform.rewrite_cuda_graph import rewrite_cuda_graph, scan_regions
         backend_of = {symbol: artifact.backend for artifact in artifacts for symbol in artifact.symbols}
         devices = getattr(self, "devices", {})
 
@@ -372,12 +383,12 @@ class _Builder:
             backend = backend_of[symbol]
             return True if get_backend(backend).capturable else f"backend {backend!r} declares its functions not capturable"
 
-        regions = graph_regions(mod, capturable)
+        regions, breaks = scan_regions(mod, capturable)
         (self.workdir / "cuda_graph.ir").write_text(rewrite_cuda_graph(mod, regions=regions).script(
             elide_data_over=DUMP_DATA_BYTES))
         lines = [f"{len(regions)} CUDA graph region(s): " + ", ".join(f"{len(r)} calls" for r in regions),
                  "Calls run between regions (not captured), and why:"]
-        lines += [f"  binding {index}: {reason}" for index, reason in region_breaks(mod, capturable)]
+        lines += [f"  binding {index}: {reason}" for index, reason in breaks]
         (self.workdir / "cuda_graph.txt").write_text("\n".join(lines) + "\n")
         return regions
 

@@ -744,3 +744,26 @@ def test_copy_mode_graphs_leave_host_inputs_where_the_caller_has_them(tmp_path):
     readers = [call for call in host.plan.calls if "in[0]" in call["args"]]
     assert readers and all(call["on_host"] for call in readers)
     assert readers[0]["sync_before"]  # the previous run's GPU work may still use the host arenas
+
+
+def test_a_lowered_function_declaring_the_wrong_number_of_parameter_devices_is_a_build_error(tmp_path):
+    from byoc import target as target_module
+    from byoc.backend import Artifact, PatternEntry, registered
+    from byoc.ir.virtual_device import CUDA, HOST_PINNED
+    from byoc.pattern import is_op, wildcard
+    from byoc.transform.plan_devices import FunctionDevices
+
+    def codegen(functions, target):  # softmax has one parameter; two devices are declared
+        return [Artifact(backend="scoped", kind="shim", symbols=list(functions),
+                         devices={symbol: FunctionDevices((HOST_PINNED, CUDA), CUDA) for symbol in functions})]
+    target_module.register_target_kind("scoped", {})
+    try:
+        with registered(name="scoped", flavor="shim", patterns=[PatternEntry("softmax", is_op("softmax")(wildcard()))],
+                        codegen=codegen):
+            with pytest.raises(byoc.BuildError, match=r"backend 'scoped' declares the devices of @\w+ as "
+                                                      r"FunctionDevices\(.*\); expected a FunctionDevices with one "
+                                                      r"device for each of its 1 parameter\(s\)"):
+                lowered_for_cuda(tmp_path, {"pin": [], "inputs": "device", "outputs": "device"},
+                                 backends=["scoped", "builtin"])
+    finally:
+        del target_module.TARGET_KINDS["scoped"]

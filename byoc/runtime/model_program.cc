@@ -59,6 +59,16 @@ struct Decoded {
   std::string labels;
 };
 
+// The next record of type T at `*at`, which moves past it (records are read by copy: the
+// table's bytes need not be aligned for T).
+template <class T>
+T take(const unsigned char** at) {
+  T record;
+  std::memcpy(&record, *at, sizeof(record));
+  *at += sizeof(record);
+  return record;
+}
+
 Decoded decoded;  // a static object: freed when the library is unloaded
 Program program_storage = {};
 std::once_flag decode_once;
@@ -112,9 +122,7 @@ std::string decode(const unsigned char* p, uint64_t bytes) {
   const unsigned char* at = p + sizeof(h);
   d->refs.resize(h.num_refs);
   for (Ref& ref : d->refs) {
-    RefRecord r;
-    std::memcpy(&r, at, sizeof(r));
-    at += sizeof(r);
+    const RefRecord r = take<RefRecord>(&at);
     if (!ref_of(r.space, r.offset, &ref)) return "an operand names no memory";
   }
   d->labels.assign(reinterpret_cast<const char*>(p + bytes - h.labels_bytes), h.labels_bytes);
@@ -122,9 +130,7 @@ std::string decode(const unsigned char* p, uint64_t bytes) {
   uint32_t most_args = 0;
   d->calls.resize(h.num_calls);
   for (Call& call : d->calls) {
-    CallRecord c;
-    std::memcpy(&c, at, sizeof(c));
-    at += sizeof(c);
+    const CallRecord c = take<CallRecord>(&at);
     if (const char* problem = call_problem(c, h)) return std::string("a call: ") + problem;
     if (c.num_args > most_args) most_args = c.num_args;
     call = Call{c.function >= 0 ? spec.functions[c.function] : nullptr,
@@ -136,9 +142,7 @@ std::string decode(const unsigned char* p, uint64_t bytes) {
   uint64_t covered = 0;
   d->regions.resize(h.num_regions);
   for (Region& region : d->regions) {
-    RegionRecord r;
-    std::memcpy(&r, at, sizeof(r));
-    at += sizeof(r);
+    const RegionRecord r = take<RegionRecord>(&at);
     if (r.first_call != covered || r.num_calls == 0) return "the regions do not cover the calls in order";
     covered += r.num_calls;
     region = Region{r.first_call, r.num_calls, r.capture != 0};
@@ -146,9 +150,7 @@ std::string decode(const unsigned char* p, uint64_t bytes) {
   if (h.num_regions && covered != h.num_calls) return "the regions do not cover every call";
   if (spec.cuda_graph && h.num_calls && !h.num_regions) return "a CUDA graph model without regions";
   for (uint32_t i = 0; i < h.num_input_copies + h.num_output_copies; ++i) {
-    CopyRecord c;
-    std::memcpy(&c, at, sizeof(c));
-    at += sizeof(c);
+    const CopyRecord c = take<CopyRecord>(&at);
     const bool input = i < h.num_input_copies;
     Copy copy{c.tensor, Ref{}, c.bytes};
     if (c.tensor < 0 || c.tensor >= (input ? spec.num_inputs : spec.num_outputs) || !ref_of(c.space, c.offset, &copy.ref) ||

@@ -95,17 +95,17 @@ def rewrite_cuda_graph(mod: IRModule, capturable=lambda symbol: True, prefix: st
 
 def graph_regions(mod: IRModule, capturable=lambda symbol: True) -> list[list[int]]:
     """The regions RewriteCUDAGraph lifts, as lists of binding indices of main (see
-    region_breaks for why each other call runs between regions)."""
-    return _scan(mod, capturable)[0]
+    scan_regions for why each other call runs between regions)."""
+    return scan_regions(mod, capturable)[0]
 
 
 def region_breaks(mod: IRModule, capturable=lambda symbol: True) -> list[tuple[int, str]]:
     """(binding index, why) for every call of main that no region captures."""
-    return _scan(mod, capturable)[1]
+    return scan_regions(mod, capturable)[1]
 
 
-def _scan(mod: IRModule, capturable) -> tuple[list, list]:
-    """Maximal runs of capturable calls: calls of extern functions that `capturable`
+def scan_regions(mod: IRModule, capturable=lambda symbol: True) -> tuple[list, list]:
+    """(graph_regions, region_breaks) in one pass over main. Maximal runs of capturable calls: calls of extern functions that `capturable`
     accepts (it returns True, or False or a reason to refuse) whose result PlanMemory put
     in device memory or the caller's output. Any other call (a device_copy, a function
     that runs on the host, one whose result is in host memory or has no static storage)
