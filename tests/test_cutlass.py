@@ -46,8 +46,9 @@ def test_kernel_families_compile(sm, tmp_path):
     """One kernel of each family (dense with a fused epilogue, batched NT attention matmul,
     NHWC conv2d fprop: sm_90 the 3.x TMA im2col kernel with ResNet's bias + residual + relu
     epilogue, sm_80 the 2.x kernel with a stride-0 bias + relu) renders and compiles with nvcc."""
-    from byoc.backends.cutlass.codegen import cutlass_flags
-    from byoc.backends.cutlass.kernels import ConvProblem, GemmProblem, default_kernel, kernel_flags, kernel_template
+    from byoc.backends.cutlass.codegen import ENTRIES_FLAGS, cutlass_flags, kernel_compile_units
+    from byoc.backends.cutlass.kernels import (ConvProblem, GemmProblem, default_kernel, kernel_flags, kernel_unit,
+                                               partition_call)
     from byoc.codegen.templates import render_template
     from byoc.target import Target
     from byoc.toolchain import CompileUnit, compile_units
@@ -83,20 +84,22 @@ def test_kernel_families_compile(sm, tmp_path):
                                 True, False))
     kernels.append(default_kernel(sm, problems[-1]))
     assert kernels[-1].fixed_channels and "_fixed4_" in kernels[-1].name(problems[-1])
-    units = []
+    kernel_units, calls = {}, []
     for index, (problem, kernel) in enumerate(zip(problems, kernels)):
         assert kernel.supports(problem) is None
-        source = tmp_path / f"k{index}.cu"
         indices = {"a": 0, "b": 1}
         for operand, present in (("bias", problem.has_bias), ("residual", problem.has_residual)):
             if present:
                 indices[operand] = len(indices)
-        source.write_text(render_template(kernel_template(kernel),
-                                          kernel.template_data(problem, f"kernel_{index}", indices)))
-        assert kernel.name(problem) in source.read_text()
-        if getattr(problem, "alpha", 1.0) != 1.0:  # attention's scale, in the epilogue
-            assert "0.125f" in source.read_text()
-        units.append(CompileUnit(source, "cuda", kernel_flags(kernel, cutlass_flags(target, sm)), f"k{index}.o"))
+        unit = kernel_unit(kernel, problem, kernel_flags(kernel, cutlass_flags(target, sm)))
+        assert unit.entry.startswith(f"byoc_{kernel.name(problem)}_") and f"int {unit.entry}(" in unit.source
+        kernel_units[unit.entry] = unit
+        calls.append(partition_call(f"kernel_{index}", unit, kernel, problem, indices))
+    entries = render_template("cutlass/entries.cc.j2", {"kernels": sorted(kernel_units), "calls": calls})
+    assert "0.125f" in entries  # attention's scale, in the epilogue (alpha)
+    (tmp_path / "cutlass_entries.cc").write_text(entries)
+    units = kernel_compile_units(kernel_units.values(), tmp_path)
+    units.append(CompileUnit(tmp_path / "cutlass_entries.cc", "cxx", ENTRIES_FLAGS, "cutlass_entries.o"))
     objects = compile_units(units, tmp_path)
     assert all(Path(o).stat().st_size > 0 for o in objects)
 
@@ -146,7 +149,7 @@ def test_mainloop_stages_name_render_and_round_trip():
     assert "mainloop_stages" not in automatic.to_json()  # databases written before the field read the same
 
     def text(kernel, problem):
-        return render_template(kernel_template(kernel), kernel.template_data(problem, "k", {"a": 0, "b": 1, "residual": 2}))
+        return render_template(kernel_template(kernel), {**kernel.type_data(problem), "entry": "k"})
     assert "StageCount<4>" in text(fixed, problem) and "StageCountAutoCarveout" not in text(fixed, problem)
     assert "StageCountAutoCarveout" in text(automatic, problem)
     # no source C unless there is a residual to add
@@ -154,6 +157,35 @@ def test_mainloop_stages_name_render_and_round_trip():
     residual = GemmProblem(1024, 768, 768, 1, "float16", False, None, False, True)
     assert "using ElementC = Element;" in text(GemmKernel(90, (128, 64, 64)), residual)
     assert "sm90 kernels" in GemmKernel(80, (128, 128, 32), mainloop_stages=4).supports(problem)
+
+
+def test_tuning_times_the_cost_models_first_candidates_and_they_hold_the_measured_winners():
+    """tuning_candidates (5 by default): the heuristic's kernel and the cost model's first
+    four of the rest. On every GEMM problem of the shipped database whose candidates were
+    (nearly) all timed on an H100, those five hold a kernel within 3% of the winner."""
+    import json
+    from byoc.backends.cutlass import tuning
+    from byoc.backends.cutlass.kernels import CandidateFilter, GemmProblem, heuristic_kernel, usable_candidates
+    from byoc.target import Target
+    assert CandidateFilter.from_target(Target("cutlass", sm=90).attrs).per_problem == 5
+    entries = json.loads(tuning.SHIPPED_DATABASE.read_text())["entries"]["sm90"]
+    checked = 0
+    for key, entry in entries.items():
+        if key.startswith("conv2d") or sum(us is not None for us in entry["measured"].values()) < 10:
+            continue
+        dtype, m, n, k, batch, layout, epilogue = key.split(":")
+        steps = epilogue.split("_")
+        problem = GemmProblem(int(m[1:]), int(n[1:]), int(k[1:]), int(batch[1:]), dtype, layout == "nt",
+                              next((a for a in ("gelu", "relu") if a in steps), None), "bias" in steps,
+                              "residual" in steps)
+        assert problem.key == key
+        kept = usable_candidates(90, problem, CandidateFilter(per_problem=5))
+        assert len(kept) == 5 and kept[0] == heuristic_kernel(90, problem)
+        timed = [entry["measured"].get(kernel.name(problem)) for kernel in kept]
+        assert min(us for us in timed if us is not None) <= 1.03 * entry["us"], (key, timed, entry["name"])
+        checked += 1
+    assert checked >= 8
+    assert len(usable_candidates(90, problem)) > 20  # without the limit: every candidate
 
 
 def test_target_narrows_candidates_and_split_k_is_for_tuning_only():
@@ -314,17 +346,32 @@ def test_tuning_database_file_of_the_wrong_kind_is_a_clear_build_error(content, 
 
 @needs_nvcc
 def test_profiler_renders_and_compiles(tmp_path):
-    """The tuner's profiler (timing, and the check of each candidate against the first)."""
+    """The tuner's profiler: every problem's candidates timed in one process, each checked
+    against the problem's first; its entry points call the kernels as a model's do."""
+    from byoc.backends.cutlass.kernels import INCLUDE_DIR, GemmKernel, GemmProblem, kernel_unit, partition_call
     from byoc.codegen.templates import render_template
     from byoc.toolchain import CompileUnit, compile_units
+    problems = [GemmProblem(64, 64, 64, 1, "float16", True), GemmProblem(128, 64, 64, 1, "float16", True, None, True)]
+    kernels = [GemmKernel(90, (64, 64, 64), (1, 1), "pingpong"), GemmKernel(90, (128, 64, 64), (1, 1), "coop")]
+    data, entries = [], set()
+    for index, problem in enumerate(problems):
+        calls = []
+        for number, kernel in enumerate(kernels):
+            unit = kernel_unit(kernel, problem, [])
+            entries.add(unit.entry)
+            indices = {"a": 0, "b": 1, **({"bias": 2} if problem.has_bias else {})}
+            calls.append({**partition_call(f"candidate_{index}_{number}", unit, kernel, problem, indices),
+                          "name": kernel.name(problem)})
+        data.append({"key": problem.key, "candidates": calls, "sizes": [4096, 4096, 64 if problem.has_bias else 0, 0],
+                     "out_size": problem.m * 64, "slots": [0, 1, 2] if problem.has_bias else [0, 1],
+                     "bfloat16": False, "workspace_bytes": 1 << 20, "fill_base": "0x3000u", "fill_mask": "0x03FFu"})
     source = tmp_path / "profiler.cu"
-    source.write_text(render_template("cutlass/profiler.cu.j2", {
-        "problem_key": "float16:m64:n64:k64:l1:nt:plain", "sizes": [4096, 4096, 0, 0], "out_size": 4096,
-        "candidates": [{"symbol": "candidate_0_0", "name": "first"}, {"symbol": "candidate_0_1", "name": "second"}],
-        "arg_slots": [0, 1], "iterations": 20, "bfloat16": False, "workspace_bytes": 1 << 20,
-        "fill_base": "0x3000u", "fill_mask": "0x03FFu"}))
-    assert "disagrees with the reference kernel" in source.read_text()
-    objects = compile_units([CompileUnit(source, "cuda", ["-arch=sm_90", "-O2"], "profiler.o")], tmp_path)
+    source.write_text(render_template("cutlass/profiler.cu.j2", {"kernels": sorted(entries), "problems": data,
+                                                                 "iterations": 20}))
+    text = source.read_text()
+    assert "disagrees with the reference kernel" in text and text.count("static int candidate_") == 4
+    objects = compile_units([CompileUnit(source, "cuda", ["-arch=sm_90", "-O2", f"-I{INCLUDE_DIR}"], "profiler.o")],
+                            tmp_path)
     assert objects[0].stat().st_size > 0
 
 
@@ -822,6 +869,41 @@ def test_whole_resnet_with_cutlass_convs_matches_onnxruntime_fixture(cuda_graph,
         assert np.max(np.abs(result - want)) <= 1e-2 * np.max(np.abs(want)), library.report.to_text()
 
 
+class _FakeKernel:
+    """A candidate kernel for the tuner's plumbing: its unit exports its entry and does
+    nothing (`valid`: or does not compile)."""
+
+    def __init__(self, label, valid=True):
+        self.label, self.valid = label, valid
+
+    def name(self, problem):
+        return f"{self.label}_kernel"
+
+    def type_data(self, problem):
+        return {"kernel_name": self.name(problem), "valid": self.valid}
+
+    @staticmethod
+    def call_sizes(problem):
+        return [problem.m, problem.n, problem.k, problem.batch]
+
+
+def _fake_kernel_templates(monkeypatch, candidates):
+    from byoc.backends.cutlass import kernels, tuning
+    from byoc.codegen import templates
+    real_render = templates.render_template
+
+    def render(name, data):
+        if name != "fake":
+            return real_render(name, data)
+        body = "return call->sizes[0] > 0 ? 0 : 1;" if data["valid"] else "this is not C++"
+        return (f'#include "byoc_cutlass_call.h"\n// {data["kernel_name"]}\n'
+                f'extern "C" int {data["entry"]}(const ByocCutlassCall* call) {{ {body} }}\n')
+
+    monkeypatch.setattr(tuning, "usable_candidates", lambda sm, problem, allowed=None: candidates)
+    monkeypatch.setattr(kernels, "kernel_template", lambda kernel: "fake")
+    monkeypatch.setattr(templates, "render_template", render)
+
+
 @needs_nvcc
 def test_tuning_leaves_out_candidates_that_do_not_compile(tmp_path, monkeypatch):
     """A candidate kernel that fails to compile is reported and left out of the profiler;
@@ -830,74 +912,46 @@ def test_tuning_leaves_out_candidates_that_do_not_compile(tmp_path, monkeypatch)
     import warnings
     from byoc.backends.cutlass import tuning
     from byoc.backends.cutlass.kernels import GemmProblem
-    from byoc.codegen.templates import render_template as real_render
-
-    class FakeKernel:
-        def __init__(self, name, valid):
-            self.label, self.valid = name, valid
-
-        def name(self, problem):
-            return self.label
-
-        def template_data(self, problem, symbol, indices):
-            return {"symbol": symbol, "valid": self.valid}
-
-    def render(name, data):
-        if name == "fake":
-            body = "return 0;" if data["valid"] else "this is not C++"
-            return f'#include <cstddef>\nextern "C" int {data["symbol"]}(void* const*, void* const*, void*, size_t, void*) {{ {body} }}\n'
-        return real_render(name, data)
-
-    good, bad = FakeKernel("good_kernel", True), FakeKernel("bad_kernel", False)
-    monkeypatch.setattr(tuning, "usable_candidates", lambda sm, problem, allowed=None: [good, bad])
-    monkeypatch.setattr(tuning, "kernel_template", lambda kernel: "fake")
-    monkeypatch.setattr(tuning, "render_template", render)
+    monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "cache"))
+    _fake_kernel_templates(monkeypatch, [_FakeKernel("good"), _FakeKernel("bad", valid=False)])
     problem = GemmProblem(64, 64, 64, 1, "float16", False, None, False, False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         results = tuning._profile([problem], 90, tmp_path, ["-arch=sm_90", "-O0"], jobs=2)
     assert any("did not compile" in str(w.message) and issubclass(w.category, byoc.ByocWarning) for w in caught)
-    profiler = (tmp_path / "profiler_0.cu").read_text()
+    profiler = (tmp_path / "profiler.cu").read_text()
     assert "good_kernel" in profiler and "bad_kernel" not in profiler
-    assert (tmp_path / "profiler_0").is_file()  # linked with the candidate that compiled
+    assert (tmp_path / "profiler").is_file()  # linked with the candidate that compiled
     assert problem in results
 
 
 @needs_nvcc
-def test_tuning_compiles_each_candidate_once_for_every_problem_it_serves(tmp_path, monkeypatch):
-    """Candidates whose renders differ only in the entry point (symbol, sizes) share one
-    compile unit: a candidate kernel type is compiled once and linked into the profiler of
-    every problem it serves."""
+def test_tuning_compiles_each_candidate_once_and_the_build_after_it_none(tmp_path, monkeypatch):
+    """A candidate kernel's compile unit does not depend on the problem: it is compiled once
+    for every problem it serves, linked into one profiler, and it is the very unit a build
+    of those problems links (the object cache hands it over: nothing compiles again)."""
     from byoc.backends.cutlass import tuning
-    from byoc.backends.cutlass.kernels import GemmProblem
-    from byoc.codegen.templates import render_template as real_render
-
-    class FakeKernel:
-        def __init__(self, name):
-            self.label = name
-
-        def name(self, problem):
-            return f"{self.label}_m{problem.m}"
-
-        def template_data(self, problem, symbol, indices):
-            return {"symbol": symbol, "m": problem.m, "label": self.label}
-
-    def render(name, data):
-        if name == "fake":
-            return (f'#include <cstddef>\n// {data["label"]} for M={data["m"]}\n'
-                    f'extern "C" int {data["symbol"]}(void* const*, void* const*, void*, size_t, void*) {{ return 0; }}\n')
-        return real_render(name, data)
-
-    monkeypatch.setattr(tuning, "usable_candidates", lambda sm, problem, allowed=None: [FakeKernel("a"), FakeKernel("b")])
-    monkeypatch.setattr(tuning, "kernel_template", lambda kernel: "fake")
-    monkeypatch.setattr(tuning, "render_template", render)
+    from byoc.backends.cutlass.codegen import kernel_compile_units
+    from byoc.backends.cutlass.kernels import GemmProblem, kernel_unit
+    from byoc.toolchain import compile_units
+    monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "cache"))
+    candidates = [_FakeKernel("a"), _FakeKernel("b")]
+    _fake_kernel_templates(monkeypatch, candidates)
     problems = [GemmProblem(m, 64, 64, 1, "float16", False, None, False, False) for m in (64, 128, 192)]
-    tuning._profile(problems, 90, tmp_path, ["-arch=sm_90", "-O0"], jobs=2)
-    units = sorted(p.name for p in tmp_path.glob("*__*.cu"))
-    assert units == ["a_m64__0.cu", "b_m64__0.cu"]
-    shared = (tmp_path / "a_m64__0.cu").read_text()
-    assert all(f"candidate_{index}_0" in shared for index in range(3)) and "3 entry points" in shared
-    assert all((tmp_path / f"profiler_{index}").is_file() for index in range(3))  # each linked the shared objects
+    tuning._profile(problems, 90, tmp_path / "tuning", ["-arch=sm_90", "-O0"], jobs=2)
+    units = sorted(p.name for p in (tmp_path / "tuning").glob("byoc_*.cu"))
+    assert len(units) == 2 and units[0].startswith("byoc_a_kernel_") and units[1].startswith("byoc_b_kernel_")
+    profiler = (tmp_path / "tuning" / "profiler.cu").read_text()
+    assert all(f"candidate_{index}_{number}" in profiler for index in range(3) for number in range(2))
+    assert "static const int64_t sizes[] = {192, 64, 64, 1};" in profiler
+    assert (tmp_path / "tuning" / "profiler").is_file()
+    # the build that follows: the kernel it picks for each problem is one the tuner compiled
+    build = {kernel_unit(candidates[1], problem, ["-arch=sm_90", "-O0"]) for problem in problems}
+    assert len(build) == 1
+    stats = {}
+    (tmp_path / "build").mkdir()
+    compile_units(kernel_compile_units(build, tmp_path / "build"), tmp_path / "build", stats=stats)
+    assert stats["units"] == 1 and stats["compiled"] == []
 
 
 def _lowered(model, workdir, **overrides):
@@ -948,33 +1002,45 @@ def test_the_attention_tile_is_a_target_choice(tmp_path):
         load_config("cuda_sm90", overrides={"backends": [{"cutlass": {"attention_tile": "16x16"}}]})
 
 
-def test_partitions_of_one_kernel_type_compile_as_one_unit(tmp_path):
+def test_partitions_of_one_kernel_compile_as_one_unit(tmp_path):
     """bert2: the QKV projection and the pooler are plain GEMMs of one tile, the attention
-    output and the FFN's second GEMM residual GEMMs of one tile; each pair is one unit, with
-    an entry point per partition, and its CUTLASS types once."""
+    output and the FFN's second GEMM residual GEMMs of one tile; each pair shares one kernel
+    unit (its CUTLASS types once, no sizes in it), and cutlass_entries.cc has an entry point
+    per partition that calls its kernel with the partition's sizes."""
     _, artifacts = _lowered(BERT2, tmp_path, dims={"batch": 1, "sequence": 128})
     (cutlass,) = [a for a in artifacts if a.backend == "cutlass"]
     units = {unit.source.name: unit.source.read_text() for unit in cutlass.compile_units}
-    shared = {name: text for name, text in units.items() if "entry points of one kernel type" in text}
-    assert len(shared) == 2 and len(units) == 4, sorted(units)
-    for text in shared.values():
-        symbols = re.findall(r'^extern "C" int (cutlass_\w+)\(', text, re.M)
-        assert len(symbols) == 2 and all(symbol in cutlass.symbols for symbol in symbols)
-    assert sum(len(re.findall(r'^extern "C" int cutlass_', t, re.M)) for t in units.values()) == len(cutlass.symbols)
+    kernels = {name: text for name, text in units.items() if name.startswith("byoc_cutlass_")}
+    entries = units["cutlass_entries.cc"]
+    calls = re.findall(r'^extern "C" int (cutlass_\w+)\(.*?return (byoc_cutlass_\w+)\(&call\);', entries, re.M | re.S)
+    attention = [name[:-3] for name in units if name.endswith(".cu") and name.startswith("cutlass_")]  # one each
+    assert sorted([symbol for symbol, _ in calls] + attention) == sorted(cutlass.symbols)
+    served = {kernel: sum(1 for _, k in calls if k == kernel) for kernel in {k for _, k in calls}}
+    assert len(kernels) == len(served) < len(calls) and sorted(served.values())[-2:] == [2, 2], served
+    for name, text in kernels.items():  # the kernel's function, and no partition's name or size
+        assert f'extern "C" int {name[:-3]}(const ByocCutlassCall* call)' in text
+        assert not any(symbol in text for symbol in cutlass.symbols) and "128" not in text.split("namespace")[0]
 
 
 @needs_nvcc
-def test_a_unit_of_two_entry_points_compiles_and_defines_both(tmp_path):
-    """One grouped unit of bert2 (two partitions of one GEMM type) compiles with nvcc, and
-    its object defines both partitions' symbols."""
+def test_a_kernel_serving_two_partitions_links_with_their_entry_points(tmp_path):
+    """bert2's kernel units and its cutlass_entries.cc compile (nvcc, the C++ compiler): the
+    entry points are defined and call the kernel functions the units define."""
     from byoc.toolchain import compile_units
     _, artifacts = _lowered(BERT2, tmp_path, dims={"batch": 1, "sequence": 128})
     (cutlass,) = [a for a in artifacts if a.backend == "cutlass"]
-    unit = next(u for u in cutlass.compile_units if "entry points of one kernel type" in u.source.read_text())
-    symbols = re.findall(r'^extern "C" int (cutlass_\w+)\(', unit.source.read_text(), re.M)
-    (obj,) = compile_units([unit], tmp_path)
-    defined = subprocess.run(["nm", "--defined-only", str(obj)], capture_output=True, text=True).stdout
-    assert len(symbols) == 2 and all(re.search(rf" T {symbol}$", defined, re.M) for symbol in symbols), defined[-2000:]
+    entries_unit = next(u for u in cutlass.compile_units if u.source.name == "cutlass_entries.cc")
+    text = entries_unit.source.read_text()
+    kernel = re.findall(r"return (byoc_cutlass_\w+)\(&call\);", text)
+    shared = max(set(kernel), key=kernel.count)
+    unit = next(u for u in cutlass.compile_units if u.source.name == f"{shared}.cu")
+    entries_object, kernel_object = compile_units([entries_unit, unit], tmp_path)
+
+    def defined(obj):
+        return subprocess.run(["nm", "--defined-only", str(obj)], capture_output=True, text=True).stdout
+    symbols = re.findall(r'^extern "C" int (cutlass_\w+)\(', text, re.M)
+    assert len(symbols) >= 4 and all(re.search(rf" T {symbol}$", defined(entries_object), re.M) for symbol in symbols)
+    assert re.search(rf" T {shared}$", defined(kernel_object), re.M) and kernel.count(shared) == 2
 
 
 def test_a_scale_after_a_batched_matmul_becomes_the_epilogue_alpha(tmp_path):
@@ -990,8 +1056,9 @@ def test_a_scale_after_a_batched_matmul_becomes_the_epilogue_alpha(tmp_path):
     mod, report = builder.partition(mod)
     assert report.to_json()["backends"]["cutlass"]["patterns"] == {"batched_matmul_nt_scaled": 1}, report.to_text()
     mod, _ = builder.codegen(mod)
-    sources = [p.read_text() for p in tmp_path.glob("cutlass_*.cu")]
-    assert len(sources) == 1 and "arguments.epilogue.thread.alpha = 0.125f;" in sources[0]
+    sources = [p.read_text() for p in tmp_path.glob("byoc_cutlass_*.cu")]
+    assert len(sources) == 1 and "arguments.epilogue.thread.alpha = call->alpha;" in sources[0]
+    assert "sizes, 0.125f, workspace" in (tmp_path / "cutlass_entries.cc").read_text()
 
 
 # ---------------------------------------------------------------- fused attention

@@ -72,6 +72,12 @@ register_target_kind("cutlass", {
                                  check=lambda tile: None if tile in ("",) + EXAMPLE_TILES + FLASH_TILES else
                                  "expected one of " + ", ".join(FLASH_TILES + EXAMPLE_TILES) +
                                  " (or empty: chosen by the problem's size)"),
+    # Five: on the H100 measurements in tuning_sm90.json the winner of every GEMM problem is
+    # among the heuristic's kernel and the cost model's first four; all 23 candidates of
+    # BERT's four GEMM problems took minutes to compile.
+    "tuning_candidates": AttrSchema(int, 5, None, "candidate GEMM kernels tuning compiles and times per problem: "
+                                    "the heuristic's and those a cost model ranks first (0: every candidate)",
+                                    check=at_least(0)),
     "compile_threads": AttrSchema(int, 0, None, "parallel nvcc jobs while tuning (0: one per CPU)",
                                     check=at_least(0)),
     # On by default since the GPU tests that build CUTLASS kernels (test_cutlass.py, every

@@ -27,11 +27,11 @@ from byoc.errors import BuildError
 from byoc.ir.expr import Call, Constant, Function, Var
 from byoc.ir.op import Op
 
-from .kernels import (PDL_FLAG, SM_COUNT, CandidateFilter, ConvProblem, GemmProblem, compile_unit_sources,
-                      kernel_flags, kernel_template, kernel_type_key, kernel_workspace_bytes)
+from .kernels import (INCLUDE_DIR, PDL_FLAG, SM_COUNT, CandidateFilter, ConvProblem, GemmProblem, kernel_flags,
+                      kernel_unit, kernel_workspace_bytes, partition_call)
 
-# byoc's own kernel headers (the flash attention kernel)
-INCLUDE_DIR = Path(__file__).parent / "include"
+# the partitions' entry points (cutlass_entries.cc): plain C++, no CUTLASS
+ENTRIES_FLAGS = ["-O2", "-fPIC", "-fvisibility=hidden", f"-I{INCLUDE_DIR}"]
 ACTIVATION_OPS = {"relu": "relu", "silu": "silu", "sigmoid": "sigmoid", "hard_swish": "hard_swish"}
 
 
@@ -248,25 +248,38 @@ def codegen(functions: dict, target) -> list:
                                 remeasure_on=remeasure_on, optional_save=optional_save)
     except ValueError as error:  # the target's tiles/clusters/stages leave no kernel for a problem
         raise BuildError(str(error)) from None
-    units, workspace, kernels, renders, unit_flags = [], {}, {}, [], {}
+    units, workspace, kernels, kernel_units, calls = [], {}, {}, {}, []
     for symbol, (problem, indices) in problems.items():
         kernel = chosen[problem]
-        data = kernel.template_data(problem, symbol, indices)
-        unit_flags[symbol] = kernel_flags(kernel, flags)
-        key = kernel_type_key(kernel_template(kernel), data, unit_flags[symbol])
-        renders.append((key, symbol, render_template(kernel_template(kernel), data)))
+        unit = kernel_unit(kernel, problem, kernel_flags(kernel, flags))
+        kernel_units.setdefault(unit.entry, unit)
+        calls.append(partition_call(symbol, unit, kernel, problem, indices))
         workspace[symbol] = kernel_workspace_bytes(kernel, problem)
-        kernels[symbol] = kernel.name(problem)
-    # partitions whose kernels share their CUTLASS types (ResNet's convs of one tile and
-    # epilogue at several sizes) compile as one unit, named after its first symbol
-    for symbol, text in compile_unit_sources(renders).items():
-        source = workdir / f"{symbol}.cu"
-        source.write_text(text)
-        units.append(CompileUnit(source, "cuda", unit_flags[symbol], f"{symbol}.o"))
+        kernels[symbol] = unit.name
+    # one compile unit per kernel (ResNet's convs of one tile and epilogue at several sizes,
+    # BERT's GEMMs of one kernel in every layer share it), named after its entry
+    units += kernel_compile_units(kernel_units.values(), workdir)
+    if calls:
+        source = workdir / "cutlass_entries.cc"
+        source.write_text(render_template("cutlass/entries.cc.j2", {"kernels": sorted(kernel_units), "calls": calls}))
+        units.append(CompileUnit(source, "cxx", ENTRIES_FLAGS, "cutlass_entries.o"))
     units += attention_units(attention, SM_COUNT.get(sm, SM_COUNT[90]), workdir, flags, kernels, workspace,
                              tile=target.attrs.get("attention_tile") or "")
     return [Artifact(backend="cutlass", kind="source", symbols=list(functions),
                      compile_units=units, workspace_bytes=workspace, kernels=kernels)]
+
+
+def kernel_compile_units(kernel_units, workdir: Path) -> list:
+    """The CompileUnits of `kernel_units` (kernels.KernelUnit), their sources written to
+    <workdir>/<entry>.cu: the same file name and text wherever they are compiled (a build,
+    the tuner), so the object cache serves one for the other."""
+    from byoc.toolchain import CompileUnit
+    compile_units = []
+    for unit in kernel_units:
+        source = workdir / f"{unit.entry}.cu"
+        source.write_text(unit.source)
+        compile_units.append(CompileUnit(source, "cuda", list(unit.flags), f"{unit.entry}.o"))
+    return compile_units
 
 
 def attention_units(attention: dict, sm_count: int, workdir: Path, flags: list, kernels: dict,
@@ -282,6 +295,7 @@ def attention_units(attention: dict, sm_count: int, workdir: Path, flags: list, 
         kernel = problem.kernel(sm_count, tile)
         source = workdir / f"{symbol}.cu"
         source.write_text(render_template(kernel.template, template_data(problem, kernel, symbol, index_of.__getitem__)))
+        # the flash kernel's header ships with byoc; only example 41 needs CUTLASS's examples
         # the flash kernel's header ships with byoc; only example 41 needs CUTLASS's examples
         include = INCLUDE_DIR if kernel.flash else cutlass_example_dir("41_fused_multi_head_attention")
         units.append(CompileUnit(source, "cuda", flags + [f"-I{include}"], f"{symbol}.o"))

@@ -3,8 +3,9 @@ strides, pads, dilations, epilogue), a kernel configuration whose name spells it
 candidates the tuner chooses among and the heuristic's choice. On sm_90 a pointwise conv
 (1x1, stride 1, unpadded) runs as the GEMM it is (ConvProblem.as_gemm).
 
-Templates (templates/cutlass/conv2d_sm90.cu.j2, conv2d_sm80.cu.j2) receive
-`template_data()`: plain values only.
+Templates (templates/cutlass/conv2d_sm90.cu.j2, conv2d_sm80.cu.j2) receive `type_data()`,
+plain values that depend on the kernel's types only; a partition's extents, strides, pads
+and dilations (`call_sizes()`) reach the kernel at run time.
 """
 from __future__ import annotations
 
@@ -115,18 +116,13 @@ class ConvKernel:
     def template(self) -> str:
         return "cutlass/conv2d_sm90.cu.j2" if self.sm >= 90 else "cutlass/conv2d_sm80.cu.j2"
 
-    def template_data(self, problem: ConvProblem, symbol: str, arg_indices: dict) -> dict:
+    def type_data(self, problem: ConvProblem) -> dict:
+        """What the template needs: the kernel's types for the problem's dtype and epilogue
+        (not its sizes, which the kernel takes at run time)."""
         data = {
-            "kernel_name": self.name(problem), "symbol": symbol, "element": ELEMENTS[problem.dtype][1],
+            "kernel_name": self.name(problem), "element": ELEMENTS[problem.dtype][1],
             "tile": list(self.tile), "activation": ACTIVATIONS[problem.activation],
             "has_bias": problem.has_bias, "has_residual": problem.has_residual,
-            "batch": problem.batch, "height": problem.height, "width": problem.width,
-            "in_channels": problem.in_channels, "out_channels": problem.out_channels,
-            "kernel_h": problem.kernel_h, "kernel_w": problem.kernel_w,
-            "out_h": problem.out_h, "out_w": problem.out_w,
-            "strides": list(problem.strides), "pads": list(problem.pads), "dilations": list(problem.dilations),
-            "a_index": arg_indices["a"], "b_index": arg_indices["b"],
-            "bias_index": arg_indices.get("bias", -1), "residual_index": arg_indices.get("residual", -1),
         }
         if self.sm == 90:
             data.update(cluster=list(self.cluster))
@@ -136,6 +132,14 @@ class ConvKernel:
                         # the fixed-channel iterators load one pixel (all its channels) at a time
                         input_alignment=problem.in_channels if self.fixed_channels else None)
         return data
+
+    @staticmethod
+    def call_sizes(problem: ConvProblem) -> list:
+        """ByocCutlassCall.sizes of the problem: n h w c k r s p q, strides (h, w), pads
+        (top, left, bottom, right), dilations (h, w)."""
+        return [problem.batch, problem.height, problem.width, problem.in_channels, problem.out_channels,
+                problem.kernel_h, problem.kernel_w, problem.out_h, problem.out_w,
+                *problem.strides, *problem.pads, *problem.dilations]
 
     def to_json(self) -> dict:
         data = {"kind": self.kind, "sm": self.sm, "tile": list(self.tile), "cluster": list(self.cluster),

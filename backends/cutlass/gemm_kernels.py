@@ -13,8 +13,9 @@ only tuning picks (a database entry that splits is used either way: it was measu
 GEMMs whose tiles leave most SMs idle, whole models got slower (bench/results/models.md,
 rows cuda_sm90:split), so the heuristic never splits.
 
-Templates (templates/cutlass/gemm_sm90.cu.j2, gemm_sm80.cu.j2) receive `template_data()`:
-plain values only.
+Templates (templates/cutlass/gemm_sm90.cu.j2, gemm_sm80.cu.j2) receive `type_data()`, plain
+values that depend on the kernel's types only; a partition's sizes (`call_sizes()`) reach
+the kernel at run time (backends/cutlass/include/byoc_cutlass_call.h).
 """
 from __future__ import annotations
 
@@ -165,17 +166,14 @@ class GemmKernel:
             tiles = max(tiles, 2 * SM_COUNT[90])
         return tiles * (self.tile[0] * self.tile[1] * 4 + 64) + (1 << 20)
 
-    def template_data(self, problem: GemmProblem, symbol: str, arg_indices: dict) -> dict:
+    def type_data(self, problem: GemmProblem) -> dict:
+        """What the template needs: the kernel's types for the problem's dtype, layout and
+        epilogue (not its sizes, which the kernel takes at run time)."""
         data = {
-            "kernel_name": self.name(problem), "symbol": symbol,
-            "element": ELEMENTS[problem.dtype][1],
+            "kernel_name": self.name(problem), "element": ELEMENTS[problem.dtype][1],
             "layout_b": "ColumnMajor" if problem.b_transposed else "RowMajor",
             "tile": list(self.tile), "activation": ACTIVATIONS[problem.activation],
             "has_bias": problem.has_bias, "has_residual": problem.has_residual,
-            "alpha": f"{float(problem.alpha)!r}f",  # repr: always a valid C++ float literal (1.0f, 1e-05f)
-            "m": problem.m, "n": problem.n, "k": problem.k, "batch": problem.batch,
-            "a_index": arg_indices["a"], "b_index": arg_indices["b"],
-            "bias_index": arg_indices.get("bias", -1), "residual_index": arg_indices.get("residual", -1),
         }
         if self.sm == 90:
             kernel_schedule, epilogue_schedule = SM90_SCHEDULES[self.schedule]
@@ -186,6 +184,11 @@ class GemmKernel:
         else:
             data.update(warp=list(self.warp), stages=self.stages)
         return data
+
+    @staticmethod
+    def call_sizes(problem: GemmProblem) -> list:
+        """ByocCutlassCall.sizes of the problem: m, n, k, batch."""
+        return [problem.m, problem.n, problem.k, problem.batch]
 
     def to_json(self) -> dict:
         data = {"sm": self.sm, "tile": list(self.tile), "cluster": list(self.cluster), "schedule": self.schedule,
@@ -303,13 +306,15 @@ class CandidateFilter:
     clusters: tuple = ()  # ((M, N), ...) cluster shapes (sm90)
     stages: tuple = ()  # stage counts (sm80)
     split_k: bool = False  # tuning also compiles and times the split-K and stream-K kernels
+    per_problem: int = 0  # tuning's candidates per problem (kernels.usable_candidates); 0: all
 
     @staticmethod
     def from_target(attrs: dict) -> "CandidateFilter":
         return CandidateFilter(tiles=tuple(parse_shape(t, 3, "tiles") for t in attrs.get("tiles") or ()),
                                clusters=tuple(parse_shape(c, 2, "clusters") for c in attrs.get("clusters") or ()),
                                stages=tuple(int(x) for x in attrs.get("stages") or ()),
-                               split_k=bool(attrs.get("split_k", False)))
+                               split_k=bool(attrs.get("split_k", False)),
+                               per_problem=int(attrs.get("tuning_candidates") or 0))
 
     def admits(self, kernel, measured: bool = False) -> bool:
         """Whether the target allows `kernel`: among the candidates, or (measured) as a
@@ -342,6 +347,24 @@ NO_FILTER = CandidateFilter()
 def candidates(sm: int, allowed: CandidateFilter = NO_FILTER) -> tuple:
     family = SM90_CANDIDATES + SM90_SPLIT_K + SM90_STREAM_K if sm >= 90 else SM80_CANDIDATES
     return tuple(kernel for kernel in family if allowed.admits(kernel))
+
+
+def estimated_cycles(kernel: GemmKernel, problem: GemmProblem) -> float:
+    """A cheap model of `kernel`'s time on `problem`, to rank the candidates before any is
+    compiled (tuning times only the first few: CandidateFilter.per_problem). The CTAs run in
+    waves of one per SM; a CTA's K loop is bound by its tensor cores (its tile's
+    multiply-adds, about 1024 a cycle on an SM) or by its operands' traffic (its tile's rows
+    plus columns, about 32 elements a cycle), whichever is slower, plus a fixed cost a K step
+    (half for pingpong, whose two consumer warp groups hide each other's) and an epilogue
+    cost for its output tile. On the H100 measurements in tuning_sm90.json (every GEMM problem
+    whose candidates were all timed) the winner is among the model's first four every time
+    (tests/test_cutlass.py)."""
+    rows, columns = kernel.output_tile()
+    waves = -(-kernel.ctas(problem) // SM_COUNT[90 if kernel.sm >= 90 else 80])
+    k_steps = -(-(-(-problem.k // kernel.splits)) // kernel.tile[2])
+    per_element_of_k = max(rows * columns / 1024, (rows + columns) / 32)
+    step_cost = 200 / (2 if kernel.schedule == "pingpong" else 1)
+    return waves * (k_steps * (kernel.tile[2] * per_element_of_k + step_cost) + 10 * rows * columns / 64)
 
 
 def heuristic_kernel(sm: int, problem: GemmProblem, allowed: CandidateFilter = NO_FILTER) -> GemmKernel:

@@ -1,34 +1,43 @@
 """The CUTLASS kernels the backend renders, one interface for both families (GEMMs in
 gemm_kernels.py, 2-D convolutions in conv_kernels.py): the candidates of a problem, the
-heuristic's default, kernels from the tuning database, compile flags, and the grouping of
-renders that share their CUTLASS types into one compile unit."""
+heuristic's default, kernels from the tuning database, compile flags, and the kernels' compile
+units (one per kernel type, shared by every problem it runs) with the partitions' calls of them."""
 from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
 
 from .conv_kernels import (FIXED_CHANNEL_CONV_CANDIDATES, FIXED_CHANNELS, SM80_CONV_CANDIDATES,  # noqa: F401
                            SM90_CONV_CANDIDATES, ConvKernel, ConvProblem, conv_candidates, heuristic_conv_kernel)
 from .gemm_kernels import (ACTIVATIONS, ELEMENTS, NARROW_TILES, NO_FILTER, ONE_WAVE_TILES,  # noqa: F401
                            SM80_CANDIDATES, SM90_CANDIDATES, SM90_SCHEDULES, SM90_SPLIT_K, SM90_STREAM_K, SM_COUNT,
-                           TUNING_ONLY, CandidateFilter, GemmKernel, GemmProblem, candidates, heuristic_kernel,
-                           parse_shape)
+                           TUNING_ONLY, CandidateFilter, GemmKernel, GemmProblem, candidates, estimated_cycles,
+                           heuristic_kernel, parse_shape)
 
 __all__ = [  # the families' names, so that one import serves the backend and the tests
     "FIXED_CHANNEL_CONV_CANDIDATES", "FIXED_CHANNELS", "SM80_CONV_CANDIDATES", "SM90_CONV_CANDIDATES", "ConvKernel",
     "ConvProblem", "conv_candidates", "heuristic_conv_kernel", "ACTIVATIONS", "ELEMENTS", "NARROW_TILES", "NO_FILTER",
     "ONE_WAVE_TILES", "SM80_CANDIDATES", "SM90_CANDIDATES", "SM90_SCHEDULES", "SM90_SPLIT_K", "SM90_STREAM_K",
-    "SM_COUNT", "TUNING_ONLY", "CandidateFilter", "GemmKernel", "GemmProblem", "candidates", "heuristic_kernel",
+    "SM_COUNT", "TUNING_ONLY", "CandidateFilter", "GemmKernel", "GemmProblem", "candidates", "estimated_cycles", "heuristic_kernel",
     "parse_shape", "usable_candidates", "default_kernel", "kernel_workspace_bytes", "kernel_from_json", "PDL_FLAG",
-    "kernel_flags", "ENTRY_POINT_FIELDS", "kernel_type_key", "compile_unit_sources", "kernel_template",
+    "kernel_flags", "INCLUDE_DIR", "KernelUnit", "kernel_unit", "partition_call", "kernel_template",
     "operand_sizes"]
 
 
 def usable_candidates(sm: int, problem, allowed: CandidateFilter = NO_FILTER) -> list:
     """The candidates of the problem's family (GEMM or conv) that the target allows and
-    that can run it, the heuristic's choice first (the tuner's reference)."""
+    that can run it, the heuristic's choice first (the tuner's reference). With
+    `allowed.per_problem`, a GEMM's are that many: the heuristic's and those
+    gemm_kernels.estimated_cycles ranks first (compiling every candidate of BERT's few
+    problems takes minutes; the conv families are small and all timed)."""
     family = conv_candidates(sm, allowed) if isinstance(problem, ConvProblem) else candidates(sm, allowed)
     usable = [kernel for kernel in family if kernel.supports(problem) is None]
     if usable:
         first = default_kernel(sm, problem, allowed)
-        usable = [first] + [kernel for kernel in usable if kernel != first]
+        rest = [kernel for kernel in usable if kernel != first]
+        if allowed.per_problem and isinstance(problem, GemmProblem):
+            rest = sorted(rest, key=lambda kernel: estimated_cycles(kernel, problem))[:allowed.per_problem - 1]
+        usable = [first] + rest
     return usable
 
 
@@ -104,43 +113,49 @@ def kernel_flags(kernel, flags: list) -> list:
     return list(flags)
 
 
-# Template data that only a kernel's entry point reads: its symbol and name, the problem's
-# sizes, the argument slots and alpha. Renders that differ in nothing else name the same
-# CUTLASS kernel types (the kernels take their sizes at run time), so one compile unit holds
-# them all and instantiates the types once: the bulk of a unit's compile time (about 20 of
-# 30 s for an sm90 GEMM), against well under a second per extra entry point.
-ENTRY_POINT_FIELDS = frozenset({
-    "kernel_name", "symbol", "m", "n", "k", "batch", "alpha",
-    "a_index", "b_index", "bias_index", "residual_index",
-    "height", "width", "in_channels", "out_channels", "kernel_h", "kernel_w", "out_h", "out_w",
-    "strides", "pads", "dilations"})
+# byoc's own kernel headers: the ByocCutlassCall every kernel unit exports a function of,
+# the flash attention kernel
+INCLUDE_DIR = Path(__file__).parent / "include"
 
 
-def kernel_type_key(template: str, data: dict, flags: list) -> tuple:
-    """What decides the CUTLASS types a render instantiates: the template, the unit's
-    compile flags and the template data less the entry point's (ENTRY_POINT_FIELDS).
-    Renders with one key go into one compile unit (compile_unit_sources); two renders whose
-    types differ after all would still compile together, only not faster."""
+@dataclass(frozen=True)
+class KernelUnit:
+    """One CUTLASS kernel's compile unit: its types instantiated once, and one exported
+    function, `entry`, that runs any problem the kernel supports (sizes and operands come in
+    a ByocCutlassCall, include/byoc_cutlass_call.h). The source depends on the kernel's types
+    and the flags only, so every partition, tuning candidate and model that uses the kernel
+    compiles the same text: one object, from the object cache after the first time."""
+    entry: str
+    name: str  # the kernel's name (kernel.name(problem))
+    source: str
+    flags: tuple
+
+
+def kernel_unit(kernel, problem, flags: list) -> KernelUnit:
+    """The compile unit of `kernel` as it runs `problem`'s dtype, layouts and epilogue; its
+    entry is named after the kernel and a hash of the template, the flags and the types.
+    `flags` are the target's (kernel_flags); the unit adds byoc's include directory."""
+    import hashlib
     import json
-    type_data = {key: value for key, value in data.items() if key not in ENTRY_POINT_FIELDS}
-    return template, tuple(flags), json.dumps(type_data, sort_keys=True)
+    from byoc.codegen.templates import render_template
+    template = kernel_template(kernel)
+    data = kernel.type_data(problem)
+    key = json.dumps([template, list(flags), data], sort_keys=True)
+    entry = f"byoc_{data['kernel_name']}_{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+    return KernelUnit(entry, data["kernel_name"], render_template(template, {**data, "entry": entry}),
+                      (*flags, f"-I{INCLUDE_DIR}"))
 
 
-def compile_unit_sources(renders: list) -> dict:
-    """[(kernel type key, symbol, rendered source)] -> {first symbol: one compile unit's
-    source}: the renders of one key concatenated (each is self-contained: its types in the
-    symbol's own namespace, its headers guarded), in the order given."""
-    groups: dict = {}
-    for key, symbol, text in renders:
-        groups.setdefault(key, []).append((symbol, text))
-    sources = {}
-    for members in groups.values():
-        symbols = [symbol for symbol, _ in members]
-        head = "" if len(symbols) == 1 else (
-            f"// One compile unit for the {len(symbols)} entry points of one kernel type (its CUTLASS "
-            f"types are instantiated once): {', '.join(symbols)}\n\n")
-        sources[symbols[0]] = head + "\n".join(text for _, text in members)
-    return sources
+def partition_call(symbol: str, unit: KernelUnit, kernel, problem, indices: dict) -> dict:
+    """What templates/cutlass/entry.j2 renders for one partition (or one tuning candidate):
+    the entry point `symbol` that calls `unit`'s kernel with the problem's sizes and alpha and
+    the operands' places among the partition's parameters (`indices`: a, b, bias, residual)."""
+    return {"symbol": symbol, "kernel": unit.entry, "kernel_name": unit.name, "problem": problem.key,
+            "sizes": kernel.call_sizes(problem),
+            # repr: always a valid C++ float literal (1.0f, 1e-05f)
+            "alpha": f"{float(getattr(problem, 'alpha', 1.0))!r}f",
+            "a": indices["a"], "b": indices["b"], "bias": indices.get("bias", -1),
+            "residual": indices.get("residual", -1)}
 
 
 def kernel_template(kernel) -> str:

@@ -1,10 +1,12 @@
 """Kernel selection for the cutlass backend: measure when a GPU is visible, remember the
 winner in a tuning database, fall back to the documented heuristic otherwise.
 
-Tuning one problem (a GEMM or a conv: both are measured the same way, each against the
-candidates of its family) = render every candidate kernel (kernels.usable_candidates),
-compile them in parallel (one ninja edge each, through the object cache), link them with a
-generated profiler (templates/cutlass/profiler.cu.j2), run it once, keep the fastest.
+Tuning problems (GEMMs or convs: both are measured the same way, each against the candidates
+of its family, kernels.usable_candidates) = compile every candidate kernel once (its compile
+unit is the one a build links, whatever the problem: kernels.kernel_unit; one ninja edge
+each, through the object cache, so the build after tuning compiles no kernel again), link
+them with one generated profiler (templates/cutlass/profiler.cu.j2), run it once for all the
+problems, keep each problem's fastest.
 
 The database is one JSON file, shareable between machines of the same arch:
 
@@ -34,9 +36,8 @@ from pathlib import Path
 from byoc.errors import BuildError, ByocWarning
 from byoc.codegen.templates import render_template
 
-from .kernels import (NO_FILTER, CandidateFilter, compile_unit_sources, default_kernel, kernel_flags,
-                      kernel_from_json, kernel_template, kernel_type_key, kernel_workspace_bytes, operand_sizes,
-                      usable_candidates)
+from .kernels import (INCLUDE_DIR, NO_FILTER, PDL_FLAG, CandidateFilter, default_kernel, kernel_flags, kernel_from_json,
+                      kernel_unit, kernel_workspace_bytes, operand_sizes, partition_call, usable_candidates)
 
 FORMAT = "byoc-cutlass-tuning"
 MAX_DATABASE_BYTES = 256 << 20  # thousands of problems take a few MB
@@ -264,9 +265,15 @@ def time_kernels(chosen: dict, sm: int, workdir: Path, compile_flags: list, jobs
 
 def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
              allowed: CandidateFilter = NO_FILTER, kernels_of=None) -> dict:
+    """problem -> {candidate kernel name: microseconds, or None where it failed or disagreed
+    with the problem's first candidate}: every candidate's kernel unit compiled once (the
+    units a build links: kernels.kernel_unit), one profiler for all the problems
+    (templates/cutlass/profiler.cu.j2), run once."""
     from byoc.toolchain import CompileUnit, compile_units
+
+    from .codegen import kernel_compile_units
     workdir.mkdir(parents=True, exist_ok=True)
-    candidate_units, programs, renders, unit_flags = [], [], [], {}
+    kernel_units, programs = {}, []
     for index, problem in enumerate(problems):
         # the heuristic's kernel first: the reference the others are checked against
         usable = kernels_of(problem) if kernels_of else usable_candidates(sm, problem, allowed)
@@ -277,67 +284,65 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
         if problem.has_residual:
             indices["residual"] = len(slots)
             slots.append(3)
-        entries = []
+        calls = []
         for number, kernel in enumerate(usable):
-            symbol = f"candidate_{index}_{number}"
-            data = kernel.template_data(problem, symbol, indices)
-            stem, flags = f"{kernel.name(problem)}__{index}", kernel_flags(kernel, compile_flags)
-            key = kernel_type_key(kernel_template(kernel), data, flags)
-            renders.append((key, stem, render_template(kernel_template(kernel), data)))
-            unit_flags[stem] = flags
-            entries.append({"symbol": symbol, "name": kernel.name(problem), "key": key})
-        programs.append((problem, usable, entries, slots))
-    # A candidate serves every problem of its epilogue and operand types: compiled once (one
-    # unit with an entry point per problem), timed on each.
-    object_of_key = {}
-    for stem, text in compile_unit_sources(renders).items():
-        source = workdir / f"{stem}.cu"
-        source.write_text(text)
-        candidate_units.append(CompileUnit(source=source, language="cuda", flags=unit_flags[stem],
-                                           output=f"{stem}.o"))
-    for key, stem, _ in renders:  # the unit of a key is named after its first render
-        object_of_key.setdefault(key, f"{stem}.o")
-    for _, _, entries, _ in programs:
-        for entry in entries:
-            entry["object"] = object_of_key[entry.pop("key")]
-    # A candidate that does not compile is left out (and reported), not fatal: the others
-    # are still measured, and the heuristic's kernel is what the build used before tuning.
+            unit = kernel_unit(kernel, problem, kernel_flags(kernel, compile_flags))
+            kernel_units.setdefault(unit.entry, unit)
+            calls.append({**partition_call(f"candidate_{index}_{number}", unit, kernel, problem, indices),
+                          "name": kernel.name(problem)})
+        programs.append((problem, usable, calls, slots))
+    # A candidate serves every problem of its types: compiled once, timed on each. One that
+    # does not compile is left out (and reported), not fatal: the others are still measured,
+    # and the heuristic's kernel is what the build used before tuning.
+    candidate_units = kernel_compile_units(kernel_units.values(), workdir)
     try:
         compile_units(candidate_units, workdir, jobs=jobs)
     except BuildError as error:
         warnings.warn(f"cutlass tuning: some candidates did not compile and are not measured: {error}", ByocWarning)
-    built = {unit.output for unit in candidate_units if (workdir / "obj" / unit.output).is_file()}
-    profiler_units = []
-    for index, (problem, usable, entries, slots) in enumerate(programs):
-        kept = [entry for entry in entries if entry["object"] in built]
-        programs[index] = (problem, [entry["object"] for entry in kept])
+    built = {entry for entry in kernel_units if (workdir / "obj" / f"{entry}.o").is_file()}
+    timed = []  # (problem, profiler data) of the problems with a candidate to time
+    for problem, usable, calls, slots in programs:
+        kept = [call for call in calls if call["kernel"] in built]
+        if not kept:
+            continue
         *sizes, out_size = operand_sizes(problem)
         fp16 = problem.dtype == "float16"
-        profiler = workdir / f"profiler_{index}.cu"
-        profiler.write_text(render_template("cutlass/profiler.cu.j2", {
-            "problem_key": problem.key, "candidates": kept, "sizes": sizes, "out_size": out_size,
-            "arg_slots": slots, "iterations": 20, "bfloat16": problem.dtype == "bfloat16",
+        timed.append((problem, {
+            "key": problem.key, "candidates": kept, "sizes": sizes, "out_size": out_size, "slots": slots,
+            "bfloat16": problem.dtype == "bfloat16",
             "workspace_bytes": max([64 << 20] + [kernel_workspace_bytes(k, problem) for k in usable]),
             "fill_base": "0x3000u" if fp16 else "0x3E00u", "fill_mask": "0x03FFu" if fp16 else "0x007Fu"}))
-        profiler_units.append(CompileUnit(source=profiler, language="cuda", flags=compile_flags,
-                                          output=f"profiler_{index}.o"))
-    compile_units(profiler_units, workdir, jobs=jobs)
-    by_name = {unit.output: workdir / "obj" / unit.output for unit in candidate_units + profiler_units}
+    results = {problem: {} for problem in problems}
+    if not timed:
+        return results
+    linked = sorted({call["kernel"] for _, data in timed for call in data["candidates"]})
+    profiler = workdir / "profiler.cu"
+    profiler.write_text(render_template("cutlass/profiler.cu.j2", {
+        "kernels": linked, "problems": [data for _, data in timed], "iterations": 20}))
+    flags = [flag for flag in compile_flags if flag != PDL_FLAG] + [f"-I{INCLUDE_DIR}"]
+    compile_units([CompileUnit(source=profiler, language="cuda", flags=flags, output="profiler.o")], workdir, jobs=jobs)
     from byoc.toolchain.compiler import find_nvcc
-    results = {}
-    for index, (problem, kernel_objects) in enumerate(programs):
-        if not kernel_objects:
-            results[problem] = {}
-            continue
-        executable = workdir / f"profiler_{index}"
-        command = [str(find_nvcc()), "-o", str(executable), str(by_name[f"profiler_{index}.o"])] + \
-            [str(by_name[name]) for name in kernel_objects] + ["-lcudart"]
-        linked = subprocess.run(command, capture_output=True, text=True)
-        if linked.returncode != 0:
-            raise BuildError(f"linking the cutlass profiler {executable} failed:\n{linked.stderr[-2000:]}")
-        ran = subprocess.run([str(executable)], capture_output=True, text=True, timeout=600)
-        try:
-            results[problem] = json.loads(ran.stdout.strip().splitlines()[-1])
-        except (IndexError, json.JSONDecodeError):
-            results[problem] = {}
+    executable = workdir / "profiler"
+    command = [str(find_nvcc()), "-o", str(executable), str(workdir / "obj" / "profiler.o")] + \
+        [str(workdir / "obj" / f"{entry}.o") for entry in linked] + ["-lcudart"]
+    link = subprocess.run(command, capture_output=True, text=True)
+    if link.returncode != 0:
+        raise BuildError(f"linking the cutlass profiler {executable} failed:\n{link.stderr[-2000:]}")
+    # One process times every problem. A candidate that takes it down (a fault leaves the
+    # context unusable) costs its own problem only: the next run starts after it.
+    first = 0
+    while first < len(timed):
+        ran = subprocess.run([str(executable), str(first)], capture_output=True, text=True, timeout=600)
+        finished = first
+        for line in ran.stdout.splitlines():
+            try:
+                record = json.loads(line)
+                position, times = int(record["problem"]), record["times"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            if first <= position < len(timed) and isinstance(times, dict):
+                results[timed[position][0]] = times
+                finished = max(finished, position + 1)
+        # a run that stopped early stopped in problem `finished`: it keeps no times
+        first = finished + 1 if ran.returncode != 0 or finished == first else finished
     return results
