@@ -433,7 +433,7 @@ def test_patterns_match_float32_reference(kind, m, n, k, batch, tmp_path):
                          workdir=str(tmp_path / "w"))
     assert "cutlass" in library.metadata["backends"], library.report.to_text()
     if "hard_swish" in kind:  # in the epilogue, not a kernel of its own
-        assert "HardSwish" in "".join(p.read_text() for p in (tmp_path / "w").glob("cutlass_*.cu"))
+        assert "HardSwish" in "".join(p.read_text() for p in (tmp_path / "w").glob("byoc_cutlass_*.cu"))
     module = library.load()
     rng = np.random.default_rng(1)
     inputs = {p.name_hint: rng.standard_normal(p.type.shape).astype(np.float32) for p in mod["main"].params}
@@ -835,7 +835,7 @@ def test_conv_patterns_match_float32_reference(kind, batch, channels, size, out_
                          workdir=str(tmp_path / "w"))
     assert "cutlass" in library.metadata["backends"], library.report.to_text()
     if "hard_swish" in kind:  # in the epilogue, not a kernel of its own
-        assert "HardSwish" in "".join(p.read_text() for p in (tmp_path / "w").glob("cutlass_*.cu"))
+        assert "HardSwish" in "".join(p.read_text() for p in (tmp_path / "w").glob("byoc_cutlass_*.cu"))
     module = library.load()
     rng = np.random.default_rng(1)
     inputs = {p.name_hint: rng.standard_normal(p.type.shape).astype(np.float32) for p in mod["main"].params}
