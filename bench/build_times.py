@@ -16,13 +16,17 @@ def read(folder: Path, limit_s: float) -> dict:
     timing = json.loads((folder / "real_models.json").read_text()) if (folder / "real_models.json").exists() else {}
     run_ms = {row["case"].split(":")[0]: (row.get("byoc") or {}).get("cuda_sm90", {}).get("ms")
               for row in timing.get("rows", [])}
+    measured = folder / "measure" / "real_models.json"  # the measure build's run, timed after the others
+    measured_ms = {row["case"].split(":")[0]: (row.get("byoc") or {}).get("cuda_sm90:measure", {}).get("ms")
+                   for row in (json.loads(measured.read_text()).get("rows", []) if measured.exists() else [])}
     rows = []
     for log in sorted(folder.glob("*.log")):
         name, _, kind = log.stem.partition(".")
         if kind not in KINDS:
             continue
         records = sorted(folder.glob(f"{name}.{kind}.{name}_b*.json"))
-        row = {"model": name, "build": kind, "run_ms": run_ms.get(name) if kind == "cold" else None}
+        row = {"model": name, "build": kind,
+               "run_ms": run_ms.get(name) if kind == "cold" else measured_ms.get(name) if kind == "measure" else None}
         if records:
             record = json.loads(records[0].read_text())
             stats = record.get("build_stats") or {}
@@ -40,7 +44,8 @@ def markdown(result: dict) -> str:
     lines = [f"# Build times ({result['device']}, {result['date']})", "",
              f"byoc {result['byoc_commit']}, `cuda_sm90`, from `bash bench/gpu_session.sh build_times` "
              "(one device call; 16 CPU cores). Cold: an empty object cache (a fresh BYOC_CACHE_DIR); warm: the "
-             "same cache, a new work directory. Run: `module.run` on torch CUDA tensors of the cold build, ms.", "",
+             "same cache, a new work directory. Run: `module.run` on torch CUDA tensors of that build (the warm build's "
+             "library is the cold one's), ms.", "",
              "| model | build | seconds | compile units (compiled) | nvcc wall s | slowest unit s | run ms |",
              "|---|---|---|---|---|---|---|"]
     for row in result["rows"]:

@@ -102,6 +102,10 @@ case "$stage" in
       bert_base:1 "${MEASURE_S:-200}"
     PYTHONUNBUFFERED=1 python3 bench/real_models.py --prebuilt --out /tmp/build-times --workdir build/byoc-real \
       --configs cuda_sm90 --torch-modes none --cases "$@" >/tmp/build-times/timing.log 2>&1
+    # the measured build's run time beside it (what the tuning found)
+    [ -d build/byoc-real-measure/prebuilt ] && PYTHONUNBUFFERED=1 python3 bench/real_models.py --prebuilt \
+      --out /tmp/build-times/measure --workdir build/byoc-real-measure --configs cuda_sm90:measure --torch-modes none \
+      --cases bert_base:1 >/tmp/build-times/timing-measure.log 2>&1
     tar -czf "$OUT/build_times.tar.gz" -C /tmp/build-times . ;;
   attention)
     python3 bench/bench_attention.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench_attention.log" | tail -n 60 ;;
