@@ -1,8 +1,9 @@
 """The build-time table from what `bash bench/gpu_session.sh build_times` brought back
 (build_times.tar.gz: each build's record and log, and the libraries timed).
 
-    python3 bench/build_times.py DIR --out bench/results
-DIR is the unpacked archive; writes build_times.json and build_times.md.
+    python3 bench/build_times.py DIR [DIR ...] --out bench/results
+Each DIR is an unpacked archive (one device call; the rows of several calls are put
+together); writes build_times.json and build_times.md.
 """
 import argparse
 import json
@@ -59,11 +60,13 @@ def markdown(result: dict) -> str:
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("folder", type=Path)
+    parser.add_argument("folders", type=Path, nargs="+")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--measure-limit", type=float, default=150, help="the call's MEASURE_S")
     args = parser.parse_args()
-    result = read(args.folder, args.measure_limit)
+    results = [read(folder, args.measure_limit) for folder in args.folders]
+    result = {**results[0], "rows": [row for part in results for row in part["rows"]],
+              "byoc_commit": " / ".join(sorted({str(part["byoc_commit"]) for part in results}))}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "build_times.json").write_text(json.dumps(result, indent=1))
     (args.out / "build_times.md").write_text(markdown(result))

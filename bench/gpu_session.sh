@@ -98,14 +98,16 @@ case "$stage" in
       prebuild "/tmp/cache-$name" build/byoc-real "$name.cold" cuda_sm90 false "$case"
       prebuild "/tmp/cache-$name" build/byoc-real-warm "$name.warm" cuda_sm90 false "$case"
     done
-    TUNING_DB_ARG="" prebuild /tmp/cache-measure build/byoc-real-measure bert_base.measure cuda_sm90:measure auto \
-      bert_base:1 "${MEASURE_S:-200}"
+    # MEASURE= (empty) leaves the measure-all build out
+    measure="${MEASURE-bert_base:1}"
+    [ -n "$measure" ] && TUNING_DB_ARG="" prebuild /tmp/cache-measure build/byoc-real-measure "${measure%%:*}.measure" \
+      cuda_sm90:measure auto "$measure" "${MEASURE_S:-200}"
     PYTHONUNBUFFERED=1 python3 bench/real_models.py --prebuilt --out /tmp/build-times --workdir build/byoc-real \
       --configs cuda_sm90 --torch-modes none --cases "$@" >/tmp/build-times/timing.log 2>&1
     # the measured build's run time beside it (what the tuning found)
-    [ -d build/byoc-real-measure/prebuilt ] && PYTHONUNBUFFERED=1 python3 bench/real_models.py --prebuilt \
+    [ -n "$measure" ] && [ -d build/byoc-real-measure/prebuilt ] && PYTHONUNBUFFERED=1 python3 bench/real_models.py --prebuilt \
       --out /tmp/build-times/measure --workdir build/byoc-real-measure --configs cuda_sm90:measure --torch-modes none \
-      --cases bert_base:1 >/tmp/build-times/timing-measure.log 2>&1
+      --cases "$measure" >/tmp/build-times/timing-measure.log 2>&1
     tar -czf "$OUT/build_times.tar.gz" -C /tmp/build-times . ;;
   attention)
     python3 bench/bench_attention.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench_attention.log" | tail -n 60 ;;

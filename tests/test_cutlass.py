@@ -1022,6 +1022,19 @@ def test_partitions_of_one_kernel_compile_as_one_unit(tmp_path):
         assert not any(symbol in text for symbol in cutlass.symbols) and "128" not in text.split("namespace")[0]
 
 
+def test_the_shim_families_compile_only_the_dtypes_the_generated_code_names(tmp_path):
+    """bert2 in float16: the built-in code passes the shim float16 data and int64 indices;
+    its shim families get kernels for those two dtypes only (BYOC_SHIM_DTYPES)."""
+    from byoc.backends.builtin import shim_dtype_mask, shim_dtypes
+    _, artifacts = _lowered(BERT2, tmp_path, dims={"batch": 1, "sequence": 128})
+    (builtin,) = [a for a in artifacts if a.backend == "builtin"]
+    generated = next(u for u in builtin.compile_units if u.source.name == "builtin.cu").source.read_text()
+    assert shim_dtypes(generated) == {"BYOC_FLOAT16", "BYOC_INT64"}
+    shims = [u for u in builtin.compile_units if u.output.startswith("shim_")]
+    assert shims and all(f"-DBYOC_SHIM_DTYPES={shim_dtype_mask({'BYOC_FLOAT16', 'BYOC_INT64'}):#x}" in u.flags
+                         for u in shims), [u.flags[-1] for u in shims]
+
+
 @needs_nvcc
 def test_a_kernel_serving_two_partitions_links_with_their_entry_points(tmp_path):
     """bert2's kernel units and its cutlass_entries.cc compile (nvcc, the C++ compiler): the

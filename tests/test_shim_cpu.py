@@ -627,3 +627,34 @@ def test_last_error_is_per_failure(shim):
     shim.expect_error(shim.trilu(None, ptr(x), 4, 1, 2, 2, 1, 0), "trilu", "in is NULL")
     shim.check(shim.trilu(ptr(x), ptr(x), 4, 1, 2, 2, 1, 0))  # success leaves the last message alone
     assert "byoc_shim_trilu" in shim.last_error()
+
+
+def test_a_shim_built_for_some_dtypes_refuses_the_others_by_name(tmp_path):
+    """BYOC_SHIM_DTYPES (a model build passes the dtypes its code names): kernels for those
+    dtypes only; another dtype is a clear error naming the function, not a crash. A float16
+    BERT's layer norm family compiles in a fraction of the time."""
+    from byoc.backends.builtin import shim_dtype_mask
+    from byoc.runtime import INCLUDE_DIR
+    compiler = shutil.which("g++")
+    if compiler is None:
+        pytest.skip("g++ is not installed")
+    mask = shim_dtype_mask({"BYOC_FLOAT32", "BYOC_INT64"})
+    assert mask == 0b10001
+    sources = [SHIM_DIR / "cpu" / "common.cpp", SHIM_DIR / "cpu" / "norm.cpp"]
+    library = tmp_path / "libnorm.so"
+    subprocess.run([compiler, "-O1", "-std=c++17", "-fPIC", "-shared", "-Wall", "-Werror", f"-I{INCLUDE_DIR}",
+                    f"-DBYOC_SHIM_DTYPES={mask:#x}", *map(str, sources), "-o", str(library)], check=True)
+    lib = ctypes.CDLL(str(library))
+    lib.byoc_shim_layer_norm.argtypes = SIGNATURES["byoc_shim_layer_norm"]
+    lib.byoc_shim_last_error.restype = ctypes.c_char_p
+    for dtype, compiled in (("float32", True), ("float64", False), ("float16", False)):
+        x = random((3, 8), dtype)
+        gamma, beta, out = np.ones(8, x.dtype), np.zeros(8, x.dtype), np.empty_like(x)
+        status = lib.byoc_shim_layer_norm(ptr(x), ptr(gamma), ptr(beta), ptr(out), code(npdtype(dtype)), 3, 8, 1e-5,
+                                          None)
+        if compiled:
+            assert status == 0, lib.byoc_shim_last_error()
+        else:
+            message = lib.byoc_shim_last_error().decode()
+            assert status != 0 and "byoc_shim_layer_norm" in message and "no kernels in this library's shim" in message
+

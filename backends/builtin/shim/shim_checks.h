@@ -106,26 +106,41 @@ inline int check_ndim(const char* function, int ndim) {  // 0 <= ndim <= BYOC_SH
   return 0;
 }
 
+// The dtypes this shim has kernels for, a bit per byoc_dtype value: a model build passes
+// the ones its generated code names (-DBYOC_SHIM_DTYPES=..., backends/builtin), so that
+// a float16 model does not compile every family's kernels for five other types; every
+// dtype by default (the shim's own tests, a build that does not say).
+#ifndef BYOC_SHIM_DTYPES
+#define BYOC_SHIM_DTYPES 0x3FF
+#endif
+constexpr bool compiled_in(byoc_dtype dtype) { return ((BYOC_SHIM_DTYPES) >> static_cast<int>(dtype)) & 1; }
+
 // Calls visit(Storage{}) with the storage type of `dtype`, if the entry point accepts it:
 // the floats always (Half and BFloat16 are the shim's types of the 16-bit floats), the
-// integers with kIntegers, bool with kBool. Otherwise records an error naming `function`
-// and returns kUnsupportedDtype. `visit` is a generic lambda returning int; it is
-// instantiated only for accepted types. Each shim wraps this as its dispatch<DtypeSet>.
+// integers with kIntegers, bool with kBool, and only dtypes compiled in (BYOC_SHIM_DTYPES).
+// Otherwise records an error naming `function` and returns kUnsupportedDtype. `visit` is a
+// generic lambda returning int; it is instantiated only for accepted types. Each shim
+// wraps this as its dispatch<DtypeSet>.
 template <class Half, class BFloat16, bool kIntegers, bool kBool, class Visit>
 int dispatch_dtype(const char* function, byoc_dtype dtype, Visit&& visit) {
+  bool accepted = true;
   switch (dtype) {
-    case BYOC_FLOAT32: return visit(float{});
-    case BYOC_FLOAT16: return visit(Half{});
-    case BYOC_BFLOAT16: return visit(BFloat16{});
-    case BYOC_FLOAT64: return visit(double{});
-    case BYOC_INT64: if constexpr (kIntegers) return visit(int64_t{}); break;
-    case BYOC_INT32: if constexpr (kIntegers) return visit(int32_t{}); break;
-    case BYOC_INT16: if constexpr (kIntegers) return visit(int16_t{}); break;
-    case BYOC_INT8: if constexpr (kIntegers) return visit(int8_t{}); break;
-    case BYOC_UINT8: if constexpr (kIntegers) return visit(uint8_t{}); break;
-    case BYOC_BOOL: if constexpr (kBool) return visit(bool{}); break;
+    case BYOC_FLOAT32: if constexpr (compiled_in(BYOC_FLOAT32)) return visit(float{}); break;
+    case BYOC_FLOAT16: if constexpr (compiled_in(BYOC_FLOAT16)) return visit(Half{}); break;
+    case BYOC_BFLOAT16: if constexpr (compiled_in(BYOC_BFLOAT16)) return visit(BFloat16{}); break;
+    case BYOC_FLOAT64: if constexpr (compiled_in(BYOC_FLOAT64)) return visit(double{}); break;
+    case BYOC_INT64: if constexpr (kIntegers && compiled_in(BYOC_INT64)) return visit(int64_t{}); accepted = kIntegers; break;
+    case BYOC_INT32: if constexpr (kIntegers && compiled_in(BYOC_INT32)) return visit(int32_t{}); accepted = kIntegers; break;
+    case BYOC_INT16: if constexpr (kIntegers && compiled_in(BYOC_INT16)) return visit(int16_t{}); accepted = kIntegers; break;
+    case BYOC_INT8: if constexpr (kIntegers && compiled_in(BYOC_INT8)) return visit(int8_t{}); accepted = kIntegers; break;
+    case BYOC_UINT8: if constexpr (kIntegers && compiled_in(BYOC_UINT8)) return visit(uint8_t{}); accepted = kIntegers; break;
+    case BYOC_BOOL: if constexpr (kBool && compiled_in(BYOC_BOOL)) return visit(bool{}); accepted = kBool; break;
     default:
       return fail(kUnsupportedDtype, function, "dtype %d is not a byoc_dtype", static_cast<int>(dtype));
+  }
+  if (accepted) {
+    return fail(kUnsupportedDtype, function, "dtype %s has no kernels in this library's shim (it was built "
+                "for the dtypes its model's code names; BYOC_SHIM_DTYPES)", dtype_name(dtype));
   }
   return fail(kUnsupportedDtype, function, "dtype %s is not supported (expected %s)", dtype_name(dtype),
               kIntegers ? "a float or integer dtype" : "a float dtype");
