@@ -44,7 +44,7 @@ def read(folder: Path, limit_s: float) -> dict:
 def markdown(result: dict) -> str:
     lines = [f"# Build times ({result['device']}, {result['date']})", "",
              f"byoc {result['byoc_commit']}, `cuda_sm90`, from `bash bench/gpu_session.sh build_times` "
-             "(one device call; 16 CPU cores). Cold: an empty object cache (a fresh BYOC_CACHE_DIR); warm: the "
+             "(16 CPU cores). Cold: an empty object cache (a fresh BYOC_CACHE_DIR); warm: the "
              "same cache, a new work directory. Run: `module.run` on torch CUDA tensors of that build (the warm build's "
              "library is the cold one's), ms.", "",
              "| model | build | seconds | compile units (compiled) | nvcc wall s | slowest unit s | run ms |",
@@ -63,13 +63,21 @@ def main():
     parser.add_argument("folders", type=Path, nargs="+")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--measure-limit", type=float, default=150, help="the call's MEASURE_S")
+    parser.add_argument("--notes", type=Path, help="a markdown file appended to the table (what changed, what is left)")
     args = parser.parse_args()
     results = [read(folder, args.measure_limit) for folder in args.folders]
-    result = {**results[0], "rows": [row for part in results for row in part["rows"]],
+    # a folder may hold an earlier call's records too (a machine kept warm between calls):
+    # one row per model and build, the one timed where there is a choice
+    rows = {}
+    for row in (row for part in results for row in part["rows"]):
+        key = (row["model"], row["build"])
+        if key not in rows or (rows[key].get("run_ms") is None and row.get("run_ms") is not None):
+            rows[key] = row
+    result = {**results[0], "rows": list(rows.values()),
               "byoc_commit": " / ".join(sorted({str(part["byoc_commit"]) for part in results}))}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "build_times.json").write_text(json.dumps(result, indent=1))
-    (args.out / "build_times.md").write_text(markdown(result))
+    (args.out / "build_times.md").write_text(markdown(result) + ("\n" + args.notes.read_text() if args.notes else ""))
     print(markdown(result))
 
 
