@@ -10,11 +10,32 @@ from pathlib import Path
 import jinja2
 
 
+class _TemplateBytecodeCache(jinja2.FileSystemBytecodeCache):
+    """Compiled templates kept beside the object cache ($BYOC_CACHE_DIR/jinja, keyed by
+    each template's text): compiling the dozen a build renders takes a warm build 0.15 s.
+    A cache that cannot be read or written is no cache (the template compiles)."""
+
+    def load_bytecode(self, bucket):
+        try:
+            super().load_bytecode(bucket)
+        except (OSError, EOFError, ValueError):
+            bucket.reset()
+
+    def dump_bytecode(self, bucket):
+        try:
+            Path(self.directory).mkdir(parents=True, exist_ok=True)
+            super().dump_bytecode(bucket)
+        except OSError:
+            pass
+
+
 @functools.lru_cache(maxsize=1)
 def template_environment() -> jinja2.Environment:
     import byoc.templates
+    from byoc.toolchain.cache import cache_dir
     root = Path(byoc.templates.__file__).parent
     return jinja2.Environment(loader=jinja2.FileSystemLoader(str(root)), undefined=jinja2.StrictUndefined,
+                              bytecode_cache=_TemplateBytecodeCache(str(cache_dir().parent / "jinja")),
                               trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
                               # HTML pages escape what they show (names come from models); C/C++
                               # sources get names already sanitized for C

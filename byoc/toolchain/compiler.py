@@ -352,14 +352,39 @@ def compile_units(units: list, workdir, jobs: int | None = None,
     return [objects_dir / unit.output for unit in units]
 
 
+@functools.lru_cache(maxsize=None)
+def fast_linker_flags(cxx: str) -> tuple:
+    """`-fuse-ld=lld` or `-fuse-ld=gold` where the compiler driver can use one of them, else
+    nothing (the system's ld). A model's library carries its weights (hundreds of MB in
+    one section): ld.bfd takes 0.7-0.9 s to link BERT-base's, gold about half of that, the
+    bulk of a warm build's link step."""
+    import tempfile
+    for linker in ("lld", "gold"):
+        if shutil.which(f"ld.{linker}") is None:
+            continue
+        with tempfile.TemporaryDirectory() as scratch:
+            probe = Path(scratch) / "probe.so"
+            try:
+                run = subprocess.run([cxx, f"-fuse-ld={linker}", "-shared", "-x", "c", os.devnull, "-o", str(probe)],
+                                     capture_output=True, timeout=60)
+            except (OSError, subprocess.SubprocessError):
+                continue
+            if run.returncode == 0 and probe.is_file():
+                return (f"-fuse-ld={linker}",)
+    return ()
+
+
 def link_shared(objects: list, output, flags: list, libraries: list, workdir=None) -> Path:
-    """Link `objects` into the shared library `output`. With `workdir`, the link command
-    also becomes build.ninja's link edge (and runs from there)."""
+    """Link `objects` into the shared library `output` (with lld or gold where there is one:
+    fast_linker_flags). With `workdir`, the link command also becomes build.ninja's link
+    edge (and runs from there)."""
     output = Path(output).resolve()
     base = Path(workdir).resolve() if workdir is not None else None
     name = (lambda path: ninja_path(base, path)) if base is not None else (lambda path: str(Path(path).resolve()))
     object_names = [name(path) for path in objects]
-    command = [find_cxx(), "-shared", "-o", name(output), *object_names, *map(str, flags), *map(str, libraries)]
+    cxx = find_cxx()
+    command = [cxx, *fast_linker_flags(cxx), "-shared", "-o", name(output), *object_names, *map(str, flags),
+               *map(str, libraries)]
     if base is not None:
         add_link_edge(base, NinjaEdge("link_shared", name(output), object_names, command))
     run = subprocess.run(command, capture_output=True, text=True, errors="replace", cwd=base)
