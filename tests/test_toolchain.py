@@ -440,3 +440,29 @@ def test_edge_seconds_reads_the_last_run_of_each_output_from_the_ninja_log(tmp_p
                                          "garbage line\n")
     assert edge_seconds(tmp_path, ["obj/a.o", "obj/b.o", "obj/c.o"]) == {"obj/a.o": 2.5, "obj/b.o": 30.0}
     assert edge_seconds(tmp_path / "missing", ["obj/a.o"]) == {}
+
+
+def test_a_fast_linker_that_fails_gives_way_to_the_systems(tmp_path, monkeypatch):
+    """lld or gold links the library where the compiler can use one; where it fails a link
+    that the system's ld makes (a compiler whose libstdc++.so is a linker script gold cannot
+    read), the link is made again without it, and build.ninja's link edge says so."""
+    from byoc.toolchain import compiler
+
+    class BrokenFastLinker:
+        calls = 0
+
+        def __call__(self, cxx):
+            self.calls += 1
+            return ("-fuse-ld=byoc-no-such-linker",)
+
+        def cache_clear(self):
+            pass
+
+    monkeypatch.setattr(compiler, "fast_linker_flags", BrokenFastLinker())
+    source = tmp_path / "a.cc"
+    source.write_text('extern "C" int a() { return 1; }\n')
+    objects = compile_units([CompileUnit(source, "cxx", ["-fPIC"], "a.o")], tmp_path)
+    library = link_shared(objects, tmp_path / "lib.so", [], [], workdir=tmp_path)
+    assert library.is_file() and ctypes.CDLL(str(library)).a() == 1
+    ninja = (tmp_path / "build.ninja").read_text()
+    assert "build lib.so: link_shared" in ninja and "byoc-no-such-linker" not in ninja

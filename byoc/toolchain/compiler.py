@@ -352,6 +352,9 @@ def compile_units(units: list, workdir, jobs: int | None = None,
     return [objects_dir / unit.output for unit in units]
 
 
+_FAST_LINKER_REFUSED = set()  # compilers whose fast linker failed a link the system's linker made
+
+
 @functools.lru_cache(maxsize=None)
 def fast_linker_flags(cxx: str) -> tuple:
     """`-fuse-ld=lld` or `-fuse-ld=gold` where the compiler driver can use one of them, else
@@ -359,14 +362,16 @@ def fast_linker_flags(cxx: str) -> tuple:
     one section): ld.bfd takes 0.7-0.9 s to link BERT-base's, gold about half of that, the
     bulk of a warm build's link step."""
     import tempfile
+    if cxx in _FAST_LINKER_REFUSED:
+        return ()
     for linker in ("lld", "gold"):
         if shutil.which(f"ld.{linker}") is None:
             continue
         with tempfile.TemporaryDirectory() as scratch:
             probe = Path(scratch) / "probe.so"
-            try:
-                run = subprocess.run([cxx, f"-fuse-ld={linker}", "-shared", "-x", "c", os.devnull, "-o", str(probe)],
-                                     capture_output=True, timeout=60)
+            try:  # as a library links: C++, so with the compiler's own libstdc++ and libgcc
+                run = subprocess.run([cxx, f"-fuse-ld={linker}", "-shared", "-fPIC", "-x", "c++", os.devnull,
+                                      "-o", str(probe)], capture_output=True, timeout=60)
             except (OSError, subprocess.SubprocessError):
                 continue
             if run.returncode == 0 and probe.is_file():
@@ -388,6 +393,19 @@ def link_shared(objects: list, output, flags: list, libraries: list, workdir=Non
     if base is not None:
         add_link_edge(base, NinjaEdge("link_shared", name(output), object_names, command))
     run = subprocess.run(command, capture_output=True, text=True, errors="replace", cwd=base)
+    fast = fast_linker_flags(cxx)
+    if run.returncode != 0 and fast:
+        # A toolchain the fast linker does not fully understand (a compiler installed with
+        # linker scripts it cannot read): link with the system's linker, as this command
+        # would have without the flag; a genuine error fails that link too.
+        command = [argument for argument in command if argument not in fast]
+        if base is not None:
+            add_link_edge(base, NinjaEdge("link_shared", name(output), object_names, command))
+        retry = subprocess.run(command, capture_output=True, text=True, errors="replace", cwd=base)
+        if retry.returncode == 0:
+            fast_linker_flags.cache_clear()
+            _FAST_LINKER_REFUSED.add(cxx)
+        run = retry
     if run.returncode != 0:
         where = f" (command in {base / 'build.ninja'})" if base is not None else ""
         raise CompileError(f"linking {output} failed{where}:\n{first_error_lines(run.stdout + run.stderr, limit=20)}")
