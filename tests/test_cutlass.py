@@ -4,6 +4,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -952,6 +953,29 @@ def test_tuning_compiles_each_candidate_once_and_the_build_after_it_none(tmp_pat
     (tmp_path / "build").mkdir()
     compile_units(kernel_compile_units(build, tmp_path / "build"), tmp_path / "build", stats=stats)
     assert stats["units"] == 1 and stats["compiled"] == []
+
+
+def test_a_candidate_that_faults_costs_its_own_problem_only(tmp_path):
+    """The profiler times every problem in one process; one whose candidate faults (the
+    profiler exits without its line, or the process dies) is left unmeasured and the run
+    goes on from the problem after it, each time."""
+    from byoc.backends.cutlass.tuning import run_profiler
+    runs = tmp_path / "runs.txt"
+    profiler = tmp_path / "profiler"
+    # problems 1 and 3 fault: the stand-in prints the lines before them and exits 3
+    profiler.write_text(f"""#!{sys.executable}
+import json, sys
+with open({str(runs)!r}, "a") as log:
+    log.write(sys.argv[1] + "\\n")
+for problem in range(int(sys.argv[1]), 5):
+    if problem in (1, 3):
+        sys.exit(3)
+    print(json.dumps({{"problem": problem, "times": {{"k": float(problem)}}}}), flush=True)
+""")
+    profiler.chmod(0o755)
+    measured = run_profiler(profiler, 5)
+    assert measured == {0: {"k": 0.0}, 2: {"k": 2.0}, 4: {"k": 4.0}}
+    assert runs.read_text().split() == ["0", "2", "4"]  # started after each fault, never twice
 
 
 def _lowered(model, workdir, **overrides):

@@ -459,6 +459,7 @@ def test_a_fast_linker_that_fails_gives_way_to_the_systems(tmp_path, monkeypatch
             pass
 
     monkeypatch.setattr(compiler, "fast_linker_flags", BrokenFastLinker())
+    monkeypatch.setattr(compiler, "_FAST_LINKER_REFUSED", set())  # the fallback's memory stays in this test
     source = tmp_path / "a.cc"
     source.write_text('extern "C" int a() { return 1; }\n')
     objects = compile_units([CompileUnit(source, "cxx", ["-fPIC"], "a.o")], tmp_path)

@@ -296,7 +296,6 @@ def attention_units(attention: dict, sm_count: int, workdir: Path, flags: list, 
         source = workdir / f"{symbol}.cu"
         source.write_text(render_template(kernel.template, template_data(problem, kernel, symbol, index_of.__getitem__)))
         # the flash kernel's header ships with byoc; only example 41 needs CUTLASS's examples
-        # the flash kernel's header ships with byoc; only example 41 needs CUTLASS's examples
         include = INCLUDE_DIR if kernel.flash else cutlass_example_dir("41_fused_multi_head_attention")
         units.append(CompileUnit(source, "cuda", flags + [f"-I{include}"], f"{symbol}.o"))
         workspace[symbol] = 0

@@ -328,21 +328,35 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
     link = subprocess.run(command, capture_output=True, text=True)
     if link.returncode != 0:
         raise BuildError(f"linking the cutlass profiler {executable} failed:\n{link.stderr[-2000:]}")
-    # One process times every problem. A candidate that takes it down (a fault leaves the
-    # context unusable) costs its own problem only: the next run starts after it.
-    first = 0
-    while first < len(timed):
-        ran = subprocess.run([str(executable), str(first)], capture_output=True, text=True, timeout=600)
+    for position, times in run_profiler(executable, len(timed)).items():
+        results[timed[position][0]] = times
+    return results
+
+
+def run_profiler(executable, count: int) -> dict:
+    """{problem position: its times} from the profiler, which times problems 0..count-1 in
+    order, one JSON line each. A candidate that faults leaves the CUDA context unusable: the
+    profiler then exits without that problem's line (or the process dies, or hangs past its
+    time), which costs that problem only: it is run again from the problem after it."""
+    measured, first = {}, 0
+    while first < count:
+        try:
+            ran = subprocess.run([str(executable), str(first)], capture_output=True, text=True,
+                                 timeout=max(600, 120 * (count - first)))
+            output, failed = ran.stdout, ran.returncode != 0
+        except subprocess.TimeoutExpired as timeout:
+            output, failed = timeout.stdout or "", True
+            output = output.decode(errors="replace") if isinstance(output, bytes) else output
         finished = first
-        for line in ran.stdout.splitlines():
+        for line in output.splitlines():
             try:
                 record = json.loads(line)
                 position, times = int(record["problem"]), record["times"]
             except (ValueError, KeyError, TypeError):
                 continue
-            if first <= position < len(timed) and isinstance(times, dict):
-                results[timed[position][0]] = times
+            if first <= position < count and isinstance(times, dict):
+                measured[position] = times
                 finished = max(finished, position + 1)
         # a run that stopped early stopped in problem `finished`: it keeps no times
-        first = finished + 1 if ran.returncode != 0 or finished == first else finished
-    return results
+        first = finished + 1 if failed or finished == first else finished
+    return measured

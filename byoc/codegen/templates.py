@@ -18,7 +18,7 @@ class _TemplateBytecodeCache(jinja2.FileSystemBytecodeCache):
     def load_bytecode(self, bucket):
         try:
             super().load_bytecode(bucket)
-        except (OSError, EOFError, ValueError):
+        except Exception:  # noqa: BLE001 - unreadable or corrupt (a pickle error): compile instead
             bucket.reset()
 
     def dump_bytecode(self, bucket):
