@@ -361,8 +361,7 @@ def test_profiler_renders_and_compiles(tmp_path):
             unit = kernel_unit(kernel, problem, [])
             entries.add(unit.entry)
             indices = {"a": 0, "b": 1, **({"bias": 2} if problem.has_bias else {})}
-            calls.append({**partition_call(f"candidate_{index}_{number}", unit, kernel, problem, indices),
-                          "name": kernel.name(problem)})
+            calls.append(partition_call(f"candidate_{index}_{number}", unit, kernel, problem, indices))
         data.append({"key": problem.key, "candidates": calls, "sizes": [4096, 4096, 64 if problem.has_bias else 0, 0],
                      "out_size": problem.m * 64, "slots": [0, 1, 2] if problem.has_bias else [0, 1],
                      "bfloat16": False, "workspace_bytes": 1 << 20, "fill_base": "0x3000u", "fill_mask": "0x03FFu"})

@@ -27,8 +27,8 @@ from byoc.errors import BuildError
 from byoc.ir.expr import Call, Constant, Function, Var
 from byoc.ir.op import Op
 
-from .kernels import (INCLUDE_DIR, PDL_FLAG, SM_COUNT, CandidateFilter, ConvProblem, GemmProblem, kernel_flags,
-                      kernel_unit, kernel_workspace_bytes, partition_call)
+from .kernels import (INCLUDE_DIR, PDL_FLAG, SM_COUNT, CandidateFilter, ConvProblem, GemmProblem, kernel_unit,
+                      kernel_workspace_bytes, partition_call)
 
 # the partitions' entry points (cutlass_entries.cc): plain C++, no CUTLASS
 ENTRIES_FLAGS = ["-O2", "-fPIC", "-fvisibility=hidden", f"-I{INCLUDE_DIR}"]
@@ -251,7 +251,7 @@ def codegen(functions: dict, target) -> list:
     units, workspace, kernels, kernel_units, calls = [], {}, {}, {}, []
     for symbol, (problem, indices) in problems.items():
         kernel = chosen[problem]
-        unit = kernel_unit(kernel, problem, kernel_flags(kernel, flags))
+        unit = kernel_unit(kernel, problem, flags)
         kernel_units.setdefault(unit.entry, unit)
         calls.append(partition_call(symbol, unit, kernel, problem, indices))
         workspace[symbol] = kernel_workspace_bytes(kernel, problem)

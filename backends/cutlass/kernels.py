@@ -134,11 +134,13 @@ class KernelUnit:
 def kernel_unit(kernel, problem, flags: list) -> KernelUnit:
     """The compile unit of `kernel` as it runs `problem`'s dtype, layouts and epilogue; its
     entry is named after the kernel and a hash of the template, the flags and the types.
-    `flags` are the target's (kernel_flags); the unit adds byoc's include directory."""
+    `flags` are the target's: the unit takes kernel_flags of them, and byoc's include
+    directory."""
     import hashlib
     import json
     from byoc.codegen.templates import render_template
     template = kernel_template(kernel)
+    flags = kernel_flags(kernel, flags)
     data = kernel.type_data(problem)
     key = json.dumps([template, list(flags), data], sort_keys=True)
     entry = f"byoc_{data['kernel_name']}_{hashlib.sha256(key.encode()).hexdigest()[:10]}"

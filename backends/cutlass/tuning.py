@@ -36,7 +36,7 @@ from pathlib import Path
 from byoc.errors import BuildError, ByocWarning
 from byoc.codegen.templates import render_template
 
-from .kernels import (INCLUDE_DIR, NO_FILTER, PDL_FLAG, CandidateFilter, default_kernel, kernel_flags, kernel_from_json,
+from .kernels import (INCLUDE_DIR, NO_FILTER, PDL_FLAG, CandidateFilter, default_kernel, kernel_from_json,
                       kernel_unit, kernel_workspace_bytes, operand_sizes, partition_call, usable_candidates)
 
 FORMAT = "byoc-cutlass-tuning"
@@ -286,10 +286,9 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
             slots.append(3)
         calls = []
         for number, kernel in enumerate(usable):
-            unit = kernel_unit(kernel, problem, kernel_flags(kernel, compile_flags))
+            unit = kernel_unit(kernel, problem, compile_flags)
             kernel_units.setdefault(unit.entry, unit)
-            calls.append({**partition_call(f"candidate_{index}_{number}", unit, kernel, problem, indices),
-                          "name": kernel.name(problem)})
+            calls.append(partition_call(f"candidate_{index}_{number}", unit, kernel, problem, indices))
         programs.append((problem, usable, calls, slots))
     # A candidate serves every problem of its types: compiled once, timed on each. One that
     # does not compile is left out (and reported), not fatal: the others are still measured,
