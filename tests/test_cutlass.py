@@ -150,7 +150,7 @@ def test_mainloop_stages_name_render_and_round_trip():
     assert "mainloop_stages" not in automatic.to_json()  # databases written before the field read the same
 
     def text(kernel, problem):
-        return render_template(kernel_template(kernel), {**kernel.type_data(problem), "entry": "k"})
+        return render_template(kernel_template(kernel), {**kernel.type_data(problem), "entry": "k", "part": "host"})
     assert "StageCount<4>" in text(fixed, problem) and "StageCountAutoCarveout" not in text(fixed, problem)
     assert "StageCountAutoCarveout" in text(automatic, problem)
     # no source C unless there is a residual to add
@@ -1033,7 +1033,12 @@ def test_partitions_of_one_kernel_compile_as_one_unit(tmp_path):
     _, artifacts = _lowered(BERT2, tmp_path, dims={"batch": 1, "sequence": 128})
     (cutlass,) = [a for a in artifacts if a.backend == "cutlass"]
     units = {unit.source.name: unit.source.read_text() for unit in cutlass.compile_units}
-    kernels = {name: text for name, text in units.items() if name.startswith("byoc_cutlass_")}
+    kernels = {name: text for name, text in units.items()
+               if name.startswith("byoc_cutlass_") and not name.endswith("_device.cu")}
+    # each kernel's device half beside it: the kernel alone, compiled to a cubin
+    devices = {unit.source.name: unit for unit in cutlass.compile_units if unit.source.name.endswith("_device.cu")}
+    assert sorted(devices) == sorted(f"{name[:-3]}_device.cu" for name in kernels)
+    assert all(unit.language == "cubin" and unit.output == f"{unit.source.name[:-3]}.o" for unit in devices.values())
     entries = units["cutlass_entries.cc"]
     calls = re.findall(r'^extern "C" int (cutlass_\w+)\(.*?return (byoc_cutlass_\w+)\(&call\);', entries, re.M | re.S)
     attention = [name[:-3] for name in units if name.endswith(".cu") and name.startswith("cutlass_")]  # one each
@@ -1042,6 +1047,10 @@ def test_partitions_of_one_kernel_compile_as_one_unit(tmp_path):
     assert len(kernels) == len(served) < len(calls) and sorted(served.values())[-2:] == [2, 2], served
     for name, text in kernels.items():  # the kernel's function, and no partition's name or size
         assert f'extern "C" int {name[:-3]}(const ByocCutlassCall* call)' in text
+        assert f'ByocEmbeddedKernel kernel({name[:-3]}_device_cubin, "{name[:-3]}_kernel")' in text
+        device = devices[f"{name[:-3]}_device.cu"].source.read_text()
+        assert f'extern "C" __global__ void' in device and f"{name[:-3]}_kernel(" in device
+        assert "to_underlying_arguments" not in device and "byoc_cutlass_call.h" not in device
         assert not any(symbol in text for symbol in cutlass.symbols) and "128" not in text.split("namespace")[0]
 
 
@@ -1092,7 +1101,7 @@ def test_a_scale_after_a_batched_matmul_becomes_the_epilogue_alpha(tmp_path):
     mod, report = builder.partition(mod)
     assert report.to_json()["backends"]["cutlass"]["patterns"] == {"batched_matmul_nt_scaled": 1}, report.to_text()
     mod, _ = builder.codegen(mod)
-    sources = [p.read_text() for p in tmp_path.glob("byoc_cutlass_*.cu")]
+    sources = [p.read_text() for p in tmp_path.glob("byoc_cutlass_*.cu") if not p.name.endswith("_device.cu")]
     assert len(sources) == 1 and "arguments.epilogue.thread.alpha = call->alpha;" in sources[0]
     assert "sizes, 0.125f, workspace" in (tmp_path / "cutlass_entries.cc").read_text()
 

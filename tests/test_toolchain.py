@@ -203,6 +203,44 @@ def test_nvcc_unit_for_sm90(tmp_path):
 
 @pytest.mark.nvcc
 @pytest.mark.skipif(not HAS_NVCC, reason="nvcc not installed")
+def test_a_cubin_unit_embeds_device_code_for_a_host_unit(tmp_path, cache):
+    """A cubin unit is device code alone: nvcc -cubin, then the assembler embeds the cubin
+    in an object at <object>_cubin, which a host unit of the same library reads (and, on a
+    GPU, loads with cudaLibraryLoadData). build.ninja shows both steps of the edge; the
+    object comes from the cache the second time."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "scale_device.cu").write_text(
+        'extern "C" __global__ void scale_kernel(float* x) { x[threadIdx.x] *= 2; }\n')
+    (work / "host.cc").write_text(
+        'extern "C" const unsigned char scale_device_cubin[];\n'
+        'extern "C" __attribute__((visibility("default"))) int cubin_magic() {\n'
+        '  return scale_device_cubin[0] == 0x7f && scale_device_cubin[1] == \'E\' && scale_device_cubin[2] == \'L\';\n'
+        '}\n')
+    flags = Target("cuda -arch=sm_90").nvcc_flags()
+    units = [CompileUnit(work / "scale_device.cu", "cubin", flags, "scale_device.o"),
+             CompileUnit(work / "host.cc", "cxx", Target("cpu").cxx_flags(), "host.o")]
+    library = _build(work, units)
+    assert ctypes.CDLL(str(library)).cubin_magic() == 1
+    symbols = subprocess.run(["readelf", "-sW", str(work / "obj" / "scale_device.cubin")], capture_output=True,
+                             text=True).stdout
+    assert re.search(r"FUNC +GLOBAL .* scale_kernel$", symbols, re.M), symbols
+    text = (work / "build.ninja").read_text()
+    (edge,) = [line for line in text.splitlines() if "-cubin" in line]
+    assert " -cubin scale_device.cu -o obj/scale_device.cubin && " in edge
+    assert "-DBYOC_EMBED_SYMBOL=scale_device_cubin" in edge and "obj/scale_device.o" in edge
+    stats = {}
+    again = tmp_path / "again"
+    again.mkdir()
+    for unit in units:
+        (again / unit.source.name).write_text(unit.source.read_text())
+    compile_units([CompileUnit(again / unit.source.name, unit.language, unit.flags, unit.output) for unit in units],
+                  again, stats=stats)
+    assert stats["compiled"] == []
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(not HAS_NVCC, reason="nvcc not installed")
 def test_nvcc_error_names_file_and_line(tmp_path):
     source = tmp_path / "broken.cu"
     source.write_text("__global__ void k(float* x) {\n  x[0] = undefined_thing;\n}\n")

@@ -271,14 +271,19 @@ def codegen(functions: dict, target) -> list:
 
 def kernel_compile_units(kernel_units, workdir: Path) -> list:
     """The CompileUnits of `kernel_units` (kernels.KernelUnit), their sources written to
-    <workdir>/<entry>.cu: the same file name and text wherever they are compiled (a build,
-    the tuner), so the object cache serves one for the other."""
+    <workdir>/<entry>.cu (and a split unit's device half to <entry>_device.cu): the same file
+    names and text wherever they are compiled (a build, the tuner), so the object cache
+    serves one for the other."""
     from byoc.toolchain import CompileUnit
     compile_units = []
     for unit in kernel_units:
         source = workdir / f"{unit.entry}.cu"
         source.write_text(unit.source)
         compile_units.append(CompileUnit(source, "cuda", list(unit.flags), f"{unit.entry}.o"))
+        if unit.device_source is not None:
+            device_source = workdir / f"{unit.entry}_device.cu"
+            device_source.write_text(unit.device_source)
+            compile_units.append(CompileUnit(device_source, "cubin", list(unit.flags), f"{unit.entry}_device.o"))
     return compile_units
 
 

@@ -20,7 +20,7 @@ __all__ = [  # the families' names, so that one import serves the backend and th
     "ONE_WAVE_TILES", "SM80_CANDIDATES", "SM90_CANDIDATES", "SM90_SCHEDULES", "SM90_SPLIT_K", "SM90_STREAM_K",
     "SM_COUNT", "TUNING_ONLY", "CandidateFilter", "GemmKernel", "GemmProblem", "candidates", "estimated_cycles", "heuristic_kernel",
     "parse_shape", "usable_candidates", "default_kernel", "kernel_workspace_bytes", "kernel_from_json", "PDL_FLAG",
-    "kernel_flags", "INCLUDE_DIR", "KernelUnit", "kernel_unit", "partition_call", "kernel_template",
+    "kernel_flags", "INCLUDE_DIR", "SPLIT_TEMPLATES", "KernelUnit", "kernel_unit", "partition_call", "kernel_template",
     "operand_sizes"]
 
 
@@ -118,17 +118,32 @@ def kernel_flags(kernel, flags: list) -> list:
 INCLUDE_DIR = Path(__file__).parent / "include"
 
 
+# Templates rendered in two halves (`part`): the device half, the kernel alone, compiled to a
+# cubin with no host pass (a "cubin" compile unit), and the host half that loads and launches
+# it (include/byoc_cutlass_launch.h). nvcc compiles the two side by side, each in about half
+# the time of one unit of both (bench/results/nvcc_phases.md).
+SPLIT_TEMPLATES = {"cutlass/gemm_sm90.cu.j2", "cutlass/conv2d_sm90.cu.j2"}
+
+
 @dataclass(frozen=True)
 class KernelUnit:
     """One CUTLASS kernel's compile unit: its types instantiated once, and one exported
     function, `entry`, that runs any problem the kernel supports (sizes and operands come in
     a ByocCutlassCall, include/byoc_cutlass_call.h). The source depends on the kernel's types
     and the flags only, so every partition, tuning candidate and model that uses the kernel
-    compiles the same text: one object, from the object cache after the first time."""
+    compiles the same text: one object, from the object cache after the first time. A split
+    template's unit has its device half in `device_source` (compiled to <entry>_device.o, its cubin at the
+    symbol <entry>_device_cubin)."""
     entry: str
     name: str  # the kernel's name (kernel.name(problem))
     source: str
     flags: tuple
+    device_source: str | None = None
+
+    @property
+    def objects(self) -> list:
+        """The object files the unit compiles to (names under the work directory's obj/)."""
+        return [f"{self.entry}.o"] + ([f"{self.entry}_device.o"] if self.device_source is not None else [])
 
 
 def kernel_unit(kernel, problem, flags: list) -> KernelUnit:
@@ -144,8 +159,11 @@ def kernel_unit(kernel, problem, flags: list) -> KernelUnit:
     data = kernel.type_data(problem)
     key = json.dumps([template, list(flags), data], sort_keys=True)
     entry = f"byoc_{data['kernel_name']}_{hashlib.sha256(key.encode()).hexdigest()[:10]}"
-    return KernelUnit(entry, data["kernel_name"], render_template(template, {**data, "entry": entry}),
-                      (*flags, f"-I{INCLUDE_DIR}"))
+    data = {**data, "entry": entry}
+    if template in SPLIT_TEMPLATES:
+        return KernelUnit(entry, data["kernel_name"], render_template(template, {**data, "part": "host"}),
+                          (*flags, f"-I{INCLUDE_DIR}"), render_template(template, {**data, "part": "device"}))
+    return KernelUnit(entry, data["kernel_name"], render_template(template, data), (*flags, f"-I{INCLUDE_DIR}"))
 
 
 def partition_call(symbol: str, unit: KernelUnit, kernel, problem, indices: dict) -> dict:

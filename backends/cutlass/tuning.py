@@ -298,7 +298,8 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
         compile_units(candidate_units, workdir, jobs=jobs)
     except BuildError as error:
         warnings.warn(f"cutlass tuning: some candidates did not compile and are not measured: {error}", ByocWarning)
-    built = {entry for entry in kernel_units if (workdir / "obj" / f"{entry}.o").is_file()}
+    built = {entry for entry, unit in kernel_units.items()
+             if all((workdir / "obj" / name).is_file() for name in unit.objects)}
     timed = []  # (problem, profiler data) of the problems with a candidate to time
     for problem, usable, calls, slots in programs:
         kept = [call for call in calls if call["kernel"] in built]
@@ -323,7 +324,7 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
     from byoc.toolchain.compiler import find_nvcc
     executable = workdir / "profiler"
     command = [str(find_nvcc()), "-o", str(executable), str(workdir / "obj" / "profiler.o")] + \
-        [str(workdir / "obj" / f"{entry}.o") for entry in linked] + ["-lcudart"]
+        [str(workdir / "obj" / name) for entry in linked for name in kernel_units[entry].objects] + ["-lcudart"]
     link = subprocess.run(command, capture_output=True, text=True)
     if link.returncode != 0:
         raise BuildError(f"linking the cutlass profiler {executable} failed:\n{link.stderr[-2000:]}")

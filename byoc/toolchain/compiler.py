@@ -1,7 +1,10 @@
 """Compile units into objects through build.ninja and the object cache, and link.
 
-A CompileUnit is one source file, its language (cxx, cuda, asm) and its flags (which
-come from Targets only). `compile_units` writes <workdir>/build.ninja with one edge per
+A CompileUnit is one source file, its language (cxx, cuda, cubin, asm) and its flags
+(which come from Targets only). A cubin unit is CUDA device code only: nvcc compiles it to
+a cubin (no host pass), and the assembler embeds that in an object (embed_cubin.S) under
+the symbol named after the object (x.o: x_cubin), for a host unit to load at run time
+(cudaLibraryLoadData). `compile_units` writes <workdir>/build.ninja with one edge per
 unit, takes objects from the cache where it can, runs ninja in parallel for the rest,
 and stores what it built. `link_shared` adds the link edge and links. A failing
 compiler or linker becomes a BuildError naming the file and its first error lines.
@@ -28,14 +31,16 @@ from ..errors import BuildError, CompileError
 from . import cache
 from .ninja import NinjaEdge, add_link_edge, edge_seconds, ninja_path, run_ninja, write_build_ninja
 
-LANGUAGES = ("cxx", "cuda", "asm")
-_RULE_OF_LANGUAGE = {"cxx": "cxx_compile", "cuda": "cuda_compile", "asm": "asm_compile"}
+LANGUAGES = ("cxx", "cuda", "cubin", "asm")
+_RULE_OF_LANGUAGE = {"cxx": "cxx_compile", "cuda": "cuda_compile", "cubin": "cubin_compile", "asm": "asm_compile"}
+# the assembler file that embeds a cubin unit's cubin (symbol and file from the command line)
+EMBED_CUBIN = Path(__file__).with_name("embed_cubin.S")
 
 
 @dataclass
 class CompileUnit:
     source: Path
-    language: str  # cxx | cuda | asm
+    language: str  # cxx | cuda | cubin | asm
     flags: list
     output: str  # object file name, relative to <workdir>/obj
     dependencies: list = field(default_factory=list)  # files whose bytes also key the cache
@@ -230,8 +235,22 @@ def compiler_launcher() -> list[str]:
 
 
 def _command(unit: CompileUnit, source: str, output: str) -> list[str]:
+    if unit.language == "cubin":
+        return [str(find_nvcc()), *map(str, unit.flags), "-cubin", source, "-o", _cubin_path(output)]
     compiler = str(find_nvcc()) if unit.language == "cuda" else find_cxx()
     return [compiler, *map(str, unit.flags), "-c", source, "-o", output]
+
+
+def _cubin_path(output: str) -> str:
+    return str(Path(output).with_suffix(".cubin"))
+
+
+def _embed_command(output: str) -> list[str]:
+    """The second step of a cubin unit: its cubin into the object `output`, at the symbol
+    named after the object (obj/x.o: x_cubin). The path is relative to the work
+    directory, where ninja runs, so the command does not depend on where the build is."""
+    return [find_cxx(), "-c", "-x", "assembler-with-cpp", str(EMBED_CUBIN),
+            f"-DBYOC_EMBED_SYMBOL={Path(output).stem}_cubin", f'-DBYOC_EMBED_FILE="{_cubin_path(output)}"', "-o", output]
 
 
 def _cache_key(unit: CompileUnit, command: list, workdir: Path) -> str:
@@ -241,12 +260,14 @@ def _cache_key(unit: CompileUnit, command: list, workdir: Path) -> str:
     keyed_command = [argument.replace(source, "<source>").replace(str(workdir), "<workdir>")
                      for argument in command]
     version = compiler_version(command[0])
-    if unit.language == "cuda":
-        version += compiler_version(find_cxx())  # nvcc compiles the host side with it
+    if unit.language in ("cuda", "cubin"):
+        version += compiler_version(find_cxx())  # nvcc's host side, the cubin's assembler
     search_dirs = cache.include_dirs(command)
     # Headers included with <...> from pip packages (CUTLASS, cuBLASLt) are not hashed:
     # the packages' versions stand for them.
     extra_key = cache.package_versions(search_dirs)
+    if unit.language == "cubin":  # the embedding step's source is part of the object
+        extra_key += "\n" + EMBED_CUBIN.read_text()
     if unit.dependencies_digest:
         return cache.object_key(unit.source, keyed_command, version, (),
                                 extra_key=f"{extra_key}\ndependencies {unit.dependencies_digest}",
@@ -261,8 +282,9 @@ _ERROR_LINE = re.compile(r"\berror\b|undefined reference|cannot find|multiple de
 
 def first_error_lines(output: str, commands=(), limit: int = 10) -> str:
     """The first `limit` lines of compiler/linker output that report errors (ninja
-    echoes each failing command, which says nothing new, so those are left out)."""
-    echoed = {shlex.join(command) for command in commands}
+    echoes each failing command line, one of `commands`, which says nothing new, so those
+    are left out)."""
+    echoed = set(commands)
     lines = [line for line in output.splitlines() if line.strip() and line not in echoed]
     errors = [line for line in lines if _ERROR_LINE.search(line)]
     return "\n".join((errors or lines[-limit:])[:limit])
@@ -301,9 +323,10 @@ def compile_units(units: list, workdir, jobs: int | None = None,
             raise BuildError(f"two compile units write {objects_dir / unit.output}")
         source = ninja_path(workdir, unit.source)
         command = _command(unit, source, output)
+        then = _embed_command(output) if unit.language == "cubin" else []
         # the launcher (ccache, sccache) runs the same command: not part of the object's key
-        edges.append(NinjaEdge(_RULE_OF_LANGUAGE[unit.language], output, [source], launcher + command))
-        keys[output] = _cache_key(unit, command, workdir)
+        edges.append(NinjaEdge(_RULE_OF_LANGUAGE[unit.language], output, [source], launcher + command, then))
+        keys[output] = _cache_key(unit, command + then, workdir)
         sources[output] = unit.source.resolve()
         if not cache.fetch(keys[output], workdir / output):
             # An object left by an earlier build may look up to date to ninja (it does not
@@ -331,7 +354,7 @@ def compile_units(units: list, workdir, jobs: int | None = None,
         built = [output for output in to_build if output not in failed and (workdir / output).is_file()]
         for output in built:  # keep what did compile, even when another unit failed
             cache.store(keys[output], workdir / output)
-        commands = [edge.command for edge in edges]
+        commands = [edge.command_line() for edge in edges]
         if failed:
             failed_in_order = [output for output in to_build if output in failed]
             rerun = f"ninja -C {shlex.quote(str(workdir))} {' '.join(map(shlex.quote, failed_in_order))}"

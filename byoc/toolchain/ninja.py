@@ -1,8 +1,9 @@
 """build.ninja: written so that a person can read it and rerun any step by hand, and run
 by ninja for the compile steps.
 
-The file has one rule per tool (cuda_compile for nvcc, cxx_compile for the C++
-compiler, asm_compile, link_shared) and one edge per compile unit plus one link edge.
+The file has one rule per tool (cuda_compile for nvcc, cubin_compile for nvcc's device
+code embedded by the assembler, cxx_compile for the C++ compiler, asm_compile, link_shared)
+and one edge per compile unit plus one link edge.
 Every edge spells out its whole command (`cmd = ...`), so copying that line into a
 shell repeats the step exactly. Paths inside the work directory are relative to it
 (ninja runs from there); everything else is absolute.
@@ -14,7 +15,7 @@ import re
 import shlex
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -23,6 +24,7 @@ from ..errors import BuildError
 # rule name -> the verb of its edges' descriptions ("compile a.cc", "link model.so")
 RULES = {
     "cuda_compile": "compile",  # nvcc
+    "cubin_compile": "compile",  # nvcc -cubin, then the assembler embeds the cubin in an object
     "cxx_compile": "compile",  # the C++ compiler
     "asm_compile": "compile",  # the C++ compiler driving the assembler
     "link_shared": "link",
@@ -36,10 +38,15 @@ class NinjaEdge:
     output: str  # as written in build.ninja: relative to the work directory when inside it
     inputs: list  # likewise
     command: list  # the full command line, run from the work directory
+    then: list = field(default_factory=list)  # a second command run after it (when it succeeds)
 
     def __post_init__(self):
         if self.rule not in RULES:
             raise BuildError(f"build.ninja: unknown rule {self.rule!r}; rules: {', '.join(RULES)}")
+
+    def command_line(self) -> str:
+        """The edge's command as a shell runs it (ninja hands `cmd` to /bin/sh -c)."""
+        return " && ".join(shlex.join(command) for command in (self.command, self.then) if command)
 
 
 def ninja_path(workdir: Path, path) -> str:
@@ -67,7 +74,7 @@ def render_edge(edge: NinjaEdge) -> str:
     inputs = " ".join(_escape_path(path) for path in edge.inputs)
     subject = Path(edge.inputs[0]).name if edge.rule != "link_shared" and edge.inputs else Path(edge.output).name
     return (f"build {_escape_path(edge.output)}: {edge.rule} {inputs}\n"
-            f"  cmd = {_escape_value(shlex.join(edge.command))}\n"
+            f"  cmd = {_escape_value(edge.command_line())}\n"
             f"  desc = {_escape_value(RULES[edge.rule] + ' ' + subject)}\n")
 
 

@@ -1,0 +1,89 @@
+// How the host half of a CUTLASS kernel unit runs the kernel its device half compiled.
+//
+// An sm90 kernel unit is two compile units that nvcc runs side by side: the device half
+// (the kernel alone, `nvcc -cubin`: no host pass) and the host half (the kernel's types, its
+// Arguments -> Params, no kernel instantiated). Each is about half of what one unit of
+// both took, so the longest compile of a build is about half as long. The device half's
+// cubin is embedded in the library (byoc/toolchain/embed_cubin.S); the host half loads it
+// the first time it runs (a model's first run is never captured into a CUDA graph) and
+// launches its one kernel, an extern "C" __global__ taking the Params, with the attributes
+// CUTLASS's own launcher would give it (cluster shape, programmatic dependent launch).
+// The Params are laid out alike on both sides: the same types, from the same headers,
+// through one nvcc.
+#ifndef BYOC_CUTLASS_LAUNCH_H_
+#define BYOC_CUTLASS_LAUNCH_H_
+
+#include <cuda_runtime.h>
+#include <stdio.h>
+
+extern "C" int byoc_report_error(const char* symbol, const char* message);
+
+// One embedded cubin, loaded into the process once (a CUDA library is not bound to a
+// context: it serves every device) and unloaded when the model library is.
+class ByocEmbeddedKernel {
+ public:
+  ByocEmbeddedKernel(const void* cubin, const char* kernel_name) {
+    status_ = cudaLibraryLoadData(&library_, cubin, nullptr, nullptr, 0, nullptr, nullptr, 0);
+    if (status_ == cudaSuccess) {
+      status_ = cudaLibraryGetKernel(&kernel_, library_, kernel_name);
+    }
+  }
+  ~ByocEmbeddedKernel() {
+    // At process exit the CUDA runtime may be gone already: its answer is of no use then.
+    if (library_ != nullptr) cudaLibraryUnload(library_);
+  }
+  ByocEmbeddedKernel(const ByocEmbeddedKernel&) = delete;
+  ByocEmbeddedKernel& operator=(const ByocEmbeddedKernel&) = delete;
+
+  // Launches the kernel with its one parameter at `params`; 0, or byoc_report_error's answer
+  // naming `symbol` (the partition), `what` (the kernel) and CUDA's reason.
+  int launch(const char* symbol, const char* what, dim3 grid, dim3 block, dim3 cluster, int shared_bytes,
+             bool with_pdl, cudaStream_t stream, void* params) const {
+    if (status_ != cudaSuccess) return fail(symbol, what, "cannot be loaded", status_);
+    // Above 48 KiB of dynamic shared memory a kernel must opt in (per device: set it each
+    // time, as CUTLASS's adapter does, so a second device is covered too).
+    if (shared_bytes >= (48 << 10)) {
+      const cudaError_t set = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel_),
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes);
+      if (set != cudaSuccess) return fail(symbol, what, "cannot have its shared memory", set);
+    }
+    cudaLaunchAttribute attributes[2];
+    unsigned count = 0;
+    if (cluster.x * cluster.y * cluster.z > 1) {
+      attributes[count].id = cudaLaunchAttributeClusterDimension;
+      attributes[count].val.clusterDim.x = cluster.x;
+      attributes[count].val.clusterDim.y = cluster.y;
+      attributes[count].val.clusterDim.z = cluster.z;
+      ++count;
+    }
+    if (with_pdl) {
+      attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attributes[count].val.programmaticStreamSerializationAllowed = 1;
+      ++count;
+    }
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = static_cast<size_t>(shared_bytes);
+    config.stream = stream;
+    config.attrs = attributes;
+    config.numAttrs = count;
+    void* arguments[] = {params};
+    const cudaError_t launched = cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(kernel_), arguments);
+    return launched == cudaSuccess ? 0 : fail(symbol, what, "failed to launch", launched);
+  }
+
+ private:
+  static int fail(const char* symbol, const char* what, const char* doing, cudaError_t error) {
+    cudaGetLastError();  // a launch's error is not sticky: clear it, as CUTLASS's launcher does
+    char message[512];
+    snprintf(message, sizeof message, "%s %s: %s", what, doing, cudaGetErrorString(error));
+    return byoc_report_error(symbol, message);
+  }
+
+  cudaLibrary_t library_ = nullptr;
+  cudaKernel_t kernel_ = nullptr;
+  cudaError_t status_ = cudaSuccess;
+};
+
+#endif  // BYOC_CUTLASS_LAUNCH_H_
