@@ -239,6 +239,32 @@ def @main(%scores: Tensor[(2, 3), float32], %keep: Tensor[(1, 3), bool]) -> Tens
     check(before, after)
 
 
+def test_large_matmul_weights_are_converted_up_front_once_and_saturated():
+    """The weights that matmuls and convs read (1 MiB and up) are converted before the walk,
+    on several threads; a weight two matmuls share stays one Constant, and values beyond
+    float16's range saturate as they do on the walk's own path."""
+    from byoc.ir.expr import Constant
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((512, 1024)).astype(np.float32)
+    weight[0, :3] = [1e9, -np.inf, np.nan]
+    other = rng.standard_normal((1024, 512)).astype(np.float32)
+    builder = FunctionBuilder("main")
+    x = builder.param("x", (4, 512), "float32")
+    shared = Constant(weight)
+    first = builder.call("matmul", x, shared)
+    second = builder.call("matmul", builder.call("gelu", first), Constant(other))
+    builder.ret(builder.call("matmul", builder.call("relu", second), shared))
+    mod = builder.module()
+    result = convert_to_float16(mod)
+    matmuls = [b.value for b in result["main"].bindings if isinstance(b.value, Call) and b.value.op.name == "matmul"]
+    weights = [arg for call in matmuls for arg in call.args if isinstance(arg, Constant)]
+    assert [w.type.dtype for w in weights] == ["float16"] * 3
+    assert weights[0] is weights[2] and weights[1] is not weights[0]
+    np.testing.assert_array_equal(weights[1].data, other.astype(np.float16))
+    assert weights[0].data[0, 0] == 65504 and np.isneginf(weights[0].data[0, 1]) and np.isnan(weights[0].data[0, 2])
+    np.testing.assert_array_equal(weights[0].data[1:], weight[1:].astype(np.float16))
+
+
 def test_calls_tuples_and_local_functions_keep_float32_interfaces():
     before = """
 def @main(%x: Tensor[(2, 2), float32]) -> Tensor[(2, 2), float32] {

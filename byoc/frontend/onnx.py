@@ -26,6 +26,7 @@ ModelError naming the node, with the original error chained.
 from __future__ import annotations
 
 import math
+import sys
 from typing import Callable
 
 import numpy as np
@@ -42,6 +43,9 @@ from ..ir.types import NUMPY_DTYPES, TensorType, dtype_of_numpy
 from .onnx_model import (checked_dims, checked_input_shapes, declared_dims, describe_model,  # noqa: F401
                          dtype_of_elem_type, elem_type_name, fits_declared, input_tensor_type, load_model, node_label)
 from .onnx_schema import check_input_types, check_node
+
+# dtypes whose raw_data onnx.numpy_helper reads specially (not a plain little-endian view)
+_RAW_DATA_SPECIAL = frozenset({"bfloat16", "bool"})
 
 MIN_OPSET = 13
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -223,10 +227,15 @@ class _Importer:
             raise ModelError(f"{what} has dims {dims}; expected non-negative dims")
         count = math.prod(dims)
         if tensor.HasField("raw_data"):
+            # Each read of raw_data copies the bytes out of the message: read it once (a
+            # BERT-base's weights are 415 MB), and view it as the array.
+            raw = tensor.raw_data
             needed = count * NUMPY_DTYPES[dtype].itemsize
-            if len(tensor.raw_data) != needed:
-                raise ModelError(f"{what} ({dtype}, dims {dims}) has {len(tensor.raw_data)} bytes of raw_data; "
+            if len(raw) != needed:
+                raise ModelError(f"{what} ({dtype}, dims {dims}) has {len(raw)} bytes of raw_data; "
                                  f"its dims need {needed} ({count} elements)")
+            if sys.byteorder == "little" and dtype not in _RAW_DATA_SPECIAL:
+                return np.frombuffer(raw, dtype=NUMPY_DTYPES[dtype]).reshape(dims)
         try:
             array = numpy_helper.to_array(tensor)
         except ValueError as error:  # a typed field (float_data, int64_data, ...) of the wrong length
