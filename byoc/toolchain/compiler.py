@@ -33,6 +33,7 @@ from .ninja import NinjaEdge, add_link_edge, edge_seconds, ninja_path, run_ninja
 
 LANGUAGES = ("cxx", "cuda", "cubin", "asm")
 _RULE_OF_LANGUAGE = {"cxx": "cxx_compile", "cuda": "cuda_compile", "cubin": "cubin_compile", "asm": "asm_compile"}
+_SCHEDULE_ORDER = {"cubin": 0, "cuda": 1, "cxx": 2, "asm": 3}
 # the assembler file that embeds a cubin unit's cubin (symbol and file from the command line)
 EMBED_CUBIN = Path(__file__).with_name("embed_cubin.S")
 
@@ -317,7 +318,10 @@ def compile_units(units: list, workdir, jobs: int | None = None,
     objects_dir.mkdir(parents=True, exist_ok=True)
     edges, keys, sources, to_build = [], {}, {}, []
     launcher = compiler_launcher()
-    for unit in units:
+    # ninja starts ready edges in the order build.ninja lists them (with no log of earlier
+    # runs): the longest kinds of compile first, so that the short ones fill the gaps at the
+    # end instead of a long one starting last (nvcc's device code, then its other units).
+    for unit in sorted(units, key=lambda unit: _SCHEDULE_ORDER[unit.language]):
         output = ninja_path(workdir, objects_dir / unit.output)
         if output in keys:
             raise BuildError(f"two compile units write {objects_dir / unit.output}")
