@@ -239,11 +239,14 @@ def @main(%scores: Tensor[(2, 3), float32], %keep: Tensor[(1, 3), bool]) -> Tens
     check(before, after)
 
 
-def test_large_matmul_weights_are_converted_up_front_once_and_saturated():
+def test_large_matmul_weights_are_converted_up_front_once_and_saturated(monkeypatch):
     """The weights that matmuls and convs read (1 MiB and up) are converted before the walk,
-    on several threads; a weight two matmuls share stays one Constant, and values beyond
-    float16's range saturate as they do on the walk's own path."""
+    on several threads, each once; a weight two matmuls share stays one Constant, and values
+    beyond float16's range saturate as on the walk's own path. With matmul kept in float32
+    nothing is converted up front."""
     from byoc.ir.expr import Constant
+    import importlib
+    module = importlib.import_module("byoc.transform.convert_to_float16")
     rng = np.random.default_rng(0)
     weight = rng.standard_normal((512, 1024)).astype(np.float32)
     weight[0, :3] = [1e9, -np.inf, np.nan]
@@ -255,7 +258,23 @@ def test_large_matmul_weights_are_converted_up_front_once_and_saturated():
     second = builder.call("matmul", builder.call("gelu", first), Constant(other))
     builder.ret(builder.call("matmul", builder.call("relu", second), shared))
     mod = builder.module()
+    up_front, lazily = [], []
+    convert_all = module._ConstantConverter.convert_all
+    saturating_convert = module._saturating_convert
+    state = {"walking": False}
+
+    def counted_convert(data, dtype):
+        (lazily if state["walking"] else up_front).append(data.shape)
+        return saturating_convert(data, dtype)
+
+    def convert_all_then_walk(self, constants, dtype):
+        convert_all(self, constants, dtype)
+        state["walking"] = True
+
+    monkeypatch.setattr(module, "_saturating_convert", counted_convert)
+    monkeypatch.setattr(module._ConstantConverter, "convert_all", convert_all_then_walk)
     result = convert_to_float16(mod)
+    assert state["walking"] and sorted(up_front) == [(512, 1024), (1024, 512)] and lazily == []
     matmuls = [b.value for b in result["main"].bindings if isinstance(b.value, Call) and b.value.op.name == "matmul"]
     weights = [arg for call in matmuls for arg in call.args if isinstance(arg, Constant)]
     assert [w.type.dtype for w in weights] == ["float16"] * 3
@@ -263,6 +282,12 @@ def test_large_matmul_weights_are_converted_up_front_once_and_saturated():
     np.testing.assert_array_equal(weights[1].data, other.astype(np.float16))
     assert weights[0].data[0, 0] == 65504 and np.isneginf(weights[0].data[0, 1]) and np.isnan(weights[0].data[0, 2])
     np.testing.assert_array_equal(weights[0].data[1:], weight[1:].astype(np.float16))
+    up_front.clear()
+    state["walking"] = False
+    kept = convert_to_float16(mod, keep_float32_ops=DEFAULT_KEEP_FLOAT32_OPS | {"matmul"})
+    assert up_front == [] and lazily == []
+    assert all(arg.type.dtype == "float32" for b in kept["main"].bindings if isinstance(b.value, Call)
+               and b.value.op.name == "matmul" for arg in b.value.args if isinstance(arg, Constant))
 
 
 def test_calls_tuples_and_local_functions_keep_float32_interfaces():

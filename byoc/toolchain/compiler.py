@@ -259,7 +259,7 @@ def _cache_key(unit: CompileUnit, command: list, workdir: Path) -> str:
     # inside the work directory become placeholders (the object's name is relative).
     source = str(unit.source.resolve())
     keyed_command = [argument.replace(source, "<source>").replace(str(workdir), "<workdir>")
-                     for argument in command]
+                     .replace(str(EMBED_CUBIN), "<embed_cubin.S>") for argument in command]
     version = compiler_version(command[0])
     if unit.language in ("cuda", "cubin"):
         version += compiler_version(find_cxx())  # nvcc's host side, the cubin's assembler
@@ -267,7 +267,7 @@ def _cache_key(unit: CompileUnit, command: list, workdir: Path) -> str:
     # Headers included with <...> from pip packages (CUTLASS, cuBLASLt) are not hashed:
     # the packages' versions stand for them.
     extra_key = cache.package_versions(search_dirs)
-    if unit.language == "cubin":  # the embedding step's source is part of the object
+    if unit.language == "cubin":  # the embedding step's source (its path is a placeholder above)
         extra_key += "\n" + EMBED_CUBIN.read_text()
     if unit.dependencies_digest:
         return cache.object_key(unit.source, keyed_command, version, (),

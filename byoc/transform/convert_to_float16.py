@@ -108,7 +108,7 @@ def convert_to_float16(mod: IRModule, dtype: str = "float16",
             raise ValueError(
                 f"convert_to_float16: keep_float32_ops names {name!r}, which is not an op") from None
     constants = _ConstantConverter()
-    constants.convert_all(_weights_of_converted_ops(mod), dtype)
+    constants.convert_all(_weights_of_converted_ops(mod, ALWAYS_CONVERTED_OPS - keep_float32_ops), dtype)
     functions = {name: _convert_function(func, dtype, keep_float32_ops, constants)
                  for name, func in mod.items()}
     return IRModule(functions, mod.attrs)
@@ -151,9 +151,10 @@ class _ConstantConverter:
         return self.cache[key][1]
 
 
-def _weights_of_converted_ops(mod: IRModule, min_bytes: int = 1 << 20) -> list:
-    """The float32 constants of at least `min_bytes` that matmuls and convs read (those always
-    run in low precision, so these are converted whatever else the pass decides), once each."""
+def _weights_of_converted_ops(mod: IRModule, ops, min_bytes: int = 1 << 20) -> list:
+    """The float32 constants of at least `min_bytes` that calls of `ops` read, once each: the
+    ops that always run in low precision (matmul and conv2d, unless kept in float32), so these
+    are converted whatever else the pass decides."""
     found = {}
 
     def walk(func: Function):
@@ -161,7 +162,7 @@ def _weights_of_converted_ops(mod: IRModule, min_bytes: int = 1 << 20) -> list:
             value = binding.value
             if isinstance(value, Function):
                 walk(value)
-            elif isinstance(value, Call) and isinstance(value.op, Op) and value.op.name in ALWAYS_CONVERTED_OPS:
+            elif isinstance(value, Call) and isinstance(value.op, Op) and value.op.name in ops:
                 for arg in value.args:
                     if isinstance(arg, Constant) and arg.type.dtype == FLOAT32 and arg.data.nbytes >= min_bytes:
                         found[id(arg)] = arg
