@@ -421,16 +421,24 @@ class _Builder:
             units.extend(artifact.compile_units)
             unit_backends.extend([artifact.backend] * len(artifact.compile_units))
             link_libraries += [library for library in artifact.link_libraries if library not in link_libraries]
-        content = hashlib.sha256()
-        content.update(str(self.target).encode())
-        for unit in units:
-            content.update(Path(unit.source).read_bytes())
-        weights_digest = hashlib.sha256(host.plan.weights).hexdigest()  # once: it keys the weights' object too
-        content.update(weights_digest.encode())
+        from concurrent.futures import ThreadPoolExecutor
+
+        from .codegen.host import blob_checksum
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            # The runtime's checksum of the weights and their sha256 are two passes over them
+            # (220 MB for a BERT-base): NumPy and hashlib let go of the GIL, so they overlap.
+            weights_checksum = pool.submit(blob_checksum, host.plan.weights)
+            content = hashlib.sha256()
+            content.update(str(self.target).encode())
+            for unit in units:
+                content.update(Path(unit.source).read_bytes())
+            weights_digest = hashlib.sha256(host.plan.weights).hexdigest()  # once: it keys the weights' object too
+            content.update(weights_digest.encode())
+            weights_checksum = weights_checksum.result()
         build_id = content.hexdigest()[:16]
         metadata = self.metadata(mod, host, artifacts, build_id, report)
         program = self.program_table(host, artifacts)
-        units += self.host_units(host, artifacts, build_id, program)
+        units += self.host_units(host, artifacts, build_id, program, weights_checksum)
         embedded_units, sidecar = self.embedded_units(host.plan.weights, metadata, build_id, program, weights_digest)
         units += embedded_units
         output, compiled = self.compile_and_link(units, link_libraries, build_id)
@@ -486,10 +494,10 @@ class _Builder:
         from .codegen.host import program_table
         return program_table(host.plan, [s for a in artifacts for s in a.stateful_symbols])
 
-    def host_units(self, host: "_HostSetup", artifacts, build_id: str, program: bytes) -> list:
+    def host_units(self, host: "_HostSetup", artifacts, build_id: str, program: bytes, weights_checksum: int) -> list:
         """host.cc (the model's tables) and the static model runtime they drive, which is
         compiled once per flavor (and flags) into the object cache."""
-        from .codegen.host import blob_checksum, render_host
+        from .codegen.host import render_host
         from .runtime import C_ABI_HEADER, model_runtime_sources
         from .toolchain import CompileUnit
         host_source = render_host(host.plan, cuda=self.cuda, build_id=build_id, program=program,
@@ -497,7 +505,7 @@ class _Builder:
                                   weights_embedded=self.cfg.params != "sidecar",
                                   cuda_graph=host.cuda_graph, graph_io=host.graph_io,
                                   stateful=[s for a in artifacts for s in a.stateful_symbols],
-                                  weights_checksum=blob_checksum(host.plan.weights), devices=host.devices)
+                                  weights_checksum=weights_checksum, devices=host.devices)
         host_path = self.workdir / "host.cc"
         host_path.write_text(host_source)
         host_flags = self.target.cxx_flags() + [f"-I{C_ABI_HEADER.parent}"]
