@@ -108,6 +108,27 @@ def test_changed_header_or_flags_miss_the_cache(tmp_path):
     assert len(ran) == 2
 
 
+def test_a_header_the_units_share_is_read_once_for_their_keys(tmp_path, monkeypatch, cache):
+    """The cache keys of one build's units read each source and header once (a build's
+    units share most of their headers); a header changed before the next build is read
+    again and changes that unit's key."""
+    import pathlib
+    work = tmp_path / "work"
+    units = _write_sources(work)
+    (work / "b.cc").write_text('#include "answer.h"\nextern "C" int answer();\n'
+                               'extern "C" __attribute__((visibility("default"))) int twice() '
+                               '{ return ANSWER + answer(); }\n')
+    reads = []
+    read_bytes = pathlib.Path.read_bytes
+    monkeypatch.setattr(pathlib.Path, "read_bytes", lambda path: reads.append(path.name) or read_bytes(path))
+    _build(work, units)
+    assert reads.count("answer.h") == 1 and reads.count("a.cc") == 1 and reads.count("b.cc") == 1
+    (work / "include" / "answer.h").write_text("#define ANSWER 5\n")
+    reads.clear()
+    library = link_shared(compile_units(units, work), work / "lib5.so", [], [], workdir=work)
+    assert reads.count("answer.h") == 1 and ctypes.CDLL(str(library)).twice() == 10
+
+
 def test_compiler_error_names_file_and_first_error(tmp_path):
     good = tmp_path / "good.cc"
     good.write_text("int good() { return 1; }\n")

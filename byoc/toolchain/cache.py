@@ -143,9 +143,12 @@ def package_versions(directories) -> str:
 
 
 def object_key(source: Path, command: list[str], compiler_version: str, extra_files=(), extra_key: str = "",
-               search_dirs: list | None = None) -> str:
+               search_dirs: list | None = None, memo: dict | None = None) -> str:
     """sha256 over the command, the compiler's version, `extra_key`, and the bytes of the
-    source, of `extra_files` and of every local header they include (recursively)."""
+    source, of `extra_files` and of every local header they include (recursively). `memo`,
+    a dict the caller keeps for the units of one build, holds each file it read (resolved
+    path, bytes, quoted includes): the units of a build share most of their headers."""
+    memo = {} if memo is None else memo
     digest = hashlib.sha256()
     digest.update(_KEY_FORMAT.encode())
     digest.update("\0".join(command).encode())
@@ -156,17 +159,27 @@ def object_key(source: Path, command: list[str], compiler_version: str, extra_fi
     pending = [Path(source)] + [Path(f) for f in extra_files]
     while pending:
         path = pending.pop()
-        resolved = path.resolve()
-        if resolved in seen or not resolved.is_file():
+        if path not in memo:
+            resolved = path.resolve()
+            if resolved.is_file():
+                data = resolved.read_bytes()
+                names = [name.decode(errors="replace") for name in _QUOTED_INCLUDE.findall(data)] \
+                    if resolved.suffix in _SOURCE_SUFFIXES else []
+                memo[path] = (resolved, data, names)
+            else:
+                memo[path] = None
+        if memo[path] is None or memo[path][0] in seen:
             continue
+        resolved, data, names = memo[path]
         seen.add(resolved)
-        data = resolved.read_bytes()
         digest.update(str(len(data)).encode() + b":" + data)
-        for name in _QUOTED_INCLUDE.findall(data) if resolved.suffix in _SOURCE_SUFFIXES else ():
-            name = name.decode(errors="replace")
+        for name in names:
             for directory in [resolved.parent] + search:
                 candidate = directory / name
-                if candidate.is_file():
+                found = memo.get(("is_file", candidate))
+                if found is None:
+                    found = memo[("is_file", candidate)] = candidate.is_file()
+                if found:
                     pending.append(candidate)
                     break
     return digest.hexdigest()

@@ -254,7 +254,7 @@ def _embed_command(output: str) -> list[str]:
             f"-DBYOC_EMBED_SYMBOL={Path(output).stem}_cubin", f'-DBYOC_EMBED_FILE="{_cubin_path(output)}"', "-o", output]
 
 
-def _cache_key(unit: CompileUnit, command: list, workdir: Path) -> str:
+def _cache_key(unit: CompileUnit, command: list, workdir: Path, memo: dict | None = None) -> str:
     # The key must not depend on where this build happens: the source's path and paths
     # inside the work directory become placeholders (the object's name is relative).
     source = str(unit.source.resolve())
@@ -272,9 +272,9 @@ def _cache_key(unit: CompileUnit, command: list, workdir: Path) -> str:
     if unit.dependencies_digest:
         return cache.object_key(unit.source, keyed_command, version, (),
                                 extra_key=f"{extra_key}\ndependencies {unit.dependencies_digest}",
-                                search_dirs=search_dirs)
+                                search_dirs=search_dirs, memo=memo)
     return cache.object_key(unit.source, keyed_command, version, unit.dependencies,
-                            extra_key=extra_key, search_dirs=search_dirs)
+                            extra_key=extra_key, search_dirs=search_dirs, memo=memo)
 
 
 _ERROR_LINE = re.compile(r"\berror\b|undefined reference|cannot find|multiple definition|FAILED:|"
@@ -317,6 +317,7 @@ def compile_units(units: list, workdir, jobs: int | None = None,
     objects_dir = workdir / "obj"
     objects_dir.mkdir(parents=True, exist_ok=True)
     edges, keys, sources, to_build = [], {}, {}, []
+    files_read = {}  # the sources and headers the cache keys read, once for all the units
     launcher = compiler_launcher()
     # ninja starts ready edges in the order build.ninja lists them (with no log of earlier
     # runs): the longest kinds of compile first, so that the short ones fill the gaps at the
@@ -330,7 +331,7 @@ def compile_units(units: list, workdir, jobs: int | None = None,
         then = _embed_command(output) if unit.language == "cubin" else []
         # the launcher (ccache, sccache) runs the same command: not part of the object's key
         edges.append(NinjaEdge(_RULE_OF_LANGUAGE[unit.language], output, [source], launcher + command, then))
-        keys[output] = _cache_key(unit, command + then, workdir)
+        keys[output] = _cache_key(unit, command + then, workdir, files_read)
         sources[output] = unit.source.resolve()
         if not cache.fetch(keys[output], workdir / output):
             # An object left by an earlier build may look up to date to ninja (it does not
