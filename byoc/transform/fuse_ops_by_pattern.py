@@ -56,16 +56,16 @@ def _vars_in(expr) -> list:
     return []
 
 
-def _reaches(start_vars, targets, bindings, position_of) -> bool:
-    """Whether any target is computed (transitively) from any of start_vars."""
+def _reaches(start_vars, targets, bindings, position_of, binding_inputs) -> bool:
+    """Whether any target is computed (transitively) from any of start_vars
+    (`binding_inputs`: the vars each binding reads, by position)."""
     tainted = set(start_vars)
     first = min(position_of[v] for v in start_vars)
     last = max((position_of.get(t, -1) for t in targets), default=-1)
-    for binding in bindings[first:last + 1]:
-        if binding.var in tainted:
-            continue
-        if any(v in tainted for v in _vars_in(binding.value)):
-            tainted.add(binding.var)
+    for index in range(first, last + 1):
+        var = bindings[index].var
+        if var not in tainted and any(v in tainted for v in binding_inputs[index]):
+            tainted.add(var)
     return any(t in tainted for t in targets)
 
 
@@ -89,6 +89,8 @@ def _fuse_entry(bindings, main, backend, entry, report):
     func = Function(main.params, bindings, main.result, main.ret_type, main.attrs)
     uses = _uses(func)
     position_of = {b.var: i for i, b in enumerate(bindings)}
+    # the vars each binding reads, once per entry: every candidate match's cycle check walks them
+    binding_inputs = [_vars_in(b.value) for b in bindings]
     producers = {b.var: b.value for b in bindings if isinstance(b.value, Call) and not isinstance(b.value.op, (Var, Function))}
     for binding in reversed(bindings):
         root = binding.var
@@ -105,7 +107,7 @@ def _fuse_entry(bindings, main, backend, entry, report):
         if reason is None:
             # Checked before outside uses: a cycle can never be fused, whatever is duplicated.
             input_vars = [i for i in found.inputs if isinstance(i, Var) and i in position_of]
-            if input_vars and _reaches(matched, input_vars, bindings, position_of):
+            if input_vars and _reaches(matched, input_vars, bindings, position_of, binding_inputs):
                 reason = "its output reaches one of its own inputs through an outside node (a cycle)"
         if reason is None:
             for var in found.matched:
