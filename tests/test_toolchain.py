@@ -108,6 +108,26 @@ def test_changed_header_or_flags_miss_the_cache(tmp_path):
     assert len(ran) == 2
 
 
+def test_build_ninja_lists_the_longest_kinds_of_compile_first(tmp_path, monkeypatch):
+    """ninja starts ready edges in build.ninja's order: device-code units first, then nvcc's,
+    then C++ and assembler, whatever order the units came in; the objects come back in the
+    units' own order."""
+    from byoc.toolchain import compiler as toolchain_compiler
+    monkeypatch.setattr(toolchain_compiler, "find_nvcc", lambda: "/usr/bin/true")
+    monkeypatch.setattr(toolchain_compiler, "run_ninja", lambda *args, **kwargs: (0, ""))
+    monkeypatch.setattr(toolchain_compiler.cache, "fetch", lambda key, destination: destination.write_bytes(b"o") or True)
+    work = tmp_path / "work"
+    work.mkdir()
+    units = []
+    for name, language in (("a.S", "asm"), ("b.cc", "cxx"), ("c.cu", "cuda"), ("d_device.cu", "cubin")):
+        (work / name).write_text("\n")
+        units.append(CompileUnit(work / name, language, [], f"{name.split('.')[0]}.o"))
+    objects = compile_units(units, work)
+    assert [o.name for o in objects] == ["a.o", "b.o", "c.o", "d_device.o"]
+    edges = re.findall(r"^build (\S+): (\w+)", (work / "build.ninja").read_text(), re.M)
+    assert [rule for _, rule in edges] == ["cubin_compile", "cuda_compile", "cxx_compile", "asm_compile"]
+
+
 def test_a_header_the_units_share_is_read_once_for_their_keys(tmp_path, monkeypatch, cache):
     """The cache keys of one build's units read each source and header once (a build's
     units share most of their headers); a header changed before the next build is read
