@@ -251,7 +251,8 @@ def _embed_command(output: str) -> list[str]:
     named after the object (obj/x.o: x_cubin). The path is relative to the work
     directory, where ninja runs, so the command does not depend on where the build is."""
     return [find_cxx(), "-c", "-x", "assembler-with-cpp", str(EMBED_CUBIN),
-            f"-DBYOC_EMBED_SYMBOL={Path(output).stem}_cubin", f'-DBYOC_EMBED_FILE="{_cubin_path(output)}"', "-o", output]
+            f"-DBYOC_EMBED_SYMBOL={Path(output).stem}_cubin", f'-DBYOC_EMBED_FILE="{_cubin_path(output)}"',
+            "-o", output]
 
 
 def _cache_key(unit: CompileUnit, command: list, workdir: Path, memo: dict | None = None) -> str:
