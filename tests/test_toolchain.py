@@ -278,6 +278,14 @@ def test_a_cubin_unit_embeds_device_code_for_a_host_unit(tmp_path, cache):
     compile_units([CompileUnit(again / unit.source.name, unit.language, unit.flags, unit.output) for unit in units],
                   again, stats=stats)
     assert stats["compiled"] == []
+    # device code that does not compile: an error naming the file and nvcc's line, no object
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "bad_device.cu").write_text('extern "C" __global__ void k(float* x) {\n  x[0] = no_such_name;\n}\n')
+    with pytest.raises(byoc.BuildError) as info:
+        compile_units([CompileUnit(broken / "bad_device.cu", "cubin", flags, "bad_device.o")], broken)
+    assert str(broken / "bad_device.cu") in str(info.value) and "no_such_name" in str(info.value)
+    assert not (broken / "obj" / "bad_device.o").exists()
 
 
 @pytest.mark.nvcc
