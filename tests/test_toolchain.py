@@ -244,7 +244,7 @@ def test_nvcc_unit_for_sm90(tmp_path):
 
 @pytest.mark.nvcc
 @pytest.mark.skipif(not HAS_NVCC, reason="nvcc not installed")
-def test_a_cubin_unit_embeds_device_code_for_a_host_unit(tmp_path, cache):
+def test_a_cubin_unit_embeds_device_code_for_a_host_unit(tmp_path, cache, monkeypatch):
     """A cubin unit is device code alone: nvcc -cubin, then the assembler embeds the cubin
     in an object at <object>_cubin, which a host unit of the same library reads (and, on a
     GPU, loads with cudaLibraryLoadData). build.ninja shows both steps of the edge; the
@@ -275,9 +275,15 @@ def test_a_cubin_unit_embeds_device_code_for_a_host_unit(tmp_path, cache):
     again.mkdir()
     for unit in units:
         (again / unit.source.name).write_text(unit.source.read_text())
-    compile_units([CompileUnit(again / unit.source.name, unit.language, unit.flags, unit.output) for unit in units],
-                  again, stats=stats)
+    again_units = [CompileUnit(again / unit.source.name, unit.language, unit.flags, unit.output) for unit in units]
+    compile_units(again_units, again, stats=stats)
     assert stats["compiled"] == []
+    # the embedding step's assembler source keys the object too: a changed one compiles it again
+    embed = tmp_path / "embed_cubin.S"
+    embed.write_text(compiler.EMBED_CUBIN.read_text() + "/* changed */\n")
+    monkeypatch.setattr(compiler, "EMBED_CUBIN", embed)
+    compile_units(again_units, again, stats=stats)
+    assert stats["compiled"] == [0]
     # device code that does not compile: an error naming the file and nvcc's line, no object
     broken = tmp_path / "broken"
     broken.mkdir()

@@ -31,9 +31,9 @@ from ..errors import BuildError, CompileError
 from . import cache
 from .ninja import NinjaEdge, add_link_edge, edge_seconds, ninja_path, run_ninja, write_build_ninja
 
-LANGUAGES = ("cxx", "cuda", "cubin", "asm")
+# longest kind of compile first: build.ninja lists the units in this order (compile_units)
+LANGUAGES = ("cubin", "cuda", "cxx", "asm")
 _RULE_OF_LANGUAGE = {"cxx": "cxx_compile", "cuda": "cuda_compile", "cubin": "cubin_compile", "asm": "asm_compile"}
-_SCHEDULE_ORDER = {"cubin": 0, "cuda": 1, "cxx": 2, "asm": 3}
 # the assembler file that embeds a cubin unit's cubin (symbol and file from the command line)
 EMBED_CUBIN = Path(__file__).with_name("embed_cubin.S")
 
@@ -268,13 +268,13 @@ def _cache_key(unit: CompileUnit, command: list, workdir: Path, memo: dict | Non
     # Headers included with <...> from pip packages (CUTLASS, cuBLASLt) are not hashed:
     # the packages' versions stand for them.
     extra_key = cache.package_versions(search_dirs)
-    if unit.language == "cubin":  # the embedding step's source (its path is a placeholder above)
-        extra_key += "\n" + EMBED_CUBIN.read_text()
+    # a cubin unit's second step assembles embed_cubin.S: its bytes key the object as a header's do
+    embedding = (EMBED_CUBIN,) if unit.language == "cubin" else ()
     if unit.dependencies_digest:
-        return cache.object_key(unit.source, keyed_command, version, (),
+        return cache.object_key(unit.source, keyed_command, version, embedding,
                                 extra_key=f"{extra_key}\ndependencies {unit.dependencies_digest}",
                                 search_dirs=search_dirs, memo=memo)
-    return cache.object_key(unit.source, keyed_command, version, unit.dependencies,
+    return cache.object_key(unit.source, keyed_command, version, [*unit.dependencies, *embedding],
                             extra_key=extra_key, search_dirs=search_dirs, memo=memo)
 
 
@@ -323,7 +323,7 @@ def compile_units(units: list, workdir, jobs: int | None = None,
     # ninja starts ready edges in the order build.ninja lists them (with no log of earlier
     # runs): the longest kinds of compile first, so that the short ones fill the gaps at the
     # end instead of a long one starting last (nvcc's device code, then its other units).
-    for unit in sorted(units, key=lambda unit: _SCHEDULE_ORDER[unit.language]):
+    for unit in sorted(units, key=lambda unit: LANGUAGES.index(unit.language)):
         output = ninja_path(workdir, objects_dir / unit.output)
         if output in keys:
             raise BuildError(f"two compile units write {objects_dir / unit.output}")
