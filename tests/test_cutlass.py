@@ -367,9 +367,10 @@ def test_profiler_renders_and_compiles(tmp_path):
                      "bfloat16": False, "workspace_bytes": 1 << 20, "fill_base": "0x3000u", "fill_mask": "0x03FFu"})
     source = tmp_path / "profiler.cu"
     source.write_text(render_template("cutlass/profiler.cu.j2", {"kernels": sorted(entries), "problems": data,
-                                                                 "iterations": 20}))
+                                                                 "iterations": 20, "problem_seconds": 120}))
     text = source.read_text()
     assert "disagrees with the reference kernel" in text and text.count("static int candidate_") == 4
+    assert "alarm(120);" in text  # a hung candidate ends the profiler after that long
     objects = compile_units([CompileUnit(source, "cuda", ["-arch=sm_90", "-O2", f"-I{INCLUDE_DIR}"], "profiler.o")],
                             tmp_path)
     assert objects[0].stat().st_size > 0

@@ -91,7 +91,7 @@ def shim_compile_units(device_target, called: set | None = None, dtypes: set | N
     dtypes the families get kernels for (a float16 model's layer norm compiles in a quarter
     of the time); every dtype when None."""
     from byoc.toolchain import CompileUnit, cuda_include_dirs
-    mask = [] if dtypes is None else [f"-DBYOC_SHIM_DTYPES={shim_dtype_mask(dtypes):#x}"]
+    mask = [] if dtypes is None else shim_dtype_flags(dtypes)
     if device_target.kind == "cuda":
         flags = device_target.nvcc_flags() + [f"-I{SHIM_DIR}"] + [f"-I{d}" for d in cuda_include_dirs()] + mask
         suffix = device_target.attrs["arch"]
@@ -126,6 +126,11 @@ def shim_dtype_mask(dtypes: set) -> int:
     return sum(1 << numbers[name] for name in set(dtypes))
 
 
+def shim_dtype_flags(dtypes: set) -> list:
+    """The compile flag that gives the shim kernels for `dtypes` only."""
+    return [f"-DBYOC_SHIM_DTYPES={shim_dtype_mask(dtypes):#x}"]
+
+
 def cpu_compile_units_in_cuda_build(functions: dict, device_target, workdir) -> tuple[list, dict]:
     """Functions pinned to the cpu in a cuda build (Device="cpu..."): one generated C++
     source and the CPU shim, both with the CPU shim's symbols renamed (CPU_SHIM_SYMBOLS).
@@ -138,8 +143,8 @@ def cpu_compile_units_in_cuda_build(functions: dict, device_target, workdir) -> 
     flags = device_target.cxx_flags() + [f"-I{SHIM_DIR}", f"-I{INCLUDE_DIR}", "-include", str(CPU_SHIM_SYMBOLS)]
     renames = [CPU_SHIM_SYMBOLS]  # its bytes key the object cache too
     units = [CompileUnit(source, "cxx", flags, "builtin_cpu.o", dependencies=renames)]
-    mask = f"-DBYOC_SHIM_DTYPES={shim_dtype_mask(shim_dtypes(generated.source)):#x}"
-    units += [CompileUnit(s, "cxx", flags + [mask], f"shim_cpu_in_cuda_{s.stem}.o", dependencies=renames)
+    mask = shim_dtype_flags(shim_dtypes(generated.source))
+    units += [CompileUnit(s, "cxx", flags + mask, f"shim_cpu_in_cuda_{s.stem}.o", dependencies=renames)
               for s in shim_sources(SHIM_DIR / "cpu", shim_calls(generated.source))]
     return units, generated.workspace_bytes
 

@@ -318,7 +318,8 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
     linked = sorted({call["kernel"] for _, data in timed for call in data["candidates"]})
     profiler = workdir / "profiler.cu"
     profiler.write_text(render_template("cutlass/profiler.cu.j2", {
-        "kernels": linked, "problems": [data for _, data in timed], "iterations": 20}))
+        "kernels": linked, "problems": [data for _, data in timed], "iterations": 20,
+        "problem_seconds": PROBLEM_SECONDS}))
     flags = [flag for flag in compile_flags if flag != PDL_FLAG] + [f"-I{INCLUDE_DIR}"]
     compile_units([CompileUnit(source=profiler, language="cuda", flags=flags, output="profiler.o")], workdir, jobs=jobs)
     from byoc.toolchain.compiler import find_nvcc
@@ -333,6 +334,11 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
     return results
 
 
+# The most one problem's candidates may take in the profiler (its alarm): a hung candidate
+# costs that long, then the tuner goes on from the next problem.
+PROBLEM_SECONDS = 120
+
+
 def run_profiler(executable, count: int) -> dict:
     """{problem position: its times} from the profiler, which times problems 0..count-1 in
     order, one JSON line each. A candidate that faults leaves the CUDA context unusable: the
@@ -341,8 +347,9 @@ def run_profiler(executable, count: int) -> dict:
     measured, first = {}, 0
     while first < count:
         try:
+            # the profiler stops itself after PROBLEM_SECONDS on one problem; this is a backstop
             ran = subprocess.run([str(executable), str(first)], capture_output=True, text=True,
-                                 timeout=max(600, 120 * (count - first)))
+                                 timeout=max(600, (PROBLEM_SECONDS + 10) * (count - first)))
             output, failed = ran.stdout, ran.returncode != 0
         except subprocess.TimeoutExpired as timeout:
             output, failed = timeout.stdout or "", True
