@@ -205,6 +205,51 @@ def test_initializer_with_short_raw_data_names_it():
         byoc.from_onnx(model)
 
 
+def test_a_model_file_is_parsed_without_its_weights_which_are_viewed_in_place(tmp_path):
+    """A model given as a file or bytes is parsed with its initializers' raw_data left out
+    and the weights viewed where they lie in the file's bytes; every kind of initializer
+    (raw float32, float16, bool, bfloat16, typed int64_data) and a Constant node import
+    exactly as from the ModelProto."""
+    from byoc.frontend.onnx_model import load_model_and_weights, split_initializer_data
+    rng = np.random.default_rng(0)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])
+    outputs = [helper.make_empty_tensor_value_info(name) for name in ("y", "h", "b", "i", "c", "z")]
+    weight = onnx.numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "w")
+    half = onnx.numpy_helper.from_array(rng.standard_normal((3, 4)).astype(np.float16), "half")
+    flags = onnx.numpy_helper.from_array(np.array([True, False, True, True]), "flags")
+    bf16 = helper.make_tensor("bf16", TensorProto.BFLOAT16, [2], [1.5, -2.0])
+    assert bf16.HasField("raw_data") is False  # typed (int32_data), as the helper writes it
+    bf16_raw = TensorProto(name="bf16_raw", data_type=TensorProto.BFLOAT16, dims=[2],
+                           raw_data=np.array([0x3FC0, 0xC000], np.uint16).tobytes())
+    typed = helper.make_tensor("typed", TensorProto.INT64, [2], [7, -9])
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Cast", ["half"], ["h"], to=1),
+             helper.make_node("Not", ["flags"], ["b"]), helper.make_node("Neg", ["typed"], ["i"]),
+             helper.make_node("Cast", ["bf16_raw"], ["c"], to=1),
+             helper.make_node("Constant", [], ["z"], value=onnx.numpy_helper.from_array(np.arange(3.0), "v"))]
+    model = _model(nodes, [x], outputs, [weight, half, flags, bf16, bf16_raw, typed])
+    data = model.SerializeToString()
+    stripped, places = split_initializer_data(data)
+    assert len(stripped) < len(data) - 64 and sorted(places) == [0, 1, 2, 4]  # bf16 (typed) and typed: no raw_data
+    proto, raw = load_model_and_weights(data)
+    assert not proto.graph.initializer[0].HasField("raw_data") and bytes(raw[0]) == weight.raw_data
+    (tmp_path / "m.onnx").write_bytes(data)
+    inputs = {"x": rng.standard_normal((3, 4)).astype(np.float32)}
+    expected = byoc.interpret(byoc.from_onnx(model), **inputs)
+    for given in (data, tmp_path / "m.onnx", str(tmp_path / "m.onnx")):
+        for got, want in zip(byoc.interpret(byoc.from_onnx(given), **inputs), expected):
+            np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(expected[4], [1.5, -2.0])
+    # the checks on the data hold for data that lies in the file: a short raw_data names it
+    short = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[4, 4], raw_data=b"\0" * 20)
+    short_model = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [x], [outputs[0]], [short])
+    with pytest.raises(byoc.ModelError, match=r"initializer 'w' \(float32, dims \[4, 4\]\) has 20 bytes of raw_data"):
+        byoc.from_onnx(short_model.SerializeToString())
+    # bytes that are not protobuf's wire format: not split, and the parse's own error
+    assert split_initializer_data(b"\x0f\x01") is None
+    with pytest.raises(byoc.ModelError, match="not a valid ONNX model"):
+        byoc.from_onnx(data[: len(data) // 2])
+
+
 def test_negative_declared_input_dim_names_the_input():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [-3, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)

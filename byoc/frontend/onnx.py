@@ -41,7 +41,8 @@ from ..ir.module import IRModule
 from ..ir.op import get_op
 from ..ir.types import NUMPY_DTYPES, TensorType, dtype_of_numpy
 from .onnx_model import (checked_dims, checked_input_shapes, declared_dims, describe_model,  # noqa: F401
-                         dtype_of_elem_type, elem_type_name, fits_declared, input_tensor_type, load_model, node_label)
+                         dtype_of_elem_type, elem_type_name, fits_declared, input_tensor_type, load_model,
+                         load_model_and_weights, node_label)
 from .onnx_schema import check_input_types, check_node
 
 # dtypes whose raw_data onnx.numpy_helper reads specially (not a plain little-endian view)
@@ -82,13 +83,16 @@ def from_onnx(model, input_shapes: dict | None = None, dims: dict | None = None)
     named dims to sizes, once for every input that declares them (onnxruntime's free
     dimension overrides by name: {"batch": 1, "sequence": 128}); an input in input_shapes
     takes that shape."""
-    proto = load_model(model)
-    return _Importer(proto, checked_input_shapes(input_shapes), checked_dims(dims)).run()
+    proto, raw_data = load_model_and_weights(model)
+    return _Importer(proto, checked_input_shapes(input_shapes), checked_dims(dims), raw_data).run()
 
 
 class _Importer:
-    def __init__(self, proto: onnx.ModelProto, input_shapes: dict, dims: dict | None = None):
+    def __init__(self, proto: onnx.ModelProto, input_shapes: dict, dims: dict | None = None,
+                 raw_data: dict | None = None):
         self.proto = proto
+        # graph.initializer[position]'s raw_data where the parse left it out (the file's bytes)
+        self.raw_data = raw_data or {}
         self.graph = proto.graph
         self.input_shapes = input_shapes
         self.dims = dims or {}
@@ -175,8 +179,9 @@ class _Importer:
                              f"{sorted(declared_names) or 'none'}")
         self._check_all_inputs_static()
         initializers = {}
-        for tensor in self.graph.initializer:
-            self.values[tensor.name] = self._tensor_to_array(tensor, f"initializer {tensor.name!r}")
+        for position, tensor in enumerate(self.graph.initializer):
+            self.values[tensor.name] = self._tensor_to_array(tensor, f"initializer {tensor.name!r}",
+                                                             self.raw_data.get(position))
             initializers[tensor.name] = tensor
         for graph_input in self.graph.input:
             if graph_input.name in initializers:
@@ -217,7 +222,8 @@ class _Importer:
                              f"computes {tuple(computed.shape)}; expected the declared shape (a named or unknown "
                              f"dim fits any size)")
 
-    def _tensor_to_array(self, tensor: onnx.TensorProto, what: str) -> np.ndarray:
+    def _tensor_to_array(self, tensor: onnx.TensorProto, what: str, raw_data=None) -> np.ndarray:
+        """The tensor's value; `raw_data`: its raw_data where the parse left it out."""
         dtype = dtype_of_elem_type(tensor.data_type, what)
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             raise ModelError(f"{what} stores its data externally; load the model with "
@@ -226,16 +232,18 @@ class _Importer:
         if any(dim < 0 for dim in dims):
             raise ModelError(f"{what} has dims {dims}; expected non-negative dims")
         count = math.prod(dims)
-        if tensor.HasField("raw_data"):
+        if raw_data is not None or tensor.HasField("raw_data"):
             # Each read of raw_data copies the bytes out of the message: read it once (a
             # BERT-base's weights are 415 MB), and view it as the array.
-            raw = tensor.raw_data
+            raw = raw_data if raw_data is not None else tensor.raw_data
             needed = count * NUMPY_DTYPES[dtype].itemsize
             if len(raw) != needed:
                 raise ModelError(f"{what} ({dtype}, dims {dims}) has {len(raw)} bytes of raw_data; "
                                  f"its dims need {needed} ({count} elements)")
             if sys.byteorder == "little" and dtype not in _RAW_DATA_SPECIAL:
                 return np.frombuffer(raw, dtype=NUMPY_DTYPES[dtype]).reshape(dims)
+            if raw_data is not None:  # numpy_helper reads it from the message
+                tensor.raw_data = bytes(raw_data)
         try:
             array = numpy_helper.to_array(tensor)
         except ValueError as error:  # a typed field (float_data, int64_data, ...) of the wrong length

@@ -132,6 +132,123 @@ def load_model(model) -> onnx.ModelProto:
     return proto
 
 
+def load_model_and_weights(model) -> tuple:
+    """load_model, for an import: (the ModelProto, {position in graph.initializer: the
+    bytes of that initializer's raw_data}). A model given as a file or bytes is parsed without
+    its initializers' raw_data (split_initializer_data), which the importer then views where
+    it lies in the file's bytes: parsing a BERT-base with its 415 MB of weights copied them
+    twice (the parser, then each read of raw_data). A ModelProto comes with an empty map."""
+    if isinstance(model, onnx.ModelProto) or not isinstance(model, (str, Path, bytes, bytearray)):
+        return load_model(model), {}
+    if isinstance(model, (str, Path)):
+        path = Path(model)
+        try:
+            data = path.read_bytes() if path.is_file() else None
+        except (OSError, ValueError):
+            data = None
+        if data is None:
+            return load_model(model), {}  # its error: missing, a directory, unreadable
+    else:
+        data = bytes(model)
+    split = split_initializer_data(data)
+    if split is None:
+        return load_model(data if isinstance(model, (bytes, bytearray)) else model), {}
+    stripped, places = split
+    try:
+        proto = load_model(stripped)
+    except ModelError:
+        return load_model(data if isinstance(model, (bytes, bytearray)) else model), {}  # the whole file's error
+    view = memoryview(data)
+    return proto, {position: view[start:end] for position, (start, end) in places.items()}
+
+
+# Field numbers of onnx.proto: ModelProto.graph, GraphProto.initializer, TensorProto.raw_data
+_MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9
+
+
+def _fields(data: bytes, start: int, end: int):
+    """(field number, wire type, where the field starts, where its payload starts, where it
+    ends) of each field of the message data[start:end]; ValueError where the bytes are not
+    protobuf's wire format (a truncated or corrupted file)."""
+    at = start
+    while at < end:
+        first = at
+        key, at = _varint(data, at, end)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            _, at = _varint(data, at, end)
+            payload = at
+        elif wire == 1 or wire == 5:
+            payload = at
+            at += 8 if wire == 1 else 4
+        elif wire == 2:
+            length, payload = _varint(data, at, end)
+            at = payload + length
+        else:  # groups (never in ONNX) and invalid wire types
+            raise ValueError(f"wire type {wire}")
+        if at > end or number == 0:
+            raise ValueError("a field past its message")
+        yield number, wire, first, payload, at
+
+
+def _varint(data: bytes, at: int, end: int) -> tuple:
+    value, shift = 0, 0
+    while True:
+        if at >= end or shift > 63:
+            raise ValueError("a truncated varint")
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at
+        shift += 7
+
+
+def _length_prefixed(number: int, body: bytes) -> bytes:
+    """A length-delimited field: its key, its length, `body`."""
+    out = bytearray()
+    for value in ((number << 3) | 2, len(body)):
+        while value >= 0x80:
+            out.append((value & 0x7F) | 0x80)
+            value >>= 7
+        out.append(value)
+    return bytes(out) + body
+
+
+def split_initializer_data(data: bytes):
+    """(the model's bytes without the raw_data of graph.initializer, {position of the
+    initializer: (start, end) of its raw_data in `data`}), or None when `data` is not
+    protobuf's wire format (then the whole parse says why). Only the main graph's
+    initializers: subgraphs and Constant nodes keep their data (they are small)."""
+    places: dict = {}
+    position = 0
+    try:
+        model_parts = []
+        for number, wire, first, payload, end in _fields(data, 0, len(data)):
+            if number != _MODEL_GRAPH or wire != 2:
+                model_parts.append(data[first:end])
+                continue
+            graph_parts = []
+            for g_number, g_wire, g_first, g_payload, g_end in _fields(data, payload, end):
+                if g_number != _GRAPH_INITIALIZER or g_wire != 2:
+                    graph_parts.append(data[g_first:g_end])
+                    continue
+                tensor_parts, raw = [], None
+                for t_number, t_wire, t_first, t_payload, t_end in _fields(data, g_payload, g_end):
+                    if t_number == _TENSOR_RAW_DATA and t_wire == 2:
+                        raw = (t_payload, t_end)  # the last one counts, as in a parse
+                    else:
+                        tensor_parts.append(data[t_first:t_end])
+                if raw is not None:
+                    places[position] = raw
+                position += 1
+                graph_parts.append(_length_prefixed(_GRAPH_INITIALIZER, b"".join(tensor_parts)))
+            model_parts.append(_length_prefixed(_MODEL_GRAPH, b"".join(graph_parts)))
+    except (ValueError, IndexError):
+        return None
+    return b"".join(model_parts), places
+
+
 def first_invalid_text(message, path: str) -> str | None:
     """The path of the first string field (a name, an op type, ...) that is not UTF-8, or
     None. ONNX's .proto is proto2, whose parser does not check text: such a field reads as

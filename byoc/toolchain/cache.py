@@ -100,24 +100,36 @@ def _installed_distributions() -> tuple:
     return tuple(found)
 
 
+@functools.lru_cache(maxsize=1)
+def _distributions_by_site() -> tuple:
+    """_installed_distributions grouped by site directory, as text: ((site, ((distribution,
+    prefixes), ...)), ...). A process has a few site directories and hundreds of
+    distributions (a torch environment): a directory is placed against each site once."""
+    sites: dict = {}
+    for root, distribution, prefixes in _installed_distributions():
+        sites.setdefault(str(root), []).append((distribution, prefixes))
+    return tuple((site, tuple(entries)) for site, entries in sites.items())
+
+
 @functools.lru_cache(maxsize=None)
 def _packages_providing(directory: Path) -> tuple:
     """'name==version' of the pip packages whose files lie in `directory` (nvidia/cu13/include
     is shared by several nvidia-* packages: all of them)."""
     try:
-        directory = directory.resolve()
+        directory = str(directory.resolve())
     except OSError:
         return ()
     by_first, by_two = [], []
-    for root, distribution, prefixes in _installed_distributions():
-        try:
-            parts = directory.relative_to(root).parts
-        except ValueError:
+    for site, entries in _distributions_by_site():
+        inside = site.rstrip(os.sep) + os.sep
+        if not directory.startswith(inside):
             continue
-        if parts and parts[:1] in prefixes:
-            by_first.append(distribution)
-            if len(parts) > 1 and parts[:2] in prefixes:
-                by_two.append(distribution)
+        parts = tuple(part for part in directory[len(inside):].split(os.sep) if part)
+        for distribution, prefixes in entries:
+            if parts and parts[:1] in prefixes:
+                by_first.append(distribution)
+                if len(parts) > 1 and parts[:2] in prefixes:
+                    by_two.append(distribution)
     packages = set()
     for distribution in by_two or by_first:
         try:
@@ -130,6 +142,7 @@ def _packages_providing(directory: Path) -> tuple:
 def installed_packages_changed():
     """Forget the installed packages looked up so far (after installing in this process)."""
     _installed_distributions.cache_clear()
+    _distributions_by_site.cache_clear()
     _packages_providing.cache_clear()
 
 
