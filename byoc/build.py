@@ -497,15 +497,15 @@ class _Builder:
     def host_units(self, host: "_HostSetup", artifacts, build_id: str, program: bytes, weights_checksum: int) -> list:
         """host.cc (the model's tables) and the static model runtime they drive, which is
         compiled once per flavor (and flags) into the object cache."""
-        from .codegen.host import render_host
+        from .codegen.host import HostVariant, render_host
         from .runtime import C_ABI_HEADER, model_runtime_sources
         from .toolchain import CompileUnit
-        host_source = render_host(host.plan, cuda=self.cuda, build_id=build_id, program=program,
+        variant = HostVariant(host.plan, program, stateful=[s for a in artifacts for s in a.stateful_symbols],
+                              cuda_graph=host.cuda_graph, graph_io=host.graph_io, devices=host.devices)
+        host_source = render_host([variant], cuda=self.cuda, build_id=build_id,
                                   arch_number=self.target.arch_number() if self.cuda else None,
-                                  weights_embedded=self.cfg.params != "sidecar",
-                                  cuda_graph=host.cuda_graph, graph_io=host.graph_io,
-                                  stateful=[s for a in artifacts for s in a.stateful_symbols],
-                                  weights_checksum=weights_checksum, devices=host.devices)
+                                  weights_embedded=self.cfg.params != "sidecar", weights_bytes=len(host.plan.weights),
+                                  weights_checksum=weights_checksum)
         host_path = self.workdir / "host.cc"
         host_path.write_text(host_source)
         host_flags = self.target.cxx_flags() + [f"-I{C_ABI_HEADER.parent}"]

@@ -72,7 +72,7 @@ def test_cuda_graph_build_copies_every_output_out_of_planned_storage(tmp_path):
     assert all(copy[1][0] == "kArena" for copy in program["input_copies"] + program["output_copies"])
     # ... and no call reads or writes the caller's buffers
     assert not any(space in ("kInput", "kOutput") for space, _ in program["refs"])
-    assert "true, false,\n  " in host.split("byoc_model_spec = {")[1]  # cuda_graph, not graph_io "update"
+    assert "    true, false,\n" in host.split("kVariants[] = {")[1]  # cuda_graph, not graph_io "update"
 
 
 gpu = pytest.mark.skipif(not gpu_visible(), reason="no GPU visible")
@@ -200,8 +200,8 @@ def test_cuda_graph_update_mode_reads_and_writes_the_callers_tensors(tmp_path):
                config={"cuda_graph": True, "cuda_graph_io": "update", "precision": "float16"},
                workdir=str(tmp_path / "w"), input_shapes={k: v.shape for k, v in inputs.items()})
     host = (tmp_path / "w" / "host.cc").read_text()
-    spec = host.split("byoc_model_spec = {")[1]
-    assert "true, true,\n  " in spec  # cuda_graph, graph_io "update" (the runtime updates the graph)
+    spec = host.split("kVariants[] = {")[1]
+    assert "    true, true,\n" in spec  # cuda_graph, graph_io "update" (the runtime updates the graph)
     program = read_program_table((tmp_path / "w" / "program.bin").read_bytes())
     assert program["input_copies"] == []  # no staging copies
     assert ("kInput", 0) in program["refs"]  # a call reads the caller's input itself

@@ -560,7 +560,7 @@ def test_reserved_names_cover_what_the_host_code_defines():
     """The host template's names at namespace scope (other than byoc_ ones) are reserved:
     an extern function of that name would not compile, or would be called in their place."""
     from pathlib import Path
-    from byoc.transform.run_codegen import RESERVED_NAMES
+    from byoc.transform.run_codegen import RESERVED_NAMES, symbol_name_problem
     template = (Path(byoc.__file__).resolve().parent.parent / "templates" / "host" / "model.cc.j2").read_text()
     defined = set()
     for line in template.splitlines():
@@ -570,8 +570,13 @@ def test_reserved_names_cover_what_the_host_code_defines():
         if match:
             defined.add(match.group(1))
     defined = {name for name in defined if not name.startswith("byoc_")}
-    assert {"kInputs", "kFunctions", "kStates"} <= defined
-    assert defined <= RESERVED_NAMES, sorted(defined - RESERVED_NAMES)
+    assert {"kInputs", "kFunctions", "kStates", "kVariants"} <= defined
+    # a variant's tables are numbered (kInputs0, kFunctions1)
+    numbered = {name for name in defined if name + "{{ v }}" in template}
+    assert numbered == {"kInputs", "kOutputs", "kInputOnHost", "kOutputOnHost", "kFunctions", "kStates"}
+    for name in numbered:
+        assert symbol_name_problem(f"{name}3") is not None and symbol_name_problem(f"{name}s") is None
+    assert defined - numbered <= RESERVED_NAMES, sorted(defined - numbered - RESERVED_NAMES)
 
 
 def test_run_codegen_refuses_a_compiler_this_build_does_not_configure():

@@ -294,3 +294,69 @@ def test_byoc_runtime_error_is_also_the_builtin_one(add_library):
     with pytest.raises(builtins.RuntimeError, match="input 'x'"):
         module.run(np.zeros((3, 8), np.float32))
     assert issubclass(byoc.RuntimeError, byoc.ByocError)
+
+
+def test_a_library_of_several_variants_runs_the_one_its_inputs_fit(tmp_path):
+    """The runtime's variants (model_runtime.h: VariantSpec, one program per set of input
+    shapes over shared weights and memories): run() takes the variant whose input shapes
+    the caller's tensors have, and names every shape it takes when none fits. Two programs
+    y = x, of shapes (2, 3) and (4, 3), generated, compiled and linked as a build does."""
+    import ctypes
+
+    from byoc.codegen.host import HostPlan, HostVariant, blob_checksum, program_table, render_blob_assembly, render_host
+    from byoc.ir.types import TensorType
+    from byoc.runtime import C_ABI_HEADER, model_runtime_sources
+    from byoc.runtime.arrays import _DLTensor
+    from byoc.target import Target
+    from byoc.toolchain import CompileUnit, compile_units, link_shared
+
+    def embedded(name, symbol, data):
+        (tmp_path / f"{name}.bin").write_bytes(data)
+        (tmp_path / f"{name}.S").write_text(render_blob_assembly(f"{name}.bin", symbol, name))
+        return CompileUnit(source=tmp_path / f"{name}.S", language="asm", flags=[f"-Wa,-I,{tmp_path}"],
+                           output=f"{name}.o", dependencies=[tmp_path / f"{name}.bin"])
+    variants, units = [], []
+    for number, rows in enumerate((2, 4)):
+        tensor = TensorType((rows, 3), "float32")
+        copy = {"kind": "copy", "source": "in[0]", "destination": "out[0]", "bytes": tensor.nbytes,
+                "label": "#0 y = copy(x)", "symbol": "device_copy", "args": [], "results": [], "position": 0}
+        plan = HostPlan(inputs=[("x", tensor)], outputs=[("y", tensor)], calls=[copy], output_copies=[],
+                        input_copies=[], weights=b"")
+        program = program_table(plan)
+        units.append(embedded(f"program{number}", f"byoc_program_table_{number}", program))
+        variants.append(HostVariant(plan, program, program_symbol=f"byoc_program_table_{number}",
+                                    description=f"x of ({rows}, 3)"))
+    units += [embedded("metadata", "byoc_metadata_json", b"{}"), embedded("weights", "byoc_weights_blob", b"")]
+    host = render_host(variants, cuda=False, build_id="0123456789abcdef", arch_number=None, weights_embedded=True,
+                       weights_bytes=0, weights_checksum=blob_checksum(b""))
+    assert "// Variant 1: x of (4, 3)" in host
+    (tmp_path / "host.cc").write_text(host)
+    flags = Target("cpu").cxx_flags() + [f"-I{C_ABI_HEADER.parent}"]
+    units.append(CompileUnit(source=tmp_path / "host.cc", language="cxx", flags=flags, output="host.o"))
+    units += [CompileUnit(source=source, language="cxx", flags=flags + ["-DBYOC_RUNTIME_CUDA=0"],
+                          output=f"{source.stem}.o") for source in model_runtime_sources(False)]
+    library = link_shared(compile_units(units, tmp_path), tmp_path / "model.so", [], [])
+    lib = ctypes.CDLL(str(library))
+    lib.byoc_last_error.restype = ctypes.c_char_p
+    model = ctypes.c_void_p()
+    assert lib.byoc_model_create(ctypes.byref(model), None) == 0, lib.byoc_last_error()
+
+    def run(rows):
+        x = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3)
+        y = np.zeros_like(x)
+        tensors = []
+        for array in (x, y):
+            shape = (ctypes.c_int64 * 2)(*array.shape)
+            tensors.append((_DLTensor(array.ctypes.data, (1, 0), 2, (2, 32, 1), shape, None, 0), shape))
+        status = lib.byoc_model_run(model, ctypes.byref(tensors[0][0]), 1, ctypes.byref(tensors[1][0]), 1, None)
+        return status, x, y
+    for rows in (4, 2, 4):
+        status, x, y = run(rows)
+        assert status == 0, lib.byoc_last_error()
+        np.testing.assert_array_equal(y, x)
+    status, _, _ = run(3)
+    assert status == 1
+    assert lib.byoc_last_error().decode() == ("the inputs' shapes (x (3, 3)) are none of the shapes this model was "
+                                              "built for: x (2, 3); x (4, 3)")
+    assert run(2)[0] == 0  # still usable
+    lib.byoc_model_destroy(model)

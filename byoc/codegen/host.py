@@ -3,9 +3,10 @@
 `plan_host(mod)` reads the final main (after MarkCompilerFunctionsAsExtern: a flat list
 of calls to extern globals) and decides where every tensor lives: inputs and outputs are
 the caller's, constants go into one weights blob, everything else into one activation
-arena (offsets from the memory planner, 256-byte aligned). `render_host(plan, ...)` turns
-that plan into the tables (templates/host/model.cc.j2) the static model runtime
-(byoc/runtime/model_runtime.cc) runs the model from.
+arena (offsets from the memory planner, 256-byte aligned). `render_host([HostVariant(plan,
+...)], ...)` turns such plans (one per program of the library: a static build has one) into
+the tables (templates/host/model.cc.j2) the static model runtime (byoc/runtime/
+model_runtime.cc) runs the model from.
 """
 from __future__ import annotations
 
@@ -547,36 +548,55 @@ def read_program_table(data: bytes) -> dict:
             "output_copies": copies[num_inputs:]}
 
 
-def render_host(plan: HostPlan, *, cuda: bool, build_id: str, arch_number: int | None,
-                weights_embedded: bool, weights_symbol: str = "byoc_weights_blob",
-                metadata_symbol: str = "byoc_metadata_json", program_symbol: str = "byoc_program_table",
-                program: bytes = b"", cuda_graph: bool = False, stateful: list | None = None,
-                devices: bool = False, graph_io: str | None = None, weights_checksum: int = 0) -> str:
-    """The model's tables for the static runtime (byoc/runtime/model_runtime.cc): the
-    caller's tensors, the extern functions, and the ModelSpec pointing at the program
-    table (`program`: program_table(plan, stateful)). The metadata JSON, the weights and
-    the program table are embedded by assembler files (render_blob_assembly) under
-    `metadata_symbol`, `weights_symbol` and `program_symbol`.
-    `stateful`: extern symbols with state per model instance (SYMBOL_init makes it at
-    create, SYMBOL_destroy frees it, every call passes it first).
-    `devices`: the plan places data on the host too (plan_host was given devices).
-    `graph_io` (with cuda_graph): "copy" (the plan has static_io) or "update"."""
-    stateful = list(stateful or [])
+@dataclass
+class HostVariant:
+    """One program of a library (model_runtime.h: VariantSpec): its host plan, its program
+    table (program_table(plan, stateful)) embedded under `program_symbol`, and how it runs."""
+    plan: HostPlan
+    program: bytes
+    program_symbol: str = "byoc_program_table"
+    stateful: list = field(default_factory=list)  # extern symbols with state per model instance
+    cuda_graph: bool = False
+    graph_io: str | None = None  # with cuda_graph: "copy" (the plan has static_io) or "update"
+    devices: bool = False  # the plan places data on the host too (plan_host was given devices)
+    description: str = ""  # what the variant is for, in a comment (a shape bucket)
+
+
+def render_host(variants: list, *, cuda: bool, build_id: str, arch_number: int | None,
+                weights_embedded: bool, weights_bytes: int, weights_checksum: int = 0,
+                weights_symbol: str = "byoc_weights_blob", metadata_symbol: str = "byoc_metadata_json") -> str:
+    """The model's tables for the static runtime (byoc/runtime/model_runtime.cc): per
+    HostVariant the caller's tensors, the extern functions and the program table, and the
+    ModelSpec over them and the weights. The metadata JSON, the weights and the program
+    tables are embedded by assembler files (render_blob_assembly) under `metadata_symbol`,
+    `weights_symbol` and each variant's program symbol. A stateful symbol SYMBOL has
+    SYMBOL_init (makes its state at create) and SYMBOL_destroy (frees it), and every call
+    passes the state first."""
+    def variant_data(variant: HostVariant) -> dict:
+        plan, stateful = variant.plan, list(variant.stateful)
+        return {
+            "description": variant.description,
+            "program": {"symbol": variant.program_symbol, "bytes": len(variant.program),
+                        "checksum": blob_checksum(variant.program)},
+            "arena_bytes": plan.arena_bytes, "workspace_bytes": plan.workspace_bytes,
+            "inputs": [_tensor_entry(n, t) for n, t in plan.inputs],
+            "outputs": [_tensor_entry(n, t) for n, t in plan.outputs],
+            "functions": [symbol for symbol in plan.extern_symbols if symbol not in stateful],
+            "stateful": stateful, "cuda_graph": variant.cuda_graph and cuda, "graph_io": variant.graph_io or "copy",
+            "devices": {"inputs_on_host": [str(v).lower() for v in plan.inputs_on_host],
+                        "outputs_on_host": [str(v).lower() for v in plan.outputs_on_host],
+                        "host_arena_bytes": plan.host_arena_bytes, "pinned_arena_bytes": plan.pinned_arena_bytes,
+                        "host_workspace_bytes": plan.host_workspace_bytes,
+                        "sync_at_end": plan.sync_at_end} if variant.devices and cuda else None,
+        }
+    data = [variant_data(variant) for variant in variants]
     return render_template("host/model.cc.j2", {
         "build_id": build_id, "metadata_symbol": metadata_symbol,
-        "weights": {"embedded": weights_embedded, "bytes": len(plan.weights), "symbol": weights_symbol},
-        "program": {"symbol": program_symbol, "bytes": len(program), "checksum": blob_checksum(program)},
-        "arena_bytes": plan.arena_bytes, "workspace_bytes": plan.workspace_bytes,
-        "inputs": [_tensor_entry(n, t) for n, t in plan.inputs],
-        "outputs": [_tensor_entry(n, t) for n, t in plan.outputs],
-        "functions": [symbol for symbol in plan.extern_symbols if symbol not in stateful],
-        "arch_number": arch_number or 0, "cuda_graph": cuda_graph and cuda, "graph_io": graph_io or "copy",
-        "stateful": stateful, "weights_checksum": weights_checksum,
-        "devices": {"inputs_on_host": [str(v).lower() for v in plan.inputs_on_host],
-                    "outputs_on_host": [str(v).lower() for v in plan.outputs_on_host],
-                    "host_arena_bytes": plan.host_arena_bytes, "pinned_arena_bytes": plan.pinned_arena_bytes,
-                    "host_workspace_bytes": plan.host_workspace_bytes,
-                    "sync_at_end": plan.sync_at_end} if devices and cuda else None,
+        "weights": {"embedded": weights_embedded, "bytes": weights_bytes, "symbol": weights_symbol},
+        "variants": data, "arch_number": arch_number or 0, "weights_checksum": weights_checksum,
+        # each declared once (variants share kernels and entry points)
+        "functions": list(dict.fromkeys(s for v in data for s in v["functions"])),
+        "stateful": list(dict.fromkeys(s for v in data for s in v["stateful"])),
     })
 
 

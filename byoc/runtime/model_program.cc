@@ -1,5 +1,5 @@
-// The program table: a model's calls, their operands, the CUDA graph regions and the
-// caller copies, which the build writes as one binary table (byoc.codegen.host:
+// The program tables: each variant's calls, their operands, the CUDA graph regions and the
+// caller copies, which the build writes as one binary table per variant (byoc.codegen.host:
 // program_table) and embeds in the library (program.S), instead of generating C++ for
 // them. Decoded and checked once per process, at the first create; run() walks the result.
 //
@@ -69,46 +69,50 @@ T take(const unsigned char** at) {
   return record;
 }
 
-Decoded decoded;  // a static object: freed when the library is unloaded
-Program program_storage = {};
+// Static objects (freed when the library is unloaded), one entry per variant.
+std::vector<Decoded> decoded;
+std::vector<Program> programs;
+std::vector<unsigned int> first_call_number;  // the status word's number of each variant's first call, less 1
 std::once_flag decode_once;
-std::string decode_error;  // empty: the table decoded
+std::string decode_error;  // empty: the tables decoded
 
-// The bytes of one of the model's memories (0 for one it does not have).
-uint64_t memory_bytes(uint32_t space) {
+// The bytes of one of the variant's memories (0 for one it does not have).
+uint64_t memory_bytes(const VariantSpec& v, uint32_t space) {
   switch (space) {
-    case kArena: return spec.arena_bytes;
+    case kArena: return v.arena_bytes;
     case kWeights: return spec.weights_bytes;
-    case kHostArena: return spec.devices ? spec.host_arena_bytes : 0;
-    case kPinnedArena: return spec.devices ? spec.pinned_arena_bytes : 0;
-    case kHostWeights: return spec.devices ? spec.weights_bytes : 0;
+    case kHostArena: return v.devices ? v.host_arena_bytes : 0;
+    case kPinnedArena: return v.devices ? v.pinned_arena_bytes : 0;
+    case kHostWeights: return v.devices ? spec.weights_bytes : 0;
     default: return 0;
   }
 }
 
-// A Ref from its record, or false when it names no memory the model has, an offset past
+// A Ref from its record, or false when it names no memory the variant has, an offset past
 // the end of it, or a caller tensor that does not exist.
-bool ref_of(uint32_t space, uint64_t offset, Ref* ref) {
+bool ref_of(const VariantSpec& v, uint32_t space, uint64_t offset, Ref* ref) {
   if (space > kHostWeights) return false;
-  if (space == kInput && offset >= static_cast<uint64_t>(spec.num_inputs)) return false;
-  if (space == kOutput && offset >= static_cast<uint64_t>(spec.num_outputs)) return false;
-  if (space != kInput && space != kOutput && offset > memory_bytes(space)) return false;
+  if (space == kInput && offset >= static_cast<uint64_t>(v.num_inputs)) return false;
+  if (space == kOutput && offset >= static_cast<uint64_t>(v.num_outputs)) return false;
+  if (space != kInput && space != kOutput && offset > memory_bytes(v, space)) return false;
   *ref = Ref{static_cast<Space>(space), offset};
   return true;
 }
 
 // Why the call record cannot run, or nullptr.
-const char* call_problem(const CallRecord& c, const Header& h) {
+const char* call_problem(const VariantSpec& v, const CallRecord& c, const Header& h) {
   const bool copy = c.flags & 1u;
   if (c.flags > 7u) return "unknown flags";
   if (static_cast<uint64_t>(c.first_arg) + c.num_args > h.num_refs || c.result >= h.num_refs) return "operand out of range";
   if (c.num_args > h.max_args || c.label >= h.labels_bytes) return "operand count or label out of range";
   if (copy) return c.num_args == 1 && c.function < 0 && c.state < 0 ? nullptr : "a copy with a function";
-  if (c.function >= 0) return c.function < spec.num_functions && c.state < 0 ? nullptr : "function out of range";
-  return c.state >= 0 && c.state < spec.num_states ? nullptr : "state out of range";
+  if (c.function >= 0) return c.function < v.num_functions && c.state < 0 ? nullptr : "function out of range";
+  return c.state >= 0 && c.state < v.num_states ? nullptr : "state out of range";
 }
 
-std::string decode(const unsigned char* p, uint64_t bytes) {
+std::string decode(const VariantSpec& v, Decoded* d, Program* out) {
+  const unsigned char* p = v.program;
+  const uint64_t bytes = v.program_bytes;
   Header h;
   if (p == nullptr || bytes < sizeof(h)) return "it is shorter than its header";
   std::memcpy(&h, p, sizeof(h));
@@ -118,12 +122,11 @@ std::string decode(const unsigned char* p, uint64_t bytes) {
                             (uint64_t{h.num_input_copies} + h.num_output_copies) * sizeof(CopyRecord) + h.labels_bytes;
   if (expected != bytes || h.num_calls > (1u << 30)) return "its counts do not match its size";
   if (h.labels_bytes == 0 || p[bytes - 1] != 0) return "its labels do not end with NUL";
-  Decoded* d = &decoded;
   const unsigned char* at = p + sizeof(h);
   d->refs.resize(h.num_refs);
   for (Ref& ref : d->refs) {
     const RefRecord r = take<RefRecord>(&at);
-    if (!ref_of(r.space, r.offset, &ref)) return "an operand names no memory";
+    if (!ref_of(v, r.space, r.offset, &ref)) return "an operand names no memory";
   }
   d->labels.assign(reinterpret_cast<const char*>(p + bytes - h.labels_bytes), h.labels_bytes);
   if (h.max_args > h.num_refs) return "its operand count is out of range";
@@ -131,10 +134,10 @@ std::string decode(const unsigned char* p, uint64_t bytes) {
   d->calls.resize(h.num_calls);
   for (Call& call : d->calls) {
     const CallRecord c = take<CallRecord>(&at);
-    if (const char* problem = call_problem(c, h)) return std::string("a call: ") + problem;
+    if (const char* problem = call_problem(v, c, h)) return std::string("a call: ") + problem;
     if (c.num_args > most_args) most_args = c.num_args;
-    call = Call{c.function >= 0 ? spec.functions[c.function] : nullptr,
-                c.state >= 0 ? spec.states[c.state].call : nullptr, c.state, (c.flags & 1u) != 0,
+    call = Call{c.function >= 0 ? v.functions[c.function] : nullptr,
+                c.state >= 0 ? v.states[c.state].call : nullptr, c.state, (c.flags & 1u) != 0,
                 (c.flags & 2u) != 0, (c.flags & 4u) != 0, c.first_arg, c.num_args, c.result, c.bytes,
                 d->labels.c_str() + c.label};
   }
@@ -148,18 +151,18 @@ std::string decode(const unsigned char* p, uint64_t bytes) {
     region = Region{r.first_call, r.num_calls, r.capture != 0};
   }
   if (h.num_regions && covered != h.num_calls) return "the regions do not cover every call";
-  if (spec.cuda_graph && h.num_calls && !h.num_regions) return "a CUDA graph model without regions";
+  if (v.cuda_graph && h.num_calls && !h.num_regions) return "a CUDA graph model without regions";
   for (uint32_t i = 0; i < h.num_input_copies + h.num_output_copies; ++i) {
     const CopyRecord c = take<CopyRecord>(&at);
     const bool input = i < h.num_input_copies;
     Copy copy{c.tensor, Ref{}, c.bytes};
-    if (c.tensor < 0 || c.tensor >= (input ? spec.num_inputs : spec.num_outputs) || !ref_of(c.space, c.offset, &copy.ref) ||
-        c.bytes != (input ? spec.inputs : spec.outputs)[c.tensor].bytes) {
+    if (c.tensor < 0 || c.tensor >= (input ? v.num_inputs : v.num_outputs) || !ref_of(v, c.space, c.offset, &copy.ref) ||
+        c.bytes != (input ? v.inputs : v.outputs)[c.tensor].bytes) {
       return "a caller copy names no tensor or memory, or not its size";
     }
     (input ? d->input_copies : d->output_copies).push_back(copy);
   }
-  program_storage = Program{static_cast<int32_t>(h.num_calls), h.max_args, d->calls.data(), d->refs.data(),
+  *out = Program{static_cast<int32_t>(h.num_calls), h.max_args, d->calls.data(), d->refs.data(),
                             static_cast<int32_t>(h.num_regions), d->regions.data(),
                             static_cast<int32_t>(h.num_input_copies), d->input_copies.data(),
                             static_cast<int32_t>(h.num_output_copies), d->output_copies.data()};
@@ -168,18 +171,53 @@ std::string decode(const unsigned char* p, uint64_t bytes) {
 
 }  // namespace
 
-const Program& program = program_storage;
+const Program& program_of(int32_t number) { return programs[number]; }
 
-int load_program() {
+uint64_t largest(uint64_t VariantSpec::*field) {
+  uint64_t most = 0;
+  for (int32_t v = 0; v < spec.num_variants; ++v) {
+    if (spec.variants[v].*field > most) most = spec.variants[v].*field;
+  }
+  return most;
+}
+
+unsigned int call_number(int32_t number, int32_t index) {
+  return first_call_number[number] + static_cast<unsigned int>(index) + 1;
+}
+
+const char* call_label(unsigned int call) {
+  for (int32_t v = spec.num_variants - 1; v >= 0; --v) {
+    if (call > first_call_number[v]) {
+      const unsigned int index = call - first_call_number[v] - 1;
+      return index < static_cast<unsigned int>(programs[v].num_calls) ? programs[v].calls[index].label : "?";
+    }
+  }
+  return "?";
+}
+
+int load_programs() {
   std::call_once(decode_once, [] {
-    if (byoc_blob_checksum(spec.program, spec.program_bytes) != spec.program_checksum) {
-      decode_error = "it does not match its checksum";
-    } else {
-      try {
-        decode_error = decode(spec.program, spec.program_bytes);
-      } catch (const std::bad_alloc&) {
-        decode_error = "out of host memory decoding it";
+    try {
+      if (spec.num_variants < 1 || spec.variants == nullptr) {
+        decode_error = "it lists no program";
+        return;
       }
+      decoded.resize(spec.num_variants);
+      programs.resize(spec.num_variants);
+      first_call_number.assign(spec.num_variants, 0);
+      for (int32_t v = 0; v < spec.num_variants && decode_error.empty(); ++v) {
+        const VariantSpec& variant = spec.variants[v];
+        if (byoc_blob_checksum(variant.program, variant.program_bytes) != variant.program_checksum) {
+          decode_error = "it does not match its checksum";
+        } else {
+          decode_error = decode(variant, &decoded[v], &programs[v]);
+        }
+        if (v + 1 < spec.num_variants) {
+          first_call_number[v + 1] = first_call_number[v] + static_cast<unsigned int>(programs[v].num_calls);
+        }
+      }
+    } catch (const std::bad_alloc&) {
+      decode_error = "out of host memory decoding it";
     }
   });
   if (decode_error.empty()) return 0;

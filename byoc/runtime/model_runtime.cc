@@ -22,6 +22,7 @@ using byoc_runtime::Call;
 using byoc_runtime::ModelSpec;
 using byoc_runtime::Ref;
 using byoc_runtime::TensorSpec;
+using byoc_runtime::VariantSpec;
 
 namespace {
 // A fixed buffer, not a std::string: a thread_local with a destructor would pin the library
@@ -34,6 +35,10 @@ namespace byoc_runtime {
 namespace internal {
 
 const ModelSpec& spec = byoc_model_spec;
+
+Variant variant_of(byoc_model* model, int32_t number) {
+  return Variant{number, spec.variants[number], program_of(number), model->variants[number]};
+}
 
 int fail(const std::string& message) {
   std::snprintf(last_error, sizeof(last_error), "%s", message.c_str());
@@ -225,10 +230,24 @@ BYOC_EXPORT const char* byoc_last_error(void) { return last_error; }
 
 BYOC_EXPORT void byoc_model_destroy(byoc_model* model) {
   if (model == nullptr) return;
-  for (int32_t i = 0; i < spec.num_states && model->states != nullptr; ++i) {
-    if (model->states[i] != nullptr) spec.states[i].destroy(model->states[i]);
+  for (int32_t v = 0; model->variants != nullptr && v < spec.num_variants; ++v) {
+    const VariantSpec& variant = spec.variants[v];
+    byoc_variant_instance& instance = model->variants[v];
+    for (int32_t i = 0; i < variant.num_states && instance.states != nullptr; ++i) {
+      if (instance.states[i] != nullptr) variant.states[i].destroy(instance.states[i]);
+    }
+    delete[] instance.states;
+#if BYOC_RUNTIME_CUDA
+    // (programs are decoded before any instance has graphs)
+    for (int32_t r = 0; instance.graph_execs && r < program_of(v).num_regions; ++r) {
+      if (instance.graph_execs[r]) cudaGraphExecDestroy(instance.graph_execs[r]);
+    }
+    delete[] instance.graph_execs;
+    delete[] instance.graph_in;
+    delete[] instance.graph_out;
+#endif
   }
-  delete[] model->states;
+  delete[] model->variants;
 #if BYOC_RUNTIME_CUDA
   if (model->owns_weights) device_free(model->weights);
 #else
@@ -242,13 +261,7 @@ BYOC_EXPORT void byoc_model_destroy(byoc_model* model) {
   std::free(model->host_arena);
   std::free(model->host_workspace);
   if (model->pinned_arena) cudaFreeHost(model->pinned_arena);
-  for (int32_t r = 0; model->graph_execs && r < program.num_regions; ++r) {
-    if (model->graph_execs[r]) cudaGraphExecDestroy(model->graph_execs[r]);
-  }
-  delete[] model->graph_execs;
   if (model->capture_stream) cudaStreamDestroy(model->capture_stream);
-  delete[] model->graph_in;
-  delete[] model->graph_out;
 #endif
   delete model;
 }
@@ -284,14 +297,19 @@ int host_weights_of(const char* weights_path, const unsigned char** host_weights
 BYOC_EXPORT int byoc_model_create(byoc_model** out, const char* weights_path) {
   if (out == nullptr) return fail("byoc_model_create: the output pointer is NULL");
   *out = nullptr;
-  if (load_program()) return 1;
+  if (load_programs()) return 1;
 #if BYOC_RUNTIME_CUDA
   if (check_device()) return 1;
 #endif
   byoc_model* model = new (std::nothrow) byoc_model();
   if (model == nullptr) return fail("out of host memory");
-  model->states = new (std::nothrow) void*[spec.num_states + 1]();
-  if (model->states == nullptr) {
+  model->variants = new (std::nothrow) byoc_variant_instance[spec.num_variants]();
+  bool allocated_states = model->variants != nullptr;
+  for (int32_t v = 0; allocated_states && v < spec.num_variants; ++v) {
+    model->variants[v].states = new (std::nothrow) void*[spec.variants[v].num_states + 1]();
+    allocated_states = model->variants[v].states != nullptr;
+  }
+  if (!allocated_states) {
     byoc_model_destroy(model);
     return fail("out of host memory");
   }
@@ -311,18 +329,22 @@ BYOC_EXPORT int byoc_model_create(byoc_model** out, const char* weights_path) {
 #else
   model->weights = const_cast<unsigned char*>(host_weights);  // read-only use, no copy
   model->owns_weights = sidecar != nullptr;
-  if (device_alloc(&model->arena, spec.arena_bytes, "allocating the activation arena") ||
-      device_alloc(&model->workspace, spec.workspace_bytes, "allocating the workspace")) {
+  model->workspace_bytes = largest(&VariantSpec::workspace_bytes);
+  if (device_alloc(&model->arena, largest(&VariantSpec::arena_bytes), "allocating the activation arena") ||
+      device_alloc(&model->workspace, model->workspace_bytes, "allocating the workspace")) {
     byoc_model_destroy(model);
     return 1;
   }
 #endif
   // Backends that set themselves up at load (JSON engines: parse, plan, choose algorithms).
-  for (int32_t i = 0; i < spec.num_states; ++i) {
-    if (spec.states[i].init(model->weights, spec.weights_bytes, &model->states[i]) != 0) {
-      std::string message = last_error;
-      byoc_model_destroy(model);
-      return fail(message);
+  for (int32_t v = 0; v < spec.num_variants; ++v) {
+    const VariantSpec& variant = spec.variants[v];
+    for (int32_t i = 0; i < variant.num_states; ++i) {
+      if (variant.states[i].init(model->weights, spec.weights_bytes, &model->variants[v].states[i]) != 0) {
+        std::string message = last_error;
+        byoc_model_destroy(model);
+        return fail(message);
+      }
     }
   }
   *out = model;
@@ -369,7 +391,9 @@ int copy_bytes(void* destination, const void* source, uint64_t bytes, void* stre
 
 // Calls [first, end) in order; `in`/`out` are the caller's data pointers (unused by the
 // calls when the model copies its inputs and outputs around its CUDA graphs).
-int run_calls(byoc_model* model, void* const* in, void* const* out, void* stream, int32_t first, int32_t end) {
+int run_calls(byoc_model* model, const Variant& variant, void* const* in, void* const* out, void* stream,
+              int32_t first, int32_t end) {
+  const byoc_runtime::Program& program = variant.program;
   // on the stack: run() never allocates
   void** args = static_cast<void**>(__builtin_alloca(sizeof(void*) * (program.max_args + 1)));
   args[0] = nullptr;
@@ -388,22 +412,22 @@ int run_calls(byoc_model* model, void* const* in, void* const* out, void* stream
         cuda_failed(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "waiting for the GPU")) {
       return 1;
     }
-    current_call = static_cast<unsigned int>(index + 1);
+    current_call = call_number(variant.number, index);
 #endif
     for (uint32_t a = 0; a < call.num_args; ++a) args[a] = resolve(model, program.refs[call.first_arg + a], in, out);
     void* const results[] = {result};
     void* workspace = model->workspace;
-    uint64_t workspace_bytes = spec.workspace_bytes;
+    uint64_t workspace_bytes = model->workspace_bytes;
     void* call_stream = stream;
 #if BYOC_RUNTIME_CUDA
     if (call.on_host) {
       workspace = model->host_workspace;
-      workspace_bytes = spec.host_workspace_bytes;
+      workspace_bytes = model->host_workspace_bytes;
       call_stream = nullptr;
     }
 #endif
     const int status = call.stateful != nullptr
-        ? call.stateful(model->states[call.state], args, results, workspace, workspace_bytes, call_stream)
+        ? call.stateful(variant.instance.states[call.state], args, results, workspace, workspace_bytes, call_stream)
         : call.function(args, results, workspace, workspace_bytes, call_stream);
     if (status != 0) return 1;
   }
@@ -422,19 +446,19 @@ bool overlaps(const void* a, uint64_t a_bytes, const void* b, uint64_t b_bytes) 
   return a_bytes != 0 && b_bytes != 0 && a0 < b0 + b_bytes && b0 < a0 + a_bytes;
 }
 
-int check_no_overlap(void* const* in, void* const* out) {
-  for (int32_t o = 0; o < spec.num_outputs; ++o) {
-    for (int32_t i = 0; i < spec.num_inputs; ++i) {
-      if (overlaps(out[o], spec.outputs[o].bytes, in[i], spec.inputs[i].bytes)) {
-        return fail(std::string("output '") + spec.outputs[o].name + "' (#" + std::to_string(o) +
-                    ") overlaps input '" + spec.inputs[i].name + "' (#" + std::to_string(i) +
+int check_no_overlap(const VariantSpec& variant, void* const* in, void* const* out) {
+  for (int32_t o = 0; o < variant.num_outputs; ++o) {
+    for (int32_t i = 0; i < variant.num_inputs; ++i) {
+      if (overlaps(out[o], variant.outputs[o].bytes, in[i], variant.inputs[i].bytes)) {
+        return fail(std::string("output '") + variant.outputs[o].name + "' (#" + std::to_string(o) +
+                    ") overlaps input '" + variant.inputs[i].name + "' (#" + std::to_string(i) +
                     "); expected separate memory for outputs");
       }
     }
     for (int32_t other = 0; other < o; ++other) {
-      if (overlaps(out[o], spec.outputs[o].bytes, out[other], spec.outputs[other].bytes)) {
-        return fail(std::string("output '") + spec.outputs[o].name + "' (#" + std::to_string(o) +
-                    ") overlaps output '" + spec.outputs[other].name + "' (#" + std::to_string(other) +
+      if (overlaps(out[o], variant.outputs[o].bytes, out[other], variant.outputs[other].bytes)) {
+        return fail(std::string("output '") + variant.outputs[o].name + "' (#" + std::to_string(o) +
+                    ") overlaps output '" + variant.outputs[other].name + "' (#" + std::to_string(other) +
                     "); expected separate memory for outputs");
       }
     }
@@ -443,26 +467,26 @@ int check_no_overlap(void* const* in, void* const* out) {
 }
 
 // The caller's tensors checked against the spec, as data pointers in `in` and `out`.
-int checked_tensors(const byoc_dl_tensor* inputs, int32_t num_inputs, const byoc_dl_tensor* outputs,
-                    int32_t num_outputs, void** in, void** out) {
-  if (num_inputs != spec.num_inputs) {
-    return fail("expected " + std::to_string(spec.num_inputs) + " inputs, got " + std::to_string(num_inputs));
+int checked_tensors(const VariantSpec& variant, const byoc_dl_tensor* inputs, int32_t num_inputs,
+                    const byoc_dl_tensor* outputs, int32_t num_outputs, void** in, void** out) {
+  if (num_inputs != variant.num_inputs) {
+    return fail("expected " + std::to_string(variant.num_inputs) + " inputs, got " + std::to_string(num_inputs));
   }
-  if (num_outputs != spec.num_outputs) {
-    return fail("expected " + std::to_string(spec.num_outputs) + " outputs, got " + std::to_string(num_outputs));
+  if (num_outputs != variant.num_outputs) {
+    return fail("expected " + std::to_string(variant.num_outputs) + " outputs, got " + std::to_string(num_outputs));
   }
-  if ((spec.num_inputs && inputs == nullptr) || (spec.num_outputs && outputs == nullptr)) {
+  if ((variant.num_inputs && inputs == nullptr) || (variant.num_outputs && outputs == nullptr)) {
     return fail("byoc_model_run: the input or output array is NULL");
   }
-  for (int32_t i = 0; i < spec.num_inputs; ++i) {
-    in[i] = checked_data("input", i, spec.inputs[i], inputs[i], spec.input_on_host && spec.input_on_host[i]);
-    if (in[i] == nullptr && spec.inputs[i].bytes != 0) return 1;
+  for (int32_t i = 0; i < variant.num_inputs; ++i) {
+    in[i] = checked_data("input", i, variant.inputs[i], inputs[i], variant.input_on_host && variant.input_on_host[i]);
+    if (in[i] == nullptr && variant.inputs[i].bytes != 0) return 1;
   }
-  for (int32_t i = 0; i < spec.num_outputs; ++i) {
-    out[i] = checked_data("output", i, spec.outputs[i], outputs[i], spec.output_on_host && spec.output_on_host[i]);
-    if (out[i] == nullptr && spec.outputs[i].bytes != 0) return 1;
+  for (int32_t i = 0; i < variant.num_outputs; ++i) {
+    out[i] = checked_data("output", i, variant.outputs[i], outputs[i], variant.output_on_host && variant.output_on_host[i]);
+    if (out[i] == nullptr && variant.outputs[i].bytes != 0) return 1;
   }
-  return check_no_overlap(in, out);
+  return check_no_overlap(variant, in, out);
 }
 
 }  // namespace
@@ -475,16 +499,63 @@ BYOC_EXPORT int byoc_model_status(byoc_model* model) {
 }
 #endif
 
+namespace {
+
+bool same_shape(const byoc_dl_tensor& t, const TensorSpec& tensor_spec) {
+  return t.ndim == tensor_spec.ndim &&
+         (t.ndim == 0 || (t.shape != nullptr && std::memcmp(t.shape, tensor_spec.shape, sizeof(int64_t) * t.ndim) == 0));
+}
+
+// The variant whose inputs have the shapes of the caller's, or -1 with the error set. A
+// model of one variant takes it, and run()'s checks say what does not fit.
+int32_t matching_variant(const byoc_dl_tensor* inputs, int32_t num_inputs) {
+  if (spec.num_variants == 1) return 0;
+  for (int32_t v = 0; v < spec.num_variants; ++v) {
+    const VariantSpec& variant = spec.variants[v];
+    bool fits = num_inputs == variant.num_inputs && (num_inputs == 0 || inputs != nullptr);
+    for (int32_t i = 0; fits && i < num_inputs; ++i) fits = same_shape(inputs[i], variant.inputs[i]);
+    if (fits) return v;
+  }
+  // the message is built only now (run() allocates nothing on its way)
+  const VariantSpec& first = spec.variants[0];
+  if (num_inputs != first.num_inputs || (num_inputs && inputs == nullptr)) {
+    fail("expected " + std::to_string(first.num_inputs) + " inputs, got " + std::to_string(num_inputs));
+    return -1;
+  }
+  std::string given, buckets;
+  for (int32_t i = 0; i < num_inputs; ++i) {
+    given += std::string(i ? ", " : "") + first.inputs[i].name + " " +
+             (inputs[i].ndim > 0 && inputs[i].shape == nullptr ? std::string("(no shape)")
+                                                               : shape_text(inputs[i].ndim, inputs[i].shape));
+  }
+  for (int32_t v = 0; v < spec.num_variants; ++v) {
+    buckets += v ? "; " : "";
+    for (int32_t i = 0; i < num_inputs; ++i) {
+      const TensorSpec& tensor = spec.variants[v].inputs[i];
+      buckets += std::string(i ? ", " : "") + tensor.name + " " + shape_text(tensor.ndim, tensor.shape);
+    }
+  }
+  fail("the inputs' shapes (" + given + ") are none of the shapes this model was built for: " + buckets);
+  return -1;
+}
+
+}  // namespace
+
 BYOC_EXPORT int byoc_model_run(byoc_model* model, const byoc_dl_tensor* inputs, int32_t num_inputs,
                                const byoc_dl_tensor* outputs, int32_t num_outputs, void* stream) {
   if (model == nullptr) return fail("byoc_model_run: the model is NULL (create failed or was destroyed)");
 #if BYOC_RUNTIME_CUDA
   if (take_reported_error(model)) return 1;
 #endif
+  const int32_t number = matching_variant(inputs, num_inputs);
+  if (number < 0) return 1;
+  const Variant variant = variant_of(model, number);
+  const VariantSpec& v = variant.spec;
+  const byoc_runtime::Program& program = variant.program;
   // on the stack: run() never allocates
-  void** in = static_cast<void**>(__builtin_alloca(sizeof(void*) * (spec.num_inputs + 1)));
-  void** out = static_cast<void**>(__builtin_alloca(sizeof(void*) * (spec.num_outputs + 1)));
-  if (checked_tensors(inputs, num_inputs, outputs, num_outputs, in, out)) return 1;
+  void** in = static_cast<void**>(__builtin_alloca(sizeof(void*) * (v.num_inputs + 1)));
+  void** out = static_cast<void**>(__builtin_alloca(sizeof(void*) * (v.num_outputs + 1)));
+  if (checked_tensors(v, inputs, num_inputs, outputs, num_outputs, in, out)) return 1;
 #if BYOC_RUNTIME_CUDA
   current_status_word = model->status_word;
   struct ClearStatusWord {  // on every return: no other code of this thread reports into it
@@ -494,15 +565,16 @@ BYOC_EXPORT int byoc_model_run(byoc_model* model, const byoc_dl_tensor* inputs, 
     }
   } clear_status_word;
   cudaStream_t run_stream = static_cast<cudaStream_t>(stream);
-  if (spec.cuda_graph ? run_graph(model, in, out, run_stream) : run_calls(model, in, out, stream, 0, program.num_calls)) {
+  if (v.cuda_graph ? run_graph(model, variant, in, out, run_stream)
+                   : run_calls(model, variant, in, out, stream, 0, program.num_calls)) {
     return 1;
   }
-  if (spec.sync_at_end &&  // outputs are delivered in host memory: complete when run() returns
+  if (v.sync_at_end &&  // outputs are delivered in host memory: complete when run() returns
       cuda_failed(cudaStreamSynchronize(run_stream), "waiting for the outputs")) {
     return 1;
   }
 #else
-  if (run_calls(model, in, out, stream, 0, program.num_calls)) return 1;
+  if (run_calls(model, variant, in, out, stream, 0, program.num_calls)) return 1;
 #endif
   // Outputs that no call wrote into the caller's buffer (with a CUDA graph: every output,
   // since the graph only ever writes planned storage) are copied out last, in stream order.
@@ -514,7 +586,7 @@ BYOC_EXPORT int byoc_model_run(byoc_model* model, const byoc_dl_tensor* inputs, 
     }
   }
 #if BYOC_RUNTIME_CUDA
-  if (spec.devices && program.num_output_copies &&  // outputs delivered in host memory are complete on return
+  if (v.devices && program.num_output_copies &&  // outputs delivered in host memory are complete on return
       cuda_failed(cudaStreamSynchronize(run_stream), "waiting for the outputs")) {
     return 1;
   }

@@ -1,6 +1,6 @@
 // What a model's generated host code (templates/host/model.cc.j2) gives the static model
-// runtime (model_runtime.cc): one ModelSpec, data only. The runtime implements the C ABI
-// (byoc_model.h) over it: create loads the weights and allocates, run checks the caller's
+// runtime (model_runtime.cc): one ModelSpec, with a VariantSpec per program, data only.
+// The runtime implements the C ABI (byoc_model.h) over it: create loads the weights and allocates, run checks the caller's
 // tensors and walks the call table (capturing it into CUDA graphs where the build says
 // so), destroy frees. The runtime is compiled once per target flavor (cpu, cuda) into the
 // object cache; only the tables are generated per model: the caller's tensors, the
@@ -103,19 +103,17 @@ struct Program {
   const Copy* output_copies;
 };
 
-struct ModelSpec {
-  const char* metadata;  // the metadata JSON
-  const char* build_id;
-  int32_t arch_number;   // cuda: the sm the kernels were compiled for
-  const unsigned char* embedded_weights;  // nullptr: a .safetensors sidecar holds them
-  uint64_t weights_bytes;
-  uint64_t weights_checksum;  // byoc_blob_checksum of the weights
-  uint64_t arena_bytes;
-  uint64_t workspace_bytes;
+// One program of the model, for one set of input shapes: the tensors it takes and gives,
+// its memory, its functions and its program table. A static build has one; a build with
+// shape buckets one per bucket, all reading the one set of weights. run() runs the variant
+// whose input shapes the caller's tensors have.
+struct VariantSpec {
   int32_t num_inputs;
   int32_t num_outputs;
   const TensorSpec* inputs;
   const TensorSpec* outputs;
+  uint64_t arena_bytes;
+  uint64_t workspace_bytes;
   // PlanDevices put data on the host too (cuda): which caller tensors are in host memory
   // and the host-side buffers; run() ends by synchronizing when an output is on the host.
   bool devices;
@@ -138,6 +136,17 @@ struct ModelSpec {
   const unsigned char* program;  // the program table (model_program.cc), from program.S
   uint64_t program_bytes;
   uint64_t program_checksum;  // byoc_blob_checksum of the program table
+};
+
+struct ModelSpec {
+  const char* metadata;  // the metadata JSON
+  const char* build_id;
+  int32_t arch_number;   // cuda: the sm the kernels were compiled for
+  const unsigned char* embedded_weights;  // nullptr: a .safetensors sidecar holds them
+  uint64_t weights_bytes;
+  uint64_t weights_checksum;  // byoc_blob_checksum of the weights
+  int32_t num_variants;  // at least 1
+  const VariantSpec* variants;
 };
 
 }  // namespace byoc_runtime

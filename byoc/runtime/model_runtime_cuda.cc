@@ -91,13 +91,19 @@ int allocate_cuda(byoc_model* model, const unsigned char* host_weights, unsigned
     return 1;
   }
   model->owns_weights = true;
-  if (spec.devices) {
+  bool devices = false, cuda_graph = false;
+  for (int32_t v = 0; v < spec.num_variants; ++v) {
+    devices = devices || spec.variants[v].devices;
+    cuda_graph = cuda_graph || spec.variants[v].cuda_graph;
+  }
+  if (devices) {
     model->host_weights = host_weights;
     model->owned_host_weights = *sidecar;  // cpu functions read the weights from it
     *sidecar = nullptr;
   }
-  if (device_alloc(&model->arena, spec.arena_bytes, "allocating the activation arena") ||
-      device_alloc(&model->workspace, spec.workspace_bytes, "allocating the workspace")) {
+  model->workspace_bytes = largest(&VariantSpec::workspace_bytes);
+  if (device_alloc(&model->arena, largest(&VariantSpec::arena_bytes), "allocating the activation arena") ||
+      device_alloc(&model->workspace, model->workspace_bytes, "allocating the workspace")) {
     return 1;
   }
   // Mapped (and, with unified addressing, the same pointer on the device): kernels write it
@@ -107,34 +113,40 @@ int allocate_cuda(byoc_model* model, const unsigned char* host_weights, unsigned
     return 1;
   }
   *model->status_word = 0;
-  if (spec.cuda_graph) {
-    if (cuda_failed(cudaStreamCreateWithFlags(&model->capture_stream, cudaStreamNonBlocking),
-                    "creating the capture stream")) {
-      return 1;
-    }
-    model->graph_in = new (std::nothrow) void*[spec.num_inputs + 1]();
-    model->graph_out = new (std::nothrow) void*[spec.num_outputs + 1]();
-    model->graph_execs = new (std::nothrow) cudaGraphExec_t[program.num_regions + 1]();
-    if (model->graph_in == nullptr || model->graph_out == nullptr || model->graph_execs == nullptr) {
+  if (cuda_graph && cuda_failed(cudaStreamCreateWithFlags(&model->capture_stream, cudaStreamNonBlocking),
+                                 "creating the capture stream")) {
+    return 1;
+  }
+  for (int32_t v = 0; v < spec.num_variants; ++v) {
+    const VariantSpec& variant = spec.variants[v];
+    if (!variant.cuda_graph) continue;
+    byoc_variant_instance& instance = model->variants[v];
+    instance.graph_in = new (std::nothrow) void*[variant.num_inputs + 1]();
+    instance.graph_out = new (std::nothrow) void*[variant.num_outputs + 1]();
+    instance.graph_execs = new (std::nothrow) cudaGraphExec_t[program_of(v).num_regions + 1]();
+    if (instance.graph_in == nullptr || instance.graph_out == nullptr || instance.graph_execs == nullptr) {
       return fail("out of host memory");
     }
   }
-  if (!spec.devices) return 0;
+  if (!devices) return 0;
+  const uint64_t host_arena_bytes = largest(&VariantSpec::host_arena_bytes);
+  const uint64_t pinned_arena_bytes = largest(&VariantSpec::pinned_arena_bytes);
+  model->host_workspace_bytes = largest(&VariantSpec::host_workspace_bytes);
   // Host-side buffers: 256-byte aligned like the planned offsets; the staging arena is
   // page-locked so that copies to and from the GPU run asynchronously on the stream.
-  if (spec.host_arena_bytes) {
-    model->host_arena = static_cast<unsigned char*>(std::aligned_alloc(256, (spec.host_arena_bytes + 255) / 256 * 256));
+  if (host_arena_bytes) {
+    model->host_arena = static_cast<unsigned char*>(std::aligned_alloc(256, (host_arena_bytes + 255) / 256 * 256));
   }
-  if (spec.host_workspace_bytes) {
+  if (model->host_workspace_bytes) {
     model->host_workspace =
-        static_cast<unsigned char*>(std::aligned_alloc(256, (spec.host_workspace_bytes + 255) / 256 * 256));
+        static_cast<unsigned char*>(std::aligned_alloc(256, (model->host_workspace_bytes + 255) / 256 * 256));
   }
-  if ((spec.host_arena_bytes && model->host_arena == nullptr) ||
-      (spec.host_workspace_bytes && model->host_workspace == nullptr)) {
+  if ((host_arena_bytes && model->host_arena == nullptr) ||
+      (model->host_workspace_bytes && model->host_workspace == nullptr)) {
     return fail("out of host memory allocating the host arena");
   }
-  if (spec.pinned_arena_bytes &&
-      cuda_failed(cudaMallocHost(reinterpret_cast<void**>(&model->pinned_arena), spec.pinned_arena_bytes),
+  if (pinned_arena_bytes &&
+      cuda_failed(cudaMallocHost(reinterpret_cast<void**>(&model->pinned_arena), pinned_arena_bytes),
                   "allocating the pinned host arena")) {
     return 1;
   }
@@ -148,7 +160,7 @@ int take_reported_error(byoc_model* model) {
   const unsigned int call = *word;
   if (call == 0) return 0;
   *word = 0;
-  const char* label = call >= 1 && call <= static_cast<unsigned int>(program.num_calls) ? program.calls[call - 1].label : "?";
+  const char* label = call_label(call);
   return fail(std::string("an earlier run of this model read indices out of range in call ") + label +
               " (clamped to the nearest valid index, so its outputs are wrong); expected every index in "
               "[-size, size) of its axis");
@@ -158,21 +170,21 @@ int take_reported_error(byoc_model* model) {
 // the same calls, other pointers) the old one updated in place, which is cheaper where the
 // update is allowed. 0: captured; 1: an error (byoc_last_error says it); 2: the calls
 // cannot be captured (a backend that synchronizes or allocates at run time).
-int capture_region(byoc_model* model, int32_t r, void* const* in, void* const* out) {
-  const byoc_runtime::Region& region = program.regions[r];
+int capture_region(byoc_model* model, const Variant& variant, int32_t r, void* const* in, void* const* out) {
+  const byoc_runtime::Region& region = variant.program.regions[r];
   // Thread-local mode: only this thread's unsafe calls (an allocation, a synchronization)
   // end the capture; other threads' calls do not.
   if (cuda_failed(cudaStreamBeginCapture(model->capture_stream, cudaStreamCaptureModeThreadLocal),
                   "starting CUDA graph capture")) {
     return 1;
   }
-  const int status = run_calls(model, in, out, model->capture_stream, static_cast<int32_t>(region.first_call),
+  const int status = run_calls(model, variant, in, out, model->capture_stream, static_cast<int32_t>(region.first_call),
                                static_cast<int32_t>(region.first_call + region.num_calls));
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(model->capture_stream, &graph);
   cudaError_t made = cudaErrorUnknown;
   const bool captured = status == 0 && ended == cudaSuccess && graph != nullptr;
-  cudaGraphExec_t& exec = model->graph_execs[r];
+  cudaGraphExec_t& exec = variant.instance.graph_execs[r];
   if (captured && exec != nullptr) {
     cudaGraphExecUpdateResultInfo update_info;
     made = cudaGraphExecUpdate(exec, graph, &update_info);
@@ -202,11 +214,14 @@ int capture_region(byoc_model* model, int32_t r, void* const* in, void* const* o
 // (planned) pointers, the caller's tensors are copied in before and out after. "update":
 // the graphs read and write the caller's tensors; other pointers re-capture them and
 // update the executable graphs in place.
-int run_graph(byoc_model* model, void* const* in, void* const* out, cudaStream_t run_stream) {
+int run_graph(byoc_model* model, const Variant& variant, void* const* in, void* const* out, cudaStream_t run_stream) {
+  const Program& program = variant.program;
+  const VariantSpec& v = variant.spec;
+  byoc_variant_instance& instance = variant.instance;
   bool same_pointers = true;
-  if (spec.graph_io_update) {
-    for (int32_t i = 0; same_pointers && i < spec.num_inputs; ++i) same_pointers = model->graph_in[i] == in[i];
-    for (int32_t i = 0; same_pointers && i < spec.num_outputs; ++i) same_pointers = model->graph_out[i] == out[i];
+  if (v.graph_io_update) {
+    for (int32_t i = 0; same_pointers && i < v.num_inputs; ++i) same_pointers = instance.graph_in[i] == in[i];
+    for (int32_t i = 0; same_pointers && i < v.num_outputs; ++i) same_pointers = instance.graph_out[i] == out[i];
   }
   for (int32_t i = 0; i < program.num_input_copies; ++i) {
     const byoc_runtime::Copy& copy = program.input_copies[i];
@@ -215,37 +230,37 @@ int run_graph(byoc_model* model, void* const* in, void* const* out, cudaStream_t
       return 1;
     }
   }
-  if (!model->warmed_up || model->capture_failed) {
-    if (run_calls(model, in, out, run_stream, 0, program.num_calls) != 0) return 1;
-    model->warmed_up = true;
+  if (!instance.warmed_up || instance.capture_failed) {
+    if (run_calls(model, variant, in, out, run_stream, 0, program.num_calls) != 0) return 1;
+    instance.warmed_up = true;
     return 0;
   }
   for (int32_t r = 0; r < program.num_regions; ++r) {
     const byoc_runtime::Region& region = program.regions[r];
-    if (region.capture && !model->capture_failed && (model->graph_execs[r] == nullptr || !same_pointers)) {
-      const int captured = capture_region(model, r, in, out);
+    if (region.capture && !instance.capture_failed && (instance.graph_execs[r] == nullptr || !same_pointers)) {
+      const int captured = capture_region(model, variant, r, in, out);
       if (captured == 1) return 1;
       if (captured == 2) {
         // run directly from now on, this region included: no graph is replayed again
         for (int32_t other = 0; other < program.num_regions; ++other) {
-          if (model->graph_execs[other]) cudaGraphExecDestroy(model->graph_execs[other]);
-          model->graph_execs[other] = nullptr;
+          if (instance.graph_execs[other]) cudaGraphExecDestroy(instance.graph_execs[other]);
+          instance.graph_execs[other] = nullptr;
         }
-        model->capture_failed = true;
+        instance.capture_failed = true;
       }
     }
-    if (!region.capture || model->capture_failed) {
-      if (run_calls(model, in, out, run_stream, static_cast<int32_t>(region.first_call),
+    if (!region.capture || instance.capture_failed) {
+      if (run_calls(model, variant, in, out, run_stream, static_cast<int32_t>(region.first_call),
                     static_cast<int32_t>(region.first_call + region.num_calls)) != 0) {
         return 1;
       }
-    } else if (cuda_failed(cudaGraphLaunch(model->graph_execs[r], run_stream), "launching a CUDA graph")) {
+    } else if (cuda_failed(cudaGraphLaunch(instance.graph_execs[r], run_stream), "launching a CUDA graph")) {
       return 1;
     }
   }
-  if (spec.graph_io_update && !model->capture_failed) {
-    for (int32_t i = 0; i < spec.num_inputs; ++i) model->graph_in[i] = in[i];
-    for (int32_t i = 0; i < spec.num_outputs; ++i) model->graph_out[i] = out[i];
+  if (v.graph_io_update && !instance.capture_failed) {
+    for (int32_t i = 0; i < v.num_inputs; ++i) instance.graph_in[i] = in[i];
+    for (int32_t i = 0; i < v.num_outputs; ++i) instance.graph_out[i] = out[i];
   }
   return 0;
 }

@@ -13,35 +13,46 @@
 #include <cuda_runtime.h>
 #endif
 
+// What a model instance keeps per variant (byoc_runtime::VariantSpec).
+struct byoc_variant_instance {
+  void** states = nullptr;  // per-instance state of the variant's stateful functions
+#if BYOC_RUNTIME_CUDA
+  // One executable graph per region of the variant's program (null: not captured yet, or a
+  // region that runs directly).
+  cudaGraphExec_t* graph_execs = nullptr;
+  // The first run is not captured: library handles, kernel modules and plans that set
+  // themselves up on first use do so outside the capture. The second run captures.
+  bool warmed_up = false;
+  bool capture_failed = false;  // then every run of the variant executes the calls directly
+  // ("update") the caller's pointers the graph was captured with: other pointers
+  // re-capture it and update the executable graph in place (cudaGraphExecUpdate).
+  void** graph_in = nullptr;
+  void** graph_out = nullptr;
+#endif
+};
+
+// The memories are shared by the variants (one runs at a time), each as large as the
+// largest variant needs.
 struct byoc_model {
   unsigned char* weights = nullptr;  // device copy (cuda) or host copy (sidecar)
   bool owns_weights = false;
   unsigned char* arena = nullptr;
   unsigned char* workspace = nullptr;
-  void** states = nullptr;  // per-instance state of the stateful functions (spec.states)
+  uint64_t workspace_bytes = 0;
+  byoc_variant_instance* variants = nullptr;  // spec.num_variants of them
 #if BYOC_RUNTIME_CUDA
   unsigned int* status_word = nullptr;  // mapped host memory; see byoc_current_run_status
-  // One executable graph per region of program.regions (null: not captured yet, or a region
-  // that runs directly).
-  cudaGraphExec_t* graph_execs = nullptr;
   // The stream the calls are captured on: the model's own and non-blocking, so that work
   // other threads put on the legacy default stream meanwhile neither joins the capture nor
   // breaks it (a capturing blocking stream would be made to wait on the legacy stream).
   // Capturing executes nothing: the graph is launched on the caller's stream, in its order.
   cudaStream_t capture_stream = nullptr;
-  // The first run is not captured: library handles, kernel modules and plans that set
-  // themselves up on first use do so outside the capture. The second run captures.
-  bool warmed_up = false;
-  bool capture_failed = false;  // then every run executes the calls directly
-  // ("update") the caller's pointers the graph was captured with: other pointers
-  // re-capture it and update the executable graph in place (cudaGraphExecUpdate).
-  void** graph_in = nullptr;
-  void** graph_out = nullptr;
   const unsigned char* host_weights = nullptr;  // the weights in host memory, for cpu functions
   unsigned char* owned_host_weights = nullptr;  // the sidecar's bytes, kept for them
   unsigned char* host_arena = nullptr;
   unsigned char* pinned_arena = nullptr;
   unsigned char* host_workspace = nullptr;
+  uint64_t host_workspace_bytes = 0;
 #endif
 };
 
@@ -49,10 +60,28 @@ namespace byoc_runtime {
 namespace internal {
 
 extern const ModelSpec& spec;  // the model's tables (byoc_model_spec)
-extern const Program& program;  // its program table, decoded (model_program.cc)
 
-// Decodes and checks the program table, once per process: 0, or 1 with the error set.
-int load_program();
+// One variant of the model as a run sees it: its tables, its decoded program and the
+// instance's state for it.
+struct Variant {
+  int32_t number;
+  const VariantSpec& spec;
+  const Program& program;
+  byoc_variant_instance& instance;
+};
+Variant variant_of(byoc_model* model, int32_t number);
+
+// Decodes and checks every variant's program table, once per process: 0, or 1 with the
+// error set.
+int load_programs();
+// The decoded program of variant `number` (after load_programs).
+const Program& program_of(int32_t number);
+// The largest of `field` over the variants (the shared memories' sizes).
+uint64_t largest(uint64_t VariantSpec::*field);
+// The number the status word holds for call `index` of variant `number` (1-based, unique
+// over the variants), and back.
+unsigned int call_number(int32_t number, int32_t index);
+const char* call_label(unsigned int call);
 
 // Sets byoc_last_error() (thread-local) and returns 1.
 int fail(const std::string& message);
@@ -62,8 +91,9 @@ void* resolve(const byoc_model* model, const Ref& ref, void* const* in, void* co
 // unless negative, `number`.
 int copy_bytes(void* destination, const void* source, uint64_t bytes, void* stream, const char* what,
                int32_t number);
-// Calls [first, end) in order, on `stream`.
-int run_calls(byoc_model* model, void* const* in, void* const* out, void* stream, int32_t first, int32_t end);
+// The variant's calls [first, end) in order, on `stream`.
+int run_calls(byoc_model* model, const Variant& variant, void* const* in, void* const* out, void* stream,
+              int32_t first, int32_t end);
 // The activation arena, the workspace: device memory on cuda, 256-byte aligned host memory on the cpu.
 int device_alloc(unsigned char** out, uint64_t bytes, const char* what);
 void device_free(unsigned char* p);
@@ -81,7 +111,7 @@ int allocate_cuda(byoc_model* model, const unsigned char* host_weights, unsigned
 // An error a kernel of an earlier run reported into the status word: once, then cleared.
 int take_reported_error(byoc_model* model);
 // run() with CUDA graphs: direct, then each region captured, then replayed.
-int run_graph(byoc_model* model, void* const* in, void* const* out, cudaStream_t run_stream);
+int run_graph(byoc_model* model, const Variant& variant, void* const* in, void* const* out, cudaStream_t run_stream);
 #endif
 
 }  // namespace internal

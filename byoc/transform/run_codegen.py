@@ -52,8 +52,10 @@ RESERVED_NAMES = frozenset("""
     read_sidecar run_calls capture_region kWeightsChecksum kCallLabels current_status_word current_call
     take_reported_error overlaps check_no_overlap
     kRefs kCalls kRegions kStates kFunctions kInputCopies kOutputCopies kArena kWeights kInput kOutput kHostArena kPinnedArena
-    kHostWeights
+    kHostWeights kVariants
 """.split())
+# ... and the host template's tables of each variant (kInputs0, kFunctions1, ...)
+_VARIANT_TABLE = re.compile(r"k(?:Inputs|Outputs|InputOnHost|OutputOnHost|Functions|States)\d+$")
 
 # Prefixes of the CUDA runtime, driver and library APIs and of the macros of byoc,
 # CUDA and CUTLASS headers (`cudaMalloc`, `cublasLtMatmul`, `cuInit`, `CUTLASS_HOST`).
@@ -96,7 +98,7 @@ def symbol_name_problem(name) -> str | None:
         return "names starting with 'byoc_' are reserved for the runtime ABI"
     if name.startswith("_") or "__" in name:
         return "names starting with '_' or containing '__' are reserved to the C/C++ implementation"
-    if name in RESERVED_NAMES or _RESERVED_PREFIX.match(name):
+    if name in RESERVED_NAMES or _RESERVED_PREFIX.match(name) or _VARIANT_TABLE.match(name):
         return "the generated C++ (host code, C library, CUDA or CUTLASS headers) already defines it"
     if _is_c_library_symbol(name):
         return "it names a function or object of the C library"
