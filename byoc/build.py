@@ -142,8 +142,7 @@ class _Builder:
                             f"{', '.join(self.cfg.backend_names) or 'builtin'}; workdir {self.workdir})")
         try:
             with self.workdir_lock(), self.progress.heartbeat():
-                mod, output_names, artifacts, report = self.lower(model, input_shapes)
-                library = self.link(mod, artifacts, output_names, report)
+                library = self.link(self.lower_programs(model, input_shapes))
                 library.build_stats["seconds"] = round(time.perf_counter() - started, 2)
                 (self.workdir / "build_stats.json").write_text(json.dumps(library.build_stats, indent=2,
                                                                           sort_keys=True))
@@ -160,6 +159,33 @@ class _Builder:
             self.remove_temporary_workdir()
             raise
         return library
+
+    def lower_programs(self, model, input_shapes) -> list:
+        """The library's programs, lowered and host-planned: one for a static build; with
+        several sizes for a named dim (config dims: {batch: [1, 8, 32]}), one per shape
+        bucket, each lowered on its own (sources in bucket<N>/ of the work directory, its
+        function symbols ending in _b<N>) with the constants of all in one weights blob."""
+        from .codegen.host import WeightsBlob
+        buckets = self.cfg.shape_buckets()
+        if len(buckets) == 1:
+            self.dims = buckets[0]
+            mod, output_names, artifacts, report = self.lower(model, input_shapes)
+            return [_Program(self, buckets[0], mod, artifacts, report, self.plan_host(mod, artifacts, output_names))]
+        if isinstance(model, IRModule):
+            raise ConfigError(f"dims {self.cfg.dims}: shape buckets are for ONNX models (their named dims); "
+                              f"an IRModule has static shapes already")
+        import dataclasses
+        weights = WeightsBlob(share_equal=True)
+        programs = []
+        for number, dims in enumerate(buckets):
+            label = ", ".join(f"{name}={size}" for name, size in dims.items())
+            self.progress.stage(f"shape bucket {number + 1}/{len(buckets)}: {label}")
+            bucket = _Builder(dataclasses.replace(self.cfg, workdir=str(self.workdir / f"bucket{number}"), dims=dims))
+            bucket.progress, bucket.dims, bucket.symbol_suffix = self.progress, dims, f"_b{number}" if number else ""
+            mod, output_names, artifacts, report = bucket.lower(model, input_shapes)
+            host = bucket.plan_host(mod, artifacts, output_names, weights)
+            programs.append(_Program(bucket, dims, mod, artifacts, report, host))
+        return programs
 
     def lower(self, model, input_shapes):
         """Every IR stage, up to the final main (written to final.ir); no compiler runs
@@ -200,7 +226,10 @@ class _Builder:
             mod = model
         else:
             from .frontend.onnx import from_onnx
-            mod = from_onnx(model, input_shapes or self.cfg.input_shapes or None, self.cfg.dims or None)
+            # the shape bucket's dims (lower_programs), else the config's
+            dims = getattr(self, "dims", None)
+            mod = from_onnx(model, input_shapes or self.cfg.input_shapes or None,
+                            (self.cfg.dims if dims is None else dims) or None)
         output_names = mod.attrs.get("output_names")
         return mod, output_names
 
@@ -337,7 +366,8 @@ class _Builder:
                 mod = backend.pre_partition(mod, targets[backend.name], "cuda" if self.cuda else "cpu")
         # Slices instead of splits before any backend looks: patterns see one op per piece.
         from .transform.lower_split import lower_split
-        mod, report = partition_for(lower_split(mod), names, finalize=get_backend(FALLBACK).takes_the_rest)
+        mod, report = partition_for(lower_split(mod), names, finalize=get_backend(FALLBACK).takes_the_rest,
+                                    symbol_suffix=getattr(self, "symbol_suffix", ""))
         (self.workdir / "partition_report.json").write_text(json.dumps(report.to_json(), indent=2, sort_keys=True))
         (self.workdir / "partition_report.txt").write_text(report.to_text())
         (self.workdir / "partitioned.ir").write_text(mod.script(elide_data_over=DUMP_DATA_BYTES))
@@ -412,38 +442,43 @@ class _Builder:
                 "compile_seconds": compiled.get("compile_seconds", 0.0), "backends": per_backend,
                 "slowest_units": [{"source": name, "seconds": seconds} for name, seconds in slowest]}
 
-    def link(self, mod, artifacts, output_names, report) -> Library:
-        """The back end's last steps: plan the host (memory, devices, graph), write the
-        host tables and the embedded files, compile every unit and link the library."""
-        host = self.plan_host(mod, artifacts, output_names)
-        units, link_libraries, unit_backends = [], [], []
-        for artifact in artifacts:
-            units.extend(artifact.compile_units)
-            unit_backends.extend([artifact.backend] * len(artifact.compile_units))
-            link_libraries += [library for library in artifact.link_libraries if library not in link_libraries]
+    def link(self, programs: list) -> Library:
+        """The back end's last steps: write the host tables and the embedded files of the
+        programs (lower_programs), compile every unit and link the library."""
+        first = programs[0]
+        weights = first.host.plan.weights if len(programs) == 1 else bytes(first.host.weights_blob.data)
+        units, unit_backends = self.program_units(programs)
+        link_libraries = []
+        for program in programs:
+            for artifact in program.artifacts:
+                link_libraries += [library for library in artifact.link_libraries if library not in link_libraries]
         from concurrent.futures import ThreadPoolExecutor
 
         from .codegen.host import blob_checksum
         with ThreadPoolExecutor(max_workers=1) as pool:
             # The runtime's checksum of the weights and their sha256 are two passes over them
             # (220 MB for a BERT-base): NumPy and hashlib let go of the GIL, so they overlap.
-            weights_checksum = pool.submit(blob_checksum, host.plan.weights)
+            weights_checksum = pool.submit(blob_checksum, weights)
             content = hashlib.sha256()
             content.update(str(self.target).encode())
             for unit in units:
                 content.update(Path(unit.source).read_bytes())
-            weights_digest = hashlib.sha256(host.plan.weights).hexdigest()  # once: it keys the weights' object too
+            weights_digest = hashlib.sha256(weights).hexdigest()  # once: it keys the weights' object too
             content.update(weights_digest.encode())
             weights_checksum = weights_checksum.result()
         build_id = content.hexdigest()[:16]
-        metadata = self.metadata(mod, host, artifacts, build_id, report)
-        program = self.program_table(host, artifacts)
-        units += self.host_units(host, artifacts, build_id, program, weights_checksum)
-        embedded_units, sidecar = self.embedded_units(host.plan.weights, metadata, build_id, program, weights_digest)
+        metadata = first.builder.metadata(first.mod, first.host, first.artifacts, build_id, first.report,
+                                          weights_bytes=len(weights))
+        if len(programs) > 1:
+            metadata = self.with_variants(metadata, programs)
+        tables = [self.program_table(program.host, program.artifacts) for program in programs]
+        units += self.host_units(programs, build_id, tables, weights, weights_checksum)
+        embedded_units, sidecar = self.embedded_units(weights, metadata, build_id, tables, weights_digest)
         units += embedded_units
         output, compiled = self.compile_and_link(units, link_libraries, build_id)
-        library = Library(path=output, workdir=self.workdir, metadata=json.loads(metadata), report=report,
-                          sidecar=sidecar, memory=host.plan.memory_plan.summary() if host.plan.memory_plan else {},
+        plan = first.host.plan
+        library = Library(path=output, workdir=self.workdir, metadata=json.loads(metadata), report=first.report,
+                          sidecar=sidecar, memory=plan.memory_plan.summary() if plan.memory_plan else {},
                           build_stats=self.compile_stats(compiled, unit_backends),
                           file_states={str(path): file_state(path) for path in (output, sidecar) if path})
         (self.workdir / "metadata.json").write_text(json.dumps(library.metadata, indent=2, sort_keys=True))
@@ -452,7 +487,50 @@ class _Builder:
                                                                   title=getattr(self, "model_name", "model")))
         return library
 
-    def plan_host(self, mod, artifacts, output_names) -> "_HostSetup":
+    @staticmethod
+    def program_units(programs: list) -> tuple:
+        """Every program's compile units, each object once: a unit of a later program that
+        writes the same object from the same text and flags as one before (a CUTLASS kernel
+        unit: named by a hash of its types) is that one; another that would write an object
+        of the same name is renamed b<N>_<name>. Returns (units, the backend of each)."""
+        units, unit_backends, written = [], [], {}
+        for number, program in enumerate(programs):
+            for artifact in program.artifacts:
+                for unit in artifact.compile_units:
+                    same = written.get(unit.output)
+                    if same is not None:
+                        if (same.language, list(same.flags)) == (unit.language, list(unit.flags)) and \
+                                Path(same.source).read_bytes() == Path(unit.source).read_bytes():
+                            continue
+                        import dataclasses
+                        unit = dataclasses.replace(unit, output=f"b{number}_{unit.output}")
+                    written[unit.output] = unit
+                    units.append(unit)
+                    unit_backends.append(artifact.backend)
+        return units, unit_backends
+
+    @staticmethod
+    def with_variants(metadata: str, programs: list) -> str:
+        """The metadata of a library with shape buckets: the first bucket's tensors at the top
+        (as a static library's), and `variants`: each bucket's dims, tensors and memory."""
+        data = json.loads(metadata)
+        variants = []
+        for program in programs:
+            plan = program.host.plan
+
+            def tensors(entries, top):  # where a tensor lives is the same in every bucket
+                return [{**place, "name": name, "shape": list(type_.shape), "dtype": type_.dtype}
+                        for (name, type_), place in zip(entries, top)]
+            variants.append({"dims": program.dims,
+                             "inputs": tensors(plan.inputs, data["inputs"]),
+                             "outputs": tensors(plan.outputs, data["outputs"]),
+                             "memory": {"arena_bytes": plan.arena_bytes, "workspace_bytes": plan.workspace_bytes}})
+        data["variants"] = variants
+        for key in ("arena_bytes", "workspace_bytes"):  # the memories are shared, as large as the largest needs
+            data["memory"][key] = max(variant["memory"][key] for variant in variants)
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+    def plan_host(self, mod, artifacts, output_names, weights=None) -> "_HostSetup":
         """Where every tensor lives (codegen/host.py: plan_host, from PlanMemory's storage),
         whether the calls run as CUDA graphs and how they take the caller's tensors, and
         which values PlanDevices put on the host."""
@@ -468,10 +546,11 @@ class _Builder:
         plan = plan_host(mod, workspace, output_names=output_names, static_io=graph_io == "copy",
                          device=str(self.virtual_device("device")), view_symbols=view_symbols,
                          graph_regions=regions, value_devices=value_devices,
-                         function_devices=self.declared_devices if value_devices is not None else None)
-        return _HostSetup(plan, cuda_graph, graph_io, value_devices is not None, view_symbols)
+                         function_devices=self.declared_devices if value_devices is not None else None,
+                         weights=weights)
+        return _HostSetup(plan, cuda_graph, graph_io, value_devices is not None, view_symbols, weights)
 
-    def metadata(self, mod, host: "_HostSetup", artifacts, build_id: str, report) -> str:
+    def metadata(self, mod, host: "_HostSetup", artifacts, build_id: str, report, weights_bytes: int | None = None) -> str:
         """The library's metadata JSON (codegen/host.py: metadata_json)."""
         from .codegen.host import metadata_json
         from .report_page import execution_graph
@@ -481,7 +560,7 @@ class _Builder:
                       "calls": sum(1 for c in plan.calls if c["symbol"] == s)} for s in plan.extern_symbols]
         graph = execution_graph(mod, plan.memory_plan, getattr(self, "function_summaries", None),
                                 views=host.view_symbols)
-        return metadata_json(plan, build_id=build_id, target=str(self.target),
+        return metadata_json(plan, build_id=build_id, target=str(self.target), weights_bytes=weights_bytes,
                              arch=self.target.attrs.get("arch") if self.cuda else None,
                              backends=sorted({f["backend"] for f in functions}), functions=functions,
                              weights_location="sidecar" if self.cfg.params == "sidecar" else "embedded",
@@ -494,17 +573,22 @@ class _Builder:
         from .codegen.host import program_table
         return program_table(host.plan, [s for a in artifacts for s in a.stateful_symbols])
 
-    def host_units(self, host: "_HostSetup", artifacts, build_id: str, program: bytes, weights_checksum: int) -> list:
-        """host.cc (the model's tables) and the static model runtime they drive, which is
-        compiled once per flavor (and flags) into the object cache."""
+    def host_units(self, programs: list, build_id: str, tables: list, weights: bytes, weights_checksum: int) -> list:
+        """host.cc (the model's tables: a variant per program, `tables` their program tables)
+        and the static model runtime they drive, which is compiled once per flavor (and
+        flags) into the object cache."""
         from .codegen.host import HostVariant, render_host
         from .runtime import C_ABI_HEADER, model_runtime_sources
         from .toolchain import CompileUnit
-        variant = HostVariant(host.plan, program, stateful=[s for a in artifacts for s in a.stateful_symbols],
-                              cuda_graph=host.cuda_graph, graph_io=host.graph_io, devices=host.devices)
-        host_source = render_host([variant], cuda=self.cuda, build_id=build_id,
+        variants = [HostVariant(program.host.plan, table, program_symbol=_program_symbol(number),
+                                stateful=[s for a in program.artifacts for s in a.stateful_symbols],
+                                cuda_graph=program.host.cuda_graph, graph_io=program.host.graph_io,
+                                devices=program.host.devices,
+                                description=", ".join(f"{name}={size}" for name, size in program.dims.items()))
+                    for number, (program, table) in enumerate(zip(programs, tables))]
+        host_source = render_host(variants, cuda=self.cuda, build_id=build_id,
                                   arch_number=self.target.arch_number() if self.cuda else None,
-                                  weights_embedded=self.cfg.params != "sidecar", weights_bytes=len(host.plan.weights),
+                                  weights_embedded=self.cfg.params != "sidecar", weights_bytes=len(weights),
                                   weights_checksum=weights_checksum)
         host_path = self.workdir / "host.cc"
         host_path.write_text(host_source)
@@ -517,7 +601,7 @@ class _Builder:
             [CompileUnit(source=source, language="cxx", flags=runtime_flags, output=f"{source.stem}.o")
              for source in model_runtime_sources(self.cuda)]
 
-    def embedded_units(self, weights: bytes, metadata: str, build_id: str, program: bytes,
+    def embedded_units(self, weights: bytes, metadata: str, build_id: str, tables: list,
                        weights_digest: str = "") -> tuple:
         """The weights (embedded, or a .safetensors sidecar), the metadata JSON and the program table, each
         embedded by an assembler file with .incbin: a C array of them would compile for
@@ -525,9 +609,9 @@ class _Builder:
         (the compile units, the sidecar's path or None)."""
         from .codegen.host import render_blob_assembly, write_safetensors
         from .toolchain import CompileUnit
-        files = [(self.workdir / "metadata.bin", "byoc_metadata_json", "The metadata JSON", metadata.encode("utf-8")),
-                 (self.workdir / "program.bin", "byoc_program_table", "The program table (byoc/runtime/model_program.cc)",
-                  program)]
+        files = [(self.workdir / "metadata.bin", "byoc_metadata_json", "The metadata JSON", metadata.encode("utf-8"))]
+        files += [(self.workdir / f"program{number or ''}.bin", _program_symbol(number),
+                   "A program table (byoc/runtime/model_program.cc)", table) for number, table in enumerate(tables)]
         sidecar = None
         if self.cfg.params == "sidecar":
             sidecar = self.workdir / "model.safetensors"
@@ -573,6 +657,23 @@ class _Builder:
         return output, compiled
 
 
+def _program_symbol(number: int) -> str:
+    """The symbol of program `number`'s table (a static library's one: byoc_program_table)."""
+    return f"byoc_program_table{f'_{number}' if number else ''}"
+
+
+@dataclass
+class _Program:
+    """One program of the library (lower_programs): the builder that lowered it, the named
+    dims of its shape bucket, its final module, artifacts, partition report and host setup."""
+    builder: "_Builder"
+    dims: dict
+    mod: IRModule
+    artifacts: list
+    report: object
+    host: "_HostSetup"
+
+
 @dataclass
 class _HostSetup:
     """What the host code is planned from: the HostPlan, and the CUDA graph and device
@@ -582,6 +683,7 @@ class _HostSetup:
     graph_io: str | None
     devices: bool
     view_symbols: set
+    weights_blob: object = None  # codegen.host.WeightsBlob: the one the programs of a library share
 
 
 def check_module(mod: IRModule):

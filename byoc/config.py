@@ -24,7 +24,9 @@ Every key is optional; the values shown are the defaults unless noted.
       profile: auto         # true | false | auto (measure kernels when a GPU is visible)
       tuning_db: null       # path | null: JSON file remembering the fastest kernels
     input_shapes: {}        # {input name: [dims]}: static shapes for the model's inputs
-    dims: {}                # {named dim: size}: every input's dim of that name, e.g. {batch: 1}
+    dims: {}                # {named dim: size or [sizes]}: every input's dim of that name, e.g. {batch: 1};
+                            # a list builds one program per size (shape buckets) into one library,
+                            # e.g. {batch: [1, 8, 32]}: run() takes the one the inputs' shapes fit
     compile_jobs: null      # positive integer | null (null: one per CPU, at most one per 3 GiB of available memory)
     output: null            # path | null: where `byoc build` writes the .so
     devices:                # where work and data live (PlanDevices)
@@ -87,6 +89,9 @@ def known_backend_names() -> list[str]:
     return list(KNOWN_BACKENDS) + [name for name in BACKENDS if name not in KNOWN_BACKENDS]
 
 
+# The most programs (shape buckets) one library holds: each is compiled and planned on its own.
+MAX_SHAPE_BUCKETS = 16
+
 @dataclass
 class BuildConfig:
     target: object = "auto"  # "auto" or a device Target
@@ -103,6 +108,19 @@ class BuildConfig:
     output: str | None = None
     devices: dict = field(default_factory=lambda: {"pin": [], "inputs": "device", "outputs": "device"})
     source: str = "<dict>"  # where the config came from, for messages
+
+    def shape_buckets(self) -> list[dict]:
+        """The named dims of each program the library holds: one per combination of the
+        sizes `dims` lists (a dim given one size is that size in every one), smallest first."""
+        import itertools
+        names = sorted(self.dims)
+        choices = [sorted(self.dims[name]) if isinstance(self.dims[name], list) else [self.dims[name]]
+                   for name in names]
+        buckets = [dict(zip(names, sizes)) for sizes in itertools.product(*choices)]
+        if len(buckets) > MAX_SHAPE_BUCKETS:
+            raise ConfigError(f"{self.source}: dims {self.dims} make {len(buckets)} shape buckets; expected at "
+                              f"most {MAX_SHAPE_BUCKETS} (each is a program of its own in the library)")
+        return buckets
 
     @property
     def backend_names(self) -> list[str]:
@@ -359,10 +377,15 @@ def _validate_dims(source, dims) -> dict:
     dims = {} if dims is None else dims
     if not isinstance(dims, dict):
         _fail(source, "dims", f"{dims!r} is not a mapping of named dim to size, e.g. {{batch: 1}}")
+    def is_size(size):
+        return not isinstance(size, bool) and isinstance(size, int) and size >= 0
     for name, size in dims.items():
-        if not isinstance(name, str) or isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            _fail(source, f"dims.{name}", f"{size!r} is not allowed; allowed: a non-negative integer")
-    return dict(dims)
+        sizes = size if isinstance(size, list) else [size]
+        if not isinstance(name, str) or not sizes or not all(is_size(s) for s in sizes) \
+                or len(set(sizes)) != len(sizes):
+            _fail(source, f"dims.{name}", f"{size!r} is not allowed; allowed: a non-negative integer, or a "
+                                          f"list of distinct ones (one program per size)")
+    return {name: list(size) if isinstance(size, list) else size for name, size in dims.items()}
 
 
 def _pin_device(source, key_path, value) -> str:

@@ -655,3 +655,45 @@ def test_a_program_table_that_names_what_does_not_exist_is_refused_at_create(fie
     library = byoc.build(FIXTURES / "mlp.onnx", config="cpu", workdir=str(tmp_path / "w"))
     with pytest.raises(byoc.RuntimeError, match=f"program table is corrupted \\({reason}\\)"):
         library.load()
+
+
+def test_shape_buckets_make_one_library_that_runs_the_program_the_inputs_fit(tmp_path):
+    """dims with several sizes (shape buckets): one library, a program per combination of
+    sizes over one set of weights (each constant once); run() takes the program whose input
+    shapes the inputs have, each matching onnxruntime, and refuses a shape no bucket has,
+    naming every shape it takes. The library keeps working after a refusal."""
+    import onnxruntime as ort
+    model = FIXTURES / "bert2.onnx"
+    library = byoc.build(model, config="cpu", workdir=str(tmp_path / "w"),
+                         dims={"batch": [3, 1], "sequence": [8, 16]})
+    variants = library.metadata["variants"]
+    assert [v["dims"] for v in variants] == [{"batch": 1, "sequence": 8}, {"batch": 1, "sequence": 16},
+                                             {"batch": 3, "sequence": 8}, {"batch": 3, "sequence": 16}]
+    assert variants[3]["outputs"][0]["shape"] == [3, 16, 128]
+    assert library.metadata["inputs"] == variants[0]["inputs"]  # the first bucket's, as a static library's
+    static = byoc.build(model, config="cpu", workdir=str(tmp_path / "static"), dims={"batch": 3, "sequence": 16})
+    assert "variants" not in static.metadata
+    # the weights once, not once per bucket (a few constants of the buckets' own shapes differ)
+    assert library.metadata["weights"]["bytes"] < static.metadata["weights"]["bytes"] * 1.05
+    assert library.metadata["memory"]["arena_bytes"] == max(v["memory"]["arena_bytes"] for v in variants)
+    assert (tmp_path / "w" / "bucket3" / "final.ir").is_file()  # each bucket's sources and IR, kept
+    host = (tmp_path / "w" / "host.cc").read_text()
+    assert "// Variant 3: batch=3, sequence=16" in host and "_b3);" in host
+    module = library.load()
+    session = ort.InferenceSession(str(model))
+    rng = np.random.default_rng(0)
+    for batch, sequence in ((1, 8), (3, 16), (3, 8), (1, 16), (3, 16)):
+        feeds = {i.name: rng.integers(0, 100 if i.name == "input_ids" else 2, (batch, sequence)).astype(np.int64)
+                 for i in session.get_inputs()}
+        for got, want in zip(module.run(**feeds), session.run(None, feeds)):
+            assert got.shape == want.shape
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(byoc.RuntimeError, match=r"the inputs' shapes \(input_ids \(3, 5\), .*\) are none of the "
+                                                r"shapes this model was built for: input_ids \(1, 8\), .*; "
+                                                r"input_ids \(3, 16\)"):
+        module.run(**{name: value[:, :5] for name, value in feeds.items()})
+    assert module.run(**feeds)[0].shape == (3, 16, 128)
+    with pytest.raises(byoc.ConfigError, match=r"shape buckets are for ONNX models"):
+        byoc.build(byoc.from_onnx(model, dims={"batch": 1, "sequence": 8}), config="cpu", dims={"batch": [1, 2]})
+    with pytest.raises(byoc.ConfigError, match=r"make 25 shape buckets; expected at most 16"):
+        byoc.build(model, config="cpu", dims={"batch": [1, 2, 3, 4, 5], "sequence": [1, 2, 3, 4, 5]})

@@ -338,6 +338,23 @@ def test_dim_sets_a_named_dim_in_every_input(capsys, tmp_path):
     assert code == 2 and "--input-shape and --dim are for an .onnx model" in err
 
 
+def test_dim_with_several_sizes_builds_shape_buckets_that_inspect_lists(capsys, tmp_path):
+    """byoc build --dim batch=1,2: one library, a program per size; byoc inspect lists the
+    buckets; byoc run runs the fixture's arrays (batch 2); --dim lists are for build only."""
+    library = str(tmp_path / "bert2.so")
+    code, out, err = run_cli(capsys, "build", str(FIXTURES / "bert2.onnx"), "-c", "cpu", "-q", "--dim", "batch=1,2",
+                             "--dim", "sequence=16", "-o", library)
+    assert code == 0, err
+    code, out, err = run_cli(capsys, "inspect", library)
+    assert code == 0 and "2 shape buckets" in out and "batch=2, sequence=16: input_ids (2, 16)" in out, err
+    code, out, err = run_cli(capsys, "run", library, "--inputs", str(FIXTURES / "bert2.npz"))
+    assert code == 0 and "last_hidden_state: float32 (2, 16, 128)" in out, err
+    code, out, err = run_cli(capsys, "import", str(FIXTURES / "bert2.onnx"), "--dim", "batch=1,2")
+    assert code == 2 and "--dim 'batch=1,2': expected NAME=SIZE" in err
+    code, out, err = run_cli(capsys, "build", str(FIXTURES / "bert2.onnx"), "-c", "cpu", "--dim", "batch=1,x")
+    assert code == 2 and "batch=1,8,32 for one program per size" in err
+
+
 def test_inspect_a_library_with_no_planned_tensors(capsys, tmp_path):
     from onnx import TensorProto, helper
 

@@ -207,6 +207,9 @@ def test_config_from_yaml_path_dict_and_overrides(tmp_path):
     ({"dims": {"batch": -1}}, r"dims\.batch: -1 is not allowed; allowed: a non-negative integer"),
     ({"dims": {"batch": True}}, r"dims\.batch: True is not allowed"),
     ({"dims": ["batch"]}, r"dims: \['batch'\] is not a mapping of named dim to size"),
+    ({"dims": {"batch": []}}, r"dims\.batch: \[\] is not allowed; allowed: a non-negative integer, or a list"),
+    ({"dims": {"batch": [1, 8, 1]}}, r"dims\.batch: \[1, 8, 1\] is not allowed; allowed: .* a list of distinct ones"),
+    ({"dims": {"batch": [1, -8]}}, r"dims\.batch: \[1, -8\] is not allowed"),
     # the device target
     ({"target": "cuda -arch=sm_1"}, r"target: target cuda: attribute arch='sm_1' is not allowed; allowed: sm_80"),
     ({"target": "cuda -sm=90"}, r"target: target cuda: unknown attribute 'sm'; allowed: arch"),

@@ -68,7 +68,8 @@ def build_command(args: argparse.Namespace) -> int:
     from ..build import build
     with _ProgressLines(args.quiet):
         library = build(args.model, target=args.target, config=args.config, workdir=args.workdir,
-                        input_shapes=parse_input_shapes(args.input_shape) or None, dims=parse_dims(args.dim) or None)
+                        input_shapes=parse_input_shapes(args.input_shape) or None,
+                        dims=parse_dims(args.dim, several=True) or None)
     output = args.output or "model.so"
     written = library.export_library(output)
     sources = f"sources in {library.workdir}" if library.workdir_kept else "sources not kept: --workdir DIR keeps them"

@@ -27,19 +27,24 @@ def add_input_shape_option(parser: argparse.ArgumentParser):
     parser.add_argument(
         "--dim", action="append", default=[], metavar="NAME=SIZE",
         help="size of a named dim in every input that declares it, e.g. batch=1 (repeat per "
-             "dim; `byoc inspect MODEL.onnx` lists them); --input-shape wins for its input")
+             "dim; `byoc inspect MODEL.onnx` lists them); --input-shape wins for its input. "
+             "byoc build takes several sizes, e.g. batch=1,8,32: one program per size in one library")
 
 
-def parse_dims(specs: list[str]) -> dict[str, int]:
-    """['batch=1', 'sequence=128'] -> {'batch': 1, 'sequence': 128}."""
-    dims: dict[str, int] = {}
+def parse_dims(specs: list[str], several: bool = False) -> dict:
+    """['batch=1', 'sequence=128'] -> {'batch': 1, 'sequence': 128}; with `several` (byoc
+    build: shape buckets) a dim may list sizes, 'batch=1,8,32' -> {'batch': [1, 8, 32]}."""
+    dims: dict = {}
     for spec in specs:
         name, equals, size = spec.rpartition("=")
-        if not equals or not name or not size.strip().isdigit():
-            raise UsageError(f"--dim {spec!r}: expected NAME=SIZE with a non-negative integer size (for example batch=1)")
+        sizes = size.split(",") if several else [size]
+        if not equals or not name or not all(part.strip().isdigit() for part in sizes):
+            example = "batch=1, or batch=1,8,32 for one program per size" if several else "batch=1"
+            raise UsageError(f"--dim {spec!r}: expected NAME=SIZE with a non-negative integer size (for example "
+                             f"{example})")
         if name in dims:
             raise UsageError(f"--dim gives {name!r} twice")
-        dims[name] = int(size)
+        dims[name] = [int(part) for part in sizes] if len(sizes) > 1 else int(sizes[0])
     return dims
 
 

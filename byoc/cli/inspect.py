@@ -82,6 +82,14 @@ def describe_library(path, metadata: dict) -> str:
         for tensor in metadata.get(kind, []):
             where = f" on {tensor['device']}" if "device" in tensor else ""
             lines.append(f"  {kind[:-1]:<6} {tensor['name']}: {tensor['dtype']} {tuple(tensor['shape'])}{where}")
+    variants = metadata.get("variants") or []
+    if variants:  # shape buckets: a program each, over the one set of weights
+        lines.append(f"  {len(variants)} shape buckets (run() takes the one the inputs' shapes fit):")
+        for variant in variants:
+            dims = ", ".join(f"{name}={size}" for name, size in variant.get("dims", {}).items())
+            shapes = ", ".join(f"{t['name']} {tuple(t['shape'])}" for t in variant.get("inputs", []))
+            arena = variant.get("memory", {}).get("arena_bytes", 0)
+            lines.append(f"    {dims}: {shapes}; arena {arena / mib:.2f} MiB")
     weights = metadata.get("weights", {})
     lines.append(f"  weights: {weights.get('bytes', 0) / mib:.1f} MiB, {weights.get('location')}")
     calls = {}

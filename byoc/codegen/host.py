@@ -173,10 +173,44 @@ class HostPlan:
     regions: list = field(default_factory=list)
 
 
+class WeightsBlob:
+    """The weights blob the plans place constants in: each constant once, 256-byte aligned.
+    One blob can serve the plans of several programs (a library's shape buckets, each
+    imported on its own): a constant equal to one placed before, in dtype, shape and bytes,
+    takes that one's offset."""
+
+    def __init__(self, share_equal: bool = False):
+        self.data = bytearray()
+        self.share_equal = share_equal
+        self.offsets: dict = {}  # id(Constant) -> offset
+        self._by_content: dict = {}  # (dtype, shape, digest) -> offset
+
+    def place(self, constant: Constant) -> int:
+        key = id(constant)
+        if key in self.offsets:
+            return self.offsets[key]
+        data = np.ascontiguousarray(constant.data)
+        content = None
+        if self.share_equal:
+            import hashlib
+            content = (str(data.dtype), data.shape, hashlib.blake2b(memoryview(data).cast("B"), digest_size=20).digest())
+            if content in self._by_content:
+                self.offsets[key] = self._by_content[content]
+                return self.offsets[key]
+        offset = align(len(self.data))
+        self.data.extend(b"\0" * (offset - len(self.data)))
+        self.data.extend(data.tobytes())
+        self.offsets[key] = offset
+        if content is not None:
+            self._by_content[content] = offset
+        return offset
+
+
 def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
               output_names: list[str] | None = None, static_io: bool = False, device: str = "cpu",
               value_devices: dict | None = None, function_devices: dict | None = None,
-              view_symbols=frozenset(), graph_regions: list | None = None) -> HostPlan:
+              view_symbols=frozenset(), graph_regions: list | None = None,
+              weights: WeightsBlob | None = None) -> HostPlan:
     """Where every tensor of mod["main"] lives, from the storage PlanMemory wrote on each
     call (transform/plan_memory.py): memory space `device` (the build's device) is the
     arena, "cpu" and "cpu/host-pinned" in a cuda build the host arenas; "output" the
@@ -198,11 +232,14 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
 
     `graph_regions` (RewriteCUDAGraph's regions, lists of binding indices of main): the
     plan's `regions` then cover every call in order, each captured into its own CUDA graph
-    or (the calls between regions) run directly."""
+    or (the calls between regions) run directly.
+
+    `weights`: the blob to place constants in (a library's programs share one); the plan's
+    `weights` are its bytes once this plan's constants are in."""
     main = mod["main"]
     results = list(main.result.fields) if isinstance(main.result, Tuple) else [main.result]
     names = output_names or ([f"output_{i}" for i in range(len(results))] if len(results) > 1 else ["output"])
-    placer = _Placer(main, results, device, frozenset(view_symbols))
+    placer = _Placer(main, results, device, frozenset(view_symbols), weights or WeightsBlob())
     inputs = placer.place_inputs()
     calls = []
     for position, binding in enumerate(main.bindings):
@@ -219,7 +256,7 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
     host_symbols = placer.host_symbols
     plan = HostPlan(inputs=inputs, outputs=[(name, result.type) for name, result in zip(names, results)],
                     calls=calls, output_copies=placer.output_copies(), input_copies=input_copies,
-                    weights=bytes(placer.weights), constant_offsets=placer.constant_offsets,
+                    weights=bytes(placer.weights.data), constant_offsets=placer.weights.offsets,
                     arena_bytes=align(placer.arena_size), arena_offsets=placer.own_offsets,
                     extern_symbols=placer.symbols,
                     workspace_bytes=max([0] + [(workspace_bytes or {}).get(s, 0) for s in placer.symbols
@@ -256,7 +293,7 @@ class _Placer:
     """plan_host's state while it walks main: where each tensor is placed so far, the
     weights blob, the arena's size, and what the calls so far queued on the GPU."""
 
-    def __init__(self, main, results, device: str, view_symbols):
+    def __init__(self, main, results, device: str, view_symbols, weights: WeightsBlob):
         self.main, self.results, self.view_symbols = main, results, view_symbols
         # PlanMemory's memory spaces as the memories of the placement expressions: the
         # build device's arena (A), and in a cuda build the host arena (malloc, H) and the
@@ -264,8 +301,7 @@ class _Placer:
         self.space_prefix = {"cpu": "H", "cpu/host-pinned": "P", device: "A"}
         self.device = device
         self.placements: dict = {}
-        self.weights = bytearray()
-        self.constant_offsets: dict = {}
+        self.weights = weights
         self.arena_size = space_bytes(main).get(device, 0)
         self.own_offsets: dict = {}
         self.symbols: list = []
@@ -287,14 +323,9 @@ class _Placer:
         return inputs
 
     def place_constant(self, constant: Constant, host: bool = False) -> TensorPlacement:
-        key = id(constant)
-        if key not in self.constant_offsets:
-            offset = align(len(self.weights))
-            self.weights.extend(b"\0" * (offset - len(self.weights)))
-            self.weights.extend(np.ascontiguousarray(constant.data).tobytes())
-            self.constant_offsets[key] = offset
+        offset = self.weights.place(constant)
         # HW: the weights in host memory, which cpu functions of a cuda build read.
-        return TensorPlacement(f"{'HW' if host else 'W'} + {self.constant_offsets[key]}", constant.type)
+        return TensorPlacement(f"{'HW' if host else 'W'} + {offset}", constant.type)
 
     def place_result(self, binding) -> TensorPlacement:
         """Where PlanMemory put the binding's result: the caller's output buffer, the
@@ -428,7 +459,8 @@ def _tensor_entry(name: str, type_: TensorType) -> dict:
 
 def metadata_json(plan: HostPlan, *, build_id: str, target: str, arch: str | None,
                   backends: list, functions: list, weights_location: str, cuda_graph: bool = False,
-                  partition_report: dict | None = None, graph: dict | None = None) -> str:
+                  partition_report: dict | None = None, graph: dict | None = None,
+                  weights_bytes: int | None = None) -> str:
     def tensor(name, type_):
         return {"name": name, "shape": list(type_.shape), "dtype": type_.dtype}
 
@@ -445,7 +477,8 @@ def metadata_json(plan: HostPlan, *, build_id: str, target: str, arch: str | Non
         # with CUDA graphs: each region's calls, and whether it is captured or runs directly
         **({"cuda_graph_regions": [{"calls": r["count"], "captured": r["capture"]} for r in plan.regions]}
            if cuda_graph else {}),
-        "weights": {"bytes": len(plan.weights), "location": weights_location},
+        "weights": {"bytes": len(plan.weights) if weights_bytes is None else weights_bytes,
+                    "location": weights_location},
         "memory": {"arena_bytes": plan.arena_bytes, "workspace_bytes": plan.workspace_bytes,
                    **({"plan": plan.memory_plan.summary()} if plan.memory_plan else {})},
     }

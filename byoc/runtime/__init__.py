@@ -91,8 +91,26 @@ class Module:
         self.input_names = [t["name"] for t in self.metadata["inputs"]]
         self.output_names = [t["name"] for t in self.metadata["outputs"]]
         self._input_dtypes = [t["dtype"] for t in self.metadata["inputs"]]
-        self._input_shapes = [tuple(t["shape"]) for t in self.metadata["inputs"]]
         self._output_dtypes = [t["dtype"] for t in self.metadata["outputs"]]
+        # A library with shape buckets holds a program per bucket: run() takes the one whose
+        # input shapes the inputs have (a static library: one, the metadata's own).
+        self.variants = self.metadata.get("variants") or [
+            {"dims": {}, "inputs": self.metadata["inputs"], "outputs": self.metadata["outputs"]}]
+
+    def _variant_for(self, inputs) -> dict:
+        """The variant whose input shapes `inputs` have; a library of one takes any (the
+        runtime's checks name a wrong shape)."""
+        if len(self.variants) == 1:
+            return self.variants[0]
+        shapes = [tuple(getattr(array, "shape", ())) for array in inputs]
+        for variant in self.variants:
+            if shapes == [tuple(t["shape"]) for t in variant["inputs"]]:
+                return variant
+        given = ", ".join(f"{name} {shape}" for name, shape in zip(self.input_names, shapes))
+        buckets = "; ".join(", ".join(f"{t['name']} {tuple(t['shape'])}" for t in variant["inputs"])
+                            for variant in self.variants)
+        raise ByocRuntimeError(f"the inputs' shapes ({given}) are none of the shapes this model was built for: "
+                               f"{buckets}")
 
     def _error(self) -> str:
         message = self._lib.byoc_last_error()
@@ -114,8 +132,7 @@ class Module:
             raise ByocRuntimeError(f"missing input(s) {missing}; the model's inputs are {names}")
         return [values[n] for n in names]
 
-    def _allocate_outputs(self, like):
-        specs = self.metadata["outputs"]
+    def _allocate_outputs(self, like, specs):
         outputs = []
         for spec in specs:
             dtype = numpy_dtype(spec["dtype"])
@@ -141,11 +158,11 @@ class Module:
         if self._handle is None:
             raise ByocRuntimeError("this module was closed")
         inputs = self._order_inputs(args, kwargs)
-        prepared_inputs = [_Prepared(a, f"input {n!r}", d, expected_shape=shape)
-                           for a, n, d, shape in zip(inputs, self.input_names, self._input_dtypes,
-                                                     self._input_shapes)]
+        variant = self._variant_for(inputs)
+        prepared_inputs = [_Prepared(a, f"input {n!r}", d, expected_shape=tuple(t["shape"]))
+                           for a, n, d, t in zip(inputs, self.input_names, self._input_dtypes, variant["inputs"])]
         outputs = self._caller_outputs(out) if out is not None else self._allocate_outputs(
-            inputs[0] if inputs else None)
+            inputs[0] if inputs else None, variant["outputs"])
         prepared_outputs = [_Prepared(a, f"output {n!r}", d, writable=True)
                             for a, n, d in zip(outputs, self.output_names, self._output_dtypes)]
         input_array = (_DLTensor * max(len(prepared_inputs), 1))(*[p.tensor for p in prepared_inputs])

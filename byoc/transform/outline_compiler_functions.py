@@ -92,8 +92,9 @@ def _sanitize(text: str) -> str:
 
 
 class _SymbolCache:
-    def __init__(self, mod: IRModule):
+    def __init__(self, mod: IRModule, symbol_suffix: str = ""):
         self.mod = mod
+        self.symbol_suffix = symbol_suffix
         self.by_hash: dict[int, list[tuple[Function, str]]] = {}
         for name, function in mod.functions.items():
             if "Compiler" in function.attrs and not function.is_extern:
@@ -112,7 +113,7 @@ class _SymbolCache:
         for existing, symbol in self.by_hash.get(digest, []):
             if structural_equal(existing, key_function):
                 return symbol
-        base = f"{backend}_{digest & (2 ** 48 - 1):012x}"
+        base = f"{backend}_{digest & (2 ** 48 - 1):012x}{self.symbol_suffix}"
         symbol, suffix = base, 1
         while symbol in self.mod:  # a hash collision: _2, _3, ... (a double "__" is reserved in C++)
             suffix += 1
@@ -122,9 +123,11 @@ class _SymbolCache:
         return symbol
 
 
-def outline_compiler_functions(mod: IRModule) -> IRModule:
+def outline_compiler_functions(mod: IRModule, symbol_suffix: str = "") -> IRModule:
+    """`symbol_suffix` ends every new symbol (`_b1`: the programs of one library's shape
+    buckets define their functions under names of their own)."""
     mod = mod.copy()
-    cache = _SymbolCache(mod)
+    cache = _SymbolCache(mod, symbol_suffix)
     for name in list(mod.functions):
         function = mod[name]
         if function.is_extern or "Compiler" in function.attrs:

@@ -14,13 +14,14 @@ from .merge_composite_functions import merge_composite_functions
 from .outline_compiler_functions import outline_compiler_functions
 
 
-def partition_for(mod: IRModule, backend_names: list, finalize=None) -> tuple[IRModule, PartitionReport]:
+def partition_for(mod: IRModule, backend_names: list, finalize=None,
+                  symbol_suffix: str = "") -> tuple[IRModule, PartitionReport]:
     report = PartitionReport()
     mod = fuse_ops_by_pattern(mod, backend_names, report)
     mod = merge_composite_functions(mod)
     if finalize is not None:
         mod = finalize(mod)
-    mod = outline_compiler_functions(mod)
+    mod = outline_compiler_functions(mod, symbol_suffix)
     mod = dead_code_elimination(mod)
     report.count_functions(mod)
     _count_builtin_ops(mod, report)
