@@ -207,6 +207,7 @@ def test_cuda_graph_update_mode_reads_and_writes_the_callers_tensors(tmp_path):
     assert ("kInput", 0) in program["refs"]  # a call reads the caller's input itself
 
 
+@pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("graph_io", ["copy", "update"])
 def test_shape_buckets_on_the_gpu_each_with_its_own_graphs(graph_io, tmp_path):

@@ -102,10 +102,13 @@ def test_json_engine_instances_of_one_library_are_independent(tmp_path):
 
 def _concurrent_runs(library_path, modules_per_thread, shared, runs, inputs, want, cupy_noise=True):
     """8 threads run their own Modules (or one shared Module) `runs` times each, while two
-    more threads keep CuPy and torch busy on their default (legacy) streams."""
+    more threads keep CuPy and torch busy on their default (legacy) streams. Threads that
+    share a Module share its arena: they queue on one stream, as Module's contract asks
+    (runs on different streams would overlap on the GPU, whatever order the lock gives)."""
     import cupy
     errors, stop = [], threading.Event()
     shared_module = byoc.load(library_path) if shared else None
+    shared_stream = cupy.cuda.Stream(non_blocking=True) if shared else None
 
     def noise_cupy():
         a = cupy.ones((512, 512), cupy.float32)
@@ -122,7 +125,7 @@ def _concurrent_runs(library_path, modules_per_thread, shared, runs, inputs, wan
     def worker(index):
         try:
             modules = [shared_module] if shared else [byoc.load(library_path) for _ in range(modules_per_thread)]
-            stream = cupy.cuda.Stream(non_blocking=index % 2 == 0)
+            stream = shared_stream or cupy.cuda.Stream(non_blocking=index % 2 == 0)
             with stream:
                 x = {k: cupy.asarray(v) for k, v in inputs.items()}
                 for step in range(runs):
