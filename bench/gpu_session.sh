@@ -12,6 +12,7 @@
 #   bench/gpu_session.sh retune KEYS... [-- TILES...]  tune settled database problems again (new candidates)
 #   bench/gpu_session.sh real [CASES...]   real transformers/torchvision models (bench/real_models.py)
 #   bench/gpu_session.sh suite [CASES...]  the same, built side by side first, then timed one by one
+#   bench/gpu_session.sh buckets [CASES...]  shape buckets against static libraries (bench/shape_buckets.py)
 #   bench/gpu_session.sh setup    only the set-up (then export PYTHONPATH=$PWD and CUTLASS_PATH as below)
 set -u
 cd "$(dirname "$0")/.."
@@ -173,6 +174,14 @@ case "$stage" in
       --tuning-db "${TUNING_DB:-backends/cutlass/tuning_sm90.json}" --profile "${PROFILE:-false}" \
       --torch-modes "${TORCH_MODES:-eager,default,reduce-overhead}" \
       --budget-s "$(( ${BUDGET_S:-560} - SECONDS ))" "${merge[@]}" --cases "$@" 2>&1 | tee "$OUT/real_models.log" | tail -n 40 ;;
+  buckets)
+    # One library with a program per batch size against a static library of each size
+    # (bench/shape_buckets.py), the bucket library built with an empty object cache, e.g.
+    #   bash bench/gpu_session.sh buckets bert_base:1,8 resnet50:1,32
+    [ $# -eq 0 ] && set -- bert_base:1,8 resnet50:1,32
+    rm -rf /tmp/byoc-buckets-cache /tmp/byoc-buckets
+    BYOC_CACHE_DIR=/tmp/byoc-buckets-cache PYTHONUNBUFFERED=1 python3 bench/shape_buckets.py --out "$OUT" \
+      --workdir /tmp/byoc-buckets --cases "$@" 2>&1 | tee "$OUT/shape_buckets.log" | tail -n 30 ;;
   release)
     # The model cases the open issues need, with the kernels `gemm` tuned (bench/results/
     # tuning_sm90.json). Each part fits one 10-minute device command (measured on an H100:

@@ -524,7 +524,8 @@ class _Builder:
             variants.append({"dims": program.dims,
                              "inputs": tensors(plan.inputs, data["inputs"]),
                              "outputs": tensors(plan.outputs, data["outputs"]),
-                             "memory": {"arena_bytes": plan.arena_bytes, "workspace_bytes": plan.workspace_bytes}})
+                             "memory": {"arena_bytes": plan.arena_bytes, "workspace_bytes": plan.workspace_bytes,
+                                        **({"plan": plan.memory_plan.summary()} if plan.memory_plan else {})}})
         data["variants"] = variants
         for key in ("arena_bytes", "workspace_bytes"):  # the memories are shared, as large as the largest needs
             data["memory"][key] = max(variant["memory"][key] for variant in variants)

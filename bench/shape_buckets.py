@@ -1,0 +1,172 @@
+"""Shape buckets on real models: one library with a program per batch size (config
+`dims: {batch: [...]}`) against a static library of each size, same process, same GPU.
+
+    python3 bench/shape_buckets.py --out DIR --cases bert_base:1,8 resnet50:1,32
+
+Each case is exported once with a dynamic batch dim (and, for text models, a dynamic
+sequence dim, built at 128), from bench/real_model_zoo.py (random weights, fixed seeds,
+model and wrapper in eval()). For each size: both libraries checked against onnxruntime
+(CPU) on the same inputs, and timed (CUDA events, torch CUDA tensors). Recorded: the build
+seconds (the bucket library cold; each static library after it, its kernels then in the
+object cache), the .so sizes, the weights, the arena per bucket (planned and lower bound),
+and run ms of the bucket library over the static one. Writes shape_buckets.json and .md.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(BENCH.parent))
+from real_model_zoo import Wrapper, model_spec  # noqa: E402
+from real_models import byoc_inputs, device_name, log, relative_error, to_numpy, versions  # noqa: E402
+from run_models import load_config, time_cuda  # noqa: E402
+
+TOLERANCE = 2e-2
+TEXT_SEQUENCE = 128
+
+
+def export_dynamic(name: str, path: Path) -> tuple:
+    """The model exported with dynamic batch (and sequence) dims: (its input names, whether
+    it is a text model, make_inputs(batch) -> dict of torch tensors, the wrapper)."""
+    make, make_inputs, attribute = model_spec(name)
+    model = make("eager", False).eval()
+    generator = torch.Generator().manual_seed(0)
+    example = make_inputs(1, False, generator)
+    text = "input_ids" in example
+    wrapper = Wrapper(model, example, attribute).eval()
+    axes = {input_name: ({0: "batch", 1: "sequence"} if text else {0: "batch"}) for input_name in example}
+    axes["output"] = {0: "batch", 1: "sequence"} if text else {0: "batch"}
+    with torch.no_grad():
+        torch.onnx.export(wrapper, tuple(example.values()), str(path), opset_version=17, input_names=list(example),
+                          output_names=["output"], dynamic_axes=axes, dynamo=False, do_constant_folding=True)
+    assert not wrapper.training and not any(m.training for m in wrapper.modules()), "export left training on"
+
+    def inputs_for(batch):
+        return make_inputs(batch, False, torch.Generator().manual_seed(batch))
+    return list(example), text, inputs_for, wrapper
+
+
+def build(onnx_path: Path, workdir: Path, dims: dict, args) -> dict:
+    import byoc
+    config = load_config("cuda_sm90", args.tuning_db, "false")
+    start = time.perf_counter()
+    library = byoc.build(onnx_path, config=config, workdir=str(workdir), dims=dims)
+    seconds = time.perf_counter() - start
+    return {"library": library, "build_s": round(seconds, 1), "so_bytes": Path(library.path).stat().st_size,
+            "weights_bytes": library.metadata["weights"]["bytes"],
+            "build_stats": {k: library.build_stats.get(k) for k in ("compile_units", "compiled")}}
+
+
+def run_case(case: str, args, rows: list):
+    name, _, sizes_text = case.partition(":")
+    sizes = sorted(int(size) for size in sizes_text.split(","))
+    row = {"case": case, "model": name, "sizes": sizes}
+    rows.append(row)
+    work = Path(args.workdir) / name
+    work.mkdir(parents=True, exist_ok=True)
+    onnx_path = work / f"{name}_dynamic.onnx"
+    input_names, text, inputs_for, _ = export_dynamic(name, onnx_path)
+    log(case, "exported with dynamic dims:", onnx_path)
+    extra = {"sequence": TEXT_SEQUENCE} if text else {}
+    buckets = build(onnx_path, work / "buckets", {"batch": sizes, **extra}, args)
+    log(case, f"bucket library built in {buckets['build_s']} s ({buckets['so_bytes']} bytes)")
+    row["buckets"] = {k: v for k, v in buckets.items() if k != "library"}
+    row["buckets"]["memory"] = [{"dims": v["dims"], **v["memory"]} for v in buckets["library"].metadata["variants"]]
+    bucket_module = buckets["library"].load()
+    import onnxruntime as ort
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    row["sizes_measured"] = []
+    for size in sizes:
+        entry = {"batch": size}
+        row["sizes_measured"].append(entry)
+        try:
+            static = build(onnx_path, work / f"static_b{size}", {"batch": size, **extra}, args)
+            entry["static"] = {k: v for k, v in static.items() if k != "library"}
+            static_module = static["library"].load()
+            inputs = inputs_for(size)
+            reference = session.run(None, {k: v.numpy() for k, v in inputs.items()})[0]
+            for label, module in (("bucket", bucket_module), ("static", static_module)):
+                feed = byoc_inputs(module, inputs, "cuda")
+                got = module.run(**feed)
+                error = relative_error(to_numpy(got), reference)
+                out = got
+                ms = time_cuda(lambda: module.run(**feed, out=out))
+                entry[f"{label}_ms"] = round(ms, 4)
+                entry[f"{label}_error"] = float(f"{error:.3g}")
+                assert error <= TOLERANCE, f"{label} error {error:.3g} vs onnxruntime"
+            entry["bucket_over_static"] = round(entry["bucket_ms"] / entry["static_ms"], 3)
+            log(case, f"batch {size}: bucket {entry['bucket_ms']} ms, static {entry['static_ms']} ms "
+                      f"({entry['bucket_over_static']}x), errors {entry['bucket_error']} / {entry['static_error']}")
+            static_module.close()
+        except Exception as error:  # noqa: BLE001 - recorded, the run goes on
+            entry["error"] = f"{type(error).__name__}: {error}"
+            log(case, f"batch {size} FAILED: {entry['error']}")
+            if args.debug:
+                traceback.print_exc()
+    bucket_module.close()
+
+
+def write(out: Path, rows: list):
+    header = {"device": device_name(), "date": datetime.date.today().isoformat(), "versions": versions()}
+    (out / "shape_buckets.json").write_text(json.dumps({**header, "rows": rows}, indent=2) + "\n")
+    lines = [f"# Shape buckets (build config `cuda_sm90`, {header['device']}, {header['date']})", "",
+             f"byoc {header['versions']['byoc_commit']}; torch {header['versions']['torch']}, transformers "
+             f"{header['versions']['transformers']}. One library with a program per batch size (`dims: {{batch: "
+             f"[...]}}`, text models at sequence {TEXT_SEQUENCE}) against a static library of each size, both "
+             f"checked against onnxruntime (max |byoc - ort| / max |ort| <= {TOLERANCE}) and timed in one "
+             f"process (CUDA events, `out=`). Build s: the bucket library with an empty object cache for its "
+             f"case; each static one after it (kernels cached).", "",
+             "| model | buckets | bucket library: build s, .so MB, weights MB | batch | bucket ms | static ms | "
+             "bucket / static | static build s, .so MB | arena MiB (lower bound) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        lib = row.get("buckets", {})
+        memory = {m["dims"]["batch"]: m for m in lib.get("memory", [])}
+        for entry in row.get("sizes_measured", []):
+            static = entry.get("static", {})
+            plan = memory.get(entry["batch"], {}).get("plan", {})
+            arena = memory.get(entry["batch"], {}).get("arena_bytes", 0) / 2**20
+            lower = (plan.get("lower_bound_bytes") or 0) / 2**20
+            lines.append(
+                f"| {row['model']} | {','.join(map(str, row['sizes']))} | {lib.get('build_s')}, "
+                f"{lib.get('so_bytes', 0) / 1e6:.1f}, {lib.get('weights_bytes', 0) / 1e6:.1f} | {entry['batch']} | "
+                f"{entry.get('bucket_ms', '-')} | {entry.get('static_ms', '-')} | "
+                f"{entry.get('bucket_over_static', entry.get('error', '-'))} | {static.get('build_s', '-')}, "
+                f"{static.get('so_bytes', 0) / 1e6:.1f} | {arena:.2f} ({lower:.2f}) |")
+    (out / "shape_buckets.md").write_text("\n".join(lines) + "\n")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cases", nargs="+", default=["bert_base:1,8", "resnet50:1,32"],
+                        help="model:size,size,... (the batch dim's buckets)")
+    parser.add_argument("--out", default="/tmp/byoc-buckets-out")
+    parser.add_argument("--workdir", default="/tmp/byoc-buckets")
+    parser.add_argument("--tuning-db", default=str(BENCH.parent / "backends/cutlass/tuning_sm90.json"))
+    parser.add_argument("--debug", action="store_true")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for case in args.cases:
+        try:
+            run_case(case, args, rows)
+        except Exception as error:  # noqa: BLE001 - recorded, the next case runs
+            rows.append({"case": case, "error": f"{type(error).__name__}: {error}"})
+            log(case, "FAILED:", rows[-1]["error"])
+            if args.debug:
+                traceback.print_exc()
+        write(out, rows)
+
+
+if __name__ == "__main__":
+    main()
