@@ -657,12 +657,13 @@ def test_a_program_table_that_names_what_does_not_exist_is_refused_at_create(fie
         library.load()
 
 
-def test_shape_buckets_make_one_library_that_runs_the_program_the_inputs_fit(tmp_path):
+def test_shape_buckets_make_one_library_that_runs_the_program_the_inputs_fit(tmp_path, monkeypatch):
     """dims with several sizes (shape buckets): one library, a program per combination of
     sizes over one set of weights (each constant once); run() takes the program whose input
     shapes the inputs have, each matching onnxruntime, and refuses a shape no bucket has,
     naming every shape it takes. The library keeps working after a refusal."""
     import onnxruntime as ort
+    monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "cache"))  # what one build leaves, the next finds
     model = FIXTURES / "bert2.onnx"
     library = byoc.build(model, config="cpu", workdir=str(tmp_path / "w"),
                          dims={"batch": [3, 1], "sequence": [8, 16]})
@@ -671,8 +672,11 @@ def test_shape_buckets_make_one_library_that_runs_the_program_the_inputs_fit(tmp
                                              {"batch": 3, "sequence": 8}, {"batch": 3, "sequence": 16}]
     assert variants[3]["outputs"][0]["shape"] == [3, 16, 128]
     assert library.metadata["inputs"] == variants[0]["inputs"]  # the first bucket's, as a static library's
-    static = byoc.build(model, config="cpu", workdir=str(tmp_path / "static"), dims={"batch": 3, "sequence": 16})
+    static = byoc.build(model, config="cpu", workdir=str(tmp_path / "static"), dims={"batch": 1, "sequence": 8})
     assert "variants" not in static.metadata
+    # the first bucket's code is the static build's: its objects come from the cache (the
+    # cache keys do not see that a bucket's sources lie in bucket0/)
+    assert static.build_stats["backends"]["builtin"]["compiled"] == 0, static.build_stats
     # the weights once, not once per bucket (a few constants of the buckets' own shapes differ)
     assert library.metadata["weights"]["bytes"] < static.metadata["weights"]["bytes"] * 1.05
     assert library.metadata["memory"]["arena_bytes"] == max(v["memory"]["arena_bytes"] for v in variants)

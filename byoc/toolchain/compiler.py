@@ -255,11 +255,15 @@ def _embed_command(output: str) -> list[str]:
             "-o", output]
 
 
-def _cache_key(unit: CompileUnit, command: list, workdir: Path, memo: dict | None = None) -> str:
-    # The key must not depend on where this build happens: the source's path and paths
-    # inside the work directory become placeholders (the object's name is relative).
+def _cache_key(unit: CompileUnit, command: list, workdir: Path, memo: dict | None = None,
+               relative_source: str | None = None) -> str:
+    # The key must not depend on where this build happens: the source's path (absolute, or
+    # as the command names it relative to the work directory: a shape bucket's sources lie
+    # in bucket<N>/) and paths inside the work directory become placeholders (the object's
+    # name is relative).
     source = str(unit.source.resolve())
-    keyed_command = [argument.replace(source, "<source>").replace(str(workdir), "<workdir>")
+    keyed_command = ["<source>" if argument == relative_source else
+                     argument.replace(source, "<source>").replace(str(workdir), "<workdir>")
                      .replace(str(EMBED_CUBIN), "<embed_cubin.S>") for argument in command]
     version = compiler_version(command[0])
     if unit.language in ("cuda", "cubin"):
@@ -332,7 +336,7 @@ def compile_units(units: list, workdir, jobs: int | None = None,
         then = _embed_command(output) if unit.language == "cubin" else []
         # the launcher (ccache, sccache) runs the same command: not part of the object's key
         edges.append(NinjaEdge(_RULE_OF_LANGUAGE[unit.language], output, [source], launcher + command, then))
-        keys[output] = _cache_key(unit, command + then, workdir, files_read)
+        keys[output] = _cache_key(unit, command + then, workdir, files_read, relative_source=source)
         sources[output] = unit.source.resolve()
         if not cache.fetch(keys[output], workdir / output):
             # An object left by an earlier build may look up to date to ninja (it does not
