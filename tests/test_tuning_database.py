@@ -166,3 +166,49 @@ def test_byoc_tuning_show_merge_export(cache, tmp_path):
     (tmp_path / "bad.json").write_text("[]")
     done = _cli("show", str(tmp_path / "bad.json"), env=env)
     assert done.returncode == 2 and "is not a byoc-cutlass-tuning version 1 file" in done.stderr
+
+
+def test_a_problem_no_candidate_ran_for_is_remembered_and_not_measured_at_every_build(cache, monkeypatch, tmp_path):
+    """Where every candidate of a problem faulted (or hung, or disagreed with the reference),
+    the database records that, with where and when: later builds on that GPU take the
+    heuristic's kernel without measuring again; on another GPU, asked to tune, it is
+    measured; a measured entry of another database wins over it in a merge, and byoc tuning
+    show lists it."""
+    calls = []
+
+    def failing_profile(problems, sm, workdir, compile_flags, jobs, allowed=None, kernels_of=None):
+        calls.extend(problems)
+        return {problem: {k.name(problem): None for k in usable_candidates(sm, problem, allowed)}
+                for problem in problems}
+    monkeypatch.setattr(tuning, "_profile", failing_profile)
+    monkeypatch.setattr(tuning, "measurement_provenance",
+                        lambda n: {"device": H100, "cuda": "13.0", "cutlass": "4.2.0.0", "date": "2026-11-24",
+                                   "candidates": n})
+    database = TuningDatabase(tmp_path / "db.json")
+    heuristic = default_kernel(90, PROBLEM)
+    for _ in range(2):
+        chosen = choose_kernels([PROBLEM], 90, TuningDatabase(tmp_path / "db.json"), profile=True, workdir=tmp_path,
+                                compile_flags=[], remeasure_on=H100)
+        assert chosen[PROBLEM] == heuristic
+    assert calls == [PROBLEM]  # measured once, not at every build
+    entry = json.loads((tmp_path / "db.json").read_text())["entries"]["sm90"][PROBLEM.key]
+    assert entry["failed"] is True and entry["device"] == H100 and "kernel" not in entry
+    assert all(time is None for time in entry["measured"].values())
+    database = TuningDatabase(tmp_path / "db.json")
+    assert database.lookup(90, PROBLEM) is None and database.failed_on(90, PROBLEM)["date"] == "2026-11-24"
+    # another GPU model, asked to tune: measured there
+    choose_kernels([PROBLEM], 90, database, profile=True, workdir=tmp_path, compile_flags=[], remeasure_on=A100)
+    assert calls == [PROBLEM, PROBLEM]
+    # a merge keeps a measured entry over a failed one, in either order
+    good = TuningDatabase(tmp_path / "good.json")
+    good.record(90, PROBLEM, heuristic, 2.0, {}, {"device": H100})
+    failed = TuningDatabase(None)
+    failed.record_failed(90, PROBLEM, {}, {"device": H100})
+    for order in ((good, failed), (failed, good)):
+        merged, _ = merge_entries(list(order))
+        assert merged["sm90"][PROBLEM.key]["us"] == 2.0
+    failed.path = tmp_path / "failed.json"
+    failed.save()
+    shown = subprocess.run([sys.executable, "-m", "byoc", "tuning", "show", str(tmp_path / "failed.json")],
+                           capture_output=True, text=True, env={**os.environ, "BYOC_CACHE_DIR": str(cache)})
+    assert shown.returncode == 0 and f"{PROBLEM.key}  no candidate ran" in shown.stdout, shown.stderr

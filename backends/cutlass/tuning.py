@@ -110,7 +110,7 @@ class TuningDatabase:
         """The remembered kernel (GemmKernel or ConvKernel) for `problem` (this database's,
         else its fallback's), or None."""
         entry = self.entries.get(f"sm{sm}", {}).get(problem.key)
-        if not entry:
+        if not entry or (isinstance(entry, dict) and entry.get("failed")):  # measured, none ran: no kernel here
             return self.fallback.lookup(sm, problem) if self.fallback is not None else None
         if not (isinstance(entry, dict) and "kernel" in entry):
             raise BuildError(f"tuning database {self.path}: the sm{sm} entry for {problem.key} has no 'kernel' "
@@ -144,6 +144,19 @@ class TuningDatabase:
         if entry:
             return entry if isinstance(entry, dict) else None
         return self.fallback.entry(sm, problem) if self.fallback is not None else None
+
+    def failed_on(self, sm: int, problem) -> dict | None:
+        """The record of a measurement of `problem` in which no candidate ran (each faulted,
+        hung or disagreed with the reference), or None."""
+        entry = self.entry(sm, problem)
+        return entry if entry is not None and entry.get("failed") else None
+
+    def record_failed(self, sm: int, problem, measured: dict, provenance: dict | None = None):
+        """Remember that measuring `problem` here found no candidate that runs: later builds on
+        this GPU take the heuristic's kernel instead of measuring it again (and again) each
+        time; delete the entry (byoc tuning) to measure it once more."""
+        self.entries.setdefault(f"sm{sm}", {})[problem.key] = {
+            "failed": True, "measured": measured, **{k: v for k, v in (provenance or {}).items() if v is not None}}
 
     def record(self, sm: int, problem, kernel, microseconds: float, measured: dict, provenance: dict | None = None):
         self.entries.setdefault(f"sm{sm}", {})[problem.key] = {
@@ -183,6 +196,11 @@ def merge_entries(databases: list) -> tuple[dict, int]:
                 earlier = target.get(key)
                 if earlier is not None:
                     conflicts += 1
+                    if entry.get("failed") and not earlier.get("failed"):
+                        continue  # a measurement that found a kernel beats one that found none
+                    if earlier.get("failed") and not entry.get("failed"):
+                        target[key] = entry
+                        continue
                     same_device = earlier.get("device") is None or entry.get("device") is None or \
                         earlier.get("device") == entry.get("device")
                     if same_device and isinstance(earlier.get("us"), (int, float)) and \
@@ -219,24 +237,32 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
     asked for tuning; an entry measured on a GPU of another name is then measured again."""
     chosen = {}
     to_tune = []
+    import logging
+    log = logging.getLogger("byoc.build")
     for problem in problems:
         known = database.lookup(sm, problem)
         entry = database.entry(sm, problem) if known is not None else None
         foreign = remeasure_on is not None and profile and entry is not None and \
             entry.get("device") not in (None, remeasure_on)
+        failed = database.failed_on(sm, problem) if known is None else None
+        failed_here = failed is not None and (remeasure_on is None or failed.get("device") in (None, remeasure_on))
         if known is not None and not foreign and known.supports(problem) is None and \
                 allowed.admits(known, measured=True):
             chosen[problem] = known
-        elif profile:
+        elif profile and not failed_here:
             to_tune.append(problem)
         else:
+            if failed_here and profile:
+                log.info("cutlass: no candidate for %s ran when it was measured on %s (%s): the heuristic's kernel, "
+                         "not measured again (delete the entry from %s to measure it once more)", problem.key,
+                         failed.get("device", "this GPU"), failed.get("date", "date unknown"),
+                         database.path or "the database")
             similar = database.lookup_same_shape(sm, problem)
             chosen[problem] = similar if similar is not None and allowed.admits(similar, measured=True) else \
                 default_kernel(sm, problem, allowed)
     if to_tune:
-        import logging
         count = sum(len(usable_candidates(sm, problem, allowed)) for problem in to_tune)
-        logging.getLogger("byoc.build").info("cutlass: tuning %d problems the databases lack (%d candidate kernels "
+        log.info("cutlass: tuning %d problems the databases lack (%d candidate kernels "
                                              "to compile and time; tuning_db remembers the winners)",
                                              len(to_tune), count)
         measured = _profile(to_tune, sm, workdir / "tuning", compile_flags, jobs, allowed)
@@ -246,6 +272,7 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
             valid = {name: us for name, us in times.items() if us is not None}
             if not valid:
                 chosen[problem] = default_kernel(sm, problem, allowed)
+                database.record_failed(sm, problem, times, {**provenance, "candidates": len(times)})
                 continue
             by_name = {k.name(problem): k for k in usable_candidates(sm, problem, allowed)}
             best = min(valid, key=valid.get)

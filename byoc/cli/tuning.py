@@ -35,7 +35,9 @@ def tuning_command(args: argparse.Namespace) -> int:
                         continue
                     where = ", ".join(str(entry[k]) for k in ("device", "cuda", "cutlass", "date") if entry.get(k))
                     timing = f"{entry['us']:.2f} us" if isinstance(entry.get("us"), (int, float)) else "- us"
-                    print(f"  {arch}  {key}  {entry.get('name', '?')}  {timing}  ({where or 'measured where: unknown'})")
+                    name = "no candidate ran (the heuristic's kernel is used)" if entry.get("failed") else \
+                        entry.get("name", "?")
+                    print(f"  {arch}  {key}  {name}  {timing}  ({where or 'measured where: unknown'})")
         return EXIT_OK
     if args.action == "export":
         if args.databases:
