@@ -176,6 +176,8 @@ class _Builder:
                               f"an IRModule has static shapes already")
         import dataclasses
         weights = WeightsBlob(share_equal=True)
+        pairs = self.padding_pairs(buckets)
+        compared = {index for pair in pairs.values() for index in pair}
         programs = []
         for number, dims in enumerate(buckets):
             label = ", ".join(f"{name}={size}" for name, size in dims.items())
@@ -185,7 +187,25 @@ class _Builder:
             mod, output_names, artifacts, report = bucket.lower(model, input_shapes)
             host = bucket.plan_host(mod, artifacts, output_names, weights)
             programs.append(_Program(bucket, dims, mod, artifacts, report, host))
+            if number not in compared:
+                bucket.simplified = None
+        from .analysis.padding import padding_problem
+        self.padding = {name: padding_problem(programs[small].builder.simplified, programs[large].builder.simplified)
+                        for name, (small, large) in pairs.items()}
+        for program in programs:
+            program.builder.simplified = None
         return programs
+
+    def padding_pairs(self, buckets: list) -> dict:
+        """For each dim given several sizes: the two buckets (indices) that differ only in it,
+        at its two largest sizes, whose programs analysis/padding.py compares."""
+        pairs = {}
+        for name, sizes in self.cfg.dims.items():
+            if isinstance(sizes, list) and len(sizes) > 1:
+                smaller, larger = sorted(sizes)[-2:]
+                base = dict(buckets[0])
+                pairs[name] = (buckets.index({**base, name: smaller}), buckets.index({**base, name: larger}))
+        return pairs
 
     def lower(self, model, input_shapes):
         """Every IR stage, up to the final main (written to final.ir); no compiler runs
@@ -194,6 +214,7 @@ class _Builder:
         mod, output_names = self.import_model(model, input_shapes)
         progress.stage(f"imported: {len(mod['main'].bindings)} ops")
         mod = self.simplify(mod)
+        self.simplified = mod  # what lower_programs compares between shape buckets (analysis/padding.py)
         progress.stage(f"simplified: {len(mod['main'].bindings)} ops")
         # while main still binds every tensor (partitioning hides some inside functions), and
         # before any backend writes a size into C++
@@ -509,8 +530,7 @@ class _Builder:
                     unit_backends.append(artifact.backend)
         return units, unit_backends
 
-    @staticmethod
-    def with_variants(metadata: str, programs: list) -> str:
+    def with_variants(self, metadata: str, programs: list) -> str:
         """The metadata of a library with shape buckets: the first bucket's tensors at the top
         (as a static library's), and `variants`: each bucket's dims, tensors and memory."""
         data = json.loads(metadata)
@@ -527,6 +547,12 @@ class _Builder:
                              "memory": {"arena_bytes": plan.arena_bytes, "workspace_bytes": plan.workspace_bytes,
                                         **({"plan": plan.memory_plan.summary()} if plan.memory_plan else {})}})
         data["variants"] = variants
+        padding = getattr(self, "padding", None) or {}
+        # whether sizes between the buckets could run padded into the next one (not served yet)
+        data["dims"] = {name: {"sizes": sorted(sizes) if isinstance(sizes, list) else [sizes],
+                               **({"paddable": padding[name] is None} if name in padding else {}),
+                               **({"why_not": padding[name]} if padding.get(name) else {})}
+                        for name, sizes in self.cfg.dims.items()}
         for key in ("arena_bytes", "workspace_bytes"):  # the memories are shared, as large as the largest needs
             data["memory"][key] = max(variant["memory"][key] for variant in variants)
         return json.dumps(data, sort_keys=True, separators=(",", ":"))

@@ -90,6 +90,12 @@ def describe_library(path, metadata: dict) -> str:
             shapes = ", ".join(f"{t['name']} {tuple(t['shape'])}" for t in variant.get("inputs", []))
             arena = variant.get("memory", {}).get("arena_bytes", 0)
             lines.append(f"    {dims}: {shapes}; arena {arena / mib:.2f} MiB")
+        for name, dim in sorted((metadata.get("dims") or {}).items()):
+            if "paddable" not in dim:
+                continue
+            verdict = "sizes between them could run padded into the next (not served yet)" if dim["paddable"] \
+                else f"sizes between them cannot be padded: {dim.get('why_not')}"
+            lines.append(f"    {name} {', '.join(map(str, dim.get('sizes', [])))}: {verdict}")
     weights = metadata.get("weights", {})
     lines.append(f"  weights: {weights.get('bytes', 0) / mib:.1f} MiB, {weights.get('location')}")
     calls = {}
