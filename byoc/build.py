@@ -190,8 +190,13 @@ class _Builder:
             if number not in compared:
                 bucket.simplified = None
         from .analysis.padding import padding_problem
-        self.padding = {name: padding_problem(programs[small].builder.simplified, programs[large].builder.simplified)
-                        for name, (small, large) in pairs.items()}
+        self.padding = {}
+        for name, (small, large) in pairs.items():
+            try:
+                self.padding[name] = padding_problem(programs[small].builder.simplified,
+                                                     programs[large].builder.simplified)
+            except Exception as error:  # noqa: BLE001 - an analysis the build does not need: say so, build on
+                self.padding[name] = f"the analysis failed ({type(error).__name__}: {error})"
         for program in programs:
             program.builder.simplified = None
         return programs
