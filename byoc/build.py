@@ -199,6 +199,14 @@ class _Builder:
                 self.padding[name] = f"the analysis failed ({type(error).__name__}: {error})"
         for program in programs:
             program.builder.simplified = None
+        shapes = {}
+        for program in programs:  # a dim no input declares (input_shapes fixed it): buckets run alike
+            key = tuple((name, tuple(type_.shape)) for name, type_ in program.host.plan.inputs)
+            if key in shapes:
+                raise ConfigError(f"dims {self.cfg.dims}: buckets {shapes[key]} and {program.dims} take inputs of "
+                                  f"the same shapes ({', '.join(f'{n} {s}' for n, s in key)}); expected sizes of "
+                                  f"dims the inputs declare (input_shapes fixes an input's dims)")
+            shapes[key] = program.dims
         return programs
 
     def padding_pairs(self, buckets: list) -> dict:
@@ -516,18 +524,28 @@ class _Builder:
     @staticmethod
     def program_units(programs: list) -> tuple:
         """Every program's compile units, each object once: a unit of a later program that
-        writes the same object from the same text and flags as one before (a CUTLASS kernel
-        unit: named by a hash of its types) is that one; another that would write an object
-        of the same name is renamed b<N>_<name>. Returns (units, the backend of each)."""
+        writes the same object from the same text, flags and dependencies as one before (a
+        CUTLASS kernel unit: named by a hash of its types) is that one; a source the bucket
+        generated (in its own bucket<N>/, its symbols ending _b<N>) that would write an
+        object of the same name is renamed b<N>_<name>. Any other such pair (a library source
+        compiled two ways) would define its symbols twice: a BuildError. Returns (units, the
+        backend of each)."""
         units, unit_backends, written = [], [], {}
         for number, program in enumerate(programs):
             for artifact in program.artifacts:
                 for unit in artifact.compile_units:
                     same = written.get(unit.output)
                     if same is not None:
-                        if (same.language, list(same.flags)) == (unit.language, list(unit.flags)) and \
+                        if (same.language, list(same.flags), list(map(str, same.dependencies))) == \
+                                (unit.language, list(unit.flags), list(map(str, unit.dependencies))) and \
                                 Path(same.source).read_bytes() == Path(unit.source).read_bytes():
                             continue
+                        generated = Path(unit.source).resolve().is_relative_to(program.builder.workdir.resolve())
+                        if not generated or unit.language == "cubin":  # a cubin's name is its symbol's
+                            raise BuildError(
+                                f"shape buckets {programs[0].dims} and {program.dims} need {unit.output} "
+                                f"({unit.source}) compiled two ways (flags or text differ); one library cannot "
+                                f"hold both: build these buckets as separate libraries")
                         import dataclasses
                         unit = dataclasses.replace(unit, output=f"b{number}_{unit.output}")
                     written[unit.output] = unit

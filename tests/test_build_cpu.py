@@ -699,5 +699,9 @@ def test_shape_buckets_make_one_library_that_runs_the_program_the_inputs_fit(tmp
     assert module.run(**feeds)[0].shape == (3, 16, 128)
     with pytest.raises(byoc.ConfigError, match=r"shape buckets are for ONNX models"):
         byoc.build(byoc.from_onnx(model, dims={"batch": 1, "sequence": 8}), config="cpu", dims={"batch": [1, 2]})
+    with pytest.raises(byoc.ConfigError, match=r"take inputs of the same shapes .* expected sizes of dims the "
+                                               r"inputs declare"):
+        byoc.build(model, config="cpu", dims={"batch": [1, 2], "sequence": 8},
+                   input_shapes={name: (1, 8) for name in ("input_ids", "attention_mask", "token_type_ids")})
     with pytest.raises(byoc.ConfigError, match=r"make 25 shape buckets; expected at most 16"):
         byoc.build(model, config="cpu", dims={"batch": [1, 2, 3, 4, 5], "sequence": [1, 2, 3, 4, 5]})

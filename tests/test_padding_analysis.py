@@ -75,6 +75,12 @@ def test_rows_kept_apart_pad():
      "depends on the dim's size|indexes along the dim"),
     ("the rows twice, one after the other", [helper.make_node("Concat", ["x", "x"], ["y"], axis=0)], [],
      "concat: it runs along the dim"),
+    ("a mean over every element (no axes: all of them)",
+     [helper.make_node("ReduceMean", ["x"], ["y"], keepdims=0)], [], "reduces over the dim"),
+    ("a bound read off the batch size (clip's max: folded into its attribute)",
+     [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "zero"], ["b"], axis=0),
+      helper.make_node("Cast", ["b"], ["f"], to=1), helper.make_node("Clip", ["x", "none", "f"], ["y"])],
+     [const("zero", 0, np.int64), const("none", -1.0)], "depend on the dim's size"),
 ])
 def test_ops_that_mix_padded_rows_into_the_others_are_named(case, nodes, initializers, says):
     reason = problem(batch_model(nodes, initializers), "batch", 3, 7)
@@ -89,3 +95,12 @@ def test_a_library_of_buckets_says_which_dims_could_be_padded(tmp_path):
     dims = library.metadata["dims"]
     assert dims["batch"] == {"sizes": [1, 2, 4], "paddable": True}
     assert dims["sequence"]["paddable"] is False and "softmax" in dims["sequence"]["why_not"]
+
+
+def test_a_batch_of_one_that_broadcast_against_a_fixed_axis_is_not_paddable():
+    """At sizes 1 and 4, x [batch, 4] + w [4, 4] is a broadcast at 1 (every output row from
+    x's one row) and rowwise at 4: the output does not vary, but padded rows of x would
+    reach it."""
+    nodes = [helper.make_node("Add", ["x", "w"], ["y"])]
+    model = batch_model(nodes, [const("w", np.arange(16.0).reshape(4, 4))], input_shape=("batch", 4))
+    assert "broadcasts the dim against an axis of fixed size" in problem(model, "batch", 1, 4)

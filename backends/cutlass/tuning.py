@@ -272,7 +272,11 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
             valid = {name: us for name, us in times.items() if us is not None}
             if not valid:
                 chosen[problem] = default_kernel(sm, problem, allowed)
-                database.record_failed(sm, problem, times, {**provenance, "candidates": len(times)})
+                # remembered only where candidates ran and each failed (not where none compiled
+                # or the profiler never started), with every candidate allowed, and never over
+                # a kernel another GPU measured
+                if times and allowed == NO_FILTER and database.entries.get(f"sm{sm}", {}).get(problem.key) is None:
+                    database.record_failed(sm, problem, times, {**provenance, "candidates": len(times)})
                 continue
             by_name = {k.name(problem): k for k in usable_candidates(sm, problem, allowed)}
             best = min(valid, key=valid.get)

@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.expr import Call, Constant, Tuple, Var
+from ..ir.expr import Call, Constant, Tuple
 from ..ir.types import TensorType, TupleType
 
 # ops that compute each output element from the input elements at the same index
 # (broadcasting), or only move elements without combining them along any axis
 _KEEP_ROWS_APART = {"transpose", "broadcast_to", "expand_dims", "squeeze", "trilu", "device_copy", "on_device",
                     "identity"}
+# attributes that only say shapes (they differ between the sizes where the dim is in them)
+_SHAPE_ATTRIBUTES = {"reshape": {"shape"}, "broadcast_to": {"shape"}, "strided_slice": {"end"}}
 
 
 def padding_problem(small, large) -> str | None:
@@ -131,14 +133,26 @@ def _mixes(op: str, call_small, call_large, arguments: list, out_axes, out_type)
     ins = [axes for _, axes in arguments]
     first = arguments[0][0] if arguments else None
     ndim = first.type.ndim if first is not None and isinstance(first.type, TensorType) else 0
+    changed = sorted(k for k in set(attrs) | set(call_small.attrs) if call_small.attrs.get(k) != attrs.get(k))
+    if set(changed) - _SHAPE_ATTRIBUTES.get(op, set()):
+        # a value read off the dim's size (a clip bound, a trilu diagonal): not the same computation
+        return f"its attributes {changed} depend on the dim's size"
     if category in ("elemwise", "broadcast") or op in _KEEP_ROWS_APART:
+        out_ndim = out_type.ndim if isinstance(out_type, TensorType) else 0
+        for (arg, axes) in arguments:
+            rank = arg.type.ndim if isinstance(arg.type, TensorType) else 0
+            if op in ("transpose", "expand_dims", "squeeze"):  # axes move: each varying one lands on a varying one
+                continue
+            if any(axis + out_ndim - rank not in out_axes for axis in axes):
+                # a size-1 axis at the small size that broadcast against a fixed one
+                return "it broadcasts the dim against an axis of fixed size"
         return None
-    if op != "reshape" and dict(call_small.attrs) != dict(attrs):
-        changed = sorted(k for k in attrs if call_small.attrs.get(k) != attrs.get(k))
-        if not (op == "strided_slice" and set(changed) <= {"end"}):
-            return f"its attributes {changed} depend on the dim's size"
     if category == "reduce":
-        reduced = set(_axis_list(attrs.get("axes", attrs.get("axis")), ndim))
+        if op in ("argmax", "argmin"):
+            reduced = {int(attrs["axis"]) % ndim}
+        else:
+            from ..ops.reduction import reduced_axes
+            reduced = set(reduced_axes(op, attrs.get("axes") or (), ndim))  # () reduces every axis
         return f"it reduces over the dim (axis {sorted(reduced & ins[0])})" if reduced & ins[0] else None
     if op in ("softmax", "log_softmax", "cumsum", "gather_elements", "concat", "split"):
         axis = int(attrs["axis"]) % ndim

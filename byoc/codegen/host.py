@@ -234,8 +234,8 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
     plan's `regions` then cover every call in order, each captured into its own CUDA graph
     or (the calls between regions) run directly.
 
-    `weights`: the blob to place constants in (a library's programs share one); the plan's
-    `weights` are its bytes once this plan's constants are in."""
+    `weights`: the blob to place constants in (a library's programs share one; the plan's
+    `weights` are then empty: the blob holds them); without it, the plan's own blob's bytes."""
     main = mod["main"]
     results = list(main.result.fields) if isinstance(main.result, Tuple) else [main.result]
     names = output_names or ([f"output_{i}" for i in range(len(results))] if len(results) > 1 else ["output"])
@@ -256,7 +256,9 @@ def plan_host(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
     host_symbols = placer.host_symbols
     plan = HostPlan(inputs=inputs, outputs=[(name, result.type) for name, result in zip(names, results)],
                     calls=calls, output_copies=placer.output_copies(), input_copies=input_copies,
-                    weights=bytes(placer.weights.data), constant_offsets=placer.weights.offsets,
+                    # a blob the programs of a library share: its bytes once, when all are placed
+                    weights=bytes(placer.weights.data) if weights is None else b"",
+                    constant_offsets=placer.weights.offsets,
                     arena_bytes=align(placer.arena_size), arena_offsets=placer.own_offsets,
                     extern_symbols=placer.symbols,
                     workspace_bytes=max([0] + [(workspace_bytes or {}).get(s, 0) for s in placer.symbols

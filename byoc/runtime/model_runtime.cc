@@ -518,8 +518,12 @@ int32_t matching_variant(const byoc_dl_tensor* inputs, int32_t num_inputs) {
   }
   // the message is built only now (run() allocates nothing on its way)
   const VariantSpec& first = spec.variants[0];
-  if (num_inputs != first.num_inputs || (num_inputs && inputs == nullptr)) {
+  if (num_inputs != first.num_inputs) {
     fail("expected " + std::to_string(first.num_inputs) + " inputs, got " + std::to_string(num_inputs));
+    return -1;
+  }
+  if (num_inputs && inputs == nullptr) {
+    fail("byoc_model_run: the input or output array is NULL");
     return -1;
   }
   std::string given, buckets;
