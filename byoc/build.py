@@ -179,12 +179,18 @@ class _Builder:
         pairs = self.padding_pairs(buckets)
         compared = {index for pair in pairs.values() for index in pair}
         programs = []
+        self.model_name = Path(model).name if isinstance(model, (str, os.PathLike)) else "ONNX model"
+        source = model
         for number, dims in enumerate(buckets):
             label = ", ".join(f"{name}={size}" for name, size in dims.items())
             self.progress.stage(f"shape bucket {number + 1}/{len(buckets)}: {label}")
             bucket = _Builder(dataclasses.replace(self.cfg, workdir=str(self.workdir / f"bucket{number}"), dims=dims))
             bucket.progress, bucket.dims, bucket.symbol_suffix = self.progress, dims, f"_b{number}" if number else ""
-            mod, output_names, artifacts, report = bucket.lower(model, input_shapes)
+            mod, output_names, artifacts, report = bucket.lower(source, input_shapes)
+            if number == 0 and isinstance(model, (str, os.PathLike)):
+                # the file once more, for all the other buckets: their weights view these bytes
+                # (the first bucket's import named the file in any error, and read it whole)
+                source = Path(model).read_bytes()
             host = bucket.plan_host(mod, artifacts, output_names, weights)
             programs.append(_Program(bucket, dims, mod, artifacts, report, host))
             if number not in compared:

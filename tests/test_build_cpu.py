@@ -681,6 +681,7 @@ def test_shape_buckets_make_one_library_that_runs_the_program_the_inputs_fit(tmp
     assert library.metadata["weights"]["bytes"] < static.metadata["weights"]["bytes"] * 1.05
     assert library.metadata["memory"]["arena_bytes"] == max(v["memory"]["arena_bytes"] for v in variants)
     assert (tmp_path / "w" / "bucket3" / "final.ir").is_file()  # each bucket's sources and IR, kept
+    assert "bert2.onnx" in (tmp_path / "w" / "report.html").read_text()  # titled by the model, as a static build
     host = (tmp_path / "w" / "host.cc").read_text()
     assert "// Variant 3: batch=3, sequence=16" in host and "_b3);" in host
     module = library.load()
