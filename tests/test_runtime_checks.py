@@ -105,6 +105,12 @@ def test_non_elf_file_is_refused(tmp_path):
     (lambda m: m["outputs"].append(7), "outputs[1]"),
     (lambda m: m["weights"].update(location="cloud"), "weights.location"),
     (lambda m: m.update(version=True), "version"),
+    # a library of shape buckets: each program's tensors
+    (lambda m: m.update(variants={"inputs": []}), "variants"),
+    (lambda m: m.update(variants=[{"inputs": m["inputs"]}]), "variants[0].outputs"),
+    (lambda m: m.update(variants=[{"inputs": [], "outputs": m["outputs"]}]), "variants[0].inputs"),
+    (lambda m: m.update(variants=[{"inputs": [{"name": "x", "shape": ["b"], "dtype": "float32"}],
+                                   "outputs": m["outputs"]}]), "variants[0].inputs[0].shape"),
 ])
 def test_metadata_is_validated_with_the_key_named(add_library, edit, key):
     metadata = byoc.runtime.metadata_of(add_library)
@@ -359,4 +365,10 @@ def test_a_library_of_several_variants_runs_the_one_its_inputs_fit(tmp_path):
     assert lib.byoc_last_error().decode() == ("the inputs' shapes (x (3, 3)) are none of the shapes this model was "
                                               "built for: x (2, 3); x (4, 3)")
     assert run(2)[0] == 0  # still usable
+    # an ndim no tensor has: named, its shape array not read past its end
+    x = np.zeros((2, 3), np.float32)
+    shape = (ctypes.c_int64 * 2)(2, 3)
+    wrong = _DLTensor(x.ctypes.data, (1, 0), 1 << 30, (2, 32, 1), shape, None, 0)
+    assert lib.byoc_model_run(model, ctypes.byref(wrong), 1, ctypes.byref(wrong), 1, None) == 1
+    assert "x (1073741824 dims)" in lib.byoc_last_error().decode()
     lib.byoc_model_destroy(model)

@@ -56,19 +56,36 @@ def validate_metadata(metadata, name: str = "library") -> None:
     if field(metadata, "version", int, "1") != 1:
         raise bad("version", "1 (this byoc reads version 1)", metadata["version"])
     field(metadata, "target", str, "a target string")
-    for role in ("inputs", "outputs"):
-        for index, tensor in enumerate(field(metadata, role, list, "a list of tensors")):
-            key = f"{role}[{index}]"
-            if not isinstance(tensor, dict):
-                raise bad(key, "an object with name, shape and dtype", tensor)
-            field(tensor, "name", str, f"{key}.name: a string")
-            shape = field(tensor, "shape", list, f"{key}.shape: a list of dims")
-            if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 63 for d in shape):
-                raise bad(f"{key}.shape", "a list of non-negative int64 dims", shape)
-            if field(tensor, "dtype", str, f"{key}.dtype") not in _TENSOR_DTYPES:
-                raise bad(f"{key}.dtype", f"one of {sorted(_TENSOR_DTYPES)}", tensor["dtype"])
-            if tensor.get("device", "cuda") not in ("cpu", "cuda"):
-                raise bad(f"{key}.device", "'cpu' or 'cuda'", tensor["device"])
+
+    def tensors(where, prefix=""):
+        for role in ("inputs", "outputs"):
+            for index, tensor in enumerate(field(where, role, list, f"{prefix}{role}: a list of tensors")):
+                check_tensor(f"{prefix}{role}[{index}]", tensor)
+
+    def check_tensor(key, tensor):
+        if not isinstance(tensor, dict):
+            raise bad(key, "an object with name, shape and dtype", tensor)
+        field(tensor, "name", str, f"{key}.name: a string")
+        shape = field(tensor, "shape", list, f"{key}.shape: a list of dims")
+        if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 63 for d in shape):
+            raise bad(f"{key}.shape", "a list of non-negative int64 dims", shape)
+        if field(tensor, "dtype", str, f"{key}.dtype") not in _TENSOR_DTYPES:
+            raise bad(f"{key}.dtype", f"one of {sorted(_TENSOR_DTYPES)}", tensor["dtype"])
+        if tensor.get("device", "cuda") not in ("cpu", "cuda"):
+            raise bad(f"{key}.device", "'cpu' or 'cuda'", tensor["device"])
+
+    tensors(metadata)
+    # a library of shape buckets: each program's tensors, as many as the library's
+    variants = metadata.get("variants", [])
+    if not isinstance(variants, list):
+        raise bad("variants", "a list of programs", variants)
+    for index, variant in enumerate(variants):
+        if not isinstance(variant, dict):
+            raise bad(f"variants[{index}]", "an object with inputs and outputs", variant)
+        tensors(variant, f"variants[{index}].")
+        for role in ("inputs", "outputs"):
+            if len(variant[role]) != len(metadata[role]):
+                raise bad(f"variants[{index}].{role}", f"{len(metadata[role])} tensors", len(variant[role]))
     weights = field(metadata, "weights", dict, "an object with bytes and location")
     if field(weights, "location", str, "weights.location") not in ("embedded", "sidecar"):
         raise bad("weights.location", "'embedded' or 'sidecar'", weights["location"])

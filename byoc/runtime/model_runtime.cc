@@ -103,6 +103,9 @@ __attribute__((visibility("hidden"))) uint64_t byoc_blob_checksum(const void* da
 namespace {
 
 std::string shape_text(int32_t ndim, const int64_t* shape) {
+  // a caller's ndim beyond any tensor's is not read through (its shape array is that long
+  // only if the ndim is true)
+  if (ndim < 0 || ndim > 64) return "(" + std::to_string(ndim) + " dims)";
   std::string text = "(";
   for (int32_t i = 0; i < ndim; ++i) {
     if (i) text += ", ";

@@ -257,10 +257,10 @@ def _embed_command(output: str) -> list[str]:
 
 def _cache_key(unit: CompileUnit, command: list, workdir: Path, memo: dict | None = None,
                relative_source: str | None = None) -> str:
-    # The key must not depend on where this build happens: the source's path (absolute, or
-    # as the command names it relative to the work directory: a shape bucket's sources lie
-    # in bucket<N>/) and paths inside the work directory become placeholders (the object's
-    # name is relative).
+    # The key must not depend on where this build happens. The source's path becomes a
+    # placeholder, absolute or as the command names it relative to the work directory (a
+    # shape bucket's sources lie in bucket<N>/), and so do paths inside the work directory.
+    # The object's own name is relative already.
     source = str(unit.source.resolve())
     keyed_command = ["<source>" if argument == relative_source else
                      argument.replace(source, "<source>").replace(str(workdir), "<workdir>")
