@@ -180,8 +180,10 @@ case "$stage" in
     #   bash bench/gpu_session.sh buckets bert_base:1,8 resnet50:1,32
     [ $# -eq 0 ] && set -- bert_base:1,8 resnet50:1,32
     rm -rf /tmp/byoc-buckets-cache /tmp/byoc-buckets
+    # SWEEP=1 runs every batch up to the largest bucket (BETWEEN=5,20: static libraries of those too)
     BYOC_CACHE_DIR=/tmp/byoc-buckets-cache PYTHONUNBUFFERED=1 python3 bench/shape_buckets.py --out "$OUT" \
-      --workdir /tmp/byoc-buckets --cases "$@" 2>&1 | tee "$OUT/shape_buckets.log" | tail -n 30 ;;
+      --workdir /tmp/byoc-buckets ${SWEEP:+--sweep} ${BETWEEN:+--between "$BETWEEN"} --cases "$@" 2>&1 \
+      | tee "$OUT/shape_buckets.log" | tail -n 30 ;;
   release)
     # The model cases the open issues need, with the kernels `gemm` tuned (bench/results/
     # tuning_sm90.json). Each part fits one 10-minute device command (measured on an H100:

@@ -1,7 +1,7 @@
 """Shape buckets on real models: one library with a program per batch size (config
 `dims: {batch: [...]}`) against a static library of each size, same process, same GPU.
 
-    python3 bench/shape_buckets.py --out DIR --cases bert_base:1,8 resnet50:1,32
+    python3 bench/shape_buckets.py --out DIR --cases bert_base:1,8,32 --sweep --between 5,20
 
 Each case is exported once with a dynamic batch dim (and, for text models, a dynamic
 sequence dim, built at 128), from bench/real_model_zoo.py (random weights, fixed seeds,
@@ -9,7 +9,11 @@ model and wrapper in eval()). For each size: both libraries checked against onnx
 (CPU) on the same inputs, and timed (CUDA events, torch CUDA tensors). Recorded: the build
 seconds (the bucket library cold; each static library after it, its kernels then in the
 object cache), the .so sizes, the weights, the arena per bucket (planned and lower bound),
-and run ms of the bucket library over the static one. Writes shape_buckets.json and .md.
+and run ms of the bucket library over the static one. --sweep runs every batch from 1 to the
+largest bucket in the bucket library (sizes between buckets run padded into the next one),
+each checked against onnxruntime and timed; --between SIZES also builds static libraries of
+those sizes between buckets, the cost of padding being the padded run over the static one.
+Writes shape_buckets.json and .md.
 """
 from __future__ import annotations
 
@@ -85,8 +89,8 @@ def run_case(case: str, args, rows: list):
     import onnxruntime as ort
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     row["sizes_measured"] = []
-    for size in sizes:
-        entry = {"batch": size}
+    for size in sorted(set(sizes) | set(args.between if args.sweep else [])):
+        entry = {"batch": size, **({"padded": True} if size not in sizes else {})}
         row["sizes_measured"].append(entry)
         try:
             static = build(onnx_path, work / f"static_b{size}", {"batch": size, **extra}, args)
@@ -112,7 +116,41 @@ def run_case(case: str, args, rows: list):
             log(case, f"batch {size} FAILED: {entry['error']}")
             if args.debug:
                 traceback.print_exc()
+    if args.sweep:
+        row["sweep"] = sweep(case, bucket_module, session, inputs_for, sizes, row)
     bucket_module.close()
+
+
+def sweep(case: str, module, session, inputs_for, sizes: list, row: dict) -> list:
+    """Every batch from 1 to the largest bucket through the bucket library: the bucket it
+    ran in, its error against onnxruntime, its ms, and (where a static library of that size
+    was built) the padded run over the static one."""
+    static_ms = {e["batch"]: e.get("static_ms") for e in row["sizes_measured"]}
+    bucket_ms = {e["batch"]: e.get("bucket_ms") for e in row["sizes_measured"]}
+    entries = []
+    for batch in range(1, max(sizes) + 1):
+        entry = {"batch": batch}
+        entries.append(entry)
+        try:
+            inputs = inputs_for(batch)
+            feed = byoc_inputs(module, inputs, "cuda")
+            entry["bucket"] = module._variant_for(module._order_inputs([], feed))[0]["dims"]["batch"]
+            reference = session.run(None, {k: v.numpy() for k, v in inputs.items()})[0]
+            got = module.run(**feed)
+            entry["error"] = float(f"{relative_error(to_numpy(got), reference):.3g}")
+            entry["ms"] = round(time_cuda(lambda: module.run(**feed, out=got)), 4)
+            entry["over_bucket"] = round(entry["ms"] / bucket_ms[entry["bucket"]], 3) if bucket_ms.get(entry["bucket"]) \
+                else None
+            if static_ms.get(batch):
+                entry["over_static"] = round(entry["ms"] / static_ms[batch], 3)
+            entry["ok"] = entry["error"] <= TOLERANCE
+            log(case, f"sweep batch {batch} (bucket {entry['bucket']}): {entry['ms']} ms, error {entry['error']}"
+                      f"{', ' + str(entry['over_static']) + 'x static' if 'over_static' in entry else ''}")
+        except Exception as error:  # noqa: BLE001 - recorded, the sweep goes on
+            entry["error"] = f"{type(error).__name__}: {error}"
+            entry["ok"] = False
+            log(case, f"sweep batch {batch} FAILED: {entry['error']}")
+    return entries
 
 
 def write(out: Path, rows: list):
@@ -142,6 +180,20 @@ def write(out: Path, rows: list):
                 f"{entry.get('bucket_ms', '-')} | {entry.get('static_ms', '-')} | "
                 f"{entry.get('bucket_over_static', entry.get('error', '-'))} | {static.get('build_s', '-')}, "
                 f"{static.get('so_bytes', 0) / 1e6:.1f} | {arena:.2f} ({lower:.2f}) |")
+    for row in rows:
+        if not row.get("sweep"):
+            continue
+        ok = [e for e in row["sweep"] if e.get("ok")]
+        lines += ["", f"## {row['model']}: every batch from 1 to {max(row['sizes'])} through the bucket library "
+                  f"(buckets {','.join(map(str, row['sizes']))})", "",
+                  f"{len(ok)} of {len(row['sweep'])} batches within {TOLERANCE} of onnxruntime (worst error "
+                  f"{max((e['error'] for e in ok), default=0)}). A batch between buckets runs padded into the next "
+                  f"one: its ms over the bucket's own size's, and over a static library of its size where one "
+                  f"was built (the cost of padding).", "",
+                  "| batch | bucket | ms | over the bucket's size | over static | error |", "|---|---|---|---|---|---|"]
+        for e in row["sweep"]:
+            lines.append(f"| {e['batch']} | {e.get('bucket', '-')} | {e.get('ms', '-')} | {e.get('over_bucket', '-')} "
+                         f"| {e.get('over_static', '-')} | {e.get('error')} |")
     (out / "shape_buckets.md").write_text("\n".join(lines) + "\n")
 
 
@@ -152,6 +204,9 @@ def main():
     parser.add_argument("--out", default="/tmp/byoc-buckets-out")
     parser.add_argument("--workdir", default="/tmp/byoc-buckets")
     parser.add_argument("--tuning-db", default=str(BENCH.parent / "backends/cutlass/tuning_sm90.json"))
+    parser.add_argument("--sweep", action="store_true", help="every batch from 1 to the largest bucket")
+    parser.add_argument("--between", type=lambda text: [int(v) for v in text.split(",")], default=[],
+                        help="with --sweep: static libraries of these batch sizes too (padding's cost)")
     parser.add_argument("--debug", action="store_true")
     args = parser.parse_args()
     out = Path(args.out)

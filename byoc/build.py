@@ -205,6 +205,14 @@ class _Builder:
                 self.padding[name] = f"the analysis failed ({type(error).__name__}: {error})"
         for program in programs:
             program.builder.simplified = None
+        # the axes the runtime pads (a dim whose axes do not scale with it is refused here)
+        from .analysis.padding import padded_axes
+        axes, self.padding = padded_axes(
+            buckets, [[(name, tuple(type_.shape)) for name, type_ in program.host.plan.inputs + program.host.plan.outputs]
+                      for program in programs], self.padding)
+        self.padded_dims = sorted(name for name, problem in self.padding.items() if problem is None)
+        for program, program_axes in zip(programs, axes):
+            program.axis_dims = program_axes
         shapes = {}
         for program in programs:  # a dim no input declares (input_shapes fixed it): buckets run alike
             key = tuple((name, tuple(type_.shape)) for name, type_ in program.host.plan.inputs)
@@ -567,19 +575,24 @@ class _Builder:
         for program in programs:
             plan = program.host.plan
 
-            def tensors(entries, top):  # where a tensor lives is the same in every bucket
-                return [{**place, "name": name, "shape": list(type_.shape), "dtype": type_.dtype}
-                        for (name, type_), place in zip(entries, top)]
+            def tensors(entries, top, axis_dims):  # where a tensor lives is the same in every bucket
+                return [{**place, "name": name, "shape": list(type_.shape), "dtype": type_.dtype,
+                         # the axes run() pads: the paddable dim each carries
+                         **({"axis_dims": axes} if any(axes) else {})}
+                        for (name, type_), place, axes in zip(entries, top, axis_dims)]
+            axis_dims = program.axis_dims or [[None] * len(t.shape) for _, t in plan.inputs + plan.outputs]
             variants.append({"dims": program.dims,
-                             "inputs": tensors(plan.inputs, data["inputs"]),
-                             "outputs": tensors(plan.outputs, data["outputs"]),
+                             "inputs": tensors(plan.inputs, data["inputs"], axis_dims[:len(plan.inputs)]),
+                             "outputs": tensors(plan.outputs, data["outputs"], axis_dims[len(plan.inputs):]),
                              "memory": {"arena_bytes": plan.arena_bytes, "workspace_bytes": plan.workspace_bytes,
                                         **({"plan": plan.memory_plan.summary()} if plan.memory_plan else {})}})
         data["variants"] = variants
         padding = getattr(self, "padding", None) or {}
-        # whether sizes between the buckets could run padded into the next one (not served yet)
+        # whether sizes between the buckets run padded into the next one (then run() takes any
+        # size from 1 to the largest), and why not
         data["dims"] = {name: {"sizes": sorted(sizes) if isinstance(sizes, list) else [sizes],
                                **({"paddable": padding[name] is None} if name in padding else {}),
+                               **({"range": [1, max(sizes)]} if name in padding and padding[name] is None else {}),
                                **({"why_not": padding[name]} if padding.get(name) else {})}
                         for name, sizes in self.cfg.dims.items()}
         for key in ("arena_bytes", "workspace_bytes"):  # the memories are shared, as large as the largest needs
@@ -640,9 +653,11 @@ class _Builder:
                                 stateful=[s for a in program.artifacts for s in a.stateful_symbols],
                                 cuda_graph=program.host.cuda_graph, graph_io=program.host.graph_io,
                                 devices=program.host.devices,
-                                description=", ".join(f"{name}={size}" for name, size in program.dims.items()))
+                                description=", ".join(f"{name}={size}" for name, size in program.dims.items()),
+                                axis_dims=program.axis_dims, dims=program.dims)
                     for number, (program, table) in enumerate(zip(programs, tables))]
         host_source = render_host(variants, cuda=self.cuda, build_id=build_id,
+                                  padded_dims=getattr(self, "padded_dims", None) or [],
                                   arch_number=self.target.arch_number() if self.cuda else None,
                                   weights_embedded=self.cfg.params != "sidecar", weights_bytes=len(weights),
                                   weights_checksum=weights_checksum)
@@ -728,6 +743,8 @@ class _Program:
     artifacts: list
     report: object
     host: "_HostSetup"
+    # per caller tensor (inputs, then outputs), per axis: the paddable dim it carries or None
+    axis_dims: list | None = None
 
 
 @dataclass

@@ -671,7 +671,8 @@ def test_shape_buckets_make_one_library_that_runs_the_program_the_inputs_fit(tmp
     assert [v["dims"] for v in variants] == [{"batch": 1, "sequence": 8}, {"batch": 1, "sequence": 16},
                                              {"batch": 3, "sequence": 8}, {"batch": 3, "sequence": 16}]
     assert variants[3]["outputs"][0]["shape"] == [3, 16, 128]
-    assert library.metadata["inputs"] == variants[0]["inputs"]  # the first bucket's, as a static library's
+    # the first bucket's, as a static library's
+    assert library.metadata["inputs"] == [{k: v for k, v in t.items() if k != "axis_dims"} for t in variants[0]["inputs"]]
     static = byoc.build(model, config="cpu", workdir=str(tmp_path / "static"), dims={"batch": 1, "sequence": 8})
     assert "variants" not in static.metadata
     # the first bucket's code is the static build's: its objects come from the cache (the
@@ -687,16 +688,22 @@ def test_shape_buckets_make_one_library_that_runs_the_program_the_inputs_fit(tmp
     module = library.load()
     session = ort.InferenceSession(str(model))
     rng = np.random.default_rng(0)
-    for batch, sequence in ((1, 8), (3, 16), (3, 8), (1, 16), (3, 16)):
+    # batch 2 runs padded into the batch-3 buckets (every op keeps the batch rows apart)
+    assert library.metadata["dims"]["batch"] == {"sizes": [1, 3], "paddable": True, "range": [1, 3]}
+    assert variants[3]["inputs"][0]["axis_dims"] == ["batch", None]
+    assert variants[3]["outputs"][0]["axis_dims"] == ["batch", None, None]
+    for batch, sequence in ((1, 8), (3, 16), (2, 16), (3, 8), (1, 16), (2, 8), (3, 16)):
         feeds = {i.name: rng.integers(0, 100 if i.name == "input_ids" else 2, (batch, sequence)).astype(np.int64)
                  for i in session.get_inputs()}
         for got, want in zip(module.run(**feeds), session.run(None, feeds)):
             assert got.shape == want.shape
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    with pytest.raises(byoc.RuntimeError, match=r"the inputs' shapes \(input_ids \(3, 5\), .*\) are none of the "
+    with pytest.raises(byoc.RuntimeError, match=r"the inputs' shapes \(input_ids \(3, 5\), .*\) fit none of the "
                                                 r"shapes this model was built for: input_ids \(1, 8\), .*; "
-                                                r"input_ids \(3, 16\)"):
+                                                r"input_ids \(3, 16\), .*\(padded: batch from 1 to 3\)"):
         module.run(**{name: value[:, :5] for name, value in feeds.items()})
+    with pytest.raises(byoc.RuntimeError, match=r"fit none of the shapes .*\(padded: batch from 1 to 3\)"):
+        module.run(**{name: np.concatenate([value, value]) for name, value in feeds.items()})  # batch 6
     assert module.run(**feeds)[0].shape == (3, 16, 128)
     with pytest.raises(byoc.ConfigError, match=r"shape buckets are for ONNX models"):
         byoc.build(byoc.from_onnx(model, dims={"batch": 1, "sequence": 8}), config="cpu", dims={"batch": [1, 2]})

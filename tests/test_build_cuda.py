@@ -219,13 +219,15 @@ def test_shape_buckets_on_the_gpu_each_with_its_own_graphs(graph_io, tmp_path):
     model = FIXTURES / "bert2.onnx"
     config = {"target": "cuda -arch=sm_90", "backends": [{"cutlass": {"sm": 90}}, "cublaslt", "builtin"],
               "precision": "float16", "cuda_graph": True, "cuda_graph_io": graph_io, "tuning": {"profile": False}}
-    library = byoc.build(model, config=config, workdir=str(tmp_path / "w"), dims={"batch": [1, 2], "sequence": [16, 32]})
+    library = byoc.build(model, config=config, workdir=str(tmp_path / "w"), dims={"batch": [1, 3], "sequence": [16, 32]})
     assert len(library.metadata["variants"]) == 4
+    assert library.metadata["dims"]["batch"]["paddable"] is True
     module = library.load()
     session = ort.InferenceSession(str(model))
     rng = np.random.default_rng(1)
     feeds, first = {}, {}
-    for batch, sequence in ((1, 16), (2, 32), (2, 16), (1, 32)):
+    # batch 2: padded into the batch-3 buckets (their graphs capture the staging buffers)
+    for batch, sequence in ((1, 16), (3, 32), (2, 32), (3, 16), (2, 16), (1, 32)):
         feeds[batch, sequence] = {i.name: rng.integers(0, 100 if i.name == "input_ids" else 2,
                                                        (batch, sequence)).astype(np.int64)
                                   for i in session.get_inputs()}
@@ -239,3 +241,30 @@ def test_shape_buckets_on_the_gpu_each_with_its_own_graphs(graph_io, tmp_path):
         for key, feed in feeds.items():
             again = [cupy.asnumpy(r) for r in module.run(**{k: cupy.asarray(v) for k, v in feed.items()})]
             assert all(np.array_equal(a, b) for a, b in zip(again, first[key])), key
+
+
+@pytest.mark.gpu
+@gpu
+def test_a_padded_inner_axis_on_the_gpu_is_copied_row_by_row(tmp_path):
+    """A padded dim on an inner axis (x [2, n, 4], elementwise): the runtime's 2-D copies
+    on the device put each row of the caller's input at its place in the bucket's buffer
+    and cut each output row back, for every n up to the largest bucket."""
+    import cupy
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, "n", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, "n", 4])
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Add", ["r", "x"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "rows.onnx"
+    path.write_bytes(model.SerializeToString())
+    library = byoc.build(path, config={"target": "cuda -arch=sm_90", "backends": ["builtin"], "cuda_graph": True},
+                         workdir=str(tmp_path / "w"), dims={"n": [4, 8]})
+    assert library.metadata["dims"]["n"]["paddable"] is True
+    module = library.load()
+    rng = np.random.default_rng(2)
+    for n in (1, 3, 4, 5, 7, 8, 6, 2):
+        x_value = rng.standard_normal((2, n, 4)).astype(np.float32)
+        got = cupy.asnumpy(module.run(cupy.asarray(x_value)))
+        np.testing.assert_allclose(got, np.maximum(x_value, 0) + x_value, rtol=1e-6)
+    with pytest.raises(byoc.RuntimeError, match=r"padded: n from 1 to 8"):
+        module.run(cupy.zeros((2, 9, 4), cupy.float32))

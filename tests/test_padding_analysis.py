@@ -93,7 +93,7 @@ def test_a_library_of_buckets_says_which_dims_could_be_padded(tmp_path):
     library = byoc.build(FIXTURES / "bert2.onnx", config="cpu", workdir=str(tmp_path / "w"),
                          dims={"batch": [1, 2, 4], "sequence": [8, 16]})
     dims = library.metadata["dims"]
-    assert dims["batch"] == {"sizes": [1, 2, 4], "paddable": True}
+    assert dims["batch"] == {"sizes": [1, 2, 4], "paddable": True, "range": [1, 4]}
     assert dims["sequence"]["paddable"] is False and "softmax" in dims["sequence"]["why_not"]
 
 

@@ -573,7 +573,8 @@ def test_reserved_names_cover_what_the_host_code_defines():
     assert {"kInputs", "kFunctions", "kStates", "kVariants"} <= defined
     # a variant's tables are numbered (kInputs0, kFunctions1)
     numbered = {name for name in defined if name + "{{ v }}" in template}
-    assert numbered == {"kInputs", "kOutputs", "kInputOnHost", "kOutputOnHost", "kFunctions", "kStates"}
+    assert numbered == {"kInputs", "kOutputs", "kInputOnHost", "kOutputOnHost", "kFunctions", "kStates",
+                        "kPaddedDimValues"}
     for name in numbered:
         assert symbol_name_problem(f"{name}3") is not None and symbol_name_problem(f"{name}s") is None
     assert defined - numbered <= RESERVED_NAMES, sorted(defined - numbered - RESERVED_NAMES)

@@ -111,6 +111,14 @@ def test_non_elf_file_is_refused(tmp_path):
     (lambda m: m.update(variants=[{"inputs": [], "outputs": m["outputs"]}]), "variants[0].inputs"),
     (lambda m: m.update(variants=[{"inputs": [{"name": "x", "shape": ["b"], "dtype": "float32"}],
                                    "outputs": m["outputs"]}]), "variants[0].inputs[0].shape"),
+    (lambda m: m.update(variants=[{"dims": {"batch": 0}, "inputs": m["inputs"], "outputs": m["outputs"]}]),
+     "variants[0].dims"),
+    (lambda m: m.update(variants=[{"dims": {"batch": 3}, "outputs": m["outputs"],
+                                   "inputs": [{**m["inputs"][0], "axis_dims": ["batch", None]}]}]),
+     "variants[0].inputs[0].axis_dims"),
+    (lambda m: m.update(variants=[{"dims": {"batch": 4}, "inputs": m["inputs"],
+                                   "outputs": [{**m["outputs"][0], "axis_dims": ["sequence", None]}]}]),
+     "variants[0].outputs[0].axis_dims"),
 ])
 def test_metadata_is_validated_with_the_key_named(add_library, edit, key):
     metadata = byoc.runtime.metadata_of(add_library)
@@ -371,4 +379,90 @@ def test_a_library_of_several_variants_runs_the_one_its_inputs_fit(tmp_path):
     wrong = _DLTensor(x.ctypes.data, (1, 0), 1 << 30, (2, 32, 1), shape, None, 0)
     assert lib.byoc_model_run(model, ctypes.byref(wrong), 1, ctypes.byref(wrong), 1, None) == 1
     assert "x (1073741824 dims)" in lib.byoc_last_error().decode()
+    lib.byoc_model_destroy(model)
+
+
+@pytest.mark.parametrize("buckets", [
+    pytest.param({"rows": [2, 4]}, id="outer-axis"),
+    pytest.param({"cols": [3, 6]}, id="inner-axis"),
+    pytest.param({"rows": [2, 4], "cols": [3, 6]}, id="two-axes"),
+])
+def test_padded_dims_run_in_the_smallest_bucket_that_holds_the_inputs(buckets, tmp_path):
+    """Padded dims (model_padding.cc): an input of a size between buckets runs in the
+    smallest bucket that holds it, copied into a buffer of the bucket's shape with zeros
+    after it; each output's valid box is copied back. Programs y = x and z = x of shape
+    (rows, cols, 4), generated, compiled and linked as a build does: whatever axes are
+    padded (the outer one: one copy; an inner one: a 2-D copy; both: one per row), y is x."""
+    import ctypes
+    import itertools
+
+    from byoc.codegen.host import HostPlan, HostVariant, blob_checksum, program_table, render_blob_assembly, render_host
+    from byoc.ir.types import TensorType
+    from byoc.runtime import C_ABI_HEADER, model_runtime_sources
+    from byoc.runtime.arrays import _DLTensor
+    from byoc.target import Target
+    from byoc.toolchain import CompileUnit, compile_units, link_shared
+
+    def embedded(name, symbol, data):
+        (tmp_path / f"{name}.bin").write_bytes(data)
+        (tmp_path / f"{name}.S").write_text(render_blob_assembly(f"{name}.bin", symbol, name))
+        return CompileUnit(source=tmp_path / f"{name}.S", language="asm", flags=[f"-Wa,-I,{tmp_path}"],
+                           output=f"{name}.o", dependencies=[tmp_path / f"{name}.bin"])
+    names = sorted(buckets)
+    variants, units = [], []
+    for number, sizes in enumerate(itertools.product(*(buckets[n] for n in names))):
+        dims = dict(zip(names, sizes))
+        shape = (dims.get("rows", 4), dims.get("cols", 6), 4)
+        tensor = TensorType(shape, "float32")
+        calls = [{"kind": "copy", "source": "in[0]", "destination": f"out[{k}]", "bytes": tensor.nbytes,
+                  "label": f"#{k} copy", "symbol": "device_copy", "args": [], "results": [], "position": k}
+                 for k in range(2)]
+        plan = HostPlan(inputs=[("x", tensor)], outputs=[("y", tensor), ("z", tensor)], calls=calls,
+                        output_copies=[], input_copies=[], weights=b"")
+        axes = ["rows" if "rows" in dims else None, "cols" if "cols" in dims else None, None]
+        program = program_table(plan)
+        units.append(embedded(f"program{number}", f"byoc_program_table_{number}", program))
+        variants.append(HostVariant(plan, program, program_symbol=f"byoc_program_table_{number}",
+                                    description=f"x of {shape}", axis_dims=[axes] * 3, dims=dims))
+    units += [embedded("metadata", "byoc_metadata_json", b"{}"), embedded("weights", "byoc_weights_blob", b"")]
+    host = render_host(variants, cuda=False, build_id="0123456789abcdef", arch_number=None, weights_embedded=True,
+                       weights_bytes=0, weights_checksum=blob_checksum(b""), padded_dims=names)
+    (tmp_path / "host.cc").write_text(host)
+    flags = Target("cpu").cxx_flags() + [f"-I{C_ABI_HEADER.parent}"]
+    units.append(CompileUnit(source=tmp_path / "host.cc", language="cxx", flags=flags, output="host.o"))
+    units += [CompileUnit(source=source, language="cxx", flags=flags + ["-DBYOC_RUNTIME_CUDA=0"],
+                          output=f"{source.stem}.o") for source in model_runtime_sources(False)]
+    library = link_shared(compile_units(units, tmp_path), tmp_path / "model.so", [], [])
+    lib = ctypes.CDLL(str(library))
+    lib.byoc_last_error.restype = ctypes.c_char_p
+    model = ctypes.c_void_p()
+    assert lib.byoc_model_create(ctypes.byref(model), None) == 0, lib.byoc_last_error()
+
+    def tensor_of(array):
+        shape = (ctypes.c_int64 * 3)(*array.shape)
+        return _DLTensor(array.ctypes.data, (1, 0), 3, (2, 32, 1), shape, None, 0), shape
+
+    def run(shape):
+        x = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
+        outputs = [np.full(shape, np.nan, np.float32) for _ in range(2)]
+        x_tensor = tensor_of(x)
+        held = [tensor_of(o) for o in outputs]
+        output_array = (_DLTensor * 2)(*[t for t, _ in held])
+        status = lib.byoc_model_run(model, ctypes.byref(x_tensor[0]), 1, output_array, 2, None)
+        return status, x, outputs
+    rows = [1, 2, 3, 4] if "rows" in buckets else [4]
+    cols = [1, 3, 5, 6] if "cols" in buckets else [6]
+    for shape in [(r, c, 4) for r in rows for c in cols] + [(rows[0], cols[0], 4)]:
+        status, x, (y, z) = run(shape)
+        assert status == 0, (shape, lib.byoc_last_error())
+        np.testing.assert_array_equal(y, x)
+        np.testing.assert_array_equal(z, x)
+    for too_big in [(rows[-1] + 1, cols[-1], 4), (rows[-1], cols[-1] + 1, 4), (rows[-1], cols[-1], 5),
+                    (0, cols[-1], 4)]:
+        status, _, _ = run(too_big)
+        assert status == 1, too_big
+        message = lib.byoc_last_error().decode()
+        assert "fit none of the shapes this model was built for" in message, message
+        assert ", ".join(f"{n} from 1 to {max(buckets[n])}" for n in names) in message, message
+    assert run((rows[-1], cols[-1], 4))[0] == 0  # still usable
     lib.byoc_model_destroy(model)

@@ -230,3 +230,40 @@ def _reshape_problem(in_shape, out_shape, in_axes, out_axes) -> str | None:
         if bool(set(group_in) & set(in_axes)) != bool(set(group_out) & set(out_axes)):
             return "it moves the dim into another group of axes"
     return None
+
+
+def padded_axes(buckets: list, tensors: list, verdicts: dict) -> tuple:
+    """Which axes of each bucket's caller tensors carry a paddable dim, as the runtime pads
+    them: `buckets` the dims of each bucket, `tensors` each bucket's inputs then outputs as
+    (name, shape), `verdicts` padding_problem's answer per dim (None: paddable). An axis
+    carries dim D when its extent differs between two buckets that differ only in D; its
+    extent must be the dim's size times a factor that is the same in every bucket (the
+    runtime serves size s of a bucket of size S on that axis as factor * s of factor * S).
+    Returns (per bucket, per tensor, per axis: the dim's name or None; the verdicts, with a
+    dim whose axes do not scale so refused)."""
+    verdicts = dict(verdicts)
+    axes = [[[None] * len(shape) for _, shape in bucket_tensors] for bucket_tensors in tensors]
+    for name, problem in list(verdicts.items()):
+        if problem is not None:
+            continue
+        for number, dims in enumerate(buckets):
+            other = next((o for o, d in enumerate(buckets)
+                          if d[name] != dims[name] and all(d[k] == v for k, v in dims.items() if k != name)), None)
+            if other is None:
+                continue
+            size, other_size = dims[name], buckets[other][name]
+            for position, ((tensor, shape), (_, other_shape)) in enumerate(zip(tensors[number], tensors[other])):
+                for axis, (extent, other_extent) in enumerate(zip(shape, other_shape)):
+                    if extent == other_extent:
+                        continue
+                    if extent % size or extent * other_size != other_extent * size:
+                        problem = (f"axis {axis} of {tensor!r} ({extent} at {name}={size}, {other_extent} at "
+                                   f"{name}={other_size}) is not a multiple of the dim's size")
+                    elif axes[number][position][axis] not in (None, name):
+                        problem = f"axis {axis} of {tensor!r} carries {axes[number][position][axis]!r} too"
+                    else:
+                        axes[number][position][axis] = name
+        if problem is not None:
+            verdicts[name] = problem
+            axes = [[[None if a == name else a for a in tensor] for tensor in bucket] for bucket in axes]
+    return axes, verdicts

@@ -93,7 +93,8 @@ def describe_library(path, metadata: dict) -> str:
         for name, dim in sorted((metadata.get("dims") or {}).items()):
             if "paddable" not in dim:
                 continue
-            verdict = "sizes between them could run padded into the next (not served yet)" if dim["paddable"] \
+            verdict = f"any size from 1 to {max(dim.get('sizes') or [0])} runs, padded into the next bucket" \
+                if dim["paddable"] \
                 else f"sizes between them cannot be padded: {dim.get('why_not')}"
             lines.append(f"    {name} {', '.join(map(str, dim.get('sizes', [])))}: {verdict}")
     weights = metadata.get("weights", {})

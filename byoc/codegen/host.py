@@ -450,13 +450,14 @@ class _Placer:
         return copies
 
 
-def _tensor_entry(name: str, type_: TensorType) -> dict:
+def _tensor_entry(name: str, type_: TensorType, padded: list = ()) -> dict:
     code, bits = DLPACK_DTYPES[type_.dtype]
     if len(type_.shape) > 8:
         raise BuildError(f"tensor {name!r} has {len(type_.shape)} dims; the runtime supports up to 8")
     return {"name_literal": c_string_literal_body(name), "ndim": len(type_.shape),
             "shape_list": ", ".join(str(d) for d in type_.shape) or "0", "code": code, "bits": bits,
-            "dtype": type_.dtype, "bytes": nbytes(type_)}
+            "dtype": type_.dtype, "bytes": nbytes(type_),
+            "padded_list": ", ".join(str(p) for p in padded) if any(padded) else "0"}
 
 
 def metadata_json(plan: HostPlan, *, build_id: str, target: str, arch: str | None,
@@ -595,10 +596,14 @@ class HostVariant:
     graph_io: str | None = None  # with cuda_graph: "copy" (the plan has static_io) or "update"
     devices: bool = False  # the plan places data on the host too (plan_host was given devices)
     description: str = ""  # what the variant is for, in a comment (a shape bucket)
+    # shape buckets: per caller tensor (inputs, then outputs), per axis, the paddable dim it
+    # carries (None: a fixed axis), and the bucket's size of each dim
+    axis_dims: list | None = None
+    dims: dict = field(default_factory=dict)
 
 
 def render_host(variants: list, *, cuda: bool, build_id: str, arch_number: int | None,
-                weights_embedded: bool, weights_bytes: int, weights_checksum: int = 0,
+                weights_embedded: bool, weights_bytes: int, weights_checksum: int = 0, padded_dims: list = (),
                 weights_symbol: str = "byoc_weights_blob", metadata_symbol: str = "byoc_metadata_json") -> str:
     """The model's tables for the static runtime (byoc/runtime/model_runtime.cc): per
     HostVariant the caller's tensors, the extern functions and the program table, and the
@@ -606,16 +611,26 @@ def render_host(variants: list, *, cuda: bool, build_id: str, arch_number: int |
     tables are embedded by assembler files (render_blob_assembly) under `metadata_symbol`,
     `weights_symbol` and each variant's program symbol. A stateful symbol SYMBOL has
     SYMBOL_init (makes its state at create) and SYMBOL_destroy (frees it), and every call
-    passes the state first."""
+    passes the state first. `padded_dims` names the dims run() pads (ModelSpec::padded_dims;
+    each variant's axis_dims and dims say which axes carry them and its sizes of them)."""
+    padded_dims = list(padded_dims)
+    if len(padded_dims) > 8:
+        raise BuildError(f"{len(padded_dims)} paddable dims ({', '.join(padded_dims)}); the runtime pads up to 8")
+
     def variant_data(variant: HostVariant) -> dict:
         plan, stateful = variant.plan, list(variant.stateful)
+        tensors = plan.inputs + plan.outputs
+        axis_dims = variant.axis_dims or [[None] * len(t.shape) for _, t in tensors]
+        # per axis: 0 fixed, n the padded dim n - 1 (zero-initialized entries stay fixed)
+        padded = [[padded_dims.index(d) + 1 if d in padded_dims else 0 for d in axes] for axes in axis_dims]
+        entries = [_tensor_entry(n, t, p) for (n, t), p in zip(tensors, padded)]
         return {
             "description": variant.description,
             "program": {"symbol": variant.program_symbol, "bytes": len(variant.program),
                         "checksum": blob_checksum(variant.program)},
             "arena_bytes": plan.arena_bytes, "workspace_bytes": plan.workspace_bytes,
-            "inputs": [_tensor_entry(n, t) for n, t in plan.inputs],
-            "outputs": [_tensor_entry(n, t) for n, t in plan.outputs],
+            "inputs": entries[:len(plan.inputs)], "outputs": entries[len(plan.inputs):],
+            "padded_dim_values": ", ".join(str(variant.dims[d]) for d in padded_dims),
             "functions": [symbol for symbol in plan.extern_symbols if symbol not in stateful],
             "stateful": stateful, "cuda_graph": variant.cuda_graph and cuda, "graph_io": variant.graph_io or "copy",
             "devices": {"inputs_on_host": [str(v).lower() for v in plan.inputs_on_host],
@@ -629,6 +644,7 @@ def render_host(variants: list, *, cuda: bool, build_id: str, arch_number: int |
         "build_id": build_id, "metadata_symbol": metadata_symbol,
         "weights": {"embedded": weights_embedded, "bytes": weights_bytes, "symbol": weights_symbol},
         "variants": data, "arch_number": arch_number or 0, "weights_checksum": weights_checksum,
+        "padded_dims": [c_string_literal_body(name) for name in padded_dims],
         # each declared once (variants share kernels and entry points)
         "functions": list(dict.fromkeys(s for v in data for s in v["functions"])),
         "stateful": list(dict.fromkeys(s for v in data for s in v["stateful"])),

@@ -40,7 +40,7 @@ INCLUDE_DIR = C_ABI_HEADER.parent
 def model_runtime_sources(cuda: bool) -> list:
     """The static model runtime's sources (its interface to a model's generated host code
     is model_runtime.h); a cuda model's add the CUDA part."""
-    return [INCLUDE_DIR / "model_runtime.cc", INCLUDE_DIR / "model_program.cc"] + \
+    return [INCLUDE_DIR / "model_runtime.cc", INCLUDE_DIR / "model_program.cc", INCLUDE_DIR / "model_padding.cc"] + \
         ([INCLUDE_DIR / "model_runtime_cuda.cc"] if cuda else [])
 
 
@@ -97,20 +97,45 @@ class Module:
         self.variants = self.metadata.get("variants") or [
             {"dims": {}, "inputs": self.metadata["inputs"], "outputs": self.metadata["outputs"]}]
 
-    def _variant_for(self, inputs) -> dict:
-        """The variant whose input shapes `inputs` have; a library of one takes any (the
-        runtime's checks name a wrong shape)."""
+    def _variant_for(self, inputs) -> tuple:
+        """(the variant run() takes for `inputs`, the shapes of its inputs and outputs in that
+        run): the one whose
+        input shapes they have, else the smallest one they fit padded (as the runtime picks:
+        least input bytes); a library of one takes any (the runtime's checks name a wrong
+        shape)."""
+        def output_shapes(variant, sizes):
+            return [[extent // variant["dims"][dim] * sizes[dim] if dim else extent
+                     for extent, dim in zip(t["shape"], t.get("axis_dims") or [None] * len(t["shape"]))]
+                    for t in variant["outputs"]]
         if len(self.variants) == 1:
-            return self.variants[0]
+            return self.variants[0], *self._declared_shapes(self.variants[0])
         shapes = [tuple(getattr(array, "shape", ())) for array in inputs]
         for variant in self.variants:
             if shapes == [tuple(t["shape"]) for t in variant["inputs"]]:
-                return variant
+                return variant, *self._declared_shapes(variant)
+        best = None
+        for variant in self.variants:
+            sizes = _padded_sizes(variant, shapes)
+            if sizes is not None:
+                cost = sum(int(np.prod(t["shape"])) * numpy_dtype(t["dtype"]).itemsize for t in variant["inputs"])
+                if best is None or cost < best[0]:
+                    best = (cost, variant, sizes)
+        if best is not None:
+            return best[1], shapes, output_shapes(best[1], best[2])
         given = ", ".join(f"{name} {shape}" for name, shape in zip(self.input_names, shapes))
         buckets = "; ".join(", ".join(f"{t['name']} {tuple(t['shape'])}" for t in variant["inputs"])
                             for variant in self.variants)
+        padded = ", ".join(f"{name} from {dim['range'][0]} to {dim['range'][1]}"
+                           for name, dim in sorted((self.metadata.get("dims") or {}).items()) if dim.get("range"))
+        if padded:
+            raise ByocRuntimeError(f"the inputs' shapes ({given}) fit none of the shapes this model was built for: "
+                                   f"{buckets} (padded: {padded})")
         raise ByocRuntimeError(f"the inputs' shapes ({given}) are none of the shapes this model was built for: "
                                f"{buckets}")
+
+    @staticmethod
+    def _declared_shapes(variant: dict) -> tuple:
+        return [t["shape"] for t in variant["inputs"]], [t["shape"] for t in variant["outputs"]]
 
     def _error(self) -> str:
         message = self._lib.byoc_last_error()
@@ -158,11 +183,11 @@ class Module:
         if self._handle is None:
             raise ByocRuntimeError("this module was closed")
         inputs = self._order_inputs(args, kwargs)
-        variant = self._variant_for(inputs)
-        prepared_inputs = [_Prepared(a, f"input {n!r}", d, expected_shape=tuple(t["shape"]))
-                           for a, n, d, t in zip(inputs, self.input_names, self._input_dtypes, variant["inputs"])]
+        variant, input_shapes, output_shapes = self._variant_for(inputs)
+        prepared_inputs = [_Prepared(a, f"input {n!r}", d, expected_shape=tuple(shape))
+                           for a, n, d, shape in zip(inputs, self.input_names, self._input_dtypes, input_shapes)]
         outputs = self._caller_outputs(out) if out is not None else self._allocate_outputs(
-            inputs[0] if inputs else None, variant["outputs"])
+            inputs[0] if inputs else None, [{**t, "shape": shape} for t, shape in zip(variant["outputs"], output_shapes)])
         prepared_outputs = [_Prepared(a, f"output {n!r}", d, writable=True)
                             for a, n, d in zip(outputs, self.output_names, self._output_dtypes)]
         input_array = (_DLTensor * max(len(prepared_inputs), 1))(*[p.tensor for p in prepared_inputs])
@@ -302,3 +327,24 @@ def _torch_cpu_tensor(array) -> bool:
 def load(path, weights_path=None) -> Module:
     """Load a model library built by byoc."""
     return Module(path, weights_path)
+
+
+def _padded_sizes(variant: dict, shapes: list) -> dict | None:
+    """The sizes of the padded dims that input `shapes` imply for `variant` (its axis_dims),
+    or None where they do not fit it (the runtime's rule, model_padding.cc: fits)."""
+    sizes = {}
+    if len(shapes) != len(variant["inputs"]):
+        return None
+    for tensor, shape in zip(variant["inputs"], shapes):
+        declared = tensor["shape"]
+        if len(shape) != len(declared):
+            return None
+        for extent, size, dim in zip(shape, declared, tensor.get("axis_dims") or [None] * len(declared)):
+            if dim is None:
+                if extent != size:
+                    return None
+                continue
+            factor = size // variant["dims"][dim]
+            if not 1 <= extent <= size or extent % factor or sizes.setdefault(dim, extent // factor) != extent // factor:
+                return None
+    return {**variant["dims"], **sizes}

@@ -8,7 +8,9 @@
  * Tensors cross the boundary as DLPack DLTensors (the struct below has DLPack's layout,
  * so a DLManagedTensor's dl_tensor can be passed as it is). Inputs and outputs are given
  * in the order of the metadata JSON ("inputs", "outputs"); each must have exactly the
- * declared shape and dtype, live on the model's device and be compact row-major
+ * declared shape (a library of shape buckets: one bucket's, its "variants" in the metadata;
+ * along the axes of a padded dim, any size up to a bucket's, and the outputs then have the
+ * sizes the inputs imply) and dtype, live on the model's device and be compact row-major
  * (strides NULL or the compact ones). run() checks all of this, never allocates, and
  * enqueues all work on `stream` (a cudaStream_t; NULL = the legacy default stream; ignored
  * on the cpu target). Every function returns 0 on success; otherwise byoc_last_error()

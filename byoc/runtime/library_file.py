@@ -83,9 +83,20 @@ def validate_metadata(metadata, name: str = "library") -> None:
         if not isinstance(variant, dict):
             raise bad(f"variants[{index}]", "an object with inputs and outputs", variant)
         tensors(variant, f"variants[{index}].")
+        dims = variant.get("dims", {})
+        if not isinstance(dims, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                                 for v in dims.values()):
+            raise bad(f"variants[{index}].dims", "an object of positive sizes by dim name", dims)
         for role in ("inputs", "outputs"):
             if len(variant[role]) != len(metadata[role]):
                 raise bad(f"variants[{index}].{role}", f"{len(metadata[role])} tensors", len(variant[role]))
+            for number, tensor in enumerate(variant[role]):  # the axes run() pads: each a multiple of its dim
+                axes = tensor.get("axis_dims")
+                if axes is not None and (not isinstance(axes, list) or len(axes) != len(tensor["shape"]) or not all(
+                        dim is None or (isinstance(dim, str) and dim in dims and extent % dims[dim] == 0)
+                        for dim, extent in zip(axes, tensor["shape"]))):
+                    raise bad(f"variants[{index}].{role}[{number}].axis_dims",
+                              "per axis, null or a dim of the variant's dims that divides the axis", axes)
     weights = field(metadata, "weights", dict, "an object with bytes and location")
     if field(weights, "location", str, "weights.location") not in ("embedded", "sidecar"):
         raise bad("weights.location", "'embedded' or 'sidecar'", weights["location"])

@@ -251,6 +251,7 @@ BYOC_EXPORT void byoc_model_destroy(byoc_model* model) {
 #endif
   }
   delete[] model->variants;
+  free_staging(model);
 #if BYOC_RUNTIME_CUDA
   if (model->owns_weights) device_free(model->weights);
 #else
@@ -339,6 +340,10 @@ BYOC_EXPORT int byoc_model_create(byoc_model** out, const char* weights_path) {
     return 1;
   }
 #endif
+  if (allocate_staging(model)) {
+    byoc_model_destroy(model);
+    return 1;
+  }
   // Backends that set themselves up at load (JSON engines: parse, plan, choose algorithms).
   for (int32_t v = 0; v < spec.num_variants; ++v) {
     const VariantSpec& variant = spec.variants[v];
@@ -509,15 +514,22 @@ bool same_shape(const byoc_dl_tensor& t, const TensorSpec& tensor_spec) {
          (t.ndim == 0 || (t.shape != nullptr && std::memcmp(t.shape, tensor_spec.shape, sizeof(int64_t) * t.ndim) == 0));
 }
 
-// The variant whose inputs have the shapes of the caller's, or -1 with the error set. A
-// model of one variant takes it, and run()'s checks say what does not fit.
-int32_t matching_variant(const byoc_dl_tensor* inputs, int32_t num_inputs) {
+// The variant whose inputs have the shapes of the caller's, else (padded dims) the smallest
+// one they fit padded, with `*padded` set and the dims' sizes in `sizes`; or -1 with the
+// error set. A model of one variant takes it, and run()'s checks say what does not fit.
+int32_t matching_variant(const byoc_dl_tensor* inputs, int32_t num_inputs, bool* padded, int64_t* sizes) {
+  *padded = false;
   if (spec.num_variants == 1) return 0;
   for (int32_t v = 0; v < spec.num_variants; ++v) {
     const VariantSpec& variant = spec.variants[v];
     bool fits = num_inputs == variant.num_inputs && (num_inputs == 0 || inputs != nullptr);
     for (int32_t i = 0; fits && i < num_inputs; ++i) fits = same_shape(inputs[i], variant.inputs[i]);
     if (fits) return v;
+  }
+  const int32_t padded_number = padded_variant(inputs, num_inputs, sizes);
+  if (padded_number >= 0) {
+    *padded = true;
+    return padded_number;
   }
   // the message is built only now (run() allocates nothing on its way)
   const VariantSpec& first = spec.variants[0];
@@ -542,7 +554,12 @@ int32_t matching_variant(const byoc_dl_tensor* inputs, int32_t num_inputs) {
       buckets += std::string(i ? ", " : "") + tensor.name + " " + shape_text(tensor.ndim, tensor.shape);
     }
   }
-  fail("the inputs' shapes (" + given + ") are none of the shapes this model was built for: " + buckets);
+  if (spec.num_padded_dims == 0) {
+    fail("the inputs' shapes (" + given + ") are none of the shapes this model was built for: " + buckets);
+  } else {
+    fail("the inputs' shapes (" + given + ") fit none of the shapes this model was built for: " + buckets +
+         " (padded: " + padded_dims_text() + ")");
+  }
   return -1;
 }
 
@@ -554,15 +571,29 @@ BYOC_EXPORT int byoc_model_run(byoc_model* model, const byoc_dl_tensor* inputs, 
 #if BYOC_RUNTIME_CUDA
   if (take_reported_error(model)) return 1;
 #endif
-  const int32_t number = matching_variant(inputs, num_inputs);
+  // on the stack: run() never allocates
+  int64_t* sizes = static_cast<int64_t*>(__builtin_alloca(sizeof(int64_t) * (spec.num_padded_dims + 1)));
+  bool padded = false;
+  const int32_t number = matching_variant(inputs, num_inputs, &padded, sizes);
   if (number < 0) return 1;
   const Variant variant = variant_of(model, number);
   const VariantSpec& v = variant.spec;
   const byoc_runtime::Program& program = variant.program;
-  // on the stack: run() never allocates
   void** in = static_cast<void**>(__builtin_alloca(sizeof(void*) * (v.num_inputs + 1)));
   void** out = static_cast<void**>(__builtin_alloca(sizeof(void*) * (v.num_outputs + 1)));
-  if (checked_tensors(v, inputs, num_inputs, outputs, num_outputs, in, out)) return 1;
+  void** caller_out = static_cast<void**>(__builtin_alloca(sizeof(void*) * (v.num_outputs + 1)));
+  // the tensors as the caller gives them: the variant's, or (padded) of the sizes the inputs imply
+  VariantSpec caller = v;
+  if (padded) {
+    TensorSpec* views = static_cast<TensorSpec*>(__builtin_alloca(sizeof(TensorSpec) * (v.num_inputs + v.num_outputs)));
+    for (int32_t i = 0; i < v.num_inputs; ++i) caller_view(v.inputs[i], v.padded_dim_values, sizes, &views[i]);
+    for (int32_t o = 0; o < v.num_outputs; ++o) {
+      caller_view(v.outputs[o], v.padded_dim_values, sizes, &views[v.num_inputs + o]);
+    }
+    caller.inputs = views;
+    caller.outputs = views + v.num_inputs;
+  }
+  if (checked_tensors(caller, inputs, num_inputs, outputs, num_outputs, in, out)) return 1;
 #if BYOC_RUNTIME_CUDA
   current_status_word = model->status_word;
   struct ClearStatusWord {  // on every return: no other code of this thread reports into it
@@ -572,6 +603,7 @@ BYOC_EXPORT int byoc_model_run(byoc_model* model, const byoc_dl_tensor* inputs, 
     }
   } clear_status_word;
   cudaStream_t run_stream = static_cast<cudaStream_t>(stream);
+  if (padded && stage_inputs(model, v, caller, in, out, caller_out, stream)) return 1;
   if (v.cuda_graph ? run_graph(model, variant, in, out, run_stream)
                    : run_calls(model, variant, in, out, stream, 0, program.num_calls)) {
     return 1;
@@ -581,6 +613,7 @@ BYOC_EXPORT int byoc_model_run(byoc_model* model, const byoc_dl_tensor* inputs, 
     return 1;
   }
 #else
+  if (padded && stage_inputs(model, v, caller, in, out, caller_out, stream)) return 1;
   if (run_calls(model, variant, in, out, stream, 0, program.num_calls)) return 1;
 #endif
   // Outputs that no call wrote into the caller's buffer (with a CUDA graph: every output,
@@ -592,6 +625,7 @@ BYOC_EXPORT int byoc_model_run(byoc_model* model, const byoc_dl_tensor* inputs, 
       return 1;
     }
   }
+  if (padded && unstage_outputs(v, caller, out, caller_out, stream)) return 1;
 #if BYOC_RUNTIME_CUDA
   if (v.devices && program.num_output_copies &&  // outputs delivered in host memory are complete on return
       cuda_failed(cudaStreamSynchronize(run_stream), "waiting for the outputs")) {

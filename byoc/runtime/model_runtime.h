@@ -23,6 +23,11 @@ struct TensorSpec {
   uint8_t bits;
   const char* dtype;
   uint64_t bytes;
+  // Per axis, with shape buckets: 0 a fixed axis; n an axis that carries padded dim n - 1
+  // (ModelSpec::padded_dims), whose extent is the variant's size of the dim times a factor.
+  // run() takes an input of any size up to the variant's on such axes (padding it with
+  // zeros), and gives outputs of the sizes the inputs imply.
+  uint8_t padded[8];
 };
 
 // Where a call's operand or result lives: a byte offset into one of the model's memories,
@@ -106,7 +111,7 @@ struct Program {
 // One program of the model, for one set of input shapes: the tensors it takes and gives,
 // its memory, its functions and its program table. A static build has one; a build with
 // shape buckets one per bucket, all reading the one set of weights. run() runs the variant
-// whose input shapes the caller's tensors have.
+// whose input shapes the caller's tensors have, else the smallest one they fit padded.
 struct VariantSpec {
   int32_t num_inputs;
   int32_t num_outputs;
@@ -136,6 +141,7 @@ struct VariantSpec {
   const unsigned char* program;  // the program table (model_program.cc), from program.S
   uint64_t program_bytes;
   uint64_t program_checksum;  // byoc_blob_checksum of the program table
+  const int64_t* padded_dim_values;  // the variant's size of each padded dim
 };
 
 struct ModelSpec {
@@ -147,6 +153,10 @@ struct ModelSpec {
   uint64_t weights_checksum;  // byoc_blob_checksum of the weights
   int32_t num_variants;  // at least 1
   const VariantSpec* variants;
+  // Shape buckets: the dims whose sizes between the buckets run padded into a larger one
+  // (analysis/padding.py found every op keeps their rows apart), by name.
+  int32_t num_padded_dims;
+  const char* const* padded_dims;
 };
 
 }  // namespace byoc_runtime

@@ -40,6 +40,13 @@ struct byoc_model {
   unsigned char* workspace = nullptr;
   uint64_t workspace_bytes = 0;
   byoc_variant_instance* variants = nullptr;  // spec.num_variants of them
+  // Padded dims (model_padding.cc): per caller tensor (inputs, then outputs) that a variant
+  // pads, a buffer as large as its largest variant's (else null), in staging_memory (the
+  // device's; the cpu target's host memory) or, for a tensor in host memory, in
+  // host_staging_memory. A padded run reads and writes these in place of the caller's.
+  unsigned char** staging = nullptr;
+  unsigned char* staging_memory = nullptr;
+  unsigned char* host_staging_memory = nullptr;
 #if BYOC_RUNTIME_CUDA
   unsigned int* status_word = nullptr;  // mapped host memory; see byoc_current_run_status
   // The stream the calls are captured on: the model's own and non-blocking, so that work
@@ -97,6 +104,26 @@ int run_calls(byoc_model* model, const Variant& variant, void* const* in, void* 
 // The activation arena, the workspace: device memory on cuda, 256-byte aligned host memory on the cpu.
 int device_alloc(unsigned char** out, uint64_t bytes, const char* what);
 void device_free(unsigned char* p);
+
+// Padded dims (model_padding.cc). The staging buffers (at create), and their release.
+int allocate_staging(byoc_model* model);
+void free_staging(byoc_model* model);
+// The smallest variant the caller's inputs fit with padding, its padded dims' sizes in
+// `sizes` (spec.num_padded_dims of them); -1 when none.
+int32_t padded_variant(const byoc_dl_tensor* inputs, int32_t num_inputs, int64_t* sizes);
+// "batch from 1 to 32, ...": the sizes run() takes by padding, for messages.
+std::string padded_dims_text();
+// `tensor` as the caller gives it in a run with padded dims of `sizes` (`values`: the
+// variant's sizes of them).
+void caller_view(const TensorSpec& tensor, const int64_t* values, const int64_t* sizes, TensorSpec* view);
+// Before a padded run: each padded input copied into its staging buffer, zeros after it
+// (in[] then points there), and out[] pointed at the staging buffers of the padded
+// outputs (caller_out[] keeps the caller's). `caller` has the caller's tensors.
+int stage_inputs(byoc_model* model, const VariantSpec& variant, const VariantSpec& caller, void** in, void** out,
+                 void** caller_out, void* stream);
+// After it: each padded output's valid box copied into the caller's tensor.
+int unstage_outputs(const VariantSpec& variant, const VariantSpec& caller, void* const* out,
+                    void* const* caller_out, void* stream);
 
 #if BYOC_RUNTIME_CUDA
 // The number of the call being launched, for the kernels' status word (byoc_current_run_status).

@@ -52,10 +52,11 @@ RESERVED_NAMES = frozenset("""
     read_sidecar run_calls capture_region kWeightsChecksum kCallLabels current_status_word current_call
     take_reported_error overlaps check_no_overlap
     kRefs kCalls kRegions kStates kFunctions kInputCopies kOutputCopies kArena kWeights kInput kOutput kHostArena kPinnedArena
-    kHostWeights kVariants
+    kHostWeights kVariants kPaddedDims allocate_staging free_staging padded_variant padded_dims_text caller_view
+    stage_inputs unstage_outputs copy_box copy_rows zero_bytes
 """.split())
 # ... and the host template's tables of each variant (kInputs0, kFunctions1, ...)
-_VARIANT_TABLE = re.compile(r"k(?:Inputs|Outputs|InputOnHost|OutputOnHost|Functions|States)\d+$")
+_VARIANT_TABLE = re.compile(r"k(?:Inputs|Outputs|InputOnHost|OutputOnHost|Functions|States|PaddedDimValues)\d+$")
 
 # Prefixes of the CUDA runtime, driver and library APIs and of the macros of byoc,
 # CUDA and CUTLASS headers (`cudaMalloc`, `cublasLtMatmul`, `cuInit`, `CUTLASS_HOST`).
