@@ -11,6 +11,7 @@
 
 #include "model_runtime_internal.h"
 
+using byoc_runtime::Copy;
 using byoc_runtime::TensorSpec;
 using byoc_runtime::VariantSpec;
 
@@ -75,6 +76,10 @@ bool fits(const VariantSpec& variant, const byoc_dl_tensor* inputs, int64_t* siz
 int copy_rows(unsigned char* destination, uint64_t destination_pitch, const unsigned char* source,
               uint64_t source_pitch, uint64_t width, uint64_t height, bool host, void* stream, const char* what) {
 #if BYOC_RUNTIME_CUDA
+  if (!host && height == 1) {
+    return cuda_failed(cudaMemcpyAsync(destination, source, width, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)),
+                       what);
+  }
   if (!host) {
     return cuda_failed(cudaMemcpy2DAsync(destination, destination_pitch, source, source_pitch, width, height,
                                          cudaMemcpyDefault, static_cast<cudaStream_t>(stream)),
@@ -235,8 +240,13 @@ void caller_view(const TensorSpec& tensor, const int64_t* values, const int64_t*
   view->bytes = shape_bytes(view->shape, view->ndim, element_bytes(tensor));
 }
 
-int stage_inputs(byoc_model* model, const VariantSpec& variant, const VariantSpec& caller, void** in, void** out,
+int stage_inputs(byoc_model* model, const Variant& run, const VariantSpec& caller, void** in, void** out,
                  void** caller_out, void* stream) {
+  const VariantSpec& variant = run.spec;
+  // CUDA graphs in "copy" mode copy each input into planned storage before the graphs and
+  // each output out of it after: a padded tensor is copied there (and from there) directly,
+  // and that copy of run() finds nothing left to do.
+  const bool copy_mode = variant.cuda_graph && !variant.graph_io_update;
   bool synchronized = false;
   for (int32_t i = 0; i < variant.num_inputs; ++i) {
     const TensorSpec& tensor = variant.inputs[i];
@@ -251,6 +261,12 @@ int stage_inputs(byoc_model* model, const VariantSpec& variant, const VariantSpe
 #endif
     synchronized = synchronized || host;
     unsigned char* staging = model->staging[i];
+    for (int32_t c = 0; copy_mode && !host && c < run.program.num_input_copies; ++c) {
+      const Copy& copy = run.program.input_copies[c];
+      if (copy.tensor == i && copy.bytes == tensor.bytes) {
+        staging = static_cast<unsigned char*>(resolve(model, copy.ref, in, out));
+      }
+    }
     // zeros after the caller's rows: only the tail when the box is a prefix of the buffer
     // (every axis before the last padded one of extent 1, as a batch axis), else all first
     int32_t last = -1;
@@ -267,7 +283,14 @@ int stage_inputs(byoc_model* model, const VariantSpec& variant, const VariantSpe
   }
   for (int32_t o = 0; o < variant.num_outputs; ++o) {
     caller_out[o] = out[o];
-    if (caller.outputs[o].bytes != variant.outputs[o].bytes) out[o] = model->staging[variant.num_inputs + o];
+    if (caller.outputs[o].bytes == variant.outputs[o].bytes) continue;  // not padded
+    void* staging = model->staging[variant.num_inputs + o];
+    for (int32_t c = 0; copy_mode && !on_host(variant, variant.num_inputs + o) && c < run.program.num_output_copies;
+         ++c) {
+      const Copy& copy = run.program.output_copies[c];
+      if (copy.tensor == o && copy.bytes == variant.outputs[o].bytes) staging = resolve(model, copy.ref, in, out);
+    }
+    out[o] = staging;
   }
   return 0;
 }

@@ -603,7 +603,7 @@ BYOC_EXPORT int byoc_model_run(byoc_model* model, const byoc_dl_tensor* inputs, 
     }
   } clear_status_word;
   cudaStream_t run_stream = static_cast<cudaStream_t>(stream);
-  if (padded && stage_inputs(model, v, caller, in, out, caller_out, stream)) return 1;
+  if (padded && stage_inputs(model, variant, caller, in, out, caller_out, stream)) return 1;
   if (v.cuda_graph ? run_graph(model, variant, in, out, run_stream)
                    : run_calls(model, variant, in, out, stream, 0, program.num_calls)) {
     return 1;
@@ -613,14 +613,16 @@ BYOC_EXPORT int byoc_model_run(byoc_model* model, const byoc_dl_tensor* inputs, 
     return 1;
   }
 #else
-  if (padded && stage_inputs(model, v, caller, in, out, caller_out, stream)) return 1;
+  if (padded && stage_inputs(model, variant, caller, in, out, caller_out, stream)) return 1;
   if (run_calls(model, variant, in, out, stream, 0, program.num_calls)) return 1;
 #endif
   // Outputs that no call wrote into the caller's buffer (with a CUDA graph: every output,
   // since the graph only ever writes planned storage) are copied out last, in stream order.
   for (int32_t i = 0; i < program.num_output_copies; ++i) {
     const byoc_runtime::Copy& copy = program.output_copies[i];
-    if (copy_bytes(out[copy.tensor], resolve(model, copy.ref, in, out), copy.bytes, stream, "copying output",
+    const void* source = resolve(model, copy.ref, in, out);
+    if (source == out[copy.tensor]) continue;  // a padded output, cut from there (model_padding.cc)
+    if (copy_bytes(out[copy.tensor], source, copy.bytes, stream, "copying output",
                    copy.tensor)) {
       return 1;
     }

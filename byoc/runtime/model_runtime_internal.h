@@ -118,8 +118,9 @@ std::string padded_dims_text();
 void caller_view(const TensorSpec& tensor, const int64_t* values, const int64_t* sizes, TensorSpec* view);
 // Before a padded run: each padded input copied into its staging buffer, zeros after it
 // (in[] then points there), and out[] pointed at the staging buffers of the padded
-// outputs (caller_out[] keeps the caller's). `caller` has the caller's tensors.
-int stage_inputs(byoc_model* model, const VariantSpec& variant, const VariantSpec& caller, void** in, void** out,
+// outputs (caller_out[] keeps the caller's). `caller` has the caller's tensors. With CUDA
+// graphs in "copy" mode the buffers are the planned storage the graphs read and write.
+int stage_inputs(byoc_model* model, const Variant& run, const VariantSpec& caller, void** in, void** out,
                  void** caller_out, void* stream);
 // After it: each padded output's valid box copied into the caller's tensor.
 int unstage_outputs(const VariantSpec& variant, const VariantSpec& caller, void* const* out,
