@@ -174,12 +174,16 @@ def write(out: Path, rows: list):
             plan = memory.get(entry["batch"], {}).get("plan", {})
             arena = memory.get(entry["batch"], {}).get("arena_bytes", 0) / 2**20
             lower = (plan.get("lower_bound_bytes") or 0) / 2**20
+            arena_text = f"{arena:.2f} ({lower:.2f})" if entry["batch"] in memory else "- (padded into the next)"
             lines.append(
                 f"| {row['model']} | {','.join(map(str, row['sizes']))} | {lib.get('build_s')}, "
                 f"{lib.get('so_bytes', 0) / 1e6:.1f}, {lib.get('weights_bytes', 0) / 1e6:.1f} | {entry['batch']} | "
                 f"{entry.get('bucket_ms', '-')} | {entry.get('static_ms', '-')} | "
                 f"{entry.get('bucket_over_static', entry.get('error', '-'))} | {static.get('build_s', '-')}, "
-                f"{static.get('so_bytes', 0) / 1e6:.1f} | {arena:.2f} ({lower:.2f}) |")
+                f"{static.get('so_bytes', 0) / 1e6:.1f} | {arena_text} |")
+    notes = sorted({f"batch {e['batch']} of {row['model']}: measured at {e['measured_at']}" for row in rows
+                    for e in row.get("sizes_measured", []) if e.get("measured_at")})
+    lines += [""] + [f"- {note}" for note in notes] if notes else []
     for row in rows:
         if not row.get("sweep"):
             continue
