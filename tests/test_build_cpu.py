@@ -688,21 +688,29 @@ def test_shape_buckets_make_one_library_that_runs_the_program_the_inputs_fit(tmp
     module = library.load()
     session = ort.InferenceSession(str(model))
     rng = np.random.default_rng(0)
-    # batch 2 runs padded into the batch-3 buckets (every op keeps the batch rows apart)
+    # sizes between buckets run padded into the next: batch 2 in the batch-3 buckets (every op
+    # keeps the batch rows apart), sequence 5 in the sequence-8 ones (the attention mask,
+    # padded with zeros, hides the padded keys)
     assert library.metadata["dims"]["batch"] == {"sizes": [1, 3], "paddable": True, "range": [1, 3]}
-    assert variants[3]["inputs"][0]["axis_dims"] == ["batch", None]
-    assert variants[3]["outputs"][0]["axis_dims"] == ["batch", None, None]
-    for batch, sequence in ((1, 8), (3, 16), (2, 16), (3, 8), (1, 16), (2, 8), (3, 16)):
+    assert library.metadata["dims"]["sequence"] == {"sizes": [8, 16], "paddable": True, "range": [1, 16]}
+    assert variants[3]["inputs"][0]["axis_dims"] == ["batch", "sequence"]
+    assert variants[3]["outputs"][0]["axis_dims"] == ["batch", "sequence", None]
+    for batch, sequence in ((1, 8), (3, 16), (2, 16), (3, 8), (1, 16), (2, 8), (2, 5), (1, 1), (3, 11), (3, 16)):
         feeds = {i.name: rng.integers(0, 100 if i.name == "input_ids" else 2, (batch, sequence)).astype(np.int64)
                  for i in session.get_inputs()}
+        # as a tokenizer masks a batch: each row's tokens, then its own padding (a row with no
+        # token at all has no defined attention: padded or not, it is not compared)
+        lengths = rng.integers(1, sequence + 1, batch)
+        feeds["attention_mask"] = (np.arange(sequence) < lengths[:, None]).astype(np.int64)
         for got, want in zip(module.run(**feeds), session.run(None, feeds)):
             assert got.shape == want.shape
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    with pytest.raises(byoc.RuntimeError, match=r"the inputs' shapes \(input_ids \(3, 5\), .*\) fit none of the "
+    with pytest.raises(byoc.RuntimeError, match=r"the inputs' shapes \(input_ids \(3, 32\), .*\) fit none of the "
                                                 r"shapes this model was built for: input_ids \(1, 8\), .*; "
-                                                r"input_ids \(3, 16\), .*\(padded: batch from 1 to 3\)"):
-        module.run(**{name: value[:, :5] for name, value in feeds.items()})
-    with pytest.raises(byoc.RuntimeError, match=r"fit none of the shapes .*\(padded: batch from 1 to 3\)"):
+                                                r"input_ids \(3, 16\), .*\(padded: batch from 1 to 3, sequence "
+                                                r"from 1 to 16\)"):
+        module.run(**{name: np.concatenate([value, value], axis=1) for name, value in feeds.items()})  # sequence 32
+    with pytest.raises(byoc.RuntimeError, match=r"fit none of the shapes .*\(padded: batch from 1 to 3, sequence"):
         module.run(**{name: np.concatenate([value, value]) for name, value in feeds.items()})  # batch 6
     assert module.run(**feeds)[0].shape == (3, 16, 128)
     with pytest.raises(byoc.ConfigError, match=r"shape buckets are for ONNX models"):

@@ -37,12 +37,73 @@ def const(name, values, dtype=np.float32):
     return numpy_helper.from_array(np.asarray(values, dtype=dtype), name)
 
 
-def test_bert_pads_its_batch_but_not_its_sequence_whose_softmax_runs_over_the_keys():
+def test_bert_pads_its_batch_and_its_sequence_whose_padded_keys_its_mask_hides():
+    """BERT's sequence: its attention's softmax runs over the keys, but the attention mask,
+    padded with zeros, adds finfo.min to every padded key (exactly zero weight after the
+    softmax), and the probabilities' product with the values then adds exact zeros."""
     model = FIXTURES / "bert2.onnx"
     assert problem(model, "batch", 2, 5, sequence=16) is None
     assert problem(model, "batch", 1, 8, sequence=16) is None  # a batch of 1 broadcasts where 8 does not
-    reason = problem(model, "sequence", 8, 16, batch=2)
-    assert "softmax: it runs along the dim (axis 3)" in reason and "Softmax" in reason
+    assert problem(model, "sequence", 8, 16, batch=2) is None
+
+
+def attention_model(mask: str):
+    """y = softmax(x x^T / 4 + mask) x over a sequence of x [1, S, 8]: no mask, a causal one
+    (minus 1e9 above the diagonal, built from the shape) or a mask input m [1, S]."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "sequence", 8])
+    inputs = [x]
+    nodes = [helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["x", "xt"], ["s0"]), helper.make_node("Mul", ["s0", "quarter"], ["s"])]
+    initializers = [const("quarter", 0.25), const("big", -1e9), const("one", 1.0), const("axis1", [1], np.int64)]
+    scores = "s"
+    if mask == "causal":
+        nodes += [helper.make_node("Shape", ["x"], ["shape"]), helper.make_node("Gather", ["shape", "axis1"], ["n"]),
+                  helper.make_node("Concat", ["n", "n"], ["nn"], axis=0),
+                  helper.make_node("ConstantOfShape", ["nn"], ["ones"],
+                                   value=numpy_helper.from_array(np.ones(1, np.float32))),
+                  helper.make_node("Trilu", ["ones", "above"], ["strict"], upper=1),  # above the diagonal
+                  helper.make_node("Mul", ["strict", "big"], ["bias"]), helper.make_node("Add", ["s", "bias"], ["masked"])]
+        initializers.append(const("above", 1, np.int64))
+        scores = "masked"
+    elif mask == "input":
+        inputs.append(helper.make_tensor_value_info("m", TensorProto.FLOAT, [1, "sequence"]))
+        nodes += [helper.make_node("Sub", ["one", "m"], ["off"]), helper.make_node("Mul", ["off", "big"], ["bias"]),
+                  helper.make_node("Unsqueeze", ["bias", "axis1"], ["bias3"]),
+                  helper.make_node("Add", ["s", "bias3"], ["masked"])]
+        scores = "masked"
+    nodes += [helper.make_node("Softmax", [scores], ["p"], axis=-1), helper.make_node("MatMul", ["p", "x"], ["y"])]
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph(nodes, "g", inputs, [y], initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("mask, paddable", [("none", False), ("causal", True), ("input", True)])
+def test_a_softmax_over_the_dim_pads_where_a_mask_hides_the_padded_keys(mask, paddable):
+    """Without a mask the padded keys would take weight from the real ones; a causal mask
+    hides every key after a real query (the padded ones among them), and a mask input padded
+    with zeros hides the padded keys."""
+    reason = problem(attention_model(mask), "sequence", 5, 9)
+    if paddable:
+        assert reason is None, reason
+    else:
+        assert "softmax: it runs along the dim (axis 2), and its padded entries are finite values, not masked out" \
+            in reason, reason
+
+
+@pytest.mark.parametrize("mask", ["causal", "input"])
+def test_masked_attention_padded_along_its_sequence_matches_onnxruntime(mask, tmp_path):
+    import onnxruntime as ort
+    path = tmp_path / "attention.onnx"
+    path.write_bytes(attention_model(mask).SerializeToString())
+    library = byoc.build(path, config="cpu", workdir=str(tmp_path / "w"), dims={"sequence": [4, 8]})
+    assert library.metadata["dims"]["sequence"]["paddable"] is True
+    module, session = library.load(), ort.InferenceSession(str(path))
+    rng = np.random.default_rng(3)
+    for n in range(1, 9):
+        feeds = {"x": rng.standard_normal((1, n, 8)).astype(np.float32)}
+        if mask == "input":
+            feeds["m"] = (np.arange(n) < max(1, n - 1)).astype(np.float32)[None]  # the last key masked by the caller
+        np.testing.assert_allclose(module.run(**feeds), session.run(None, feeds)[0], rtol=1e-5, atol=1e-5)
 
 
 def test_rows_kept_apart_pad():
@@ -61,8 +122,9 @@ def test_rows_kept_apart_pad():
 @pytest.mark.parametrize("case, nodes, initializers, says", [
     ("a mean over the batch", [helper.make_node("ReduceMean", ["x"], ["y"], axes=[0], keepdims=1)], [],
      "reduce over the dim|reduces over the dim"),
-    ("a sum of every row's products with every other (x^T x)",
-     [helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0]), helper.make_node("MatMul", ["t", "x"], ["y"])], [],
+    ("a sum of every row's products with every other ((x + 1)^T (x + 1): padded rows of ones, not zeros)",
+     [helper.make_node("Add", ["x", "one"], ["u"]), helper.make_node("Transpose", ["u"], ["t"], perm=[1, 0]),
+      helper.make_node("MatMul", ["t", "u"], ["y"])], [const("one", 1.0)],
      "matmul: it sums over the dim"),
     ("dividing by the batch size, read off the shape",
      [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "zero"], ["b"], axis=0),
@@ -94,7 +156,7 @@ def test_a_library_of_buckets_says_which_dims_could_be_padded(tmp_path):
                          dims={"batch": [1, 2, 4], "sequence": [8, 16]})
     dims = library.metadata["dims"]
     assert dims["batch"] == {"sizes": [1, 2, 4], "paddable": True, "range": [1, 4]}
-    assert dims["sequence"]["paddable"] is False and "softmax" in dims["sequence"]["why_not"]
+    assert dims["sequence"] == {"sizes": [8, 16], "paddable": True, "range": [1, 16]}
 
 
 def test_a_batch_of_one_that_broadcast_against_a_fixed_axis_is_not_paddable():
