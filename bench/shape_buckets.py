@@ -54,8 +54,16 @@ def export_dynamic(name: str, path: Path) -> tuple:
                           output_names=["output"], dynamic_axes=axes, dynamo=False, do_constant_folding=True)
     assert not wrapper.training and not any(m.training for m in wrapper.modules()), "export left training on"
 
-    def inputs_for(batch):
-        return make_inputs(batch, False, torch.Generator().manual_seed(batch))
+    def inputs_for(batch, sequence=None):
+        inputs = make_inputs(batch, False, torch.Generator().manual_seed(batch))
+        if sequence is None or not text:
+            return inputs
+        # the same kind of text at another length: random tokens, and (where the model's
+        # example masks its last quarter) each row's last quarter masked as padding
+        from real_model_zoo import _text_inputs
+        masked = bool((example["attention_mask"] == 0).any()) if "attention_mask" in example else False
+        return _text_inputs(batch, sequence, model.config.vocab_size, sequence // 4 if masked else 0,
+                            torch.Generator().manual_seed(batch * 1000 + sequence))
     return list(example), text, inputs_for, wrapper
 
 
@@ -70,9 +78,17 @@ def build(onnx_path: Path, workdir: Path, dims: dict, args) -> dict:
             "build_stats": {k: library.build_stats.get(k) for k in ("compile_units", "compiled")}}
 
 
+SEQUENCE_SWEEP = [1, 7, 64, 100, 128, 300, 512]
+
+
 def run_case(case: str, args, rows: list):
+    """MODEL:BATCHES[:SEQUENCES], e.g. bert_base:1,8,32 or bert_base:1,32:128,512 (a text
+    model's sequence buckets; else it is built at 128)."""
     name, _, sizes_text = case.partition(":")
+    sizes_text, _, sequences_text = sizes_text.partition(":")
     sizes = sorted(int(size) for size in sizes_text.split(","))
+    if sequences_text:
+        return run_sequence_case(case, name, sizes, sorted(int(s) for s in sequences_text.split(",")), args, rows)
     row = {"case": case, "model": name, "sizes": sizes}
     rows.append(row)
     work = Path(args.workdir) / name
@@ -121,6 +137,72 @@ def run_case(case: str, args, rows: list):
     bucket_module.close()
 
 
+def run_sequence_case(case: str, name: str, batches: list, sequences: list, args, rows: list):
+    """Buckets over batch and sequence: one library against a static library of each bucket,
+    then the sequence sweep (SEQUENCE_SWEEP up to the largest bucket) at the smallest,
+    a middle and the largest batch, each checked against onnxruntime and timed."""
+    import onnxruntime as ort
+    row = {"case": case, "model": name, "sizes": batches, "sequences": sequences}
+    rows.append(row)
+    work = Path(args.workdir) / name
+    work.mkdir(parents=True, exist_ok=True)
+    onnx_path = work / f"{name}_dynamic.onnx"
+    _, text, inputs_for, _ = export_dynamic(name, onnx_path)
+    assert text, f"{name}: sequence buckets are for text models"
+    library = build(onnx_path, work / "buckets", {"batch": batches, "sequence": sequences}, args)
+    log(case, f"bucket library built in {library['build_s']} s ({library['so_bytes']} bytes); dims "
+              f"{library['library'].metadata.get('dims')}")
+    row["buckets"] = {k: v for k, v in library.items() if k != "library"}
+    row["buckets"]["dims"] = library["library"].metadata.get("dims")
+    row["buckets"]["memory"] = [{"dims": v["dims"], **v["memory"]} for v in library["library"].metadata["variants"]]
+    module = library["library"].load()
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    static_ms = {}
+    row["static"] = []
+    for batch in batches:
+        for sequence in sequences:
+            entry = {"batch": batch, "sequence": sequence}
+            row["static"].append(entry)
+            try:
+                static = build(onnx_path, work / f"static_b{batch}_s{sequence}", {"batch": batch, "sequence": sequence},
+                               args)
+                entry.update({k: v for k, v in static.items() if k not in ("library", "build_stats")})
+                static_module = static["library"].load()
+                feed = byoc_inputs(static_module, inputs_for(batch, sequence), "cuda")
+                out = static_module.run(**feed)
+                entry["static_ms"] = static_ms[batch, sequence] = round(time_cuda(lambda: static_module.run(**feed, out=out)), 4)
+                static_module.close()
+                log(case, f"static batch {batch} sequence {sequence}: {entry['static_ms']} ms, built in "
+                          f"{entry['build_s']} s")
+            except Exception as error:  # noqa: BLE001 - recorded, the run goes on
+                entry["error"] = f"{type(error).__name__}: {error}"
+                log(case, f"static {batch}x{sequence} FAILED: {entry['error']}")
+    row["sweep"] = []
+    for batch in sorted({batches[0], 3, batches[-1]} & set(range(1, batches[-1] + 1))):
+        for sequence in [s for s in SEQUENCE_SWEEP if s <= sequences[-1]] + \
+                [s for s in sequences if s not in SEQUENCE_SWEEP]:
+            entry = {"batch": batch, "sequence": sequence}
+            row["sweep"].append(entry)
+            try:
+                inputs = inputs_for(batch, sequence)
+                feed = byoc_inputs(module, inputs, "cuda")
+                entry["bucket"] = module._variant_for(module._order_inputs([], feed))[0]["dims"]
+                reference = session.run(None, {k: v.numpy() for k, v in inputs.items()})[0]
+                got = module.run(**feed)
+                entry["error"] = float(f"{relative_error(to_numpy(got), reference):.3g}")
+                entry["ms"] = round(time_cuda(lambda: module.run(**feed, out=got)), 4)
+                if (batch, sequence) in static_ms:
+                    entry["over_static"] = round(entry["ms"] / static_ms[batch, sequence], 3)
+                entry["ok"] = entry["error"] <= TOLERANCE
+                log(case, f"sweep batch {batch} sequence {sequence} (bucket {entry['bucket']}): {entry['ms']} ms, "
+                          f"error {entry['error']}{', ' + str(entry['over_static']) + 'x static' if 'over_static' in entry else ''}")
+            except Exception as error:  # noqa: BLE001 - recorded, the sweep goes on
+                entry["error"] = f"{type(error).__name__}: {error}"
+                entry["ok"] = False
+                log(case, f"sweep {batch}x{sequence} FAILED: {entry['error']}")
+    module.close()
+
+
 def sweep(case: str, module, session, inputs_for, sizes: list, row: dict) -> list:
     """Every batch from 1 to the largest bucket through the bucket library: the bucket it
     ran in, its error against onnxruntime, its ms, and (where a static library of that size
@@ -167,6 +249,8 @@ def write(out: Path, rows: list):
              "bucket / static | static build s, .so MB | arena MiB (lower bound) |",
              "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
+        if row.get("sequences"):
+            continue  # buckets over batch and sequence: their own table below
         lib = row.get("buckets", {})
         memory = {m["dims"]["batch"]: m for m in lib.get("memory", [])}
         for entry in row.get("sizes_measured", []):
@@ -185,7 +269,30 @@ def write(out: Path, rows: list):
                     for e in row.get("sizes_measured", []) if e.get("measured_at")})
     lines += [""] + [f"- {note}" for note in notes] if notes else []
     for row in rows:
-        if not row.get("sweep"):
+        if not row.get("sequences"):
+            continue
+        lib = row.get("buckets", {})
+        ok = [e for e in row.get("sweep", []) if e.get("ok")]
+        lines += ["", f"## {row['model']}: buckets batch {','.join(map(str, row['sizes']))} x sequence "
+                  f"{','.join(map(str, row['sequences']))} in one library", "",
+                  f"Built in {lib.get('build_s')} s ({lib.get('so_bytes', 0) / 1e6:.1f} MB, weights "
+                  f"{lib.get('weights_bytes', 0) / 1e6:.1f} MB); dims: {json.dumps(lib.get('dims'))}. "
+                  f"{len(ok)} of {len(row.get('sweep', []))} runs within {TOLERANCE} of onnxruntime. A size between "
+                  f"buckets runs padded into the next (inputs padded with zeros; the attention mask hides the "
+                  f"padded keys).", "",
+                  "| batch | sequence | bucket | ms | static ms (a library of that size) | over static | error |",
+                  "|---|---|---|---|---|---|---|"]
+        static = {(e["batch"], e["sequence"]): e for e in row.get("static", [])}
+        for e in row.get("sweep", []):
+            bucket = e.get("bucket") or {}
+            lines.append(f"| {e['batch']} | {e['sequence']} | {bucket.get('batch', '-')}x{bucket.get('sequence', '-')} "
+                         f"| {e.get('ms', '-')} | {static.get((e['batch'], e['sequence']), {}).get('static_ms', '-')} | "
+                         f"{e.get('over_static', '-')} | {e.get('error')} |")
+        lines += ["", "Static libraries of each bucket's size: " + ", ".join(
+            f"{e['batch']}x{e['sequence']} {e.get('static_ms', e.get('error'))} ms (built in {e.get('build_s', '-')} s)"
+            for e in row.get("static", []))]
+    for row in rows:
+        if not row.get("sweep") or row.get("sequences"):
             continue
         ok = [e for e in row["sweep"] if e.get("ok")]
         lines += ["", f"## {row['model']}: every batch from 1 to {max(row['sizes'])} through the bucket library "
