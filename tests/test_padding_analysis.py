@@ -166,3 +166,10 @@ def test_a_batch_of_one_that_broadcast_against_a_fixed_axis_is_not_paddable():
     nodes = [helper.make_node("Add", ["x", "w"], ["y"])]
     model = batch_model(nodes, [const("w", np.arange(16.0).reshape(4, 4))], input_shape=("batch", 4))
     assert "broadcasts the dim against an axis of fixed size" in problem(model, "batch", 1, 4)
+
+
+def test_the_parts_of_a_split_carry_the_dim_as_its_input_does():
+    """GPT-2 splits its fused query-key-value projection: the parts (tuple fields) keep the
+    batch rows apart as the input does."""
+    nodes = [helper.make_node("Split", ["x", "halves"], ["a", "b"], axis=1), helper.make_node("Mul", ["a", "b"], ["y"])]
+    assert problem(batch_model(nodes, [const("halves", [4, 4], np.int64)]), "batch", 3, 7) is None

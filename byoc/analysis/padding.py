@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..ir.expr import Call, Constant, Tuple
+from ..ir.expr import Call, Constant, Tuple, TupleGetItem
 from ..ir.types import TensorType, TupleType
 
 # ops that compute each output element from the input elements at the same index
@@ -64,6 +64,17 @@ def padding_problem(small, large) -> str | None:
     for position, (b_small, b_large) in enumerate(zip(main_small.bindings, main_large.bindings)):
         v_small, v_large = b_small.value, b_large.value
         where = f"%{b_large.var.name_hint} (op #{position})"
+        if isinstance(v_small, TupleGetItem) and isinstance(v_large, TupleGetItem) and \
+                v_small.index == v_large.index and v_large.tuple_value in varying:
+            # a field of a split's result: it carries the dim where the tuple does
+            out_axes = _varying_axes(b_small.var.type, b_large.var.type)
+            source_fills, source_padded = fills.get(v_large.tuple_value, ({}, None))
+            if out_axes is None or not out_axes <= varying[v_large.tuple_value]:
+                return f"{where}: the programs of the two sizes differ in structure"
+            varying[b_large.var] = out_axes
+            fills[b_large.var] = ({axis: source_fills.get(axis, _ANY) for axis in out_axes},
+                                  source_padded if out_axes else None)
+            continue
         if not (isinstance(v_small, Call) and isinstance(v_large, Call)) or \
                 getattr(v_small.op, "name", None) != getattr(v_large.op, "name", None):
             return f"{where}: the programs of the two sizes differ in structure"
@@ -209,6 +220,8 @@ def _result_fills(op: str, call, arguments: list, out_axes, out_type) -> tuple:
     if not out_axes:
         return {}, None
     wholes = [_whole(argument) for argument in arguments]
+    if op == "split":  # each part keeps the input's axes (_mixes refused a split along the dim)
+        return {axis: arguments[0].fills.get(axis, _ANY) for axis in out_axes}, arguments[0].padded or _ANY
     if not isinstance(out_type, TensorType):
         whole = _join(wholes)
         return {axis: whole for axis in out_axes}, whole
