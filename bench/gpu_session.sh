@@ -182,7 +182,8 @@ case "$stage" in
     rm -rf /tmp/byoc-buckets-cache /tmp/byoc-buckets
     # SWEEP=1 runs every batch up to the largest bucket (BETWEEN=5,20: static libraries of those too)
     BYOC_CACHE_DIR=/tmp/byoc-buckets-cache PYTHONUNBUFFERED=1 python3 bench/shape_buckets.py --out "$OUT" \
-      --workdir /tmp/byoc-buckets ${SWEEP:+--sweep} ${BETWEEN:+--between "$BETWEEN"} --cases "$@" 2>&1 \
+      --workdir /tmp/byoc-buckets ${SWEEP:+--sweep} ${BETWEEN:+--between "$BETWEEN"} ${FULL_SWEEP:+--full-sweep} \
+      ${NO_STATIC:+--no-static} --cases "$@" 2>&1 \
       | tee "$OUT/shape_buckets.log" | tail -n 30 ;;
   release)
     # The model cases the open issues need, with the kernels `gemm` tuned (bench/results/
