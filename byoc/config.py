@@ -26,7 +26,9 @@ Every key is optional; the values shown are the defaults unless noted.
     input_shapes: {}        # {input name: [dims]}: static shapes for the model's inputs
     dims: {}                # {named dim: size or [sizes]}: every input's dim of that name, e.g. {batch: 1};
                             # a list builds one program per size (shape buckets) into one library,
-                            # e.g. {batch: [1, 8, 32]}: run() takes the one the inputs' shapes fit
+                            # e.g. {batch: [1, 8, 32]}: run() takes the one the inputs' shapes fit,
+                            # sizes between padded into the next where the dim allows it;
+                            # "1..32": its ends and the powers of two between
     compile_jobs: null      # positive integer | null (null: one per CPU, at most one per 3 GiB of available memory)
     output: null            # path | null: where `byoc build` writes the .so
     devices:                # where work and data live (PlanDevices)
@@ -379,13 +381,32 @@ def _validate_dims(source, dims) -> dict:
         _fail(source, "dims", f"{dims!r} is not a mapping of named dim to size, e.g. {{batch: 1}}")
     def is_size(size):
         return not isinstance(size, bool) and isinstance(size, int) and size >= 0
+    dims = {name: size_range(size) if isinstance(size, str) else size for name, size in dims.items()}
     for name, size in dims.items():
         sizes = size if isinstance(size, list) else [size]
         if not isinstance(name, str) or not sizes or not all(is_size(s) for s in sizes) \
                 or len(set(sizes)) != len(sizes):
-            _fail(source, f"dims.{name}", f"{size!r} is not allowed; allowed: a non-negative integer, or a "
-                                          f"list of distinct ones (one program per size)")
+            _fail(source, f"dims.{name}", f"{size!r} is not allowed; allowed: a non-negative integer, a "
+                                          f"list of distinct ones (one program per size), or a range 'LOW..HIGH' "
+                                          f"(LOW, the powers of two between, HIGH)")
     return {name: list(size) if isinstance(size, list) else size for name, size in dims.items()}
+
+
+def size_range(text: str):
+    """'1..32' -> [1, 2, 4, 8, 16, 32]: shape buckets over a range, its ends and the powers
+    of two between (sizes between buckets run padded into the next where the dim allows it);
+    `text` itself where it is no range (the caller's check names it)."""
+    import re
+    match = re.fullmatch(r"\s*(\d+)\s*\.\.\s*(\d+)\s*", text)
+    if not match or int(match.group(1)) > int(match.group(2)):
+        return text
+    low, high = int(match.group(1)), int(match.group(2))
+    sizes, power = [low], 1
+    while power < high:
+        if power > low:
+            sizes.append(power)
+        power *= 2
+    return sizes + ([high] if high != low else [])
 
 
 def _pin_device(source, key_path, value) -> str:

@@ -353,6 +353,17 @@ def test_dim_with_several_sizes_builds_shape_buckets_that_inspect_lists(capsys, 
     assert code == 2 and "--dim 'batch=1,2': expected NAME=SIZE" in err
     code, out, err = run_cli(capsys, "build", str(FIXTURES / "bert2.onnx"), "-c", "cpu", "--dim", "batch=1,x")
     assert code == 2 and "batch=1,8,32 for one program per size" in err
+    code, out, err = run_cli(capsys, "build", str(FIXTURES / "bert2.onnx"), "-c", "cpu", "--dim", "batch=4..1")
+    assert code == 2 and "batch=1..32 (its ends and the powers of two between)" in err
+
+
+def test_a_dim_range_makes_buckets_at_its_ends_and_the_powers_of_two_between():
+    from byoc.cli.common import parse_dims
+    from byoc.config import load_config
+    assert parse_dims(["batch=1..32", "sequence=128,512"], several=True) == \
+        {"batch": [1, 2, 4, 8, 16, 32], "sequence": [128, 512]}
+    assert load_config({"target": "cpu", "dims": {"sequence": "3..20"}}).dims == {"sequence": [3, 4, 8, 16, 20]}
+    assert load_config({"target": "cpu", "dims": {"batch": "8..8"}}).dims == {"batch": [8]}
 
 
 def test_inspect_a_library_with_no_planned_tensors(capsys, tmp_path):

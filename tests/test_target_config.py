@@ -207,7 +207,8 @@ def test_config_from_yaml_path_dict_and_overrides(tmp_path):
     ({"dims": {"batch": -1}}, r"dims\.batch: -1 is not allowed; allowed: a non-negative integer"),
     ({"dims": {"batch": True}}, r"dims\.batch: True is not allowed"),
     ({"dims": ["batch"]}, r"dims: \['batch'\] is not a mapping of named dim to size"),
-    ({"dims": {"batch": []}}, r"dims\.batch: \[\] is not allowed; allowed: a non-negative integer, or a list"),
+    ({"dims": {"batch": []}}, r"dims\.batch: \[\] is not allowed; allowed: a non-negative integer, a list"),
+    ({"dims": {"batch": "32..1"}}, r"dims\.batch: '32\.\.1' is not allowed; .* or a range 'LOW\.\.HIGH'"),
     ({"dims": {"batch": [1, 8, 1]}}, r"dims\.batch: \[1, 8, 1\] is not allowed; allowed: .* a list of distinct ones"),
     ({"dims": {"batch": [1, -8]}}, r"dims\.batch: \[1, -8\] is not allowed"),
     # the device target

@@ -28,18 +28,22 @@ def add_input_shape_option(parser: argparse.ArgumentParser):
         "--dim", action="append", default=[], metavar="NAME=SIZE",
         help="size of a named dim in every input that declares it, e.g. batch=1 (repeat per "
              "dim; `byoc inspect MODEL.onnx` lists them); --input-shape wins for its input. "
-             "byoc build takes several sizes, e.g. batch=1,8,32: one program per size in one library")
+             "byoc build takes several sizes, e.g. batch=1,8,32: one program per size in one library "
+             "(batch=1..32: its ends and the powers of two between)")
 
 
 def parse_dims(specs: list[str], several: bool = False) -> dict:
     """['batch=1', 'sequence=128'] -> {'batch': 1, 'sequence': 128}; with `several` (byoc
     build: shape buckets) a dim may list sizes, 'batch=1,8,32' -> {'batch': [1, 8, 32]}."""
+    from ..config import size_range
     dims: dict = {}
     for spec in specs:
         name, equals, size = spec.rpartition("=")
-        sizes = size.split(",") if several else [size]
-        if not equals or not name or not all(part.strip().isdigit() for part in sizes):
-            example = "batch=1, or batch=1,8,32 for one program per size" if several else "batch=1"
+        ranged = size_range(size) if several and ".." in size else None
+        sizes = ranged if isinstance(ranged, list) else size.split(",") if several else [size]
+        if not equals or not name or not all(str(part).strip().isdigit() for part in sizes):
+            example = "batch=1, or batch=1,8,32 for one program per size, or batch=1..32 (its ends and the " \
+                      "powers of two between)" if several else "batch=1"
             raise UsageError(f"--dim {spec!r}: expected NAME=SIZE with a non-negative integer size (for example "
                              f"{example})")
         if name in dims:
