@@ -294,6 +294,9 @@ def write(out: Path, rows: list):
             lines.append(f"| {e['batch']} | {e['sequence']} | {bucket.get('batch', '-')}x{bucket.get('sequence', '-')} "
                          f"| {e.get('ms', '-')} | {static.get((e['batch'], e['sequence']), {}).get('static_ms', '-')} | "
                          f"{e.get('over_static', '-')} | {e.get('error')} |")
+        lines += ["", "Arena per bucket, planned (lower bound) MiB: " + ", ".join(
+            f"{m['dims'].get('batch')}x{m['dims'].get('sequence')} {m.get('arena_bytes', 0) / 2**20:.1f} "
+            f"({(m.get('plan') or {}).get('lower_bound_bytes', 0) / 2**20:.1f})" for m in lib.get("memory", []))]
         lines += ["", "Static libraries of each bucket's size: " + ", ".join(
             f"{e['batch']}x{e['sequence']} {e.get('static_ms', e.get('error'))} ms (built in {e.get('build_s', '-')} s)"
             for e in row.get("static", []))]

@@ -721,3 +721,34 @@ def test_shape_buckets_make_one_library_that_runs_the_program_the_inputs_fit(tmp
                    input_shapes={name: (1, 8) for name in ("input_ids", "attention_mask", "token_type_ids")})
     with pytest.raises(byoc.ConfigError, match=r"make 25 shape buckets; expected at most 16"):
         byoc.build(model, config="cpu", dims={"batch": [1, 2, 3, 4, 5], "sequence": [1, 2, 3, 4, 5]})
+
+
+def test_one_library_serves_every_batch_to_32_and_a_sweep_of_sequence_lengths(tmp_path):
+    """The dynamic-shape acceptance on the cpu target (the H100's runs of BERT-base and GPT-2
+    are in bench/results/shape_buckets.md): a 2-layer BERT built once with buckets batch
+    1, 8, 32 x sequence 16, 128 (its position table has 128 rows) runs every batch from 1 to
+    32 at sequence lengths 1, 7, 64, 100 and 128, each matching onnxruntime; batch and
+    sequence between buckets run padded (the attention mask hides the padded keys), and a
+    size past the largest bucket is refused naming the ranges."""
+    import onnxruntime as ort
+    model = FIXTURES / "bert2.onnx"
+    library = byoc.build(model, config="cpu", workdir=str(tmp_path / "w"),
+                         dims={"batch": [1, 8, 32], "sequence": [16, 128]})
+    assert {name: dim["range"] for name, dim in library.metadata["dims"].items()} == \
+        {"batch": [1, 32], "sequence": [1, 128]}
+    module, session = library.load(), ort.InferenceSession(str(model))
+    rng = np.random.default_rng(4)
+    worst = 0.0
+    for sequence in (1, 7, 64, 100, 128):
+        for batch in range(1, 33):
+            lengths = rng.integers(1, sequence + 1, batch)  # each row's tokens, then its own padding
+            feeds = {"input_ids": rng.integers(0, 1000, (batch, sequence)),
+                     "attention_mask": (np.arange(sequence) < lengths[:, None]).astype(np.int64),
+                     "token_type_ids": rng.integers(0, 2, (batch, sequence))}
+            for got, want in zip(module.run(**feeds), session.run(None, feeds)):
+                assert got.shape == want.shape, (batch, sequence)
+                worst = max(worst, float(np.max(np.abs(got - want))))
+    assert worst < 1e-4, worst
+    too_long = {name: np.zeros((1, 129), np.int64) for name in ("input_ids", "attention_mask", "token_type_ids")}
+    with pytest.raises(byoc.RuntimeError, match=r"\(padded: batch from 1 to 32, sequence from 1 to 128\)"):
+        module.run(**too_long)
