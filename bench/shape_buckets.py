@@ -194,7 +194,7 @@ def run_sequence_case(case: str, name: str, batches: list, sequences: list, args
                 entry["error"] = float(f"{relative_error(to_numpy(got), reference):.3g}")
                 if batch in timed:
                     entry["ms"] = round(time_cuda(lambda: module.run(**feed, out=got)), 4)
-                if (batch, sequence) in static_ms:
+                if (batch, sequence) in static_ms and "ms" in entry:
                     entry["over_static"] = round(entry["ms"] / static_ms[batch, sequence], 3)
                 entry["ok"] = entry["error"] <= TOLERANCE
                 log(case, f"sweep batch {batch} sequence {sequence} (bucket {entry['bucket']}): {entry.get('ms', '-')} ms, "

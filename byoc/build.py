@@ -225,12 +225,13 @@ class _Builder:
 
     def padding_pairs(self, buckets: list) -> dict:
         """For each dim given several sizes: the two buckets (indices) that differ only in it,
-        at its two largest sizes, whose programs analysis/padding.py compares."""
+        at its two largest sizes, the other dims at their largest too (where a size of 1 would
+        hide a reshape that interleaves rows), whose programs analysis/padding.py compares."""
         pairs = {}
         for name, sizes in self.cfg.dims.items():
             if isinstance(sizes, list) and len(sizes) > 1:
                 smaller, larger = sorted(sizes)[-2:]
-                base = dict(buckets[0])
+                base = dict(buckets[-1])
                 pairs[name] = (buckets.index({**base, name: smaller}), buckets.index({**base, name: larger}))
         return pairs
 

@@ -173,3 +173,59 @@ def test_the_parts_of_a_split_carry_the_dim_as_its_input_does():
     batch rows apart as the input does."""
     nodes = [helper.make_node("Split", ["x", "halves"], ["a", "b"], axis=1), helper.make_node("Mul", ["a", "b"], ["y"])]
     assert problem(batch_model(nodes, [const("halves", [4, 4], np.int64)]), "batch", 3, 7) is None
+
+
+def seq_model(nodes, initializers=(), input_shape=(1, "sequence", 4)):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(input_shape))
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph(nodes, "g", [x], [y], list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("case, nodes, initializers, says", [
+    ("the new elements of a pad along another axis hold its value (1), summed along the dim",
+     [helper.make_node("Pad", ["x", "pads", "one"], ["p"]), helper.make_node("ReduceSum", ["p", "axis1"], ["y"])],
+     [const("pads", [0, 0, 0, 0, 0, 1], np.int64), const("one", 1.0), const("axis1", [1], np.int64)],
+     "reduces over the dim"),
+    ("rows 0..2: more than a size of 1 has",
+     [helper.make_node("Slice", ["x", "zero", "three", "axis1"], ["y"])],
+     [const("zero", [0], np.int64), const("three", [3], np.int64), const("axis1", [1], np.int64)],
+     "slices part of the dim"),
+    ("every row but the last (a negative end)",
+     [helper.make_node("Slice", ["x", "zero", "minus1", "axis1"], ["y"])],
+     [const("zero", [0], np.int64), const("minus1", [-1], np.int64), const("axis1", [1], np.int64)],
+     "slices part of the dim|depend on the dim's size"),
+    ("row 2: a size of 1 has none",
+     [helper.make_node("Gather", ["x", "two"], ["y"], axis=1)], [const("two", 2, np.int64)],
+     "indexes along the dim"),
+    ("zero times minus infinity (a real mask value) is not zero: summed along the dim",
+     [helper.make_node("Mul", ["x", "mask"], ["m"]), helper.make_node("ReduceSum", ["m", "axis1"], ["y"])],
+     [const("mask", [0.0, -np.inf, 0.0, 1.0]), const("axis1", [1], np.int64)], "reduces over the dim"),
+])
+def test_padded_elements_the_analysis_cannot_prove_harmless_are_refused(case, nodes, initializers, says):
+    import re
+    reason = problem(seq_model(nodes, initializers), "sequence", 4, 8)
+    assert reason is not None and re.search(says, reason), (case, reason)
+
+
+def test_the_first_row_of_the_dim_keeps_it_paddable():
+    """BERT's pooler reads token 0, which every size from 1 has."""
+    nodes = [helper.make_node("Gather", ["x", "zero"], ["y"], axis=1)]
+    assert problem(seq_model(nodes, [const("zero", 0, np.int64)]), "sequence", 4, 8) is None
+
+
+def test_an_axis_that_changes_with_two_dims_pads_neither(tmp_path):
+    """y = reshape(x [batch, sequence, 4], [-1, 4]): its rows are batch x sequence; a padded
+    run would interleave padded rows with real ones, whatever order the config lists the dims
+    in. The library still serves each bucket's own shapes."""
+    nodes = [helper.make_node("Reshape", ["x", "flat"], ["y"])]
+    model = seq_model(nodes, [const("flat", [-1, 4], np.int64)], input_shape=("batch", "sequence", 4))
+    path = tmp_path / "flat.onnx"
+    path.write_bytes(model.SerializeToString())
+    for dims in ({"sequence": [4, 8], "batch": [1, 3]}, {"batch": [1, 3], "sequence": [4, 8]}):
+        library = byoc.build(path, config="cpu", workdir=str(tmp_path / "w"), dims=dims)
+        verdicts = library.metadata["dims"]
+        assert verdicts["batch"]["paddable"] is False and verdicts["sequence"]["paddable"] is False, verdicts
+        assert "interleave" in verdicts["batch"]["why_not"] or "inside" in verdicts["batch"]["why_not"], verdicts
+    x = np.arange(3 * 8 * 4, dtype=np.float32).reshape(3, 8, 4)
+    np.testing.assert_array_equal(library.load().run(x), x.reshape(-1, 4))

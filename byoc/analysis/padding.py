@@ -53,7 +53,8 @@ def padding_problem(small, large) -> str | None:
         return (f"the programs of the two sizes differ in structure ({len(main_small.bindings)} and "
                 f"{len(main_large.bindings)} ops)")
     varying: dict = {}  # large Var -> the axes carrying the dim
-    fills: dict = {}  # large Var -> {axis carrying the dim: what its padded elements may hold}
+    fills: dict = {}  # large Var -> ({axis carrying the dim: what its padded elements may hold}, anywhere)
+    reals: dict = {}  # large Var -> what its real elements may hold
     for p_small, p_large in zip(main_small.params, main_large.params):
         axes = _varying_axes(p_small.type, p_large.type)
         if axes is None:
@@ -61,6 +62,7 @@ def padding_problem(small, large) -> str | None:
         varying[p_large] = axes
         zero = _Fill("const", _zero(p_large.type))  # the runtime pads every input with zeros
         fills[p_large] = ({axis: zero for axis in axes}, zero if axes else None)
+        reals[p_large] = _FINITE  # the caller's data
     for position, (b_small, b_large) in enumerate(zip(main_small.bindings, main_large.bindings)):
         v_small, v_large = b_small.value, b_large.value
         where = f"%{b_large.var.name_hint} (op #{position})"
@@ -74,6 +76,7 @@ def padding_problem(small, large) -> str | None:
             varying[b_large.var] = out_axes
             fills[b_large.var] = ({axis: source_fills.get(axis, _ANY) for axis in out_axes},
                                   source_padded if out_axes else None)
+            reals[b_large.var] = reals.get(v_large.tuple_value, _ANY)
             continue
         if not (isinstance(v_small, Call) and isinstance(v_large, Call)) or \
                 getattr(v_small.op, "name", None) != getattr(v_large.op, "name", None):
@@ -89,7 +92,7 @@ def padding_problem(small, large) -> str | None:
             else:
                 axes = varying.get(arg_large, frozenset())
                 arg_fills, arg_padded = fills.get(arg_large, ({}, None))
-                arg_real = _FINITE  # as the unpadded program computes it
+                arg_real = reals.get(arg_large, _FINITE)
             arguments.append(_Argument(arg_large, axes, arg_fills, arg_padded, arg_real))
         out_axes = _varying_axes(b_small.var.type, b_large.var.type)
         if out_axes is None:
@@ -99,6 +102,7 @@ def padding_problem(small, large) -> str | None:
             return f"{where} {op}: {problem}"
         varying[b_large.var] = out_axes
         fills[b_large.var] = _result_fills(op, v_large, arguments, out_axes, b_large.var.type)
+        reals[b_large.var] = _real_fill(op, v_large, arguments, b_large.var.type)
     return None
 
 
@@ -122,10 +126,13 @@ class _Fill(NamedTuple):
 
 
 _ANY, _FINITE, _VANISH, _BOUNDED = _Fill("any"), _Fill("finite"), _Fill("vanish"), _Fill("bounded")
-_VANISHING = -1e4  # exp(-1e4 + a score) is 0.0 in every float format
+# A mask value this low gives exactly zero weight after a softmax: exp(-6e4 + score - max)
+# underflows to 0.0 in float32 unless a score exceeds the row's maximum by 59,000. HF
+# masks add finfo.min (float32 -3.4e38, float16 -65504, or minus infinity).
+_VANISHING = -6e4
 # elementwise ops that keep finite inputs finite
 _FINITE_OPS = {"add", "subtract", "multiply", "maximum", "minimum", "negative", "abs", "relu", "gelu", "tanh",
-               "sigmoid", "erf", "silu", "cast", "clip", "identity", "exp", "sin", "cos", "round", "floor", "ceil",
+               "sigmoid", "erf", "silu", "cast", "clip", "identity", "sin", "cos", "round", "floor", "ceil",
                "sign", "hard_sigmoid", "hard_swish", "leaky_relu", "elu", "softplus", "equal", "not_equal", "less",
                "less_equal", "greater", "greater_equal", "logical_and", "logical_or", "logical_xor", "logical_not",
                "where", "device_copy", "on_device", "trilu"}
@@ -243,10 +250,21 @@ def _result_fills(op: str, call, arguments: list, out_axes, out_type) -> tuple:
         return {axis: first.fills.get(int(perm[axis]), _ANY) for axis in out_axes}, first.padded or _ANY
     if op == "softmax":
         axis = int(call.attrs["axis"]) % out_ndim
-        rows = {a: _FINITE if _is(first.fills.get(a), "no_nan") else _ANY for a in out_axes}
+        # a padded row also reads entries padded along the softmax axis too: `padded`
+        rows = {a: _FINITE if _is(first.fills.get(a), "no_nan") and _is(first.padded, "no_nan") else _ANY
+                for a in out_axes}
         if axis in rows:
             rows[axis] = _Fill("const", 0.0)  # _mixes let it through: the mask drove them to minus infinity
         return rows, _FINITE if _is(wholes[0], "no_nan") else _ANY
+    if op == "pad" and any(call.attrs["pads"]):
+        # the padded rows' new elements hold the pad value (or, reflected or edge, their neighbours')
+        added = _classify(np.asarray(call.attrs.get("value", 0.0))) if call.attrs.get("mode", "constant") == \
+            "constant" else _join([*first.fills.values(), first.real])
+        carried = sorted(first.fills)
+        if len(carried) == len(out_axes):
+            return ({axis: _join([first.fills[own], added]) for axis, own in zip(sorted(out_axes), carried)},
+                    _join([first.padded or _ANY, added]))
+        return {axis: _ANY for axis in out_axes}, _ANY
     if op in ("reshape", "expand_dims", "squeeze", "broadcast_to", "strided_slice", "tile", "pad"):
         # they keep the order of the axes that carry the dim: the k-th of the result's is the k-th of the input's
         carried = sorted(first.fills)
@@ -260,6 +278,23 @@ def _result_fills(op: str, call, arguments: list, out_axes, out_type) -> tuple:
     # matmul, normalizations, reductions over other axes, convolutions, pooling: finite in, finite out
     finite = _FINITE if all(_is(whole, "finite") for whole in wholes) else _ANY
     return {axis: finite for axis in out_axes}, finite
+
+
+def _real_fill(op: str, call, arguments: list, out_type) -> "_Fill":
+    """What the result's real elements may hold (as the unpadded program computes them)."""
+    from ..ir.op import OP_REGISTRY
+    reals = [argument.real for argument in arguments]
+    if not isinstance(out_type, TensorType):
+        return _join(reals)
+    category = getattr(OP_REGISTRY.get(op), "category", "opaque")
+    if category in ("elemwise", "broadcast") or op in ("where", "trilu", "device_copy", "on_device", "identity"):
+        return _elementwise_fill(op, call, arguments, reals)
+    if op == "softmax":
+        return _FINITE if all(_is(r, "no_nan") for r in reals) else _ANY
+    if op in ("transpose", "reshape", "expand_dims", "squeeze", "broadcast_to", "strided_slice", "tile", "split",
+              "concat", "gather"):
+        return _join(reals)
+    return _FINITE if all(_is(r, "finite") for r in reals) else _ANY
 
 
 def _elementwise_fill(op: str, call, arguments: list, operands: list) -> "_Fill":
@@ -426,14 +461,18 @@ def _mixes(op: str, call_small, call_large, arguments: list, out_axes, out_type)
         axis = int(attrs["axis"]) % ndim
         indices = arguments[1].value
         if axis in ins[0]:
-            # a constant index into the rows both sizes have (BERT's pooler reads token 0)
-            small_extent = call_small.args[0].type.shape[axis]
-            if isinstance(indices, Constant) and not ins[1] and \
-                    np.all((np.asarray(indices.data) >= 0) & (np.asarray(indices.data) < small_extent)):
+            # index 0, a row every size run() serves (down to 1) has: BERT's pooler reads token 0
+            if isinstance(indices, Constant) and not ins[1] and np.all(np.asarray(indices.data) == 0):
                 return None
             return f"it indexes along the dim (axis {axis} of its data)"
-        if ins[1] and not all(_is(arguments[1].fills.get(a), "const") or isinstance(indices, Constant) for a in ins[1]):
-            return "its padded indices are computed (they could be out of range)"
+        extent = first.type.shape[axis]
+        for a in ins[1]:
+            fill = arguments[1].fills.get(a)
+            in_range = isinstance(indices, Constant) or (
+                _is(fill, "const") and -extent <= int(fill.value) < extent and
+                _is(arguments[1].padded, "const") and -extent <= int(arguments[1].padded.value) < extent)
+            if not in_range:
+                return "its padded indices are computed (they could be out of range)"
         return None
     if op in ("conv2d", "max_pool2d", "avg_pool2d", "global_avg_pool2d", "global_max_pool2d"):
         if ins[0] - {0} or any(ins[1:]):
@@ -446,8 +485,8 @@ def _mixes(op: str, call_small, call_large, arguments: list, out_axes, out_type)
                                                             attrs["end"], strides):
             whole = begin == 0 and stride == 1 and end_small >= call_small.args[0].type.shape[axis] and \
                 end_large >= first.type.shape[axis]
-            # the same rows at both sizes, among those the smaller has (a prefix: the first token)
-            inside = 0 <= begin and stride > 0 and end_small == end_large <= call_small.args[0].type.shape[axis]
+            # the first row at every size run() serves (down to 1): BERT's pooler reads token 0
+            inside = begin == 0 and stride > 0 and end_small == end_large == 1
             if axis in ins[0] and not whole and not inside:
                 return f"it slices part of the dim (axis {axis})"
         return None
@@ -506,6 +545,25 @@ def padded_axes(buckets: list, tensors: list, verdicts: dict) -> tuple:
     dim whose axes do not scale so refused)."""
     verdicts = dict(verdicts)
     axes = [[[None] * len(shape) for _, shape in bucket_tensors] for bucket_tensors in tensors]
+    # an axis whose extent changes with two dims ([B*S, V]): neither can be padded along it
+    # (the runtime pads one axis per dim), whatever the other's verdict
+    changing: dict = {}  # (tensor position, axis) -> the dims its extent changes with
+    for name in {n for dims in buckets for n in dims}:
+        for number, dims in enumerate(buckets):
+            for other, other_dims in enumerate(buckets):
+                if other_dims[name] == dims[name] or any(other_dims[k] != v for k, v in dims.items() if k != name):
+                    continue
+                for position, ((_, shape), (_, other_shape)) in enumerate(zip(tensors[number], tensors[other])):
+                    for axis, (extent, other_extent) in enumerate(zip(shape, other_shape)):
+                        if extent != other_extent:
+                            changing.setdefault((position, axis), set()).add(name)
+    for (position, axis), names in sorted(changing.items()):
+        if len(names) > 1:
+            tensor = tensors[0][position][0]
+            for name in sorted(names):
+                if verdicts.get(name, "") is None:
+                    verdicts[name] = (f"axis {axis} of {tensor!r} changes with {' and '.join(sorted(names))} "
+                                      f"(their rows interleave)")
     for name, problem in list(verdicts.items()):
         if problem is not None:
             continue

@@ -345,6 +345,6 @@ def _padded_sizes(variant: dict, shapes: list) -> dict | None:
                     return None
                 continue
             factor = size // variant["dims"][dim]
-            if not 1 <= extent <= size or extent % factor or sizes.setdefault(dim, extent // factor) != extent // factor:
+            if factor < 1 or not 1 <= extent <= size or extent % factor or sizes.setdefault(dim, extent // factor) != extent // factor:
                 return None
     return {**variant["dims"], **sizes}

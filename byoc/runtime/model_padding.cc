@@ -115,6 +115,19 @@ int copy_box(unsigned char* destination, const int64_t* to, const unsigned char*
     return copy_rows(destination, static_cast<uint64_t>(to[last]) * inner, source,
                      static_cast<uint64_t>(from[last]) * inner, width, height, host, stream, what);
   }
+  // `first` and `last` differ, the axes between agree and nothing is outside `first` (a
+  // [b, s] box of a [B, S] buffer): the rows are evenly spaced, one 2-D copy
+  uint64_t outside = 1;
+  bool between_agree = true;
+  for (int32_t a = axis; a < first; ++a) outside *= static_cast<uint64_t>(to[a]);
+  for (int32_t a = first + 1; a < last; ++a) between_agree = between_agree && to[a] == from[a];
+  if (outside == 1 && between_agree) {
+    uint64_t height = static_cast<uint64_t>(to[first] < from[first] ? to[first] : from[first]);
+    for (int32_t a = first + 1; a < last; ++a) height *= static_cast<uint64_t>(to[a]);
+    const uint64_t width = static_cast<uint64_t>(to[last] < from[last] ? to[last] : from[last]) * inner;
+    return copy_rows(destination, static_cast<uint64_t>(to[last]) * inner, source,
+                     static_cast<uint64_t>(from[last]) * inner, width, height, host, stream, what);
+  }
   // every index of the axes before `first` (they agree), and of `first` the shared ones
   uint64_t to_step = element, from_step = element;
   for (int32_t a = first + 1; a < ndim; ++a) {
