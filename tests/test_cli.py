@@ -417,10 +417,13 @@ def test_a_terminal_build_shows_progress_at_once_and_every_few_seconds(tmp_path)
     launcher = tmp_path / "slow_launcher.sh"
     launcher.write_text('#!/bin/sh\ncase "$*" in *host.cc*) sleep 7;; esac\nexec "$@"\n')
     launcher.chmod(0o755)
+    # one compile at a time: no other unit's line breaks the 7 s silence, however loaded the machine
+    config = tmp_path / "cpu_one_job.yaml"
+    config.write_text("target: cpu\nbackends: [builtin]\ncompile_jobs: 1\n")
     env = {**os.environ, "BYOC_COMPILER_LAUNCHER": str(launcher), "BYOC_CACHE_DIR": str(tmp_path / "cache")}
     primary, secondary = pty.openpty()
     started = time.monotonic()
-    process = subprocess.Popen([sys.executable, "-m", "byoc", "build", MLP, "-c", "cpu", "-o",
+    process = subprocess.Popen([sys.executable, "-m", "byoc", "build", MLP, "-c", str(config), "-o",
                                 str(tmp_path / "mlp.so")], stdout=secondary, stderr=secondary, env=env)
     os.close(secondary)
     lines, pending = [], b""
