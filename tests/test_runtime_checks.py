@@ -317,43 +317,19 @@ def test_a_library_of_several_variants_runs_the_one_its_inputs_fit(tmp_path):
     y = x, of shapes (2, 3) and (4, 3), generated, compiled and linked as a build does."""
     import ctypes
 
-    from byoc.codegen.host import HostPlan, HostVariant, blob_checksum, program_table, render_blob_assembly, render_host
+    from byoc.codegen.host import HostPlan
     from byoc.ir.types import TensorType
-    from byoc.runtime import C_ABI_HEADER, model_runtime_sources
     from byoc.runtime.arrays import _DLTensor
-    from byoc.target import Target
-    from byoc.toolchain import CompileUnit, compile_units, link_shared
-
-    def embedded(name, symbol, data):
-        (tmp_path / f"{name}.bin").write_bytes(data)
-        (tmp_path / f"{name}.S").write_text(render_blob_assembly(f"{name}.bin", symbol, name))
-        return CompileUnit(source=tmp_path / f"{name}.S", language="asm", flags=[f"-Wa,-I,{tmp_path}"],
-                           output=f"{name}.o", dependencies=[tmp_path / f"{name}.bin"])
-    variants, units = [], []
-    for number, rows in enumerate((2, 4)):
+    programs = []
+    for rows in (2, 4):
         tensor = TensorType((rows, 3), "float32")
         copy = {"kind": "copy", "source": "in[0]", "destination": "out[0]", "bytes": tensor.nbytes,
                 "label": "#0 y = copy(x)", "symbol": "device_copy", "args": [], "results": [], "position": 0}
         plan = HostPlan(inputs=[("x", tensor)], outputs=[("y", tensor)], calls=[copy], output_copies=[],
                         input_copies=[], weights=b"")
-        program = program_table(plan)
-        units.append(embedded(f"program{number}", f"byoc_program_table_{number}", program))
-        variants.append(HostVariant(plan, program, program_symbol=f"byoc_program_table_{number}",
-                                    description=f"x of ({rows}, 3)"))
-    units += [embedded("metadata", "byoc_metadata_json", b"{}"), embedded("weights", "byoc_weights_blob", b"")]
-    host = render_host(variants, cuda=False, build_id="0123456789abcdef", arch_number=None, weights_embedded=True,
-                       weights_bytes=0, weights_checksum=blob_checksum(b""))
+        programs.append((plan, {"description": f"x of ({rows}, 3)"}))
+    lib, model, host = _generated_library(tmp_path, programs)
     assert "// Variant 1: x of (4, 3)" in host
-    (tmp_path / "host.cc").write_text(host)
-    flags = Target("cpu").cxx_flags() + [f"-I{C_ABI_HEADER.parent}"]
-    units.append(CompileUnit(source=tmp_path / "host.cc", language="cxx", flags=flags, output="host.o"))
-    units += [CompileUnit(source=source, language="cxx", flags=flags + ["-DBYOC_RUNTIME_CUDA=0"],
-                          output=f"{source.stem}.o") for source in model_runtime_sources(False)]
-    library = link_shared(compile_units(units, tmp_path), tmp_path / "model.so", [], [])
-    lib = ctypes.CDLL(str(library))
-    lib.byoc_last_error.restype = ctypes.c_char_p
-    model = ctypes.c_void_p()
-    assert lib.byoc_model_create(ctypes.byref(model), None) == 0, lib.byoc_last_error()
 
     def run(rows):
         x = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3)
@@ -396,21 +372,12 @@ def test_padded_dims_run_in_the_smallest_bucket_that_holds_the_inputs(buckets, t
     import ctypes
     import itertools
 
-    from byoc.codegen.host import HostPlan, HostVariant, blob_checksum, program_table, render_blob_assembly, render_host
+    from byoc.codegen.host import HostPlan
     from byoc.ir.types import TensorType
-    from byoc.runtime import C_ABI_HEADER, model_runtime_sources
     from byoc.runtime.arrays import _DLTensor
-    from byoc.target import Target
-    from byoc.toolchain import CompileUnit, compile_units, link_shared
-
-    def embedded(name, symbol, data):
-        (tmp_path / f"{name}.bin").write_bytes(data)
-        (tmp_path / f"{name}.S").write_text(render_blob_assembly(f"{name}.bin", symbol, name))
-        return CompileUnit(source=tmp_path / f"{name}.S", language="asm", flags=[f"-Wa,-I,{tmp_path}"],
-                           output=f"{name}.o", dependencies=[tmp_path / f"{name}.bin"])
     names = sorted(buckets)
-    variants, units = [], []
-    for number, sizes in enumerate(itertools.product(*(buckets[n] for n in names))):
+    programs = []
+    for sizes in itertools.product(*(buckets[n] for n in names)):
         dims = dict(zip(names, sizes))
         shape = (dims.get("rows", 4), dims.get("cols", 6), 4)
         tensor = TensorType(shape, "float32")
@@ -420,23 +387,8 @@ def test_padded_dims_run_in_the_smallest_bucket_that_holds_the_inputs(buckets, t
         plan = HostPlan(inputs=[("x", tensor)], outputs=[("y", tensor), ("z", tensor)], calls=calls,
                         output_copies=[], input_copies=[], weights=b"")
         axes = ["rows" if "rows" in dims else None, "cols" if "cols" in dims else None, None]
-        program = program_table(plan)
-        units.append(embedded(f"program{number}", f"byoc_program_table_{number}", program))
-        variants.append(HostVariant(plan, program, program_symbol=f"byoc_program_table_{number}",
-                                    description=f"x of {shape}", axis_dims=[axes] * 3, dims=dims))
-    units += [embedded("metadata", "byoc_metadata_json", b"{}"), embedded("weights", "byoc_weights_blob", b"")]
-    host = render_host(variants, cuda=False, build_id="0123456789abcdef", arch_number=None, weights_embedded=True,
-                       weights_bytes=0, weights_checksum=blob_checksum(b""), padded_dims=names)
-    (tmp_path / "host.cc").write_text(host)
-    flags = Target("cpu").cxx_flags() + [f"-I{C_ABI_HEADER.parent}"]
-    units.append(CompileUnit(source=tmp_path / "host.cc", language="cxx", flags=flags, output="host.o"))
-    units += [CompileUnit(source=source, language="cxx", flags=flags + ["-DBYOC_RUNTIME_CUDA=0"],
-                          output=f"{source.stem}.o") for source in model_runtime_sources(False)]
-    library = link_shared(compile_units(units, tmp_path), tmp_path / "model.so", [], [])
-    lib = ctypes.CDLL(str(library))
-    lib.byoc_last_error.restype = ctypes.c_char_p
-    model = ctypes.c_void_p()
-    assert lib.byoc_model_create(ctypes.byref(model), None) == 0, lib.byoc_last_error()
+        programs.append((plan, {"description": f"x of {shape}", "axis_dims": [axes] * 3, "dims": dims}))
+    lib, model, _ = _generated_library(tmp_path, programs, padded_dims=names)
 
     def tensor_of(array):
         shape = (ctypes.c_int64 * 3)(*array.shape)
@@ -466,3 +418,40 @@ def test_padded_dims_run_in_the_smallest_bucket_that_holds_the_inputs(buckets, t
         assert ", ".join(f"{n} from 1 to {max(buckets[n])}" for n in names) in message, message
     assert run((rows[-1], cols[-1], 4))[0] == 0  # still usable
     lib.byoc_model_destroy(model)
+
+
+def _generated_library(tmp_path, programs, padded_dims=()):
+    """A library of `programs` (per variant: its HostPlan and HostVariant's other keyword
+    arguments), its host code generated, compiled and linked with the model runtime as a
+    build does: (the loaded library, a created model, the host source)."""
+    import ctypes
+
+    from byoc.codegen.host import HostVariant, blob_checksum, program_table, render_blob_assembly, render_host
+    from byoc.runtime import C_ABI_HEADER, model_runtime_sources
+    from byoc.target import Target
+    from byoc.toolchain import CompileUnit, compile_units, link_shared
+
+    def embedded(name, symbol, data):
+        (tmp_path / f"{name}.bin").write_bytes(data)
+        (tmp_path / f"{name}.S").write_text(render_blob_assembly(f"{name}.bin", symbol, name))
+        return CompileUnit(source=tmp_path / f"{name}.S", language="asm", flags=[f"-Wa,-I,{tmp_path}"],
+                           output=f"{name}.o", dependencies=[tmp_path / f"{name}.bin"])
+    variants, units = [], []
+    for number, (plan, options) in enumerate(programs):
+        program = program_table(plan)
+        units.append(embedded(f"program{number}", f"byoc_program_table_{number}", program))
+        variants.append(HostVariant(plan, program, program_symbol=f"byoc_program_table_{number}", **options))
+    units += [embedded("metadata", "byoc_metadata_json", b"{}"), embedded("weights", "byoc_weights_blob", b"")]
+    host = render_host(variants, cuda=False, build_id="0123456789abcdef", arch_number=None, weights_embedded=True,
+                       weights_bytes=0, weights_checksum=blob_checksum(b""), padded_dims=padded_dims)
+    (tmp_path / "host.cc").write_text(host)
+    flags = Target("cpu").cxx_flags() + [f"-I{C_ABI_HEADER.parent}"]
+    units.append(CompileUnit(source=tmp_path / "host.cc", language="cxx", flags=flags, output="host.o"))
+    units += [CompileUnit(source=source, language="cxx", flags=flags + ["-DBYOC_RUNTIME_CUDA=0"],
+                          output=f"{source.stem}.o") for source in model_runtime_sources(False)]
+    library = link_shared(compile_units(units, tmp_path), tmp_path / "model.so", [], [])
+    lib = ctypes.CDLL(str(library))
+    lib.byoc_last_error.restype = ctypes.c_char_p
+    model = ctypes.c_void_p()
+    assert lib.byoc_model_create(ctypes.byref(model), None) == 0, lib.byoc_last_error()
+    return lib, model, host
