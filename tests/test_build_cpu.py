@@ -752,3 +752,37 @@ def test_one_library_serves_every_batch_to_32_and_a_sweep_of_sequence_lengths(tm
     too_long = {name: np.zeros((1, 129), np.int64) for name in ("input_ids", "attention_mask", "token_type_ids")}
     with pytest.raises(byoc.RuntimeError, match=r"\(padded: batch from 1 to 32, sequence from 1 to 128\)"):
         module.run(**too_long)
+
+
+def test_a_tensor_offered_only_through_dlpack_chooses_its_shape_bucket(tmp_path):
+    """run() chooses a bucket by the inputs' shapes: a tensor that offers only DLPack (as a
+    JAX array does) is taken first, so its shape counts (a padded size included)."""
+    class DLPackOnly:
+        def __init__(self, array):
+            self.array = array
+
+        def __dlpack__(self, **kwargs):
+            return self.array.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self):
+            return self.array.__dlpack_device__()
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    module = byoc.build(model, config="cpu", workdir=str(tmp_path / "w"), dims={"batch": [2, 4]}).load()
+    import sys
+    import types
+    wrappers = types.ModuleType("dlpack_only_arrays")  # the caller's library: its outputs come back as its arrays
+    wrappers.from_dlpack = lambda tensor: DLPackOnly(np.from_dlpack(tensor))
+    DLPackOnly.__module__ = "dlpack_only_arrays"
+    sys.modules["dlpack_only_arrays"] = wrappers
+    try:
+        for batch in (2, 3, 4):
+            value = np.arange(batch * 4, dtype=np.float32).reshape(batch, 4) - 5
+            got = module.run(DLPackOnly(value))
+            assert isinstance(got, DLPackOnly)
+            np.testing.assert_array_equal(np.from_dlpack(got), np.maximum(value, 0))
+    finally:
+        del sys.modules["dlpack_only_arrays"]

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import RuntimeError as ByocRuntimeError
 from ..ir.types import numpy_dtype
-from .arrays import _DLTensor, _Prepared, _cupy, _dlpack_returner, _stream_handle
+from .arrays import _DLTensor, _Prepared, _cupy, _dlpack_only, _dlpack_returner, _from_dlpack, _stream_handle
 from .library_file import (SEAL_BYTES, SEAL_MAGIC, _check_path, _checked_weights_path, _close_library,  # noqa: F401
                            _open_library, _read_metadata, _resolved, metadata_of, seal_library, validate_metadata)
 
@@ -182,7 +182,9 @@ class Module:
         """Run once. Returns one array, or a tuple when the model has several outputs."""
         if self._handle is None:
             raise ByocRuntimeError("this module was closed")
-        inputs = self._order_inputs(args, kwargs)
+        inputs = given = self._order_inputs(args, kwargs)
+        if len(self.variants) > 1:  # the shapes choose the program: a DLPack-only tensor shows its shape once taken
+            inputs = [_from_dlpack(a, f"input {n!r}") if _dlpack_only(a) else a for a, n in zip(inputs, self.input_names)]
         variant, input_shapes, output_shapes = self._variant_for(inputs)
         prepared_inputs = [_Prepared(a, f"input {n!r}", d, expected_shape=tuple(shape))
                            for a, n, d, shape in zip(inputs, self.input_names, self._input_dtypes, input_shapes)]
@@ -201,7 +203,7 @@ class Module:
             if status != 0:
                 raise ByocRuntimeError(self._error())  # last_error is per thread: read it here
         if out is None:
-            returner = _dlpack_returner(inputs[0] if inputs else None)
+            returner = _dlpack_returner(given[0] if given else None)
             if returner is not None:  # outputs of the caller's kind, through DLPack (no copy)
                 try:
                     outputs = [returner(output) for output in outputs]
