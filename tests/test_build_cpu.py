@@ -786,3 +786,29 @@ def test_a_tensor_offered_only_through_dlpack_chooses_its_shape_bucket(tmp_path)
             np.testing.assert_array_equal(np.from_dlpack(got), np.maximum(value, 0))
     finally:
         del sys.modules["dlpack_only_arrays"]
+
+
+def test_one_cnn_library_serves_every_batch_to_32(tmp_path):
+    """The dynamic-batch acceptance for a CNN on the cpu target (the H100's ResNet-50 runs are
+    in bench/results/shape_buckets.md): the small ResNet fixture with its batch made dynamic,
+    built once with buckets 1, 8, 32, runs every batch from 1 to 32 (between buckets padded:
+    convolutions, pooling and the classifier keep the images apart), each matching
+    onnxruntime."""
+    import onnx
+    import onnxruntime as ort
+    model = onnx.load(str(FIXTURES / "resnet_small.onnx"))
+    for value in list(model.graph.input) + list(model.graph.output):
+        value.type.tensor_type.shape.dim[0].dim_param = "batch"
+    path = tmp_path / "resnet_small_dynamic.onnx"
+    path.write_bytes(model.SerializeToString())
+    library = byoc.build(path, config="cpu", workdir=str(tmp_path / "w"), dims={"batch": "1..32"})
+    assert [v["dims"]["batch"] for v in library.metadata["variants"]] == [1, 2, 4, 8, 16, 32]
+    assert library.metadata["dims"]["batch"]["range"] == [1, 32]
+    module, session = library.load(), ort.InferenceSession(str(path))
+    rng = np.random.default_rng(5)
+    for batch in range(1, 33):
+        x = rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)
+        want = session.run(None, {"input": x})[0]
+        got = module.run(x)
+        assert got.shape == want.shape == (batch, 10)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.max(np.abs(want))))
