@@ -812,3 +812,85 @@ def test_one_cnn_library_serves_every_batch_to_32(tmp_path):
         got = module.run(x)
         assert got.shape == want.shape == (batch, 10)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.max(np.abs(want))))
+
+
+def gpt2_like_model(layers=2, width=16, heads=2, vocab=50, positions=64):
+    """A small GPT-2 in ONNX with dynamic batch and sequence, as torch exports one: token and
+    position embeddings (positions from Range over the sequence's size), pre-norm blocks
+    with a fused QKV projection split three ways, heads reshaped from the runtime shape, a
+    causal mask built from the shape (finfo.min above the diagonal), a GELU MLP."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(7)
+    head = width // heads
+    inits, nodes = [], []
+
+    def const(name, value, dtype=np.float32):
+        inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
+        return name
+
+    def node(op, inputs, outputs=None, **attrs):
+        outputs = outputs or [f"t{len(nodes)}"]
+        nodes.append(helper.make_node(op, inputs, outputs, **attrs))
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def weight(name, *shape, scale=0.3):
+        return const(name, rng.standard_normal(shape) * scale)
+
+    def layer_norm(x, name):
+        return node("LayerNormalization", [x, const(f"{name}_g", 1 + 0.1 * rng.standard_normal(width)),
+                                           const(f"{name}_b", 0.1 * rng.standard_normal(width))], axis=-1)
+    shape = node("Shape", ["input_ids"])
+    batch = node("Gather", [shape, const("i0", [0], np.int64)], axis=0)
+    sequence = node("Gather", [shape, const("i1", [1], np.int64)], axis=0)
+    positions_ids = node("Range", [const("zero", 0, np.int64), node("Squeeze", [sequence, const("ax0", [0], np.int64)]),
+                                   const("one", 1, np.int64)])
+    h = node("Add", [node("Gather", [weight("wte", vocab, width), "input_ids"]),
+                     node("Gather", [weight("wpe", positions, width), positions_ids])])
+    heads_shape = node("Concat", [batch, sequence, const("hd", [heads, head], np.int64)], axis=0)
+    square = node("Concat", [sequence, sequence], axis=0)
+    causal = node("Mul", [node("Trilu", [node("ConstantOfShape", [square], value=numpy_helper.from_array(
+        np.ones(1, np.float32))), const("above", 1, np.int64)], upper=1), const("fmin", np.finfo(np.float32).min)])
+    for i in range(layers):
+        qkv = node("Add", [node("MatMul", [layer_norm(h, f"ln1_{i}"), weight(f"wqkv{i}", width, 3 * width)]),
+                           weight(f"bqkv{i}", 3 * width, scale=0.1)])
+        q, k, v = node("Split", [qkv, const(f"thirds{i}", [width] * 3, np.int64)], [f"q{i}", f"k{i}", f"v{i}"], axis=-1)
+        q, k, v = (node("Reshape", [t, heads_shape]) for t in (q, k, v))
+        scores = node("Mul", [node("MatMul", [node("Transpose", [q], perm=[0, 2, 1, 3]),
+                                              node("Transpose", [k], perm=[0, 2, 3, 1])]),
+                              const(f"scale{i}", 1 / np.sqrt(head))])
+        probs = node("Softmax", [node("Add", [scores, causal])], axis=-1)
+        attended = node("Transpose", [node("MatMul", [probs, node("Transpose", [v], perm=[0, 2, 1, 3])])],
+                        perm=[0, 2, 1, 3])
+        merged = node("Reshape", [attended, node("Concat", [batch, sequence, const(f"w{i}", [width], np.int64)],
+                                                 axis=0)])
+        h = node("Add", [h, node("MatMul", [merged, weight(f"wo{i}", width, width)])])
+        up = node("MatMul", [layer_norm(h, f"ln2_{i}"), weight(f"wup{i}", width, 4 * width)])
+        gelu = node("Mul", [node("Mul", [up, const(f"half{i}", 0.5)]),
+                            node("Add", [const(f"one{i}", 1.0), node("Erf", [node("Div", [up, const(f"r2{i}", np.sqrt(2))])])])])
+        h = node("Add", [h, node("MatMul", [gelu, weight(f"wdown{i}", 4 * width, width)])])
+    node("Identity", [layer_norm(h, "ln_f")], ["last_hidden_state"])
+    graph = helper.make_graph(
+        nodes, "gpt2_like", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"])],
+        [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "sequence", width])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_one_gpt2_like_library_serves_every_batch_to_32_and_a_sweep_of_sequence_lengths(tmp_path):
+    """The dynamic-shape acceptance for a causal model on the cpu target: a small GPT-2
+    (gpt2_like_model) built once with buckets batch 1, 8, 32 x sequence 16, 64 runs every
+    batch 1..32 at sequence lengths 1, 7 and 64 (its position table has 64 rows), each
+    matching onnxruntime: the causal mask hides every padded key from the real queries."""
+    import onnxruntime as ort
+    path = tmp_path / "gpt2_like.onnx"
+    path.write_bytes(gpt2_like_model().SerializeToString())
+    library = byoc.build(path, config="cpu", workdir=str(tmp_path / "w"),
+                         dims={"batch": [1, 8, 32], "sequence": [16, 64]})
+    dims = library.metadata["dims"]
+    assert dims["batch"]["paddable"] and dims["sequence"]["paddable"], dims
+    module, session = library.load(), ort.InferenceSession(str(path))
+    rng = np.random.default_rng(8)
+    for sequence in (1, 7, 64):
+        for batch in range(1, 33):
+            ids = rng.integers(0, 50, (batch, sequence))
+            want = session.run(None, {"input_ids": ids})[0]
+            np.testing.assert_allclose(module.run(input_ids=ids), want, rtol=1e-4, atol=1e-4)
