@@ -186,17 +186,9 @@ def run_sequence_case(case: str, name: str, batches: list, sequences: list, args
             entry = {"batch": batch, "sequence": sequence}
             row["sweep"].append(entry)
             try:
-                inputs = inputs_for(batch, sequence)
-                feed = byoc_inputs(module, inputs, "cuda")
-                entry["bucket"] = module._variant_for(module._order_inputs([], feed))[0]["dims"]
-                reference = session.run(None, {k: v.numpy() for k, v in inputs.items()})[0]
-                got = module.run(**feed)
-                entry["error"] = float(f"{relative_error(to_numpy(got), reference):.3g}")
-                if batch in timed:
-                    entry["ms"] = round(time_cuda(lambda: module.run(**feed, out=got)), 4)
+                entry.update(checked_run(module, session, inputs_for(batch, sequence), timed=batch in timed))
                 if (batch, sequence) in static_ms and "ms" in entry:
                     entry["over_static"] = round(entry["ms"] / static_ms[batch, sequence], 3)
-                entry["ok"] = entry["error"] <= TOLERANCE
                 log(case, f"sweep batch {batch} sequence {sequence} (bucket {entry['bucket']}): {entry.get('ms', '-')} ms, "
                           f"error {entry['error']}{', ' + str(entry['over_static']) + 'x static' if 'over_static' in entry else ''}")
             except Exception as error:  # noqa: BLE001 - recorded, the sweep goes on
@@ -204,6 +196,20 @@ def run_sequence_case(case: str, name: str, batches: list, sequences: list, args
                 entry["ok"] = False
                 log(case, f"sweep {batch}x{sequence} FAILED: {entry['error']}")
     module.close()
+
+
+def checked_run(module, session, inputs: dict, timed: bool = True) -> dict:
+    """One run of the bucket library: the bucket it ran in (its dims), its error against
+    onnxruntime on the same inputs, whether that is within TOLERANCE, and (timed) its ms."""
+    feed = byoc_inputs(module, inputs, "cuda")
+    result = {"bucket": module._variant_for(module._order_inputs([], feed))[0]["dims"]}
+    reference = session.run(None, {k: v.numpy() for k, v in inputs.items()})[0]
+    got = module.run(**feed)
+    result["error"] = float(f"{relative_error(to_numpy(got), reference):.3g}")
+    result["ok"] = result["error"] <= TOLERANCE
+    if timed:
+        result["ms"] = round(time_cuda(lambda: module.run(**feed, out=got)), 4)
+    return result
 
 
 def sweep(case: str, module, session, inputs_for, sizes: list, row: dict) -> list:
@@ -217,18 +223,12 @@ def sweep(case: str, module, session, inputs_for, sizes: list, row: dict) -> lis
         entry = {"batch": batch}
         entries.append(entry)
         try:
-            inputs = inputs_for(batch)
-            feed = byoc_inputs(module, inputs, "cuda")
-            entry["bucket"] = module._variant_for(module._order_inputs([], feed))[0]["dims"]["batch"]
-            reference = session.run(None, {k: v.numpy() for k, v in inputs.items()})[0]
-            got = module.run(**feed)
-            entry["error"] = float(f"{relative_error(to_numpy(got), reference):.3g}")
-            entry["ms"] = round(time_cuda(lambda: module.run(**feed, out=got)), 4)
+            entry.update(checked_run(module, session, inputs_for(batch)))
+            entry["bucket"] = entry["bucket"]["batch"]
             entry["over_bucket"] = round(entry["ms"] / bucket_ms[entry["bucket"]], 3) if bucket_ms.get(entry["bucket"]) \
                 else None
             if static_ms.get(batch):
                 entry["over_static"] = round(entry["ms"] / static_ms[batch], 3)
-            entry["ok"] = entry["error"] <= TOLERANCE
             log(case, f"sweep batch {batch} (bucket {entry['bucket']}): {entry['ms']} ms, error {entry['error']}"
                       f"{', ' + str(entry['over_static']) + 'x static' if 'over_static' in entry else ''}")
         except Exception as error:  # noqa: BLE001 - recorded, the sweep goes on

@@ -257,9 +257,10 @@ def _embed_command(output: str) -> list[str]:
 
 def _cache_key(unit: CompileUnit, command: list, workdir: Path, memo: dict | None = None,
                relative_source: str | None = None) -> str:
-    # The key must not depend on where this build happens. The source's path becomes a
-    # placeholder, absolute or as the command names it relative to the work directory (a
-    # shape bucket's sources lie in bucket<N>/), and so do paths inside the work directory.
+    # The key must not depend on where this build happens. The source's path, absolute or as
+    # the command names it relative to the work directory (a shape bucket's sources lie in
+    # bucket<N>/), is keyed as the token "<source>", and paths inside the work directory as
+    # "<workdir>".
     # The object's own name is relative already.
     source = str(unit.source.resolve())
     keyed_command = ["<source>" if argument == relative_source else
