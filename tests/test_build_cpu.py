@@ -894,3 +894,28 @@ def test_one_gpt2_like_library_serves_every_batch_to_32_and_a_sweep_of_sequence_
             ids = rng.integers(0, 50, (batch, sequence))
             want = session.run(None, {"input_ids": ids})[0]
             np.testing.assert_allclose(module.run(input_ids=ids), want, rtol=1e-4, atol=1e-4)
+
+
+def test_one_library_of_a_transformers_gpt2_export_serves_every_batch_to_32_and_a_sweep_of_sequence_lengths(tmp_path):
+    """The same acceptance on GPT-2 as transformers writes it (fixtures/gpt2_2l_dynamic.onnx:
+    Conv1D views [batch, sequence, hidden] as [batch * sequence, hidden] for its Gemm, so
+    each batch's padded rows lie between the next batch's real ones until the view back;
+    causal and padding masks from the runtime shape and the mask input): buckets batch 1, 8,
+    32 x sequence 16, 64 pad both dims, and every batch 1..32 at sequence lengths 1, 7, 20
+    and 64 (its position table has 64 rows) matches onnxruntime, the last row's tail masked."""
+    import onnxruntime as ort
+    path = FIXTURES / "gpt2_2l_dynamic.onnx"
+    library = byoc.build(path, config="cpu", workdir=str(tmp_path / "w"),
+                         dims={"batch": [1, 8, 32], "sequence": [16, 64]})
+    dims = library.metadata["dims"]
+    assert dims["batch"]["paddable"] and dims["sequence"]["paddable"], dims
+    module, session = library.load(), ort.InferenceSession(str(path))
+    rng = np.random.default_rng(9)
+    for sequence in (1, 7, 20, 64):
+        for batch in range(1, 33):
+            feeds = {"input_ids": rng.integers(0, 500, (batch, sequence)),
+                     "attention_mask": np.ones((batch, sequence), np.int64)}
+            feeds["attention_mask"][-1, sequence - sequence // 4:] = 0  # a query row keeps its own key
+            want = session.run(None, feeds)[0]
+            np.testing.assert_allclose(module.run(**feeds), want, rtol=1e-4, atol=1e-4,
+                                       err_msg=f"batch {batch} sequence {sequence}")

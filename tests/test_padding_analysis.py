@@ -119,6 +119,35 @@ def test_rows_kept_apart_pad():
     assert problem(batch_model(nodes, initializers), "batch", 3, 7) is None
 
 
+def test_rows_merged_with_the_axes_outside_the_dim_pad_until_a_reshape_parts_them_again():
+    """GPT-2's Conv1D: [4, S, 2] viewed as [4*S, 2] for a dense layer (each of the 4 groups'
+    padded rows lie between the next group's real ones), a bias, a tanh, then viewed as
+    [4, S, 2] again: every row still computed from its own row, and the output holds the
+    dim leading its axis."""
+    nodes = [helper.make_node("Reshape", ["x", "rows"], ["m"]), helper.make_node("MatMul", ["m", "w"], ["h"]),
+             helper.make_node("Add", ["h", "bias"], ["b"]), helper.make_node("Tanh", ["b"], ["t"]),
+             helper.make_node("Reshape", ["t", "by_four"], ["y"])]
+    initializers = [const("by_four", [4, -1, 2], np.int64), const("rows", [-1, 2], np.int64),
+                    const("w", np.arange(4.0).reshape(2, 2)), const("bias", [0.5, -0.5])]
+    assert problem(batch_model(nodes, initializers, input_shape=(4, "sequence", 2)), "sequence", 3, 7) is None
+    # the same rows left merged at the output: the runtime cuts padded rows off the end
+    nodes[-1] = helper.make_node("Identity", ["t"], ["y"])
+    assert "holds the dim inside another axis" in problem(
+        batch_model(nodes, initializers, input_shape=(4, "sequence", 2)), "sequence", 3, 7)
+
+
+def test_rows_merged_in_two_ways_do_not_meet():
+    """[4, S, 2] viewed as [4*S, 2] added to its transpose [S, 4, 2] viewed as [S*4, 2]: the
+    shapes agree, but row r of one is not row r of the other, and a padded row of one meets
+    a real row of the other."""
+    nodes = [helper.make_node("Reshape", ["x", "rows"], ["a"]), helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0, 2]),
+             helper.make_node("Reshape", ["t", "rows"], ["b"]), helper.make_node("Add", ["a", "b"], ["c"]),
+             helper.make_node("Reshape", ["c", "by_four"], ["y"])]
+    initializers = [const("by_four", [4, -1, 2], np.int64), const("rows", [-1, 2], np.int64)]
+    reason = problem(batch_model(nodes, initializers, input_shape=(4, "sequence", 2)), "sequence", 3, 7)
+    assert "add: its operands hold the dim's rows in different places of axis 0" in reason, reason
+
+
 @pytest.mark.parametrize("case, nodes, initializers, says", [
     ("a mean over the batch", [helper.make_node("ReduceMean", ["x"], ["y"], axes=[0], keepdims=1)], [],
      "reduce over the dim|reduces over the dim"),
@@ -132,7 +161,7 @@ def test_rows_kept_apart_pad():
      [const("zero", 0, np.int64)], "depends on the dim's size"),
     ("the batch moved inside the features",
      [helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0]), helper.make_node("Reshape", ["t", "flat"], ["y"])],
-     [const("flat", [-1], np.int64)], "moves the dim inside other axes"),
+     [const("flat", [-1], np.int64)], "output 'y' holds the dim inside another axis"),
     ("the last row", [helper.make_node("Gather", ["x", "last"], ["y"], axis=0)], [const("last", -1, np.int64)],
      "depends on the dim's size|indexes along the dim"),
     ("the rows twice, one after the other", [helper.make_node("Concat", ["x", "x"], ["y"], axis=0)], [],

@@ -9,8 +9,14 @@ what lets it serve the sizes below it).
 (everything else equal), op by op. An axis whose extent differs between them carries the
 dim. The dim can be padded when every op keeps the rows along such axes apart:
 - elementwise and broadcasting ops, transposes, gathers by index, slices that take the whole
-  axis, and reshapes that keep the dim the outermost factor of its group (B*S rows of a
-  [B, S, H] tensor: the first b*S rows are the first b batches);
+  axis, and reshapes;
+- where a reshape merges the dim with the axes outside it (GPT-2's Conv1D views [B, S, H] as
+  [B*S, H] for its Gemm), each batch's padded rows lie between the real rows of the next: the
+  analysis follows, per axis that carries the dim, the factor outside it (its layout), and
+  lets such rows through ops that keep rows apart and line up operands of one layout (a row
+  of one operand meets the same row of the other), until a reshape gives the dim its own
+  axis again. An output must hold the dim leading its axis (the runtime cuts its padded rows
+  off the end);
 - no reduction, softmax or normalization, matmul contraction, concat, split, pad, cumsum or
   pooling window runs along it;
 - every constant is the same in both, or (one of the dim's size: position ids, masks) the
@@ -53,6 +59,7 @@ def padding_problem(small, large) -> str | None:
         return (f"the programs of the two sizes differ in structure ({len(main_small.bindings)} and "
                 f"{len(main_large.bindings)} ops)")
     varying: dict = {}  # large Var -> the axes carrying the dim
+    layouts: dict = {}  # large Var -> {axis carrying the dim: the factor of the axis outside it (1: it leads)}
     fills: dict = {}  # large Var -> ({axis carrying the dim: what its padded elements may hold}, anywhere)
     reals: dict = {}  # large Var -> what its real elements may hold
     for p_small, p_large in zip(main_small.params, main_large.params):
@@ -60,6 +67,7 @@ def padding_problem(small, large) -> str | None:
         if axes is None:
             return f"input {p_large.name_hint!r} has another rank in the two programs"
         varying[p_large] = axes
+        layouts[p_large] = {axis: 1 for axis in axes}
         zero = _Fill("const", _zero(p_large.type))  # the runtime pads every input with zeros
         fills[p_large] = ({axis: zero for axis in axes}, zero if axes else None)
         reals[p_large] = _FINITE  # the caller's data
@@ -74,6 +82,7 @@ def padding_problem(small, large) -> str | None:
             if out_axes is None or not out_axes <= varying[v_large.tuple_value]:
                 return f"{where}: the programs of the two sizes differ in structure"
             varying[b_large.var] = out_axes
+            layouts[b_large.var] = {axis: layouts.get(v_large.tuple_value, {}).get(axis, 1) for axis in out_axes}
             fills[b_large.var] = ({axis: source_fills.get(axis, _ANY) for axis in out_axes},
                                   source_padded if out_axes else None)
             reals[b_large.var] = reals.get(v_large.tuple_value, _ANY)
@@ -89,20 +98,32 @@ def padding_problem(small, large) -> str | None:
                 if problem:
                     return f"{where} {op}: {problem}"
                 arg_fills, arg_padded, arg_real = _constant_fills(arg_small, arg_large, axes)
+                layout = {axis: 1 for axis in axes}  # the smaller constant is the start of the larger
             else:
                 axes = varying.get(arg_large, frozenset())
                 arg_fills, arg_padded = fills.get(arg_large, ({}, None))
                 arg_real = reals.get(arg_large, _FINITE)
-            arguments.append(_Argument(arg_large, axes, arg_fills, arg_padded, arg_real))
+                layout = layouts.get(arg_large, {axis: 1 for axis in axes})
+            arguments.append(_Argument(arg_large, axes, arg_fills, arg_padded, arg_real, layout, arg_small))
         out_axes = _varying_axes(b_small.var.type, b_large.var.type)
         if out_axes is None:
             return f"{where} {op}: its result has another rank in the two programs"
         problem = _mixes(op, v_small, v_large, arguments, out_axes, b_large.var.type)
         if problem:
             return f"{where} {op}: {problem}"
+        problem, layouts[b_large.var] = _result_layout(op, v_large, arguments, out_axes, b_small.var.type,
+                                                       b_large.var.type)
+        if problem:
+            return f"{where} {op}: {problem}"
         varying[b_large.var] = out_axes
         fills[b_large.var] = _result_fills(op, v_large, arguments, out_axes, b_large.var.type)
         reals[b_large.var] = _real_fill(op, v_large, arguments, b_large.var.type)
+    results = main_large.result.fields if isinstance(main_large.result, Tuple) else (main_large.result,)
+    for position, result in enumerate(results):
+        if any(outer != 1 for outer in layouts.get(result, {}).values()):
+            name = getattr(result, "name_hint", None) or f"#{position}"
+            return (f"output {name!r} holds the dim inside another axis (a reshape merged them): its padded "
+                    f"rows lie between real ones, and the runtime cuts an output's padded rows off the end")
     return None
 
 
@@ -114,6 +135,8 @@ class _Argument(NamedTuple):
     fills: dict
     padded: object  # _Fill: what any padded element may hold (None: none is)
     real: object  # _Fill: what its real elements hold
+    layout: dict  # axis carrying the dim -> the factor of that axis outside the dim (1: the dim leads it)
+    small: object  # the smaller program's argument
 
 
 class _Fill(NamedTuple):
@@ -496,14 +519,95 @@ def _mixes(op: str, call_small, call_large, arguments: list, out_axes, out_type)
     if op == "tile":
         return "it repeats along the dim" if any(attrs["repeats"][a] != 1 for a in ins[0]) else None
     if op == "reshape":
-        return _reshape_problem(first.type.shape, out_type.shape, ins[0], out_axes)
+        return None  # _result_layout follows where the dim's rows go
     return "byoc does not know whether it keeps a padded dim's rows apart"
 
 
-def _reshape_problem(in_shape, out_shape, in_axes, out_axes) -> str | None:
-    """None when the reshape keeps the dim the outermost factor of its group on both sides
-    (the first b*S rows of [B*S, H] are the first b of [B, S, H]), else why not."""
-    i = j = 0
+def _result_layout(op: str, call, arguments: list, out_axes, small_type, large_type) -> tuple:
+    """(why not, the result's layout: {axis carrying the dim: the factor of the axis outside
+    it}). Ops that keep rows apart (_mixes let them through) move the dim's rows along with
+    their axes; where operands meet (elementwise, a contraction) they must hold them alike."""
+    from ..ir.op import OP_REGISTRY
+    if not out_axes:
+        return None, {}
+    if op == "reshape":
+        return _reshape_layout(arguments[0], small_type, large_type, out_axes)
+    if all(outer == 1 for argument in arguments for outer in argument.layout.values()):
+        return None, {axis: 1 for axis in out_axes}  # the dim leads every axis it is in, before and after
+    out_ndim = large_type.ndim if isinstance(large_type, TensorType) else 0
+    placed: dict = {}  # result axis -> the layouts its operands bring
+    category = getattr(OP_REGISTRY.get(op), "category", "opaque")
+
+    def place(argument, mapping):
+        for axis, outer in argument.layout.items():
+            target = mapping(axis)
+            if target is not None:
+                placed.setdefault(target, set()).add(outer)
+
+    def rank(argument):
+        return argument.value.type.ndim if isinstance(argument.value.type, TensorType) else 0
+
+    if category in ("elemwise", "broadcast") or op in ("where", "trilu", "device_copy", "on_device", "identity",
+                                                          "broadcast_to"):
+        for argument in arguments:  # numpy broadcasting lines the axes up from the right
+            place(argument, lambda axis, shift=out_ndim - rank(argument): axis + shift)
+    elif op == "transpose":
+        perm = [int(a) for a in (call.attrs.get("axes") or list(reversed(range(out_ndim))))]
+        place(arguments[0], lambda axis: perm.index(axis))
+    elif op == "matmul":
+        a, b = arguments[0], arguments[1]
+        ra, rb = rank(a), rank(b)
+        contracted = {}  # the contraction: a row of a meets the same column of b
+        for argument, own, rows, to in ((a, ra - 1, ra - 2 if ra >= 2 else None, out_ndim - 2 if rb >= 2 else
+                                         out_ndim - 1),
+                                        (b, rb - 2 if rb >= 2 else 0, rb - 1 if rb >= 2 else None, out_ndim - 1)):
+            for axis, outer in argument.layout.items():
+                if axis == own:
+                    contracted.setdefault(outer, argument)
+                elif axis == rows:
+                    placed.setdefault(to, set()).add(outer)
+                else:  # a batch axis, lined up from the right
+                    placed.setdefault(axis + out_ndim - rank(argument), set()).add(outer)
+        if len(contracted) > 1:
+            return "it contracts the dim of operands that hold its rows in different places of their axes", {}
+    elif op == "gather":
+        axis_of = int(call.attrs.get("axis", 0)) % max(rank(arguments[0]), 1)
+        indices = rank(arguments[1])
+        place(arguments[0], lambda axis: axis if axis < axis_of else axis + indices - 1 if axis > axis_of else None)
+        place(arguments[1], lambda axis: axis_of + axis)
+    elif op in ("softmax", "log_softmax", "layer_norm", "rms_norm", "batch_norm", "strided_slice", "split", "concat",
+                "pad", "tile", "cumsum", "gather_elements"):
+        for argument in arguments if op == "concat" else arguments[:1]:  # the axes stay where they are
+            place(argument, lambda axis: axis)
+    elif op in ("expand_dims", "squeeze") or category == "reduce":
+        # the axes that hold the dim keep their order (a sum along one, its padded terms zero, drops it)
+        reduced = set()
+        if category == "reduce":
+            from ..ops.reduction import reduced_axes
+            ndim = rank(arguments[0])
+            reduced = {int(call.attrs["axis"]) % ndim} if op in ("argmax", "argmin") else \
+                set(reduced_axes(op, call.attrs.get("axes") or (), ndim))
+        kept = sorted(axis for axis in arguments[0].layout if axis not in reduced)
+        if len(kept) != len(out_axes):
+            return "byoc does not know where it moves the axes that hold the dim", {}
+        place(arguments[0], lambda axis: sorted(out_axes)[kept.index(axis)] if axis in kept else None)
+    else:
+        return ("its operand holds the dim inside another axis (a reshape merged them), and byoc does not know "
+                "where it moves those rows"), {}
+    layout = {}
+    for axis in out_axes:
+        outers = placed.get(axis, {1})
+        if len(outers) > 1:
+            return (f"its operands hold the dim's rows in different places of axis {axis} (one of them merged it "
+                    f"with the axes outside it), so real rows would meet padded ones"), {}
+        layout[axis] = next(iter(outers))
+    return None, layout
+
+
+def _reshape_groups(in_shape, out_shape):
+    """The reshape's groups of axes whose extents multiply to the same number, as pairs
+    (input axes, output axes), in order; None when they do not line up."""
+    groups, i, j = [], 0, 0
     while i < len(in_shape) or j < len(out_shape):
         group_in, group_out, p_in, p_out = [], [], 1, 1
         if i < len(in_shape):
@@ -524,14 +628,48 @@ def _reshape_problem(in_shape, out_shape, in_axes, out_axes) -> str | None:
                 p_out *= out_shape[j]
                 j += 1
             else:
-                return "its groups of axes do not line up"
-        for group, shape, axes in ((group_in, in_shape, in_axes), (group_out, out_shape, out_axes)):
-            outer = next((a for a in group if shape[a] > 1), None)
-            if set(group) & set(axes) - {outer}:
-                return "it moves the dim inside other axes (padded rows would land between real ones)"
-        if bool(set(group_in) & set(in_axes)) != bool(set(group_out) & set(out_axes)):
-            return "it moves the dim into another group of axes"
-    return None
+                return None
+        groups.append((group_in, group_out))
+    return groups
+
+
+def _reshape_layout(argument: "_Argument", small_type, large_type, out_axes) -> tuple:
+    """(why not, the result's layout) of a reshape of `argument`. In a group of axes (read
+    as one row-major axis) the dim's index s lies at o * (S * inner) + s * inner + i, where
+    o runs over the factor outside it: the group's real elements are those with s below the
+    smaller size wherever the dim sits, so the reshape keeps the padded rows apart when one
+    axis of each side holds the dim and the factor outside it in the group is the same on
+    both sides ([B, S, H] -> [B*S, H] and back)."""
+    from math import prod
+    in_small, in_large = argument.small.type.shape, argument.value.type.shape
+    out_small, out_large = small_type.shape, large_type.shape
+    groups = _reshape_groups(in_large, out_large)
+    if groups is None:
+        return "its groups of axes do not line up", {}
+    layout = {}
+    for group_in, group_out in groups:
+        held_in = [axis for axis in group_in if axis in argument.layout]
+        held_out = [axis for axis in group_out if axis in out_axes]
+        if not held_in and not held_out:
+            continue
+        if not held_in or not held_out:
+            return "it moves the dim into another group of axes", {}
+        if len(held_in) > 1 or len(held_out) > 1:
+            return "it merges two axes that both grow with the dim, or splits one into two", {}
+        a, k = held_in[0], held_out[0]
+        outer = prod(in_large[g] for g in group_in if g < a) * argument.layout[a]
+        after_in = prod(in_large[g] for g in group_in if g > a)
+        # the dim and what lies inside it, flattened, at each size
+        inner_large = in_large[a] // argument.layout[a] * after_in
+        inner_small = in_small[a] // argument.layout[a] * after_in
+        before_out = prod(out_large[g] for g in group_out if g < k)
+        after_out = prod(out_large[g] for g in group_out if g > k)
+        if outer % before_out or inner_large % after_out or inner_small % after_out or \
+                out_large[k] != outer // before_out * (inner_large // after_out) or \
+                out_small[k] != outer // before_out * (inner_small // after_out):
+            return "it moves the dim's rows across other axes (padded rows would land between real ones)", {}
+        layout[k] = outer // before_out
+    return None, layout
 
 
 def padded_axes(buckets: list, tensors: list, verdicts: dict) -> tuple:
