@@ -276,8 +276,10 @@ def write(out: Path, rows: list):
             continue
         lib = row.get("buckets", {})
         ok = [e for e in row.get("sweep", []) if e.get("ok")]
+        # a row measured on another GPU than the file's header names says so
+        where = f" ({row['device']}, byoc {row.get('measured_at')})" if row.get("device") else ""
         lines += ["", f"## {row['model']}: buckets batch {','.join(map(str, row['sizes']))} x sequence "
-                  f"{','.join(map(str, row['sequences']))} in one library", "",
+                  f"{','.join(map(str, row['sequences']))} in one library{where}", "",
                   f"Built in {lib.get('build_s')} s ({lib.get('so_bytes', 0) / 1e6:.1f} MB, weights "
                   f"{lib.get('weights_bytes', 0) / 1e6:.1f} MB); dims: {json.dumps(lib.get('dims'))}. "
                   f"{len(ok)} of {len(row.get('sweep', []))} runs within {TOLERANCE} of onnxruntime. A size between "
