@@ -262,8 +262,9 @@ def write(out: Path, rows: list):
             arena = memory.get(entry["batch"], {}).get("arena_bytes", 0) / 2**20
             lower = (plan.get("lower_bound_bytes") or 0) / 2**20
             arena_text = f"{arena:.2f} ({lower:.2f})" if entry["batch"] in memory else "- (padded into the next)"
+            model = f"{row['model']} ({row['device']})" if row.get("device") else row["model"]
             lines.append(
-                f"| {row['model']} | {','.join(map(str, row['sizes']))} | {lib.get('build_s')}, "
+                f"| {model} | {','.join(map(str, row['sizes']))} | {lib.get('build_s')}, "
                 f"{lib.get('so_bytes', 0) / 1e6:.1f}, {lib.get('weights_bytes', 0) / 1e6:.1f} | {entry['batch']} | "
                 f"{entry.get('bucket_ms', '-')} | {entry.get('static_ms', '-')} | "
                 f"{entry.get('bucket_over_static', entry.get('error', '-'))} | {static.get('build_s', '-')}, "
@@ -306,8 +307,9 @@ def write(out: Path, rows: list):
         if not row.get("sweep") or row.get("sequences"):
             continue
         ok = [e for e in row["sweep"] if e.get("ok")]
+        where = f" ({row['device']}, byoc {row.get('measured_at')})" if row.get("device") else ""
         lines += ["", f"## {row['model']}: every batch from 1 to {max(row['sizes'])} through the bucket library "
-                  f"(buckets {','.join(map(str, row['sizes']))})", "",
+                  f"(buckets {','.join(map(str, row['sizes']))}){where}", "",
                   f"{len(ok)} of {len(row['sweep'])} batches within {TOLERANCE} of onnxruntime (worst error "
                   f"{max((e['error'] for e in ok), default=0)}). A batch between buckets runs padded into the next "
                   f"one: its ms over the bucket's own size's, and over a static library of its size where one "
