@@ -347,6 +347,9 @@ def test_dim_with_several_sizes_builds_shape_buckets_that_inspect_lists(capsys, 
     assert code == 0, err
     code, out, err = run_cli(capsys, "inspect", library)
     assert code == 0 and "2 shape buckets" in out and "batch=2, sequence=16: input_ids (2, 16)" in out, err
+    # the interface with its named axes: batch pads (any size up to 2), the sequence is fixed
+    assert "input  input_ids: int64 (batch 1..2, 16)" in out and \
+        "output last_hidden_state: float32 (batch 1..2, 16, 128)" in out, out
     code, out, err = run_cli(capsys, "run", library, "--inputs", str(FIXTURES / "bert2.npz"))
     assert code == 0 and "last_hidden_state: float32 (2, 16, 128)" in out, err
     code, out, err = run_cli(capsys, "import", str(FIXTURES / "bert2.onnx"), "--dim", "batch=1,2")
@@ -446,3 +449,15 @@ def test_a_terminal_build_shows_progress_at_once_and_every_few_seconds(tmp_path)
     times = [at for at, _ in progress]
     assert max(b - a for a, b in zip(times, times[1:])) <= 5.5, progress
     assert any("still working" in text for _, text in progress)  # the 7 s compile was reported while it ran
+
+
+def test_inspect_names_the_sizes_of_a_dim_that_does_not_pad():
+    """A dim whose sizes between buckets cannot be padded: inspect lists the buckets' own
+    extents on that axis (16|32), not the first bucket's."""
+    from byoc.cli.inspect import _bucketed_shape
+    variants = [{"dims": {"batch": b, "sequence": s},
+                 "inputs": [{"shape": [b, s], "axis_dims": ["batch", None]}]} for b in (1, 4) for s in (16, 32)]
+    dims = {"batch": {"paddable": True, "range": [1, 4], "sizes": [1, 4]},
+            "sequence": {"paddable": False, "sizes": [16, 32], "why_not": "..."}}
+    assert _bucketed_shape("inputs", 0, variants, dims) == "(batch 1..4, 16|32)"
+    assert _bucketed_shape("inputs", 0, variants[:1], dims) is None  # one program: its own shape

@@ -70,6 +70,30 @@ def describe_onnx_model(path, description: dict) -> str:
     return "\n".join(lines)
 
 
+def _bucketed_shape(kind: str, position: int, variants: list, dims: dict) -> str | None:
+    """A shape-bucket library's tensor with its named axes: (batch 1..32, sequence 1..512,
+    768) where the dim pads (any size up to its largest bucket runs), (sequence 128|512)
+    where only the buckets' own sizes do, the extent where every bucket has the same. None
+    for a library of one program."""
+    tensors = [variant.get(kind, []) for variant in variants]
+    if len(variants) < 2 or any(len(t) <= position for t in tensors):
+        return None
+    parts = []
+    for axis, extent in enumerate(tensors[0][position]["shape"]):
+        extents = sorted({t[position]["shape"][axis] for t in tensors})
+        name = (tensors[0][position].get("axis_dims") or [None] * (axis + 1))[axis]
+        dim = dims.get(name) or {}
+        size = variants[0].get("dims", {}).get(name)
+        if name and dim.get("paddable") and dim.get("range") and size and extent % size == 0:
+            factor = extent // size
+            parts.append(f"{'' if factor == 1 else f'{factor}*'}{name} {dim['range'][0]}..{dim['range'][1]}")
+        elif len(extents) > 1:
+            parts.append("|".join(map(str, extents)))
+        else:
+            parts.append(str(extent))
+    return f"({', '.join(parts)})"
+
+
 def describe_library(path, metadata: dict) -> str:
     """What `byoc inspect` prints: the library's interface, backends, memory plan and
     partition report, from the metadata it carries."""
@@ -78,11 +102,12 @@ def describe_library(path, metadata: dict) -> str:
     lines = [f"{path}: build {metadata.get('build_id')}, target {metadata.get('target')}"
              f"{', ' + metadata['arch'] if metadata.get('arch') else ''}, "
              f"cuda graph {'on' if metadata.get('cuda_graph') else 'off'}"]
-    for kind in ("inputs", "outputs"):
-        for tensor in metadata.get(kind, []):
-            where = f" on {tensor['device']}" if "device" in tensor else ""
-            lines.append(f"  {kind[:-1]:<6} {tensor['name']}: {tensor['dtype']} {tuple(tensor['shape'])}{where}")
     variants = metadata.get("variants") or []
+    for kind in ("inputs", "outputs"):
+        for position, tensor in enumerate(metadata.get(kind, [])):
+            where = f" on {tensor['device']}" if "device" in tensor else ""
+            shape = _bucketed_shape(kind, position, variants, metadata.get("dims") or {}) or tuple(tensor["shape"])
+            lines.append(f"  {kind[:-1]:<6} {tensor['name']}: {tensor['dtype']} {shape}{where}")
     if variants:  # shape buckets: a program each, over the one set of weights
         lines.append(f"  {len(variants)} shape buckets (run() takes the one the inputs' shapes fit):")
         for variant in variants:
