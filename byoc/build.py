@@ -199,8 +199,9 @@ class _Builder:
         self.padding = {}
         for name, (small, large) in pairs.items():
             try:
-                self.padding[name] = padding_problem(programs[small].builder.simplified,
-                                                     programs[large].builder.simplified)
+                self.padding[name] = padding_problem(
+                    programs[small].builder.simplified, programs[large].builder.simplified,
+                    [output for output, _ in programs[large].host.plan.outputs])
             except Exception as error:  # noqa: BLE001 - an analysis the build does not need: say so, build on
                 self.padding[name] = f"the analysis failed ({type(error).__name__}: {error})"
         for program in programs:

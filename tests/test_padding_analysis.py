@@ -119,7 +119,7 @@ def test_rows_kept_apart_pad():
     assert problem(batch_model(nodes, initializers), "batch", 3, 7) is None
 
 
-def test_rows_merged_with_the_axes_outside_the_dim_pad_until_a_reshape_parts_them_again():
+def test_rows_merged_with_the_axes_outside_the_dim_pad_until_a_reshape_parts_them_again(tmp_path):
     """GPT-2's Conv1D: [4, S, 2] viewed as [4*S, 2] for a dense layer (each of the 4 groups'
     padded rows lie between the next group's real ones), a bias, a tanh, then viewed as
     [4, S, 2] again: every row still computed from its own row, and the output holds the
@@ -132,8 +132,11 @@ def test_rows_merged_with_the_axes_outside_the_dim_pad_until_a_reshape_parts_the
     assert problem(batch_model(nodes, initializers, input_shape=(4, "sequence", 2)), "sequence", 3, 7) is None
     # the same rows left merged at the output: the runtime cuts padded rows off the end
     nodes[-1] = helper.make_node("Identity", ["t"], ["y"])
-    assert "holds the dim inside another axis" in problem(
-        batch_model(nodes, initializers, input_shape=(4, "sequence", 2)), "sequence", 3, 7)
+    merged = batch_model(nodes, initializers, input_shape=(4, "sequence", 2))
+    assert "holds the dim inside another axis" in problem(merged, "sequence", 3, 7)
+    # a library of buckets says so, naming the model's output
+    library = byoc.build(merged, config="cpu", workdir=str(tmp_path / "w"), dims={"sequence": [3, 7]})
+    assert "output 'y' holds the dim inside another axis" in library.metadata["dims"]["sequence"]["why_not"]
 
 
 def test_rows_merged_in_two_ways_do_not_meet():

@@ -51,9 +51,10 @@ _KEEP_ROWS_APART = {"transpose", "broadcast_to", "expand_dims", "squeeze", "tril
 _SHAPE_ATTRIBUTES = {"reshape": {"shape"}, "broadcast_to": {"shape"}, "strided_slice": {"end"}}
 
 
-def padding_problem(small, large) -> str | None:
+def padding_problem(small, large, output_names=None) -> str | None:
     """None when the dim whose size differs between the IRModules `small` and `large` can
-    be padded (see the module docstring), else why not."""
+    be padded (see the module docstring), else why not. `output_names`: the model's names of
+    main's results, for the reasons that name one."""
     main_small, main_large = small["main"], large["main"]
     if len(main_small.bindings) != len(main_large.bindings) or len(main_small.params) != len(main_large.params):
         return (f"the programs of the two sizes differ in structure ({len(main_small.bindings)} and "
@@ -121,7 +122,8 @@ def padding_problem(small, large) -> str | None:
     results = main_large.result.fields if isinstance(main_large.result, Tuple) else (main_large.result,)
     for position, result in enumerate(results):
         if any(outer != 1 for outer in layouts.get(result, {}).values()):
-            name = getattr(result, "name_hint", None) or f"#{position}"
+            name = output_names[position] if output_names and position < len(output_names) else \
+                getattr(result, "name_hint", None) or f"#{position}"
             return (f"output {name!r} holds the dim inside another axis (a reshape merged them): its padded "
                     f"rows lie between real ones, and the runtime cuts an output's padded rows off the end")
     return None
