@@ -875,25 +875,32 @@ def gpt2_like_model(layers=2, width=16, heads=2, vocab=50, positions=64):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def assert_one_library_serves_every_batch_to_32(path, workdir, sequences, feeds_for):
+    """Build `path` once with buckets batch 1, 8, 32 x sequence 16, 64 (both dims must pad),
+    then run every batch 1..32 at each of `sequences`: feeds_for(batch, sequence) -> the
+    inputs, each run matching onnxruntime."""
+    import onnxruntime as ort
+    library = byoc.build(path, config="cpu", workdir=str(workdir), dims={"batch": [1, 8, 32], "sequence": [16, 64]})
+    dims = library.metadata["dims"]
+    assert dims["batch"]["paddable"] and dims["sequence"]["paddable"], dims
+    module, session = library.load(), ort.InferenceSession(str(path))
+    for sequence in sequences:
+        for batch in range(1, 33):
+            feeds = feeds_for(batch, sequence)
+            np.testing.assert_allclose(module.run(**feeds), session.run(None, feeds)[0], rtol=1e-4, atol=1e-4,
+                                       err_msg=f"batch {batch} sequence {sequence}")
+
+
 def test_one_gpt2_like_library_serves_every_batch_to_32_and_a_sweep_of_sequence_lengths(tmp_path):
     """The dynamic-shape acceptance for a causal model on the cpu target: a small GPT-2
     (gpt2_like_model) built once with buckets batch 1, 8, 32 x sequence 16, 64 runs every
     batch 1..32 at sequence lengths 1, 7 and 64 (its position table has 64 rows), each
     matching onnxruntime: the causal mask hides every padded key from the real queries."""
-    import onnxruntime as ort
     path = tmp_path / "gpt2_like.onnx"
     path.write_bytes(gpt2_like_model().SerializeToString())
-    library = byoc.build(path, config="cpu", workdir=str(tmp_path / "w"),
-                         dims={"batch": [1, 8, 32], "sequence": [16, 64]})
-    dims = library.metadata["dims"]
-    assert dims["batch"]["paddable"] and dims["sequence"]["paddable"], dims
-    module, session = library.load(), ort.InferenceSession(str(path))
     rng = np.random.default_rng(8)
-    for sequence in (1, 7, 64):
-        for batch in range(1, 33):
-            ids = rng.integers(0, 50, (batch, sequence))
-            want = session.run(None, {"input_ids": ids})[0]
-            np.testing.assert_allclose(module.run(input_ids=ids), want, rtol=1e-4, atol=1e-4)
+    assert_one_library_serves_every_batch_to_32(
+        path, tmp_path / "w", (1, 7, 64), lambda batch, sequence: {"input_ids": rng.integers(0, 50, (batch, sequence))})
 
 
 def test_one_library_of_a_transformers_gpt2_export_serves_every_batch_to_32_and_a_sweep_of_sequence_lengths(tmp_path):
@@ -903,19 +910,11 @@ def test_one_library_of_a_transformers_gpt2_export_serves_every_batch_to_32_and_
     causal and padding masks from the runtime shape and the mask input): buckets batch 1, 8,
     32 x sequence 16, 64 pad both dims, and every batch 1..32 at sequence lengths 1, 7, 20
     and 64 (its position table has 64 rows) matches onnxruntime, the last row's tail masked."""
-    import onnxruntime as ort
-    path = FIXTURES / "gpt2_2l_dynamic.onnx"
-    library = byoc.build(path, config="cpu", workdir=str(tmp_path / "w"),
-                         dims={"batch": [1, 8, 32], "sequence": [16, 64]})
-    dims = library.metadata["dims"]
-    assert dims["batch"]["paddable"] and dims["sequence"]["paddable"], dims
-    module, session = library.load(), ort.InferenceSession(str(path))
     rng = np.random.default_rng(9)
-    for sequence in (1, 7, 20, 64):
-        for batch in range(1, 33):
-            feeds = {"input_ids": rng.integers(0, 500, (batch, sequence)),
-                     "attention_mask": np.ones((batch, sequence), np.int64)}
-            feeds["attention_mask"][-1, sequence - sequence // 4:] = 0  # a query row keeps its own key
-            want = session.run(None, feeds)[0]
-            np.testing.assert_allclose(module.run(**feeds), want, rtol=1e-4, atol=1e-4,
-                                       err_msg=f"batch {batch} sequence {sequence}")
+
+    def feeds_for(batch, sequence):
+        mask = np.ones((batch, sequence), np.int64)
+        mask[-1, sequence - sequence // 4:] = 0  # a query row keeps its own key
+        return {"input_ids": rng.integers(0, 500, (batch, sequence)), "attention_mask": mask}
+    assert_one_library_serves_every_batch_to_32(FIXTURES / "gpt2_2l_dynamic.onnx", tmp_path / "w", (1, 7, 20, 64),
+                                                feeds_for)

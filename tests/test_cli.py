@@ -461,3 +461,8 @@ def test_inspect_names_the_sizes_of_a_dim_that_does_not_pad():
             "sequence": {"paddable": False, "sizes": [16, 32], "why_not": "..."}}
     assert _bucketed_shape("inputs", 0, variants, dims) == "(batch 1..4, 16|32)"
     assert _bucketed_shape("inputs", 0, variants[:1], dims) is None  # one program: its own shape
+    # metadata byoc does not write (buckets of different ranks, a dim of no size): the plain shape
+    uneven = [variants[0], {"dims": {"batch": 0}, "inputs": [{"shape": [4], "axis_dims": ["batch"]}]}]
+    assert _bucketed_shape("inputs", 0, uneven, dims) is None
+    zero = [{**v, "dims": {"batch": 0}} for v in variants[:2]]
+    assert _bucketed_shape("inputs", 0, zero, dims) == "(1, 16|32)"

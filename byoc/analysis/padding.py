@@ -47,6 +47,9 @@ from ..ir.types import TensorType, TupleType
 # (broadcasting), or only move elements without combining them along any axis
 _KEEP_ROWS_APART = {"transpose", "broadcast_to", "expand_dims", "squeeze", "trilu", "device_copy", "on_device",
                     "identity"}
+# ops outside the elemwise/broadcast categories whose result element is computed from the
+# operands' elements at its own index (broadcasting from the right)
+_ELEMENTWISE_LIKE = {"where", "trilu", "device_copy", "on_device", "identity"}
 # attributes that only say shapes (they differ between the sizes where the dim is in them)
 _SHAPE_ATTRIBUTES = {"reshape": {"shape"}, "broadcast_to": {"shape"}, "strided_slice": {"end"}}
 
@@ -259,7 +262,7 @@ def _result_fills(op: str, call, arguments: list, out_axes, out_type) -> tuple:
         return {axis: whole for axis in out_axes}, whole
     category = getattr(OP_REGISTRY.get(op), "category", "opaque")
     out_ndim = out_type.ndim
-    if category in ("elemwise", "broadcast") or op in ("where", "trilu", "device_copy", "on_device", "identity"):
+    if category in ("elemwise", "broadcast") or op in _ELEMENTWISE_LIKE:
         fills = {}
         for axis in out_axes:
             operands = []
@@ -312,7 +315,7 @@ def _real_fill(op: str, call, arguments: list, out_type) -> "_Fill":
     if not isinstance(out_type, TensorType):
         return _join(reals)
     category = getattr(OP_REGISTRY.get(op), "category", "opaque")
-    if category in ("elemwise", "broadcast") or op in ("where", "trilu", "device_copy", "on_device", "identity"):
+    if category in ("elemwise", "broadcast") or op in _ELEMENTWISE_LIKE:
         return _elementwise_fill(op, call, arguments, reals)
     if op == "softmax":
         return _FINITE if all(_is(r, "no_nan") for r in reals) else _ANY
@@ -549,8 +552,7 @@ def _result_layout(op: str, call, arguments: list, out_axes, small_type, large_t
     def rank(argument):
         return argument.value.type.ndim if isinstance(argument.value.type, TensorType) else 0
 
-    if category in ("elemwise", "broadcast") or op in ("where", "trilu", "device_copy", "on_device", "identity",
-                                                          "broadcast_to"):
+    if category in ("elemwise", "broadcast") or op in _ELEMENTWISE_LIKE or op == "broadcast_to":
         for argument in arguments:  # numpy broadcasting lines the axes up from the right
             place(argument, lambda axis, shift=out_ndim - rank(argument): axis + shift)
     elif op == "transpose":

@@ -76,15 +76,17 @@ def _bucketed_shape(kind: str, position: int, variants: list, dims: dict) -> str
     where only the buckets' own sizes do, the extent where every bucket has the same. None
     for a library of one program."""
     tensors = [variant.get(kind, []) for variant in variants]
-    if len(variants) < 2 or any(len(t) <= position for t in tensors):
-        return None
+    if len(variants) < 2 or any(len(t) <= position for t in tensors) or \
+            len({len(t[position].get("shape", ())) for t in tensors}) != 1:
+        return None  # not the metadata byoc writes: the caller prints the library's own shape
     parts = []
     for axis, extent in enumerate(tensors[0][position]["shape"]):
         extents = sorted({t[position]["shape"][axis] for t in tensors})
         name = (tensors[0][position].get("axis_dims") or [None] * (axis + 1))[axis]
         dim = dims.get(name) or {}
         size = variants[0].get("dims", {}).get(name)
-        if name and dim.get("paddable") and dim.get("range") and size and extent % size == 0:
+        if name and dim.get("paddable") and len(dim.get("range") or ()) == 2 and isinstance(size, int) and size > 0 \
+                and extent % size == 0:
             factor = extent // size
             parts.append(f"{'' if factor == 1 else f'{factor}*'}{name} {dim['range'][0]}..{dim['range'][1]}")
         elif len(extents) > 1:
