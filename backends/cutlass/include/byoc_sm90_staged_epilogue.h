@@ -1,30 +1,29 @@
 // byoc's epilogue for CUTLASS 3.x sm90 warp-specialized GEMMs: D = act(alpha * acc + bias + C).
 //
 // Why byoc has its own: CUTLASS's TMA epilogue (the epilogue visitor tree, staged through
-// shared memory and stored by TMA, with a producer warp loading C) is about half of what nvcc
+// shared memory and stored by TMA, with a producer warp loading C) is about 40% of what nvcc
 // spends on a kernel's device half (bench/results/nvcc_phases.md), and its direct epilogue
 // (DefaultEpilogue: each thread stores its own accumulators, two bytes at a time) compiles in
-// half the time but runs 23-65% slower. This one compiles as fast as the direct one and
-// stores as the TMA one does, in 16-byte vectors along D's contiguous dimension, a chunk of
-// at most 64 contiguous columns of the CTA's tile at a time:
+// half the time but runs 23-65% slower. This one is as cheap to compile as the direct one and
+// stores as the TMA one does, in 16-byte vectors along D's contiguous dimension:
 //
-//   1. Each MMA thread loads the C and bias values of the vectors it will store (step 3), so
-//      their latency passes while it stages the chunk.
-//   2. It writes alpha * acc of its accumulators in the chunk to a float tile in shared
-//      memory (pairs of columns as 8-byte stores: the padded pitch puts a half-warp's pairs in
-//      32 different banks). A barrier over the MMA threads.
-//   3. The same threads read the chunk back in vectors along the contiguous dimension, add
-//      bias and C, apply the activation, all in float, round once to the element type (as
-//      CUTLASS's epilogue does) and store 16 bytes of D. A barrier, then the next chunk.
+//   1. Each MMA thread computes alpha * acc + bias for its accumulators in float (and the
+//      activation, when there is no C to add first), rounds once to the element type and
+//      writes it to a shared-memory tile of the CTA's output tile.
+//   2. A barrier over the MMA threads.
+//   3. The same threads sweep the tile in 16-byte vectors: read one from shared memory, add
+//      the same vector of C (16-byte load) and apply the activation in float, store 16 bytes
+//      of D. Rows or columns past the problem's end are skipped whole vector by whole vector:
+//      D's contiguous extent is a multiple of the vector (TMA's 16-byte stride rule, which
+//      the mainloop already imposes; can_implement checks it).
 //
-// Rows or columns past the problem's end are skipped vector by vector: D's contiguous
-// extent is a multiple of the vector (TMA's 16-byte stride rule, which the mainloop already
-// imposes; can_implement checks it).
+// With C the value is rounded twice (alpha * acc + bias to the element type in step 1, the
+// sum with C in step 3): within an ulp of the element type of CUTLASS's single rounding.
 //
 // It is a collective like CUTLASS's DefaultEpilogue (operator() per output tile), wrapped in
 // Sm90TmaWarpSpecializedAdapter for the kernels' TMA epilogue interface. A pingpong kernel's
 // two consumer warp groups run their epilogues one after the other (its math order barrier),
-// so one chunk of shared memory serves both.
+// so one tile of shared memory serves both.
 #pragma once
 
 #include <cutlass/cutlass.h>
@@ -55,16 +54,14 @@ class Sm90StagedEpilogue {
   static constexpr int kVector = 16 / int(sizeof(ElementD));  // elements in 16 bytes
   // D is stored along its stride-1 mode: N for row-major D, M for column-major (swapped) D
   static constexpr bool kAlongM = cute::is_constant<1, decltype(cute::get<0>(StrideD{}))>::value;
-  static constexpr int kRows = kAlongM ? kTileN : kTileM;  // the tile as rows of contiguous columns
+  static constexpr int kRows = kAlongM ? kTileN : kTileM;  // the shared tile, rows by contiguous columns
   static constexpr int kColumns = kAlongM ? kTileM : kTileN;
-  static constexpr int kChunk = kColumns < 64 ? kColumns : 64;  // contiguous columns staged at a time
-  static_assert(kVector == 8, "16-bit elements");
-  static_assert(kColumns % kChunk == 0 && kChunk % kVector == 0, "tile not a multiple of the chunk");
-  static constexpr int kPitch = kChunk + 8;  // floats; see step 2
-  static constexpr bool kBiasAlongColumns = kBias == (kAlongM ? BiasAlong::kRows : BiasAlong::kColumns);
+  // a vector of padding per row: the MMA layout's writes of eight rows at once fall in
+  // different banks
+  static constexpr int kPitch = kColumns + kVector;
 
   struct SharedStorage {
-    alignas(128) float chunk[kRows * kPitch];
+    alignas(128) ElementD tile[kRows * kPitch];
   };
   using TensorStorage = SharedStorage;
 
@@ -107,104 +104,64 @@ class Sm90StagedEpilogue {
 
   template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine, class FrgLayout,
             class TiledMma, class ResidueMNK>
-  CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK, BlockCoordMNKL blk_coord_mnkl,
-                                 cute::Tensor<FrgEngine, FrgLayout> const& accumulators, TiledMma tiled_mma,
-                                 ResidueMNK, int thread_idx, char* smem_buf) {
+  CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_MNK,
+                                 BlockCoordMNKL blk_coord_mnkl, cute::Tensor<FrgEngine, FrgLayout> const& accumulators,
+                                 TiledMma tiled_mma, ResidueMNK, int thread_idx, char* smem_buf) {
     using namespace cute;
-    using Vector = cutlass::Array<ElementD, kVector>;
     constexpr int kThreads = int(size(TiledMma{}));
-    constexpr int kVectorsPerRow = kChunk / kVector;
-    constexpr int kVectorsPerChunk = kRows * kVectorsPerRow;
-    constexpr int kVectorsPerThread = (kVectorsPerChunk + kThreads - 1) / kThreads;
     auto synchronize = [] {
       cutlass::arch::NamedBarrier::sync(kThreads, int(cutlass::arch::ReservedNamedBarriers::EpilogueBarrier));
     };
+    int const M = int(get<0>(problem_shape_mnkl));
+    int const N = int(get<1>(problem_shape_mnkl));
     int const tile_m = int(get<0>(blk_coord_mnkl)) * kTileM;
     int const tile_n = int(get<1>(blk_coord_mnkl)) * kTileN;
-    // the tile's origin and extent as rows of contiguous columns
-    int const row_origin = kAlongM ? tile_n : tile_m, column_origin = kAlongM ? tile_m : tile_n;
-    int const row_limit = (kAlongM ? int(get<1>(problem_shape_mnkl)) : int(get<0>(problem_shape_mnkl))) - row_origin;
-    int const column_limit =
-        (kAlongM ? int(get<0>(problem_shape_mnkl)) : int(get<1>(problem_shape_mnkl))) - column_origin;
-    int64_t const row_stride = kAlongM ? int64_t(get<1>(params_.dD)) : int64_t(get<0>(params_.dD));
-    ElementD* const d = params_.ptr_D + int64_t(get<3>(blk_coord_mnkl)) * int64_t(get<2>(params_.dD)) +
-                        int64_t(row_origin) * row_stride + column_origin;
-    ElementD const* const c = kHasSource ? params_.ptr_C + (d - params_.ptr_D) : nullptr;
-    ElementD const* const bias = params_.ptr_bias + (kBiasAlongColumns ? column_origin : row_origin);
-    float* const staged = reinterpret_cast<SharedStorage*>(smem_buf)->chunk;
+    int64_t const batch_offset = int64_t(get<3>(blk_coord_mnkl)) * int64_t(get<2>(params_.dD));
+    ElementD* tile = reinterpret_cast<SharedStorage*>(smem_buf)->tile;
     Activation<float> activation;
-    // the tile's (row, contiguous column) of each accumulator: the MMA's partition of the identity
+
+    // 1. accumulators -> alpha * acc + bias (activation too without C) -> the shared tile.
+    // The tile's (row, column) of each accumulator: the MMA's partition of the identity.
     Tensor coordinates = tiled_mma.get_thread_slice(thread_idx).partition_C(
         make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
-    auto row_of = [&](int i) { return kAlongM ? int(get<1>(coordinates(i))) : int(get<0>(coordinates(i))); };
-    auto column_of = [&](int i) { return kAlongM ? int(get<0>(coordinates(i))) : int(get<1>(coordinates(i))); };
-
+    synchronize();  // the previous tile's step 3 has read the shared tile
     CUTLASS_PRAGMA_UNROLL
-    for (int chunk = 0; chunk < kColumns / kChunk; ++chunk) {
-      // 1. C and bias of this thread's vectors of the chunk
-      Vector sources[kVectorsPerThread];
-      float row_bias[kVectorsPerThread];
-      Vector column_bias[kVectorsPerThread];
-      CUTLASS_PRAGMA_UNROLL
-      for (int k = 0; k < kVectorsPerThread; ++k) {
-        int const vector = k * kThreads + thread_idx;
-        int const row = vector / kVectorsPerRow, column = chunk * kChunk + (vector % kVectorsPerRow) * kVector;
-        bool const inside = vector < kVectorsPerChunk && row < row_limit && column < column_limit;
-        if constexpr (kHasSource) {
-          if (inside) sources[k] = *reinterpret_cast<Vector const*>(c + int64_t(row) * row_stride + column);
-        }
-        if constexpr (kBias != BiasAlong::kNone) {
-          if (inside) {
-            if constexpr (kBiasAlongColumns) {
-              CUTLASS_PRAGMA_UNROLL
-              for (int j = 0; j < kVector; ++j) column_bias[k][j] = bias[column + j];
-            } else {
-              row_bias[k] = float(bias[row]);
-            }
-          }
-        }
+    for (int i = 0; i < size(accumulators); ++i) {
+      int const m = get<0>(coordinates(i)), n = get<1>(coordinates(i));
+      float value = params_.alpha * float(accumulators(i));
+      if constexpr (kBias == BiasAlong::kColumns) {
+        if (tile_n + n < N) value += float(params_.ptr_bias[tile_n + n]);
+      } else if constexpr (kBias == BiasAlong::kRows) {
+        if (tile_m + m < M) value += float(params_.ptr_bias[tile_m + m]);
       }
-      // 2. alpha * acc of the chunk's accumulators -> shared memory
-      if (chunk > 0) synchronize();  // the previous chunk's step 3 has read it
-      // An even accumulator and the next one in the next column (the MMA layout's pairs;
-      // constants once unrolled) go as one 8-byte store where the address allows.
-      auto staged_at = [&](int i) { return staged + row_of(i) * kPitch + column_of(i) - chunk * kChunk; };
-      auto stored_as_pair = [&](int i) {
-        return i % 2 == 0 && i + 1 < int(size(accumulators)) && row_of(i + 1) == row_of(i) &&
-               column_of(i + 1) == column_of(i) + 1 && reinterpret_cast<uintptr_t>(staged_at(i)) % 8 == 0;
-      };
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(accumulators); ++i) {
-        int const column = column_of(i) - chunk * kChunk;
-        if (column < 0 || column >= kChunk || (i % 2 == 1 && stored_as_pair(i - 1))) continue;
-        if (stored_as_pair(i)) {
-          *reinterpret_cast<float2*>(staged_at(i)) =
-              make_float2(params_.alpha * float(accumulators(i)), params_.alpha * float(accumulators(i + 1)));
-        } else {
-          *staged_at(i) = params_.alpha * float(accumulators(i));
-        }
-      }
-      synchronize();
-      // 3. vectors of the chunk + bias + C, activation -> D
-      CUTLASS_PRAGMA_UNROLL
-      for (int k = 0; k < kVectorsPerThread; ++k) {
-        int const vector = k * kThreads + thread_idx;
-        int const row = vector / kVectorsPerRow, in_chunk = (vector % kVectorsPerRow) * kVector;
-        int const column = chunk * kChunk + in_chunk;
-        if (vector >= kVectorsPerChunk || row >= row_limit || column >= column_limit) continue;
-        float4 const low = *reinterpret_cast<float4 const*>(staged + row * kPitch + in_chunk);
-        float4 const high = *reinterpret_cast<float4 const*>(staged + row * kPitch + in_chunk + 4);
-        float values[8] = {low.x, low.y, low.z, low.w, high.x, high.y, high.z, high.w};
-        Vector out;
+      if constexpr (!kHasSource) value = activation(value);
+      tile[kAlongM ? n * kPitch + m : m * kPitch + n] = ElementD(value);
+    }
+    synchronize();
+
+    // 3. 16-byte vectors of the shared tile (+ C, activation) -> D
+    constexpr int kVectorsPerRow = kColumns / kVector;
+    constexpr int kVectorsPerTile = kRows * kVectorsPerRow;
+    int const row_limit = kAlongM ? N - tile_n : M - tile_m;
+    int const column_limit = kAlongM ? M - tile_m : N - tile_n;
+    CUTLASS_PRAGMA_UNROLL
+    for (int base = 0; base < kVectorsPerTile; base += kThreads) {
+      int const vector = base + thread_idx;
+      if (kVectorsPerTile % kThreads != 0 && vector >= kVectorsPerTile) break;
+      int const row = vector / kVectorsPerRow, column = (vector % kVectorsPerRow) * kVector;
+      if (row >= row_limit || column >= column_limit) continue;
+      int const m = tile_m + (kAlongM ? column : row), n = tile_n + (kAlongM ? row : column);
+      int64_t const offset = batch_offset + int64_t(m) * int64_t(get<0>(params_.dD)) +
+                             int64_t(n) * int64_t(get<1>(params_.dD));
+      cutlass::Array<ElementD, kVector> staged = *reinterpret_cast<cutlass::Array<ElementD, kVector> const*>(
+          tile + row * kPitch + column);
+      if constexpr (kHasSource) {
+        cutlass::Array<ElementD, kVector> source =
+            *reinterpret_cast<cutlass::Array<ElementD, kVector> const*>(params_.ptr_C + offset);
         CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < kVector; ++j) {
-          float value = values[j];
-          if constexpr (kBias != BiasAlong::kNone) value += kBiasAlongColumns ? float(column_bias[k][j]) : row_bias[k];
-          if constexpr (kHasSource) value += float(sources[k][j]);
-          out[j] = ElementD(activation(value));
-        }
-        *reinterpret_cast<Vector*>(d + int64_t(row) * row_stride + column) = out;
+        for (int j = 0; j < kVector; ++j) staged[j] = ElementD(activation(float(staged[j]) + float(source[j])));
       }
+      *reinterpret_cast<cutlass::Array<ElementD, kVector>*>(params_.ptr_D + offset) = staged;
     }
   }
 
