@@ -3,7 +3,6 @@
 # in .whl/ (see README "Benchmarks"), then run a stage and leave logs and results in $OUT.
 #   bench/gpu_session.sh tests    GPU tests of every file that has them, files in parallel
 #   bench/gpu_session.sh gemm     bench/bench_gemm.py (CUTLASS tuned, cuBLASLt engine, cuBLAS)
-#   bench/gpu_session.sh epilogues [CASES...]  byoc's staged GEMM epilogue against CUTLASS's TMA one (bench/compare_epilogues.py)
 #   bench/gpu_session.sh attention [ARGS...]  bench/bench_attention.py (every fused attention kernel and tile)
 #   bench/gpu_session.sh build_times [CASES...]  cold/warm/measure-all build times (bench/build_times.py tables them)
 #   bench/gpu_session.sh models CASES...   bench/run_models.py over the shipped CUDA configs
@@ -114,11 +113,6 @@ case "$stage" in
       --out /tmp/build-times/measure --workdir build/byoc-real-measure --configs cuda_sm90:measure --torch-modes none \
       --cases "$measure" >/tmp/build-times/timing-measure.log 2>&1
     tar -czf "$OUT/build_times.tar.gz" -C /tmp/build-times . ;;
-  epilogues)
-    # byoc's staged epilogue against CUTLASS's TMA one on each GEMM problem's chosen kernel:
-    # the tuning database's problems and those of the real-model cases (default below)
-    [ $# -eq 0 ] && set -- resnet50:32 gpt2:1 bert_base:8
-    python3 bench/compare_epilogues.py --export "$@" --out "$OUT" 2>&1 | tee "$OUT/compare_epilogues.log" | tail -n 60 ;;
   attention)
     python3 bench/bench_attention.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench_attention.log" | tail -n 60 ;;
   gemm)

@@ -1103,7 +1103,7 @@ def test_a_scale_after_a_batched_matmul_becomes_the_epilogue_alpha(tmp_path):
     assert report.to_json()["backends"]["cutlass"]["patterns"] == {"batched_matmul_nt_scaled": 1}, report.to_text()
     mod, _ = builder.codegen(mod)
     sources = [p.read_text() for p in tmp_path.glob("byoc_cutlass_*.cu") if not p.name.endswith("_device.cu")]
-    assert len(sources) == 1 and "arguments.epilogue.alpha = call->alpha;" in sources[0]
+    assert len(sources) == 1 and "arguments.epilogue.thread.alpha = call->alpha;" in sources[0]
     assert "sizes, 0.125f, workspace" in (tmp_path / "cutlass_entries.cc").read_text()
 
 

@@ -102,18 +102,8 @@ class GemmKernel:
     # be faster: 4 for the swapped 192x96 one-warp-group kernel at N=2304 (8.0 us against 8.4
     # with the 5 that fit), its first k-tiles arriving sooner when every SM asks at once.
     mainloop_stages: int = 0
-    # sm90 only: how the epilogue stores D. "staged": byoc's (include/byoc_sm90_staged_epilogue.h:
-    # through a shared-memory tile in 16-byte vectors), whose device half nvcc compiles in half
-    # the time of CUTLASS's. "tma": CUTLASS's epilogue visitor tree stored by TMA, in sub-tiles
-    # (epilogue_tile), with C loaded ahead by a producer warp.
-    # An epilogue_tile is a sub-tile of the TMA epilogue: giving one chooses "tma".
-    epilogue: str = "staged"
 
     kind = "gemm"
-
-    def __post_init__(self):
-        if self.epilogue_tile and self.epilogue == "staged":
-            object.__setattr__(self, "epilogue", "tma")
 
     def output_tile(self) -> tuple:
         """(rows, columns) of D one CTA computes."""
@@ -138,8 +128,6 @@ class GemmKernel:
                 shape += "_epi" + "x".join(str(t) for t in self.epilogue_tile)
             if self.mainloop_stages:
                 shape += f"_{self.mainloop_stages}stage"
-            if self.epilogue == "tma" and not self.epilogue_tile:  # a sub-tile already says TMA
-                shape += "_tma"
         else:
             shape = f"{tile}_{'x'.join(str(w) for w in self.warp)}_{self.stages}stage"
         layout = "nt" if problem.b_transposed else "nn"
@@ -191,7 +179,7 @@ class GemmKernel:
             kernel_schedule, epilogue_schedule = SM90_SCHEDULES[self.schedule]
             data.update(cluster=list(self.cluster), splits=self.splits, stream_k=self.stream_k, swap_ab=self.swap_ab,
                         epilogue_tile=list(self.epilogue_tile) if self.epilogue_tile else None,
-                        mainloop_stages=self.mainloop_stages, staged_epilogue=self.epilogue == "staged",
+                        mainloop_stages=self.mainloop_stages,
                         kernel_schedule=kernel_schedule, epilogue_schedule=epilogue_schedule)
         else:
             data.update(warp=list(self.warp), stages=self.stages)
@@ -215,8 +203,6 @@ class GemmKernel:
             data["epilogue_tile"] = list(self.epilogue_tile)
         if self.mainloop_stages:
             data["mainloop_stages"] = self.mainloop_stages
-        if self.sm >= 90 and self.epilogue != "staged":
-            data["epilogue"] = self.epilogue
         return data
 
     @staticmethod
@@ -226,8 +212,7 @@ class GemmKernel:
                           splits=data.get("splits", 1), stream_k=bool(data.get("stream_k", False)),
                           swap_ab=bool(data.get("swap_ab", False)),
                           epilogue_tile=tuple(data["epilogue_tile"]) if data.get("epilogue_tile") else None,
-                          mainloop_stages=data.get("mainloop_stages", 0),
-                          epilogue=data.get("epilogue", "staged"))
+                          mainloop_stages=data.get("mainloop_stages", 0))
 
 
 # The tuner's candidates. Cooperative kernels need a tile M of at least 128; pingpong runs

@@ -93,8 +93,6 @@ def _kernel_flaw(kernel) -> str | None:
             return f"splits is {kernel.splits!r}, expected a positive integer"
         if kernel.epilogue_tile is not None and not shape(kernel.epilogue_tile, 2):
             return f"epilogue_tile is {list(kernel.epilogue_tile)!r}, expected two positive integers"
-        if kernel.epilogue not in ("staged", "tma"):
-            return f"epilogue is {kernel.epilogue!r}, expected 'staged' (byoc's) or 'tma' (CUTLASS's)"
         stages = kernel.mainloop_stages
         if not (isinstance(stages, int) and not isinstance(stages, bool) and (stages == 0 or 2 <= stages <= 16)):
             return f"mainloop_stages is {stages!r}, expected 0 (as many as fit) or 2 to 16"

@@ -290,16 +290,8 @@ def time_kernels(chosen: dict, sm: int, workdir: Path, compile_flags: list, jobs
     """problem -> microseconds (None when it failed) of the one kernel `chosen[problem]`,
     compiled with `compile_flags` and timed as the tuner times candidates (the GEMM
     benchmark's measurement of its kernels launched another way)."""
-    measured = time_candidates({problem: [kernel] for problem, kernel in chosen.items()}, sm, workdir, compile_flags,
-                               jobs)
+    measured = _profile(list(chosen), sm, workdir, compile_flags, jobs, kernels_of=lambda problem: [chosen[problem]])
     return {problem: measured.get(problem, {}).get(kernel.name(problem)) for problem, kernel in chosen.items()}
-
-
-def time_candidates(kernels: dict, sm: int, workdir: Path, compile_flags: list, jobs=None) -> dict:
-    """problem -> {kernel name: microseconds, or None where it failed or disagreed with the
-    problem's first kernel} of the kernels listed for it (`kernels[problem]`), timed as the
-    tuner times its candidates."""
-    return _profile(list(kernels), sm, workdir, compile_flags, jobs, kernels_of=lambda problem: kernels[problem])
 
 
 def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
