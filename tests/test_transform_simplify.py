@@ -797,3 +797,51 @@ def @main(%m: Tensor[(6, 1), bool], %x: Tensor[(2, 3), float32], %i: Tensor[(3,)
             "i": np.array([2, 0, 1])}
     for got, want in zip(interpret(result, **args), interpret(parse(before), **args)):
         np.testing.assert_array_equal(got, want)
+
+
+# ================================================================= shrink_broadcast_constants
+
+def test_a_constant_repeated_along_axes_another_operand_supplies_keeps_one_slice():
+    """A folded [batch, sequence, hidden] addend that is the same in every batch row (BERT's
+    token-type + position embeddings) keeps one row, and one along each other axis where it
+    repeats (NaN repeats NaN); a constant of the call's extent along an axis no other
+    operand has, and values that differ, stay whole. Every result equals the input module's."""
+    from byoc.transform import shrink_broadcast_constants
+    row = np.arange(12, dtype=np.float32).reshape(1, 3, 4)
+    by_batch = np.repeat(row, 2, axis=0)  # the same along axis 0
+    by_both = np.broadcast_to(np.arange(4, dtype=np.float32), (2, 3, 4))  # the same along 0 and 1
+    varying = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    by_last = np.repeat(np.arange(6, dtype=np.float32).reshape(2, 3, 1), 4, axis=2)  # the same along 2
+    nan_rows = np.full((2, 3, 4), np.nan, np.float32)
+
+    def literal(array):
+        return json.dumps(array.tolist()).replace("NaN", "nan")
+    types = ", ".join(["Tensor[(2, 3, 4), float32]"] * 6)
+    before = f"""
+def @main(%x: Tensor[(2, 3, 4), float32], %v: Tensor[(4,), float32], %c: Tensor[(2, 3, 1), bool]) -> Tuple[{types}] {{
+  %a = add(%x, const({literal(by_batch)}, float32))
+  %b = multiply(const({literal(by_both)}, float32), %x)
+  %d = add(%v, const({literal(by_batch)}, float32))
+  %e = subtract(%x, const({literal(varying)}, float32))
+  %f = where(%c, %x, const({literal(by_last)}, float32))
+  %g = add(%x, const({literal(nan_rows)}, float32))
+  return (%a, %b, %d, %e, %f, %g)
+}}
+"""
+    after = f"""
+def @main(%x: Tensor[(2, 3, 4), float32], %v: Tensor[(4,), float32], %c: Tensor[(2, 3, 1), bool]) -> Tuple[{types}] {{
+  %a = add(%x, const({literal(row)}, float32))
+  %b = multiply(const({literal(by_both[:1, :1])}, float32), %x)
+  %d = add(%v, const({literal(by_batch)}, float32))
+  %e = subtract(%x, const({literal(varying)}, float32))
+  %f = where(%c, %x, const({literal(by_last[:, :, :1])}, float32))
+  %g = add(%x, const({literal(nan_rows[:1, :1, :1])}, float32))
+  return (%a, %b, %d, %e, %f, %g)
+}}
+"""
+    result = check(before, after, shrink_broadcast_constants)
+    rng = np.random.default_rng(0)
+    args = {"x": rng.standard_normal((2, 3, 4), np.float32), "v": rng.standard_normal(4, np.float32),
+            "c": rng.random((2, 3, 1)) > 0.5}
+    for got, want in zip(interpret(result, **args), interpret(parse(before), **args)):
+        np.testing.assert_array_equal(got, want)

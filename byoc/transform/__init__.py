@@ -14,5 +14,6 @@ from .sink_reshapes import sink_reshapes
 from .simplify_identity_gather import simplify_identity_gather
 from .combine_parallel_matmul import combine_parallel_matmul
 from .combine_logit_addends import combine_logit_addends
+from .shrink_broadcast_constants import shrink_broadcast_constants
 from .rewrite_cuda_graph import rewrite_cuda_graph
 

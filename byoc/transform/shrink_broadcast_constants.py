@@ -1,0 +1,87 @@
+"""ShrinkBroadcastConstants: a constant operand of a broadcasting op keeps one slice of each
+axis along which its values repeat and another operand supplies the extent.
+
+    %y = add(%x: [32, 512, 768], const([32, 512, 768]))   # every batch row the same
+    ->
+    %y = add(%x: [32, 512, 768], const([1, 512, 768]))
+
+FoldConstant folds what a model computes from constants alone, and exporters build some of
+that at the full shape of the activations it meets: transformers' BERT adds its token-type
+and position embeddings, gathered at `expand`ed all-zero token types and position ids, as
+one [batch, sequence, hidden] tensor. Folded, that is 25 MB of weights at batch 32 and
+sequence 512 (and in every shape bucket of a dynamic-shape library), all of it repeats of
+one slice; broadcasting gives the op the same values from the slice.
+
+Rewrites, in every function with a body, each call of a broadcasting op (binary arithmetic,
+comparisons, `where`) whose operands include a constant: along each axis of the constant
+(right-aligned, as broadcasting aligns them) where the constant's extent is more than 1, all
+its slices are equal, and the operands' broadcast shape without that extent is still the
+call's shape (another operand has it), the constant keeps its first slice. The result and
+its type are unchanged; exactly: each element of the result reads the same values.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.expr import Binding, Call, Constant, Function, is_op_call
+from ..ir.module import IRModule
+from ..ir.types import TensorType
+from ..ops.elementwise import BINARY_OPS
+
+BROADCASTING_OPS = tuple(BINARY_OPS) + ("where",)
+
+
+def shrink_broadcast_constants(mod: IRModule) -> IRModule:
+    return mod.map_bodies(_shrink)
+
+
+def _shrink(function: Function) -> Function:
+    bindings, changed = [], False
+    for binding in function.bindings:
+        value = binding.value
+        if is_op_call(value, BROADCASTING_OPS) and isinstance(binding.var.type, TensorType) and \
+                any(isinstance(arg, Constant) for arg in value.args):
+            args = _shrunk_args(value.args, tuple(binding.var.type.shape))
+            if args is not None:
+                value = Call(value.op, args, value.attrs)
+                changed = True
+        bindings.append(binding if value is binding.value else Binding(binding.var, value))
+    if not changed:
+        return function
+    return Function(function.params, bindings, function.result, function.ret_type, function.attrs)
+
+
+def _shrunk_args(args: list, shape: tuple) -> list | None:
+    """The call's operands with their constants shrunk, or None where none shrinks."""
+    if not all(isinstance(arg.type, TensorType) and all(isinstance(d, int) for d in arg.type.shape)
+               for arg in args) or not all(isinstance(d, int) for d in shape):
+        return None
+    shapes = [tuple(arg.type.shape) for arg in args]
+    args = list(args)
+    changed = False
+    for index, arg in enumerate(args):
+        if not isinstance(arg, Constant) or arg.data.size <= 1:
+            continue
+        data = arg.data
+        for axis in range(data.ndim):
+            if data.shape[axis] == 1:
+                continue
+            trial = list(shapes)
+            trial[index] = data.shape[:axis] + (1,) + data.shape[axis + 1:]
+            if _broadcast(trial) != shape:
+                continue  # no other operand has the extent
+            first = data[(slice(None),) * axis + (slice(0, 1),)]
+            if not np.array_equal(data, np.broadcast_to(first, data.shape), equal_nan=data.dtype.kind in "fc"):
+                continue
+            data, shapes = first, trial
+        if data is not arg.data:
+            args[index] = Constant(np.ascontiguousarray(data), arg.type.dtype)
+            changed = True
+    return args if changed else None
+
+
+def _broadcast(shapes: list) -> tuple | None:
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        return None
