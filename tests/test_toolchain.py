@@ -540,19 +540,9 @@ def test_a_fast_linker_that_fails_gives_way_to_the_systems(tmp_path, monkeypatch
     that the system's ld makes (a compiler whose libstdc++.so is a linker script gold cannot
     read), the link is made again without it, and build.ninja's link edge says so."""
     from byoc.toolchain import compiler
-
-    class BrokenFastLinker:
-        calls = 0
-
-        def __call__(self, cxx):
-            self.calls += 1
-            return ("-fuse-ld=byoc-no-such-linker",)
-
-        def cache_clear(self):
-            pass
-
-    monkeypatch.setattr(compiler, "fast_linker_flags", BrokenFastLinker())
-    monkeypatch.setattr(compiler, "_FAST_LINKER_REFUSED", set())  # the fallback's memory stays in this test
+    cxx = compiler.find_cxx()
+    # as if the probe had found a linker the link then cannot use (the memory stays in this test)
+    monkeypatch.setattr(compiler, "_FAST_LINKER", {cxx: ("-fuse-ld=byoc-no-such-linker",)})
     source = tmp_path / "a.cc"
     source.write_text('extern "C" int a() { return 1; }\n')
     objects = compile_units([CompileUnit(source, "cxx", ["-fPIC"], "a.o")], tmp_path)
@@ -560,3 +550,4 @@ def test_a_fast_linker_that_fails_gives_way_to_the_systems(tmp_path, monkeypatch
     assert library.is_file() and ctypes.CDLL(str(library)).a() == 1
     ninja = (tmp_path / "build.ninja").read_text()
     assert "build lib.so: link_shared" in ninja and "byoc-no-such-linker" not in ninja
+    assert compiler.fast_linker_flags(cxx) == ()  # the next link goes straight to the system's

@@ -386,18 +386,23 @@ def compile_units(units: list, workdir, jobs: int | None = None,
     return [objects_dir / unit.output for unit in units]
 
 
-_FAST_LINKER_REFUSED = set()  # compilers whose fast linker failed a link the system's linker made
+# compiler -> its fast-linker flags, probed once per process; () from the first time a link
+# failed with them and succeeded without (link_shared)
+_FAST_LINKER: dict = {}
 
 
-@functools.lru_cache(maxsize=None)
 def fast_linker_flags(cxx: str) -> tuple:
     """`-fuse-ld=lld` or `-fuse-ld=gold` where the compiler driver can use one of them, else
     nothing (the system's ld). A model's library carries its weights (hundreds of MB in
     one section): ld.bfd takes 0.7-0.9 s to link BERT-base's, gold about half of that, the
     bulk of a warm build's link step."""
+    if cxx not in _FAST_LINKER:
+        _FAST_LINKER[cxx] = _probe_fast_linker(cxx)
+    return _FAST_LINKER[cxx]
+
+
+def _probe_fast_linker(cxx: str) -> tuple:
     import tempfile
-    if cxx in _FAST_LINKER_REFUSED:
-        return ()
     for linker in ("lld", "gold"):
         if shutil.which(f"ld.{linker}") is None:
             continue
@@ -437,8 +442,7 @@ def link_shared(objects: list, output, flags: list, libraries: list, workdir=Non
             add_link_edge(base, NinjaEdge("link_shared", name(output), object_names, command))
         retry = subprocess.run(command, capture_output=True, text=True, errors="replace", cwd=base)
         if retry.returncode == 0:
-            fast_linker_flags.cache_clear()
-            _FAST_LINKER_REFUSED.add(cxx)
+            _FAST_LINKER[cxx] = ()
         run = retry
     if run.returncode != 0:
         where = f" (command in {base / 'build.ninja'})" if base is not None else ""
