@@ -551,3 +551,18 @@ def test_a_fast_linker_that_fails_gives_way_to_the_systems(tmp_path, monkeypatch
     ninja = (tmp_path / "build.ninja").read_text()
     assert "build lib.so: link_shared" in ninja and "byoc-no-such-linker" not in ninja
     assert compiler.fast_linker_flags(cxx) == ()  # the next link goes straight to the system's
+
+
+def test_compiled_templates_go_to_the_cache_directory_of_the_moment(tmp_path, monkeypatch):
+    """Jinja's compiled templates sit beside the object cache: a process that points
+    BYOC_CACHE_DIR elsewhere between renders stores them there, not in the first one."""
+    from byoc.codegen import templates
+    templates.template_environment.cache_clear()  # a fresh environment: templates compile again
+    try:
+        for name in ("first", "second"):
+            monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / name))
+            templates.template_environment().cache.clear()  # compiled in memory: compile from the text
+            templates.render_template("cutlass/entries.cc.j2", {"kernels": [], "calls": []})
+            assert list((tmp_path / name / "jinja").glob("__jinja2_*.cache")), name
+    finally:
+        templates.template_environment.cache_clear()

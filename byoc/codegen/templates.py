@@ -13,7 +13,17 @@ import jinja2
 class _TemplateBytecodeCache(jinja2.FileSystemBytecodeCache):
     """Compiled templates kept beside the object cache ($BYOC_CACHE_DIR/jinja, keyed by
     each template's text): compiling the dozen a build renders takes a warm build 0.15 s.
-    A cache that cannot be read or written is no cache (the template compiles)."""
+    The directory follows BYOC_CACHE_DIR as it is at each load and store, as the object
+    cache's does. A cache that cannot be read or written is no cache (the template
+    compiles)."""
+
+    def __init__(self):  # no directory of its own: see `directory`
+        self.pattern = "__jinja2_%s.cache"
+
+    @property
+    def directory(self) -> str:
+        from byoc.toolchain.cache import cache_dir
+        return str(cache_dir().parent / "jinja")
 
     def load_bytecode(self, bucket):
         try:
@@ -32,10 +42,9 @@ class _TemplateBytecodeCache(jinja2.FileSystemBytecodeCache):
 @functools.lru_cache(maxsize=1)
 def template_environment() -> jinja2.Environment:
     import byoc.templates
-    from byoc.toolchain.cache import cache_dir
     root = Path(byoc.templates.__file__).parent
     return jinja2.Environment(loader=jinja2.FileSystemLoader(str(root)), undefined=jinja2.StrictUndefined,
-                              bytecode_cache=_TemplateBytecodeCache(str(cache_dir().parent / "jinja")),
+                              bytecode_cache=_TemplateBytecodeCache(),
                               trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
                               # HTML pages escape what they show (names come from models); C/C++
                               # sources get names already sanitized for C
