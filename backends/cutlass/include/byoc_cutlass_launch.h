@@ -14,6 +14,7 @@
 #define BYOC_CUTLASS_LAUNCH_H_
 
 #include <cuda_runtime.h>
+#include <stddef.h>
 #include <stdio.h>
 
 #include <atomic>
@@ -115,5 +116,33 @@ class ByocEmbeddedKernel {
   mutable cudaLibrary_t library_ = nullptr;
   mutable std::atomic<cudaKernel_t> kernel_{nullptr};
 };
+
+// What the host half of every kernel unit does once it has the kernel's Arguments: the
+// checks CUTLASS's device adapter makes (can_implement, the workspace), Arguments -> Params,
+// and the launch of the device half's kernel. `Kernel`: a CUTLASS 3.x kernel type
+// (GemmUniversal, ConvUniversal); `what`: its name for messages; `symbol` (the partition),
+// `workspace`, `workspace_bytes` and `stream` come from the ByocCutlassCall. 0, or
+// byoc_report_error's answer.
+template <class Kernel>
+int byoc_run_cutlass_kernel(const char* symbol, const char* what, typename Kernel::Arguments const& arguments,
+                            void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                            const ByocEmbeddedKernel& kernel, dim3 cluster, bool with_pdl) {
+  char message[512];
+  if (!Kernel::can_implement(arguments)) {
+    snprintf(message, sizeof message, "CUTLASS cannot run %s on these operands (alignment?)", what);
+    return byoc_report_error(symbol, message);
+  }
+  if (Kernel::get_workspace_size(arguments) > workspace_bytes) {
+    snprintf(message, sizeof message, "workspace too small for %s", what);
+    return byoc_report_error(symbol, message);
+  }
+  if (Kernel::initialize_workspace(arguments, workspace, stream) != cutlass::Status::kSuccess) {
+    snprintf(message, sizeof message, "%s cannot set up its workspace", what);
+    return byoc_report_error(symbol, message);
+  }
+  typename Kernel::Params params = Kernel::to_underlying_arguments(arguments, workspace);
+  return kernel.launch(symbol, what, Kernel::get_grid_shape(params), Kernel::get_block_shape(), cluster,
+                       Kernel::SharedStorageSize, with_pdl, stream, &params);
+}
 
 #endif  // BYOC_CUTLASS_LAUNCH_H_
