@@ -3,7 +3,7 @@
     import (ONNX -> IRModule)
     simplify: fold_constant, fold_batch_norm, recognize_gelu, simplify_identity_gather, sink_reshapes,
               combine_parallel_matmul, combine_logit_addends, dead_code_elimination,
-              convert_to_float16 when asked, shrink_broadcast_constants
+              convert_to_float16 when asked; then shrink_broadcast_constants
     PinDevices: ops pinned to another device (config devices.pin) become functions of the
                 catch-all backend
     partition: each configured backend's patterns in priority order, then the built-in
@@ -244,6 +244,10 @@ class _Builder:
         progress.stage(f"imported: {len(mod['main'].bindings)} ops")
         mod = self.simplify(mod)
         self.simplified = mod  # what lower_programs compares between shape buckets (analysis/padding.py)
+        # after that record: a constant shrunk in one bucket's program and not in another's
+        # would look like the start of the other's to the padding analysis
+        from .transform import dead_code_elimination, shrink_broadcast_constants
+        mod = dead_code_elimination(shrink_broadcast_constants(mod))
         progress.stage(f"simplified: {len(mod['main'].bindings)} ops")
         # while main still binds every tensor (partitioning hides some inside functions), and
         # before any backend writes a size into C++
@@ -290,7 +294,6 @@ class _Builder:
         from .transform.sink_reshapes import sink_reshapes
         from .transform.combine_parallel_matmul import combine_parallel_matmul
         from .transform.combine_logit_addends import combine_logit_addends
-        from .transform.shrink_broadcast_constants import shrink_broadcast_constants
         mod = dead_code_elimination(recognize_gelu(dead_code_elimination(fold_batch_norm(fold_constant(mod)))))
         # after FoldConstant (the indices are constants then), before SinkReshapes (which
         # merges the reshape it leaves with its neighbours); after RecognizeGelu: a GEMM's
@@ -301,8 +304,7 @@ class _Builder:
         if self.cfg.precision in ("float16", "bfloat16"):
             mod = dead_code_elimination(fold_constant(convert_to_float16(
                 mod, dtype=self.cfg.precision, keep_float32_ops=self.keep_float32_ops())))
-        # last: the passes above match constants at the shapes the exporter wrote
-        return dead_code_elimination(shrink_broadcast_constants(mod))
+        return mod
 
     def keep_float32_ops(self) -> frozenset:
         """The precision pass's float32 ops, less those that every backend able to take

@@ -15,9 +15,15 @@ one slice; broadcasting gives the op the same values from the slice.
 Rewrites, in every function with a body, each call of a broadcasting op (binary arithmetic,
 comparisons, `where`) whose operands include a constant: along each axis of the constant
 (right-aligned, as broadcasting aligns them) where the constant's extent is more than 1, all
-its slices are equal, and the operands' broadcast shape without that extent is still the
-call's shape (another operand has it), the constant keeps its first slice. The result and
-its type are unchanged; exactly: each element of the result reads the same values.
+its slices are equal bit for bit (so -0.0 is not 0.0), and the operands' broadcast shape
+without that extent is still the call's shape (another operand has it), the constant keeps
+its first slice, where that saves at least `min_saved_bytes` (1 MiB: a small constant is
+not worth a shape the backends' patterns may not take, such as a bias of one element). The
+result and its type are unchanged; exactly: each element of the result reads the same bits.
+
+The builder runs it after recording the simplified module that shape buckets compare
+(analysis/padding.py): a constant shrunk at one bucket's size and not at another's would
+look like the start of the other's there.
 """
 from __future__ import annotations
 
@@ -31,17 +37,20 @@ from ..ops.elementwise import BINARY_OPS
 BROADCASTING_OPS = tuple(BINARY_OPS) + ("where",)
 
 
-def shrink_broadcast_constants(mod: IRModule) -> IRModule:
-    return mod.map_bodies(_shrink)
+MIN_SAVED_BYTES = 1 << 20
 
 
-def _shrink(function: Function) -> Function:
+def shrink_broadcast_constants(mod: IRModule, min_saved_bytes: int = MIN_SAVED_BYTES) -> IRModule:
+    return mod.map_bodies(lambda function: _shrink(function, min_saved_bytes))
+
+
+def _shrink(function: Function, min_saved_bytes: int) -> Function:
     bindings, changed = [], False
     for binding in function.bindings:
         value = binding.value
         if is_op_call(value, BROADCASTING_OPS) and isinstance(binding.var.type, TensorType) and \
                 any(isinstance(arg, Constant) for arg in value.args):
-            args = _shrunk_args(value.args, tuple(binding.var.type.shape))
+            args = _shrunk_args(value.args, tuple(binding.var.type.shape), min_saved_bytes)
             if args is not None:
                 value = Call(value.op, args, value.attrs)
                 changed = True
@@ -51,7 +60,7 @@ def _shrink(function: Function) -> Function:
     return Function(function.params, bindings, function.result, function.ret_type, function.attrs)
 
 
-def _shrunk_args(args: list, shape: tuple) -> list | None:
+def _shrunk_args(args: list, shape: tuple, min_saved_bytes: int) -> list | None:
     """The call's operands with their constants shrunk, or None where none shrinks."""
     if not all(isinstance(arg.type, TensorType) and all(isinstance(d, int) for d in arg.type.shape)
                for arg in args) or not all(isinstance(d, int) for d in shape):
@@ -60,7 +69,7 @@ def _shrunk_args(args: list, shape: tuple) -> list | None:
     args = list(args)
     changed = False
     for index, arg in enumerate(args):
-        if not isinstance(arg, Constant) or arg.data.size <= 1:
+        if not isinstance(arg, Constant) or arg.data.nbytes <= min_saved_bytes:
             continue
         data = arg.data
         for axis in range(data.ndim):
@@ -70,14 +79,23 @@ def _shrunk_args(args: list, shape: tuple) -> list | None:
             trial[index] = data.shape[:axis] + (1,) + data.shape[axis + 1:]
             if _broadcast(trial) != shape:
                 continue  # no other operand has the extent
-            first = data[(slice(None),) * axis + (slice(0, 1),)]
-            if not np.array_equal(data, np.broadcast_to(first, data.shape), equal_nan=data.dtype.kind in "fc"):
+            if not _repeats_along(data, axis):
                 continue
-            data, shapes = first, trial
-        if data is not arg.data:
+            data, shapes = data[(slice(None),) * axis + (slice(0, 1),)], trial
+        if data is not arg.data and arg.data.nbytes - data.nbytes >= min_saved_bytes:
             args[index] = Constant(np.ascontiguousarray(data), arg.type.dtype)
             changed = True
     return args if changed else None
+
+
+def _repeats_along(data: np.ndarray, axis: int) -> bool:
+    """Whether every slice of `data` along `axis` has the first one's bits (NaN repeats a
+    NaN of the same bits; -0.0 does not repeat 0.0)."""
+    bits = data.view(f"u{data.itemsize}") if data.itemsize in (1, 2, 4, 8) else data
+    first = bits[(slice(None),) * axis + (slice(0, 1),)]
+    second = bits[(slice(None),) * axis + (slice(1, 2),)]
+    # most constants differ already in their second slice: a small comparison says so
+    return bool(np.array_equal(second, first)) and bool(np.array_equal(bits, np.broadcast_to(first, bits.shape)))
 
 
 def _broadcast(shapes: list) -> tuple | None:
