@@ -71,19 +71,18 @@ def _shrunk_args(args: list, shape: tuple, min_saved_bytes: int) -> list | None:
     for index, arg in enumerate(args):
         if not isinstance(arg, Constant) or arg.data.nbytes <= min_saved_bytes:
             continue
-        data = arg.data
+        data, trial = arg.data, list(shapes)
         for axis in range(data.ndim):
             if data.shape[axis] == 1:
                 continue
-            trial = list(shapes)
             trial[index] = data.shape[:axis] + (1,) + data.shape[axis + 1:]
-            if _broadcast(trial) != shape:
-                continue  # no other operand has the extent
-            if not _repeats_along(data, axis):
+            if _broadcast(trial) != shape or not _repeats_along(data, axis):
+                trial[index] = data.shape  # no other operand has the extent, or the slices differ
                 continue
-            data, shapes = data[(slice(None),) * axis + (slice(0, 1),)], trial
+            data = data[(slice(None),) * axis + (slice(0, 1),)]
         if data is not arg.data and arg.data.nbytes - data.nbytes >= min_saved_bytes:
             args[index] = Constant(np.ascontiguousarray(data), arg.type.dtype)
+            shapes = trial  # the next constant's checks see this one shrunk
             changed = True
     return args if changed else None
 
