@@ -32,6 +32,7 @@ import numpy as np
 from ..ir.expr import Binding, Call, Constant, Function, is_op_call
 from ..ir.module import IRModule
 from ..ir.types import TensorType
+from ..ops._common import broadcast_shapes
 from ..ops.elementwise import BINARY_OPS
 
 BROADCASTING_OPS = tuple(BINARY_OPS) + ("where",)
@@ -62,8 +63,7 @@ def _shrink(function: Function, min_saved_bytes: int) -> Function:
 
 def _shrunk_args(args: list, shape: tuple, min_saved_bytes: int) -> list | None:
     """The call's operands with their constants shrunk, or None where none shrinks."""
-    if not all(isinstance(arg.type, TensorType) and all(isinstance(d, int) for d in arg.type.shape)
-               for arg in args) or not all(isinstance(d, int) for d in shape):
+    if not all(isinstance(arg.type, TensorType) for arg in args):
         return None
     shapes = [tuple(arg.type.shape) for arg in args]
     args = list(args)
@@ -76,7 +76,8 @@ def _shrunk_args(args: list, shape: tuple, min_saved_bytes: int) -> list | None:
             if data.shape[axis] == 1:
                 continue
             trial[index] = data.shape[:axis] + (1,) + data.shape[axis + 1:]
-            if _broadcast(trial) != shape or not _repeats_along(data, axis):
+            # with the extent 1 here, another operand must still give the call its shape
+            if broadcast_shapes(*trial) != shape or not _repeats_along(data, axis):
                 trial[index] = data.shape  # no other operand has the extent, or the slices differ
                 continue
             data = data[(slice(None),) * axis + (slice(0, 1),)]
@@ -96,9 +97,3 @@ def _repeats_along(data: np.ndarray, axis: int) -> bool:
     # most constants differ already in their second slice: a small comparison says so
     return bool(np.array_equal(second, first)) and bool(np.array_equal(bits, np.broadcast_to(first, bits.shape)))
 
-
-def _broadcast(shapes: list) -> tuple | None:
-    try:
-        return tuple(np.broadcast_shapes(*shapes))
-    except ValueError:
-        return None
