@@ -294,6 +294,118 @@ def test_a_cubin_unit_embeds_device_code_for_a_host_unit(tmp_path, cache, monkey
     assert not (broken / "obj" / "bad_device.o").exists()
 
 
+# ---- unity builds ------------------------------------------------------------------------------
+
+def test_unity_groups_take_units_of_one_key_language_and_flags_at_most_eight_at_a_time():
+    from byoc.toolchain.unity import UNITY_MAX_MEMBERS, unity_groups
+    flags = ["-O2"]
+
+    def unit(name, unity="k", language="cxx", unit_flags=flags):
+        return CompileUnit(f"/src/{name}.cc", language, list(unit_flags), f"{name}.o", unity=unity)
+    assert UNITY_MAX_MEMBERS == 8
+    units = [unit(f"u{i:02}") for i in range(11)]  # 11 of one key: two groups, 6 and 5
+    units += [unit("other_key", unity="j"), unit("no_key", unity=""), unit("other_flags", unit_flags=["-O0"]),
+              unit("other_language", language="cuda")]
+    groups = unity_groups(list(reversed(units)))  # the units' order does not matter
+    assert [[u.output for u in group] for group in groups] == [
+        [f"u{i:02}.o" for i in range(6)], [f"u{i:02}.o" for i in range(6, 11)]]
+    assert unity_groups(units[:1] + units[11:]) == []  # a group of one is no group
+
+
+def test_a_unity_group_compiles_once_links_once_and_comes_from_the_cache_again(tmp_path, cache):
+    """cxx units of one unity key that the cache lacks: one translation unit that #includes
+    each (readable, in obj/unity/), one edge, one object linked in their place; the next
+    build takes that object from the cache. A unit the cache has compiled alone is not
+    grouped again: it is taken from the cache, and the rest compile as before."""
+    work = tmp_path / "work"
+    units = _write_sources(work)
+    (work / "c.cc").write_text('extern "C" __attribute__((visibility("default"))) int thrice() { return 3 * 14; }\n')
+    grouped = [CompileUnit(u.source, u.language, u.flags, u.output, unity="answers")
+               for u in units + [CompileUnit(work / "c.cc", "cxx", units[0].flags, "c.o")]]
+    ran, stats = [], {}
+    objects = compile_units(grouped, work, progress=ran.append, stats=stats)
+    (unity,) = (work / "obj" / "unity").glob("unity_answers_*.cc")
+    assert objects == [work / "obj" / "unity" / f"{unity.stem}.o"]
+    assert unity.read_text().splitlines()[-3:] == ['#include "../../a.cc"', '#include "../../b.cc"',
+                                                    '#include "../../c.cc"']
+    assert len(ran) == 1 and stats["compiled"] == [0, 1, 2] and list(stats["unit_seconds"]) == [unity.name]
+    text = (work / "build.ninja").read_text()
+    assert text.count(": cxx_compile ") == 1 and f"-c obj/unity/{unity.name} -o obj/unity/{unity.stem}.o" in text
+    library = link_shared(objects, work / "lib.so", [], [], workdir=work)
+    assert ctypes.CDLL(str(library)).twice() == 84 and ctypes.CDLL(str(library)).thrice() == 42
+    # again, elsewhere: from the cache
+    again = tmp_path / "again"
+    shutil.copytree(work, again, ignore=shutil.ignore_patterns("obj", "*.so", "build.ninja", ".ninja*"))
+    moved = [CompileUnit(again / u.source.relative_to(work), u.language,
+                         [f.replace(str(work), str(again)) for f in u.flags], u.output, unity="answers") for u in grouped]
+    compile_units(moved, again, stats=stats)
+    assert stats["compiled"] == []
+    # a unit compiled alone before (no key then) is taken from the cache; the other two group
+    fresh = tmp_path / "fresh"
+    shutil.copytree(again, fresh)
+    for path in (fresh / "a.cc", fresh / "c.cc"):
+        path.write_text(path.read_text() + "// changed\n")
+    alone = [CompileUnit(fresh / "b.cc", "cxx", moved[1].flags, "b.o")]
+    compile_units(alone, fresh, stats=stats)
+    assert stats["compiled"] == [0]
+    regrouped = [CompileUnit(fresh / u.source.name, u.language, u.flags, u.output, unity="answers") for u in moved]
+    objects = compile_units(regrouped, fresh, stats=stats)
+    assert stats["compiled"] == [0, 2] and len(objects) == 2 and fresh / "obj" / "b.o" in objects
+
+
+def test_a_failing_member_fails_its_unity_group_by_name(tmp_path, cache):
+    """A unity group that does not compile: the error names its source and every member's,
+    nothing of the group is cached or left behind, and units outside it still compile."""
+    work = tmp_path / "work"
+    units = _write_sources(work)
+    (work / "bad.cc").write_text("int broken() { return no_such_name; }\n")
+    members = [CompileUnit(work / "a.cc", "cxx", units[0].flags, "a.o", unity="k"),
+               CompileUnit(work / "bad.cc", "cxx", units[0].flags, "bad.o", unity="k")]
+    with pytest.raises(byoc.BuildError) as info:
+        compile_units(members + [units[1]], work)
+    message = str(info.value)
+    (unity,) = (work / "obj" / "unity").glob("unity_k_*.cc")
+    assert f"compiling {unity} (together: {work / 'a.cc'}, {work / 'bad.cc'}) failed" in message
+    assert "no_such_name" in message and f"rerun: ninja -C {work} obj/unity/{unity.stem}.o" in message
+    assert not (work / "obj" / "unity" / f"{unity.stem}.o").exists()
+    assert [path.name for path in cache.rglob("*.o")] != [] and (work / "obj" / "b.o").is_file()
+    assert len(list(cache.rglob("*.o"))) == 1  # b.o alone
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(not HAS_NVCC, reason="nvcc not installed")
+def test_cubin_units_of_one_unity_key_share_one_cubin_and_keep_their_own_objects(tmp_path, cache):
+    """Device halves of one key compile as one cubin, embedded in each member's own object
+    under the member's own symbol; each object is cached under its member's key, so a later
+    build that needs one of them alone takes it from the cache."""
+    work = tmp_path / "work"
+    work.mkdir()
+    flags = Target("cuda -arch=sm_90").nvcc_flags()
+    for name, factor in (("twice", 2), ("thrice", 3)):
+        (work / f"{name}_device.cu").write_text(
+            f'extern "C" __global__ void {name}_kernel(float* x) {{ x[threadIdx.x] *= {factor}; }}\n')
+    units = [CompileUnit(work / f"{name}_device.cu", "cubin", flags, f"{name}_device.o", unity="scale")
+             for name in ("thrice", "twice")]
+    ran, stats = [], {}
+    objects = compile_units(units, work, progress=ran.append, stats=stats)
+    assert objects == [work / "obj" / "thrice_device.o", work / "obj" / "twice_device.o"]
+    assert len(ran) == 3 and stats["compiled"] == [0, 1]  # the cubin, then the two objects
+    (cubin,) = (work / "obj" / "unity").glob("unity_scale_*.cubin")
+    symbols = subprocess.run(["readelf", "-sW", str(cubin)], capture_output=True, text=True).stdout
+    assert re.search(r"FUNC +GLOBAL .* twice_kernel$", symbols, re.M) and "thrice_kernel" in symbols
+    for obj, symbol in ((objects[0], "thrice_device_cubin"), (objects[1], "twice_device_cubin")):
+        defined = subprocess.run(["nm", str(obj)], capture_output=True, text=True).stdout.split()
+        assert symbol in defined and not {"thrice_device_cubin", "twice_device_cubin"} - {symbol} & set(defined)
+    text = (work / "build.ninja").read_text()
+    assert text.count(": cubin_compile ") == 1 and text.count(": embed_cubin ") == 2
+    one = tmp_path / "one"
+    one.mkdir()
+    (one / "twice_device.cu").write_text((work / "twice_device.cu").read_text())
+    compile_units([CompileUnit(one / "twice_device.cu", "cubin", flags, "twice_device.o", unity="scale")], one,
+                  stats=stats)
+    assert stats["compiled"] == []
+
+
 @pytest.mark.nvcc
 @pytest.mark.skipif(not HAS_NVCC, reason="nvcc not installed")
 def test_nvcc_error_names_file_and_line(tmp_path):

@@ -269,21 +269,32 @@ def codegen(functions: dict, target) -> list:
                      compile_units=units, workspace_bytes=workspace, kernels=kernels)]
 
 
-def kernel_compile_units(kernel_units, workdir: Path) -> list:
+# The unity key of every split kernel's host half: they all instantiate CUTLASS's host-side
+# templates and parse the same headers, so a few of them compile in about the time of one
+# (toolchain/unity.py).
+HOST_HALVES_UNITY = "cutlass_sm90_host_halves"
+
+
+def kernel_compile_units(kernel_units, workdir: Path, unity: bool = True) -> list:
     """The CompileUnits of `kernel_units` (kernels.KernelUnit), their sources written to
     <workdir>/<entry>.cu (and a split unit's device half to <entry>_device.cu): the same file
     names and text wherever they are compiled (a build, the tuner), so the object cache
-    serves one for the other."""
+    serves one for the other. With `unity`, the halves that the cache lacks compile in unity
+    groups: device halves with the others of their tile and schedule, host halves a few
+    together."""
     from byoc.toolchain import CompileUnit
     compile_units = []
     for unit in kernel_units:
         source = workdir / f"{unit.entry}.cu"
         source.write_text(unit.source)
-        compile_units.append(CompileUnit(source, "cuda", list(unit.flags), f"{unit.entry}.o"))
+        split = unity and unit.device_source is not None
+        compile_units.append(CompileUnit(source, "cuda", list(unit.flags), f"{unit.entry}.o",
+                                         unity=HOST_HALVES_UNITY if split else ""))
         if unit.device_source is not None:
             device_source = workdir / f"{unit.entry}_device.cu"
             device_source.write_text(unit.device_source)
-            compile_units.append(CompileUnit(device_source, "cubin", list(unit.flags), f"{unit.entry}_device.o"))
+            compile_units.append(CompileUnit(device_source, "cubin", list(unit.flags), f"{unit.entry}_device.o",
+                                             unity=unit.unity if split else ""))
     return compile_units
 
 

@@ -139,6 +139,10 @@ class KernelUnit:
     source: str
     flags: tuple
     device_source: str | None = None
+    # what the unit's device half shares with others' (CompileUnit.unity): the kernel's name
+    # less its epilogue, for kernels of one tile, schedule and layout instantiate mostly the
+    # same templates (bench/results/nvcc_phases.md, "Unity builds")
+    unity: str = ""
 
     @property
     def objects(self) -> list:
@@ -161,8 +165,10 @@ def kernel_unit(kernel, problem, flags: list) -> KernelUnit:
     entry = f"byoc_{data['kernel_name']}_{hashlib.sha256(key.encode()).hexdigest()[:10]}"
     data = {**data, "entry": entry}
     if template in SPLIT_TEMPLATES:
+        mainloop = data["kernel_name"].removesuffix(f"_{problem.epilogue_name}")
         return KernelUnit(entry, data["kernel_name"], render_template(template, {**data, "part": "host"}),
-                          (*flags, f"-I{INCLUDE_DIR}"), render_template(template, {**data, "part": "device"}))
+                          (*flags, f"-I{INCLUDE_DIR}"), render_template(template, {**data, "part": "device"}),
+                          unity=f"{Path(template).name.split('.')[0]}:{mainloop}")
     return KernelUnit(entry, data["kernel_name"], render_template(template, data), (*flags, f"-I{INCLUDE_DIR}"))
 
 

@@ -324,7 +324,9 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
     # A candidate serves every problem of its types: compiled once, timed on each. One that
     # does not compile is left out (and reported), not fatal: the others are still measured,
     # and the heuristic's kernel is what the build used before tuning.
-    candidate_units = kernel_compile_units(kernel_units.values(), workdir)
+    # no unity groups: each candidate's objects on their own, so that one that does not
+    # compile costs no other, and a build finds each chosen kernel's in the cache
+    candidate_units = kernel_compile_units(kernel_units.values(), workdir, unity=False)
     try:
         compile_units(candidate_units, workdir, jobs=jobs)
     except BuildError as error:

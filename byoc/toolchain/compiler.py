@@ -30,9 +30,11 @@ from typing import Callable
 from ..errors import BuildError, CompileError
 from . import cache
 from .ninja import NinjaEdge, add_link_edge, edge_seconds, ninja_path, run_ninja, write_build_ninja
+from .unity import unity_cache_key, unity_groups, unity_name, unity_source_text
 
-# longest kind of compile first: build.ninja lists the units in this order (compile_units)
 LANGUAGES = ("cubin", "cuda", "cxx", "asm")
+# longest kind of compile first: build.ninja lists the edges in this order (compile_units)
+_EDGE_ORDER = ("cubin_compile", "cuda_compile", "cxx_compile", "asm_compile", "embed_cubin")
 _RULE_OF_LANGUAGE = {"cxx": "cxx_compile", "cuda": "cuda_compile", "cubin": "cubin_compile", "asm": "asm_compile"}
 # the assembler file that embeds a cubin unit's cubin (symbol and file from the command line)
 EMBED_CUBIN = Path(__file__).with_name("embed_cubin.S")
@@ -48,6 +50,9 @@ class CompileUnit:
     # the sha256 of the dependencies' bytes where the builder has it already (the weights,
     # hashed once for the build id): the cache key takes it instead of reading them again
     dependencies_digest: str = ""
+    # units with the same non-empty key, language and flags may compile as one translation
+    # unit when the cache has none of them (unity.py): for sources written to be concatenated
+    unity: str = ""
 
     def __post_init__(self):
         if self.language not in LANGUAGES:
@@ -246,12 +251,13 @@ def _cubin_path(output: str) -> str:
     return str(Path(output).with_suffix(".cubin"))
 
 
-def _embed_command(output: str) -> list[str]:
-    """The second step of a cubin unit: its cubin into the object `output`, at the symbol
-    named after the object (obj/x.o: x_cubin). The path is relative to the work
-    directory, where ninja runs, so the command does not depend on where the build is."""
+def _embed_command(output: str, cubin: str | None = None) -> list[str]:
+    """The second step of a cubin unit: its cubin (or a unity group's, `cubin`) into the
+    object `output`, at the symbol named after the object (obj/x.o: x_cubin). The paths are
+    relative to the work directory, where ninja runs, so the command does not depend on
+    where the build is."""
     return [find_cxx(), "-c", "-x", "assembler-with-cpp", str(EMBED_CUBIN),
-            f"-DBYOC_EMBED_SYMBOL={Path(output).stem}_cubin", f'-DBYOC_EMBED_FILE="{_cubin_path(output)}"',
+            f"-DBYOC_EMBED_SYMBOL={Path(output).stem}_cubin", f'-DBYOC_EMBED_FILE="{cubin or _cubin_path(output)}"',
             "-o", output]
 
 
@@ -314,21 +320,23 @@ def failed_outputs(ninja_output: str, outputs: list) -> set:
 
 def compile_units(units: list, workdir, jobs: int | None = None,
                   progress: Callable[[str], None] | None = None, stats: dict | None = None) -> list[Path]:
-    """Objects for `units` (in order, under <workdir>/obj), taken from the cache or
-    compiled by ninja with `jobs` parallel commands (default: one per CPU). `progress`
-    receives ninja's "[done/total] ..." lines. `stats`, when given, receives which units
-    were compiled (their indices in `units`) and the seconds the compiler ran."""
+    """The objects to link for `units` (under <workdir>/obj, in the units' order), taken from
+    the cache or compiled by ninja with `jobs` parallel commands (default: one per CPU).
+    Units missing from the cache that opted in (CompileUnit.unity) compile in unity groups
+    (unity.py): a group of cuda or cxx units is one object, listed once in place of its
+    members'. `progress` receives ninja's "[done/total] ..." lines. `stats`, when given,
+    receives which units were compiled (their indices in `units`) and the seconds the
+    compiler ran."""
     started = time.perf_counter()
     workdir = Path(workdir).resolve()
     objects_dir = workdir / "obj"
     objects_dir.mkdir(parents=True, exist_ok=True)
-    edges, keys, sources, to_build = [], {}, {}, []
+    keys, sources, to_build, missing = {}, {}, [], []
+    edges_of = {}  # output -> the unit's own ninja edge
+    output_of = {}  # id(unit) -> its output as build.ninja names it
     files_read = {}  # the sources and headers the cache keys read, once for all the units
     launcher = compiler_launcher()
-    # ninja starts ready edges in the order build.ninja lists them (with no log of earlier
-    # runs): the longest kinds of compile first, so that the short ones fill the gaps at the
-    # end instead of a long one starting last (nvcc's device code, then its other units).
-    for unit in sorted(units, key=lambda unit: LANGUAGES.index(unit.language)):
+    for unit in units:
         output = ninja_path(workdir, objects_dir / unit.output)
         if output in keys:
             raise BuildError(f"two compile units write {objects_dir / unit.output}")
@@ -336,27 +344,74 @@ def compile_units(units: list, workdir, jobs: int | None = None,
         command = _command(unit, source, output)
         then = _embed_command(output) if unit.language == "cubin" else []
         # the launcher (ccache, sccache) runs the same command: not part of the object's key
-        edges.append(NinjaEdge(_RULE_OF_LANGUAGE[unit.language], output, [source], launcher + command, then))
+        edges_of[output] = NinjaEdge(_RULE_OF_LANGUAGE[unit.language], output, [source], launcher + command, then)
+        output_of[id(unit)] = output
         keys[output] = _cache_key(unit, command + then, workdir, files_read, relative_source=source)
         sources[output] = unit.source.resolve()
         if not cache.fetch(keys[output], workdir / output):
             # An object left by an earlier build may look up to date to ninja (it does not
             # see header changes): remove it, so what is built and cached is fresh.
             (workdir / output).unlink(missing_ok=True)
-            to_build.append(output)
+            missing.append(unit)
+    groups = unity_groups(missing)
+    grouped = {id(unit) for members in groups for unit in members}
+    to_build = [output_of[id(unit)] for unit in missing if id(unit) not in grouped]
+    group_edges, group_key, shared_object, built_by = [], {}, {}, {}
+    for members in groups:
+        name = unity_name(members)
+        unity_source = objects_dir / "unity" / f"{name}{Path(members[0].source).suffix}"  # the compiler's language
+        unity_source.parent.mkdir(parents=True, exist_ok=True)
+        unity_source.write_text(unity_source_text(members, unity_source.parent))
+        source = ninja_path(workdir, unity_source)
+        output = ninja_path(workdir, unity_source.with_suffix(".o"))
+        command = _command(members[0], source, output)
+        member_outputs = [output_of[id(unit)] for unit in members]
+        what = f"{unity_source} (together: {', '.join(str(sources[o]) for o in member_outputs)})"
+        if members[0].language == "cubin":
+            # one cubin, then each member's object: that cubin under the member's symbol
+            cubin = _cubin_path(output)
+            (workdir / cubin).unlink(missing_ok=True)
+            group_edges.append(NinjaEdge("cubin_compile", cubin, [source], launcher + command))
+            sources[cubin] = what
+            for member_output in member_outputs:
+                group_edges.append(NinjaEdge("embed_cubin", member_output, [cubin],
+                                             _embed_command(member_output, cubin)))
+                to_build.append(member_output)
+                built_by[member_output] = cubin
+        else:
+            group_edges.append(NinjaEdge(_RULE_OF_LANGUAGE[members[0].language], output, [source],
+                                         launcher + command))
+            sources[output] = what
+            group_key[output] = unity_cache_key(members[0].language, [keys[o] for o in member_outputs])
+            for member_output in member_outputs:
+                shared_object[member_output] = output
+            if not cache.fetch(group_key[output], workdir / output):
+                (workdir / output).unlink(missing_ok=True)
+                to_build.append(output)
+    # ninja starts ready edges in the order build.ninja lists them (with no log of earlier
+    # runs): the longest compiles first, so that the short ones fill the gaps at the end
+    # instead of a long one starting last (nvcc's device code, then its other units; a unity
+    # group before single units of its kind). A grouped unit's own edge is left out.
+    own_edges = [edge for output, edge in edges_of.items() if output not in built_by and output not in shared_object]
+    edges = sorted(group_edges + own_edges, key=lambda edge: _EDGE_ORDER.index(edge.rule))
     build_file = write_build_ninja(workdir, edges)
     if stats is not None:
-        index_of = {ninja_path(workdir, objects_dir / unit.output): i for i, unit in enumerate(units)}
-        stats.update(units=len(units), compiled=sorted(index_of[o] for o in to_build), compile_seconds=0.0)
+        index_of = {output_of[id(unit)]: i for i, unit in enumerate(units)}
+        built_members = {o for o in index_of if built_by.get(o) or shared_object.get(o) in to_build}
+        compiled = {index_of[o] for o in to_build if o in index_of} | {index_of[o] for o in built_members}
+        stats.update(units=len(units), compiled=sorted(compiled), compile_seconds=0.0)
     if to_build:
         returncode, output_text = run_ninja(workdir, to_build, jobs, progress)
-        failed = failed_outputs(output_text, to_build)
+        cubins = sorted(set(built_by.values()))
+        failed = failed_outputs(output_text, to_build + cubins)
         headline = "compiling {} failed"
         if returncode != 0 and not failed:
             # ninja failed without naming an edge (interrupted, or its own error): no object
             # of this run can be trusted.
             failed = set(to_build)
             headline = f"ninja failed (exit code {returncode}) while compiling {{}}"
+        # a group's members fail with its cubin
+        failed |= {member for member, cubin in built_by.items() if cubin in failed}
         # A failed compiler may leave half an object behind, and ninja does not always
         # delete it: remove it, so that neither the cache, the link nor a later ninja run
         # takes it for a built object.
@@ -364,26 +419,35 @@ def compile_units(units: list, workdir, jobs: int | None = None,
             (workdir / output).unlink(missing_ok=True)
         built = [output for output in to_build if output not in failed and (workdir / output).is_file()]
         for output in built:  # keep what did compile, even when another unit failed
-            cache.store(keys[output], workdir / output)
+            cache.store(group_key.get(output) or keys[output], workdir / output)
         commands = [edge.command_line() for edge in edges]
         if failed:
-            failed_in_order = [output for output in to_build if output in failed]
-            rerun = f"ninja -C {shlex.quote(str(workdir))} {' '.join(map(shlex.quote, failed_in_order))}"
-            what = ", ".join(str(sources[output]) for output in failed_in_order)
+            # each failure once: a group's by its cubin, not by every member
+            reported = list(dict.fromkeys(built_by.get(o, o) for o in to_build if o in failed))
+            rerun = f"ninja -C {shlex.quote(str(workdir))} {' '.join(map(shlex.quote, reported))}"
+            what = ", ".join(str(sources[output]) for output in reported)
             raise CompileError(f"{headline.format(what)} (commands in {build_file}; rerun: {rerun}):\n"
                              f"{first_error_lines(output_text, commands)}")
-        missing = [output for output in to_build if output not in built]
-        if missing:
-            raise CompileError(f"compiling {', '.join(str(sources[output]) for output in missing)} succeeded but "
-                             f"wrote no object ({', '.join(str(workdir / output) for output in missing)}); "
-                             f"commands in {build_file}")
+        missing_objects = [output for output in to_build if output not in built]
+        if missing_objects:
+            raise CompileError(f"compiling {', '.join(str(sources[output]) for output in missing_objects)} "
+                               f"succeeded but wrote no object "
+                               f"({', '.join(str(workdir / output) for output in missing_objects)}); "
+                               f"commands in {build_file}")
     if stats is not None:
         stats["compile_seconds"] = round(time.perf_counter() - started, 2)
-        # each compiled unit's own time (the slowest bound a parallel build)
-        timed = edge_seconds(workdir, to_build)
-        stats["unit_seconds"] = {Path(unit.source).name: timed[output] for unit in units
-                                 for output in [ninja_path(workdir, objects_dir / unit.output)] if output in timed}
-    return [objects_dir / unit.output for unit in units]
+        # each compiled unit's own time (the slowest bound a parallel build), a group's
+        # under its unity source's name
+        timed = edge_seconds(workdir, list(to_build) + sorted(set(built_by.values())))
+        stats["unit_seconds"] = {Path(edge.inputs[0]).name: timed[edge.output] for edge in edges
+                                 if edge.output in timed and edge.rule != "embed_cubin"}
+    objects = []
+    for unit in units:
+        output = output_of[id(unit)]
+        path = workdir / shared_object.get(output, output)
+        if path not in objects:
+            objects.append(path)
+    return objects
 
 
 # compiler -> its fast-linker flags, probed once per process; () from the first time a link

@@ -2,8 +2,9 @@
 by ninja for the compile steps.
 
 The file has one rule per tool (cuda_compile for nvcc, cubin_compile for nvcc's device
-code embedded by the assembler, cxx_compile for the C++ compiler, asm_compile, link_shared)
-and one edge per compile unit plus one link edge.
+code embedded by the assembler, cxx_compile for the C++ compiler, asm_compile, link_shared,
+and embed_cubin for a unity group's cubin in each member's object) and one edge per compile
+unit (or unity group, toolchain/unity.py) plus one link edge.
 Every edge spells out its whole command (`cmd = ...`), so copying that line into a
 shell repeats the step exactly. Paths inside the work directory are relative to it
 (ninja runs from there); everything else is absolute.
@@ -27,6 +28,7 @@ RULES = {
     "cubin_compile": "compile",  # nvcc -cubin, then the assembler embeds the cubin in an object
     "cxx_compile": "compile",  # the C++ compiler
     "asm_compile": "compile",  # the C++ compiler driving the assembler
+    "embed_cubin": "embed",  # a unity group's cubin into one member's object (toolchain/unity.py)
     "link_shared": "link",
 }
 _LINK_SECTION = "# ---- link (rewritten by every link_shared call) ----"
@@ -72,7 +74,8 @@ def _escape_value(text: str) -> str:
 
 def render_edge(edge: NinjaEdge) -> str:
     inputs = " ".join(_escape_path(path) for path in edge.inputs)
-    subject = Path(edge.inputs[0]).name if edge.rule != "link_shared" and edge.inputs else Path(edge.output).name
+    named_by_input = edge.rule not in ("link_shared", "embed_cubin") and edge.inputs
+    subject = Path(edge.inputs[0]).name if named_by_input else Path(edge.output).name
     return (f"build {_escape_path(edge.output)}: {edge.rule} {inputs}\n"
             f"  cmd = {_escape_value(edge.command_line())}\n"
             f"  desc = {_escape_value(RULES[edge.rule] + ' ' + subject)}\n")

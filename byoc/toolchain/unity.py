@@ -1,0 +1,86 @@
+"""Unity builds: compile units that instantiate mostly the same templates, compiled as one
+translation unit.
+
+A CUTLASS kernel's compile time is its template instantiations, not its own lines, and
+kernels of one tile and schedule instantiate mostly the same ones. Measured with nvcc 13.0
+(2-core development machine, bench/results/nvcc_phases.md "Unity builds"): two sm90 device
+halves of one 128x256x64 cooperative tile (epilogues plain and residual + ReLU) take 29 s
+and 25 s apart, 30 s as one unit; two host halves 14 s each, 14 s together, three 16.5 s, eight 21 s.
+
+A backend opts a unit in with CompileUnit.unity, a key naming what its units share (units
+are only grouped when the key, the language and the flags all agree), and must write such
+sources so that they can be concatenated: distinct names at file scope, guarded headers.
+Only units missing from the object cache are grouped, so a unit compiled alone earlier (by
+the tuner, or by another model) is taken from the cache as before.
+
+What a group compiles to depends on the language:
+- cubin: one cubin of every member's kernels, embedded once per member in the member's own
+  object under the member's own symbol (a cubin is loaded and its kernel looked up by name
+  at run time, so carrying the others' kernels is harmless). Each member's object is then
+  cached under the member's own key, as if it had been compiled alone.
+- cuda, cxx: one object with every member's code, which the link takes once in place of the
+  members' objects, and which the cache keeps under a key made of the members' keys (a
+  member's code must be linked exactly once, so it cannot be cached alone).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+
+# Members of one group at most. A group's compile grows with its members (eight host
+# halves take 21 s against 14 s for one), and one unit must not outlast the build's slowest
+# other unit (a device half, 25-35 s).
+UNITY_MAX_MEMBERS = 8
+
+
+def unity_groups(units: list) -> list[list]:
+    """`units` (CompileUnits missing from the cache) partitioned into groups of two or more
+    that compile together: equal unity key, language and flags, at most UNITY_MAX_MEMBERS
+    each, sizes as even as possible; the order depends on the members' outputs only, so the
+    same units make the same groups in every build (and a cached group is found again)."""
+    classes = {}
+    for unit in units:
+        if unit.unity:
+            classes.setdefault((unit.language, unit.unity, tuple(map(str, unit.flags))), []).append(unit)
+    groups = []
+    for _, members in sorted(classes.items()):
+        members.sort(key=lambda unit: unit.output)
+        count = -(-len(members) // UNITY_MAX_MEMBERS)
+        size, larger = divmod(len(members), count)
+        start = 0
+        for index in range(count):
+            end = start + size + (index < larger)
+            if end - start >= 2:
+                groups.append(members[start:end])
+            start = end
+    return groups
+
+
+def unity_name(members: list) -> str:
+    """The group's file stem: its unity key made a file name, and a hash of its members."""
+    readable = re.sub(r"[^A-Za-z0-9_]+", "_", members[0].unity).strip("_")[:80] or "unity"
+    digest = hashlib.sha256("\n".join(unit.output for unit in members).encode()).hexdigest()[:10]
+    return f"unity_{readable}_{digest}"
+
+
+def unity_source_text(members: list, directory: Path) -> str:
+    """The group's translation unit: each member's source #included, by a path relative to
+    `directory` (where the unity source lies) when the member lies under the same work
+    directory, so the text does not depend on where the build is."""
+    lines = [f"// A unity build of {len(members)} byoc compile units ({members[0].unity}): one translation",
+             "// unit instantiates what they share once (byoc/toolchain/unity.py).", ""]
+    for unit in members:
+        source = Path(unit.source).resolve()
+        try:
+            path = os.path.relpath(source, Path(directory).resolve())
+        except ValueError:
+            path = str(source)
+        lines.append(f'#include "{path}"')
+    return "\n".join(lines) + "\n"
+
+
+def unity_cache_key(language: str, member_keys: list) -> str:
+    """The cache key of a group's shared object (cuda, cxx): its members' keys in order."""
+    return hashlib.sha256("\n".join(["byoc unity object 1", language, *member_keys]).encode()).hexdigest()
