@@ -312,6 +312,14 @@ def test_unity_groups_take_units_of_one_key_language_and_flags_at_most_eight_at_
     assert unity_groups(units[:1] + units[11:]) == []  # a group of one is no group
 
 
+def test_byoc_unity_build_0_compiles_every_unit_alone(monkeypatch):
+    from byoc.toolchain.unity import unity_groups
+    units = [CompileUnit(f"/src/{name}.cc", "cxx", [], f"{name}.o", unity="k") for name in "ab"]
+    assert len(unity_groups(units)) == 1
+    monkeypatch.setenv("BYOC_UNITY_BUILD", "0")
+    assert unity_groups(units) == []
+
+
 def test_a_unity_group_compiles_once_links_once_and_comes_from_the_cache_again(tmp_path, cache):
     """cxx units of one unity key that the cache lacks: one translation unit that #includes
     each (readable, in obj/unity/), one edge, one object linked in their place; the next

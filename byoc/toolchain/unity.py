@@ -39,7 +39,11 @@ def unity_groups(units: list) -> list[list]:
     """`units` (CompileUnits missing from the cache) partitioned into groups of two or more
     that compile together: equal unity key, language and flags, at most UNITY_MAX_MEMBERS
     each, sizes as even as possible; the order depends on the members' outputs only, so the
-    same units make the same groups in every build (and a cached group is found again)."""
+    same units make the same groups in every build (and a cached group is found again).
+    None with BYOC_UNITY_BUILD=0 (each unit alone: to compare build times, or to see a
+    compiler error in one unit's own compile)."""
+    if os.environ.get("BYOC_UNITY_BUILD", "1").strip() == "0":
+        return []
     classes = {}
     for unit in units:
         if unit.unity:
