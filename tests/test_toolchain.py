@@ -296,27 +296,33 @@ def test_a_cubin_unit_embeds_device_code_for_a_host_unit(tmp_path, cache, monkey
 
 # ---- unity builds ------------------------------------------------------------------------------
 
-def test_unity_groups_take_units_of_one_key_language_and_flags_at_most_eight_at_a_time():
-    from byoc.toolchain.unity import UNITY_MAX_MEMBERS, unity_groups
+def test_unity_groups_take_units_of_one_key_language_suffix_and_flags_a_few_at_a_time():
+    """At most eight in a group (four cubins), sizes as even as possible, whatever order the
+    units come in; a unit of another key, language, source suffix or flags, or whose path
+    cannot be #included, stays out; a group of one is no group."""
+    from byoc.toolchain.unity import unity_groups
     flags = ["-O2"]
 
-    def unit(name, unity="k", language="cxx", unit_flags=flags):
-        return CompileUnit(f"/src/{name}.cc", language, list(unit_flags), f"{name}.o", unity=unity)
-    assert UNITY_MAX_MEMBERS == 8
+    def unit(name, unity="k", language="cxx", unit_flags=flags, suffix=".cc"):
+        return CompileUnit(f"/src/{name}{suffix}", language, list(unit_flags), f"{name}.o", unity=unity)
     units = [unit(f"u{i:02}") for i in range(11)]  # 11 of one key: two groups, 6 and 5
     units += [unit("other_key", unity="j"), unit("no_key", unity=""), unit("other_flags", unit_flags=["-O0"]),
-              unit("other_language", language="cuda")]
+              unit("other_language", language="cuda"), unit("other_suffix", suffix=".cpp"),
+              unit('quote"d'), unit("new\nline")]
     groups = unity_groups(list(reversed(units)))  # the units' order does not matter
     assert [[u.output for u in group] for group in groups] == [
         [f"u{i:02}.o" for i in range(6)], [f"u{i:02}.o" for i in range(6, 11)]]
-    assert unity_groups(units[:1] + units[11:]) == []  # a group of one is no group
+    assert unity_groups(units[:1] + units[11:]) == []
+    cubins = [unit(f"d{i}", language="cubin", suffix=".cu") for i in range(5)]
+    assert [len(group) for group in unity_groups(cubins)] == [3, 2]
 
 
-def test_byoc_unity_build_0_compiles_every_unit_alone(monkeypatch):
+@pytest.mark.parametrize("value", ["0", "false", "OFF", " no "])
+def test_byoc_unity_build_0_compiles_every_unit_alone(monkeypatch, value):
     from byoc.toolchain.unity import unity_groups
     units = [CompileUnit(f"/src/{name}.cc", "cxx", [], f"{name}.o", unity="k") for name in "ab"]
     assert len(unity_groups(units)) == 1
-    monkeypatch.setenv("BYOC_UNITY_BUILD", "0")
+    monkeypatch.setenv("BYOC_UNITY_BUILD", value)
     assert unity_groups(units) == []
 
 

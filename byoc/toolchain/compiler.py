@@ -364,6 +364,9 @@ def compile_units(units: list, workdir, jobs: int | None = None,
         unity_source.write_text(unity_source_text(members, unity_source.parent))
         source = ninja_path(workdir, unity_source)
         output = ninja_path(workdir, unity_source.with_suffix(".o"))
+        if output in keys or _cubin_path(output) in keys:
+            raise BuildError(f"a compile unit writes {workdir / output}, where a unity group's object goes; "
+                             f"expected unit outputs outside {objects_dir / 'unity'}")
         command = _command(members[0], source, output)
         member_outputs = [output_of[id(unit)] for unit in members]
         what = f"{unity_source} (together: {', '.join(str(sources[o]) for o in member_outputs)})"
@@ -408,7 +411,7 @@ def compile_units(units: list, workdir, jobs: int | None = None,
         if returncode != 0 and not failed:
             # ninja failed without naming an edge (interrupted, or its own error): no object
             # of this run can be trusted.
-            failed = set(to_build)
+            failed = set(to_build) | set(cubins)
             headline = f"ninja failed (exit code {returncode}) while compiling {{}}"
         # a group's members fail with its cubin
         failed |= {member for member, cubin in built_by.items() if cubin in failed}

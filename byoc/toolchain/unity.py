@@ -31,27 +31,43 @@ from pathlib import Path
 
 # Members of one group at most. A group's compile grows with its members (eight host
 # halves take 21 s against 14 s for one), and one unit must not outlast the build's slowest
-# other unit (a device half, 25-35 s).
-UNITY_MAX_MEMBERS = 8
+# other unit (a device half, 25-35 s). Cubin groups stay smaller: each member's object
+# carries the whole group's cubin (n members, n * n kernel images in the library; a kernel
+# is 30-50 kB), and ptxas assembles every member's kernel in the one job.
+UNITY_MAX_MEMBERS = {"cubin": 4}
+UNITY_MAX_MEMBERS_DEFAULT = 8
+
+# What a member's path must not contain to be #included by a generated source
+_UNQUOTABLE = re.compile(r'["\\\n\r]')
+
+
+def unity_build_enabled() -> bool:
+    """False when BYOC_UNITY_BUILD says so (0, false, off, no): every unit compiles alone,
+    to compare build times, or to see a compiler error in one unit's own compile."""
+    return os.environ.get("BYOC_UNITY_BUILD", "1").strip().lower() not in ("0", "false", "off", "no")
 
 
 def unity_groups(units: list) -> list[list]:
     """`units` (CompileUnits missing from the cache) partitioned into groups of two or more
-    that compile together: equal unity key, language and flags, at most UNITY_MAX_MEMBERS
-    each, sizes as even as possible; the order depends on the members' outputs only, so the
-    same units make the same groups in every build (and a cached group is found again).
-    None with BYOC_UNITY_BUILD=0 (each unit alone: to compare build times, or to see a
-    compiler error in one unit's own compile)."""
-    if os.environ.get("BYOC_UNITY_BUILD", "1").strip() == "0":
+    that compile together: equal unity key, language, source suffix (which tells the
+    compiler the language) and flags, at most UNITY_MAX_MEMBERS each, sizes as even as
+    possible. Membership depends on the members' outputs only, so the same units make the
+    same groups in every build, and a warm build finds a group's object in the cache. (A
+    group of cuda or cxx units is cached as one object, so another set of units, another
+    model's or this one's with a kernel changed, compiles its own groups again: that costs
+    host halves, a few seconds each, never a device half, whose objects are cached alone.)
+    None when unity_build_enabled() is False."""
+    if not unity_build_enabled():
         return []
     classes = {}
     for unit in units:
-        if unit.unity:
-            classes.setdefault((unit.language, unit.unity, tuple(map(str, unit.flags))), []).append(unit)
+        if unit.unity and not _UNQUOTABLE.search(str(Path(unit.source).resolve())):
+            key = (unit.language, unit.unity, Path(unit.source).suffix, tuple(map(str, unit.flags)))
+            classes.setdefault(key, []).append(unit)
     groups = []
-    for _, members in sorted(classes.items()):
+    for (language, *_), members in sorted(classes.items()):
         members.sort(key=lambda unit: unit.output)
-        count = -(-len(members) // UNITY_MAX_MEMBERS)
+        count = -(-len(members) // UNITY_MAX_MEMBERS.get(language, UNITY_MAX_MEMBERS_DEFAULT))
         size, larger = divmod(len(members), count)
         start = 0
         for index in range(count):
@@ -70,18 +86,13 @@ def unity_name(members: list) -> str:
 
 
 def unity_source_text(members: list, directory: Path) -> str:
-    """The group's translation unit: each member's source #included, by a path relative to
-    `directory` (where the unity source lies) when the member lies under the same work
-    directory, so the text does not depend on where the build is."""
-    lines = [f"// A unity build of {len(members)} byoc compile units ({members[0].unity}): one translation",
-             "// unit instantiates what they share once (byoc/toolchain/unity.py).", ""]
+    """The group's translation unit: each member's source #included by its path relative
+    to `directory`, where the unity source lies (inside the work directory: the text does
+    not depend on where the build is)."""
+    lines = [f"// A unity build of {len(members)} byoc compile units ({unity_name(members)}): one",
+             "// translation unit instantiates what they share once (byoc/toolchain/unity.py).", ""]
     for unit in members:
-        source = Path(unit.source).resolve()
-        try:
-            path = os.path.relpath(source, Path(directory).resolve())
-        except ValueError:
-            path = str(source)
-        lines.append(f'#include "{path}"')
+        lines.append(f'#include "{os.path.relpath(Path(unit.source).resolve(), Path(directory).resolve())}"')
     return "\n".join(lines) + "\n"
 
 
