@@ -103,6 +103,15 @@ def test_kernel_families_compile(sm, tmp_path):
     units.append(CompileUnit(tmp_path / "cutlass_entries.cc", "cxx", ENTRIES_FLAGS, "cutlass_entries.o"))
     objects = compile_units(units, tmp_path)
     assert all(Path(o).stat().st_size > 0 for o in objects)
+    # Linked as a build links them (the halves in unity groups: an empty cache), every
+    # kernel's entry finds its cubin: the host halves' weak references are all resolved.
+    from byoc.toolchain import cuda_link_flags, link_shared
+    library = link_shared(objects, tmp_path / "kernels.so", [], cuda_link_flags([]), workdir=tmp_path)
+    symbols = subprocess.run(["readelf", "-sW", str(library)], capture_output=True, text=True).stdout
+    cubins = {line.split()[-1]: line.split()[6] for line in symbols.splitlines() if line.endswith("_device_cubin")}
+    split = [unit for unit in kernel_units.values() if unit.device_source is not None]
+    assert {f"{unit.entry}_device_cubin" for unit in split} <= set(cubins)
+    assert "UND" not in cubins.values(), cubins
 
 
 def test_heuristic_and_names():

@@ -326,45 +326,51 @@ def test_byoc_unity_build_0_compiles_every_unit_alone(monkeypatch, value):
     assert unity_groups(units) == []
 
 
-def test_a_unity_group_compiles_once_links_once_and_comes_from_the_cache_again(tmp_path, cache):
+def _weak_units(directory):
+    """Three cxx units written as unity members must be: weak definitions named after their
+    content, so that one member's object may carry the others' code."""
+    directory.mkdir(exist_ok=True)
+    weak = 'extern "C" __attribute__((weak, visibility("default")))'
+    (directory / "a.cc").write_text(f"{weak} int answer_v1() {{ return 42; }}\n")
+    (directory / "b.cc").write_text(f'extern "C" int answer_v1();\n{weak} int twice_v1() {{ return 2 * answer_v1(); }}\n')
+    (directory / "c.cc").write_text(f"{weak} int thrice_v1() {{ return 3 * 14; }}\n")
+    flags = Target("cpu").cxx_flags()
+    return [CompileUnit(directory / f"{name}.cc", "cxx", flags, f"{name}.o", unity="answers") for name in "abc"]
+
+
+def test_a_unity_group_compiles_once_links_once_and_serves_each_member_from_the_cache(tmp_path, cache):
     """cxx units of one unity key that the cache lacks: one translation unit that #includes
-    each (readable, in obj/unity/), one edge, one object linked in their place; the next
-    build takes that object from the cache. A unit the cache has compiled alone is not
-    grouped again: it is taken from the cache, and the rest compile as before."""
+    each (readable, in obj/unity/), one edge, one object linked in their place, cached under
+    each member's key. The next build takes it from the cache once for all three; a build
+    that needs one member alone takes the same object and links it."""
     work = tmp_path / "work"
-    units = _write_sources(work)
-    (work / "c.cc").write_text('extern "C" __attribute__((visibility("default"))) int thrice() { return 3 * 14; }\n')
-    grouped = [CompileUnit(u.source, u.language, u.flags, u.output, unity="answers")
-               for u in units + [CompileUnit(work / "c.cc", "cxx", units[0].flags, "c.o")]]
+    units = _weak_units(work)
     ran, stats = [], {}
-    objects = compile_units(grouped, work, progress=ran.append, stats=stats)
+    objects = compile_units(units, work, progress=ran.append, stats=stats)
     (unity,) = (work / "obj" / "unity").glob("unity_answers_*.cc")
     assert objects == [work / "obj" / "unity" / f"{unity.stem}.o"]
     assert unity.read_text().splitlines()[-3:] == ['#include "../../a.cc"', '#include "../../b.cc"',
                                                     '#include "../../c.cc"']
     assert len(ran) == 1 and stats["compiled"] == [0, 1, 2] and list(stats["unit_seconds"]) == [unity.name]
+    assert len(list(cache.rglob("*.o"))) == 3  # the group's object under each member's key
     text = (work / "build.ninja").read_text()
     assert text.count(": cxx_compile ") == 1 and f"-c obj/unity/{unity.name} -o obj/unity/{unity.stem}.o" in text
-    library = link_shared(objects, work / "lib.so", [], [], workdir=work)
-    assert ctypes.CDLL(str(library)).twice() == 84 and ctypes.CDLL(str(library)).thrice() == 42
-    # again, elsewhere: from the cache
+    library = ctypes.CDLL(str(link_shared(objects, work / "lib.so", [], [], workdir=work)))
+    assert library.twice_v1() == 84 and library.thrice_v1() == 42
+    # again, elsewhere: every member from the cache, the one object linked once
     again = tmp_path / "again"
-    shutil.copytree(work, again, ignore=shutil.ignore_patterns("obj", "*.so", "build.ninja", ".ninja*"))
-    moved = [CompileUnit(again / u.source.relative_to(work), u.language,
-                         [f.replace(str(work), str(again)) for f in u.flags], u.output, unity="answers") for u in grouped]
-    compile_units(moved, again, stats=stats)
-    assert stats["compiled"] == []
-    # a unit compiled alone before (no key then) is taken from the cache; the other two group
-    fresh = tmp_path / "fresh"
-    shutil.copytree(again, fresh)
-    for path in (fresh / "a.cc", fresh / "c.cc"):
-        path.write_text(path.read_text() + "// changed\n")
-    alone = [CompileUnit(fresh / "b.cc", "cxx", moved[1].flags, "b.o")]
-    compile_units(alone, fresh, stats=stats)
-    assert stats["compiled"] == [0]
-    regrouped = [CompileUnit(fresh / u.source.name, u.language, u.flags, u.output, unity="answers") for u in moved]
-    objects = compile_units(regrouped, fresh, stats=stats)
-    assert stats["compiled"] == [0, 2] and len(objects) == 2 and fresh / "obj" / "b.o" in objects
+    objects = compile_units(_weak_units(again), again, stats=stats)
+    assert stats["compiled"] == [] and len(objects) == 1
+    assert ctypes.CDLL(str(link_shared(objects, again / "lib.so", [], [], workdir=again))).twice_v1() == 84
+    # one member alone, and one new unit: the member's object is the group's
+    alone = tmp_path / "alone"
+    _, _, c = _weak_units(alone)
+    (alone / "d.cc").write_text('extern "C" int thrice_v1();\n'
+                                'extern "C" __attribute__((visibility("default"))) int d() { return thrice_v1() + 1; }\n')
+    objects = compile_units([c, CompileUnit(alone / "d.cc", "cxx", c.flags, "d.o")], alone, stats=stats)
+    assert stats["compiled"] == [1] and [o.name for o in objects] == ["c.o", "d.o"]
+    library = ctypes.CDLL(str(link_shared(objects, alone / "lib.so", [], [], workdir=alone)))
+    assert library.d() == 43 and library.twice_v1() == 84  # b's code came with c's object
 
 
 def test_a_failing_member_fails_its_unity_group_by_name(tmp_path, cache):

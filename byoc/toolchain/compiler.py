@@ -15,6 +15,7 @@ headers (nvidia-cutlass pip package) and cuBLASLt.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
 import os
 import re
@@ -30,7 +31,7 @@ from typing import Callable
 from ..errors import BuildError, CompileError
 from . import cache
 from .ninja import NinjaEdge, add_link_edge, edge_seconds, ninja_path, run_ninja, write_build_ninja
-from .unity import unity_cache_key, unity_groups, unity_name, unity_source_text
+from .unity import unity_groups, unity_name, unity_source_text
 
 LANGUAGES = ("cubin", "cuda", "cxx", "asm")
 # longest kind of compile first: build.ninja lists the edges in this order (compile_units)
@@ -52,6 +53,7 @@ class CompileUnit:
     dependencies_digest: str = ""
     # units with the same non-empty key, language and flags may compile as one translation
     # unit when the cache has none of them (unity.py): for sources written to be concatenated
+    # and, for cuda and cxx, to be linked from another's group object (weak definitions)
     unity: str = ""
 
     def __post_init__(self):
@@ -324,7 +326,7 @@ def compile_units(units: list, workdir, jobs: int | None = None,
     the cache or compiled by ninja with `jobs` parallel commands (default: one per CPU).
     Units missing from the cache that opted in (CompileUnit.unity) compile in unity groups
     (unity.py): a group of cuda or cxx units is one object, listed once in place of its
-    members'. `progress` receives ninja's "[done/total] ..." lines. `stats`, when given,
+    members' (and objects of identical bytes are listed once). `progress` receives ninja's "[done/total] ..." lines. `stats`, when given,
     receives which units were compiled (their indices in `units`) and the seconds the
     compiler ran."""
     started = time.perf_counter()
@@ -356,7 +358,7 @@ def compile_units(units: list, workdir, jobs: int | None = None,
     groups = unity_groups(missing)
     grouped = {id(unit) for members in groups for unit in members}
     to_build = [output_of[id(unit)] for unit in missing if id(unit) not in grouped]
-    group_edges, group_key, shared_object, built_by = [], {}, {}, {}
+    group_edges, shared_object, built_by = [], {}, {}
     for members in groups:
         name = unity_name(members)
         unity_source = objects_dir / "unity" / f"{name}{Path(members[0].source).suffix}"  # the compiler's language
@@ -385,12 +387,10 @@ def compile_units(units: list, workdir, jobs: int | None = None,
             group_edges.append(NinjaEdge(_RULE_OF_LANGUAGE[members[0].language], output, [source],
                                          launcher + command))
             sources[output] = what
-            group_key[output] = unity_cache_key(members[0].language, [keys[o] for o in member_outputs])
             for member_output in member_outputs:
                 shared_object[member_output] = output
-            if not cache.fetch(group_key[output], workdir / output):
-                (workdir / output).unlink(missing_ok=True)
-                to_build.append(output)
+            (workdir / output).unlink(missing_ok=True)
+            to_build.append(output)
     # ninja starts ready edges in the order build.ninja lists them (with no log of earlier
     # runs): the longest compiles first, so that the short ones fill the gaps at the end
     # instead of a long one starting last (nvcc's device code, then its other units; a unity
@@ -421,8 +421,14 @@ def compile_units(units: list, workdir, jobs: int | None = None,
         for output in failed:
             (workdir / output).unlink(missing_ok=True)
         built = [output for output in to_build if output not in failed and (workdir / output).is_file()]
+        members_of = {}
+        for member, output in shared_object.items():
+            members_of.setdefault(output, []).append(member)
         for output in built:  # keep what did compile, even when another unit failed
-            cache.store(group_key.get(output) or keys[output], workdir / output)
+            # a group's object under each member's key: a later build that needs one of them
+            # takes it (and links it once however many of its members it needs)
+            for key in [keys[member] for member in members_of.get(output, [])] or [keys[output]]:
+                cache.store(key, workdir / output)
         commands = [edge.command_line() for edge in edges]
         if failed:
             # each failure once: a group's by its cubin, not by every member
@@ -444,13 +450,30 @@ def compile_units(units: list, workdir, jobs: int | None = None,
         timed = edge_seconds(workdir, list(to_build) + sorted(set(built_by.values())))
         stats["unit_seconds"] = {Path(edge.inputs[0]).name: timed[edge.output] for edge in edges
                                  if edge.output in timed and edge.rule != "embed_cubin"}
-    objects = []
-    for unit in units:
-        output = output_of[id(unit)]
-        path = workdir / shared_object.get(output, output)
-        if path not in objects:
-            objects.append(path)
-    return objects
+    return _distinct_objects([(workdir / shared_object.get(output_of[id(unit)], output_of[id(unit)]),
+                               bool(unit.unity) and unit.language != "cubin") for unit in units])
+
+
+def _distinct_objects(objects: list) -> list:
+    """The paths of `objects` ((path, may be a unity group's object) pairs) in order, each
+    once: a path listed again is left out, and so is a unity member's object with the same
+    bytes as another's listed before (the cache hands a group's object to each member)."""
+    by_size, digests, distinct = {}, {}, []
+
+    def digest(path):
+        if path not in digests:
+            digests[path] = hashlib.sha256(path.read_bytes()).hexdigest()
+        return digests[path]
+    for path, shared in dict.fromkeys(objects):
+        if path in distinct:
+            continue
+        if shared:
+            size = path.stat().st_size
+            if any(digest(path) == digest(other) for other in by_size.get(size, [])):
+                continue
+            by_size.setdefault(size, []).append(path)
+        distinct.append(path)
+    return distinct
 
 
 # compiler -> its fast-linker flags, probed once per process; () from the first time a link

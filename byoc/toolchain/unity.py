@@ -8,7 +8,7 @@ halves of one 128x256x64 cooperative tile (epilogues plain and residual + ReLU) 
 and 25 s apart, 30 s as one unit; two host halves 14 s each, 14 s together, three 16.5 s, eight 21 s.
 
 A backend opts a unit in with CompileUnit.unity, a key naming what its units share (units
-are only grouped when the key, the language and the flags all agree), and must write such
+are only grouped when the key, the language, the source's suffix and the flags all agree), and must write such
 sources so that they can be concatenated: distinct names at file scope, guarded headers.
 Only units missing from the object cache are grouped, so a unit compiled alone earlier (by
 the tuner, or by another model) is taken from the cache as before.
@@ -19,8 +19,11 @@ What a group compiles to depends on the language:
   at run time, so carrying the others' kernels is harmless). Each member's object is then
   cached under the member's own key, as if it had been compiled alone.
 - cuda, cxx: one object with every member's code, which the link takes once in place of the
-  members' objects, and which the cache keeps under a key made of the members' keys (a
-  member's code must be linked exactly once, so it cannot be cached alone).
+  members' objects, and which the cache keeps under each member's key: a later build that
+  needs one of the members takes the whole object. So such members must link where the
+  others are absent and beside another copy of themselves: their external definitions weak
+  and named after their content, their references to what only they use weak (the CUTLASS
+  host halves, templates/cutlass/gemm_sm90.cu.j2).
 """
 from __future__ import annotations
 
@@ -52,11 +55,7 @@ def unity_groups(units: list) -> list[list]:
     that compile together: equal unity key, language, source suffix (which tells the
     compiler the language) and flags, at most UNITY_MAX_MEMBERS each, sizes as even as
     possible. Membership depends on the members' outputs only, so the same units make the
-    same groups in every build, and a warm build finds a group's object in the cache. (A
-    group of cuda or cxx units is cached as one object, so another set of units, another
-    model's or this one's with a kernel changed, compiles its own groups again: that costs
-    host halves, a few seconds each, never a device half, whose objects are cached alone.)
-    None when unity_build_enabled() is False."""
+    same groups in every build. None when unity_build_enabled() is False."""
     if not unity_build_enabled():
         return []
     classes = {}
@@ -94,8 +93,3 @@ def unity_source_text(members: list, directory: Path) -> str:
     for unit in members:
         lines.append(f'#include "{os.path.relpath(Path(unit.source).resolve(), Path(directory).resolve())}"')
     return "\n".join(lines) + "\n"
-
-
-def unity_cache_key(language: str, member_keys: list) -> str:
-    """The cache key of a group's shared object (cuda, cxx): its members' keys in order."""
-    return hashlib.sha256("\n".join(["byoc unity object 1", language, *member_keys]).encode()).hexdigest()
