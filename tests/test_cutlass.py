@@ -1056,7 +1056,8 @@ def test_partitions_of_one_kernel_compile_as_one_unit(tmp_path):
     served = {kernel: sum(1 for _, k in calls if k == kernel) for kernel in {k for _, k in calls}}
     assert len(kernels) == len(served) < len(calls) and sorted(served.values())[-2:] == [2, 2], served
     for name, text in kernels.items():  # the kernel's function, and no partition's name or size
-        assert f'extern "C" int {name[:-3]}(const ByocCutlassCall* call)' in text
+        # weak: a unity group's object of several host halves may be linked for any of them
+        assert f'extern "C" __attribute__((weak)) int {name[:-3]}(const ByocCutlassCall* call)' in text
         assert f'ByocEmbeddedKernel kernel({name[:-3]}_device_cubin, "{name[:-3]}_kernel")' in text
         device = devices[f"{name[:-3]}_device.cu"].source.read_text()
         assert f'extern "C" __global__ void' in device and f"{name[:-3]}_kernel(" in device
