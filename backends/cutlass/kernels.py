@@ -4,6 +4,9 @@ heuristic's default, kernels from the tuning database, compile flags, and the ke
 units (one per kernel type, shared by every problem it runs) with the partitions' calls of them."""
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,26 +153,43 @@ class KernelUnit:
         return [f"{self.entry}.o"] + ([f"{self.entry}_device.o"] if self.device_source is not None else [])
 
 
+# What a kernel unit's entry stands for while its text is rendered: the entry is then named
+# after that text (kernel_unit).
+_ENTRY_PLACEHOLDER = "BYOC_KERNEL_ENTRY_NAME"
+
+
+@functools.lru_cache(maxsize=None)
+def _include_dir_digest() -> str:
+    """sha256 of byoc's kernel headers (INCLUDE_DIR), which every kernel unit includes."""
+    digest = hashlib.sha256()
+    for header in sorted(INCLUDE_DIR.iterdir()):
+        digest.update(header.name.encode() + b"\0" + header.read_bytes())
+    return digest.hexdigest()
+
+
 def kernel_unit(kernel, problem, flags: list) -> KernelUnit:
     """The compile unit of `kernel` as it runs `problem`'s dtype, layouts and epilogue; its
-    entry is named after the kernel and a hash of the template, the flags and the types.
-    `flags` are the target's: the unit takes kernel_flags of them, and byoc's include
-    directory."""
-    import hashlib
-    import json
+    entry is named after the kernel and a hash of what it compiles: the rendered text, the
+    flags and byoc's headers. So one entry name is one code wherever it is linked: a unity
+    group's object (toolchain/unity.py) that the cache hands to one member carries the
+    others' entries into builds that may have newer ones. `flags` are the target's: the unit
+    takes kernel_flags of them, and byoc's include directory."""
     from byoc.codegen.templates import render_template
     template = kernel_template(kernel)
     flags = kernel_flags(kernel, flags)
-    data = kernel.type_data(problem)
-    key = json.dumps([template, list(flags), data], sort_keys=True)
-    entry = f"byoc_{data['kernel_name']}_{hashlib.sha256(key.encode()).hexdigest()[:10]}"
-    data = {**data, "entry": entry}
-    if template in SPLIT_TEMPLATES:
+    data = {**kernel.type_data(problem), "entry": _ENTRY_PLACEHOLDER}
+    split = template in SPLIT_TEMPLATES
+    texts = ([render_template(template, {**data, "part": part}) for part in ("host", "device")] if split
+             else [render_template(template, data)])
+    digest = hashlib.sha256(json.dumps([template, list(flags), _include_dir_digest(), texts]).encode()).hexdigest()
+    entry = f"byoc_{data['kernel_name']}_{digest[:10]}"
+    texts = [text.replace(_ENTRY_PLACEHOLDER, entry) for text in texts]
+    unit_flags = (*flags, f"-I{INCLUDE_DIR}")
+    if split:
         mainloop = data["kernel_name"].removesuffix(f"_{problem.epilogue_name}")
-        return KernelUnit(entry, data["kernel_name"], render_template(template, {**data, "part": "host"}),
-                          (*flags, f"-I{INCLUDE_DIR}"), render_template(template, {**data, "part": "device"}),
+        return KernelUnit(entry, data["kernel_name"], texts[0], unit_flags, texts[1],
                           unity=f"{Path(template).name.split('.')[0]}:{mainloop}")
-    return KernelUnit(entry, data["kernel_name"], render_template(template, data), (*flags, f"-I{INCLUDE_DIR}"))
+    return KernelUnit(entry, data["kernel_name"], texts[0], unit_flags)
 
 
 def partition_call(symbol: str, unit: KernelUnit, kernel, problem, indices: dict) -> dict:

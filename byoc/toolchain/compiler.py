@@ -326,9 +326,9 @@ def compile_units(units: list, workdir, jobs: int | None = None,
     the cache or compiled by ninja with `jobs` parallel commands (default: one per CPU).
     Units missing from the cache that opted in (CompileUnit.unity) compile in unity groups
     (unity.py): a group of cuda or cxx units is one object, listed once in place of its
-    members' (and objects of identical bytes are listed once). `progress` receives ninja's "[done/total] ..." lines. `stats`, when given,
-    receives which units were compiled (their indices in `units`) and the seconds the
-    compiler ran."""
+    members' (as is one the cache hands to several of them). `progress` receives ninja's
+    "[done/total] ..." lines. `stats`, when given, receives which units were compiled (their
+    indices in `units`) and the seconds the compiler ran."""
     started = time.perf_counter()
     workdir = Path(workdir).resolve()
     objects_dir = workdir / "obj"
@@ -358,14 +358,22 @@ def compile_units(units: list, workdir, jobs: int | None = None,
     groups = unity_groups(missing)
     grouped = {id(unit) for members in groups for unit in members}
     to_build = [output_of[id(unit)] for unit in missing if id(unit) not in grouped]
+    # Members that the cache handed one group's object (the same bytes): that group again,
+    # linked once, and in build.ninja as the group's edge, so that ninja rerun by hand
+    # rebuilds an object with all of them.
+    missed = {id(unit) for unit in missing}
+    fetched_groups = _fetched_groups([unit for unit in units if id(unit) not in missed], workdir, output_of)
     group_edges, shared_object, built_by = [], {}, {}
-    for members in groups:
+    for members in groups + fetched_groups:
         name = unity_name(members)
-        unity_source = objects_dir / "unity" / f"{name}{Path(members[0].source).suffix}"  # the compiler's language
+        # the source beside the others the build generated (the suffix: the compiler's
+        # language), the object with the others
+        unity_source = workdir / "unity" / f"{name}{Path(members[0].source).suffix}"
         unity_source.parent.mkdir(parents=True, exist_ok=True)
         unity_source.write_text(unity_source_text(members, unity_source.parent))
         source = ninja_path(workdir, unity_source)
-        output = ninja_path(workdir, unity_source.with_suffix(".o"))
+        output = ninja_path(workdir, objects_dir / "unity" / f"{name}.o")
+        (objects_dir / "unity").mkdir(exist_ok=True)
         if output in keys or _cubin_path(output) in keys:
             raise BuildError(f"a compile unit writes {workdir / output}, where a unity group's object goes; "
                              f"expected unit outputs outside {objects_dir / 'unity'}")
@@ -389,8 +397,11 @@ def compile_units(units: list, workdir, jobs: int | None = None,
             sources[output] = what
             for member_output in member_outputs:
                 shared_object[member_output] = output
-            (workdir / output).unlink(missing_ok=True)
-            to_build.append(output)
+            if id(members[0]) in missed:
+                (workdir / output).unlink(missing_ok=True)
+                to_build.append(output)
+            else:  # from the cache
+                shutil.copyfile(workdir / member_outputs[0], workdir / output)
     # ninja starts ready edges in the order build.ninja lists them (with no log of earlier
     # runs): the longest compiles first, so that the short ones fill the gaps at the end
     # instead of a long one starting last (nvcc's device code, then its other units; a unity
@@ -450,30 +461,20 @@ def compile_units(units: list, workdir, jobs: int | None = None,
         timed = edge_seconds(workdir, list(to_build) + sorted(set(built_by.values())))
         stats["unit_seconds"] = {Path(edge.inputs[0]).name: timed[edge.output] for edge in edges
                                  if edge.output in timed and edge.rule != "embed_cubin"}
-    return _distinct_objects([(workdir / shared_object.get(output_of[id(unit)], output_of[id(unit)]),
-                               bool(unit.unity) and unit.language != "cubin") for unit in units])
+    return list(dict.fromkeys(workdir / shared_object.get(output_of[id(unit)], output_of[id(unit)])
+                              for unit in units))
 
 
-def _distinct_objects(objects: list) -> list:
-    """The paths of `objects` ((path, may be a unity group's object) pairs) in order, each
-    once: a path listed again is left out, and so is a unity member's object with the same
-    bytes as another's listed before (the cache hands a group's object to each member)."""
-    by_size, digests, distinct = {}, {}, []
-
-    def digest(path):
-        if path not in digests:
-            digests[path] = hashlib.sha256(path.read_bytes()).hexdigest()
-        return digests[path]
-    for path, shared in dict.fromkeys(objects):
-        if path in distinct:
-            continue
-        if shared:
-            size = path.stat().st_size
-            if any(digest(path) == digest(other) for other in by_size.get(size, [])):
-                continue
-            by_size.setdefault(size, []).append(path)
-        distinct.append(path)
-    return distinct
+def _fetched_groups(fetched: list, workdir: Path, output_of: dict) -> list:
+    """The unity cuda and cxx units among `fetched` (taken from the cache) whose objects have
+    the same bytes, two or more: members of one group, whose object the cache keeps under
+    each member's key. In the order of their outputs, as unity_groups makes groups."""
+    by_digest = {}
+    for unit in sorted(fetched, key=lambda unit: unit.output):
+        if unit.unity and unit.language in ("cuda", "cxx"):
+            digest = hashlib.sha256((workdir / output_of[id(unit)]).read_bytes()).hexdigest()
+            by_digest.setdefault(digest, []).append(unit)
+    return [members for members in by_digest.values() if len(members) >= 2]
 
 
 # compiler -> its fast-linker flags, probed once per process; () from the first time a link
