@@ -5,13 +5,15 @@ A CUTLASS kernel's compile time is its template instantiations, not its own line
 kernels of one tile and schedule instantiate mostly the same ones. Measured with nvcc 13.0
 (2-core development machine, bench/results/nvcc_phases.md "Unity builds"): two sm90 device
 halves of one 128x256x64 cooperative tile (epilogues plain and residual + ReLU) take 29 s
-and 25 s apart, 30 s as one unit; two host halves 14 s each, 14 s together, three 16.5 s, eight 21 s.
+and 25 s apart, 30 s as one unit; two host halves 14 s each, 14 s together, eight 21 s.
 
 A backend opts a unit in with CompileUnit.unity, a key naming what its units share (units
-are only grouped when the key, the language, the source's suffix and the flags all agree), and must write such
-sources so that they can be concatenated: distinct names at file scope, guarded headers.
-Only units missing from the object cache are grouped, so a unit compiled alone earlier (by
-the tuner, or by another model) is taken from the cache as before.
+are grouped only when the key, the language, the source's suffix and the flags agree), and
+writes such sources so that they can be concatenated: distinct names at file scope,
+guarded headers. Only units missing from the object cache are grouped, so a unit compiled
+alone earlier (by the tuner, or by another model) is taken from the cache as before. A
+group's source, <workdir>/unity/unity_<key>_<hash>.<suffix>, #includes its members'; its
+object goes to obj/unity/.
 
 What a group compiles to depends on the language:
 - cubin: one cubin of every member's kernels, embedded once per member in the member's own
