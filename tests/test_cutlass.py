@@ -1442,3 +1442,38 @@ def test_reshape_wrapped_gemms_keep_their_epilogues(kind, pattern, tmp_path):
     backends = report.to_json()["backends"]
     assert backends["cutlass"]["patterns"] == {pattern: 1}, report.to_text()
     assert not {"add", "gelu"} & set(backends["builtin"]["ops_covered"]), report.to_text()
+
+
+@needs_nvcc
+@needs_cutlass
+def test_a_model_links_a_host_half_another_models_unity_group_compiled(tmp_path, monkeypatch):
+    """mlp's three kernels (one tile, three epilogues) compile as unity groups; a model with
+    one of them then takes that kernel's host half from the cache: the group's object, with
+    the other two kernels' code, whose cubins this library lacks. It compiles neither half
+    of its kernel, links as every build links (no undefined symbols allowed), and loads;
+    only its own kernel's cubin is in it."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "cache"))
+    config = "cuda_sm90"  # the shipped config, as `byoc build -c cuda_sm90`
+    byoc.build(Path(__file__).parent / "fixtures" / "mlp.onnx", config=config, workdir=tmp_path / "mlp")
+    assert len(list((tmp_path / "mlp" / "unity").glob("unity_cutlass_sm90_host_halves_*.cu"))) == 1
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array((rng.standard_normal((256, 256)) * 0.05).astype(np.float32), "w")
+    bias = numpy_helper.from_array((rng.standard_normal(256) * 0.05).astype(np.float32), "b")
+    graph = helper.make_graph(  # mlp's fc2 and its relu alone
+        [helper.make_node("Gemm", ["x", "w", "b"], ["h"], transB=1), helper.make_node("Relu", ["h"], ["y"])], "fc2",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 256])], [weight, bias])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "fc2.onnx")
+    library = byoc.build(tmp_path / "fc2.onnx", config=config, workdir=tmp_path / "fc2")
+    stats = library.build_stats  # of the cutlass units, only the partition's entry point compiles
+    assert stats["backends"]["cutlass"]["compiled"] == 1 and not (tmp_path / "fc2" / "unity").exists()
+    assert not any(unit["source"].startswith("byoc_cutlass_") for unit in stats["slowest_units"]), stats
+    symbols = subprocess.run(["readelf", "-sW", str(tmp_path / "fc2" / "model.so")], capture_output=True,
+                             text=True).stdout
+    cubins = {line.split()[-1]: line.split()[6] for line in symbols.splitlines() if line.endswith("_device_cubin")}
+    defined = [name for name, section in cubins.items() if section != "UND"]
+    assert len(defined) == 1 and "_bias_relu_" in defined[0] and len(cubins) == 3, cubins
+    import ctypes
+    ctypes.CDLL(str(tmp_path / "fc2" / "model.so"))  # the weak references resolve at load (to nothing)
