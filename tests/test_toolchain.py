@@ -326,6 +326,16 @@ def test_byoc_unity_build_0_compiles_every_unit_alone(monkeypatch, value):
     assert unity_groups(units) == []
 
 
+def test_a_byoc_unity_build_value_that_is_neither_on_nor_off_is_named(monkeypatch):
+    from byoc.toolchain.unity import unity_groups
+    units = [CompileUnit(f"/src/{name}.cc", "cxx", [], f"{name}.o", unity="k") for name in "ab"]
+    monkeypatch.setenv("BYOC_UNITY_BUILD", "O")
+    with pytest.raises(byoc.BuildError, match=r"BYOC_UNITY_BUILD='O': expected 1, true, on or yes"):
+        unity_groups(units)
+    monkeypatch.setenv("BYOC_UNITY_BUILD", " Yes ")
+    assert len(unity_groups(units)) == 1
+
+
 def _weak_units(directory):
     """Three cxx units written as unity members must be: weak definitions named after their
     content, so that one member's object may carry the others' code."""

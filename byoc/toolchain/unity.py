@@ -46,10 +46,21 @@ UNITY_MAX_MEMBERS_DEFAULT = 8
 _UNQUOTABLE = re.compile(r'["\\\n\r]')
 
 
+_SWITCH = {"": True, "1": True, "true": True, "on": True, "yes": True,
+           "0": False, "false": False, "off": False, "no": False}
+
+
 def unity_build_enabled() -> bool:
     """False when BYOC_UNITY_BUILD says so (0, false, off, no): every unit compiles alone,
-    to compare build times, or to see a compiler error in one unit's own compile."""
-    return os.environ.get("BYOC_UNITY_BUILD", "1").strip().lower() not in ("0", "false", "off", "no")
+    to compare build times, or to see a compiler error in one unit's own compile. A value
+    that is neither on nor off is a BuildError naming the variable."""
+    text = os.environ.get("BYOC_UNITY_BUILD", "")
+    enabled = _SWITCH.get(text.strip().lower())
+    if enabled is None:
+        from ..errors import BuildError
+        raise BuildError(f"BYOC_UNITY_BUILD={text!r}: expected 1, true, on or yes (unity builds, the default) "
+                         "or 0, false, off or no (every unit compiled alone)")
+    return enabled
 
 
 def unity_groups(units: list) -> list[list]:
