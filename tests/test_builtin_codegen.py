@@ -309,6 +309,16 @@ def elementwise_cases() -> list[Case]:
     cases.append(make_case("multiply_tensor_constant_int32", "multiply",
                            [((4, 8), "int32", ()), ((4, 8), "int32", ())], rng=rng, constants=(1,)))
     cases.append(fused_chain_case())
+    # broadcasts in the vectorized CUDA kernel: the innermost dim holds whole vectors (8 lanes
+    # for 1- and 2-byte types, 4 for wider ones); a bias along it, a per-row scale constant
+    # along it, and both at once
+    for dtype in ("float16", "bfloat16", "float32", "int8", "int64"):
+        cases.append(make_case(f"add_channel_bias_{dtype}", "add", [((2, 3, 5, 16), dtype, ()), ((16,), dtype, ())],
+                               rng=rng))
+        cases.append(make_case(f"multiply_row_scale_{dtype}", "multiply",
+                               [((3, 4, 24), dtype, ()), ((3, 4, 1), dtype, ())], rng=rng))
+        cases.append(make_case(f"add_row_and_channel_{dtype}", "add", [((3, 1, 8), dtype, ()), ((3, 5, 1), dtype, ())],
+                               rng=rng))
     return cases
 
 

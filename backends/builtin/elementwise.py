@@ -20,7 +20,7 @@ from typing import Callable
 from ...errors import BuildError
 from ...ir.expr import Constant, Function, Var
 from ...ir.types import TensorType
-from .dtypes import (COMPUTE_TYPES, SIXTEEN_BIT_FLOATS, WRAPPING_TYPES, float_literal,
+from .dtypes import (COMPUTE_TYPES, element_size, SIXTEEN_BIT_FLOATS, WRAPPING_TYPES, float_literal,
                      int_literal, is_float, is_signed_int, storage_type, value_literal)
 
 # Kernels index with 32-bit integers when every index fits (faster division and fewer
@@ -29,8 +29,8 @@ INT32_INDEX_LIMIT = 2 ** 31 - 1
 CUDA_THREADS_PER_BLOCK = 256
 # Enough blocks to fill any current GPU several times over; the grid-stride loop does the rest.
 CUDA_MAX_BLOCKS = 65535
-# Elements per thread iteration of the vectorized CUDA kernel (used when every input is
-# full-size or one element): 16-byte loads for 4-byte types, 8-byte ones for 16-bit floats.
+# Elements per thread iteration of the vectorized CUDA kernel for 4-byte types (16-byte
+# loads); twice as many for 2- and 1-byte ones (elementwise_kernel).
 CUDA_VECTOR_WIDTH = 4
 
 
@@ -330,9 +330,16 @@ def elementwise_kernel(symbol: str, func: Function, target_kind: str) -> dict:
         raise BuildError(f"builtin codegen: {symbol}: the result must be one of the body's bindings")
     index_type = "int32_t" if size <= INT32_INDEX_LIMIT else "int64_t"
     blocks = max(1, min(CUDA_MAX_BLOCKS, -(-size // CUDA_THREADS_PER_BLOCK)))
-    vectorizable = size >= CUDA_VECTOR_WIDTH and all(i["access"] != "strided" for i in inputs)
-    vector_width = CUDA_VECTOR_WIDTH if vectorizable else 0
-    vector_blocks = max(1, min(CUDA_MAX_BLOCKS, -(-(size // CUDA_VECTOR_WIDTH) // CUDA_THREADS_PER_BLOCK)))
+    # 16-byte accesses where every buffer has 2-byte (or smaller) elements, else 16 bytes for
+    # 4-byte ones. Broadcast inputs allow it when the innermost dim holds whole vectors, so
+    # that the lanes of one vector differ only in that dim's coordinate (a bias over NHWC
+    # channels, a per-channel scale).
+    element_bytes = max(element_size(dtype) for dtype in [p.type.dtype for p in params] + [output_type.dtype])
+    width = CUDA_VECTOR_WIDTH * 2 if element_bytes <= 2 else CUDA_VECTOR_WIDTH
+    strided = any(i["access"] == "strided" for i in inputs)
+    vectorizable = size >= width and (not strided or dims[-1] % width == 0)
+    vector_width = width if vectorizable else 0
+    vector_blocks = max(1, min(CUDA_MAX_BLOCKS, -(-(size // width) // CUDA_THREADS_PER_BLOCK)))
     return {
         "symbol": symbol,
         "size": size,
