@@ -445,8 +445,42 @@ def shim_cases() -> list[Case]:
     return [case for case in cases if case is not None]
 
 
+def conv_epilogue_cases() -> list[Case]:
+    """Depthwise NHWC convs in 16-bit floats with the elementwise chains that become their
+    epilogues (Composite="builtin.conv2d_epilogue"): bias + ReLU; stride 2, a 5x5 window,
+    bias + hard swish + a full-size residual; bfloat16 with a clip; channels 24 and 40 (not
+    powers of two) and odd spatial sizes, so every index is off the tiles."""
+    cases = []
+    specs = [  # name, dtype, (batch, h, w, channels), window, strides, pads, chain
+        ("dw_bias_relu_float16", "float16", (2, 9, 7, 16), 3, [1, 1], [1, 1, 1, 1], "relu"),
+        ("dw_stride2_hard_swish_residual_float16", "float16", (2, 11, 10, 24), 5, [2, 2], [2, 2, 2, 2],
+         "hard_swish_residual"),
+        ("dw_bias_clip_bfloat16", "bfloat16", (1, 6, 5, 40), 3, [1, 1], [0, 1, 2, 1], "clip"),
+    ]
+    for name, dtype, (batch, h, w, channels), window, strides, pads, chain in specs:
+        rng = np.random.default_rng(zlib.crc32(name.encode()))
+        with FunctionBuilder("main") as fb:
+            x = fb.param("x", (batch, h, w, channels), dtype)
+            weight = fb.param("weight", (channels, window, window, 1), dtype)
+            bias = fb.param("bias", (channels,), dtype)
+            conv = fb.call("conv2d", x, weight, strides=strides, pads=pads, groups=channels,
+                           data_layout="NHWC", kernel_layout="OHWI")
+            y = fb.call("add", conv, bias)
+            if chain == "relu":
+                y = fb.call("relu", y)
+            elif chain == "clip":
+                y = fb.call("clip", y, min=0.0, max=6.0)
+            else:
+                residual = fb.param("residual", conv.type.shape, dtype)
+                y = fb.call("add", fb.call("hard_swish", y), residual)
+            fb.ret(y)
+        inputs = [random_array(rng, p.type.shape, p.type.dtype) for p in fb.func.params]
+        cases.append(Case(name, fb.module(), inputs, TOLERANCES[dtype]))
+    return cases
+
+
 ELEMENTWISE_CASES = elementwise_cases()
-SHIM_CASES = shim_cases()
+SHIM_CASES = shim_cases() + conv_epilogue_cases()
 
 
 def test_every_registered_op_has_a_case():
@@ -825,6 +859,80 @@ def @main(%qkv: Tensor[(2, 4, 24), float32]) -> Tuple[Tensor[(2, 2, 4, 4), float
     after = partition_builtin(before)
     assert_structural_equal(after, expected)
     _check_same_results(before, after)
+
+
+def test_partition_fuses_a_depthwise_conv_with_its_elementwise_readers():
+    """A float16 NHWC depthwise conv whose readers are all in one elementwise group joins it
+    as one builtin.conv2d_epilogue function (bias + ReLU; SiLU, which reads the conv twice);
+    a conv whose output is also read elsewhere (here: returned) stays a conv of its own."""
+    before = parse("""
+def @main(%x: Tensor[(1, 5, 5, 16), float16], %w: Tensor[(16, 3, 3, 1), float16], %b: Tensor[(16,), float16]) -> Tuple[Tensor[(1, 5, 5, 16), float16], Tensor[(1, 5, 5, 16), float16]] {
+  %c = conv2d(%x, %w, pads=[1, 1, 1, 1], groups=16, data_layout="NHWC", kernel_layout="OHWI")
+  %y = add(%c, %b)
+  %r = relu(%y)
+  %c2 = conv2d(%r, %w, pads=[1, 1, 1, 1], groups=16, data_layout="NHWC", kernel_layout="OHWI")
+  %s = sigmoid(%c2)
+  %m = multiply(%c2, %s)
+  %c3 = conv2d(%m, %w, pads=[1, 1, 1, 1], groups=16, data_layout="NHWC", kernel_layout="OHWI")
+  %n = negative(%c3)
+  return (%c3, %n)
+}
+""")
+    expected = parse("""
+def @main(%x: Tensor[(1, 5, 5, 16), float16], %w: Tensor[(16, 3, 3, 1), float16], %b: Tensor[(16,), float16]) -> Tuple[Tensor[(1, 5, 5, 16), float16], Tensor[(1, 5, 5, 16), float16]] {
+  %f0 = fn (%a0: Tensor[(1, 5, 5, 16), float16], %a1: Tensor[(16, 3, 3, 1), float16], %a2: Tensor[(16,), float16]) -> Tensor[(1, 5, 5, 16), float16] [Compiler="builtin", Composite="builtin.conv2d_epilogue"] {
+    %a3 = conv2d(%a0, %a1, pads=[1, 1, 1, 1], groups=16, data_layout="NHWC", kernel_layout="OHWI")
+    %a4 = add(%a3, %a2)
+    %a5 = relu(%a4)
+    return %a5
+  }
+  %r = %f0(%x, %w, %b)
+  %f1 = fn (%b0: Tensor[(1, 5, 5, 16), float16], %b1: Tensor[(16, 3, 3, 1), float16]) -> Tensor[(1, 5, 5, 16), float16] [Compiler="builtin", Composite="builtin.conv2d_epilogue"] {
+    %b2 = conv2d(%b0, %b1, pads=[1, 1, 1, 1], groups=16, data_layout="NHWC", kernel_layout="OHWI")
+    %b3 = sigmoid(%b2)
+    %b4 = multiply(%b2, %b3)
+    return %b4
+  }
+  %m = %f1(%r, %w)
+  %f2 = fn (%d0: Tensor[(1, 5, 5, 16), float16], %d1: Tensor[(16, 3, 3, 1), float16]) -> Tensor[(1, 5, 5, 16), float16] [Compiler="builtin", Composite="builtin.conv2d"] {
+    %d2 = conv2d(%d0, %d1, pads=[1, 1, 1, 1], groups=16, data_layout="NHWC", kernel_layout="OHWI")
+    return %d2
+  }
+  %c3 = %f2(%m, %w)
+  %f3 = fn (%e0: Tensor[(1, 5, 5, 16), float16]) -> Tensor[(1, 5, 5, 16), float16] [Compiler="builtin", Composite="builtin.elementwise"] {
+    %e1 = negative(%e0)
+    return %e1
+  }
+  %n = %f3(%c3)
+  return (%c3, %n)
+}
+""")
+    after = partition_builtin(before)
+    assert_structural_equal(after, expected)
+    _check_same_results(before, after)
+
+
+@pytest.mark.parametrize("change", ["float32", "nchw", "channels_12", "broadcast_reader"])
+def test_partition_leaves_other_convs_unfused(change):
+    """Only what depthwise.cuh computes fuses: not float32, not NCHW, not channels that are
+    no multiple of 8, and not a conv that its group reads broadcast to a larger shape."""
+    dtype = "float32" if change == "float32" else "float16"
+    channels = 12 if change == "channels_12" else 16
+    layout = ("NCHW", "OIHW") if change == "nchw" else ("NHWC", "OHWI")
+    x_shape = (1, channels, 5, 5) if change == "nchw" else (1, 5, 5, channels)
+    w_shape = (channels, 1, 3, 3) if change == "nchw" else (channels, 3, 3, 1)
+    with FunctionBuilder("main") as fb:
+        x = fb.param("x", x_shape, dtype)
+        w = fb.param("w", w_shape, dtype)
+        conv = fb.call("conv2d", x, w, pads=[1, 1, 1, 1], groups=channels, data_layout=layout[0],
+                       kernel_layout=layout[1])
+        if change == "broadcast_reader":
+            other = fb.param("other", (2, 1, 5, 5, channels), dtype)
+            fb.ret(fb.call("add", conv, other))
+        else:
+            fb.ret(fb.call("relu", conv))
+    main = partition_builtin(fb.module())["main"]
+    assert [f.attrs["Composite"] for _, f in builtin_functions(main)] == ["builtin.conv2d", "builtin.elementwise"]
 
 
 LAYOUT_CHAINS = {

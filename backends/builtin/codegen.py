@@ -12,9 +12,12 @@ GeneratedSource.workspace_bytes[symbol] says. It returns 0, or nonzero after cal
 `byoc_report_error(symbol, message)` (provided by the runtime; for a shim failure the
 message is byoc_shim_last_error()).
 
-Two kinds of bodies:
+Three kinds of bodies:
 - a fused elementwise group (every binding an elemwise/broadcast op) becomes a kernel
   rendered from templates/builtin/elementwise.j2 (see elementwise.py);
+- a depthwise conv with its elementwise chain (Composite="builtin.conv2d_epilogue") becomes
+  the shim's depthwise kernel with a generated epilogue on CUDA, the conv's shim call and
+  the chain's loop on the CPU (conv_epilogue.py);
 - any other function holds one op call, and the table OP_EMITTERS (shim_calls.py) maps
   the op to an emitter that writes calls to the shim (backends/builtin/shim/byoc_shim.h)
   with every size computed at build time and written as a literal.
@@ -31,7 +34,8 @@ from ...errors import BuildError
 from ...ir.expr import Function
 from ...transform.run_codegen import symbol_name_problem
 from .elementwise import elementwise_kernel, is_elementwise_function
-from .partition import LAYOUT_COMPOSITE
+from .conv_epilogue import conv_epilogue_cpu, conv_epilogue_cuda
+from .partition import CONV_EPILOGUE_COMPOSITE, LAYOUT_COMPOSITE
 from .shim_calls import emit_layout_chain, emit_shim_calls
 
 TARGET_KINDS = ("cpu", "cuda")
@@ -64,6 +68,14 @@ def generate(functions: dict[str, Function], target_kind: str) -> GeneratedSourc
         if is_elementwise_function(func):
             rendered.append({"kind": "elementwise", **elementwise_kernel(symbol, func, target_kind)})
             workspace[symbol] = 0
+        elif func.attrs.get("Composite") == CONV_EPILOGUE_COMPOSITE and target_kind == "cuda":
+            rendered.append({"kind": "conv2d_epilogue", **conv_epilogue_cuda(symbol, func)})
+            workspace[symbol] = 0
+        elif func.attrs.get("Composite") == CONV_EPILOGUE_COMPOSITE:
+            conv_calls, loop, wrapper = conv_epilogue_cpu(symbol, func)
+            rendered += [{"kind": "shim_calls", **conv_calls}, {"kind": "elementwise", **loop},
+                         {"kind": "conv_then_elementwise", **wrapper}]
+            workspace[symbol] = wrapper["workspace_bytes"]
         else:
             if func.attrs.get("Composite") == LAYOUT_COMPOSITE:
                 calls = emit_layout_chain(symbol, func, target_kind)

@@ -21,8 +21,14 @@ Rewrites, in `main` only:
   per op (attention's slice -> reshape -> transpose of Q, K and V).
 - Every other op call becomes a function of its own: Composite="builtin.reshape" for the
   pure reindexing ops (reshape, squeeze, expand_dims), else "builtin.<op name>".
-  Matmul and convolutions are never fused with their elementwise consumers here: later
-  backends do epilogue fusion.
+  Matmul and convolutions are not fused with their elementwise consumers here (later
+  backends do epilogue fusion), except:
+- A depthwise conv2d (NHWC, float16/bfloat16, one channel per group, channels a multiple
+  of 8: what shim/cuda/depthwise.cuh computes) whose every reader is in one elementwise
+  group that reads it at the group's full output shape joins that group as one function
+  with Composite="builtin.conv2d_epilogue": on CUDA the group's chain (bias, activation,
+  residual, ...) runs on the conv's sums before anything is stored (MobileNet's and
+  EfficientNet's conv -> bias -> activation: one pass over the activations instead of two).
 
 Each function is written inline in main and called right away:
 
@@ -54,6 +60,10 @@ ELEMENTWISE_CATEGORIES = ("elemwise", "broadcast")
 RESHAPE_OPS = ("reshape", "squeeze", "expand_dims")
 RESHAPE_COMPOSITE = f"{COMPILER}.reshape"  # the host runs these as views (no call, no copy)
 LAYOUT_COMPOSITE = f"{COMPILER}.layout"  # a chain of layout ops run as one strided copy
+CONV_EPILOGUE_COMPOSITE = f"{COMPILER}.conv2d_epilogue"  # a depthwise conv and its elementwise readers
+# depthwise.cuh's limits: 8 channels per thread, every filter in 96 KiB of shared memory.
+DEPTHWISE_VECTOR = 8
+DEPTHWISE_MAX_FILTER_BYTES = 96 * 1024
 
 
 def partition_builtin(mod: IRModule) -> IRModule:
@@ -61,7 +71,14 @@ def partition_builtin(mod: IRModule) -> IRModule:
     main = lower_split_in(mod["main"])
     readers = _readers(main.bindings, main.result)
     groups = _elementwise_groups(main.bindings, readers)
-    groups.update(_layout_chains(main.bindings, readers))
+    composites = {tuple(group): f"{COMPILER}.elementwise" for group in groups.values()}
+    for members in _conv_epilogues(main.bindings, readers, groups).values():
+        composites[tuple(members)] = CONV_EPILOGUE_COMPOSITE
+        for member in members:
+            groups[member] = members
+    chains = _layout_chains(main.bindings, readers)
+    composites.update({tuple(chain): LAYOUT_COMPOSITE for chain in chains.values()})
+    groups.update(chains)
 
     bindings: list[Binding] = []
     for index, binding in enumerate(main.bindings):
@@ -74,7 +91,7 @@ def partition_builtin(mod: IRModule) -> IRModule:
             composite = _composite_name(binding.value.op)
         elif index == group[-1]:  # the group's output: the last member in binding order
             members = [main.bindings[i] for i in group]
-            composite = f"{COMPILER}.elementwise" if _is_elementwise(binding.value) else LAYOUT_COMPOSITE
+            composite = composites[tuple(group)]
         else:
             continue  # inner member of a group, emitted with the group's output
         bindings.extend(_outline(members, composite))
@@ -185,6 +202,37 @@ def _elementwise_groups(bindings, readers) -> dict[int, list[int]]:
     return group_of
 
 
+def is_depthwise_conv(value: Expr) -> bool:
+    """A conv2d call that depthwise.cuh computes: NHWC, 16-bit floats, one input and one
+    output channel per group, channels a multiple of 8, filters within its shared memory."""
+    if not (_is_op_call(value) and value.op.name == "conv2d" and value.attrs.get("data_layout") == "NHWC"):
+        return False
+    data, weight = value.args[0].type, value.args[1].type
+    if data.dtype not in ("float16", "bfloat16") or len(data.shape) != 4 or len(weight.shape) != 4:
+        return False
+    channels = data.shape[3]
+    out_channels, kernel_h, kernel_w, group_in = weight.shape
+    return (value.attrs.get("groups") == channels == out_channels and group_in == 1
+            and channels % DEPTHWISE_VECTOR == 0 and value.type.dtype == data.dtype
+            and channels * kernel_h * kernel_w * 2 <= DEPTHWISE_MAX_FILTER_BYTES)
+
+
+def _conv_epilogues(bindings, readers, groups) -> dict[int, list[int]]:
+    """Depthwise conv binding index -> the sorted indices of it and the elementwise group
+    that is its epilogue (see the module docstring)."""
+    fused = {}
+    for index, binding in enumerate(bindings):
+        if not is_depthwise_conv(binding.value) or not readers[index] or None in readers[index]:
+            continue
+        group = groups.get(min(readers[index]))
+        if group is None or not readers[index] <= set(group):
+            continue
+        if bindings[group[-1]].value.type.shape != binding.value.type.shape:
+            continue  # the group broadcasts the conv's output: it is not the conv's epilogue
+        fused[index] = sorted([index, *group])
+    return fused
+
+
 # ---------------------------------------------------------------- outlining
 
 
@@ -235,5 +283,6 @@ def builtin_functions(main: Function) -> list[tuple[Var, Function]]:
             if isinstance(b.value, Function) and b.value.attrs.get("Compiler") == COMPILER]
 
 
-__all__ = ["partition_builtin", "builtin_functions", "outline_op", "is_scalar_constant", "RESHAPE_OPS",
+__all__ = ["partition_builtin", "builtin_functions", "outline_op", "is_scalar_constant", "is_depthwise_conv",
+           "CONV_EPILOGUE_COMPOSITE", "RESHAPE_OPS",
            "ELEMENTWISE_CATEGORIES", "COMPILER"]

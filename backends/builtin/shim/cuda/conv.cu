@@ -13,6 +13,7 @@
 // Index math in the loaders is 32-bit whenever the tensors allow (the common case): they
 // divide per element, and 64-bit division is an emulated sequence.
 #include "conv.cuh"
+#include "depthwise.cuh"
 #include "tiled_gemm.cuh"
 
 using namespace byoc_shim_cuda;
@@ -158,65 +159,27 @@ __global__ void direct_conv_kernel(const Storage* __restrict__ in, const Storage
   }
 }
 
-// Depthwise convs (one input and one output channel per group) in NHWC with 16-bit floats
-// and channels a multiple of 8 (MobileNet's, EfficientNet's, ConvNeXt's): a thread computes
-// 8 neighbouring channels of one output pixel, reading them with one 16-byte load per tap.
-// Each block first copies the filters into shared memory tap-major ([kh][kw][channel]; OHWI
-// is [channel][kh][kw]), so that a thread's 8 filters of one tap are one 16-byte read too,
-// and then loops over the output: a grid of a few blocks per SM copies them few times.
-// (The direct kernel above read 2 bytes per load and filters strided by the window: MobileNetV3's
-// depthwise convs took 82 us each at batch 32 on an H100.)
-constexpr int kDepthwiseVector = 8;
-constexpr size_t kDepthwiseMaxSharedBytes = size_t{96} << 10;
-
+// Depthwise convs in NHWC with 16-bit floats and channels a multiple of 8: depthwise.cuh's
+// kernel, storing sum + bias. (The direct kernel above read 2 bytes per load and filters
+// strided by the window: MobileNetV3's depthwise convs took 82 us each at batch 32 on an H100.)
 template <class Storage, class Index>
-__global__ void depthwise_nhwc_kernel(const Storage* __restrict__ in, const Storage* __restrict__ weight,
-                                      const Storage* __restrict__ bias, Storage* __restrict__ out,
-                                      ConvGeometry<Index> s, Index total_vectors) {
-  extern __shared__ uint4 shared_words[];  // 16-byte aligned
-  Storage* filters = reinterpret_cast<Storage*>(shared_words);
-  byoc_pdl::begin_after_previous();
-  const Index channels = s.out_channels, taps = s.kernel_h * s.kernel_w;
-  for (Index i = threadIdx.x; i < channels * taps; i += blockDim.x) {  // coalesced reads of OHWI
-    filters[(i % taps) * channels + i / taps] = weight[i];
-  }
-  __syncthreads();
-  const Index vectors = channels / kDepthwiseVector;
-  for (Index linear = blockIdx.x * blockDim.x + threadIdx.x; linear < total_vectors;
-       linear += static_cast<Index>(gridDim.x) * blockDim.x) {
-    Index rest = linear;
-    const Index channel = (rest % vectors) * kDepthwiseVector;
-    rest /= vectors;
-    const Index ow = rest % s.out_w;
-    rest /= s.out_w;
-    const Index oh = rest % s.out_h;
-    const Index image = rest / s.out_h;
-    float sum[kDepthwiseVector] = {};
-    for (Index kh = 0; kh < s.kernel_h; ++kh) {
-      const Index ih = oh * s.stride_h - s.pad_top + kh * s.dilation_h;
-      if (ih < 0 || ih >= s.in_h) continue;
-      for (Index kw = 0; kw < s.kernel_w; ++kw) {
-        const Index iw = ow * s.stride_w - s.pad_left + kw * s.dilation_w;
-        if (iw < 0 || iw >= s.in_w) continue;
-        alignas(16) Storage x[kDepthwiseVector], w[kDepthwiseVector];
-        *reinterpret_cast<uint4*>(x) =
-            __ldg(reinterpret_cast<const uint4*>(in + ((image * s.in_h + ih) * s.in_w + iw) * channels + channel));
-        *reinterpret_cast<uint4*>(w) =
-            *reinterpret_cast<const uint4*>(filters + (kh * s.kernel_w + kw) * channels + channel);
+struct DepthwiseBiasStore {
+  Storage* out;
+  const Storage* bias;  // may be NULL
+  Index vectors_per_pixel;
+  __device__ void operator()(Index vector, const float (&sum)[byoc_depthwise::kVector]) const {
+    constexpr int kVector = byoc_depthwise::kVector;
+    const Index channel = (vector % vectors_per_pixel) * kVector;
+    alignas(16) Storage y[kVector];
 #pragma unroll
-        for (int j = 0; j < kDepthwiseVector; ++j) sum[j] += load_as<float>(x[j]) * load_as<float>(w[j]);
-      }
-    }
-    alignas(16) Storage y[kDepthwiseVector];
-#pragma unroll
-    for (int j = 0; j < kDepthwiseVector; ++j) {
+    for (int j = 0; j < kVector; ++j) {
       y[j] = store_from<Storage>(bias != nullptr ? sum[j] + load_as<float>(bias[channel + j]) : sum[j]);
     }
-    *reinterpret_cast<uint4*>(out + linear * kDepthwiseVector) = *reinterpret_cast<const uint4*>(y);
+    *reinterpret_cast<uint4*>(out + vector * kVector) = *reinterpret_cast<const uint4*>(y);
   }
-}
+};
 
-// Whether depthwise_nhwc_kernel takes this conv; it is then launched (check_launch sees
+// Whether the depthwise kernel takes this conv; it is then launched (check_launch sees
 // how that went).
 template <class Storage, class Index>
 bool launch_depthwise_nhwc(const Storage* x, const Storage* w, const Storage* b, Storage* y, int64_t batch,
@@ -224,29 +187,19 @@ bool launch_depthwise_nhwc(const Storage* x, const Storage* w, const Storage* b,
   if constexpr (sizeof(Storage) != 2 || !Traits<Storage>::is_float) {
     return false;
   } else {
-    const size_t shared_bytes = static_cast<size_t>(s.out_channels) * s.kernel_h * s.kernel_w * sizeof(Storage);
     const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    if (s.group_in != 1 || s.group_out != 1 || s.out_channels % kDepthwiseVector != 0 ||
-        shared_bytes > kDepthwiseMaxSharedBytes || !aligned(x) || !aligned(y)) {
+    if (s.group_in != 1 || s.group_out != 1 || !byoc_depthwise::takes(s.out_channels, s.kernel_h, s.kernel_w) ||
+        !aligned(x) || !aligned(y)) {
       return false;
     }
-    auto kernel = depthwise_nhwc_kernel<Storage, Index>;
-    int device = 0, sm_count = 0;
-    // Over the default 48 KB of shared memory the kernel opts in, always to the one largest
-    // size it takes: threads launching convs of other sizes then set the same value.
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        (shared_bytes > (size_t{48} << 10) &&
-         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(kDepthwiseMaxSharedBytes)) != cudaSuccess)) {
+    const byoc_depthwise::Geometry<Index> geometry{s.in_h, s.in_w, s.out_channels, s.kernel_h, s.kernel_w,
+                                                   s.out_h, s.out_w, s.stride_h, s.stride_w, s.pad_top,
+                                                   s.pad_left, s.dilation_h, s.dilation_w};
+    const DepthwiseBiasStore<Storage, Index> store{y, b, static_cast<Index>(s.out_channels / byoc_depthwise::kVector)};
+    if (byoc_depthwise::launch_nhwc(x, w, batch, geometry, store, stream) != cudaSuccess) {
       cudaGetLastError();  // not this conv's error: the generic kernel runs, needing none of this
       return false;
     }
-    const int64_t vectors = batch * static_cast<int64_t>(s.out_h) * s.out_w * (s.out_channels / kDepthwiseVector);
-    unsigned int blocks = blocks_for(vectors);
-    if (blocks > static_cast<unsigned int>(sm_count) * 4) blocks = static_cast<unsigned int>(sm_count) * 4;
-    byoc_pdl::launch_after_previous(kernel, blocks, kThreads, shared_bytes, stream, x, w, b, y, s,
-                                    static_cast<Index>(vectors));
     return true;
   }
 }

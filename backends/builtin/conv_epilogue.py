@@ -1,0 +1,85 @@
+"""Codegen of Composite="builtin.conv2d_epilogue" functions: a depthwise conv2d and the
+elementwise chain that reads it (partition.py says when they are one function).
+
+CUDA: the conv runs in shim/cuda/depthwise.cuh's kernel with a generated epilogue functor
+(templates/builtin/conv2d_epilogue.j2) that takes each thread's 8 channel sums, rounds them
+to the conv's dtype (as storing the conv's output would), evaluates the chain on them with
+the other inputs read at the same output index, and stores the chain's result: the conv's
+output is never written.
+
+CPU (a cpu build, or a function pinned to the cpu in a cuda build): the conv as the shim
+call it would be alone, into the workspace, then the chain as the elementwise loop it would
+be alone, reading the conv's output from there.
+"""
+from __future__ import annotations
+
+from ...errors import BuildError
+from ...ir.expr import Function
+from ...ir.types import TensorType
+from .dtypes import storage_type
+from .elementwise import INT32_INDEX_LIMIT, ROUND_HELPERS, elementwise_kernel
+from .partition import is_depthwise_conv
+from .shim_calls import WORKSPACE_ALIGNMENT, emit_shim_calls
+
+DEPTHWISE_LANES = 8  # depthwise.cuh's kVector: channels (output elements) per epilogue call
+
+
+def split(symbol: str, func: Function) -> tuple:
+    """(the conv's binding, the chain as an elementwise Function whose first parameter is the
+    conv's output, the index in func.params of each of the chain's other parameters)."""
+    convs = [b for b in func.bindings if is_depthwise_conv(b.value)]
+    if len(convs) != 1 or any(arg not in func.params for arg in convs[0].value.args):
+        raise BuildError(f"builtin codegen: {symbol}: a conv2d_epilogue function holds one depthwise conv2d "
+                         f"of two parameters")
+    conv = convs[0]
+    chain = [b for b in func.bindings if b is not conv]
+    read = {arg for b in chain for arg in b.value.args}
+    outside = [p for p in func.params if p in read]
+    epilogue = Function([conv.var, *outside], chain, func.result, func.ret_type, {})
+    return conv, epilogue, [func.params.index(p) for p in outside]
+
+
+def conv_epilogue_cuda(symbol: str, func: Function) -> dict:
+    """The plain dict templates/builtin/conv2d_epilogue.j2 renders."""
+    conv, epilogue, arg_indices = split(symbol, func)
+    kernel = elementwise_kernel(symbol, epilogue, "cuda")
+    if kernel["needs_coordinates"] and kernel["dims"][-1]["size"] % DEPTHWISE_LANES:
+        raise BuildError(f"builtin codegen: {symbol}: a broadcast input of the conv's epilogue varies within "
+                         f"{DEPTHWISE_LANES} channels")
+    data, weight, out = conv.value.args[0].type, conv.value.args[1].type, conv.value.type
+    kernel["inputs"][0].update(access="accumulator", round=ROUND_HELPERS[out.dtype])
+    for input, arg in zip(kernel["inputs"][1:], arg_indices):
+        input["arg"] = arg
+    batch, in_h, in_w, channels = data.shape
+    _, kernel_h, kernel_w, _ = weight.shape
+    _, out_h, out_w, _ = out.shape
+    attrs = conv.value.attrs
+    largest = max(data.size, out.size, func.ret_type.size)
+    geometry = [in_h, in_w, channels, kernel_h, kernel_w, out_h, out_w, *attrs["strides"], attrs["pads"][0],
+                attrs["pads"][1], *attrs["dilations"]]
+    return {
+        **kernel,
+        "lanes": DEPTHWISE_LANES,
+        "index_type": "int32_t" if largest <= INT32_INDEX_LIMIT else "int64_t",
+        "conv": {"storage": storage_type(data.dtype, "cuda"), "data_arg": func.params.index(conv.value.args[0]),
+                 "weight_arg": func.params.index(conv.value.args[1]), "batch": batch, "geometry": geometry},
+    }
+
+
+def conv_epilogue_cpu(symbol: str, func: Function) -> tuple[dict, dict, dict]:
+    """(the conv's shim calls, the chain's elementwise loop, the function calling both),
+    as the dicts templates/builtin/source.j2 renders for each."""
+    conv, epilogue, arg_indices = split(symbol, func)
+    conv_func = Function(list(conv.value.args), [conv], conv.var, conv.var.type, {})
+    conv_calls = emit_shim_calls(f"{symbol}_conv", conv_func, "cpu").as_dict()
+    loop = elementwise_kernel(f"{symbol}_epilogue", epilogue, "cpu")
+    out_type: TensorType = conv.value.type
+    conv_bytes = -(-max(out_type.nbytes, 1) // WORKSPACE_ALIGNMENT) * WORKSPACE_ALIGNMENT
+    wrapper = {
+        "symbol": symbol,
+        "conv_args": [func.params.index(arg) for arg in conv.value.args],
+        "epilogue_args": arg_indices,
+        "conv_bytes": conv_bytes,
+        "workspace_bytes": conv_bytes + conv_calls["workspace_bytes"],
+    }
+    return conv_calls, loop, wrapper
