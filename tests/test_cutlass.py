@@ -85,6 +85,11 @@ def test_kernel_families_compile(sm, tmp_path):
                                 True, False))
     kernels.append(default_kernel(sm, problems[-1]))
     assert kernels[-1].fixed_channels and "_fixed4_" in kernels[-1].name(problems[-1])
+    if sm == 80:  # ... and a narrow stem (MobileNet's 16 output channels) on a tile N of 32
+        from byoc.backends.cutlass.conv_kernels import ConvKernel
+        problems.append(ConvProblem(2, 37, 41, 4, 16, 3, 3, 19, 21, (2, 2), (1, 1, 1, 1), (1, 1), "float16",
+                                    "hard_swish", True, False))
+        kernels.append(ConvKernel(80, (128, 32, 32), warp=(32, 32, 32), stages=4, fixed_channels=True))
     kernel_units, calls = {}, []
     for index, (problem, kernel) in enumerate(zip(problems, kernels)):
         assert kernel.supports(problem) is None

@@ -174,7 +174,11 @@ SM80_CONV_CANDIDATES = (
     ConvKernel(80, (64, 64, 32), warp=(32, 32, 32), stages=5),
 )
 # Convs of FIXED_CHANNELS input channels (PadConvChannels pads RGB stems to it: 8-byte
-# pixels), on either arch. Stems have few output channels (64): tile N of 64.
+# pixels), on either arch. Stems have few output channels (ResNet's 64, MobileNet's and
+# EfficientNet's 16 to 32): tiles N of 64, and of 32 for the narrower ones, whose every
+# CTA would otherwise compute mostly padding (the tuner measures them; the heuristic keeps
+# to N of 64). A tile N of 16 does not compile: the fixed-channel filter iterator needs
+# whole 32-column rows of threads.
 FIXED_CHANNELS = 4
 FIXED_CHANNEL_CONV_CANDIDATES = (
     ConvKernel(80, (128, 64, 64), warp=(64, 32, 64), stages=3, fixed_channels=True),
@@ -183,6 +187,8 @@ FIXED_CHANNEL_CONV_CANDIDATES = (
     ConvKernel(80, (64, 64, 64), warp=(32, 32, 64), stages=4, fixed_channels=True),
     ConvKernel(80, (64, 64, 32), warp=(32, 32, 32), stages=6, fixed_channels=True),
     ConvKernel(80, (256, 64, 64), warp=(64, 64, 64), stages=3, fixed_channels=True),
+    ConvKernel(80, (128, 32, 32), warp=(32, 32, 32), stages=4, fixed_channels=True),
+    ConvKernel(80, (256, 32, 32), warp=(64, 32, 32), stages=3, fixed_channels=True),
 )
 
 
