@@ -448,14 +448,16 @@ def shim_cases() -> list[Case]:
 def conv_epilogue_cases() -> list[Case]:
     """Depthwise NHWC convs in 16-bit floats with the elementwise chains that become their
     epilogues (Composite="builtin.conv2d_epilogue"): bias + ReLU; stride 2, a 5x5 window,
-    bias + hard swish + a full-size residual; bfloat16 with a clip; channels 24 and 40 (not
-    powers of two) and odd spatial sizes, so every index is off the tiles."""
+    bias + hard swish + a full-size residual; bfloat16 with a clip; a 5x5 window with SiLU;
+    channels 24 and 40 (not powers of two) and odd spatial sizes, so every index is off the
+    tiles."""
     cases = []
     specs = [  # name, dtype, (batch, h, w, channels), window, strides, pads, chain
         ("dw_bias_relu_float16", "float16", (2, 9, 7, 16), 3, [1, 1], [1, 1, 1, 1], "relu"),
         ("dw_stride2_hard_swish_residual_float16", "float16", (2, 11, 10, 24), 5, [2, 2], [2, 2, 2, 2],
          "hard_swish_residual"),
         ("dw_bias_clip_bfloat16", "bfloat16", (1, 6, 5, 40), 3, [1, 1], [0, 1, 2, 1], "clip"),
+        ("dw_5x5_bias_silu_float16", "float16", (2, 8, 13, 32), 5, [1, 1], [2, 2, 2, 2], "silu"),
     ]
     for name, dtype, (batch, h, w, channels), window, strides, pads, chain in specs:
         rng = np.random.default_rng(zlib.crc32(name.encode()))
@@ -470,6 +472,8 @@ def conv_epilogue_cases() -> list[Case]:
                 y = fb.call("relu", y)
             elif chain == "clip":
                 y = fb.call("clip", y, min=0.0, max=6.0)
+            elif chain == "silu":
+                y = fb.call("multiply", y, fb.call("sigmoid", y))
             else:
                 residual = fb.param("residual", conv.type.shape, dtype)
                 y = fb.call("add", fb.call("hard_swish", y), residual)

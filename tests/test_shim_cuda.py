@@ -698,6 +698,10 @@ CONV_CASES = [
     (1, 768, 7, 7, 768, (7, 7), (1, 1), (3, 3, 3, 3), (1, 1), 768),
     # more 8-channel vectors (150,528) than one pass of the capped grid covers on an H100
     (4, 96, 56, 56, 96, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 96),
+    # the unrolled windows (a thread per pair of output pixels): 3x3 stride 2 and 5x5 stride
+    # 1, odd output widths (the last pair's second pixel is past the edge), uneven pads
+    (2, 40, 13, 11, 40, (3, 3), (2, 2), (1, 0, 1, 1), (1, 1), 40),
+    (1, 32, 9, 12, 32, (5, 5), (1, 1), (2, 1, 2, 3), (1, 1), 32),
 ]
 
 

@@ -4,9 +4,9 @@
 // builtin function stores whatever elementwise chain reads the conv (bias, activation,
 // residual: templates/builtin/conv2d_epilogue.j2) without writing the conv's output first.
 //
-// A thread computes 8 neighbouring channels of one output pixel, reading them with one
-// 16-byte load per tap (per-element loads where the input is not 16-byte aligned) and
-// accumulating in float. Each
+// A thread computes 8 neighbouring channels of one output pixel (two pixels for the common
+// windows: nhwc_kernel), reading them with one 16-byte load per tap (per-element loads where
+// the input is not 16-byte aligned) and accumulating in float. Each
 // block first copies the filters into shared memory tap-major ([kh][kw][channel]; OHWI is
 // [channel][kh][kw]), so that a thread's 8 filters of one tap are one 16-byte read too, and
 // then loops over the output: a grid of a few blocks per SM copies them few times.
@@ -47,77 +47,125 @@ inline bool takes(int64_t channels, int64_t kernel_h, int64_t kernel_w) {
 }
 
 // `epilogue(vector, sums)` stores output elements vector * 8 .. vector * 8 + 7 (NHWC
-// linear indices: the channels of one pixel) from their float sums. kKernelH and kKernelW
-// are the window when it is one of the common ones (3x3, 5x5: the tap loops unroll and
-// every tap's load is issued before the first is used), else 0 (the window from `s`).
-template <class Storage, class Index, bool kAlignedInput, int kKernelH, int kKernelW, class Epilogue>
+// linear indices: the channels of one pixel) from their float sums.
+//
+// kKernelH, kKernelW and kStride are the window and stride of the common convs (3x3 and 5x5,
+// stride 1 or 2, no dilation), else 0 (all of them from `s`). For the common ones a thread
+// computes two horizontally neighbouring output pixels: each input column of a window row
+// is loaded and converted once for both, each filter once per row, and the unrolled taps'
+// loads are all issued before the first is used (branch-free: outside the image a tap reads
+// zeros). An item is one channel vector of one pixel (generic) or of a pixel pair.
+template <class Storage, class Index, bool kAlignedInput, int kKernelH, int kKernelW, int kStride, class Epilogue>
 __global__ void __launch_bounds__(kThreads) nhwc_kernel(const Storage* __restrict__ in,
                                                         const Storage* __restrict__ weight, Geometry<Index> s,
-                                                        Index total_vectors, Epilogue epilogue) {
+                                                        Index total_items, Epilogue epilogue) {
+  constexpr bool kFixed = kKernelH > 0;
+  constexpr int kPixels = kFixed ? 2 : 1;
   extern __shared__ uint4 shared_words[];  // 16-byte aligned
   Storage* filters = reinterpret_cast<Storage*>(shared_words);
   byoc_pdl::begin_after_previous();
-  const Index kernel_h = kKernelH > 0 ? Index{kKernelH} : s.kernel_h;
-  const Index kernel_w = kKernelW > 0 ? Index{kKernelW} : s.kernel_w;
+  const Index kernel_h = kFixed ? Index{kKernelH} : s.kernel_h;
+  const Index kernel_w = kFixed ? Index{kKernelW} : s.kernel_w;
   const Index channels = s.channels, taps = kernel_h * kernel_w;
   for (Index i = threadIdx.x; i < channels * taps; i += blockDim.x) {  // coalesced reads of OHWI
     filters[(i % taps) * channels + i / taps] = weight[i];
   }
   __syncthreads();
   const Index vectors = channels / kVector;
-  for (Index linear = blockIdx.x * blockDim.x + threadIdx.x; linear < total_vectors;
-       linear += static_cast<Index>(gridDim.x) * blockDim.x) {
-    Index rest = linear;
-    const Index channel = (rest % vectors) * kVector;
+  const Index groups_w = (s.out_w + kPixels - 1) / kPixels;
+  for (Index item = blockIdx.x * blockDim.x + threadIdx.x; item < total_items;
+       item += static_cast<Index>(gridDim.x) * blockDim.x) {
+    Index rest = item;
+    const Index vector_in_pixel = rest % vectors;
+    const Index channel = vector_in_pixel * kVector;
     rest /= vectors;
-    const Index ow = rest % s.out_w;
-    rest /= s.out_w;
+    const Index ow0 = (rest % groups_w) * kPixels;
+    rest /= groups_w;
     const Index oh = rest % s.out_h;
     const Index image = rest / s.out_h;
     const Storage* image_in = in + image * s.in_h * s.in_w * channels + channel;
-    float sum[kVector] = {};
+    float sum[kPixels][kVector] = {};
+    // The 8 channels of input pixel (ih, iw) as floats; zeros outside the image.
+    const auto load_pixel = [&](Index ih, Index iw, bool row_inside, float (&x)[kVector]) {
+      uint4 words = make_uint4(0, 0, 0, 0);
+      if (row_inside && iw >= 0 && iw < s.in_w) {
+        const Storage* source = image_in + (ih * s.in_w + iw) * channels;
+        if constexpr (kAlignedInput) {
+          words = __ldg(reinterpret_cast<const uint4*>(source));
+        } else {
+          alignas(16) Storage lanes[kVector];
+#pragma unroll
+          for (int j = 0; j < kVector; ++j) lanes[j] = source[j];
+          words = *reinterpret_cast<const uint4*>(lanes);
+        }
+      }
+      const Pair<Storage>* pairs = reinterpret_cast<const Pair<Storage>*>(&words);
+#pragma unroll
+      for (int j = 0; j < kVector / 2; ++j) {
+        const float2 f = to_float2(pairs[j]);
+        x[2 * j] = f.x;
+        x[2 * j + 1] = f.y;
+      }
+    };
+    const auto load_filter = [&](Index kh, Index kw, float (&w)[kVector]) {
+      const uint4 words = *reinterpret_cast<const uint4*>(filters + (kh * kernel_w + kw) * channels + channel);
+      const Pair<Storage>* pairs = reinterpret_cast<const Pair<Storage>*>(&words);
+#pragma unroll
+      for (int j = 0; j < kVector / 2; ++j) {
+        const float2 f = to_float2(pairs[j]);
+        w[2 * j] = f.x;
+        w[2 * j + 1] = f.y;
+      }
+    };
 #pragma unroll
     for (Index kh = 0; kh < kernel_h; ++kh) {
       const Index ih = oh * s.stride_h - s.pad_top + kh * s.dilation_h;
       const bool row_inside = ih >= 0 && ih < s.in_h;
+      if constexpr (kFixed) {
+        // Input columns ow0 * stride - pad_left + c, c < kColumns, serve both pixels:
+        // pixel p reads column c with filter column c - p * stride.
+        constexpr int kColumns = (kPixels - 1) * kStride + kKernelW;
+        float w[kKernelW][kVector];
 #pragma unroll
-      for (Index kw = 0; kw < kernel_w; ++kw) {
-        const Index iw = ow * s.stride_w - s.pad_left + kw * s.dilation_w;
-        // Outside the image the tap reads zeros: a select, not a branch, so that the
-        // unrolled taps' loads can all be in flight at once.
-        uint4 x_words = make_uint4(0, 0, 0, 0);
-        if (row_inside && iw >= 0 && iw < s.in_w) {
-          const Storage* source = image_in + (ih * s.in_w + iw) * channels;
-          if constexpr (kAlignedInput) {
-            x_words = __ldg(reinterpret_cast<const uint4*>(source));
-          } else {
-            alignas(16) Storage x[kVector];
+        for (int kw = 0; kw < kKernelW; ++kw) load_filter(kh, kw, w[kw]);
 #pragma unroll
-            for (int j = 0; j < kVector; ++j) x[j] = source[j];
-            x_words = *reinterpret_cast<const uint4*>(x);
+        for (int c = 0; c < kColumns; ++c) {
+          float x[kVector];
+          load_pixel(ih, ow0 * kStride - s.pad_left + c, row_inside, x);
+#pragma unroll
+          for (int p = 0; p < kPixels; ++p) {
+            const int kw = c - p * kStride;
+            if (kw >= 0 && kw < kKernelW) {
+#pragma unroll
+              for (int j = 0; j < kVector; ++j) sum[p][j] = fmaf(x[j], w[kw][j], sum[p][j]);
+            }
           }
         }
-        const uint4 w_words = *reinterpret_cast<const uint4*>(filters + (kh * kernel_w + kw) * channels + channel);
-        const Pair<Storage>* x = reinterpret_cast<const Pair<Storage>*>(&x_words);
-        const Pair<Storage>* w = reinterpret_cast<const Pair<Storage>*>(&w_words);
+      } else {
+        for (Index kw = 0; kw < kernel_w; ++kw) {
+          float x[kVector], w[kVector];
+          load_pixel(ih, ow0 * s.stride_w - s.pad_left + kw * s.dilation_w, row_inside, x);
+          load_filter(kh, kw, w);
 #pragma unroll
-        for (int j = 0; j < kVector / 2; ++j) {
-          const float2 xf = to_float2(x[j]), wf = to_float2(w[j]);
-          sum[2 * j] = fmaf(xf.x, wf.x, sum[2 * j]);
-          sum[2 * j + 1] = fmaf(xf.y, wf.y, sum[2 * j + 1]);
+          for (int j = 0; j < kVector; ++j) sum[0][j] = fmaf(x[j], w[j], sum[0][j]);
         }
       }
     }
-    epilogue(linear, sum);
+    const Index first_vector = ((image * s.out_h + oh) * s.out_w + ow0) * vectors + vector_in_pixel;
+#pragma unroll
+    for (int p = 0; p < kPixels; ++p) {
+      if (p == 0 || ow0 + p < s.out_w) epilogue(first_vector + p * vectors, sum[p]);
+    }
   }
 }
 
-template <class Storage, class Index, int kKernelH, int kKernelW, class Epilogue>
+template <class Storage, class Index, int kKernelH, int kKernelW, int kStride, class Epilogue>
 cudaError_t launch_window(const Storage* in, const Storage* weight, int64_t batch, const Geometry<Index>& s,
                           Epilogue epilogue, cudaStream_t stream) {
+  constexpr int kPixels = kKernelH > 0 ? 2 : 1;
   const bool aligned = reinterpret_cast<uintptr_t>(in) % 16 == 0;
-  auto kernel = aligned ? nhwc_kernel<Storage, Index, true, kKernelH, kKernelW, Epilogue>
-                        : nhwc_kernel<Storage, Index, false, kKernelH, kKernelW, Epilogue>;
+  auto kernel = aligned ? nhwc_kernel<Storage, Index, true, kKernelH, kKernelW, kStride, Epilogue>
+                        : nhwc_kernel<Storage, Index, false, kKernelH, kKernelW, kStride, Epilogue>;
   const size_t shared_bytes = static_cast<size_t>(s.channels) * s.kernel_h * s.kernel_w * sizeof(Storage);
   int device = 0, sm_count = 0, blocks_per_sm = 0;
   cudaError_t status = cudaGetDevice(&device);
@@ -133,13 +181,14 @@ cudaError_t launch_window(const Storage* in, const Storage* weight, int64_t batc
     status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kThreads, shared_bytes);
   }
   if (status != cudaSuccess) return status;
-  const int64_t vectors = batch * static_cast<int64_t>(s.out_h) * s.out_w * (s.channels / kVector);
-  int64_t blocks = (vectors + kThreads - 1) / kThreads;
+  const int64_t items = batch * static_cast<int64_t>(s.out_h) * ((s.out_w + kPixels - 1) / kPixels) *
+                        (s.channels / kVector);
+  int64_t blocks = (items + kThreads - 1) / kThreads;
   const int64_t resident = int64_t{sm_count} * (blocks_per_sm > 0 ? blocks_per_sm : 1);
   if (blocks > resident) blocks = resident;
   if (blocks < 1) blocks = 1;
   byoc_pdl::launch_after_previous(kernel, static_cast<unsigned int>(blocks), kThreads, shared_bytes, stream, in,
-                                  weight, s, static_cast<Index>(vectors), epilogue);
+                                  weight, s, static_cast<Index>(items), epilogue);
   return cudaGetLastError();
 }
 
@@ -147,9 +196,14 @@ cudaError_t launch_window(const Storage* in, const Storage* weight, int64_t batc
 template <class Storage, class Index, class Epilogue>
 cudaError_t launch_nhwc(const Storage* in, const Storage* weight, int64_t batch, const Geometry<Index>& s,
                         Epilogue epilogue, cudaStream_t stream) {
-  if (s.kernel_h == 3 && s.kernel_w == 3) return launch_window<Storage, Index, 3, 3>(in, weight, batch, s, epilogue, stream);
-  if (s.kernel_h == 5 && s.kernel_w == 5) return launch_window<Storage, Index, 5, 5>(in, weight, batch, s, epilogue, stream);
-  return launch_window<Storage, Index, 0, 0>(in, weight, batch, s, epilogue, stream);
+  const bool common = s.dilation_h == 1 && s.dilation_w == 1 && s.stride_h == s.stride_w &&
+                      (s.stride_w == 1 || s.stride_w == 2) && s.kernel_h == s.kernel_w &&
+                      (s.kernel_w == 3 || s.kernel_w == 5);
+  if (common && s.kernel_w == 3 && s.stride_w == 1) return launch_window<Storage, Index, 3, 3, 1>(in, weight, batch, s, epilogue, stream);
+  if (common && s.kernel_w == 3) return launch_window<Storage, Index, 3, 3, 2>(in, weight, batch, s, epilogue, stream);
+  if (common && s.stride_w == 1) return launch_window<Storage, Index, 5, 5, 1>(in, weight, batch, s, epilogue, stream);
+  if (common) return launch_window<Storage, Index, 5, 5, 2>(in, weight, batch, s, epilogue, stream);
+  return launch_window<Storage, Index, 0, 0, 0>(in, weight, batch, s, epilogue, stream);
 }
 
 }  // namespace byoc_depthwise
