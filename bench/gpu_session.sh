@@ -8,6 +8,7 @@
 #   bench/gpu_session.sh models CASES...   bench/run_models.py over the shipped CUDA configs
 #   bench/gpu_session.sh release 1|2  the model cases the open issues ask for, in two calls
 #   bench/gpu_session.sh profile [CASES...]  per-kernel GPU time (bench/profile_kernels.py)
+#   bench/gpu_session.sh timeline CASES...  one run of real models kernel by kernel, beside torch.compile's (bench/kernel_timeline.py)
 #   bench/gpu_session.sh tune [CASES...]     tune the CUTLASS kernels of whole models into the database
 #   bench/gpu_session.sh retune KEYS... [-- TILES...]  tune settled database problems again (new candidates)
 #   bench/gpu_session.sh real [CASES...]   real transformers/torchvision models (bench/real_models.py)
@@ -81,6 +82,13 @@ case "$stage" in
     python3 bench/profile_kernels.py --out /tmp/byoc-profile \
       --tuning-db "${TUNING_DB:-backends/cutlass/tuning_sm90.json}" "$@" >"$OUT/profile.log" 2>&1
     cat /tmp/byoc-profile/*.txt >"$OUT/profiles.txt"; cat "$OUT/profiles.txt" ;;
+  timeline)
+    # Real models kernel by kernel in launch order, each kernel's exposed time, per family,
+    # beside torch.compile default's run, e.g. bash bench/gpu_session.sh timeline mobilenet_v3_large:32
+    [ $# -eq 0 ] && set -- mobilenet_v3_large:32
+    for case in "$@"; do
+      PYTHONUNBUFFERED=1 python3 bench/kernel_timeline.py "$case" --out "$OUT" 2>&1 | grep -v Warning | tee -a "$OUT/timeline.log"
+    done ;;
   build_times)
     # Cold (empty object cache) and warm builds of each case with the shipped tuning database,
     # then BERT-base b1 cold with every CUTLASS kernel measured here (cuda_sm90:measure, at
