@@ -916,6 +916,29 @@ def @main(%x: Tensor[(1, 5, 5, 16), float16], %w: Tensor[(16, 3, 3, 1), float16]
     _check_same_results(before, after)
 
 
+def test_partition_report_counts_the_builtin_functions_that_fuse_ops():
+    """The partition report counts a builtin function that runs several ops as one kernel
+    under its kind (here a depthwise conv with bias, ReLU and sigmoid as its epilogue, and
+    a two-op elementwise group); one-op functions are not composites."""
+    from byoc.transform.partition import partition_for
+    before = parse("""
+def @main(%x: Tensor[(1, 5, 5, 16), float16], %w: Tensor[(16, 3, 3, 1), float16], %b: Tensor[(16,), float16]) -> Tuple[Tensor[(1, 5, 5, 16), float16], Tensor[(1, 5, 5, 16), float16]] {
+  %c = conv2d(%x, %w, pads=[1, 1, 1, 1], groups=16, data_layout="NHWC", kernel_layout="OHWI")
+  %y = add(%c, %b)
+  %r = relu(%y)
+  %s = sigmoid(%r)
+  %t = transpose(%s, axes=[0, 2, 1, 3])
+  %n = negative(%t)
+  %e = exp(%n)
+  return (%s, %e)
+}
+""")
+    _, report = partition_for(before, [], finalize=partition_builtin)
+    builtin = report.to_json()["backends"]["builtin"]
+    assert builtin["patterns"] == {"conv2d_epilogue": 1, "elementwise": 1}, report.to_text()
+    assert builtin["composites"] == 2 and builtin["partitions"] == 3
+
+
 @pytest.mark.parametrize("change", ["float32", "nchw", "channels_12", "broadcast_reader"])
 def test_partition_leaves_other_convs_unfused(change):
     """Only what depthwise.cuh computes fuses: not float32, not NCHW, not channels that are

@@ -40,6 +40,12 @@ def _count_builtin_ops(mod, report):
         function = mod[name]
         if function.attrs.get("Compiler") != "builtin" or not function.bindings:
             continue
-        for binding in function.bindings:
-            if isinstance(binding.value, Call) and isinstance(binding.value.op, Op):
-                report.ops["builtin"][binding.value.op.name] += count
+        ops = [b.value.op.name for b in function.bindings if isinstance(b.value, Call) and isinstance(b.value.op, Op)]
+        for op in ops:
+            report.ops["builtin"][op] += count
+        # A builtin function that runs several ops as one kernel (an elementwise group, a
+        # layout chain, a depthwise conv with its epilogue) is a composite of the builtin
+        # backend: the report counts it under its kind.
+        composite = str(function.attrs.get("Composite", ""))
+        if len(ops) > 1 and composite.startswith("builtin."):
+            report.accepted["builtin"][composite[len("builtin."):]] += count
