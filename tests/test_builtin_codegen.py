@@ -916,6 +916,40 @@ def @main(%x: Tensor[(1, 5, 5, 16), float16], %w: Tensor[(16, 3, 3, 1), float16]
     _check_same_results(before, after)
 
 
+def test_partition_gives_an_elementwise_group_to_one_conv_only():
+    """relu(conv(x) + conv(y)), both depthwise: the group is the first conv's epilogue and
+    reads the second conv's output, which stays a conv of its own (a kernel runs one conv)."""
+    before = parse("""
+def @main(%x: Tensor[(1, 5, 5, 16), float16], %y: Tensor[(1, 5, 5, 16), float16], %w: Tensor[(16, 3, 3, 1), float16]) -> Tensor[(1, 5, 5, 16), float16] {
+  %c1 = conv2d(%x, %w, pads=[1, 1, 1, 1], groups=16, data_layout="NHWC", kernel_layout="OHWI")
+  %c2 = conv2d(%y, %w, pads=[1, 1, 1, 1], groups=16, data_layout="NHWC", kernel_layout="OHWI")
+  %s = add(%c1, %c2)
+  %r = relu(%s)
+  return %r
+}
+""")
+    expected = parse("""
+def @main(%x: Tensor[(1, 5, 5, 16), float16], %y: Tensor[(1, 5, 5, 16), float16], %w: Tensor[(16, 3, 3, 1), float16]) -> Tensor[(1, 5, 5, 16), float16] {
+  %f0 = fn (%a0: Tensor[(1, 5, 5, 16), float16], %a1: Tensor[(16, 3, 3, 1), float16]) -> Tensor[(1, 5, 5, 16), float16] [Compiler="builtin", Composite="builtin.conv2d"] {
+    %a2 = conv2d(%a0, %a1, pads=[1, 1, 1, 1], groups=16, data_layout="NHWC", kernel_layout="OHWI")
+    return %a2
+  }
+  %c2 = %f0(%y, %w)
+  %f1 = fn (%b0: Tensor[(1, 5, 5, 16), float16], %b1: Tensor[(16, 3, 3, 1), float16], %b2: Tensor[(1, 5, 5, 16), float16]) -> Tensor[(1, 5, 5, 16), float16] [Compiler="builtin", Composite="builtin.conv2d_epilogue"] {
+    %b3 = conv2d(%b0, %b1, pads=[1, 1, 1, 1], groups=16, data_layout="NHWC", kernel_layout="OHWI")
+    %b4 = add(%b3, %b2)
+    %b5 = relu(%b4)
+    return %b5
+  }
+  %r = %f1(%x, %w, %c2)
+  return %r
+}
+""")
+    after = partition_builtin(before)
+    assert_structural_equal(after, expected)
+    _check_same_results(before, after)
+
+
 def test_partition_report_counts_the_builtin_functions_that_fuse_ops():
     """The partition report counts a builtin function that runs several ops as one kernel
     under its kind (here a depthwise conv with bias, ReLU and sigmoid as its epilogue, and

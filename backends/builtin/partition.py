@@ -220,7 +220,7 @@ def is_depthwise_conv(value: Expr) -> bool:
 def _conv_epilogues(bindings, readers, groups) -> dict[int, list[int]]:
     """Depthwise conv binding index -> the sorted indices of it and the elementwise group
     that is its epilogue (see the module docstring)."""
-    fused = {}
+    fused, taken = {}, set()
     for index, binding in enumerate(bindings):
         if not is_depthwise_conv(binding.value) or not readers[index] or None in readers[index]:
             continue
@@ -229,6 +229,9 @@ def _conv_epilogues(bindings, readers, groups) -> dict[int, list[int]]:
             continue
         if bindings[group[-1]].value.type.shape != binding.value.type.shape:
             continue  # the group broadcasts the conv's output: it is not the conv's epilogue
+        if group[-1] in taken:
+            continue  # the epilogue of an earlier conv already (add(conv(x), conv(y))): one conv a kernel
+        taken.add(group[-1])
         fused[index] = sorted([index, *group])
     return fused
 
