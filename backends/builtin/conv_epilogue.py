@@ -7,9 +7,10 @@ to the conv's dtype (as storing the conv's output would), evaluates the chain on
 the other inputs read at the same output index, and stores the chain's result: the conv's
 output is never written.
 
-CPU (a cpu build, or a function pinned to the cpu in a cuda build): the conv as the shim
-call it would be alone, into the workspace, then the chain as the elementwise loop it would
-be alone, reading the conv's output from there.
+CPU (a cpu build of a float16 or bfloat16 NHWC model; ops pinned to the cpu in a cuda build
+are outlined one by one before partitioning and never fuse): the conv as the shim call it
+would be alone, into the workspace, then the chain as the elementwise loop it would be
+alone, reading the conv's output from there.
 """
 from __future__ import annotations
 
