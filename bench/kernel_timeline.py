@@ -132,6 +132,10 @@ def main():
     parser.add_argument("--retable", metavar="TIMELINE.txt",
                         help="only write the family tables of a file this script wrote again (to --out)")
     args = parser.parse_args()
+    if args.retable and not Path(args.retable).is_file():
+        parser.error(f"--retable: no file {args.retable}")
+    if not args.retable and not args.case:
+        parser.error("name a case (model:batch), or --retable a timeline file")
     if args.retable:
         sections = [report(label, kernels) for label, kernels in read_listings(Path(args.retable).read_text())]
         text = "\n\n".join([table for _, table in sections] + [listing for listing, _ in sections]) + "\n"

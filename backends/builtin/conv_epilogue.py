@@ -19,10 +19,10 @@ from ...ir.expr import Function
 from ...ir.types import TensorType
 from .dtypes import storage_type
 from .elementwise import INT32_INDEX_LIMIT, ROUND_HELPERS, elementwise_kernel
-from .partition import is_depthwise_conv
+from .partition import DEPTHWISE_VECTOR, is_depthwise_conv
 from .shim_calls import WORKSPACE_ALIGNMENT, emit_shim_calls
 
-DEPTHWISE_LANES = 8  # depthwise.cuh's kVector: channels (output elements) per epilogue call
+DEPTHWISE_LANES = DEPTHWISE_VECTOR  # channels (output elements) per epilogue call
 
 
 def split(symbol: str, func: Function) -> tuple:
