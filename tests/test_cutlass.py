@@ -585,9 +585,9 @@ def _compilers(mod) -> list:
 
 @pytest.mark.parametrize("case, graph, reason", [
     ("channels", dict(data_shape=(1, 9, 9, 12), weight_shape=(16, 3, 3, 12)),
-     "C=12 input channels neither a multiple of 8"),
+     "C=12 is not a multiple of 8 (16-byte accesses of float16 along C"),
     ("out_channels", dict(data_shape=(1, 9, 9, 16), weight_shape=(20, 3, 3, 16)),
-     "K=20 output channels not a multiple of 8"),
+     "K=20 is not a multiple of 8 (16-byte accesses of float16 along K, the contiguous extent of the NPQK output"),
     ("groups", dict(data_shape=(1, 9, 9, 16), weight_shape=(16, 3, 3, 8), groups=2), "groups=2"),
     ("nchw", dict(data_shape=(1, 16, 9, 9), weight_shape=(16, 16, 3, 3), data_layout="NCHW", bias=False),
      "data_layout NCHW"),
@@ -654,6 +654,167 @@ def test_pointwise_convs_are_gemms_with_the_residual_inside_the_activation():
         mod, _ = _partition(_conv_graph((2, 15, 15, 64), shape, strides=strides, pads=pads))
         function = next(f for name, f in mod.items() if name != "main")
         assert partition_problem(function)[0].as_gemm() is None, (shape, strides, pads)
+
+
+def test_a_pointwise_conv_of_4_channels_stays_a_conv_that_the_fixed_channel_kernels_run(tmp_path):
+    """EfficientNet's squeeze-and-excitation expansion (issue #39: its sm90 build failed at the
+    first run, CUTLASS refusing an nt GEMM of K=4): conv 1x1 of C=4 -> K=96 with a sigmoid. As a
+    GEMM, A and B would be rows of 4 float16 (8 bytes), which no GEMM kernel reads: it stays a
+    conv, and the fixed-channel conv kernels run it on either arch."""
+    from byoc.backends.cutlass.codegen import partition_problem
+    from byoc.backends.cutlass.kernels import (ConvProblem, GemmProblem, candidates, default_kernel, kernel_problem,
+                                               usable_candidates)
+    mod, report = _partition(_conv_graph((32, 1, 1, 4), (96, 1, 1, 4), activation="sigmoid"))
+    assert _compilers(mod) == ["cutlass"], report.to_text()
+    problem, _ = partition_problem(next(f for name, f in mod.items() if name != "main"))
+    assert problem.as_gemm() is None
+    for sm in (90, 80):
+        runs = kernel_problem(sm, problem)
+        assert isinstance(runs, ConvProblem)
+        kernel = default_kernel(sm, runs)
+        assert kernel.fixed_channels and kernel.supports(runs) is None
+        assert all(k.fixed_channels for k in usable_candidates(sm, runs))
+    # the GEMM it was: every GEMM kernel refuses it, naming the extent
+    gemm = GemmProblem(32, 96, 4, 1, "float16", True, "sigmoid", True, residual_in_activation=True)
+    for kernel in candidates(90) + candidates(80):
+        assert kernel.supports(gemm).startswith("K=4 is not a multiple of 8 (16-byte accesses of float16 along K")
+    # built for sm_90: the fixed-channel kernel, no GEMM
+    _, artifacts = _lowered(_conv_graph((32, 1, 1, 4), (96, 1, 1, 4), activation="sigmoid"), tmp_path)
+    (cutlass,) = [a for a in artifacts if a.backend == "cutlass"]
+    assert [name for name in cutlass.kernels.values() if "_fixed4_" in name and name.endswith("_bias_sigmoid")] == \
+        list(cutlass.kernels.values())
+
+
+def _cutlass_problems(mod) -> list:
+    from byoc.backends.cutlass.codegen import partition_problem
+    return [partition_problem(f)[0] for name, f in mod.items()
+            if name != "main" and f.attrs.get("Compiler") == "cutlass"]
+
+
+def _assert_every_choice_runs(problem, tmp_path):
+    """For each arch: a candidate runs `problem` (as that arch's kernels take it), and the
+    heuristic's kernel, the tuner's candidates and the kernel chosen without a database
+    support it."""
+    from byoc.backends.cutlass.kernels import GemmProblem, default_kernel, kernel_problem, usable_candidates
+    from byoc.backends.cutlass.tuning import TuningDatabase, choose_kernels
+    for sm in (90, 80):
+        if sm == 80 and isinstance(problem, GemmProblem) and problem.has_bias and problem.has_residual:
+            continue  # sm80 GEMMs take a bias or a residual: such a build fails, naming why, at build time
+        runs = kernel_problem(sm, problem)
+        usable = usable_candidates(sm, runs)
+        assert usable and all(kernel.supports(runs) is None for kernel in usable), (sm, runs.key)
+        assert default_kernel(sm, runs).supports(runs) is None, (sm, runs.key)
+        chosen = choose_kernels([runs], sm, TuningDatabase(tmp_path / f"sm{sm}.json"), profile=False,
+                                workdir=tmp_path, compile_flags=[])
+        assert chosen[runs].supports(runs) is None, (sm, runs.key)
+
+
+@pytest.mark.parametrize("channels", [4, 6, 8, 12, 16])
+@pytest.mark.parametrize("out_channels", [4, 8, 96])
+@pytest.mark.parametrize("size", [1, 3])
+def test_every_conv_the_patterns_take_has_a_kernel_and_every_refusal_names_the_extent(channels, out_channels, size,
+                                                                                      tmp_path):
+    """A property of the patterns and the kernels' rules (CUTLASS's can_implement): a conv match
+    is taken only where a kernel of each arch runs it and every kernel the build would choose
+    supports it; what is refused says which extent is not a multiple of 8."""
+    pads = (size // 2,) * 4
+    for epilogue in (dict(activation="sigmoid"), dict(residual=True), dict(bias=False, activation=None)):
+        mod, report = _partition(_conv_graph((2, 5, 5, channels), (out_channels, size, size, channels), pads=pads,
+                                             **epilogue))
+        problems = _cutlass_problems(mod)
+        runnable = out_channels % 8 == 0 and (channels % 8 == 0 or channels == 4)
+        assert len(problems) == runnable, (report.to_text(), epilogue)
+        for problem in problems:
+            _assert_every_choice_runs(problem, tmp_path)
+        if not runnable:  # the reason names a misaligned extent
+            misaligned = [f"C={channels}"] * (channels % 8 != 0) + [f"K={out_channels}"] * (out_channels % 8 != 0)
+            assert any(f"{extent} is not a multiple of 8" in report.to_text() for extent in misaligned), \
+                report.to_text()
+
+
+@pytest.mark.parametrize("kind", ["dense", "dense_bias_relu", "dense_bias_residual", "batched", "batched_nt_scaled"])
+@pytest.mark.parametrize("k, n", [(4, 96), (96, 4), (6, 8), (8, 12), (16, 16), (12, 24), (136, 264), (8, 8)])
+def test_every_gemm_the_patterns_take_has_a_kernel_and_every_refusal_names_the_extent(kind, k, n, tmp_path):
+    batch = (3,) if kind.startswith("batched") else ()
+    mod, report = _partition(_model(kind, 20, n, k, batch=batch))
+    problems = _cutlass_problems(mod)
+    runnable = k % 8 == 0 and n % 8 == 0
+    assert len(problems) == runnable, report.to_text()
+    for problem in problems:
+        _assert_every_choice_runs(problem, tmp_path)
+    if not runnable:  # the reason names a misaligned extent
+        misaligned = [f"K={k}"] * (k % 8 != 0) + [f"N={n}"] * (n % 8 != 0)
+        assert any(f"{extent} is not a multiple of 8 (16-byte accesses of float16 along" in report.to_text()
+                   for extent in misaligned), report.to_text()
+
+
+def test_kernel_rules_mirror_cutlass_can_implement():
+    """Each family's rule per operand: A's K, B's K (nt) or N (nn), D's and the residual's N;
+    the conv's C (x and w) and K (y), its iterators' and TMA im2col's limits; sizes a kernel
+    of another family, or the grid, cannot take."""
+    from byoc.backends.cutlass.kernels import (SM80_CANDIDATES, SM90_CANDIDATES, SM90_CONV_CANDIDATES, ConvKernel,
+                                               ConvProblem, GemmKernel, GemmProblem, SM80_CONV_CANDIDATES,
+                                               FIXED_CHANNEL_CONV_CANDIDATES)
+    sm90, sm80 = SM90_CANDIDATES[0], SM80_CANDIDATES[0]
+    ws = GemmKernel(90, (128, 64, 64), (1, 1), "ws")
+    for kernel in (sm90, sm80, ws):
+        assert kernel.supports(GemmProblem(64, 16, 16, 1, "bfloat16", False)) is None
+        assert kernel.supports(GemmProblem(64, 12, 16, 1, "float16", True)).startswith("N=12 is not a multiple")
+        assert "contiguous extent of B, K x N (nn)" in kernel.supports(GemmProblem(64, 12, 16, 1, "float16", False))
+        assert "contiguous extent of A" in kernel.supports(GemmProblem(64, 16, 20, 1, "float16", False))
+        assert kernel.supports(GemmProblem(0, 16, 16, 1, "float16", False)) == "M=0 is not a positive 32-bit extent"
+        assert kernel.supports(GemmProblem(64, 16, 16, 1, "float32", False)).startswith("dtype float32")
+        assert kernel.supports(ConvProblem(1, 8, 8, 8, 8, 3, 3, 8, 8, (1, 1), (1, 1, 1, 1), (1, 1), "float16")) == \
+            "a GEMM kernel runs GEMM problems, not a ConvProblem"
+    # the grid's y and z: a CTA per tile (sm_80, sm_90's non-persistent ws) and per batch
+    many = GemmProblem(64, 64, 64, 70000, "float16", False)
+    assert "exceed the grid's 65535" in sm80.supports(many) and "exceed the grid's 65535" in ws.supports(many)
+    assert sm90.supports(many) is None  # persistent: a CTA per SM
+    conv = ConvProblem(1, 8, 8, 16, 16, 3, 3, 8, 8, (1, 1), (1, 1, 1, 1), (1, 1), "float16", None, True, True)
+    for kernel in SM90_CONV_CANDIDATES + SM80_CONV_CANDIDATES:
+        assert kernel.supports(conv) is None
+        assert kernel.supports(GemmProblem(64, 16, 16, 1, "float16", False)).startswith("a conv kernel runs conv")
+        assert kernel.supports(conv.__class__(**{**conv.__dict__, "out_channels": 12})).startswith("K=12 is not")
+        assert kernel.supports(conv.__class__(**{**conv.__dict__, "in_channels": 4})).startswith("C=4 is not")
+    for kernel in FIXED_CHANNEL_CONV_CANDIDATES:
+        assert kernel.supports(conv) == "the fixed-channel iterator takes C=4, not 16"
+        assert kernel.supports(conv.__class__(**{**conv.__dict__, "in_channels": 4})) is None
+    big_filter = conv.__class__(**{**conv.__dict__, "kernel_h": 33, "out_h": 1, "pads": (16, 1, 16, 1)})
+    assert SM90_CONV_CANDIDATES[0].supports(big_filter) is None
+    assert "larger than 32" in SM80_CONV_CANDIDATES[0].supports(big_filter)
+    far_pads = conv.__class__(**{**conv.__dict__, "pads": (130, 1, 130, 1), "out_h": 266})
+    assert "corner range" in SM90_CONV_CANDIDATES[0].supports(far_pads)
+    assert SM80_CONV_CANDIDATES[0].supports(far_pads) is None
+    assert ConvKernel(90, (128, 128, 64), fixed_channels=True).supports(conv) == \
+        "the fixed-channel iterator is a CUTLASS 2.x (sm 80) kernel"
+
+
+@pytest.mark.parametrize("forged, says", [
+    (dict(kind="conv2d", sm=90, tile=[128, 128, 64], cluster=[1, 1], warp=[64, 64, 32], stages=3),
+     "C=4 is not a multiple of 8"),
+    (dict(sm=90, tile=[64, 64, 64], cluster=[1, 1], schedule="pingpong", warp=[64, 64, 32], stages=3),
+     "a GEMM kernel runs GEMM problems, not a ConvProblem"),
+])
+def test_codegen_refuses_a_chosen_kernel_that_cannot_run_its_problem(forged, says, tmp_path, monkeypatch):
+    """Whatever chose it (heuristic, tuner, database), a kernel whose can_implement would
+    refuse the partition's operands is a build error naming the function, the problem and
+    why, never a library that fails at its first run. A database entry naming such a kernel
+    is passed over."""
+    from byoc.backends.cutlass import tuning
+    from byoc.backends.cutlass.kernels import ConvProblem, kernel_from_json
+    from byoc.errors import BuildError
+    kernel = kernel_from_json(forged)
+    se_block = ConvProblem(32, 1, 1, 4, 96, 1, 1, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), "float16", "sigmoid", True)
+    (tmp_path / "db.json").write_text(json.dumps({"format": tuning.FORMAT, "version": 1, "entries": {
+        "sm90": {se_block.key: {"kernel": forged, "us": 1.0}}}}))
+    database = tuning.TuningDatabase(tmp_path / "db.json")
+    assert database.lookup(90, se_block) == kernel
+    chosen = tuning.choose_kernels([se_block], 90, database, profile=False, workdir=tmp_path, compile_flags=[])
+    assert chosen[se_block] != kernel and chosen[se_block].supports(se_block) is None
+    monkeypatch.setattr(tuning, "choose_kernels", lambda problems, *args, **kwargs: {p: kernel for p in problems})
+    with pytest.raises(BuildError, match=rf"cutlass: @cutlass_\w+: the kernel chosen for "
+                                         rf"{re.escape(se_block.key)}, .*, cannot run it: {says}"):
+        _lowered(_conv_graph((32, 1, 1, 4), (96, 1, 1, 4), activation="sigmoid"), tmp_path / "w")
 
 
 def _resnet_ir(dtype="float16", batch=1, size=16):
@@ -842,6 +1003,8 @@ def _conv_model(kind, batch, channels, size, out_channels, kernel, stride, dtype
             y = fb.call("relu", y)
         if "hard_swish" in kind:
             y = fb.call("hard_swish", y)
+        if "sigmoid" in kind:
+            y = fb.call("sigmoid", y)
         fb.ret(fb.call("cast", y, dtype="float32"))
     return fb.module()
 
@@ -861,6 +1024,8 @@ def _conv_model(kind, batch, channels, size, out_channels, kernel, stride, dtype
     ("conv_bias", 2, 6, 17, 32, 3, 1, "float16"),
     # MobileNetV3's: a pointwise expansion (a GEMM) and its RGB stem (C=3, 3x3 stride 2), with hard_swish
     ("conv_bias_hard_swish", 2, 16, 15, 72, 1, 1, "float16"), ("conv_bias_hard_swish", 2, 3, 33, 16, 3, 2, "float16"),
+    # EfficientNet's squeeze-and-excitation expansion: pointwise, C=4 (the fixed-channel kernel, not a GEMM)
+    ("conv_bias_sigmoid", 32, 4, 1, 96, 1, 1, "float16"),
 ])
 def test_conv_patterns_match_float32_reference(kind, batch, channels, size, out_channels, kernel, stride, dtype,
                                                 tmp_path):

@@ -8,9 +8,10 @@ A function's body (composites inlined) is read as one of the chains the patterns
     conv2d(x, w) (NHWC) [+ bias] [+ residual] [-> activation]          -> ConvProblem
     softmax(Q K^T [* c] [+ mask]) V with the head split/merge around it -> Attention
 
-On sm_90 a pointwise conv (1x1, stride 1, no padding) runs as the GEMM it is
-(ConvProblem.as_gemm): CUTLASS's sm90 convs are non-persistent with one consumer warp group,
-its GEMMs persistent with two (cooperative, ping-pong). ResNet-50 has 33 such convs of 53.
+On sm_90 a pointwise conv (1x1, stride 1, no padding) runs as the GEMM it is where the GEMM
+kernels can run it (kernels.kernel_problem, ConvProblem.as_gemm): CUTLASS's sm90 convs are
+non-persistent with one consumer warp group, its GEMMs persistent with two (cooperative,
+ping-pong). ResNet-50 has 33 such convs of 53.
 
 the GEMM and conv kernel comes from the tuning database, a measurement (when a GPU is visible and
 profiling is on), or the heuristic (kernels.heuristic_kernel / heuristic_conv_kernel); the
@@ -27,8 +28,8 @@ from byoc.errors import BuildError
 from byoc.ir.expr import Call, Constant, Function, Var
 from byoc.ir.op import Op
 
-from .kernels import (INCLUDE_DIR, PDL_FLAG, SM_COUNT, CandidateFilter, ConvProblem, GemmProblem, kernel_unit,
-                      kernel_workspace_bytes, partition_call)
+from .kernels import (INCLUDE_DIR, PDL_FLAG, SM_COUNT, CandidateFilter, ConvKernel, ConvProblem, GemmProblem,
+                      kernel_problem, kernel_unit, kernel_workspace_bytes, partition_call)
 
 # the partitions' entry points (cutlass_entries.cc): plain C++, no CUTLASS
 ENTRIES_FLAGS = ["-O2", "-fPIC", "-fvisibility=hidden", f"-I{INCLUDE_DIR}"]
@@ -223,9 +224,7 @@ def codegen(functions: dict, target) -> list:
     problems = {symbol: partition_problem(func) for symbol, func in functions.items()}
     attention = {symbol: problem for symbol, problem in problems.items() if isinstance(problem[0], Attention)}
     problems = {symbol: problem for symbol, problem in problems.items() if symbol not in attention}
-    if sm >= 90:
-        problems = {symbol: (problem.as_gemm() or problem if isinstance(problem, ConvProblem) else problem, indices)
-                    for symbol, (problem, indices) in problems.items()}
+    problems = {symbol: (kernel_problem(sm, problem), indices) for symbol, (problem, indices) in problems.items()}
     flags = cutlass_flags(target, sm)
     profile = {"true": True, "false": False}.get(target.attrs.get("profile", "auto"), "auto")
     # profile: true asks for tuning on this GPU: entries measured on another GPU model are
@@ -251,6 +250,14 @@ def codegen(functions: dict, target) -> list:
     units, workspace, kernels, kernel_units, calls = [], {}, {}, {}, []
     for symbol, (problem, indices) in problems.items():
         kernel = chosen[problem]
+        refusal = kernel.supports(problem)
+        if refusal is not None:
+            # The heuristic, the tuner and the database lookup choose among supported kernels
+            # only: a kernel that would refuse its operands at run time (CUTLASS's
+            # can_implement) is a bug in that choice, stopped here rather than in the library.
+            raise BuildError(f"cutlass: @{symbol}: the kernel chosen for {problem.key}, "
+                             f"{_kernel_label(kernel, problem)}, cannot run it: {refusal} "
+                             f"(a byoc bug in the kernel choice; please report it)")
         unit = kernel_unit(kernel, problem, flags)
         kernel_units.setdefault(unit.entry, unit)
         calls.append(partition_call(symbol, unit, kernel, problem, indices))
@@ -267,6 +274,14 @@ def codegen(functions: dict, target) -> list:
                              tile=target.attrs.get("attention_tile") or "")
     return [Artifact(backend="cutlass", kind="source", symbols=list(functions),
                      compile_units=units, workspace_bytes=workspace, kernels=kernels)]
+
+
+def _kernel_label(kernel, problem) -> str:
+    """The kernel's name for the problem, or its JSON where it is of the other family (its
+    name would not spell)."""
+    if isinstance(kernel, ConvKernel) == isinstance(problem, ConvProblem):
+        return kernel.name(problem)
+    return str(kernel.to_json())
 
 
 # The unity key of every split kernel's host half: they all instantiate CUTLASS's host-side

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .gemm_kernels import ACTIVATIONS, ELEMENTS, NO_FILTER, CandidateFilter, GemmProblem
+from .gemm_kernels import (ACTIVATIONS, ELEMENT_BITS, ELEMENTS, GRID_YZ_MAX, NO_FILTER, CandidateFilter, GemmProblem,
+                           alignment_flaw, dtype_flaw, extents_flaw, gemm_operand_flaw)
 
 
 @dataclass(frozen=True)
@@ -58,12 +59,15 @@ class ConvProblem:
     def as_gemm(self) -> GemmProblem | None:
         """A pointwise conv (1x1, stride 1, no padding) as the GEMM it is: x as [N*H*W, C]
         times the K x 1 x 1 x C filter as B stored N x K, the same epilogue (its operands keep
-        their places: a, b, bias, residual); None for any other conv."""
+        their places: a, b, bias, residual); None for any other conv, and where the GEMM
+        kernels could not run that GEMM (C of 4, which the fixed-channel conv kernels take:
+        the GEMM's A and B are then rows of 8 bytes), so that the conv stays a conv."""
         if (self.kernel_h, self.kernel_w) != (1, 1) or tuple(self.strides) != (1, 1) or any(self.pads):
             return None
-        return GemmProblem(m=self.batch * self.height * self.width, n=self.out_channels, k=self.in_channels,
+        gemm = GemmProblem(m=self.batch * self.height * self.width, n=self.out_channels, k=self.in_channels,
                            batch=1, dtype=self.dtype, b_transposed=True, activation=self.activation,
                            has_bias=self.has_bias, has_residual=self.has_residual, residual_in_activation=True)
+        return gemm if gemm_operand_flaw(gemm) is None else None
 
     def operand_sizes(self) -> list:
         """Elements of x, w, bias, residual (0 when absent) and of the output, for the profiler."""
@@ -105,13 +109,14 @@ class ConvKernel:
         return f"cutlass_sm{self.sm}_{element}_fprop_{shape}_{problem.epilogue_name}"
 
     def supports(self, problem: ConvProblem) -> str | None:
-        # every epilogue the conv patterns admit runs on every conv kernel; the channel
-        # count picks the iterator
-        if self.fixed_channels and problem.in_channels != FIXED_CHANNELS:
-            return f"the fixed-channel iterator takes C={FIXED_CHANNELS}, not {problem.in_channels}"
-        if not self.fixed_channels and problem.in_channels % 8:
-            return f"C={problem.in_channels} is not a multiple of 8 (16-byte pixel loads)"
-        return None
+        """None when this kernel can run the problem, else why not. Every epilogue the conv
+        patterns admit runs on every conv kernel; what CUTLASS's can_implement asks of the
+        sizes decides (sm90_conv_flaw, sm80_conv_flaw), the channel count picking the iterator."""
+        if not isinstance(problem, ConvProblem):
+            return f"a conv kernel runs conv problems, not a {type(problem).__name__}"
+        if self.fixed_channels and self.sm != 80:
+            return "the fixed-channel iterator is a CUTLASS 2.x (sm 80) kernel"
+        return (sm90_conv_flaw if self.sm >= 90 else sm80_conv_flaw)(self, problem)
 
     def template(self) -> str:
         return "cutlass/conv2d_sm90.cu.j2" if self.sm >= 90 else "cutlass/conv2d_sm80.cu.j2"
@@ -153,6 +158,119 @@ class ConvKernel:
         return ConvKernel(sm=data["sm"], tile=tuple(data["tile"]), cluster=tuple(data["cluster"]),
                           warp=tuple(data["warp"]), stages=data["stages"],
                           fixed_channels=bool(data.get("fixed_channels", False)))
+
+
+# Limits of the conv kernels beyond alignment. sm_90's TMA im2col (the conv mainloop's
+# can_implement, 2-D convs): pads in [0, 256], lower and upper corners signed 8-bit, the
+# dilated filter's reach (its offsets) unsigned 8-bit. sm_80's optimized activation iterator
+# keeps one mask bit per filter row and column (R, S <= 32), and ImplicitGemmConvolution's
+# can_implement wants each of x, w and y below 2^31 bytes (32-bit offsets).
+IM2COL_PAD_LIMIT = 256
+IM2COL_CORNER_LIMIT = 128
+IM2COL_OFFSET_LIMIT = 255
+MAX_FILTER_SIZE = 32
+INT32_BYTES = 1 << 31
+
+
+def conv_extents_flaw(problem: ConvProblem) -> str | None:
+    """Both conv families: a float16/bfloat16 problem of positive 32-bit extents, strides and
+    dilations (the templates read them as int) and pads of at least 0."""
+    flaw = dtype_flaw(problem.dtype) or extents_flaw({
+        "N": problem.batch, "H": problem.height, "W": problem.width, "C": problem.in_channels,
+        "K": problem.out_channels, "R": problem.kernel_h, "S": problem.kernel_w, "P": problem.out_h,
+        "Q": problem.out_w, "stride_h": problem.strides[0], "stride_w": problem.strides[1],
+        "dilation_h": problem.dilations[0], "dilation_w": problem.dilations[1]})
+    if flaw is None and min(problem.pads) < 0:
+        flaw = f"pads {tuple(problem.pads)} are negative"
+    return flaw
+
+
+def _pixel_alignment_flaw(problem: ConvProblem) -> str | None:
+    """x (NHWC) and w (KRSC) read along C in 16-byte vectors (sm_90's TMA check_alignment,
+    sm_80's optimized activation and filter iterators)."""
+    return alignment_flaw("the NHWC input x and the KRSC filter w", "C", problem.in_channels, problem.dtype)
+
+
+def _output_alignment_flaw(problem: ConvProblem) -> str | None:
+    """y, the residual (N x P x Q x K) and the bias (K) along K in 16-byte vectors (sm_90's
+    epilogue check_alignment, sm_80's kAlignmentC)."""
+    operands = ["the NPQK output y"] + ["the residual"] * problem.has_residual + ["the bias"] * problem.has_bias
+    label = " and ".join([", ".join(operands[:-1]), operands[-1]] if len(operands) > 1 else operands)
+    return alignment_flaw(label, "K", problem.out_channels, problem.dtype)
+
+
+def im2col_flaw(problem: ConvProblem) -> str | None:
+    """sm_90's TMA im2col limits on pads, corners and filter offsets (the conv mainloop's
+    can_implement)."""
+    filter_size = (problem.kernel_h, problem.kernel_w)
+    for axis in range(2):
+        reach = (filter_size[axis] - 1) * problem.dilations[axis]
+        if reach >= IM2COL_OFFSET_LIMIT:
+            return f"dilated filter reach {reach} >= {IM2COL_OFFSET_LIMIT} (TMA im2col filter offsets)"
+        lower, upper = problem.pads[axis], problem.pads[axis + 2]
+        if max(lower, upper) > IM2COL_PAD_LIMIT:
+            return f"pads {tuple(problem.pads)} beyond TMA im2col's {IM2COL_PAD_LIMIT}"
+        if not (-IM2COL_CORNER_LIMIT <= -lower < IM2COL_CORNER_LIMIT and
+                -IM2COL_CORNER_LIMIT <= upper - reach < IM2COL_CORNER_LIMIT):
+            return f"pads {tuple(problem.pads)} with filter {filter_size} beyond TMA im2col's corner range"
+    return None
+
+
+def filter_size_flaw(problem: ConvProblem) -> str | None:
+    """sm_80's optimized activation iterator: one mask bit per filter row and column."""
+    if max(problem.kernel_h, problem.kernel_w) > MAX_FILTER_SIZE:
+        return (f"filter {problem.kernel_h}x{problem.kernel_w} larger than {MAX_FILTER_SIZE} "
+                f"(the sm80 optimized iterator's mask bits)")
+    return None
+
+
+def tensor_bytes_flaw(problem: ConvProblem) -> str | None:
+    """sm_80's ImplicitGemmConvolution::can_implement: x, w and y each below 2^31 bytes."""
+    x, w, _, _, y = problem.operand_sizes()
+    for name, elements in (("x", x), ("w", w), ("y", y)):
+        size = elements * ELEMENT_BITS[problem.dtype] // 8
+        if size >= INT32_BYTES:
+            return f"{name} of {size} bytes needs 64-bit offsets"
+    return None
+
+
+def sm90_conv_flaw(kernel: "ConvKernel", problem: ConvProblem) -> str | None:
+    """Why the CUTLASS 3.x kernel of templates/cutlass/conv2d_sm90.cu.j2 cannot run `problem`
+    (ConvUniversal::can_implement: the TMA im2col mainloop's alignment and limits, the
+    epilogue's alignment), or None. It launches a CTA per tile: N of the grid within 65535."""
+    flaw = conv_extents_flaw(problem) or _pixel_alignment_flaw(problem) or _output_alignment_flaw(problem) or \
+        im2col_flaw(problem)
+    if flaw:
+        return flaw
+    tiles_n = -(-(-(-problem.out_channels // kernel.tile[1])) // kernel.cluster[1]) * kernel.cluster[1]
+    if tiles_n > GRID_YZ_MAX:
+        return f"K={problem.out_channels} makes {tiles_n} column tiles, beyond the grid's {GRID_YZ_MAX}"
+    return None
+
+
+def sm80_conv_flaw(kernel: "ConvKernel", problem: ConvProblem) -> str | None:
+    """Why the CUTLASS 2.x kernel of templates/cutlass/conv2d_sm80.cu.j2 cannot run `problem`
+    (ImplicitGemmConvolution::can_implement: its activation and filter iterators', the tensor
+    sizes, the epilogue's alignment, the grid), or None."""
+    flaw = conv_extents_flaw(problem)
+    if flaw:
+        return flaw
+    if kernel.fixed_channels:
+        # the template instantiates the fixed-channel iterators for pixels of exactly the
+        # problem's C channels; byoc builds the one count PadConvChannels pads stems to
+        if problem.in_channels != FIXED_CHANNELS:
+            return f"the fixed-channel iterator takes C={FIXED_CHANNELS}, not {problem.in_channels}"
+    else:
+        flaw = _pixel_alignment_flaw(problem) or filter_size_flaw(problem)
+        if flaw:
+            return flaw
+    flaw = _output_alignment_flaw(problem) or tensor_bytes_flaw(problem)
+    if flaw:
+        return flaw
+    tiles_n = -(-problem.out_channels // kernel.tile[1])
+    if tiles_n > GRID_YZ_MAX:
+        return f"K={problem.out_channels} makes {tiles_n} column tiles, beyond the grid's {GRID_YZ_MAX}"
+    return None
 
 
 # Conv candidates. sm90: tile M of 64 or 128 (one consumer warp group holds the whole
@@ -209,6 +327,9 @@ def heuristic_conv_kernel(sm: int, problem: ConvProblem, allowed: CandidateFilte
         raise ValueError(f"no sm{sm} conv kernel the cutlass target allows ({problem.key})")
     allowed_kernels = [k for k in allowed_kernels if k.supports(problem) is None] or \
         [k for k in conv_candidates(sm) if k.supports(problem) is None]
+    if not allowed_kernels:
+        reasons = dict.fromkeys(kernel.supports(problem) for kernel in conv_candidates(sm))
+        raise ValueError(f"no sm{sm} conv kernel supports {problem.key}: {'; '.join(reasons)}")
     usable = [k for k in allowed_kernels if n > 64 or k.tile[1] == 64] or list(allowed_kernels)
 
     def ctas(kernel):

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ELEMENTS = {"float16": ("f16", "cutlass::half_t"), "bfloat16": ("bf16", "cutlass::bfloat16_t")}
+ELEMENT_BITS = {"float16": 16, "bfloat16": 16}
 # epilogue activation name in byoc -> CUTLASS activation functor
 ACTIVATIONS = {None: "Identity", "relu": "ReLu", "gelu": "GELU", "gelu_tanh": "GELU_taylor",
                "silu": "SiLu", "sigmoid": "Sigmoid", "hard_swish": "HardSwish"}
@@ -59,6 +60,104 @@ class GemmProblem:
         """The tuning-database key: everything the choice of kernel depends on."""
         return (f"{self.dtype}:m{self.m}:n{self.n}:k{self.k}:l{self.batch}:"
                 f"{'nt' if self.b_transposed else 'nn'}:{self.epilogue_name}")
+
+
+# What CUTLASS's can_implement asks of a problem's sizes, as data, so that no kernel is chosen
+# (by the heuristic, the tuner or a tuning-database entry) that would refuse its operands at
+# run time. Every template instantiates its kernel with 128-bit accesses (kAlignment = 128 /
+# element bits; on sm_90 also TMA's 16-byte rule): a tensor's contiguous extent and each of
+# its strides must be a multiple of that many elements. byoc's operands are packed, so every
+# stride (leading dimension, batch stride) is a multiple of the contiguous extent, and the one
+# rule on that extent is CUTLASS's check of the extent and of every stride.
+ACCESS_BITS = 128
+# the templates read a problem's extents as int
+INT32_MAX = (1 << 31) - 1
+# gridDim.y and gridDim.z of a launch (sm_80's GemmUniversalBase::can_implement checks them;
+# a non-persistent sm_90 kernel launches one CTA per tile and would fail to launch past them)
+GRID_YZ_MAX = (1 << 16) - 1
+
+
+def access_elements(dtype: str) -> int:
+    """Elements of one 128-bit access: 8 for float16 and bfloat16."""
+    return ACCESS_BITS // ELEMENT_BITS[dtype]
+
+
+def dtype_flaw(dtype: str) -> str | None:
+    if dtype not in ELEMENTS:
+        return f"dtype {dtype} (the kernels take {' or '.join(ELEMENTS)})"
+    return None
+
+
+def extents_flaw(extents: dict) -> str | None:
+    """Why `extents` (name -> value) cannot be a kernel's: each positive and an int."""
+    for name, value in extents.items():
+        if not 0 < value <= INT32_MAX:
+            return f"{name}={value} is not a positive 32-bit extent"
+    return None
+
+
+def alignment_flaw(operand: str, extent_name: str, extent: int, dtype: str) -> str | None:
+    """CUTLASS's check_alignment of a packed operand whose contiguous extent is `extent`."""
+    elements = access_elements(dtype)
+    if extent % elements:
+        return (f"{extent_name}={extent} is not a multiple of {elements} (16-byte accesses of {dtype} along "
+                f"{extent_name}, the contiguous extent of {operand})")
+    return None
+
+
+def gemm_operands(problem: "GemmProblem") -> list:
+    """(operand, name of its contiguous extent, extent) of each tensor a GEMM kernel reads or
+    writes, as the templates lay them out: A row-major M x K; B N x K (nt) or K x N (nn); the
+    residual C and D row-major M x N; the bias a vector of N (sm_90: a per-column broadcast;
+    sm_80: C with a zero row stride). Operand-swapped kernels read the same bytes."""
+    operands = [("A, row-major M x K", "K", problem.k),
+                ("B, N x K (nt)", "K", problem.k) if problem.b_transposed else ("B, K x N (nn)", "N", problem.n),
+                ("D, row-major M x N", "N", problem.n)]
+    if problem.has_residual:
+        operands.append(("the residual C, row-major M x N", "N", problem.n))
+    if problem.has_bias:
+        operands.append(("the bias of N", "N", problem.n))
+    return operands
+
+
+def gemm_operand_flaw(problem: "GemmProblem") -> str | None:
+    """What both GEMM families ask of a problem's sizes (sm_90: the TMA mainloop's and
+    epilogue's check_alignment of A, B, C and D; sm_80: GemmUniversal::can_implement's
+    alignment of A, B and C): positive 32-bit extents and 16-byte aligned operands. None,
+    or the reason, naming the extent."""
+    return dtype_flaw(problem.dtype) or \
+        extents_flaw({"M": problem.m, "N": problem.n, "K": problem.k, "batch": problem.batch}) or \
+        next(filter(None, (alignment_flaw(operand, name, extent, problem.dtype)
+                           for operand, name, extent in gemm_operands(problem))), None)
+
+
+def sm90_gemm_flaw(kernel: "GemmKernel", problem: "GemmProblem") -> str | None:
+    """Why the CUTLASS 3.x kernel of templates/cutlass/gemm_sm90.cu.j2 cannot run `problem`
+    (GemmUniversal::can_implement: mainloop, epilogue and tile scheduler), or None. The
+    persistent schedules launch a CTA per SM; `ws` launches one per tile, within the grid's
+    limits."""
+    flaw = gemm_operand_flaw(problem)
+    if flaw or kernel.schedule != "ws":
+        return flaw
+    rows, columns = (problem.n, problem.m) if kernel.swap_ab else (problem.m, problem.n)
+    tiles_n = -(-(-(-columns // kernel.tile[1])) // kernel.cluster[1]) * kernel.cluster[1]
+    if tiles_n > GRID_YZ_MAX or problem.batch > GRID_YZ_MAX:
+        return (f"{tiles_n} column tiles by batch {problem.batch} exceed the grid's {GRID_YZ_MAX} "
+                f"(a non-persistent kernel launches a CTA per tile)")
+    return None
+
+
+def sm80_gemm_flaw(kernel: "GemmKernel", problem: "GemmProblem") -> str | None:
+    """Why the CUTLASS 2.x kernel of templates/cutlass/gemm_sm80.cu.j2 cannot run `problem`
+    (GemmUniversalBase::can_implement: the grid's y (N tiles) and z (batch) within 65535, then
+    GemmUniversal::can_implement's alignment), or None."""
+    flaw = gemm_operand_flaw(problem)
+    if flaw:
+        return flaw
+    tiles_n = -(-problem.n // kernel.tile[1])
+    if tiles_n > GRID_YZ_MAX or problem.batch > GRID_YZ_MAX:
+        return f"{tiles_n} column tiles by batch {problem.batch} exceed the grid's {GRID_YZ_MAX}"
+    return None
 
 
 # sm90 schedule -> (CUTLASS kernel schedule, epilogue schedule)
@@ -134,7 +233,10 @@ class GemmKernel:
         return f"cutlass_sm{self.sm}_{element}_{shape}_{layout}_{problem.epilogue_name}"
 
     def supports(self, problem: GemmProblem) -> str | None:
-        """None when this kernel can run the problem, else why not."""
+        """None when this kernel can run the problem, else why not: the configuration's rules,
+        then what CUTLASS's can_implement asks of the sizes (sm90_gemm_flaw, sm80_gemm_flaw)."""
+        if not isinstance(problem, GemmProblem):
+            return f"a GEMM kernel runs GEMM problems, not a {type(problem).__name__}"
         if self.sm == 80 and problem.has_bias and problem.has_residual:
             return "sm80 kernels take either a bias or a residual in the epilogue, not both"
         if problem.has_residual and problem.activation and not problem.residual_in_activation:
@@ -153,7 +255,7 @@ class GemmKernel:
                 return "split-K kernels are sm90 cooperative kernels"
             if -(-problem.k // self.tile[2]) < 2 * self.splits:
                 return f"K={problem.k} is too short to split {self.splits} ways"
-        return None
+        return (sm90_gemm_flaw if self.sm >= 90 else sm80_gemm_flaw)(self, problem)
 
     def workspace_bytes(self, problem: GemmProblem) -> int:
         """What the kernel needs beyond its operands: split-K keeps a float partial tile per
@@ -379,7 +481,10 @@ def heuristic_kernel(sm: int, problem: GemmProblem, allowed: CandidateFilter = N
     supported = [k for k in candidates(sm, allowed) if k.supports(problem) is None]
     usable = [k for k in supported if k.splits == 1 and not k.stream_k and k not in TUNING_ONLY] or supported
     if not usable:
-        raise ValueError(f"no sm{sm} kernel supports {problem.key} (among the candidates the cutlass target allows)")
+        allowed_kernels = candidates(sm, allowed)
+        why = f": {allowed_kernels[0].supports(problem)}" if allowed_kernels else ""
+        raise ValueError(f"no sm{sm} kernel supports {problem.key} (among the candidates the cutlass target "
+                         f"allows){why}")
 
     def estimate(indexed):
         position, kernel = indexed

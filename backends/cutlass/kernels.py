@@ -11,20 +11,54 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .conv_kernels import (FIXED_CHANNEL_CONV_CANDIDATES, FIXED_CHANNELS, SM80_CONV_CANDIDATES,  # noqa: F401
-                           SM90_CONV_CANDIDATES, ConvKernel, ConvProblem, conv_candidates, heuristic_conv_kernel)
+                           SM90_CONV_CANDIDATES, ConvKernel, ConvProblem, conv_candidates, heuristic_conv_kernel,
+                           sm80_conv_flaw, sm90_conv_flaw)
 from .gemm_kernels import (ACTIVATIONS, ELEMENTS, NARROW_TILES, NO_FILTER, ONE_WAVE_TILES,  # noqa: F401
                            SM80_CANDIDATES, SM90_CANDIDATES, SM90_SCHEDULES, SM90_SPLIT_K, SM90_STREAM_K, SM_COUNT,
                            TUNING_ONLY, CandidateFilter, GemmKernel, GemmProblem, candidates, estimated_cycles,
-                           heuristic_kernel, parse_shape)
+                           gemm_operand_flaw, heuristic_kernel, parse_shape, sm80_gemm_flaw, sm90_gemm_flaw)
 
 __all__ = [  # the families' names, so that one import serves the backend and the tests
     "FIXED_CHANNEL_CONV_CANDIDATES", "FIXED_CHANNELS", "SM80_CONV_CANDIDATES", "SM90_CONV_CANDIDATES", "ConvKernel",
     "ConvProblem", "conv_candidates", "heuristic_conv_kernel", "ACTIVATIONS", "ELEMENTS", "NARROW_TILES", "NO_FILTER",
     "ONE_WAVE_TILES", "SM80_CANDIDATES", "SM90_CANDIDATES", "SM90_SCHEDULES", "SM90_SPLIT_K", "SM90_STREAM_K",
     "SM_COUNT", "TUNING_ONLY", "CandidateFilter", "GemmKernel", "GemmProblem", "candidates", "estimated_cycles", "heuristic_kernel",
-    "parse_shape", "usable_candidates", "default_kernel", "kernel_workspace_bytes", "kernel_from_json", "PDL_FLAG",
+    "parse_shape", "sm80_conv_flaw", "sm90_conv_flaw", "gemm_operand_flaw", "sm80_gemm_flaw", "sm90_gemm_flaw",
+    "KERNEL_ARCHS", "kernel_problem", "unsupported_reason", "usable_candidates", "default_kernel",
+    "kernel_workspace_bytes", "kernel_from_json", "PDL_FLAG",
     "kernel_flags", "INCLUDE_DIR", "SPLIT_TEMPLATES", "KernelUnit", "kernel_unit", "partition_call", "kernel_template",
     "operand_sizes"]
+
+
+# The archs of the two kernel families: sm_90 (CUTLASS 3.x) and sm_80 (CUTLASS 2.x, which
+# sm_86 and sm_89 builds take as well).
+KERNEL_ARCHS = (90, 80)
+
+
+def kernel_problem(sm: int, problem):
+    """The problem `sm`'s kernels run for a partition's `problem`: on sm_90 a pointwise conv
+    runs as the GEMM it is, where the GEMM kernels can run that GEMM (ConvProblem.as_gemm:
+    CUTLASS's sm90 convs are non-persistent with one consumer warp group, its GEMMs
+    persistent with two)."""
+    if sm >= 90 and isinstance(problem, ConvProblem):
+        return problem.as_gemm() or problem
+    return problem
+
+
+def unsupported_reason(problem, sms=KERNEL_ARCHS, allowed: CandidateFilter = NO_FILTER) -> str | None:
+    """None when a candidate kernel of one of `sms` runs `problem` (as kernel_problem hands it
+    to that arch), else every distinct reason the candidates gave: what a pattern check
+    answers, so that no match is taken that no kernel could run."""
+    reasons = {}
+    for sm in sms:
+        runs = kernel_problem(sm, problem)
+        for kernel in conv_candidates(sm, allowed) if isinstance(runs, ConvProblem) else candidates(sm, allowed):
+            reason = kernel.supports(runs)
+            if reason is None:
+                return None
+            reasons[reason] = None
+    archs = " or ".join(f"sm{sm}" for sm in sms)
+    return f"no {archs} kernel runs it: {'; '.join(reasons) or 'no candidates'}"
 
 
 def usable_candidates(sm: int, problem, allowed: CandidateFilter = NO_FILTER) -> list:

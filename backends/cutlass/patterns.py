@@ -4,7 +4,10 @@ convolutions with their epilogues (bias, residual add, activation).
 
 Rows are tried in order (larger patterns first). Every check returns None or the reason
 the kernel cannot take the match; the partition report shows the reasons and the work
-falls to the next backend.
+falls to the next backend. A GEMM or conv match is taken only where a candidate kernel
+supports its problem (kernels.unsupported_reason: the rules of CUTLASS's can_implement), so
+that no partition is made that the built library would refuse at run time. The checks do
+not know the arch the build targets: a kernel of either family (sm_90, sm_80) will do.
 """
 from __future__ import annotations
 
@@ -13,9 +16,10 @@ import math
 from byoc.backend import PatternEntry
 from byoc.pattern import is_const, is_op, wildcard
 
-from .kernels import FIXED_CHANNELS
+from .conv_kernels import filter_size_flaw, im2col_flaw, tensor_bytes_flaw
+from .kernels import ELEMENTS, ConvProblem, GemmProblem, unsupported_reason
 
-FLOAT_TYPES = ("float16", "bfloat16")
+FLOAT_TYPES = tuple(ELEMENTS)
 ACTIVATIONS = ("gelu", "relu", "silu", "sigmoid", "hard_swish")  # hard_swish: MobileNetV3's
 
 
@@ -73,11 +77,23 @@ def check_dense(match) -> str | None:
     if len(a.type.shape) < 2:
         return "A is a vector"
     k, n = b.type.shape
-    if k % 8:
-        return f"K={k} not a multiple of 8 (16-byte TMA alignment of fp16 rows)"
-    if n % 8:
-        return f"N={n} not a multiple of 8 (16-byte TMA alignment of fp16 rows)"
-    return _check_epilogue(match, n)
+    reason = _check_epilogue(match, n)
+    if reason:
+        return reason
+    # shared weights: A's leading dims fold into the GEMM's rows (codegen.gemm_problem)
+    return unsupported_reason(GemmProblem(
+        m=math.prod(a.type.shape[:-1]), n=n, k=k, batch=1, dtype=dtype, b_transposed=False,
+        activation=_activation(match), has_bias="bias" in match.named, has_residual="residual" in match.named))
+
+
+def _activation(match) -> str | None:
+    """The epilogue activation of a match, by its kernels' name (codegen reads it alike)."""
+    if "activation" not in match.named:
+        return None
+    call = match.call_of("activation")
+    if call.op.name == "gelu":
+        return "gelu" if call.attrs.get("approximate", "none") == "none" else "gelu_tanh"
+    return call.op.name
 
 
 def _check_epilogue(match, n) -> str | None:
@@ -100,11 +116,9 @@ def check_batched(match) -> str | None:
         return "not a batched matmul (a dense pattern covers 2-D weights)"
     if tuple(a.type.shape[:-2]) != tuple(b.type.shape[:-2]):
         return f"batch dims {a.type.shape[:-2]} and {b.type.shape[:-2]} differ (no broadcasting)"
-    k = a.type.shape[-1]
-    n = out.type.shape[-1]
-    if k % 8 or n % 8:
-        return f"K={k} or N={n} not a multiple of 8 (16-byte TMA alignment)"
-    return None
+    return unsupported_reason(GemmProblem(
+        m=a.type.shape[-2], n=out.type.shape[-1], k=a.type.shape[-1], batch=math.prod(a.type.shape[:-2]),
+        dtype=dtype, b_transposed="transpose" in match.named))
 
 
 def check_scaled_batched(match) -> str | None:
@@ -180,16 +194,6 @@ def conv2d():
     return is_op("conv2d")(wildcard().named("data"), wildcard().named("weight")).named("conv2d")
 
 
-# Past TMA im2col's limits (sm_90) the kernel cannot run: lower/upper corners are signed
-# 8-bit and filter offsets unsigned 8-bit for 2-D convs; the sm_80 optimized iterator keeps
-# one mask bit per filter position (R, S <= 32). Checked for both archs, as the check does
-# not know which one the build targets.
-IM2COL_CORNER_LIMIT = 128
-IM2COL_OFFSET_LIMIT = 255
-MAX_FILTER_SIZE = 32
-INT32_BYTES = 1 << 31
-
-
 def check_conv2d(match) -> str | None:
     data, weight, out = match["data"], match["weight"], match.output
     attrs = match.call_of("conv2d").attrs
@@ -200,29 +204,18 @@ def check_conv2d(match) -> str | None:
         return f"data_layout {attrs['data_layout']} (cutlass convs take NHWC; ConvertConvLayout rewrites NCHW chains)"
     if attrs["groups"] != 1:
         return f"groups={attrs['groups']} (grouped and depthwise convs are not implicit GEMMs here)"
-    channels, out_channels = data.type.shape[3], weight.type.shape[0]
-    if channels % 8 and channels != FIXED_CHANNELS:
-        return (f"C={channels} input channels neither a multiple of 8 (16-byte alignment of fp16 pixels) "
-                f"nor {FIXED_CHANNELS} (the fixed-channel kernel; PadConvChannels pads convs with a constant filter)")
-    if out_channels % 8:
-        return f"K={out_channels} output channels not a multiple of 8 (16-byte alignment of fp16 pixels)"
-    kernel = weight.type.shape[1:3]
-    if max(kernel) > MAX_FILTER_SIZE:
-        return f"filter {kernel[0]}x{kernel[1]} larger than {MAX_FILTER_SIZE} (sm80 iterator mask bits)"
-    pads, dilations = attrs["pads"], attrs["dilations"]
-    for axis in range(2):
-        reach = (kernel[axis] - 1) * dilations[axis]
-        if reach >= IM2COL_OFFSET_LIMIT:
-            return f"dilated filter reach {reach} >= {IM2COL_OFFSET_LIMIT} (TMA im2col filter offsets)"
-        lower_corner, upper_corner = -pads[axis], pads[axis + 2] - reach
-        if not (-IM2COL_CORNER_LIMIT <= lower_corner < IM2COL_CORNER_LIMIT and
-                -IM2COL_CORNER_LIMIT <= upper_corner < IM2COL_CORNER_LIMIT):
-            return f"pads {tuple(pads)} with filter {tuple(kernel)} beyond TMA im2col's corner range"
-    itemsize = 2
-    for name, value in (("input", data), ("output", out)):
-        if math.prod(value.type.shape) * itemsize >= INT32_BYTES:
-            return f"{name} of {math.prod(value.type.shape) * itemsize} bytes needs 64-bit offsets"
-    return _check_conv_epilogue(match, out_channels)
+    out_channels = weight.type.shape[0]
+    batch, height, width, channels = data.type.shape
+    _, out_h, out_w, _ = out.type.shape
+    problem = ConvProblem(batch, height, width, channels, out_channels, weight.type.shape[1], weight.type.shape[2],
+                          out_h, out_w, tuple(attrs["strides"]), tuple(attrs["pads"]), tuple(attrs["dilations"]),
+                          dtype, _activation(match), "bias" in match.named, "residual" in match.named)
+    # Past one arch's limits the conv is refused for both: a target whose kernels could not
+    # run it would fail the build, where the built-in backend runs it. Then C of 4 (an RGB
+    # stem PadConvChannels padded) is the fixed-channel kernels', other C and every K must
+    # be multiples of 8.
+    return filter_size_flaw(problem) or im2col_flaw(problem) or tensor_bytes_flaw(problem) or \
+        _check_conv_epilogue(match, out_channels) or unsupported_reason(problem)
 
 
 def _check_conv_epilogue(match, out_channels) -> str | None:

@@ -43,6 +43,7 @@ from ..ir.types import NUMPY_DTYPES, TensorType, dtype_of_numpy
 from .onnx_model import (checked_dims, checked_input_shapes, declared_dims, describe_model,  # noqa: F401
                          dtype_of_elem_type, elem_type_name, fits_declared, input_tensor_type, load_model,
                          load_model_and_weights, node_label)
+from .onnx_external_data import ExternalData
 from .onnx_schema import check_input_types, check_node
 
 # dtypes whose raw_data onnx.numpy_helper reads specially (not a plain little-endian view)
@@ -83,14 +84,16 @@ def from_onnx(model, input_shapes: dict | None = None, dims: dict | None = None)
     named dims to sizes, once for every input that declares them (onnxruntime's free
     dimension overrides by name: {"batch": 1, "sequence": 128}); an input in input_shapes
     takes that shape."""
-    proto, raw_data = load_model_and_weights(model)
-    return _Importer(proto, checked_input_shapes(input_shapes), checked_dims(dims), raw_data).run()
+    proto, raw_data, external = load_model_and_weights(model)
+    return _Importer(proto, checked_input_shapes(input_shapes), checked_dims(dims), raw_data, external).run()
 
 
 class _Importer:
     def __init__(self, proto: onnx.ModelProto, input_shapes: dict, dims: dict | None = None,
-                 raw_data: dict | None = None):
+                 raw_data: dict | None = None, external: ExternalData | None = None):
         self.proto = proto
+        # tensors stored in files beside the model (none readable where it has no folder)
+        self.external = external or ExternalData(None)
         # graph.initializer[position]'s raw_data where the parse left it out (the file's bytes)
         self.raw_data = raw_data or {}
         self.graph = proto.graph
@@ -225,13 +228,16 @@ class _Importer:
     def _tensor_to_array(self, tensor: onnx.TensorProto, what: str, raw_data=None) -> np.ndarray:
         """The tensor's value; `raw_data`: its raw_data where the parse left it out."""
         dtype = dtype_of_elem_type(tensor.data_type, what)
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            raise ModelError(f"{what} stores its data externally; load the model with "
-                             f"onnx.load(path, load_external_data=True) and pass the ModelProto")
         dims = list(tensor.dims)
         if any(dim < 0 for dim in dims):
             raise ModelError(f"{what} has dims {dims}; expected non-negative dims")
         count = math.prod(dims)
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            raw_data = self.external.read(tensor, what, count * NUMPY_DTYPES[dtype].itemsize)
+            # read: numpy_helper (below, for bool and bfloat16) must not look for the file again
+            # (only a model read from its path gets here; its proto is byoc's own)
+            tensor.data_location = onnx.TensorProto.DEFAULT
+            del tensor.external_data[:]
         if raw_data is not None or tensor.HasField("raw_data"):
             # Each read of raw_data copies the bytes out of the message: read it once (a
             # BERT-base's weights are 415 MB), and view it as the array.
@@ -480,7 +486,7 @@ def check_folded_size(count: int, itemsize: int, what: str):
 
 # The converters register themselves as they are imported (after `converter` and the helpers
 # they use are defined above).
-from . import onnx_compute_ops, onnx_shape_ops  # noqa: E402,F401
+from . import onnx_compute_ops, onnx_indexed_ops, onnx_shape_ops  # noqa: E402,F401
 
 
 def supported_op_types() -> list[str]:

@@ -52,6 +52,23 @@ def _identity(ctx, node, inputs, attrs):
     return outputs
 
 
+@converter("IsNaN")
+def _is_nan(ctx, node, inputs, attrs):
+    # NaN is the one value unequal to itself (the kernels compile without fast-math)
+    return [ctx.call("not_equal", inputs[0], inputs[0], name=node.output[0])]
+
+
+@converter("IsInf")
+def _is_inf(ctx, node, inputs, attrs):
+    x = inputs[0]
+    infinity = np.asarray(np.inf, dtype=NUMPY_DTYPES[ctx.dtype(x)])
+    tests = [ctx.call("equal", x, sign * infinity) for sign, key in ((1, "detect_positive"), (-1, "detect_negative"))
+             if attrs.get(key, 1)]
+    if not tests:
+        return [np.zeros(ctx.shape(x), dtype=bool)]
+    return [tests[0] if len(tests) == 1 else ctx.call("logical_or", *tests, name=node.output[0])]
+
+
 @converter("LeakyRelu")
 def _leaky_relu(ctx, node, inputs, attrs):
     return [ctx.call("leaky_relu", inputs[0], alpha=attrs.get("alpha", 0.01), name=node.output[0])]
@@ -272,6 +289,24 @@ def _rms_norm(ctx, node, inputs, attrs):
     axis = attrs.get("axis", -1)
     return [ctx.call("rms_norm", x, _cast_to(ctx, scale, ctx.dtype(x)), axis=axis,
                      epsilon=attrs.get("epsilon", 1e-5), name=node.output[0])]
+
+
+@converter("InstanceNormalization")
+def _instance_norm(ctx, node, inputs, attrs):
+    """Each (sample, channel)'s spatial values normalized, then the channel's scale and bias:
+    a layer_norm over the flattened spatial dims of [N, C, S] (its own scale 1, bias 0)."""
+    x, scale, bias = inputs
+    shape = tuple(ctx.shape(x))
+    if len(shape) < 3:
+        raise ModelError(f"{ctx.node_label}: input of shape {list(shape)}; expected [N, C, D1, ...] (rank >= 3)")
+    dtype = NUMPY_DTYPES[ctx.dtype(x)]
+    batch, channels, spatial = shape[0], shape[1], math.prod(shape[2:])
+    rows = ctx.call("reshape", x, shape=(batch, channels, spatial))
+    normalized = ctx.call("layer_norm", rows, np.ones(spatial, dtype), np.zeros(spatial, dtype), axis=-1,
+                          epsilon=attrs.get("epsilon", 1e-5))
+    per_channel = [ctx.call("reshape", _cast_to(ctx, p, ctx.dtype(x)), shape=(channels, 1)) for p in (scale, bias)]
+    scaled = ctx.call("add", ctx.call("multiply", normalized, per_channel[0]), per_channel[1])
+    return [ctx.call("reshape", scaled, shape=shape, name=node.output[0])]
 
 
 @converter("BatchNormalization")

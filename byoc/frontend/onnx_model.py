@@ -12,6 +12,7 @@ import onnx
 
 from ..errors import ModelError, UnsupportedOpError
 from ..ir.types import NUMPY_DTYPES, TensorType, is_static_shape
+from .onnx_external_data import ExternalData
 
 # ONNX TensorProto element type -> byoc dtype
 ONNX_DTYPES = {
@@ -134,12 +135,16 @@ def load_model(model) -> onnx.ModelProto:
 
 def load_model_and_weights(model) -> tuple:
     """load_model, for an import: (the ModelProto, {position in graph.initializer: the
-    bytes of that initializer's raw_data}). A model given as a file or bytes is parsed without
+    bytes of that initializer's raw_data}, the ExternalData its tensors stored beside the
+    model read from). A model given as a file or bytes is parsed without
     its initializers' raw_data (split_initializer_data), which the importer then views where
     it lies in the file's bytes: parsing a BERT-base with its 415 MB of weights copied them
-    twice (the parser, then each read of raw_data). A ModelProto comes with an empty map."""
+    twice (the parser, then each read of raw_data). A ModelProto comes with an empty map.
+    Only a model given by its path has a folder to read external data from."""
+    folder = Path(model).parent if isinstance(model, (str, Path)) else None
+    external = ExternalData(folder)
     if isinstance(model, onnx.ModelProto) or not isinstance(model, (str, Path, bytes, bytearray)):
-        return load_model(model), {}
+        return load_model(model), {}, external
     if isinstance(model, (str, Path)):
         path = Path(model)
         try:
@@ -147,19 +152,20 @@ def load_model_and_weights(model) -> tuple:
         except (OSError, ValueError):
             data = None
         if data is None:
-            return load_model(model), {}  # its error: missing, a directory, unreadable
+            return load_model(model), {}, external  # its error: missing, a directory, unreadable
     else:
         data = bytes(model)
     split = split_initializer_data(data)
+    whole = data if isinstance(model, (bytes, bytearray)) else model
     if split is None:
-        return load_model(data if isinstance(model, (bytes, bytearray)) else model), {}
+        return load_model(whole), {}, external
     stripped, places = split
     try:
         proto = load_model(stripped)
     except ModelError:
-        return load_model(data if isinstance(model, (bytes, bytearray)) else model), {}  # the whole file's error
+        return load_model(whole), {}, external  # the whole file's error
     view = memoryview(data)
-    return proto, {position: view[start:end] for position, (start, end) in places.items()}
+    return proto, {position: view[start:end] for position, (start, end) in places.items()}, external
 
 
 # Field numbers of onnx.proto: ModelProto.graph, GraphProto.initializer, TensorProto.raw_data

@@ -1,0 +1,177 @@
+"""The model corpus at full size on the GPU: each architecture of bench/corpus_models.py
+exported by each torch exporter as a user calls it, built by byoc for `cuda_sm90` (tuning
+measurements off: the shipped database or the heuristic picks the kernels, to keep builds
+short) and run against onnxruntime (CPU) on the same file.
+
+    python3 bench/corpus_gpu.py --out DIR [--cases NAME[:EXPORTER] ...] [--jobs 4] [--budget-s 540]
+
+Each case (architecture x exporter) runs in its own process, `--jobs` at a time (exports
+and onnxruntime are CPU work; the builds share the object cache). A case records its
+export, build and run times, byoc's max |diff| / max |ort| (pass: <= 2e-2; byoc runs
+fp16), the partition summary and any error with the step it came from. Results are
+rewritten as each case ends: DIR/corpus_gpu.json and DIR/corpus_gpu.md. Cases not started
+when --budget-s has passed are listed as not run.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TOLERANCE = 2e-2
+EXPORTERS = ("torchscript", "dynamo")
+
+
+def run_case(name: str, exporter: str, workdir: Path) -> dict:
+    """In a child process: export, reference, build and run one case."""
+    import numpy as np
+    import torch
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT))
+    import corpus_models
+
+    import byoc
+    from byoc.config import load_config
+
+    row = {"model": name, "exporter": exporter, "family": corpus_models.ARCHITECTURES[name].family}
+    step = "export"
+    try:
+        started = time.perf_counter()
+        wrapper, inputs = corpus_models.make(name, tiny=False)
+        arch = corpus_models.ARCHITECTURES[name]
+        workdir.mkdir(parents=True, exist_ok=True)
+        path = workdir / f"{name}.{exporter}.onnx"
+        names, args = list(inputs), tuple(inputs.values())
+        if exporter == "torchscript":
+            axes = {n: arch.dynamic_axes[n] for n in names if n in arch.dynamic_axes}
+            torch.onnx.export(wrapper, args, str(path), dynamo=False, opset_version=17, input_names=names,
+                              output_names=["output"], dynamic_axes=axes)
+        else:
+            torch.onnx.export(wrapper, args, str(path), input_names=names, output_names=["output"])
+        row["export_s"] = round(time.perf_counter() - started, 1)
+        row["inputs"] = {k: list(v.shape) for k, v in inputs.items()}
+        feeds = {k: v.numpy() for k, v in inputs.items()}
+        step = "onnxruntime"
+        import onnxruntime
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        expected = session.run(None, feeds)[0]
+        step = "build"
+        config = load_config("cuda_sm90", overrides={"tuning": {"profile": False, "tuning_db": None},
+                                                     "workdir": str(workdir / f"{name}.{exporter}.build")})
+        started = time.perf_counter()
+        library = byoc.build(str(path), config=config, input_shapes={k: v.shape for k, v in feeds.items()})
+        row["build_s"] = round(time.perf_counter() - started, 1)
+        row["partitions"] = _partition_summary(library)
+        step = "run"
+        module = library.load()
+        got = np.asarray(module.run(**feeds))
+        got = got.get() if hasattr(got, "get") else got
+        scale = max(float(np.max(np.abs(expected))), 1e-30)
+        row["error"] = float(np.max(np.abs(got.astype(np.float64) - expected))) / scale
+        row["ok"] = bool(row["error"] <= TOLERANCE and got.shape == expected.shape)
+        started = time.perf_counter()
+        for _ in range(3):
+            module.run(**feeds)
+        row["run_ms_numpy_io"] = round((time.perf_counter() - started) / 3 * 1e3, 2)
+    except Exception as error:  # recorded in the row, the run goes on
+        row["ok"] = False
+        row["failed_at"] = step
+        row["failure"] = f"{type(error).__name__}: {str(error).strip()[:400]}"
+        row["traceback"] = traceback.format_exc()[-1500:]
+    return row
+
+
+def _partition_summary(library) -> dict:
+    """Calls per backend, from the library's metadata."""
+    counts: dict = {}
+    for function in library.metadata.get("functions", []):
+        counts[function["backend"]] = counts.get(function["backend"], 0) + function.get("calls", 1)
+    return counts
+
+
+def write(rows: list, out: Path, meta: dict):
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "corpus_gpu.json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
+    lines = [f"# Corpus at full size on the GPU ({meta['device']}, byoc {meta['commit']}, {meta['date']})", "",
+             f"`cuda_sm90`, tuning measurements off; pass: max |byoc - ort| / max |ort| <= {TOLERANCE}. "
+             f"torch {meta['versions'].get('torch')}, transformers {meta['versions'].get('transformers')}, "
+             f"torchvision {meta['versions'].get('torchvision')}, timm {meta['versions'].get('timm')}.", "",
+             "| model | family | exporter | inputs | export s | build s | error | ok | partitions / failure |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        what = row.get("failure") and f"{row.get('failed_at')}: {row['failure'][:160]}" or \
+            ", ".join(f"{k} {v}" for k, v in sorted(row.get("partitions", {}).items()))
+        error = f"{row['error']:.1e}" if "error" in row else "-"
+        inputs = "; ".join(f"{k} {v}" for k, v in row.get("inputs", {}).items())
+        lines.append(f"| {row['model']} | {row.get('family', '')} | {row['exporter']} | {inputs} | "
+                     f"{row.get('export_s', '-')} | {row.get('build_s', '-')} | {error} | "
+                     f"{'yes' if row.get('ok') else 'NO'} | {what.replace('|', '/')} |")
+    (out / "corpus_gpu.md").write_text("\n".join(lines) + "\n")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--cases", nargs="*", default=None)
+    parser.add_argument("--jobs", type=int, default=4)
+    parser.add_argument("--budget-s", type=float, default=540)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/byoc-corpus"))
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print("ROW " + json.dumps(run_case(args.child[0], args.child[1], args.workdir)), flush=True)
+        return 0
+    sys.path.insert(0, str(ROOT / "bench"))
+    import corpus_models
+    cases = []
+    for spec in args.cases or list(corpus_models.ARCHITECTURES):
+        name, _, exporter = spec.partition(":")
+        cases += [(name, e) for e in ([exporter] if exporter else EXPORTERS)]
+    import torch
+    versions = {"torch": torch.__version__}
+    for package in ("transformers", "torchvision", "timm", "onnx", "onnxruntime"):
+        try:
+            versions[package] = __import__(package).__version__
+        except ImportError:
+            pass
+    meta = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU",
+            "commit": os.environ.get("BYOC_GIT_COMMIT", "unknown"),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "versions": versions}
+    start = time.time()
+    rows: list = []
+
+    def one(case):
+        name, exporter = case
+        if time.time() - start > args.budget_s:
+            return {"model": name, "exporter": exporter, "ok": False, "failed_at": "not run",
+                    "failure": f"not started within the {args.budget_s:.0f} s budget"}
+        child = subprocess.run([sys.executable, __file__, "--out", str(args.out), "--workdir", str(args.workdir),
+                                "--child", name, exporter], capture_output=True, text=True,
+                               timeout=max(60, args.budget_s + 120 - (time.time() - start)))
+        found = [line[4:] for line in child.stdout.splitlines() if line.startswith("ROW ")]
+        row = json.loads(found[-1]) if found else {
+            "model": name, "exporter": exporter, "ok": False, "failed_at": "process",
+            "failure": (child.stderr.strip().splitlines() or ["no output"])[-1][:400]}
+        print(f"{time.strftime('%H:%M:%S')} {name}:{exporter} ok={row.get('ok')} error={row.get('error')} "
+              f"build_s={row.get('build_s')} {row.get('failure', '')[:200]}", flush=True)
+        rows.append(row)
+        write(sorted(rows, key=lambda r: (r["model"], r["exporter"])), args.out, meta)
+        return row
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        list(pool.map(one, cases))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Converters of ONNX's multi-dimensional indexing ops into byoc's gather and elementwise ops:
+GatherND and ScatterND. Both appear where exporters index with tensors: torch's default
+exporter writes `mask[:, None, None, :]` as a GatherND of constant indices, and Swin's
+shifted-window mask is built with ScatterND (`mask[h, w] = count`).
+
+GatherND views `data` as [batch, block, rest...] (block: the dims one index tuple picks
+among) and gathers rows of it at each tuple's linear position. Constant indices (the
+common case) are checked and linearized at import time; indices computed at run time are
+linearized with elementwise ops, and a tuple with an out-of-range component becomes an
+index past the gathered axis, so that the gather kernel reports it at run time, as it does
+for Gather.
+
+ScatterND's indices must be known at import time (byoc compiles static graphs; exporters
+write them as constants or from shapes): the positions each update writes are then known,
+and the op becomes a gather of the updates and a `where` over data, one round per update
+that lands on an already written position (reductions apply in the order ONNX defines).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import ModelError
+from ..ir.expr import Constant
+from .onnx import converter
+
+
+def _check_components(ctx, indices: np.ndarray, block: tuple, what: str) -> np.ndarray:
+    """Index tuples with negative components counted from the end; out of range: an error."""
+    sizes = np.asarray(block, dtype=np.int64)
+    bad = (indices < -sizes) | (indices >= sizes)
+    if bad.any():
+        position = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ModelError(f"{ctx.node_label}: {what}[{', '.join(map(str, position))}] = {int(indices[position])} "
+                         f"is out of range for a dim of size {int(sizes[position[-1]])}; expected "
+                         f"-size <= index < size")
+    return np.where(indices < 0, indices + sizes, indices)
+
+
+def _strides(block: tuple) -> np.ndarray:
+    return np.asarray([math.prod(block[j + 1:]) for j in range(len(block))], dtype=np.int64)
+
+
+@converter("GatherND")
+def _gather_nd(ctx, node, inputs, attrs):
+    data, indices = inputs
+    data_shape, index_shape = tuple(ctx.shape(data)), tuple(ctx.shape(indices))
+    batch_dims = attrs.get("batch_dims", 0)
+    if not index_shape or not data_shape:
+        raise ModelError(f"{ctx.node_label}: data {list(data_shape)} and indices {list(index_shape)} must both "
+                         f"have rank >= 1")
+    tuple_len = index_shape[-1]
+    if not 0 <= batch_dims < min(len(data_shape), len(index_shape)) or batch_dims + tuple_len > len(data_shape):
+        raise ModelError(f"{ctx.node_label}: batch_dims={batch_dims} with data {list(data_shape)} and indices "
+                         f"{list(index_shape)}; expected 0 <= batch_dims < both ranks and batch_dims + "
+                         f"indices.shape[-1] <= rank of data")
+    if data_shape[:batch_dims] != index_shape[:batch_dims]:
+        raise ModelError(f"{ctx.node_label}: the first {batch_dims} dims of data {list(data_shape)} and indices "
+                         f"{list(index_shape)} differ; expected the same batch dims")
+    batch, block = data_shape[:batch_dims], data_shape[batch_dims:batch_dims + tuple_len]
+    rest = data_shape[batch_dims + tuple_len:]
+    rows = math.prod(batch) * math.prod(block)
+    flat = ctx.call("reshape", data, shape=(rows,) + rest)
+    # each tuple's batch: its leading indices dims, as an offset of whole blocks
+    tuple_dims = index_shape[:-1]
+    batch_offset = (np.arange(math.prod(batch), dtype=np.int64) * math.prod(block)).reshape(
+        batch + (1,) * (len(tuple_dims) - batch_dims))
+    strides = _strides(block)
+    # constant indices are linearized here; those computed at run time by the ops below
+    known = indices if isinstance(indices, np.ndarray) else indices.data if isinstance(indices, Constant) else None
+    if known is not None or tuple_len == 0:
+        components = np.zeros(index_shape, np.int64) if known is None else np.asarray(known, dtype=np.int64)
+        components = _check_components(ctx, components, block, "indices")
+        linear = (components * strides).sum(axis=-1) + batch_offset
+        return [ctx.call("gather", flat, np.ascontiguousarray(linear, dtype=np.int64), axis=0,
+                         name=node.output[0])]
+    components = indices if ctx.dtype(indices) == "int64" else ctx.call("cast", indices, dtype="int64")
+    sizes = np.asarray(block, dtype=np.int64)
+    wrapped = ctx.call("where", ctx.call("less", components, np.zeros((), np.int64)),
+                       ctx.call("add", components, sizes), components)
+    valid = ctx.call("logical_and", ctx.call("greater_equal", wrapped, np.zeros((), np.int64)),
+                     ctx.call("less", wrapped, sizes))
+    invalid = ctx.call("sum", ctx.call("cast", ctx.call("logical_not", valid), dtype="int64"), axes=(-1,),
+                       keepdims=False)
+    linear = ctx.call("add", ctx.call("sum", ctx.call("multiply", wrapped, strides), axes=(-1,), keepdims=False),
+                      batch_offset)
+    # a tuple with a component out of range: an index below -rows, which gather reports
+    past = np.asarray(-rows - 1, dtype=np.int64)
+    linear = ctx.call("where", ctx.call("equal", invalid, np.zeros((), np.int64)), linear, past)
+    return [ctx.call("gather", flat, linear, axis=0, name=node.output[0])]
+
+
+_SCATTER_REDUCTIONS = {"none": None, "add": "add", "mul": "multiply", "max": "maximum", "min": "minimum"}
+
+
+@converter("ScatterND")
+def _scatter_nd(ctx, node, inputs, attrs):
+    data, indices, updates = inputs
+    reduction = attrs.get("reduction", b"none")
+    reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
+    if reduction not in _SCATTER_REDUCTIONS:
+        raise ModelError(f"{ctx.node_label}: reduction={reduction!r}; expected one of "
+                         f"{', '.join(_SCATTER_REDUCTIONS)}")
+    data_shape, update_shape = tuple(ctx.shape(data)), tuple(ctx.shape(updates))
+    index_array = np.asarray(ctx.known(indices, "indices"), dtype=np.int64)
+    index_shape = index_array.shape
+    if not index_shape or not data_shape or index_shape[-1] > len(data_shape):
+        raise ModelError(f"{ctx.node_label}: indices {list(index_shape)} with data {list(data_shape)}; expected "
+                         f"indices of rank >= 1 whose last dim is at most the rank of data")
+    tuple_len = index_shape[-1]
+    block, rest = data_shape[:tuple_len], data_shape[tuple_len:]
+    if update_shape != index_shape[:-1] + rest:
+        raise ModelError(f"{ctx.node_label}: updates {list(update_shape)}; expected indices.shape[:-1] + "
+                         f"data.shape[indices.shape[-1]:] = {list(index_shape[:-1] + rest)}")
+    components = _check_components(ctx, index_array, block, "indices")
+    targets = (components * _strides(block)).sum(axis=-1).reshape(-1)  # each update's row of data
+    rows, count = math.prod(block), len(targets)
+    data_rows = ctx.call("reshape", data, shape=(rows,) + rest)
+    update_rows = ctx.call("reshape", updates, shape=(count,) + rest)
+    # Updates apply in order: round r writes, for each row, the r-th update that lands on it.
+    # Without a reduction only the last one counts.
+    writers: list[list[int]] = [[] for _ in range(rows)]
+    for update, row in enumerate(targets.tolist()):
+        writers[row].append(update)
+    if reduction == "none":
+        writers = [w[-1:] for w in writers]
+    rounds = max((len(w) for w in writers), default=0)
+    result = data_rows
+    combine = _SCATTER_REDUCTIONS[reduction]
+    for r in range(rounds):
+        written = np.asarray([len(w) > r for w in writers]).reshape((rows,) + (1,) * len(rest))
+        source = np.asarray([w[r] if len(w) > r else 0 for w in writers], dtype=np.int64)
+        picked = ctx.call("gather", update_rows, source, axis=0)
+        if combine is not None:
+            picked = ctx.call(combine, result, picked)
+        result = ctx.call("where", written, picked, result)
+    return [ctx.call("reshape", result, shape=data_shape, name=node.output[0])]
