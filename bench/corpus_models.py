@@ -164,7 +164,9 @@ _bert = _hf_text("BertConfig", "BertModel", {}, _TINY_BERTLIKE, token_types=True
                  model_kwargs={"add_pooling_layer": False})
 _roberta = _hf_text("RobertaConfig", "RobertaModel", {}, {**_TINY_BERTLIKE, "max_position_embeddings": 66},
                     model_kwargs={"add_pooling_layer": False})
-_albert = _hf_text("AlbertConfig", "AlbertModel", {}, {**_TINY_BERTLIKE, "embedding_size": 16},
+_albert = _hf_text("AlbertConfig", "AlbertModel",  # albert-base's sizes (the class defaults to xxlarge)
+                   dict(hidden_size=768, num_attention_heads=12, intermediate_size=3072, embedding_size=128),
+                   {**_TINY_BERTLIKE, "embedding_size": 16},
                    model_kwargs={"add_pooling_layer": False})
 _electra = _hf_text("ElectraConfig", "ElectraModel", {}, {**_TINY_BERTLIKE, "embedding_size": 16})
 _distilbert = _hf_text("DistilBertConfig", "DistilBertModel", {},
@@ -172,7 +174,9 @@ _distilbert = _hf_text("DistilBertConfig", "DistilBertModel", {},
                             max_position_embeddings=64))
 _deberta_v2 = _hf_text("DebertaV2Config", "DebertaV2Model",
                        dict(relative_attention=True, position_buckets=256, pos_att_type=["p2c", "c2p"],
-                            max_relative_positions=-1, norm_rel_ebd="layer_norm", share_att_key=True),
+                            max_relative_positions=-1, norm_rel_ebd="layer_norm", share_att_key=True,
+                            hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+                            vocab_size=128100),  # deberta-v3-base's sizes
                        {**_TINY_BERTLIKE, "position_buckets": 16})
 _mpnet = _hf_text("MPNetConfig", "MPNetModel", {}, {**_TINY_BERTLIKE, "max_position_embeddings": 66},
                   model_kwargs={"add_pooling_layer": False})
@@ -189,22 +193,35 @@ _DECODER = dict(mask=True, pad=False)
 
 _gpt2 = _hf_text("GPT2Config", "GPT2Model", {"use_cache": False},
                  dict(vocab_size=512, n_embd=32, n_layer=2, n_head=2, n_positions=64), **_DECODER)
-_gpt_neox = _hf_text("GPTNeoXConfig", "GPTNeoXModel", {"use_cache": False}, _TINY_DECODER, **_DECODER)
-_llama = _hf_text("LlamaConfig", "LlamaModel", {"use_cache": False},  # grouped-query attention
+# Full sizes: the small members of each family (the classes default to 7B-20B models), decoders
+# of 1-2B cut to 8 layers as in the speed issue's LLaMA-style model.
+_gpt_neox = _hf_text("GPTNeoXConfig", "GPTNeoXModel",  # pythia-160m
+                     dict(use_cache=False, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                          intermediate_size=3072, vocab_size=50304), _TINY_DECODER, **_DECODER)
+_LLAMA_8L = dict(use_cache=False, hidden_size=2048, num_hidden_layers=8, num_attention_heads=32, num_key_value_heads=4,
+                 intermediate_size=5632, vocab_size=32000)
+_llama = _hf_text("LlamaConfig", "LlamaModel", _LLAMA_8L,  # grouped-query attention
                   {**_TINY_DECODER, "num_key_value_heads": 2}, **_DECODER)
-_mistral = _hf_text("MistralConfig", "MistralModel", {"use_cache": False},
+_mistral = _hf_text("MistralConfig", "MistralModel", {**_LLAMA_8L, "num_key_value_heads": 8},
                     {**_TINY_DECODER, "num_key_value_heads": 2, "sliding_window": 8}, **_DECODER)
-_qwen2 = _hf_text("Qwen2Config", "Qwen2Model", {"use_cache": False},
+_qwen2 = _hf_text("Qwen2Config", "Qwen2Model",  # qwen2-1.5b's widths, 8 layers
+                  dict(use_cache=False, hidden_size=1536, num_hidden_layers=8, num_attention_heads=12,
+                       num_key_value_heads=2, intermediate_size=8960, vocab_size=151936),
                   {**_TINY_DECODER, "num_key_value_heads": 2}, **_DECODER)
 _opt = _hf_text("OPTConfig", "OPTModel", {"use_cache": False},
                 dict(vocab_size=512, hidden_size=32, num_hidden_layers=2, ffn_dim=64, num_attention_heads=2,
                      max_position_embeddings=64, word_embed_proj_dim=32), **_DECODER)
-_phi = _hf_text("PhiConfig", "PhiModel", {"use_cache": False},
+_phi = _hf_text("PhiConfig", "PhiModel",  # phi-1.5's widths, 8 layers
+                dict(use_cache=False, hidden_size=2048, num_hidden_layers=8, num_attention_heads=32,
+                     intermediate_size=8192, partial_rotary_factor=0.5),
                 {**_TINY_DECODER, "partial_rotary_factor": 0.5}, **_DECODER)
-_falcon = _hf_text("FalconConfig", "FalconModel", {"use_cache": False},  # multi-query attention
+_falcon = _hf_text("FalconConfig", "FalconModel",  # multi-query attention; 8 layers of width 2048
+                   dict(use_cache=False, hidden_size=2048, num_hidden_layers=8, num_attention_heads=32,
+                        multi_query=True, new_decoder_architecture=False, parallel_attn=True),
                    dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                         multi_query=True, new_decoder_architecture=False, parallel_attn=True), **_DECODER)
-_bloom = _hf_text("BloomConfig", "BloomModel", {"use_cache": False},  # ALiBi
+_bloom = _hf_text("BloomConfig", "BloomModel",  # ALiBi; bloom-560m's widths, 8 layers
+                  dict(use_cache=False, hidden_size=1024, n_layer=8, n_head=16),
                   dict(vocab_size=512, hidden_size=32, n_layer=2, n_head=2), **_DECODER)
 
 # ---- encoders of encoder-decoder models -------------------------------------------------
