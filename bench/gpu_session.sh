@@ -14,6 +14,7 @@
 #   bench/gpu_session.sh real [CASES...]   real transformers/torchvision models (bench/real_models.py)
 #   bench/gpu_session.sh suite [CASES...]  the same, built side by side first, then timed one by one
 #   bench/gpu_session.sh buckets [CASES...]  shape buckets against static libraries (bench/shape_buckets.py)
+#   bench/gpu_session.sh corpus [NAME[:EXPORTER] ...]  the model corpus at full size against onnxruntime (bench/corpus_gpu.py)
 #   bench/gpu_session.sh setup    only the set-up (then export PYTHONPATH=$PWD and CUTLASS_PATH as below)
 set -u
 cd "$(dirname "$0")/.."
@@ -193,6 +194,12 @@ case "$stage" in
       --workdir /tmp/byoc-buckets ${SWEEP:+--sweep} ${BETWEEN:+--between "$BETWEEN"} ${FULL_SWEEP:+--full-sweep} \
       ${NO_STATIC:+--no-static} --cases "$@" 2>&1 \
       | tee "$OUT/shape_buckets.log" | tail -n 30 ;;
+  corpus)
+    # Corpus architectures at full size, each exported by both torch exporters, built for
+    # cuda_sm90 (no tuning measurements) and run against onnxruntime; BUDGET_S (default 480)
+    # stops starting cases. Pass BYOC_GIT_COMMIT=<the local HEAD>.
+    PYTHONUNBUFFERED=1 python3 bench/corpus_gpu.py --out "$OUT" --budget-s "${BUDGET_S:-480}" --jobs "${JOBS:-4}" \
+      ${@:+--cases "$@"} 2>&1 | grep -v Warning | tee "$OUT/corpus_gpu.log" | tail -n 40 ;;
   release)
     # The model cases the open issues need, with the kernels `gemm` tuned (bench/results/
     # tuning_sm90.json). Each part fits one 10-minute device command (measured on an H100:
