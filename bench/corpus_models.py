@@ -272,6 +272,8 @@ def _clip(tiny):
         config = transformers.CLIPConfig()
     model = transformers.CLIPModel(config)
     inputs = _text(config.text_config.vocab_size, tiny)
+    positions = config.text_config.max_position_embeddings  # CLIP's text model takes 77 tokens
+    inputs = {k: v[:, :positions] for k, v in inputs.items()}
     inputs["pixel_values"] = _image(tiny, config.vision_config.image_size, config.vision_config.image_size)
     return model, inputs, "logits_per_image"
 
