@@ -83,6 +83,7 @@ def run_case(name: str, exporter: str, workdir: Path) -> dict:
         for _ in range(10):
             module.run(**device_feeds)
         torch.cuda.synchronize()
+        row["torch_fp16_error"] = _torch_fp16_error(wrapper, device_feeds, expected, scale)
         row["run_ms"] = round((time.perf_counter() - started) / 10 * 1e3, 3)  # wall clock, not a benchmark
     except Exception as error:  # recorded in the row, the run goes on
         row["ok"] = False
@@ -90,6 +91,20 @@ def run_case(name: str, exporter: str, workdir: Path) -> dict:
         row["failure"] = f"{type(error).__name__}: {str(error).strip()[:400]}"
         row["traceback"] = traceback.format_exc()[-1500:]
     return row
+
+
+def _torch_fp16_error(wrapper, feeds: dict, expected, scale: float):
+    """The same model in torch fp16 on the GPU against onnxruntime: how far fp16 itself
+    lands from float32 on this model (byoc's error is read beside it)."""
+    import numpy as np
+    import torch
+    try:
+        model = wrapper.half().cuda()
+        with torch.no_grad():
+            got = model(*[v.half() if v.is_floating_point() else v for v in feeds.values()]).float().cpu().numpy()
+        return float(np.max(np.abs(got.astype(np.float64) - expected))) / scale
+    except Exception as error:  # torch's own failure: noted, not the case's
+        return f"{type(error).__name__}: {str(error)[:120]}"
 
 
 def _partition_summary(library) -> dict:
@@ -107,15 +122,18 @@ def write(rows: list, out: Path, meta: dict):
              f"`cuda_sm90`, tuning measurements off; pass: max |byoc - ort| / max |ort| <= {TOLERANCE}. "
              f"torch {meta['versions'].get('torch')}, transformers {meta['versions'].get('transformers')}, "
              f"torchvision {meta['versions'].get('torchvision')}, timm {meta['versions'].get('timm')}.", "",
-             "| model | family | exporter | inputs | export s | build s | error | ok | partitions / failure |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| model | family | exporter | inputs | export s | build s | error | torch fp16 error | ok | "
+             "partitions / failure |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         what = row.get("failure") and f"{row.get('failed_at')}: {row['failure'][:160]}" or \
             ", ".join(f"{k} {v}" for k, v in sorted(row.get("partitions", {}).items()))
         error = f"{row['error']:.1e}" if "error" in row else "-"
+        reference = row.get("torch_fp16_error", "-")
+        reference = f"{reference:.1e}" if isinstance(reference, float) else str(reference)[:40]
         inputs = "; ".join(f"{k} {v}" for k, v in row.get("inputs", {}).items())
         lines.append(f"| {row['model']} | {row.get('family', '')} | {row['exporter']} | {inputs} | "
-                     f"{row.get('export_s', '-')} | {row.get('build_s', '-')} | {error} | "
+                     f"{row.get('export_s', '-')} | {row.get('build_s', '-')} | {error} | {reference} | "
                      f"{'yes' if row.get('ok') else 'NO'} | {what.replace('|', '/')} |")
     (out / "corpus_gpu.md").write_text("\n".join(lines) + "\n")
 

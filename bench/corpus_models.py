@@ -150,7 +150,8 @@ def _vision(construct, *, size_tiny=32, size_full=224):
     """A torchvision or timm network: construct(tiny) -> module; input named `input`."""
     def build(tiny):
         model = construct(tiny)
-        _calibrate_batch_norm(model, size_tiny if tiny else 64)
+        # at the resolution it runs at: statistics of another one let activations drift
+        _calibrate_batch_norm(model, size_tiny if tiny else size_full)
         return model, {"input": _image(tiny, size_tiny, size_full)}, None
     return build
 
