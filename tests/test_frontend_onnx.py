@@ -230,7 +230,7 @@ def test_a_model_file_is_parsed_without_its_weights_which_are_viewed_in_place(tm
     data = model.SerializeToString()
     stripped, places = split_initializer_data(data)
     assert len(stripped) < len(data) - 64 and sorted(places) == [0, 1, 2, 4]  # bf16 (typed) and typed: no raw_data
-    proto, raw = load_model_and_weights(data)
+    proto, raw, _ = load_model_and_weights(data)
     assert not proto.graph.initializer[0].HasField("raw_data") and bytes(raw[0]) == weight.raw_data
     (tmp_path / "m.onnx").write_bytes(data)
     inputs = {"x": rng.standard_normal((3, 4)).astype(np.float32)}

@@ -159,16 +159,16 @@ def _compare(name: str, actual, expected: np.ndarray, rtol=None, atol=None) -> s
 
 
 def _freeze_static_arguments(model: onnx.ModelProto, inputs: list[np.ndarray]):
-    """Make the graph inputs that look like static arguments -- integer/bool vectors
-    (axes, pads, shapes, repeats) and scalars of any type (k, training_mode, Range's
-    start, Pad's constant_value) -- initializers holding this data set's values, as a user
+    """Make the graph inputs that look like static arguments -- integer tensors (axes,
+    pads, shapes, repeats, ScatterND's index tuples), bool vectors and scalars of any type
+    (k, training_mode, Range's start, Pad's constant_value) -- initializers holding this data set's values, as a user
     of a static-shape compiler would; return the model and the inputs left to pass."""
     frozen = onnx.ModelProto()
     frozen.CopyFrom(model)
     del frozen.graph.input[:]
     remaining = []
     for info, value in zip(model.graph.input, inputs):
-        if value.ndim == 0 or value.dtype.kind in "iub" and value.ndim == 1:
+        if value.ndim == 0 or value.dtype.kind in "iu" or value.dtype.kind == "b" and value.ndim == 1:
             frozen.graph.initializer.append(numpy_helper.from_array(value, info.name))
         else:
             frozen.graph.input.append(info)

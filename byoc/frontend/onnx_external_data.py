@@ -74,13 +74,17 @@ class ExternalData:
         if path in self._maps:
             return self._maps[path]
         try:
-            with open(path, "rb") as file:
-                info = os.fstat(file.fileno())
+            # non-blocking: opening a FIFO for reading would wait for a writer
+            descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+            try:
+                info = os.fstat(descriptor)
                 if not stat.S_ISREG(info.st_mode):
                     raise ModelError(f"{what}: external data location {location!r} is not a regular file; "
                                      f"expected the data file the exporter wrote")
-                view = memoryview(mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)) if info.st_size \
+                view = memoryview(mmap.mmap(descriptor, 0, access=mmap.ACCESS_READ)) if info.st_size \
                     else memoryview(b"")
+            finally:
+                os.close(descriptor)
         except OSError as error:
             raise ModelError(f"{what}: its external data file {location!r} cannot be read: "
                              f"{error.strerror or error}") from None
