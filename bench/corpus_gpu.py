@@ -118,7 +118,8 @@ def _partition_summary(library) -> dict:
 def write(rows: list, out: Path, meta: dict):
     out.mkdir(parents=True, exist_ok=True)
     (out / "corpus_gpu.json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
-    lines = [f"# Corpus at full size on the GPU ({meta['device']}, byoc {meta['commit']}, {meta['date']})", "",
+    lines = [f"# Corpus at full size on the GPU ({meta['device']}, {meta['date']}; each row's byoc commit in "
+             f"corpus_gpu.json)", "",
              f"`cuda_sm90`, tuning measurements off; pass: max |byoc - ort| / max |ort| <= {TOLERANCE}. "
              f"torch {meta['versions'].get('torch')}, transformers {meta['versions'].get('transformers')}, "
              f"torchvision {meta['versions'].get('torchvision')}, timm {meta['versions'].get('timm')}.", "",
@@ -145,10 +146,18 @@ def main():
     parser.add_argument("--jobs", type=int, default=4)
     parser.add_argument("--budget-s", type=float, default=540)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/byoc-corpus"))
+    parser.add_argument("--merge-from", type=Path, default=None,
+                        help="an earlier corpus_gpu.json whose rows of cases not run now are kept")
+    parser.add_argument("--keep-files", action="store_true", help="keep each case's ONNX file and build")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print("ROW " + json.dumps(run_case(args.child[0], args.child[1], args.workdir)), flush=True)
+        row = run_case(args.child[0], args.child[1], args.workdir)
+        if not args.keep_files:  # a full-size model and its build take GBs: 64 GB fill up within a call
+            import shutil
+            for path in args.workdir.glob(f"{args.child[0]}.{args.child[1]}.*"):
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        print("ROW " + json.dumps(row), flush=True)
         return 0
     sys.path.insert(0, str(ROOT / "bench"))
     import corpus_models
@@ -169,6 +178,10 @@ def main():
             "versions": versions}
     start = time.time()
     rows: list = []
+    if args.merge_from and args.merge_from.exists():
+        running = set(cases)
+        rows = [row for row in json.loads(args.merge_from.read_text())["rows"]
+                if (row["model"], row["exporter"]) not in running]
 
     def one(case):
         name, exporter = case
@@ -184,6 +197,8 @@ def main():
             "failure": (child.stderr.strip().splitlines() or ["no output"])[-1][:400]}
         print(f"{time.strftime('%H:%M:%S')} {name}:{exporter} ok={row.get('ok')} error={row.get('error')} "
               f"build_s={row.get('build_s')} {row.get('failure', '')[:200]}", flush=True)
+        row.setdefault("commit", meta["commit"])
+        row.setdefault("device", meta["device"])
         rows.append(row)
         write(sorted(rows, key=lambda r: (r["model"], r["exporter"])), args.out, meta)
         return row

@@ -199,6 +199,7 @@ case "$stage" in
     # cuda_sm90 (no tuning measurements) and run against onnxruntime; BUDGET_S (default 480)
     # stops starting cases. Pass BYOC_GIT_COMMIT=<the local HEAD>.
     PYTHONUNBUFFERED=1 python3 bench/corpus_gpu.py --out "$OUT" --budget-s "${BUDGET_S:-480}" --jobs "${JOBS:-4}" \
+      --merge-from bench/results/corpus_gpu.json \
       ${@:+--cases "$@"} 2>&1 | grep -v Warning | tee "$OUT/corpus_gpu.log" | tail -n 40 ;;
   release)
     # The model cases the open issues need, with the kernels `gemm` tuned (bench/results/

@@ -486,7 +486,7 @@ def check_folded_size(count: int, itemsize: int, what: str):
 
 # The converters register themselves as they are imported (after `converter` and the helpers
 # they use are defined above).
-from . import onnx_compute_ops, onnx_indexed_ops, onnx_shape_ops  # noqa: E402,F401
+from . import onnx_compute_ops, onnx_indexed_ops, onnx_resize, onnx_shape_ops  # noqa: E402,F401
 
 
 def supported_op_types() -> list[str]:
