@@ -69,6 +69,10 @@ EXAMPLE_INPUTS: dict[str, list[np.ndarray]] = {
     "Expand": [f32(2, 1), i64(2, 3)],
     "Gather": [f32(2, 3), i64(0, 1)],
     "GatherElements": [f32(2, 3), np.zeros((2, 3), dtype=np.int64)],
+    "GatherND": [f32(2, 3), np.zeros((2, 2), dtype=np.int64)],
+    "ScatterND": [f32(2, 3), np.zeros((1, 1), dtype=np.int64), f32(1, 3)],
+    "InstanceNormalization": [f32(1, 2, 3), f32(2), f32(2)],
+    "Resize": [f32(2, 3), np.zeros(0, dtype=np.float32), np.array([1, 2], dtype=np.float32)],
     "Gemm": [f32(2, 3), f32(3, 4), f32(4)],
     "LayerNormalization": [f32(2, 3), f32(3), f32(3)],
     "RMSNormalization": [f32(2, 3), f32(3)],
@@ -86,6 +90,9 @@ EXAMPLE_INPUTS: dict[str, list[np.ndarray]] = {
     "Trilu": [f32(3, 3), scalar(0, np.int64)],
     **{op: _REDUCE_INPUTS for op in SUPPORTED_OPS if op.startswith("Reduce")},
 }
+# Ops whose schema makes inputs optional that a valid node still needs (Resize: one of
+# scales and sizes, which its shape inference requires): op type -> inputs of a valid node.
+INPUTS_A_VALID_NODE_NEEDS = {"Resize": 3}
 # Values of required attributes, and of the one value attribute a Constant needs.
 REQUIRED_ATTRIBUTES = {"Concat": {"axis": 0}, "Cast": {"to": TensorProto.FLOAT},
                        "MaxPool": {"kernel_shape": [2, 2]}, "AveragePool": {"kernel_shape": [2, 2]},
@@ -188,7 +195,7 @@ def valid_case(op_type: str, opset: int) -> NodeCase:
     case = NodeCase(op_type, opset)
     for name, value in REQUIRED_ATTRIBUTES.get(op_type, {}).items():
         case = case.with_attribute(name, value)
-    return case.with_inputs(case.schema.min_input)
+    return case.with_inputs(max(case.schema.min_input, INPUTS_A_VALID_NODE_NEEDS.get(op_type, 0)))
 
 
 def label_of(op_type: str) -> str:

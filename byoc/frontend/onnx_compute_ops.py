@@ -61,6 +61,9 @@ def _is_nan(ctx, node, inputs, attrs):
 @converter("IsInf")
 def _is_inf(ctx, node, inputs, attrs):
     x = inputs[0]
+    for key in ("detect_positive", "detect_negative"):
+        if attrs.get(key, 1) not in (0, 1):
+            raise ModelError(f"{ctx.node_label}: {key}={attrs[key]}; expected 0 or 1")
     infinity = np.asarray(np.inf, dtype=NUMPY_DTYPES[ctx.dtype(x)])
     tests = [ctx.call("equal", x, sign * infinity) for sign, key in ((1, "detect_positive"), (-1, "detect_negative"))
              if attrs.get(key, 1)]

@@ -107,6 +107,12 @@ def _resize(ctx, node, inputs, attrs):
                          f"{_NEAREST} and a policy of stretch, not_larger or not_smaller")
     if transform not in _TRANSFORMS:
         ctx.unsupported(f"coordinate_transformation_mode={transform!r} (byoc takes {', '.join(_TRANSFORMS)})")
+    for flag in ("exclude_outside", "antialias"):
+        if attrs.get(flag, 0) not in (0, 1):
+            raise ModelError(f"{ctx.node_label}: {flag}={attrs[flag]}; expected 0 or 1")
+    roi = inputs[1] if len(inputs) > 1 else None
+    if roi is not None and len(ctx.shape(roi)) != 1:
+        raise ModelError(f"{ctx.node_label}: input 'roi' of shape {list(ctx.shape(roi))}; expected a 1-D tensor")
     if attrs.get("antialias", 0):
         ctx.unsupported("antialias=1 (byoc resizes without an antialiasing filter)")
     if not isinstance(x, (np.ndarray, Constant)):
