@@ -30,7 +30,7 @@ TOLERANCE = 2e-2
 EXPORTERS = ("torchscript", "dynamo")
 
 
-def run_case(name: str, exporter: str, workdir: Path) -> dict:
+def run_case(name: str, exporter: str, workdir: Path, precision: str = "float16") -> dict:
     """In a child process: export, reference, build and run one case."""
     import numpy as np
     import torch
@@ -42,7 +42,8 @@ def run_case(name: str, exporter: str, workdir: Path) -> dict:
     import byoc
     from byoc.config import load_config
 
-    row = {"model": name, "exporter": exporter, "family": corpus_models.ARCHITECTURES[name].family}
+    row = {"model": name, "exporter": exporter, "family": corpus_models.ARCHITECTURES[name].family,
+           "precision": precision}
     step = "export"
     try:
         started = time.perf_counter()
@@ -66,6 +67,7 @@ def run_case(name: str, exporter: str, workdir: Path) -> dict:
         expected = session.run(None, feeds)[0]
         step = "build"
         config = load_config("cuda_sm90", overrides={"tuning": {"profile": False, "tuning_db": None},
+                                                     "precision": precision,
                                                      "workdir": str(workdir / f"{name}.{exporter}.build")})
         started = time.perf_counter()
         library = byoc.build(str(path), config=config, input_shapes={k: v.shape for k, v in feeds.items()})
@@ -123,9 +125,9 @@ def write(rows: list, out: Path, meta: dict):
              f"`cuda_sm90`, tuning measurements off; pass: max |byoc - ort| / max |ort| <= {TOLERANCE}. "
              f"torch {meta['versions'].get('torch')}, transformers {meta['versions'].get('transformers')}, "
              f"torchvision {meta['versions'].get('torchvision')}, timm {meta['versions'].get('timm')}.", "",
-             "| model | family | exporter | inputs | export s | build s | error | torch fp16 error | ok | "
+             "| model | family | exporter | precision | inputs | export s | build s | error | torch fp16 error | ok | "
              "partitions / failure |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         what = row.get("failure") and f"{row.get('failed_at')}: {row['failure'][:160]}" or \
             ", ".join(f"{k} {v}" for k, v in sorted(row.get("partitions", {}).items()))
@@ -133,7 +135,8 @@ def write(rows: list, out: Path, meta: dict):
         reference = row.get("torch_fp16_error", "-")
         reference = f"{reference:.1e}" if isinstance(reference, float) else str(reference)[:40]
         inputs = "; ".join(f"{k} {v}" for k, v in row.get("inputs", {}).items())
-        lines.append(f"| {row['model']} | {row.get('family', '')} | {row['exporter']} | {inputs} | "
+        lines.append(f"| {row['model']} | {row.get('family', '')} | {row['exporter']} | "
+                     f"{row.get('precision', 'float16')} | {inputs} | "
                      f"{row.get('export_s', '-')} | {row.get('build_s', '-')} | {error} | {reference} | "
                      f"{'yes' if row.get('ok') else 'NO'} | {what.replace('|', '/')} |")
     (out / "corpus_gpu.md").write_text("\n".join(lines) + "\n")
@@ -149,10 +152,10 @@ def main():
     parser.add_argument("--merge-from", type=Path, default=None,
                         help="an earlier corpus_gpu.json whose rows of cases not run now are kept")
     parser.add_argument("--keep-files", action="store_true", help="keep each case's ONNX file and build")
-    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        row = run_case(args.child[0], args.child[1], args.workdir)
+        row = run_case(args.child[0], args.child[1], args.workdir, args.child[2])
         if not args.keep_files:  # a full-size model and its build take GBs: 64 GB fill up within a call
             import shutil
             for path in args.workdir.glob(f"{args.child[0]}.{args.child[1]}.*"):
@@ -163,8 +166,10 @@ def main():
     import corpus_models
     cases = []
     for spec in args.cases or list(corpus_models.ARCHITECTURES):
+        # NAME[:EXPORTER][@PRECISION]: float32 where fp16 overflows in torch too (a random Swin V2)
+        spec, _, precision = spec.partition("@")
         name, _, exporter = spec.partition(":")
-        cases += [(name, e) for e in ([exporter] if exporter else EXPORTERS)]
+        cases += [(name, e, precision or "float16") for e in ([exporter] if exporter else EXPORTERS)]
     import torch
     versions = {"torch": torch.__version__}
     for package in ("transformers", "torchvision", "timm", "onnx", "onnxruntime"):
@@ -179,17 +184,17 @@ def main():
     start = time.time()
     rows: list = []
     if args.merge_from and args.merge_from.exists():
-        running = set(cases)
+        running = {(name, exporter) for name, exporter, _ in cases}
         rows = [row for row in json.loads(args.merge_from.read_text())["rows"]
                 if (row["model"], row["exporter"]) not in running]
 
     def one(case):
-        name, exporter = case
+        name, exporter, precision = case
         if time.time() - start > args.budget_s:
             return {"model": name, "exporter": exporter, "ok": False, "failed_at": "not run",
                     "failure": f"not started within the {args.budget_s:.0f} s budget"}
         child = subprocess.run([sys.executable, __file__, "--out", str(args.out), "--workdir", str(args.workdir),
-                                "--child", name, exporter], capture_output=True, text=True,
+                                "--child", name, exporter, precision], capture_output=True, text=True,
                                timeout=max(60, args.budget_s + 120 - (time.time() - start)))
         found = [line[4:] for line in child.stdout.splitlines() if line.startswith("ROW ")]
         row = json.loads(found[-1]) if found else {

@@ -403,3 +403,41 @@ def test_a_constant_too_large_to_fold_is_emitted_instead():
                                               r"\(4294967296 elements\), too large to compute at import time; "
                                               r"expected at most 2\*\*31 elements"):
         byoc.from_onnx(_model(nodes, [x], [y], [shape_source]))
+
+
+def _if_model(condition_from_shape: bool, else_op="Neg"):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    then_graph = helper.make_graph([helper.make_node("Relu", ["x"], ["t"])], "then", [],
+                                   [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2, 3])])
+    else_graph = helper.make_graph([helper.make_node(else_op, ["x"], ["e"])], "else", [],
+                                   [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2, 3])])
+    if condition_from_shape:  # what exporters write for `if x.size(1) > 4:`
+        nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("ReduceSum", ["s"], ["n"], keepdims=0),
+                 helper.make_node("Greater", ["n", "four"], ["c"])]
+    else:  # a condition on the data
+        nodes = [helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+                 helper.make_node("Cast", ["total"], ["total_int"], to=TensorProto.INT64),
+                 helper.make_node("Greater", ["total_int", "four"], ["c"])]
+    nodes.append(helper.make_node("If", ["c"], ["y"], then_branch=then_graph, else_branch=else_graph, name="branch"))
+    return _model(nodes, [x], [y], [onnx.numpy_helper.from_array(np.array(4, np.int64), "four")])
+
+
+def test_if_with_a_condition_known_at_import_becomes_its_branch():
+    mod = byoc.from_onnx(_if_model(True))
+    assert "relu(%x)" in str(mod) and "If" not in str(mod) and "negative" not in str(mod)
+    value = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
+    np.testing.assert_array_equal(byoc.interpret(mod, x=value), np.maximum(value, 0))
+
+
+def test_if_with_a_run_time_condition_is_refused_naming_the_node():
+    with pytest.raises(byoc.UnsupportedOpError, match="If node 'branch': input 'cond' must be known at import time"):
+        byoc.from_onnx(_if_model(False))
+
+
+def test_if_whose_taken_branch_uses_an_unsupported_op_names_it():
+    model = _if_model(True)
+    then_branch = next(a for a in model.graph.node[-1].attribute if a.name == "then_branch")
+    then_branch.g.node[0].op_type = "Det"  # the branch taken
+    with pytest.raises(byoc.UnsupportedOpError, match="If node 'branch': its then_branch uses Det node #0"):
+        byoc.from_onnx(model)

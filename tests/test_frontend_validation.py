@@ -72,6 +72,7 @@ EXAMPLE_INPUTS: dict[str, list[np.ndarray]] = {
     "GatherND": [f32(2, 3), np.zeros((2, 2), dtype=np.int64)],
     "ScatterND": [f32(2, 3), np.zeros((1, 1), dtype=np.int64), f32(1, 3)],
     "InstanceNormalization": [f32(1, 2, 3), f32(2), f32(2)],
+    "If": [scalar(True, np.bool_)],
     "Resize": [f32(2, 3), np.zeros(0, dtype=np.float32), np.array([1, 2], dtype=np.float32)],
     "Gemm": [f32(2, 3), f32(3, 4), f32(4)],
     "LayerNormalization": [f32(2, 3), f32(3), f32(3)],
@@ -96,7 +97,11 @@ INPUTS_A_VALID_NODE_NEEDS = {"Resize": 3}
 # Values of required attributes, and of the one value attribute a Constant needs.
 REQUIRED_ATTRIBUTES = {"Concat": {"axis": 0}, "Cast": {"to": TensorProto.FLOAT},
                        "MaxPool": {"kernel_shape": [2, 2]}, "AveragePool": {"kernel_shape": [2, 2]},
-                       "Constant": {"value_float": 1.0}}
+                       "Constant": {"value_float": 1.0},
+                       "If": {branch: helper.make_graph(
+                           [helper.make_node("Constant", [], [f"{branch}_out"], value_float=1.0)], branch, [],
+                           [helper.make_tensor_value_info(f"{branch}_out", TensorProto.FLOAT, [])])
+                           for branch in ("then_branch", "else_branch")}}
 # Inputs that must be 1-D although their descriptions do not say so (the ops' type and
 # shape inference requires it): (op type, input name).
 ONE_D_BY_INFERENCE = {("Reshape", "shape"), ("Split", "split"),

@@ -463,6 +463,23 @@ class _Importer:
     def dtype(self, value) -> str:
         return self.type_of(value).dtype
 
+    def inline_graph(self, graph: onnx.GraphProto, what: str) -> list:
+        """The outputs of a subgraph (an If's branch) converted node by node in the current
+        scope: its nodes read the enclosing graph's values by name, as ONNX scoping has it."""
+        label = self.node_label
+        for tensor in graph.initializer:
+            self.values[tensor.name] = self._tensor_to_array(tensor, f"{label}: {what} initializer {tensor.name!r}")
+        for index, node in enumerate(graph.node):
+            if node.domain not in ("", "ai.onnx") or node.op_type not in SUPPORTED_OPS:
+                raise UnsupportedOpError(f"{label}: its {what} uses {node_label(node, index)}, an op type byoc "
+                                         f"does not support")
+            self._convert_node(index, node)
+        self.node_label = label
+        missing = [output.name for output in graph.output if output.name not in self.values]
+        if missing:
+            raise ModelError(f"{label}: its {what} returns {missing}, which no node of it produces")
+        return [self.values[output.name] for output in graph.output]
+
     def unsupported(self, what: str):
         raise UnsupportedOpError(f"{self.node_label}: {what}")
 

@@ -259,3 +259,12 @@ def _cumsum(ctx, node, inputs, attrs):
     axis = ctx.known_scalar(inputs[1], "axis", "integer")
     return [ctx.call("cumsum", inputs[0], axis=axis, exclusive=bool(attrs.get("exclusive", 0)),
                      reverse=bool(attrs.get("reverse", 0)), name=node.output[0])]
+
+
+@converter("If")
+def _if(ctx, node, inputs, attrs):
+    """An If whose condition is known at import time (exporters write Python conditionals on
+    shapes as If: DeBERTa's relative positions): the branch it takes, converted in place."""
+    condition = ctx.known_scalar(inputs[0], "cond")
+    branch = attrs["then_branch" if condition else "else_branch"]
+    return ctx.inline_graph(branch, "then_branch" if condition else "else_branch")
