@@ -1,13 +1,14 @@
 """Writes the model corpus's tiny fixtures: every architecture of bench/corpus_models.py,
 exported by both torch exporters as a user would call them, with its example inputs.
 
-    python tests/corpus/make_corpus.py [NAME ...]     # from the repository root; CPU, no network
+    python tests/corpus/make_corpus.py [NAME ...] [--exporters dynamo]   # from the repository root; CPU, no network
 
 For each architecture NAME, into tests/corpus/NAME/:
   - torchscript.onnx: `torch.onnx.export(..., dynamo=False, opset_version=17)` with the
     batch (and sequence) axes dynamic, as most users call it;
   - dynamo.onnx + dynamo.onnx.data: `torch.onnx.export(...)` with its defaults (the
-    torch.export-based exporter: opset 18, static shapes, weights in the external data file);
+    torch.export-based exporter: opset 18 and up, static shapes, weights in the external data
+    file), less the Python stack traces it records per node (_drop_stack_traces);
   - inputs.npz: the example inputs (seeded).
 and tests/corpus/manifest.json: per architecture its family, source class, inputs, and per
 export its file, opset, node counts per op type, bytes and onnxruntime's max |diff| to eager
@@ -61,6 +62,7 @@ def export_one(name: str, exporter: str) -> dict:
                               output_names=["output"], dynamic_axes=axes)
         else:
             torch.onnx.export(wrapper, args, str(path), input_names=names, output_names=["output"])
+            _drop_stack_traces(path)
     except Exception as error:  # the exporter's own failure: recorded, not the corpus's
         for stale in (path, Path(f"{path}.data")):
             stale.unlink(missing_ok=True)
@@ -82,6 +84,19 @@ def export_one(name: str, exporter: str) -> dict:
             "output_shape": list(got.shape)}
 
 
+def _drop_stack_traces(path: Path):
+    """The dynamo exporter records each node's Python stack (file names and line numbers of
+    this checkout) in its metadata: dropped, so that the fixtures change only when a model
+    does. The graph, its names and the other metadata stay as the exporter wrote them."""
+    import onnx
+    model = onnx.load(str(path), load_external_data=False)
+    for node in model.graph.node:
+        kept = [entry for entry in node.metadata_props if "stack_trace" not in entry.key]
+        del node.metadata_props[:]
+        node.metadata_props.extend(kept)
+    path.write_bytes(model.SerializeToString())
+
+
 def main(argv=None):
     sys.path.insert(0, str(ROOT / "bench"))
     import corpus_models
@@ -90,6 +105,7 @@ def main(argv=None):
     parser.add_argument("names", nargs="*", help="architectures (default: all)")
     parser.add_argument("--child", nargs=2, metavar=("NAME", "EXPORTER"), help=argparse.SUPPRESS)
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--exporters", nargs="*", choices=EXPORTERS, default=list(EXPORTERS))
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(export_one(*args.child)))
@@ -112,7 +128,7 @@ def main(argv=None):
         print(f"{name:20s} {exporter:12s} {entry.get('error') or str(entry['nodes']) + ' nodes'}", flush=True)
         return name, exporter, entry
 
-    jobs = [(name, exporter) for name in names for exporter in EXPORTERS]
+    jobs = [(name, exporter) for name in names for exporter in args.exporters]
     with ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(run, jobs))
     for name, exporter, entry in results:
