@@ -294,15 +294,20 @@ class _Builder:
         from .transform.sink_reshapes import sink_reshapes
         from .transform.combine_parallel_matmul import combine_parallel_matmul
         from .transform.combine_logit_addends import combine_logit_addends
-        mod = dead_code_elimination(recognize_gelu(dead_code_elimination(fold_batch_norm(fold_constant(mod)))))
+        from .frontend.onnx import MAX_FOLDED_BYTES
+        # the importer's folding limit: a constant larger than that (an Expand to 2**40
+        # elements) stays an op rather than being allocated here, and the size checks decide
+        def fold(mod):
+            return fold_constant(mod, size_limit_bytes=MAX_FOLDED_BYTES)
+        mod = dead_code_elimination(recognize_gelu(dead_code_elimination(fold_batch_norm(fold(mod)))))
         # after FoldConstant (the indices are constants then), before SinkReshapes (which
         # merges the reshape it leaves with its neighbours); after RecognizeGelu: a GEMM's
         # activation reads its reshape only once recognized
-        mod = dead_code_elimination(fold_constant(sink_reshapes(simplify_identity_gather(mod))))
+        mod = dead_code_elimination(fold(sink_reshapes(simplify_identity_gather(mod))))
         # after FoldConstant: weights and biases are constants only once their preprocessing folds
         mod = dead_code_elimination(combine_logit_addends(combine_parallel_matmul(mod)))
         if self.cfg.precision in ("float16", "bfloat16"):
-            mod = dead_code_elimination(fold_constant(convert_to_float16(
+            mod = dead_code_elimination(fold(convert_to_float16(
                 mod, dtype=self.cfg.precision, keep_float32_ops=self.keep_float32_ops())))
         return mod
 

@@ -41,10 +41,11 @@ def align(offset: int, alignment: int = ALIGNMENT) -> int:
     return (offset + alignment - 1) // alignment * alignment
 
 
-# The most bytes one tensor, or an arena, may take: sizes and offsets are 64-bit in the
-# generated code and the shims, and sums of a few of them must not wrap (a wrapped arena
-# size would allocate a few bytes and let the kernels write far past them).
-MAX_BYTES = 1 << 56
+# The most bytes one tensor, or an arena, may take: 4 TiB, more than any one GPU or host
+# holds, so that a model whose shapes no machine runs (an output of 16 TiB) is refused when
+# it is built, not by the allocator of its first run; far below where 64-bit sizes and
+# offsets in the generated code and the shims, or sums of a few of them, could wrap.
+MAX_BYTES = 1 << 42
 
 
 def check_tensor_sizes(main) -> None:
@@ -63,8 +64,8 @@ def check_tensor_sizes(main) -> None:
         for tensor in tensors(type_):
             size = nbytes(tensor)
             if size > MAX_BYTES:
-                raise BuildError(f"tensor {name!r} of shape {tuple(tensor.shape)} ({tensor.dtype}) needs {size} bytes, "
-                                 f"more than the {MAX_BYTES} one tensor may take")
+                raise BuildError(f"tensor {name!r} of shape {tuple(tensor.shape)} ({tensor.dtype}) needs {size} bytes "
+                                 f"({size / 2**40:.0f} TiB), more than the {MAX_BYTES} (4 TiB) one tensor may take")
 
 
 _CHECKSUM_GOLDEN = np.uint64(0x9E3779B97F4A7C15)

@@ -15,6 +15,7 @@ a row-major array; out= arrays are written in place and must be row-major.
 from __future__ import annotations
 
 import ctypes
+import math
 import numbers
 import os
 import threading
@@ -160,23 +161,29 @@ class Module:
     def _allocate_outputs(self, like, specs):
         outputs = []
         for spec in specs:
-            dtype = numpy_dtype(spec["dtype"])
-            on_host = self.device == "cpu" or spec.get("device") == "cpu"
-            if on_host and _torch_cpu_tensor(like) and spec["dtype"] != "bfloat16":
-                # a torch caller on the cpu gets torch tensors (NumPy has no bfloat16 view of one)
-                import torch
-                outputs.append(torch.empty(spec["shape"], dtype=getattr(torch, spec["dtype"])))
-            elif on_host:
-                # an output PlanDevices delivers in host memory ("device": "cpu") is a NumPy array
-                outputs.append(np.empty(spec["shape"], dtype=dtype))
-            elif type(like).__module__.startswith("torch"):
-                import torch
-                torch_dtype = getattr(torch, spec["dtype"])
-                outputs.append(torch.empty(spec["shape"], dtype=torch_dtype, device=like.device))
-            else:
-                outputs.append(_cupy("allocating the outputs (pass torch tensors, or out= arrays)")
-                               .empty(spec["shape"], dtype=dtype))
+            try:
+                outputs.append(self._allocate_output(like, spec))
+            except MemoryError as error:  # NumPy's, torch's (a RuntimeError subclass) or CuPy's
+                size = math.prod(spec["shape"]) * numpy_dtype(spec["dtype"]).itemsize
+                raise ByocRuntimeError(f"output {spec.get('name', '?')!r} of shape {tuple(spec['shape'])} "
+                                       f"({spec['dtype']}, {size} bytes) could not be allocated: {error}; pass out= "
+                                       f"arrays, or run on a device with the memory") from None
         return outputs
+
+    def _allocate_output(self, like, spec):
+        dtype = numpy_dtype(spec["dtype"])
+        on_host = self.device == "cpu" or spec.get("device") == "cpu"
+        if on_host and _torch_cpu_tensor(like) and spec["dtype"] != "bfloat16":
+            # a torch caller on the cpu gets torch tensors (NumPy has no bfloat16 view of one)
+            import torch
+            return torch.empty(spec["shape"], dtype=getattr(torch, spec["dtype"]))
+        if on_host:
+            # an output PlanDevices delivers in host memory ("device": "cpu") is a NumPy array
+            return np.empty(spec["shape"], dtype=dtype)
+        if type(like).__module__.startswith("torch"):
+            import torch
+            return torch.empty(spec["shape"], dtype=getattr(torch, spec["dtype"]), device=like.device)
+        return _cupy("allocating the outputs (pass torch tensors, or out= arrays)").empty(spec["shape"], dtype=dtype)
 
     def run(self, *args, out=None, stream=None, **kwargs):
         """Run once. Returns one array, or a tuple when the model has several outputs."""
