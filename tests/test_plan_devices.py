@@ -15,6 +15,7 @@ from byoc.interpreter import interpret
 from byoc.ir import assert_structural_equal, parse
 from byoc.ir.virtual_device import VirtualDevice
 from byoc.transform.plan_devices import FunctionDevices, device_of_values, plan_devices
+from gpu_probe import gpu_present
 
 T = "Tensor[(4,), float32]"
 PARAMS = f"%x: {T}, %y: {T}"
@@ -587,7 +588,7 @@ def test_two_device_regions_around_a_cpu_function_in_a_whole_build(tmp_path):
 
 
 def gpu_visible() -> bool:
-    return shutil.which("nvidia-smi") is not None and byoc.target.visible_gpu_arch() is not None
+    return gpu_present() and byoc.target.visible_gpu_arch() is not None
 
 
 @pytest.mark.gpu

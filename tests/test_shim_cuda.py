@@ -22,6 +22,7 @@ from byoc.ir import get_op
 from byoc.toolchain.compiler import cuda_home, cuda_include_dirs, cuda_link_flags, find_cxx
 from shim_abi import BF16, DTYPE_CODES, FLOATS, I64, INT, SIZE, TOLERANCES  # the shim ABI (tests/shim_abi.py)
 from shim_abi import SIGNATURES as CPU_SIGNATURES
+from gpu_probe import gpu_present
 
 SHIM_DIR = pathlib.Path(__file__).resolve().parent.parent / "backends" / "builtin" / "shim"
 CUDA_DIR = SHIM_DIR / "cuda"
@@ -78,11 +79,7 @@ def test_cuda_shim_compiles_for_sm90_and_sm80(tmp_path):
 # ================================================================= the GPU library
 
 def gpu_available() -> bool:
-    try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
+    return gpu_present()  # the driver's answer (tests/gpu_probe.py)
 
 
 # The CUDA shim's entry points: the CPU shim's and the GEMM heuristic's count.

@@ -16,6 +16,7 @@ import yaml
 
 from robustness import cases_api, cases_concurrency, cases_library, libraries
 from robustness.runner import everything
+from gpu_probe import gpu_present
 
 CONFIGS = Path(__file__).resolve().parents[2] / "build_configs"
 TOLERANCE = 2e-2        # cuda_sm90 computes in float16
@@ -23,11 +24,7 @@ TIMEOUT_FACTOR = 4      # a child creates a CUDA context (and may load cuBLASLt)
 
 
 def gpu_visible() -> bool:
-    try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # noqa: BLE001 - no CuPy, no driver, no device
-        return False
+    return gpu_present()  # the driver's answer (tests/gpu_probe.py)
 
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_visible(), reason="no GPU visible")]
