@@ -168,7 +168,7 @@ def test_json_runtime_backend_on_cpu_matches_onnxruntime(name, tmp_path):
     assert report["partitions"] >= 1 and report["ops_covered"]["matmul"] >= 3
     results = library.load().run(**inputs)
     results = results if isinstance(results, tuple) else (results,)
-    for got, want in zip(results, expected.values()):
+    for got, want in zip(results, expected.values(), strict=True):
         assert np.max(np.abs(got - want)) <= 1e-3 * np.max(np.abs(want))
 
 
@@ -277,7 +277,7 @@ def test_reshapes_are_views_not_calls(tmp_path):
     assert reshape_symbols and all(f"@{symbol}(" in final for symbol in reshape_symbols)
     assert not any(f"({symbol})" in host for symbol in reshape_symbols)  # never declared: never called
     results = library.load().run(**inputs)
-    for got, want in zip(results, expected.values()):
+    for got, want in zip(results, expected.values(), strict=True):
         assert np.max(np.abs(got - want)) <= 1e-3 * np.max(np.abs(want))
 
 
@@ -702,7 +702,7 @@ def test_shape_buckets_make_one_library_that_runs_the_program_the_inputs_fit(tmp
         # token at all has no defined attention: padded or not, it is not compared)
         lengths = rng.integers(1, sequence + 1, batch)
         feeds["attention_mask"] = (np.arange(sequence) < lengths[:, None]).astype(np.int64)
-        for got, want in zip(module.run(**feeds), session.run(None, feeds)):
+        for got, want in zip(module.run(**feeds), session.run(None, feeds), strict=True):
             assert got.shape == want.shape
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     with pytest.raises(byoc.RuntimeError, match=r"the inputs' shapes \(input_ids \(3, 32\), .*\) fit none of the "
@@ -745,7 +745,7 @@ def test_one_library_serves_every_batch_to_32_and_a_sweep_of_sequence_lengths(tm
             feeds = {"input_ids": rng.integers(0, 1000, (batch, sequence)),
                      "attention_mask": (np.arange(sequence) < lengths[:, None]).astype(np.int64),
                      "token_type_ids": rng.integers(0, 2, (batch, sequence))}
-            for got, want in zip(module.run(**feeds), session.run(None, feeds)):
+            for got, want in zip(module.run(**feeds), session.run(None, feeds), strict=True):
                 assert got.shape == want.shape, (batch, sequence)
                 worst = max(worst, float(np.max(np.abs(got - want))))
     assert worst < 1e-4, worst

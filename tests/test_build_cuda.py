@@ -85,13 +85,16 @@ def test_models_run_on_gpu(name, precision, tolerance, tmp_path):
     inputs, expected = fixture(name)
     library = byoc.build(FIXTURES / f"{name}.onnx", config="default", precision=precision,
                          workdir=str(tmp_path / "w"), input_shapes={k: v.shape for k, v in inputs.items()})
+    # `default` picks the target from the visible GPU: this test is about the cuda one
+    assert library.metadata["target"].startswith("cuda"), library.metadata["target"]
+    assert {f["backend"] for f in library.metadata["functions"]} == {"builtin"}
     deployed = library.export_library(tmp_path / "deploy" / "model.so")
     shutil.rmtree(tmp_path / "w")
     module = byoc.runtime.load(deployed)
     device_inputs = {k: cupy.asarray(v) for k, v in inputs.items()}
     results = module.run(**device_inputs)
     results = results if isinstance(results, tuple) else (results,)
-    for got, want in zip(results, expected.values()):
+    for got, want in zip(results, expected.values(), strict=True):
         got = cupy.asnumpy(got)
         assert np.max(np.abs(got - want)) <= tolerance * np.max(np.abs(want))
     # the same inputs 100 times, fresh output buffers each time: identical results
@@ -145,10 +148,10 @@ def test_cuda_graph_on_and_off_agree_over_100_fresh_inputs(stream_kind, tmp_path
                 got = module.run(**fresh)
                 results[graph] = [cupy.asnumpy(r) for r in (got if isinstance(got, tuple) else (got,))]
             for variant in (True, "update"):  # graphs (copying or updating) give what direct runs give
-                for on, off in zip(results[variant], results[False]):
+                for on, off in zip(results[variant], results[False], strict=True):
                     np.testing.assert_array_equal(on, off)
             if step == 0:
-                for got, want in zip(results[True], expected.values()):
+                for got, want in zip(results[True], expected.values(), strict=True):
                     assert np.max(np.abs(got - want)) <= 1e-2 * np.max(np.abs(want))
 
 
@@ -181,10 +184,10 @@ def test_builtin_kernels_with_pdl_agree_with_plain_launches(name, tmp_path):
             got = module.run(**fresh)
             results[key] = [cupy.asnumpy(r) for r in (got if isinstance(got, tuple) else (got,))]
         for key in modules:
-            for got, plain in zip(results[key], results[False, True]):
+            for got, plain in zip(results[key], results[False, True], strict=True):
                 np.testing.assert_array_equal(got, plain, err_msg=f"pdl, graph = {key}, step {step}")
         if step == 0:
-            for got, want in zip(results[True, True], expected.values()):
+            for got, want in zip(results[True, True], expected.values(), strict=True):
                 assert np.max(np.abs(got - want)) <= 2e-2 * np.max(np.abs(want))
 
 
@@ -231,7 +234,7 @@ def test_shape_buckets_on_the_gpu_each_with_its_own_graphs(graph_io, tmp_path):
     for key, feed in feeds.items():
         want = session.run(None, feed)
         got = [cupy.asnumpy(r) for r in module.run(**{k: cupy.asarray(v) for k, v in feed.items()})]
-        for g, w in zip(got, want):
+        for g, w in zip(got, want, strict=True):
             assert g.shape == w.shape and np.max(np.abs(g - w)) <= 2e-2 * np.max(np.abs(w)), key
         first[key] = got
     for _ in range(3):  # captured graphs replayed, bucket after bucket
@@ -265,3 +268,25 @@ def test_a_padded_inner_axis_on_the_gpu_is_copied_row_by_row(tmp_path):
         np.testing.assert_allclose(got, np.maximum(x_value, 0) + x_value, rtol=1e-6)
     with pytest.raises(byoc.RuntimeError, match=r"padded: n from 1 to 8"):
         module.run(cupy.zeros((2, 9, 4), cupy.float32))
+
+
+@pytest.mark.gpu
+@gpu
+@needs_nvcc
+def test_cuda_sm90_runs_its_gemms_on_cutlass(tmp_path):
+    """The shipped GPU config on a BERT: its GEMMs and attention run as CUTLASS kernels (the
+    metadata says which backend each call ran on), not a fallback to the built-in ones, and
+    the result matches the fixture's."""
+    import cupy
+    from byoc.config import load_config
+    inputs, expected = fixture("bert2")
+    config = load_config("cuda_sm90", overrides={"tuning": {"profile": False, "tuning_db": None}})
+    library = byoc.build(FIXTURES / "bert2.onnx", config=config, workdir=str(tmp_path / "w"),
+                         input_shapes={k: v.shape for k, v in inputs.items()})
+    calls = {}
+    for function in library.metadata["functions"]:
+        calls[function["backend"]] = calls.get(function["backend"], 0) + function.get("calls", 1)
+    assert calls.get("cutlass", 0) >= 8, calls  # 2 layers x (QKV, attention, output, 2 FFN GEMMs) at least
+    results = library.load().run(**{k: cupy.asarray(v) for k, v in inputs.items()})
+    for got, want in zip(results if isinstance(results, tuple) else (results,), expected.values(), strict=True):
+        assert np.max(np.abs(cupy.asnumpy(got) - want)) <= 2e-2 * np.max(np.abs(want))

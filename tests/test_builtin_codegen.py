@@ -204,7 +204,7 @@ def _check_same_results(before: IRModule, after: IRModule):
     inputs = [rng.standard_normal(p.type.shape).astype(numpy_dtype(p.type.dtype)) for p in before["main"].params]
     expected = interpret(before, *inputs)
     got = interpret(after, *inputs)
-    for e, g in zip(_flatten(expected), _flatten(got)):
+    for e, g in zip(_flatten(expected), _flatten(got), strict=True):
         np.testing.assert_array_equal(e, g)
 
 
@@ -631,7 +631,7 @@ def check_case(item: Partitioned, library: CompiledLibrary, memory):
     case = item.case
     expected = _flatten(interpret(case.mod, *case.inputs))
     got = run_partitioned(item, library, memory)
-    for e, g in zip(expected, got):
+    for e, g in zip(expected, got, strict=True):
         assert e.shape == g.shape and e.dtype == g.dtype
         if e.dtype.kind == "f" or e.dtype == numpy_dtype("bfloat16"):
             rtol, atol = case.tolerance

@@ -69,6 +69,6 @@ def test_corpus_model_builds_and_matches_onnxruntime(name, exporter, tmp_path):
     got = module.run(**inputs)
     got = list(got.values()) if isinstance(got, dict) else (list(got) if isinstance(got, (list, tuple)) else [got])
     assert len(got) == len(expected)
-    for value, reference in zip(got, expected):
+    for value, reference in zip(got, expected, strict=True):
         assert np.asarray(value).shape == reference.shape
         assert relative_error(value, reference) <= RELATIVE_TOLERANCE

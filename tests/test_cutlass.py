@@ -358,9 +358,13 @@ def test_malformed_tuning_database_entry_is_a_clear_build_error(kernel, says, tm
 @pytest.mark.parametrize("content, says", [
     ("[1, 2, 3]", "is not a byoc-cutlass-tuning version 1 file"),
     ('"text"', "is not a byoc-cutlass-tuning version 1 file"),
-    (b"\xff\xfe", "is not readable JSON"),
-    ("[" * 100000, "is not readable JSON"),
-    (None, "is not a regular file"),
+    (b"\xff\xfe", "cannot read it as a tuning database: not valid UTF-8 JSON"),
+    ("[" * 100000, "cannot read it as a tuning database: its JSON nests more than 64 levels deep"),
+    ('{"format": "byoc-cutlass-tuning", "version": 1, "entries": {"sm90": {"k": {"us": 1' + "0" * 400 + '}}}}',
+     "cannot read it as a tuning database: an integer of 401 digits"),
+    ('{"format": "byoc-cutlass-tuning", "version": 1, "entries": {"sm90": {"k": {"us": NaN}}}}',
+     "cannot read it as a tuning database: NaN is no number"),
+    (None, "it is a FIFO, not a regular file"),
 ])
 def test_tuning_database_file_of_the_wrong_kind_is_a_clear_build_error(content, says, tmp_path):
     from byoc.backends.cutlass.tuning import TuningDatabase
@@ -943,7 +947,7 @@ def @main(%x: Tensor[(1, 6, 6, 3), float16], %y: Tensor[(1, 6, 6, 12), float16],
     inputs = {"x": rng.standard_normal((1, 6, 6, 3)).astype(np.float16),
               "y": rng.standard_normal((1, 6, 6, 12)).astype(np.float16),
               "w": rng.standard_normal((8, 1, 1, 16)).astype(np.float16)}
-    for got, want in zip(byoc.interpret(padded, **inputs), byoc.interpret(before, **inputs)):
+    for got, want in zip(byoc.interpret(padded, **inputs), byoc.interpret(before, **inputs), strict=True):
         np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=2e-3, atol=2e-3)
     assert pad_conv_channels(padded) is padded  # nothing left to pad
 
@@ -1061,7 +1065,7 @@ def test_whole_resnet_with_cutlass_convs_matches_onnxruntime_fixture(cuda_graph,
     assert "cutlass" in library.metadata["backends"], library.report.to_text()
     got = library.load().run(**{k: cupy.asarray(v) for k, v in inputs.items()})
     got = got if isinstance(got, tuple) else (got,)
-    for result, want in zip(got, expected):
+    for result, want in zip(got, expected, strict=True):
         result = cupy.asnumpy(result).astype(np.float32)
         assert np.max(np.abs(result - want)) <= 1e-2 * np.max(np.abs(want)), library.report.to_text()
 
@@ -1558,7 +1562,7 @@ def test_whole_bert_with_fused_attention_matches_onnxruntime_fixture(name, tmp_p
     assert library.report.to_json()["backends"]["cutlass"]["patterns"].get("attention") == layers, \
         library.report.to_text()
     got = library.load().run(**{k: cupy.asarray(v) for k, v in inputs.items()})
-    for result, want in zip(got, expected):
+    for result, want in zip(got, expected, strict=True):
         result = cupy.asnumpy(result).astype(np.float32)
         assert np.max(np.abs(result - want)) <= 1e-2 * np.max(np.abs(want)), library.report.to_text()
 
@@ -1591,7 +1595,7 @@ def test_pdl_launched_gemms_in_a_cuda_graph_agree_with_direct_runs_over_fresh_in
         for graph, module in modules.items():
             got = module.run(**fresh)
             results[graph] = [cupy.asnumpy(r) for r in (got if isinstance(got, tuple) else (got,))]
-        for on, off in zip(results[True], results[False]):
+        for on, off in zip(results[True], results[False], strict=True):
             np.testing.assert_array_equal(on, off)
 
 

@@ -39,7 +39,7 @@ def test_fixture_matches_onnxruntime(name):
     results = byoc.interpret(mod, **inputs)
     results = results if isinstance(results, tuple) else (results,)
     assert len(results) == len(expected)
-    for got, want in zip(results, expected):
+    for got, want in zip(results, expected, strict=True):
         assert got.shape == want.shape
         scale = np.max(np.abs(want))
         assert np.max(np.abs(got - want)) <= 1e-4 * scale, name
@@ -236,7 +236,7 @@ def test_a_model_file_is_parsed_without_its_weights_which_are_viewed_in_place(tm
     inputs = {"x": rng.standard_normal((3, 4)).astype(np.float32)}
     expected = byoc.interpret(byoc.from_onnx(model), **inputs)
     for given in (data, tmp_path / "m.onnx", str(tmp_path / "m.onnx")):
-        for got, want in zip(byoc.interpret(byoc.from_onnx(given), **inputs), expected):
+        for got, want in zip(byoc.interpret(byoc.from_onnx(given), **inputs), expected, strict=True):
             np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(expected[4], [1.5, -2.0])
     # the checks on the data hold for data that lies in the file: a short raw_data names it

@@ -342,7 +342,7 @@ def test_cpu_engine_matches_interpreter(engine_library, make):
     inputs = _inputs_for(func, rng)
     outputs, description = run_cpu(engine_library, func, inputs)
     expected = _as_list(byoc.interpret(func, *inputs))
-    for actual, reference in zip(outputs, expected):
+    for actual, reference in zip(outputs, expected, strict=True):
         _assert_close(actual, reference, 1e-3)
 
 
@@ -367,7 +367,7 @@ def test_cpu_engine_16_bit(engine_library, dtype):
         inputs = _inputs_for(func, rng)
         outputs, _ = run_cpu(engine_library, func, inputs)
         # The engine rounds once per fused step, the interpreter once per op.
-        for actual, reference in zip(outputs, _as_list(byoc.interpret(func, *inputs))):
+        for actual, reference in zip(outputs, _as_list(byoc.interpret(func, *inputs)), strict=True):
             _assert_close(actual, reference, 5e-2 if dtype == "bfloat16" else 5e-3)
 
 
@@ -382,7 +382,7 @@ def test_cpu_engine_output_aliases_and_copies(engine_library):
     rng = np.random.default_rng(5)
     inputs = _inputs_for(func, rng)
     outputs, description = run_cpu(engine_library, func, inputs)
-    for actual, reference in zip(outputs, byoc.interpret(func, *inputs)):
+    for actual, reference in zip(outputs, byoc.interpret(func, *inputs), strict=True):
         _assert_close(actual, reference, 1e-6)
     assert "copy node:" in description
 
@@ -726,7 +726,7 @@ def test_cuda_engine_bert_base_fp16(cuda_engine_library, make, options):
     # Reference: the same graph in float32 on the fp16 values (weights and inputs).
     single = _cast_function(half, "float32")
     expected = _as_list(byoc.interpret(single, *[a.astype(np.float32) for a in inputs]))
-    for actual, reference in zip(outputs, expected):
+    for actual, reference in zip(outputs, expected, strict=True):
         _assert_close(actual, reference, 1e-2)
     create_ms = [line for line in description.splitlines() if line.startswith("create_ms=")]
     print(f"\n{make.__name__} [{options or 'heuristic'}] Init {create_ms[0]}\n{description}")
@@ -738,7 +738,7 @@ def test_cuda_engine_matches_cpu_engine_fp32(cuda_engine_library, engine_library
         func = make()
         inputs = _inputs_for(func, np.random.default_rng(41))
         cuda_outputs, _ = run_cuda(cuda_engine_library, func, inputs)
-        for actual, reference in zip(cuda_outputs, _as_list(byoc.interpret(func, *inputs))):
+        for actual, reference in zip(cuda_outputs, _as_list(byoc.interpret(func, *inputs)), strict=True):
             _assert_close(actual, reference, 1e-3)
 
 

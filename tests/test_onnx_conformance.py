@@ -235,7 +235,7 @@ def _run_case(case: NodeCase) -> Outcome:
         results = list(results) if isinstance(results, tuple) else [results]
         if len(results) != len(expected):
             return Outcome("fail", f"{len(results)} outputs, expected {len(expected)}")
-        for info, actual, want in zip(model.graph.output, results, expected):
+        for info, actual, want in zip(model.graph.output, results, expected, strict=True):
             difference = _compare(info.name, actual, want, *rtol_atol)
             if difference:
                 return Outcome("fail", f"{data_set.name}: {difference}")

@@ -72,7 +72,7 @@ def evaluate(op_name, *inputs, **attrs):
     expected_types = result_var.type.fields if isinstance(result_var.type, TupleType) else (result_var.type,)
     results = result if isinstance(result_var.type, TupleType) else (result,)
     assert len(results) == len(expected_types)
-    for value, expected in zip(results, expected_types):
+    for value, expected in zip(results, expected_types, strict=True):
         assert isinstance(value, np.ndarray)
         assert value.dtype == numpy_dtype(expected.dtype), (value.dtype, expected)
         assert value.shape == expected.shape, (value.shape, expected)

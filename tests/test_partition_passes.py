@@ -715,7 +715,7 @@ def test_bert2_onnx_through_the_whole_partitioning_pipeline():
     # and it computes what the model computed (the interpreter runs the globals' bodies)
     fixture = np.load("tests/fixtures/bert2.npz")
     args = [fixture[f"in_{name}"] for name in inputs]
-    for got, want in zip(byoc.interpret(partitioned, *args), byoc.interpret(mod, *args)):
+    for got, want in zip(byoc.interpret(partitioned, *args), byoc.interpret(mod, *args), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 

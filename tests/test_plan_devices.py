@@ -464,7 +464,7 @@ def test_pinning_to_cpu_on_the_cpu_target_leaves_the_program_unchanged(tmp_path)
     assert final == (tmp_path / "plain" / "final.ir").read_text()
     assert "device_copy" not in final and "on_device" not in final
     results = pinned.load().run(**inputs)
-    for result, name in zip(results, expected):
+    for result, name in zip(results, expected, strict=True):
         np.testing.assert_allclose(result, expected[name], rtol=1e-4, atol=1e-4)
 
 
@@ -600,7 +600,7 @@ def test_bert_with_softmax_on_cpu_and_host_inputs_runs_on_gpu(tmp_path):
     final = (tmp_path / "final.ir").read_text()
     assert final.count("device_copy(") == len(inputs) + 2 * 2 + 2  # inputs in; softmax out and back; outputs
     results = library.load().run(**inputs)  # numpy inputs and outputs: host memory
-    for result, name in zip(results, expected):
+    for result, name in zip(results, expected, strict=True):
         np.testing.assert_allclose(np.asarray(result), expected[name], rtol=2e-3, atol=2e-3)
 
 

@@ -655,7 +655,7 @@ def @main(%x: Tensor[(1, 4, 8), float32]) -> Tuple[Tensor[(1, 4, 8), float32], T
     combined = dead_code_elimination(combine_parallel_matmul(before))
     assert_structural_equal(combined, after)
     x = rng.standard_normal((1, 4, 8)).astype(np.float32)
-    for got, want in zip(interpret(combined, x=x), interpret(before, x=x)):
+    for got, want in zip(interpret(combined, x=x), interpret(before, x=x), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -795,7 +795,7 @@ def @main(%m: Tensor[(6, 1), bool], %x: Tensor[(2, 3), float32], %i: Tensor[(3,)
     rng = np.random.default_rng(0)
     args = {"m": rng.random((6, 1)) > 0.5, "x": rng.standard_normal((2, 3), np.float32),
             "i": np.array([2, 0, 1])}
-    for got, want in zip(interpret(result, **args), interpret(parse(before), **args)):
+    for got, want in zip(interpret(result, **args), interpret(parse(before), **args), strict=True):
         np.testing.assert_array_equal(got, want)
 
 
@@ -849,7 +849,7 @@ def @main(%x: Tensor[(2, 3, 4), float32], %v: Tensor[(4,), float32], %c: Tensor[
     rng = np.random.default_rng(0)
     args = {"x": rng.standard_normal((2, 3, 4), np.float32), "v": rng.standard_normal(4, np.float32),
             "c": rng.random((2, 3, 1)) > 0.5}
-    for got, want in zip(interpret(result, **args), interpret(parse(before), **args)):
+    for got, want in zip(interpret(result, **args), interpret(parse(before), **args), strict=True):
         np.testing.assert_array_equal(got, want)
         assert np.array_equal(np.signbit(got), np.signbit(want))  # infinities keep their signs
 
