@@ -22,6 +22,7 @@ import subprocess
 from dataclasses import dataclass
 
 from .errors import ConfigError
+from .user_text import parse_ascii_integer
 
 CUDA_ARCHES = ("sm_80", "sm_86", "sm_87", "sm_89", "sm_90", "sm_90a", "sm_100", "sm_100a", "sm_120")
 DEVICE_KINDS = ("cuda", "cpu")
@@ -95,10 +96,16 @@ def _convert(kind: str, name: str, schema: AttrSchema, value):
         # bool is an int in Python, and int(2.5) would silently truncate: refuse both.
         if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
             fail("is not an integer")
-        try:
-            converted = int(value)
-        except (TypeError, ValueError):
-            fail("is not an integer")
+        if isinstance(value, str):
+            # ASCII digits only: int() takes '٣' for 3 and '1_0' for 10, and raises on 5,000 digits
+            converted = parse_ascii_integer(value, signed=True)
+            if converted is None:
+                fail("is not an integer (in ASCII digits, within int64)")
+        else:
+            try:
+                converted = int(value)
+            except (TypeError, ValueError, OverflowError):  # OverflowError: int(float('inf'))
+                fail("is not an integer")
     elif schema.type is float:
         try:
             converted = float(value)

@@ -207,10 +207,19 @@ def test_config_from_yaml_path_dict_and_overrides(tmp_path):
     ({"dims": {"batch": -1}}, r"dims\.batch: -1 is not allowed; allowed: a non-negative integer"),
     ({"dims": {"batch": True}}, r"dims\.batch: True is not allowed"),
     ({"dims": ["batch"]}, r"dims: \['batch'\] is not a mapping of named dim to size"),
-    ({"dims": {"batch": []}}, r"dims\.batch: \[\] is not allowed; allowed: a non-negative integer, a list"),
+    ({"dims": {"batch": []}}, r"dims\.batch: \[\] is not allowed \(it lists no size\); allowed: a non-negative integer, a list"),
     ({"dims": {"batch": "32..1"}}, r"dims\.batch: '32\.\.1' is not allowed; .* or a range 'LOW\.\.HIGH'"),
-    ({"dims": {"batch": [1, 8, 1]}}, r"dims\.batch: \[1, 8, 1\] is not allowed; allowed: .* a list of distinct ones"),
-    ({"dims": {"batch": [1, -8]}}, r"dims\.batch: \[1, -8\] is not allowed"),
+    ({"dims": {"batch": [1, 8, 1]}}, r"dims\.batch: \[1, 8, 1\] is not allowed \(it lists a size twice\); allowed: .* "
+                                     r"a list of distinct positive ones"),
+    ({"dims": {"batch": [1, -8]}}, r"dims\.batch: \[1, -8\] is not allowed \(size -8 is not an integer from 1"),
+    # a listed size is a shape bucket, padded into: 0 is none (one size of 0 is an empty tensor)
+    ({"dims": {"batch": [0, 4]}}, r"dims\.batch: \[0, 4\] is not allowed \(size 0 is not an integer from 1 to 2\*\*63-1\)"),
+    ({"dims": {"batch": "0..4"}}, r"dims\.batch: \[0, 1, 2, 4\] is not allowed .* a range 'LOW\.\.HIGH' with LOW >= 1"),
+    ({"dims": {"batch": 1 << 63}}, r"dims\.batch: 9223372036854775808 is not allowed; .* sizes below 2\*\*63"),
+    ({"dims": {"a": [1, 2, 3, 4, 5], "b": [1, 2, 3, 4]}},
+     r"dims: the sizes listed per dim \(a: 5, b: 4\) make 20 shape buckets; expected at most 16"),
+    ({"input_shapes": {"x": [1, 1 << 63]}}, r"input_shapes\.x: \[1, 9223372036854775808\] is not a list of non-negative "
+                                            r"integers below 2\*\*63"),
     # the device target
     ({"target": "cuda -arch=sm_1"}, r"target: target cuda: attribute arch='sm_1' is not allowed; allowed: sm_80"),
     ({"target": "cuda -sm=90"}, r"target: target cuda: unknown attribute 'sm'; allowed: arch"),

@@ -657,6 +657,27 @@ def test_a_compiler_launcher_runs_every_compile_and_keys_nothing(tmp_path, monke
         compile_units(_write_sources(tmp_path / "quoted"), tmp_path / "quoted")
 
 
+@pytest.mark.parametrize("launcher, shown, failure", [
+    ("false", "BYOC_COMPILER_LAUNCHER=false", "failed"),            # fails every command
+    ("true", "BYOC_COMPILER_LAUNCHER=true", "wrote no object"),     # succeeds without compiling
+    ("echo", "BYOC_COMPILER_LAUNCHER=echo", "wrote no object"),
+    ("sh -c", "BYOC_COMPILER_LAUNCHER='sh -c'", "failed"),          # runs the compiler without its arguments
+])
+def test_a_compile_error_through_a_launcher_names_the_launcher(launcher, shown, failure, tmp_path, monkeypatch, cache):
+    """A launcher that does not run the command it is given reads like a compiler error; the
+    variable is set far from the build (a shell profile, CI), so the error names it."""
+    monkeypatch.setenv("BYOC_COMPILER_LAUNCHER", launcher)
+    with pytest.raises(byoc.CompileError, match=failure) as raised:
+        compile_units(_write_sources(tmp_path), tmp_path, jobs=2)
+    assert f"every compile command ran through {shown};" in str(raised.value)
+    assert "unset it to compile without" in str(raised.value)
+    monkeypatch.delenv("BYOC_COMPILER_LAUNCHER")  # without one, a failing compiler's error names none
+    monkeypatch.setenv("CXX", "false")
+    with pytest.raises(byoc.CompileError, match="failed") as raised:
+        compile_units(_write_sources(tmp_path / "plain"), tmp_path / "plain", jobs=2)
+    assert "BYOC_COMPILER_LAUNCHER" not in str(raised.value)
+
+
 def test_default_compile_jobs_are_bounded_by_cpus_and_available_memory(monkeypatch):
     from byoc.toolchain import ninja
     monkeypatch.setattr(ninja.os, "cpu_count", lambda: 64)

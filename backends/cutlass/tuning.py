@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import subprocess
 import warnings
 from pathlib import Path
 
 from byoc.errors import BuildError, ByocWarning
+from byoc.json_files import read_json
 from byoc.codegen.templates import render_template
 
 from .kernels import (INCLUDE_DIR, NO_FILTER, PDL_FLAG, CandidateFilter, default_kernel, kernel_from_json,
@@ -93,18 +93,10 @@ class TuningDatabase:
                                  "of problem keys")
 
     def _read(self):
-        """The file's JSON; a device, FIFO or a file larger than any database is refused
-        before reading (/dev/zero would be read until memory runs out)."""
-        try:
-            info = self.path.stat()
-            if not stat.S_ISREG(info.st_mode):
-                raise BuildError(f"tuning database {self.path} is not a regular file; expected a JSON file")
-            if info.st_size > MAX_DATABASE_BYTES:
-                raise BuildError(f"tuning database {self.path} has {info.st_size} bytes; expected a JSON file of at "
-                                 f"most {MAX_DATABASE_BYTES}")
-            return json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-            raise BuildError(f"tuning database {self.path} is not readable JSON: {error}") from None
+        """The file's JSON, through the guarded reader: a device, a FIFO, a file larger than
+        any database, JSON nested past the stack or numbers no measurement has are refused
+        (/dev/zero would be read until memory runs out, a FIFO would block forever)."""
+        return read_json(self.path, "a tuning database", BuildError, max_bytes=MAX_DATABASE_BYTES)
 
     def lookup(self, sm: int, problem):
         """The remembered kernel (GemmKernel or ConvKernel) for `problem` (this database's,

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..user_text import printable
 from .common import add_input_shape_option, parse_dims, parse_input_shapes
 
 
@@ -77,7 +78,8 @@ def build_command(args: argparse.Namespace) -> int:
           f"target {library.metadata['target']}; {sources})")
     print(describe_build_stats(library.build_stats))
     if library.report is not None:
-        print(library.report.to_text())
+        # the report names the model's nodes: their text is the model's, escaped line by line
+        print("\n".join(printable(line) for line in library.report.to_text().splitlines()))
     # the picture of the build: kept in the workdir, else drawn from the library on request
     print(f"what runs where: {library.workdir / 'report.html'}" if library.workdir_kept else
           f"what runs where: byoc report {written} draws it")

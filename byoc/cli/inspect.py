@@ -27,22 +27,38 @@ def _is_elf(path) -> bool:
         return True
 
 
+# What the printers raise on metadata a byoc build did not write (a key missing, a list
+# where an object was, round() of an infinite number): the file's fault, named as such.
+_EDITED_METADATA_ERRORS = (KeyError, IndexError, TypeError, ValueError, AttributeError, ArithmeticError)
+
+
 def inspect_command(args: argparse.Namespace) -> int:
     import json
+
+    from ..errors import ConfigError
+    from ..user_text import printable, printable_tree
+    # json.dumps escapes every control character (ensure_ascii); the text printers get the
+    # model's or library's strings escaped first: names in a file handed over may carry
+    # terminal escape sequences
     # an ONNX model: neither an ELF file nor named like a library (a .so whose header is
     # corrupted is reported as a library)
     if not _is_elf(args.library) and ".so" not in Path(args.library).suffixes:
         from ..frontend.onnx import describe_model
         description = describe_model(args.library)
         print(json.dumps(description, indent=2, sort_keys=True) if args.json else
-              describe_onnx_model(args.library, description))
+              describe_onnx_model(printable(args.library), printable_tree(description)))
         return 0
     from ..runtime import metadata_of
     metadata = metadata_of(args.library)
     if args.json:
         print(json.dumps(metadata, indent=2, sort_keys=True))
-    else:
-        print(describe_library(args.library, metadata))
+        return 0
+    try:
+        text = describe_library(printable(args.library), printable_tree(metadata))
+    except _EDITED_METADATA_ERRORS as error:
+        raise ConfigError(f"{printable(args.library)}: its metadata is not what a byoc build writes "
+                          f"({type(error).__name__}: {printable(error)}); rebuild it") from None
+    print(text)
     return 0
 
 
@@ -156,19 +172,18 @@ def report_arguments(parser: argparse.ArgumentParser):
 
 
 def report_command(args: argparse.Namespace) -> int:
-    import json
     from ..errors import ConfigError
+    from ..json_files import read_json
     from ..report_page import render_page
     source = Path(args.build)
     if source.is_dir():
         metadata_path = source / "metadata.json"
-        try:
-            metadata = json.loads(metadata_path.read_text())
-        except FileNotFoundError:
+        if not os.path.lexists(metadata_path):
             raise ConfigError(f"{source} has no metadata.json; expected a build's workdir (byoc build --workdir) "
-                              f"or a built library") from None
-        except (OSError, ValueError) as error:
-            raise ConfigError(f"{metadata_path}: cannot read it as a build's metadata ({error})") from None
+                              f"or a built library")
+        # guarded: the workdir may come from elsewhere (a FIFO, a link to /dev/zero, JSON nested
+        # past the stack, numbers that overflow the page's arithmetic)
+        metadata = read_json(metadata_path, "a build's metadata", ConfigError)
         output = Path(args.output) if args.output else source / "report.html"
         title = source.name
     else:
@@ -180,7 +195,7 @@ def report_command(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.build}: its metadata is not a JSON object; expected a byoc build's")
     try:
         page = render_page(metadata, title=title)
-    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:  # an edited metadata.json
+    except _EDITED_METADATA_ERRORS as error:  # an edited metadata.json
         raise ConfigError(f"{args.build}: its metadata is not what a byoc build writes ({type(error).__name__}: "
                           f"{error}); rebuild it, or restore metadata.json") from None
     try:
@@ -193,7 +208,7 @@ def report_command(args: argparse.Namespace) -> int:
         from ..report_page import partitioned_onnx
         try:
             onnx.save(partitioned_onnx(metadata, title), args.onnx)
-        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:
+        except _EDITED_METADATA_ERRORS as error:
             raise ConfigError(f"{args.build}: its metadata is not what a byoc build writes ({type(error).__name__}: "
                               f"{error}); rebuild it, or restore metadata.json") from None
         except OSError as error:

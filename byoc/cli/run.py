@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from .common import (EXIT_OK, UsageError, add_input_shape_option, parse_dims, parse_input_shapes, check_arrays_fit,
-                     model_interface)
+from ..user_text import printable
+from .common import (EXIT_OK, UsageError, add_input_shape_option, check_arrays_fit, count_argument, model_interface,
+                     parse_dims, parse_input_shapes)
 
 
 def run_arguments(parser: argparse.ArgumentParser):
@@ -15,7 +16,7 @@ def run_arguments(parser: argparse.ArgumentParser):
                              "as the test fixtures use, is accepted)")
     add_input_shape_option(parser)
     parser.add_argument("--save", metavar="OUT.npz", help="save the outputs, named after the model's outputs")
-    parser.add_argument("--repeat", type=int, default=100, metavar="N",
+    parser.add_argument("--repeat", type=count_argument, default=100, metavar="N",
                         help="a built library: time N runs, each waited for, and print latency percentiles "
                              "(default 100)")
 
@@ -96,7 +97,7 @@ def run_command(args: argparse.Namespace) -> int:
     for name, value in zip(output_names, results):
         value = np.asarray(value)
         first = np.array2string(value.reshape(-1)[:6], precision=5, separator=", ")
-        print(f"{name}: {value.dtype} {tuple(value.shape)}  first values {first}")
+        print(f"{printable(name)}: {value.dtype} {tuple(value.shape)}  first values {first}")
     if args.save:
         _save_outputs(args.save, {name: np.asarray(value) for name, value in zip(output_names, results)})
     return EXIT_OK
@@ -126,16 +127,16 @@ def _run_library(args: argparse.Namespace, arrays: dict) -> int:
     results = list(results) if isinstance(results, tuple) else [results]
     results = [np.asarray(r.get() if hasattr(r, "get") else r) for r in results]
     p50, p90, p99 = (float(np.percentile(times, q)) for q in (50, 90, 99))
-    print(f"{args.model}: {module.metadata['target']}, backends {', '.join(module.metadata['backends'])}; "
-          f"latency over {len(times)} runs: p50 {p50:.3f} ms, p90 {p90:.3f} ms, p99 {p99:.3f} ms, "
-          f"mean {float(times.mean()):.3f} ms")
+    print(printable(f"{args.model}: {module.metadata['target']}, backends {', '.join(module.metadata['backends'])}; "
+                    f"latency over {len(times)} runs: p50 {p50:.3f} ms, p90 {p90:.3f} ms, p99 {p99:.3f} ms, "
+                    f"mean {float(times.mean()):.3f} ms"))
     for name, value in zip(module.output_names, results):
         first = np.array2string(value.reshape(-1)[:6], precision=5, separator=", ")
-        print(f"{name}: {value.dtype} {tuple(value.shape)}  first values {first}")
+        print(f"{printable(name)}: {value.dtype} {tuple(value.shape)}  first values {first}")
     expected = _load_expected_arrays(args.inputs)
     for name, value in zip(module.output_names, results):
         if name in expected:
-            print(_compare_line(name, value, expected[name]))
+            print(_compare_line(printable(name), value, expected[name]))
     if args.save:
         _save_outputs(args.save, dict(zip(module.output_names, results)))
     return EXIT_OK

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..user_text import printable
 from .common import EXIT_OK, UsageError
 
 
@@ -28,16 +29,18 @@ def tuning_command(args: argparse.Namespace) -> int:
             _require_file(path)
             database = TuningDatabase(path)
             count = sum(len(entries) for entries in database.entries.values())
-            print(f"{path}: {count} entries")
+            print(f"{printable(path)}: {count} entries")
             for arch, entries in sorted(database.entries.items()):
                 for key, entry in sorted(entries.items()):
                     if not isinstance(entry, dict):
                         continue
+                    # a shared database is someone else's text: shown with its control characters
+                    # escaped, so that an entry cannot drive the terminal
                     where = ", ".join(str(entry[k]) for k in ("device", "cuda", "cutlass", "date") if entry.get(k))
                     timing = f"{entry['us']:.2f} us" if isinstance(entry.get("us"), (int, float)) else "- us"
                     name = "no candidate ran (the heuristic's kernel is used)" if entry.get("failed") else \
                         entry.get("name", "?")
-                    print(f"  {arch}  {key}  {name}  {timing}  ({where or 'measured where: unknown'})")
+                    print(printable(f"  {arch}  {key}  {name}  {timing}  ({where or 'measured where: unknown'})"))
         return EXIT_OK
     if args.action == "export":
         if args.databases:
@@ -67,5 +70,6 @@ def tuning_command(args: argparse.Namespace) -> int:
 
 
 def _require_file(path: Path):
-    if not path.is_file():
-        raise UsageError(f"{path}: no such tuning database file")
+    if not path.exists():
+        raise UsageError(f"{printable(path)}: no such tuning database file")
+    # anything else that is there (a FIFO, a device, a directory) the guarded reader names

@@ -4,13 +4,13 @@ file and of a weights sidecar, and opening a private copy of it."""
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import sys
 import threading
 from pathlib import Path
 
 from ..errors import RuntimeError as ByocRuntimeError
+from ..json_files import parse_json
 
 
 def _read_metadata(lib, path: str) -> dict:
@@ -21,11 +21,10 @@ def _read_metadata(lib, path: str) -> dict:
     name = os.path.basename(path)
     if raw is None:
         raise ByocRuntimeError(f"{name}: byoc_model_metadata() returned NULL; expected a JSON object")
-    try:
-        metadata = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as error:
-        raise ByocRuntimeError(f"{name}: its metadata is not valid UTF-8 JSON ({error}); the file is corrupted "
-                               f"or not a byoc library: rebuild it") from None
+    # the guarded parser: a library handed over may carry JSON nested past the stack or
+    # numbers that overflow the printers, not only invalid text
+    metadata = parse_json(raw, name, "a byoc library's metadata", ByocRuntimeError,
+                          advice="the file is corrupted or not a byoc library: rebuild it")
     validate_metadata(metadata, name)
     return metadata
 

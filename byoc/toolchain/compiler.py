@@ -242,6 +242,17 @@ def compiler_launcher() -> list[str]:
     return words
 
 
+def _launcher_note(launcher: list[str]) -> str:
+    """What a compile error adds when $BYOC_COMPILER_LAUNCHER ran the commands: a launcher
+    that fails (false), does nothing (true, echo) or mangles them (sh -c) reads like a
+    compiler error, and the variable is set far from the build that fails."""
+    if not launcher:
+        return ""
+    return (f" (every compile command ran through BYOC_COMPILER_LAUNCHER={shlex.quote(shlex.join(launcher))}; "
+            f"expected a launcher such as sccache or ccache that runs the compiler command it is given: check it, "
+            f"or unset it to compile without)")
+
+
 def _command(unit: CompileUnit, source: str, output: str) -> list[str]:
     if unit.language == "cubin":
         return [str(find_nvcc()), *map(str, unit.flags), "-cubin", source, "-o", _cubin_path(output)]
@@ -446,14 +457,14 @@ def compile_units(units: list, workdir, jobs: int | None = None,
             reported = list(dict.fromkeys(built_by.get(o, o) for o in to_build if o in failed))
             rerun = f"ninja -C {shlex.quote(str(workdir))} {' '.join(map(shlex.quote, reported))}"
             what = ", ".join(str(sources[output]) for output in reported)
-            raise CompileError(f"{headline.format(what)} (commands in {build_file}; rerun: {rerun}):\n"
-                             f"{first_error_lines(output_text, commands)}")
+            raise CompileError(f"{headline.format(what)}{_launcher_note(launcher)} (commands in {build_file}; "
+                               f"rerun: {rerun}):\n{first_error_lines(output_text, commands)}")
         missing_objects = [output for output in to_build if output not in built]
         if missing_objects:
             raise CompileError(f"compiling {', '.join(str(sources[output]) for output in missing_objects)} "
                                f"succeeded but wrote no object "
-                               f"({', '.join(str(workdir / output) for output in missing_objects)}); "
-                               f"commands in {build_file}")
+                               f"({', '.join(str(workdir / output) for output in missing_objects)})"
+                               f"{_launcher_note(launcher)}; commands in {build_file}")
     if stats is not None:
         stats["compile_seconds"] = round(time.perf_counter() - started, 2)
         # each compiled unit's own time (the slowest bound a parallel build), a group's

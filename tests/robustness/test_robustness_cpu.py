@@ -7,7 +7,7 @@ at fault. A failure prints a table of outcomes and the failing cases grouped by 
 """
 from __future__ import annotations
 
-from robustness import cases_api, cases_concurrency, cases_library, cases_model
+from robustness import cases_api, cases_concurrency, cases_inputs, cases_library, cases_model
 from robustness.runner import everything
 
 MINIMUM_DEFAULT_CASES = 1000
@@ -32,9 +32,15 @@ def test_concurrency_and_soak(run_family, cpu_libraries):
     run_family("concurrency and soak (cpu)", cases_concurrency.generate(built, everything(), device="cpu"))
 
 
+def test_untrusted_inputs(run_family, cpu_libraries):
+    built, _ = cpu_libraries
+    run_family("untrusted inputs (cpu)", cases_inputs.generate(built["mlp"]["metadata"]))
+
+
 def test_default_sample_has_at_least_1000_cases(cpu_libraries):
     built, fakes = cpu_libraries
     counts = {"model": len(cases_model.generate(False)), "api": len(cases_api.generate(built, device="cpu")),
               "library": len(cases_library.generate(built, fakes, False)),
-              "concurrency/soak": len(cases_concurrency.generate(built, False, device="cpu"))}
+              "concurrency/soak": len(cases_concurrency.generate(built, False, device="cpu")),
+              "inputs": len(cases_inputs.generate(built["mlp"]["metadata"]))}
     assert sum(counts.values()) >= MINIMUM_DEFAULT_CASES, counts
