@@ -950,3 +950,17 @@ def test_build_time_folding_stops_at_the_importers_limit(tmp_path):
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
     assert grown < 2**31, f"the build's peak memory grew by {grown} bytes"
     assert any(f["backend"] == "builtin" for f in library.metadata["functions"])
+
+
+def test_a_module_runs_ten_thousand_times_with_the_same_answer(tmp_path):
+    """Long-lived serving: the 10,000th run gives the first's answer (a counter, a leak or a
+    table that fills after some thousands of calls would show here)."""
+    inputs = dict(np.load(FIXTURES / "mlp.npz"))
+    feeds = {key[3:]: value for key, value in inputs.items() if key.startswith("in_")}
+    module = byoc.build(FIXTURES / "mlp.onnx", "cpu", workdir=str(tmp_path / "w")).load()
+    first = np.array(module.run(**feeds))
+    out = np.empty_like(first)
+    for _ in range(10_000):
+        module.run(**feeds, out=out)
+    np.testing.assert_array_equal(out, first)
+    np.testing.assert_array_equal(module.run(**feeds), first)

@@ -71,6 +71,7 @@ EXAMPLE_INPUTS: dict[str, list[np.ndarray]] = {
     "GatherElements": [f32(2, 3), np.zeros((2, 3), dtype=np.int64)],
     "GatherND": [f32(2, 3), np.zeros((2, 2), dtype=np.int64)],
     "ScatterND": [f32(2, 3), np.zeros((1, 1), dtype=np.int64), f32(1, 3)],
+    "ScatterElements": [f32(2, 3), np.zeros((1, 3), dtype=np.int64), f32(1, 3)],
     "InstanceNormalization": [f32(1, 2, 3), f32(2), f32(2)],
     "If": [scalar(True, np.bool_)],
     "Resize": [f32(2, 3), np.zeros(0, dtype=np.float32), np.array([1, 2], dtype=np.float32)],

@@ -1,5 +1,5 @@
 """Converters of ONNX's multi-dimensional indexing ops into byoc's gather and elementwise ops:
-GatherND and ScatterND. Both appear where exporters index with tensors: torch's default
+GatherND, ScatterND and ScatterElements. Both appear where exporters index with tensors: torch's default
 exporter writes `mask[:, None, None, :]` as a GatherND of constant indices, and Swin's
 shifted-window mask is built with ScatterND (`mask[h, w] = count`).
 
@@ -10,7 +10,7 @@ linearized with elementwise ops, and a tuple with an out-of-range component beco
 index past the gathered axis, so that the gather kernel reports it at run time, as it does
 for Gather.
 
-ScatterND's indices must be known at import time (byoc compiles static graphs; exporters
+ScatterND's and ScatterElements' indices must be known at import time (byoc compiles static graphs; exporters
 write them as constants or from shapes): the positions each update writes are then known,
 and the op becomes a gather of the updates and a `where` over data, one round per update
 that lands on an already written position (reductions apply in the order ONNX defines).
@@ -97,11 +97,7 @@ _SCATTER_REDUCTIONS = {"none": None, "add": "add", "mul": "multiply", "max": "ma
 @converter("ScatterND")
 def _scatter_nd(ctx, node, inputs, attrs):
     data, indices, updates = inputs
-    reduction = attrs.get("reduction", b"none")
-    reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
-    if reduction not in _SCATTER_REDUCTIONS:
-        raise ModelError(f"{ctx.node_label}: reduction={reduction!r}; expected one of "
-                         f"{', '.join(_SCATTER_REDUCTIONS)}")
+    reduction = _reduction(ctx, attrs)
     data_shape, update_shape = tuple(ctx.shape(data)), tuple(ctx.shape(updates))
     index_array = np.asarray(ctx.known(indices, "indices"), dtype=np.int64)
     index_shape = index_array.shape
@@ -118,8 +114,23 @@ def _scatter_nd(ctx, node, inputs, attrs):
     rows, count = math.prod(block), len(targets)
     data_rows = ctx.call("reshape", data, shape=(rows,) + rest)
     update_rows = ctx.call("reshape", updates, shape=(count,) + rest)
-    # Updates apply in order: round r writes, for each row, the r-th update that lands on it.
-    # Without a reduction only the last one counts.
+    result = _scatter_rows(ctx, data_rows, update_rows, targets, rows, rest, reduction)
+    return [ctx.call("reshape", result, shape=data_shape, name=node.output[0])]
+
+
+def _reduction(ctx, attrs) -> str:
+    reduction = attrs.get("reduction", b"none")
+    reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
+    if reduction not in _SCATTER_REDUCTIONS:
+        raise ModelError(f"{ctx.node_label}: reduction={reduction!r}; expected one of "
+                         f"{', '.join(_SCATTER_REDUCTIONS)}")
+    return reduction
+
+
+def _scatter_rows(ctx, data_rows, update_rows, targets: np.ndarray, rows: int, rest: tuple, reduction: str):
+    """data_rows ([rows, *rest]) with update_rows[u] written to row targets[u], in order:
+    round r writes, for each row, the r-th update that lands on it (without a reduction
+    only the last one counts)."""
     writers: list[list[int]] = [[] for _ in range(rows)]
     for update, row in enumerate(targets.tolist()):
         writers[row].append(update)
@@ -135,4 +146,40 @@ def _scatter_nd(ctx, node, inputs, attrs):
         if combine is not None:
             picked = ctx.call(combine, result, picked)
         result = ctx.call("where", written, picked, result)
+    return result
+
+
+@converter("ScatterElements")
+def _scatter_elements(ctx, node, inputs, attrs):
+    """Element i of updates goes to data at i's position with its `axis` coordinate replaced
+    by indices[i]: with the indices known, each update's element of the flattened data is
+    known, and the scatter is ScatterND's over one-element rows."""
+    data, indices, updates = inputs
+    reduction = _reduction(ctx, attrs)
+    data_shape, update_shape = tuple(ctx.shape(data)), tuple(ctx.shape(updates))
+    index_array = np.asarray(ctx.known(indices, "indices"), dtype=np.int64)
+    rank = len(data_shape)
+    axis = attrs.get("axis", 0)
+    if not -rank <= axis < rank:
+        raise ModelError(f"{ctx.node_label}: axis={axis} for data of rank {rank}; expected -{rank} <= axis < {rank}")
+    axis %= rank
+    if index_array.shape != update_shape or len(update_shape) != rank or \
+            any(u > d for position, (u, d) in enumerate(zip(update_shape, data_shape)) if position != axis):
+        raise ModelError(f"{ctx.node_label}: indices {list(index_array.shape)} and updates {list(update_shape)} with "
+                         f"data {list(data_shape)}; expected indices and updates of one shape, of data's rank, "
+                         f"within data off the axis")
+    size = data_shape[axis]
+    bad = (index_array < -size) | (index_array >= size)
+    if bad.any():
+        position = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ModelError(f"{ctx.node_label}: indices[{', '.join(map(str, position))}] = {int(index_array[position])} "
+                         f"is out of range for axis {axis} of size {size}; expected -size <= index < size")
+    coordinates = list(np.indices(update_shape, dtype=np.int64)) if update_shape else []
+    coordinates[axis] = np.where(index_array < 0, index_array + size, index_array)
+    targets = np.ravel_multi_index(tuple(coordinates), data_shape).reshape(-1) if coordinates else \
+        np.zeros(0, np.int64)
+    elements = math.prod(data_shape)
+    data_rows = ctx.call("reshape", data, shape=(elements, 1))
+    update_rows = ctx.call("reshape", updates, shape=(len(targets), 1))
+    result = _scatter_rows(ctx, data_rows, update_rows, targets, elements, (1,), reduction)
     return [ctx.call("reshape", result, shape=data_shape, name=node.output[0])]
