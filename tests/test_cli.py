@@ -466,3 +466,11 @@ def test_inspect_names_the_sizes_of_a_dim_that_does_not_pad():
     assert _bucketed_shape("inputs", 0, uneven, dims) is None
     zero = [{**v, "dims": {"batch": 0}} for v in variants[:2]]
     assert _bucketed_shape("inputs", 0, zero, dims) == "(1, 16|32)"
+
+
+def test_inputs_that_are_a_fifo_are_refused_without_blocking(capsys, tmp_path):
+    import os
+    fifo = tmp_path / "inputs.npz"
+    os.mkfifo(fifo)
+    code, _, err = run_cli(capsys, "run", MLP, "--inputs", str(fifo))
+    assert code == 2 and "is not a regular file; expected an .npz archive" in err

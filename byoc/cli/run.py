@@ -26,6 +26,15 @@ def _load_input_arrays(path: str) -> dict:
 
     import numpy as np
 
+    import os
+    import stat
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        mode = None  # missing or unreadable: np.load's own OSError says which
+    if mode is not None and not stat.S_ISREG(mode):
+        # a FIFO would block np.load forever, a device read without end
+        raise UsageError(f"--inputs {path!r} is not a regular file; expected an .npz archive")
     try:
         archive = np.load(path, allow_pickle=False)
         if isinstance(archive, np.ndarray):  # np.load reads a .npy file as one bare array
