@@ -754,7 +754,8 @@ def generate(everything: bool) -> list[Case]:
     for name in base_names():
         base = base_model(name)
         rng = random.Random(f"model:{name}")
-        cases.append(_case(name, "base", "unmutated"))
+        # the positive control of every mutation below: the model as it is imports and matches
+        cases.append(_case(name, "base", "unmutated", expect="accept"))
         cases += list(structure_cases(base, rng))
         cases += list(attribute_cases(base))
         cases += list(input_cases(base))

@@ -75,7 +75,10 @@ class Case:
     function: str               # "robustness.cases_model:run_model" -- called in the child
     params: dict = field(default_factory=dict)
     timeout: float = 30.0
-    expect: str = "any"         # "refuse": the spec forbids this input; accepting it is wrong
+    expect: str = "any"         # "refuse": the spec forbids this input; accepting it is wrong;
+                                # "accept": a positive control, a valid input of the same generator
+                                # that must run and match (a refusal of it is wrong: "refuse
+                                # everything" must fail the suite)
     why: str = ""               # for expect="refuse": what the spec forbids
     names: tuple = ()           # a refusal's message must contain one of these (empty: no check)
     memory_limit: int | None = DEFAULT_MEMORY_LIMIT
@@ -122,6 +125,15 @@ def _short(text: str) -> str:
 
 def execute(case: Case) -> dict:
     """Run one case in this process and classify it (crash and hang are the parent's)."""
+    result = _execute(case)
+    if case.expect == "accept" and result["outcome"] != "correct":
+        return {"outcome": "wrong", "message": _short(f"a valid input (a positive control) was not accepted and "
+                                                      f"matched: {result['outcome']}: {result['message']}"),
+                "detail": result["detail"]}
+    return result
+
+
+def _execute(case: Case) -> dict:
     from byoc.errors import ByocError
     detail = ""
     try:

@@ -107,6 +107,20 @@ NODE_INPUTS: dict[str, tuple[list[Input], dict, int]] = {
     "Slice": ([_x(4, 5), _c([1, 0], _I64), _c([3, 5], _I64), _c([0, 1], _I64), _c([1, 2], _I64)], {}, 1),
     "Gather": ([_x(5, 4), _c([0, 2, 4], _I64)], {"axis": 0}, 1),
     "GatherElements": ([_x(3, 4), _c([[0, 1], [2, 3], [1, 1]], _I64)], {"axis": 1}, 1),
+    "GatherND": ([_x(3, 4), _c([[0, 1], [2, -1]], _I64)], {}, 1),
+    "ScatterND": ([_x(3, 4), _c([[1], [0]], _I64), _x(2, 4)], {}, 1),
+    "ScatterElements": ([_x(3, 4), _c([[0, 1, 2, 0]], _I64), _x(1, 4)], {"axis": 0}, 1),
+    "InstanceNormalization": ([_x(), _c(np.float32([0.5, 1.0, 2.0])), _c(np.float32([0.1, 0.2, 0.3]))],
+                              {"epsilon": 1e-5}, 1),
+    # byoc resizes constants (at import time): the resized tensor is an initializer
+    "Resize": ([_c(np.arange(8, dtype=np.float32).reshape(1, 2, 2, 2)), _c(np.zeros(0, np.float32)),
+                _c(np.float32([1, 1, 2, 1.5]))], {"mode": "linear"}, 1),
+    # a condition known at import time, each branch one constant
+    "If": ([_c(np.bool_(True))], {branch: helper.make_graph(
+        [helper.make_node("Constant", [], [f"{branch}_value"], value=numpy_helper.from_array(
+            np.float32([1, 2]) * (1 if branch == "then_branch" else -1), f"{branch}_tensor"))], branch, [],
+        [helper.make_tensor_value_info(f"{branch}_value", TensorProto.FLOAT, [2])])
+        for branch in ("then_branch", "else_branch")}, 1),
     "Pad": ([_x(2, 3), _c([1, 0, 1, 2], _I64), _c(np.float32(0.5))], {"mode": "constant"}, 1),
     "Tile": ([_x(2, 3), _c([2, 1], _I64)], {}, 1),
     "Trilu": ([_x(4, 4), _c(np.int64(1))], {"upper": 1}, 1),
