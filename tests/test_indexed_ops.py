@@ -122,3 +122,18 @@ def test_instance_norm_and_is_nan_match_onnxruntime(tmp_path):
     assert len(got) == 2
     np.testing.assert_allclose(got[0], expected[0], rtol=1e-5, atol=1e-6, equal_nan=True)
     np.testing.assert_array_equal(got[1], expected[1])
+
+
+@pytest.mark.parametrize("op_type, indices, update_shape, attrs", [
+    ("ScatterND", np.array([[1], [0]], np.int64), [2, 4], {}),
+    ("ScatterElements", np.array([[0, 1, 2, 0]], np.int64), [1, 4], {"axis": 0}),
+])
+def test_a_scatter_into_huge_data_is_refused_at_once(op_type, indices, update_shape, attrs):
+    """The robustness suite's `dims huge` mutation hung here: the maps were Python lists."""
+    data = helper.make_tensor_value_info("data", TensorProto.FLOAT, [2**40, 4])
+    updates = helper.make_tensor_value_info("updates", TensorProto.FLOAT, update_shape)
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, None)
+    node = helper.make_node(op_type, ["data", "indices", "updates"], ["out"], name="scatter", **attrs)
+    model = _model([node], [data, updates], [out], [numpy_helper.from_array(indices, "indices")])
+    with pytest.raises(byoc.ModelError, match=f"{op_type} node 'scatter': scatters into data of "):
+        byoc.from_onnx(model)

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import ModelError
 from ..ir.expr import Constant
-from .onnx import converter
+from .onnx import MAX_FOLDED_BYTES, converter
 
 
 def _check_components(ctx, indices: np.ndarray, block: tuple, what: str) -> np.ndarray:
@@ -127,25 +127,52 @@ def _reduction(ctx, attrs) -> str:
     return reduction
 
 
+# a scatter's maps (which rows a round writes, and from which update) are constants of one
+# entry per row of data: as large as the importer folds
+MAX_SCATTER_ROWS = MAX_FOLDED_BYTES // 8
+
+
+def _check_scatter_size(ctx, rows: int, what: str):
+    if rows > MAX_SCATTER_ROWS:
+        raise ModelError(f"{ctx.node_label}: scatters into data of {rows} {what}; byoc lowers a scatter to "
+                         f"constant maps of one entry per {what[:-1]}, made at import time; expected at most "
+                         f"{MAX_SCATTER_ROWS} {what}")
+
+
 def _scatter_rows(ctx, data_rows, update_rows, targets: np.ndarray, rows: int, rest: tuple, reduction: str):
     """data_rows ([rows, *rest]) with update_rows[u] written to row targets[u], in order:
     round r writes, for each row, the r-th update that lands on it (without a reduction
-    only the last one counts)."""
-    writers: list[list[int]] = [[] for _ in range(rows)]
-    for update, row in enumerate(targets.tolist()):
-        writers[row].append(update)
-    if reduction == "none":
-        writers = [w[-1:] for w in writers]
-    rounds = max((len(w) for w in writers), default=0)
+    only the last one counts). Each round's rows written and their sources are constants of
+    `rows` entries, so their size is checked before they are made."""
+    _check_scatter_size(ctx, rows, "rows")
+    count = len(targets)
+    if reduction == "none":  # the last update of each row: the largest update index landing there
+        last = np.full(rows, -1, dtype=np.int64)
+        np.maximum.at(last, targets, np.arange(count, dtype=np.int64))
+        rounds = [np.flatnonzero(last >= 0)] if count else []
+        sources = [last[rounds[0]]] if count else []
+    else:  # each update's rank among those landing on its row, in update order
+        order = np.argsort(targets, kind="stable")
+        ordered = targets[order]
+        starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if count else np.zeros(0, np.int64)
+        group = np.cumsum(np.r_[True, ordered[1:] != ordered[:-1]]) - 1 if count else np.zeros(0, np.int64)
+        rank = np.arange(count) - starts[group]
+        rounds, sources = [], []
+        for r in range(int(rank.max()) + 1 if count else 0):
+            chosen = order[rank == r]
+            rounds.append(targets[chosen])
+            sources.append(chosen)
     result = data_rows
     combine = _SCATTER_REDUCTIONS[reduction]
-    for r in range(rounds):
-        written = np.asarray([len(w) > r for w in writers]).reshape((rows,) + (1,) * len(rest))
-        source = np.asarray([w[r] if len(w) > r else 0 for w in writers], dtype=np.int64)
+    for written_rows, source_updates in zip(rounds, sources):
+        written = np.zeros(rows, dtype=bool)
+        written[written_rows] = True
+        source = np.zeros(rows, dtype=np.int64)
+        source[written_rows] = source_updates
         picked = ctx.call("gather", update_rows, source, axis=0)
         if combine is not None:
             picked = ctx.call(combine, result, picked)
-        result = ctx.call("where", written, picked, result)
+        result = ctx.call("where", written.reshape((rows,) + (1,) * len(rest)), picked, result)
     return result
 
 
@@ -174,6 +201,7 @@ def _scatter_elements(ctx, node, inputs, attrs):
         position = tuple(int(i) for i in np.argwhere(bad)[0])
         raise ModelError(f"{ctx.node_label}: indices[{', '.join(map(str, position))}] = {int(index_array[position])} "
                          f"is out of range for axis {axis} of size {size}; expected -size <= index < size")
+    _check_scatter_size(ctx, math.prod(data_shape), "elements")
     coordinates = list(np.indices(update_shape, dtype=np.int64)) if update_shape else []
     coordinates[axis] = np.where(index_array < 0, index_array + size, index_array)
     targets = np.ravel_multi_index(tuple(coordinates), data_shape).reshape(-1) if coordinates else \
