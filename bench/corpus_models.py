@@ -117,8 +117,10 @@ TEXT_AXES = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "ba
 IMAGE_AXES = {"pixel_values": {0: "batch"}, "input": {0: "batch"}}
 
 
-def _hf_text(config_name, model_name, full, tiny_overrides, *, mask=True, token_types=False, pad=True,
-             attribute="last_hidden_state", model_kwargs=None, submodule=None):
+def _hf(config_name, model_name, full, tiny_overrides, make_inputs, *, attribute="last_hidden_state",
+        model_kwargs=None, submodule=None):
+    """A transformers model from its config class (`full`, with `tiny_overrides` when tiny);
+    make_inputs(config, tiny) -> its inputs."""
     def build(tiny):
         import transformers
         kwargs = dict(full)
@@ -128,22 +130,19 @@ def _hf_text(config_name, model_name, full, tiny_overrides, *, mask=True, token_
         model = getattr(transformers, model_name)(config, **(model_kwargs or {}))
         if submodule:
             model = getattr(model, submodule)
-        inputs = _text(config.vocab_size, tiny, mask=mask, token_types=token_types, pad=pad)
-        return model, inputs, attribute
+        return model, make_inputs(config, tiny), attribute
     return build
 
 
-def _hf_vision(config_name, model_name, full, tiny_overrides, *, model_kwargs=None,
-               attribute="last_hidden_state"):
-    def build(tiny):
-        import transformers
-        kwargs = dict(full)
-        if tiny:
-            kwargs.update(tiny_overrides)
-        config = getattr(transformers, config_name)(**kwargs)
-        model = getattr(transformers, model_name)(config, **(model_kwargs or {}))
-        return model, {"pixel_values": _image(tiny, config.image_size, config.image_size)}, attribute
-    return build
+def _hf_text(config_name, model_name, full, tiny_overrides, *, mask=True, token_types=False, pad=True, **kwargs):
+    return _hf(config_name, model_name, full, tiny_overrides,
+               lambda config, tiny: _text(config.vocab_size, tiny, mask=mask, token_types=token_types, pad=pad),
+               **kwargs)
+
+
+def _hf_vision(config_name, model_name, full, tiny_overrides, **kwargs):
+    return _hf(config_name, model_name, full, tiny_overrides,
+               lambda config, tiny: {"pixel_values": _image(tiny, config.image_size, config.image_size)}, **kwargs)
 
 
 def _vision(construct, *, size_tiny=32, size_full=224):
