@@ -91,6 +91,10 @@ class Artifact:
     # argument where its parameter is
     devices: dict = field(default_factory=dict)
 
+    def ir_summary(self) -> str:
+        """How a module dump lists it (pipeline.py: the artifacts attribute)."""
+        return f"{self.backend} ({self.kind}, {len(self.symbols)} functions, {len(self.compile_units)} units)"
+
     def __post_init__(self):
         if self.kind not in ARTIFACT_KINDS:
             raise BuildError(f"artifact of backend {self.backend!r}: kind {self.kind!r} is not one of "

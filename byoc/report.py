@@ -46,6 +46,11 @@ class PartitionReport:
         unique = Counter(backend_of.values())
         self.functions = {b: {"unique": unique[b], "call_sites": call_sites[b]} for b in sorted(unique)}
 
+    def ir_summary(self) -> str:
+        """How a module dump lists it (pipeline.py: the partition_report attribute)."""
+        return "; ".join(f"{b}: {f['call_sites']} calls of {f['unique']} functions"
+                         for b, f in self.functions.items()) + f"; {len(self.refused)} refused matches"
+
     def to_json(self) -> dict:
         backends = sorted(set(self.functions) | set(self.accepted) | {r["backend"] for r in self.refused})
         refused_count = Counter(r["backend"] for r in self.refused)

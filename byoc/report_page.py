@@ -1,17 +1,14 @@
 """The build as a picture: one self-contained HTML page (no network at view time) showing
 what runs where, for a person to look at rather than read.
 
-    describe_functions(mod, kernels)            after codegen: each backend function's ops,
-        composites and kernel (before their bodies are dropped)
-    execution_graph(mod, memory_plan, functions)  at link time: the calls of @main in order
-        and the memory plan's lifetimes, as plain data (it goes into the library's metadata,
-        so a built .so can be drawn without its build directory)
     render_page(metadata, title)                the page: the backends and their coverage,
         the calls laid out in one lane per backend with the tensors between them, every
         refused pattern match with its reason, and the memory plan as tensor lifetimes
         against arena offsets
 
-`byoc report model.so|WORKDIR` writes it; every build writes `report.html` into its
+It draws from the library's metadata alone (metadata.py builds it: the calls, the memory
+plan's lifetimes and each function's ops), so a built .so can be drawn without its build
+directory. `byoc report model.so|WORKDIR` writes it; every build writes `report.html` into its
 workdir. The page is one Jinja template (templates/report/page.html.j2) fed plain data;
 the SVG geometry is computed here. Names come from models: the template escapes them.
 """
@@ -19,95 +16,12 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from .ir.expr import Call, Constant, Function, GlobalVar, Var
-from .ir.op import Op
 
 # backend -> fill colour; others take the palette in order of appearance
 BACKEND_COLORS = {"cutlass": "#76b900", "cublaslt": "#f28e2b", "builtin": "#4e79a7"}
 PALETTE = ["#b07aa1", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#9c755f", "#ff9da7", "#bab0ac"]
 LANE_WIDTH, BOX_WIDTH, ROW_HEIGHT, TOP = 300, 270, 30, 56
 TIMELINE_WIDTH, TIMELINE_HEIGHT = 900, 320
-
-
-def _function_ops(function: Function) -> tuple[list, list]:
-    """(op names in order, composite pattern names) of an outlined function's body."""
-    ops, composites = [], []
-
-    def walk(body: Function):
-        for binding in body.bindings:
-            value = binding.value
-            if isinstance(value, Function):
-                if "Composite" in value.attrs:
-                    composites.append(str(value.attrs["Composite"]))
-                walk(value)
-            elif isinstance(value, Call) and isinstance(value.op, Function):
-                walk(value.op)
-            elif isinstance(value, Call) and isinstance(value.op, Op):
-                ops.append(value.op.name)
-    if getattr(function, "bindings", None):
-        walk(function)
-    return ops, composites
-
-
-def describe_functions(mod, kernels: dict | None = None) -> dict:
-    """symbol -> {"ops", "composites", "kernel"} for every backend function of `mod`, read
-    while they still have bodies (MarkCompilerFunctionsAsExtern drops them); `kernels`:
-    symbol -> kernel name, as backends report them."""
-    kernels = kernels or {}
-    described = {}
-    for name, function in mod.items():
-        if "Compiler" in function.attrs:
-            ops, composites = _function_ops(function)
-            described[name] = {"backend": str(function.attrs["Compiler"]), "ops": ops, "composites": composites,
-                               "kernel": kernels.get(name)}
-    return described
-
-
-def execution_graph(mod, memory_plan=None, functions: dict | None = None, views=frozenset()) -> dict:
-    """What the page draws, as plain data: "values" (the model's inputs and every computed
-    tensor: name, shape, dtype, producing call), "calls" in @main's order (symbol, the
-    binding's position, value indices read, weights read, the value written),
-    "functions" (describe_functions() of the symbols called) and "lifetimes" (value, first
-    and last binding, arena offset and bytes) where memory was planned. A call of one of
-    `views` (a backend's reshape) launches nothing: its result is its argument's storage."""
-    main = mod["main"]
-    functions = functions or {}
-    values, index_of = [], {}
-
-    def add_value(var, producer=None):
-        index_of[var] = len(values)
-        values.append({"name": var.name_hint, "shape": list(getattr(var.type, "shape", [])),
-                       "dtype": getattr(var.type, "dtype", "?"), "call": producer})
-        return index_of[var]
-
-    for param in main.params:
-        add_value(param)
-    calls, symbols = [], []
-    for position, binding in enumerate(main.bindings):
-        value = binding.value
-        if not isinstance(value, Call):
-            continue
-        if isinstance(value.op, GlobalVar):
-            symbol = value.op.name
-        elif getattr(value.op, "name", None) == "device_copy":
-            symbol = "device_copy"
-        else:
-            continue
-        reads = [index_of[a] for a in value.args if isinstance(a, Var) and a in index_of]
-        weights = sum(1 for a in value.args if isinstance(a, Constant))
-        calls.append({"symbol": symbol, "position": position, "reads": reads, "weights": weights,
-                      "writes": add_value(binding.var, producer=len(calls)), "view": symbol in views})
-        if symbol not in symbols and symbol != "device_copy":
-            symbols.append(symbol)
-    lifetimes = []
-    if memory_plan is not None:
-        for lifetime in memory_plan.lifetimes:
-            if lifetime.var in index_of and lifetime.var in memory_plan.offsets:
-                lifetimes.append({"value": index_of[lifetime.var], "first": lifetime.first, "last": lifetime.last,
-                                  "offset": memory_plan.offsets[lifetime.var], "bytes": lifetime.size})
-    return {"values": values, "calls": calls, "lifetimes": lifetimes,
-            "functions": {symbol: functions.get(symbol, {"backend": "?", "ops": [], "composites": [], "kernel": None})
-                          for symbol in symbols}}
 
 
 def _mib(count: int) -> str:

@@ -341,3 +341,12 @@ def auto_device_target() -> Target:
         raise ConfigError(f"target auto: the visible GPU is {arch}, which byoc does not compile for "
                           f"(supported: {', '.join(CUDA_ARCHES)}); use target: cpu")
     return Target("cuda", arch=arch)
+
+
+def resolve_device_target(device: str | None) -> Target:
+    """A config's `target` as the build's device Target: 'auto' (or none) is the visible
+    GPU's, else the cpu; anything but a cpu or cuda target is a ConfigError."""
+    target = auto_device_target() if device in (None, "auto") else Target(device)
+    if target.kind not in ("cpu", "cuda"):
+        raise ConfigError(f"target: {target} is not a device target; expected 'cpu', 'cuda -arch=sm_XX' or 'auto'")
+    return target

@@ -637,8 +637,8 @@ def test_a_program_table_that_names_what_does_not_exist_is_refused_at_create(fie
     function or an operand that does not exist (here written by the build itself, so the
     checksum matches) is refused at create, naming the table, instead of jumping anywhere."""
     import struct
-    from byoc.build import _Builder
-    original = _Builder.program_table
+    import byoc.package
+    original = byoc.package.program_table
 
     def corrupted(host, artifacts):
         table = bytearray(original(host, artifacts))
@@ -651,7 +651,7 @@ def test_a_program_table_that_names_what_does_not_exist_is_refused_at_create(fie
         else:
             struct.pack_into("<I", table, 16, 1)  # a region the table has no bytes for
         return bytes(table)
-    monkeypatch.setattr(_Builder, "program_table", staticmethod(corrupted))
+    monkeypatch.setattr(byoc.package, "program_table", corrupted)
     library = byoc.build(FIXTURES / "mlp.onnx", config="cpu", workdir=str(tmp_path / "w"))
     with pytest.raises(byoc.RuntimeError, match=f"program table is corrupted \\({reason}\\)"):
         library.load()

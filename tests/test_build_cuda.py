@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import byoc
-from byoc.codegen.host import read_program_table
+from byoc.codegen.program_table import read_program_table
 from byoc.toolchain.compiler import cuda_home
 from gpu_probe import gpu_present
 

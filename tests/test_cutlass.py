@@ -957,13 +957,13 @@ def test_resnet_partitions_convs_into_cutlass_with_boundary_transposes_only(tmp_
     every conv goes to cutlass (epilogues fused: bias+relu, bias+residual+relu, bias), the
     3-channel stem too, its image padded to 4 channels by one built-in pad (PadConvChannels),
     and the fc GEMM; the only transposes are the two at the region's boundary."""
-    from byoc.build import _Builder
+    from byoc.pipeline import lower
     from byoc.config import load_config
     from byoc.ir.expr import Call
     cfg = load_config({"target": "cuda -arch=sm_90", "backends": [{"cutlass": {"conv2d": True}}]},
                       overrides={"workdir": str(tmp_path)})
-    builder = _Builder(cfg)
-    mod, report = builder.partition(builder.simplify(_resnet_ir()))
+    mod = lower(_resnet_ir(), cfg, until="partition", workdir=tmp_path)
+    report = mod.attrs["partition_report"]
     cutlass = {name: f for name, f in mod.items() if f.attrs.get("Compiler") == "cutlass"}
     composites = sorted(b.value.attrs.get("Composite") for f in cutlass.values() for b in f.bindings
                         if b.value.__class__.__name__ == "Function")
@@ -1181,11 +1181,11 @@ for problem in range(int(sys.argv[1]), 5):
 def _lowered(model, workdir, **overrides):
     """(main, artifacts) of a cuda_sm90 build of `model` up to code generation (no compiler
     runs; sources, partitioned.ir and final.ir in `workdir`), the heuristic's kernels."""
-    from byoc.build import _Builder
+    from byoc.pipeline import lower
     from byoc.config import load_config
     config = load_config("cuda_sm90", overrides={"workdir": str(workdir), "tuning": {"profile": False}, **overrides})
-    mod, _, artifacts, _ = _Builder(config).lower(model, None)
-    return mod, artifacts
+    mod = lower(model, config, until="plan_memory", workdir=workdir)
+    return mod, mod.attrs["artifacts"]
 
 
 BERT2 = str(Path(__file__).parent / "fixtures" / "bert2.onnx")
@@ -1294,16 +1294,14 @@ def test_a_kernel_serving_two_partitions_links_with_their_entry_points(tmp_path)
 def test_a_scale_after_a_batched_matmul_becomes_the_epilogue_alpha(tmp_path):
     """scores / 8 is taken by cutlass with the matmul, and the kernel scales in its epilogue
     (partitioning and codegen only: no GPU needed)."""
-    from byoc.build import _Builder
+    from byoc.pipeline import lower
     from byoc.config import load_config
     mod = _model("batched_nt_scaled", 128, 128, 64, batch=(2, 12))
     cfg = load_config({"target": "cuda -arch=sm_90", "backends": [{"cutlass": {"profile": "false"}}]},
                       overrides={"workdir": str(tmp_path)})
-    builder = _Builder(cfg)
-    mod = builder.simplify(mod)
-    mod, report = builder.partition(mod)
+    mod = lower(mod, cfg, until="codegen", workdir=tmp_path)
+    report = mod.attrs["partition_report"]
     assert report.to_json()["backends"]["cutlass"]["patterns"] == {"batched_matmul_nt_scaled": 1}, report.to_text()
-    mod, _ = builder.codegen(mod)
     sources = [p.read_text() for p in tmp_path.glob("byoc_cutlass_*.cu") if not p.name.endswith("_device.cu")]
     assert len(sources) == 1 and "arguments.epilogue.thread.alpha = call->alpha;" in sources[0]
     assert "sizes, 0.125f, workspace" in (tmp_path / "cutlass_entries.cc").read_text()
@@ -1348,14 +1346,25 @@ def _attention_model(batch, seq_q, seq_k, heads, head_dim, *, fused_qkv=True, ma
 
 
 def _partitioned_attention(mod, tmp_path, tile="", precision="float16"):
-    from byoc.build import _Builder
+    from byoc.pipeline import lower
     from byoc.config import load_config
     cfg = load_config({"target": "cuda -arch=sm_90",
                        "backends": [{"cutlass": {"profile": "false", "attention_tile": tile}}],
                        "precision": precision}, overrides={"workdir": str(tmp_path)})
-    builder = _Builder(cfg)
-    mod, report = builder.partition(builder.simplify(mod))
-    return builder, mod, report
+    mod = lower(mod, cfg, until="partition", workdir=tmp_path)
+    return _Codegen(cfg, tmp_path), mod, mod.attrs["partition_report"]
+
+
+class _Codegen:
+    """The codegen stage for a partitioned module (byoc.pipeline.lower from that stage)."""
+
+    def __init__(self, config, workdir):
+        self.config, self.workdir = config, workdir
+
+    def codegen(self, mod):
+        from byoc.pipeline import lower
+        mod = lower(mod, self.config, start="codegen", until="codegen", workdir=self.workdir)
+        return mod, mod.attrs["artifacts"]
 
 
 ATTENTION_MAIN = """\
@@ -1485,16 +1494,14 @@ def test_attention_kernel_compiles(sm, tile, kernel, tmp_path):
     """Both fused attention kernels (with a mask, bfloat16) render and compile with nvcc for
     the target's arch: byoc's flash kernel with its header, CUTLASS's example 41 kernel with
     the nvidia-cutlass example headers and cuRAND's header."""
-    from byoc.build import _Builder
+    from byoc.pipeline import lower
     from byoc.config import load_config
     from byoc.toolchain import compile_units
     mod = _attention_model(2, 64, 64, 2, 64, fused_qkv=False, mask=(2, 1, 1, 64), dtype="bfloat16")
     cfg = load_config({"target": f"cuda -arch=sm_{sm}",
                        "backends": [{"cutlass": {"profile": "false", "attention_tile": tile}}],
                        "precision": "bfloat16"}, overrides={"workdir": str(tmp_path)})
-    builder = _Builder(cfg)
-    mod, _ = builder.partition(builder.simplify(mod))
-    _, artifacts = builder.codegen(mod)
+    artifacts = lower(mod, cfg, until="codegen", workdir=tmp_path).attrs["artifacts"]
     (cutlass,) = [a for a in artifacts if a.backend == "cutlass"]
     assert list(cutlass.kernels.values()) == [kernel]
     objects = compile_units(cutlass.compile_units, tmp_path)
@@ -1604,12 +1611,12 @@ def test_pdl_launched_gemms_in_a_cuda_graph_agree_with_direct_runs_over_fresh_in
 def test_reshape_wrapped_gemms_keep_their_epilogues(kind, pattern, tmp_path):
     """GPT-2's Conv1D form (reshape, GEMM, reshape, then gelu_new or + residual): after
     SinkReshapes the epilogue op reaches the GEMM and CUTLASS fuses it (no builtin kernel)."""
-    from byoc.build import _Builder
+    from byoc.pipeline import lower
     from byoc.config import load_config
     cfg = load_config({"target": "cuda -arch=sm_90", "backends": [{"cutlass": {"profile": "false"}}, "builtin"],
                        "precision": "float16"}, overrides={"workdir": str(tmp_path)})
-    builder = _Builder(cfg)
-    _, report = builder.partition(builder.simplify(_model(kind, 77, 1000 if "gelu" in kind else 768, 256)))
+    report = lower(_model(kind, 77, 1000 if "gelu" in kind else 768, 256), cfg, until="partition",
+                   workdir=tmp_path).attrs["partition_report"]
     backends = report.to_json()["backends"]
     assert backends["cutlass"]["patterns"] == {pattern: 1}, report.to_text()
     assert not {"add", "gelu"} & set(backends["builtin"]["ops_covered"]), report.to_text()

@@ -14,12 +14,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def simplified(model, dims):
-    from byoc.build import _Builder
-    from byoc.config import load_config
-    builder = _Builder(load_config("cpu"))
-    builder.dims = dims
-    mod, _ = builder.import_model(model, None)
-    return builder.simplify(mod)
+    from byoc.pipeline import lower
+    return lower(model, "cpu", until="simplify", dims=dims)
 
 
 def problem(model, dim, small, large, **other):

@@ -341,12 +341,11 @@ def test_pin_devices_pins_splits_through_their_pieces(pin, pinned):
 def test_a_pinned_split_builds_for_cuda(tmp_path):
     """Pinning ran before LowerSplit: the cpu split reached the builtin codegen whole
     ("op 'split' has no shim emitter")."""
-    from byoc.build import _Builder
+    from byoc.pipeline import lower
     config = byoc.config.load_config("cpu", overrides={"target": "cuda -arch=sm_90", "workdir": str(tmp_path),
                                                         "devices": {"pin": [{"op": "split", "device": "cpu"}]}})
-    builder = _Builder(config)
-    mod, *_ = builder.lower(parse(SPLIT), None)
-    assert sorted(str(device) for device in builder.devices.values()) == ["cpu", "cpu", "cuda"]
+    mod = lower(parse(SPLIT), config, workdir=tmp_path)
+    assert sorted(str(d.result) for d in mod.attrs["declared_devices"].values()) == ["cpu", "cpu", "cuda"]
     assert mod.script().count("device_copy(") == 3  # x to the host, both pieces back
 
 
@@ -499,16 +498,35 @@ def lower_for_cuda(tmp_path, devices, **overrides):
     return builder, mod
 
 
-def lowered_for_cuda(tmp_path, devices, model="bert2", **overrides):
-    """lower_for_cuda, and also the output names and the backends' artifacts."""
-    from byoc.build import _Builder
+def lowered_for_cuda(tmp_path, devices, model="bert2", until=None, **overrides):
+    """lower_for_cuda, and also the output names and the backends' artifacts: the
+    pipeline (byoc.pipeline.lower) up to `until` (default: all of it, the host plan too)."""
+    from byoc.pipeline import lower
     data = np.load(FIXTURES / f"{model}.npz")
     config = byoc.config.load_config("cpu", overrides={"target": "cuda -arch=sm_90", "workdir": str(tmp_path),
                                                         "devices": devices, **overrides})
-    builder = _Builder(config)
-    mod, output_names, artifacts, _ = builder.lower(FIXTURES / f"{model}.onnx",
-                                                    {key[3:]: data[key].shape for key in data if key.startswith("in_")})
-    return builder, mod, output_names, artifacts
+    mod = lower(FIXTURES / f"{model}.onnx", config, until=until, workdir=tmp_path,
+                input_shapes={key[3:]: data[key].shape for key in data if key.startswith("in_")})
+    return Lowered(mod), mod, mod.attrs["output_names"], mod.attrs["artifacts"]
+
+
+class Lowered:
+    """What the tests read of a lowered module's attributes (byoc/pipeline.py lists them)."""
+
+    def __init__(self, mod):
+        self.mod = mod
+
+    @property
+    def declared_devices(self) -> dict:
+        return self.mod.attrs["declared_devices"]
+
+    @property
+    def devices(self) -> dict:  # where each function runs: where it writes its result
+        return {symbol: declared.result for symbol, declared in self.declared_devices.items()}
+
+    @property
+    def host(self):
+        return self.mod.attrs["host_setup"]
 
 
 def test_cuda_pipeline_inserts_the_minimum_number_of_copies(tmp_path):
@@ -537,9 +555,9 @@ def test_cuda_graph_regions_leave_cpu_functions_and_copies_between_them(tmp_path
     between them, run directly; the regions cover every call once, in order, and the
     program table carries them."""
     import struct
-    from byoc.codegen.host import program_table
+    from byoc.codegen.program_table import program_table
     builder, mod, output_names, artifacts = lowered_for_cuda(tmp_path, PINNING, cuda_graph=True)
-    host = builder.plan_host(mod, artifacts, output_names)
+    host = builder.host
     calls, regions = host.plan.calls, host.plan.regions
     assert host.cuda_graph and host.devices
     assert [(r["first"], r["count"]) for r in regions] == \
@@ -576,7 +594,7 @@ def test_two_device_regions_around_a_cpu_function_in_a_whole_build(tmp_path):
     """The input's copy, then fc1 captured, then the copy to the host, the cpu GELU and the
     copy back run directly, then fc2, relu and fc3 captured, then the output's copy."""
     builder, mod, output_names, artifacts = lowered_for_cuda(tmp_path, TWO_REGIONS, model="mlp", cuda_graph=True)
-    host = builder.plan_host(mod, artifacts, output_names)
+    host = builder.host
     regions = host.plan.regions
     assert [(r["count"], r["capture"]) for r in regions] == \
         [(1, False), (2, True), (3, False), (4, True), (1, False)]
@@ -692,13 +710,13 @@ def test_a_pin_to_another_gpu_is_refused_by_name_where_one_gpu_runs_the_model(tm
     code, which drives one GPU, names the value it cannot place."""
     with pytest.raises(byoc.ConfigError, match=r"devices.pin\[0\].device: 'gpu:1' is not allowed"):
         byoc.config.load_config("cpu", overrides={"devices": {"pin": [{"op": "softmax", "device": "gpu:1"}]}})
-    builder, mod, output_names, artifacts = lowered_for_cuda(
-        tmp_path, {"pin": [{"op": "softmax", "device": "cuda:1"}], "inputs": "device", "outputs": "device"})
+    devices = {"pin": [{"op": "softmax", "device": "cuda:1"}], "inputs": "device", "outputs": "device"}
+    _, mod, _, _ = lowered_for_cuda(tmp_path, devices, until="plan_memory")
     assert 'dst="cuda:1"' in mod.script()
     with pytest.raises(byoc.BuildError, match=r"Add_output_0_cuda is placed in memory space 'cuda:1' "
                                               r"\(devices.pin\), which this build cannot hold: its model runtime "
                                               r"drives one device \(cuda\) and the host"):
-        builder.plan_host(mod, artifacts, output_names)
+        lowered_for_cuda(tmp_path, devices)
 
 
 def test_lowered_functions_declare_where_each_parameter_is(tmp_path):
@@ -740,9 +758,10 @@ def test_copy_mode_graphs_leave_host_inputs_where_the_caller_has_them(tmp_path):
     between graphs, so a cpu function that reads it gets the caller's host pointer."""
     devices = {"pin": [{"op": "matmul", "device": "cpu"}], "inputs": "host", "outputs": "host"}
     builder, mod, output_names, artifacts = lowered_for_cuda(tmp_path, devices, model="mlp", cuda_graph=True)
-    host = builder.plan_host(mod, artifacts, output_names)
+    host = builder.host
     assert host.graph_io == "copy" and host.plan.input_copies == []
-    readers = [call for call in host.plan.calls if "in[0]" in call["args"]]
+    from byoc.codegen.host_plan import Ref
+    readers = [call for call in host.plan.calls if Ref("kInput", 0) in call["args"]]
     assert readers and all(call["on_host"] for call in readers)
     assert readers[0]["sync_before"]  # the previous run's GPU work may still use the host arenas
 

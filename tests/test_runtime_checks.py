@@ -317,13 +317,13 @@ def test_a_library_of_several_variants_runs_the_one_its_inputs_fit(tmp_path):
     y = x, of shapes (2, 3) and (4, 3), generated, compiled and linked as a build does."""
     import ctypes
 
-    from byoc.codegen.host import HostPlan
+    from byoc.codegen.host_plan import HostPlan, Ref
     from byoc.ir.types import TensorType
     from byoc.runtime.arrays import _DLTensor
     programs = []
     for rows in (2, 4):
         tensor = TensorType((rows, 3), "float32")
-        copy = {"kind": "copy", "source": "in[0]", "destination": "out[0]", "bytes": tensor.nbytes,
+        copy = {"kind": "copy", "source": Ref("kInput", 0), "destination": Ref("kOutput", 0), "bytes": tensor.nbytes,
                 "label": "#0 y = copy(x)", "symbol": "device_copy", "args": [], "results": [], "position": 0}
         plan = HostPlan(inputs=[("x", tensor)], outputs=[("y", tensor)], calls=[copy], output_copies=[],
                         input_copies=[], weights=b"")
@@ -372,7 +372,7 @@ def test_padded_dims_run_in_the_smallest_bucket_that_holds_the_inputs(buckets, t
     import ctypes
     import itertools
 
-    from byoc.codegen.host import HostPlan
+    from byoc.codegen.host_plan import HostPlan, Ref
     from byoc.ir.types import TensorType
     from byoc.runtime.arrays import _DLTensor
     names = sorted(buckets)
@@ -381,7 +381,7 @@ def test_padded_dims_run_in_the_smallest_bucket_that_holds_the_inputs(buckets, t
         dims = dict(zip(names, sizes))
         shape = (dims.get("rows", 4), dims.get("cols", 6), 4)
         tensor = TensorType(shape, "float32")
-        calls = [{"kind": "copy", "source": "in[0]", "destination": f"out[{k}]", "bytes": tensor.nbytes,
+        calls = [{"kind": "copy", "source": Ref("kInput", 0), "destination": Ref("kOutput", k), "bytes": tensor.nbytes,
                   "label": f"#{k} copy", "symbol": "device_copy", "args": [], "results": [], "position": k}
                  for k in range(2)]
         plan = HostPlan(inputs=[("x", tensor)], outputs=[("y", tensor), ("z", tensor)], calls=calls,
@@ -426,7 +426,8 @@ def _generated_library(tmp_path, programs, padded_dims=()):
     build does: (the loaded library, a created model, the host source)."""
     import ctypes
 
-    from byoc.codegen.host import HostVariant, blob_checksum, program_table, render_blob_assembly, render_host
+    from byoc.codegen.host import HostVariant, blob_checksum, render_blob_assembly, render_host
+    from byoc.codegen.program_table import program_table
     from byoc.runtime import C_ABI_HEADER, model_runtime_sources
     from byoc.target import Target
     from byoc.toolchain import CompileUnit, compile_units, link_shared

@@ -37,7 +37,7 @@ def test_gather_reporting_compiles_into_the_host_code(tmp_path):
     model, _ = embedding_model()
     library = byoc.build(model, target="cuda -arch=sm_90", config={"backends": ["builtin"]},
                          workdir=str(tmp_path / "w"))
-    from byoc.codegen.host import read_program_table
+    from byoc.codegen.program_table import read_program_table
     calls = read_program_table((tmp_path / "w" / "program.bin").read_bytes())["calls"]
     assert calls[0]["label"].startswith("#0 ")  # the first call's label, as its reports name it
     assert "model_runtime_cuda.o" in (tmp_path / "w" / "build.ninja").read_text()

@@ -859,18 +859,22 @@ def test_the_builder_shrinks_constants_after_recording_what_shape_buckets_compar
     a constant shrunk at one bucket's size and not at another's would look like the start of
     the other's. The builder records that module first, then shrinks; the library has the
     shrunk constant (4 MiB -> 1 MiB)."""
-    from byoc.build import _Builder
     from byoc.config import load_config
+    from byoc.pipeline import run_pipeline
     from byoc.ir import FunctionBuilder
     slice_ = np.random.default_rng(0).standard_normal((1, 512, 512)).astype(np.float32)
     with FunctionBuilder("main") as fb:
         x = fb.param("x", (4, 512, 512), "float32")
         fb.ret(fb.call("add", x, np.repeat(slice_, 4, axis=0)))
-    builder = _Builder(load_config({"target": "cpu"}, overrides={"workdir": str(tmp_path)}))
-    final, *_ = builder.lower(fb.module(), None)
+    from byoc.pipeline import BuildContext
+    from byoc.target import Target
+    recorded = {}
+    context = BuildContext(config=load_config({"target": "cpu"}, overrides={"workdir": str(tmp_path)}),
+                           target=Target("cpu"), workdir=tmp_path, model=fb.module())
+    final = run_pipeline(context, after={"simplify": lambda mod: recorded.update(simplify=mod)})
 
     def constant_shapes(mod):
         return [arg.data.shape for function in mod.functions.values() for binding in function.bindings or ()
                 for arg in getattr(binding.value, "args", ()) if isinstance(arg, Constant)]
-    assert constant_shapes(builder.simplified) == [(4, 512, 512)]
+    assert constant_shapes(recorded["simplify"]) == [(4, 512, 512)]
     assert constant_shapes(final) == [(1, 512, 512)]

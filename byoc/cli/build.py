@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from ..user_text import printable
-from .common import add_input_shape_option, parse_dims, parse_input_shapes
+from .common import UsageError, add_input_shape_option, parse_dims, parse_input_shapes
 
 
 def describe_build_stats(stats: dict) -> str:
@@ -21,13 +21,18 @@ def describe_build_stats(stats: dict) -> str:
 
 
 def build_arguments(parser: argparse.ArgumentParser):
-    parser.add_argument("model", help="the ONNX model file")
+    parser.add_argument("model", nargs="?", help="the ONNX model file")
     parser.add_argument("-c", "--config", default="default",
                         help="a build config: a name from build_configs/ (default, cpu, cuda_sm90, ...) or a YAML path")
     parser.add_argument("-o", "--output", metavar="MODEL.so", help="where to write the library (default: model.so)")
     parser.add_argument("--target", help="override the config's device target, e.g. 'cpu' or 'cuda -arch=sm_90'")
     parser.add_argument("--workdir", help="keep generated sources, build.ninja and the partition report here")
     add_input_shape_option(parser)
+    parser.add_argument("--print-pipeline", action="store_true",
+                        help="print the pipeline's stages in the order a build runs them, and exit")
+    parser.add_argument("--dump-after", action="append", default=[], metavar="STAGE",
+                        help="write the IR after STAGE to the workdir's ir/ (repeatable; --print-pipeline "
+                             "lists the stages)")
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="print only the result, not the build's progress (stages, [n/m] compile units)")
 
@@ -67,10 +72,20 @@ def _stderr_handler():
 
 def build_command(args: argparse.Namespace) -> int:
     from ..build import build
+    if args.print_pipeline:
+        from ..pipeline import describe_pipeline
+        print(describe_pipeline())
+        return 0
+    if args.model is None:
+        raise UsageError("byoc build: the ONNX model file is missing; expected `byoc build MODEL.onnx`")
+    if args.dump_after:
+        from ..pipeline import stage_named
+        for name in args.dump_after:
+            stage_named(name)  # an unknown stage before the build starts, naming the stages
     with _ProgressLines(args.quiet):
         library = build(args.model, target=args.target, config=args.config, workdir=args.workdir,
                         input_shapes=parse_input_shapes(args.input_shape) or None,
-                        dims=parse_dims(args.dim, several=True) or None)
+                        dims=parse_dims(args.dim, several=True) or None, dump_after=args.dump_after)
     output = args.output or "model.so"
     written = library.export_library(output)
     sources = f"sources in {library.workdir}" if library.workdir_kept else "sources not kept: --workdir DIR keeps them"

@@ -45,6 +45,12 @@ class IRModule:
     def copy(self) -> "IRModule":
         return IRModule(dict(self.functions), self.attrs)
 
+    def with_attrs(self, **attrs) -> "IRModule":
+        """A copy with `attrs` set (the build's stages record what they decide this way)."""
+        result = self.copy()
+        result.attrs.update(attrs)
+        return result
+
     def with_function(self, name: str, func: Function) -> "IRModule":
         """This module with `name` bound to `func`: itself when that is already so (a pass
         that changed nothing returns its input), else a copy."""

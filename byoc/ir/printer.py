@@ -69,12 +69,38 @@ def print_module(mod, show_types: bool = False, elide_data_over: int | None = No
     weights would make them hundreds of MB); such text does not parse."""
     printer = _Printer(show_types, elide_data_over)
     chunks = []
-    if getattr(mod, "attrs", None):
-        chunks.append("module " + printer.format_attr_dict(mod.attrs))
+    attrs = {key: value for key, value in getattr(mod, "attrs", {}).items() if _printable(value)}
+    if attrs:
+        chunks.append("module " + printer.format_attr_dict(attrs))
+    # what the build's stages recorded that is not an attribute value (pipeline.py): one
+    # comment line each, so that the dump still parses
+    state = [f"# {key}: {_describe_build_state(value)}" for key, value in sorted(getattr(mod, "attrs", {}).items())
+             if not _printable(value)]
+    if state:
+        chunks.append("\n".join(state))
     for name, func in mod.items():
         chunks.append(printer.print_global_function(name, func))
     text = "\n\n".join(chunks)
     return text + printer.metadata_block()
+
+
+def _printable(value) -> bool:
+    try:
+        format_value(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _describe_build_state(value) -> str:
+    """One line for a module attribute that is build state (an Artifact list, a report)."""
+    if hasattr(value, "ir_summary"):
+        return value.ir_summary()
+    if isinstance(value, (list, tuple)):
+        return f"{len(value)}: " + ", ".join(_describe_build_state(item) for item in value)
+    if isinstance(value, dict):
+        return f"{len(value)} entries"
+    return type(value).__name__
 
 
 def print_function(func: Function, name: str | None = None, show_types: bool = False) -> str:

@@ -1,0 +1,233 @@
+"""Packaging: the final modules of a library's programs (one, or one per shape bucket)
+into one sealed model.so. The host code (codegen/host.py: the model's tables and program
+table per program) and the static model runtime, the weights, metadata and program
+tables embedded with .incbin, every backend's compile units: all through build.ninja and
+the object cache (toolchain/), then one link that exports only the C ABI."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import BuildError
+from .library import Library, file_state
+
+
+@dataclass
+class Program:
+    """One program of the library: the context it was lowered in, the named dims of its
+    shape bucket and its final module (the pipeline's output: artifacts, partition report
+    and host setup are its attributes)."""
+    context: object  # pipeline.BuildContext
+    dims: dict
+    mod: object  # IRModule
+    # per caller tensor (inputs, then outputs), per axis: the paddable dim it carries or None
+    axis_dims: list | None = None
+
+    @property
+    def artifacts(self) -> list:
+        return self.mod.attrs["artifacts"]
+
+    @property
+    def host(self):
+        return self.mod.attrs["host_setup"]
+
+
+def program_symbol(number: int) -> str:
+    """The symbol of program `number`'s table (a static library's one: byoc_program_table)."""
+    return f"byoc_program_table{f'_{number}' if number else ''}"
+
+
+def program_table(host, artifacts) -> bytes:
+    """The calls, regions and caller copies as the runtime's binary program table."""
+    from .codegen.program_table import program_table as encode
+    return encode(host.plan, [s for a in artifacts for s in a.stateful_symbols])
+
+
+def link(programs: list, context, padding: dict | None = None) -> Library:
+    """Write the host tables and the embedded files of `programs`, compile every unit and
+    link the library. `padding` (shape buckets): dim -> None where run() pads sizes between
+    buckets, else why not."""
+    from .codegen.host import blob_checksum
+    from .metadata import library_metadata, with_variants
+    first = programs[0]
+    weights = first.host.plan.weights if len(programs) == 1 else bytes(first.context.weights.data)
+    units, unit_backends = program_units(programs)
+    link_libraries = []
+    for program in programs:
+        for artifact in program.artifacts:
+            link_libraries += [library for library in artifact.link_libraries if library not in link_libraries]
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        # The runtime's checksum of the weights and their sha256 are two passes over them
+        # (220 MB for a BERT-base): NumPy and hashlib let go of the GIL, so they overlap.
+        weights_checksum = pool.submit(blob_checksum, weights)
+        content = hashlib.sha256()
+        content.update(str(context.target).encode())
+        for unit in units:
+            content.update(Path(unit.source).read_bytes())
+        weights_digest = hashlib.sha256(weights).hexdigest()  # once: it keys the weights' object too
+        content.update(weights_digest.encode())
+        weights_checksum = weights_checksum.result()
+    build_id = content.hexdigest()[:16]
+    metadata = library_metadata(first.mod, first.context, build_id, weights_bytes=len(weights))
+    if len(programs) > 1:
+        metadata = with_variants(metadata, programs, context.config.dims, padding or {})
+    tables = [program_table(program.host, program.artifacts) for program in programs]
+    padded_dims = sorted(name for name, problem in (padding or {}).items() if problem is None)
+    units += host_units(programs, context, build_id, tables, weights, weights_checksum, padded_dims)
+    embedded, sidecar = embedded_units(context, weights, metadata, build_id, tables, weights_digest)
+    units += embedded
+    output, compiled = compile_and_link(context, units, link_libraries, build_id)
+    plan = first.host.plan
+    library = Library(path=output, workdir=context.workdir, metadata=json.loads(metadata),
+                      report=first.mod.attrs.get("partition_report"), sidecar=sidecar,
+                      memory=plan.memory_plan.summary() if plan.memory_plan else {},
+                      build_stats=compile_stats(compiled, unit_backends),
+                      file_states={str(path): file_state(path) for path in (output, sidecar) if path})
+    context.write("metadata.json", json.dumps(library.metadata, indent=2, sort_keys=True))
+    from .report_page import render_page
+    context.write("report.html", render_page(library.metadata, title=context.model_name))
+    return library
+
+
+def program_units(programs: list) -> tuple:
+    """Every program's compile units, each object once: a unit of a later program that
+    writes the same object from the same text, flags and dependencies as one before (a
+    CUTLASS kernel unit: named by a hash of its types) is that one; a source the bucket
+    generated (in its own bucket<N>/, its symbols ending _b<N>) that would write an
+    object of the same name is renamed b<N>_<name>. Any other such pair (a library source
+    compiled two ways) would define its symbols twice: a BuildError. Returns (units, the
+    backend of each)."""
+    units, unit_backends, written = [], [], {}
+    for number, program in enumerate(programs):
+        for artifact in program.artifacts:
+            for unit in artifact.compile_units:
+                same = written.get(unit.output)
+                if same is not None:
+                    if (same.language, list(same.flags), list(map(str, same.dependencies))) == \
+                            (unit.language, list(unit.flags), list(map(str, unit.dependencies))) and \
+                            Path(same.source).read_bytes() == Path(unit.source).read_bytes():
+                        continue
+                    generated = Path(unit.source).resolve().is_relative_to(program.context.workdir.resolve())
+                    if not generated or unit.language == "cubin":  # a cubin's name is its symbol's
+                        raise BuildError(
+                            f"shape buckets {programs[0].dims} and {program.dims} need {unit.output} "
+                            f"({unit.source}) compiled two ways (flags or text differ); one library cannot "
+                            f"hold both: build these buckets as separate libraries")
+                    unit = dataclasses.replace(unit, output=f"b{number}_{unit.output}")
+                written[unit.output] = unit
+                units.append(unit)
+                unit_backends.append(artifact.backend)
+    return units, unit_backends
+
+
+def host_units(programs: list, context, build_id: str, tables: list, weights: bytes, weights_checksum: int,
+               padded_dims: list) -> list:
+    """host.cc (the model's tables: a variant per program, `tables` their program tables)
+    and the static model runtime they drive, which is compiled once per flavor (and
+    flags) into the object cache."""
+    from .codegen.host import HostVariant, render_host
+    from .runtime import C_ABI_HEADER, model_runtime_sources
+    from .toolchain import CompileUnit
+    variants = [HostVariant(program.host.plan, table, program_symbol=program_symbol(number),
+                            stateful=[s for a in program.artifacts for s in a.stateful_symbols],
+                            cuda_graph=program.host.cuda_graph, graph_io=program.host.graph_io,
+                            devices=program.host.devices,
+                            description=", ".join(f"{name}={size}" for name, size in program.dims.items()),
+                            axis_dims=program.axis_dims, dims=program.dims)
+                for number, (program, table) in enumerate(zip(programs, tables, strict=True))]
+    target = context.target
+    host_source = render_host(variants, cuda=context.cuda, build_id=build_id, padded_dims=padded_dims,
+                              arch_number=target.arch_number() if context.cuda else None,
+                              weights_embedded=context.config.params != "sidecar", weights_bytes=len(weights),
+                              weights_checksum=weights_checksum)
+    host_path = context.workdir / "host.cc"
+    host_path.write_text(host_source)
+    host_flags = target.cxx_flags() + [f"-I{C_ABI_HEADER.parent}"]
+    if context.cuda:
+        from .toolchain.compiler import cuda_include_dirs
+        host_flags += [f"-I{d}" for d in cuda_include_dirs()]
+    runtime_flags = host_flags + [f"-DBYOC_RUNTIME_CUDA={int(context.cuda)}"]
+    return [CompileUnit(source=host_path, language="cxx", flags=host_flags, output="host.o")] + \
+        [CompileUnit(source=source, language="cxx", flags=runtime_flags, output=f"{source.stem}.o")
+         for source in model_runtime_sources(context.cuda)]
+
+
+def embedded_units(context, weights: bytes, metadata: str, build_id: str, tables: list,
+                   weights_digest: str = "") -> tuple:
+    """The weights (embedded, or a .safetensors sidecar), the metadata JSON and the program
+    tables, each embedded by an assembler file with .incbin: a C array of them would
+    compile for seconds (BERT-base's weights, its partition report and execution graph).
+    Returns (the compile units, the sidecar's path or None)."""
+    from .codegen.host import render_blob_assembly, write_safetensors
+    from .toolchain import CompileUnit
+    workdir = context.workdir
+    files = [(workdir / "metadata.bin", "byoc_metadata_json", "The metadata JSON", metadata.encode("utf-8"))]
+    files += [(workdir / f"program{number or ''}.bin", program_symbol(number),
+               "A program table (byoc/runtime/model_program.cc)", table) for number, table in enumerate(tables)]
+    sidecar = None
+    if context.config.params == "sidecar":
+        sidecar = workdir / "model.safetensors"
+        write_safetensors(sidecar, weights, build_id)
+    else:
+        files.insert(0, (workdir / "weights.bin", "byoc_weights_blob", "The model's weights", weights))
+    units = []
+    for path, symbol, what, data in files:
+        path.write_bytes(data)
+        assembly = path.with_suffix(".S")
+        # .incbin finds the file through the assembler's include path, so the source
+        # (and its cache key) does not depend on where the build happens.
+        assembly.write_text(render_blob_assembly(path.name, symbol, what))
+        units.append(CompileUnit(source=assembly, language="asm", flags=[f"-Wa,-I,{workdir}"],
+                                 output=f"{path.stem}.o", dependencies=[path],
+                                 dependencies_digest=weights_digest if data is weights else ""))
+    return units, sidecar
+
+
+def compile_and_link(context, units: list, link_libraries: list, build_id: str = "") -> tuple:
+    """Every unit through ninja and the object cache, then the sealed model.so, which
+    exports only the C ABI. Returns (its path, the compile statistics). The library's
+    ELF build-id is `build_id` (hex), not a hash the linker computes over the whole file:
+    with the weights embedded that hash was half of ld's time (0.2 of 0.37 s here)."""
+    from .runtime import seal_library
+    from .toolchain import compile_units, link_shared
+    compiled = {}
+    workdir = context.workdir
+    context.progress.stage(f"compiling {len(units)} units (ninja, {workdir / 'build.ninja'})")
+    objects = compile_units(units, workdir, jobs=context.config.compile_jobs, stats=compiled,
+                            progress=context.progress.compile_line)
+    version_script = workdir / "exports.map"
+    version_script.write_text("{\n  global: byoc_model_*; byoc_last_error;\n  local: *;\n};\n")
+    link_flags = [f"-Wl,--version-script={version_script}", "-Wl,--no-undefined"]
+    if build_id:
+        link_flags.append(f"-Wl,--build-id=0x{build_id}")
+    libraries = list(link_libraries)
+    if context.cuda:
+        from .toolchain.compiler import cuda_link_flags
+        libraries = cuda_link_flags(libraries)
+    output = workdir / "model.so"
+    link_shared(objects, output, link_flags, libraries, workdir=workdir)
+    seal_library(output)  # load() checks every byte against it before the dynamic loader maps the file
+    return output, compiled
+
+
+def compile_stats(compiled: dict, unit_backends: list) -> dict:
+    """Compile units per backend (a backend's units are its unique functions: equal
+    partitions share one) and how many of them the compiler ran for (the rest came
+    from the object cache); host code and weights count as "host"."""
+    per_backend = {}
+    compiled_units = set(compiled.get("compiled", ()))
+    for index in range(compiled.get("units", 0)):
+        backend = unit_backends[index] if index < len(unit_backends) else "host"
+        entry = per_backend.setdefault(backend, {"units": 0, "compiled": 0})
+        entry["units"] += 1
+        entry["compiled"] += index in compiled_units
+    total_compiled = len(compiled.get("compiled", ()))
+    slowest = sorted(compiled.get("unit_seconds", {}).items(), key=lambda item: -item[1])[:5]
+    return {"compile_units": compiled.get("units", 0), "compiled": total_compiled,
+            "cached": compiled.get("units", 0) - total_compiled,
+            "compile_seconds": compiled.get("compile_seconds", 0.0), "backends": per_backend,
+            "slowest_units": [{"source": name, "seconds": seconds} for name, seconds in slowest]}
