@@ -96,8 +96,8 @@ def byoc_command_lines(page: Path) -> list:
     for text in blocks(page, "sh"):
         for line in text.splitlines():
             for command in re.split(r"\s(?:&&|\|\||;)\s", line.split(" #")[0]):
-                words = shlex.split(command.strip().replace("|", " | "), posix=True) if command.strip() else []
-                if words[:1] == ["byoc"]:
+                if command.strip().split(" ")[0] == "byoc":
+                    words = shlex.split(command.replace("|", " | "))
                     commands.append(words[:words.index("|")] if "|" in words else words)
     return commands
 
