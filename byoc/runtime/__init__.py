@@ -41,7 +41,8 @@ INCLUDE_DIR = C_ABI_HEADER.parent
 def model_runtime_sources(cuda: bool) -> list:
     """The static model runtime's sources (its interface to a model's generated host code
     is model_runtime.h); a cuda model's add the CUDA part."""
-    return [INCLUDE_DIR / "model_runtime.cc", INCLUDE_DIR / "model_program.cc", INCLUDE_DIR / "model_padding.cc"] + \
+    return [INCLUDE_DIR / "model_runtime.cc", INCLUDE_DIR / "model_run.cc", INCLUDE_DIR / "model_program.cc",
+            INCLUDE_DIR / "model_padding.cc"] + \
         ([INCLUDE_DIR / "model_runtime_cuda.cc"] if cuda else [])
 
 
