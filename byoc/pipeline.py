@@ -7,14 +7,15 @@ writes the IR after a stage to the work directory (ir/NN_STAGE.ir).
 
 A stage reads the build's settings from the frozen BuildContext and everything earlier
 stages decided from the module itself. What is not a function of the IR travels as a
-module attribute (TVM keeps its external modules the same way), each set by one stage:
+module attribute (TVM keeps its external modules the same way), each set by one stage;
+what belongs to one call is an attribute of the call (PlanMemory's storage, the
+cuda_graph stage's graph_region):
 
     output_names         import        the model's output names
     partition_report     partition     which backend took what, and every refusal's reason
     artifacts            codegen       each backend's Artifact (sources, symbols, kernels)
     function_summaries   codegen       each backend function's ops (the report's boxes)
     declared_devices     plan_devices  symbol -> FunctionDevices (where it reads and writes)
-    cuda_graph_regions   cuda_graph    the regions of main a CUDA graph captures
     host_setup           plan_host     codegen/host.py's HostPlan, the CUDA graph and device
                                        decisions made with it
 

@@ -194,12 +194,12 @@ def plan_memory(mod, context):
 
 
 def cuda_graph(mod, context):
-    """RewriteCUDAGraph's regions: runs of GPU calls on static storage that one CUDA graph captures."""
+    """RewriteCUDAGraph's regions (graph_region=n on their calls): runs of GPU calls on static storage one CUDA graph captures."""
     if not (context.config.cuda_graph and context.cuda):
-        return mod.with_attrs(cuda_graph_regions=[])
+        return mod
     from .backend import get_backend
     from .pipeline import DUMP_DATA_BYTES
-    from .transform.rewrite_cuda_graph import rewrite_cuda_graph, scan_regions
+    from .transform.rewrite_cuda_graph import mark_graph_regions, rewrite_cuda_graph, scan_regions
     backend_of = {symbol: artifact.backend for artifact in mod.attrs["artifacts"] for symbol in artifact.symbols}
     devices = {symbol: declared.result for symbol, declared in mod.attrs["declared_devices"].items()}
 
@@ -216,7 +216,7 @@ def cuda_graph(mod, context):
              "Calls run between regions (not captured), and why:"]
     lines += [f"  binding {index}: {reason}" for index, reason in breaks]
     context.write("cuda_graph.txt", "\n".join(lines) + "\n")
-    return mod.with_attrs(cuda_graph_regions=[list(region) for region in regions])
+    return mark_graph_regions(mod, regions)
 
 
 def plan_host(mod, context):

@@ -175,6 +175,19 @@ def test_python_dash_m_byoc_user_errors(case):
     assert "Traceback" not in completed.stderr + completed.stdout
 
 
+def test_build_writes_where_the_config_says_unless_told(capsys, tmp_path):
+    """The config's `output` is where `byoc build` writes the library; -o wins over it."""
+    import yaml
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"target": "cpu", "output": str(tmp_path / "from_config.so")}))
+    code, out, err = run_cli(capsys, "build", MLP, "-c", str(config), "-q", "--workdir", str(tmp_path / "w"))
+    assert code == 0, err
+    assert (tmp_path / "from_config.so").is_file() and "from_config.so" in out
+    code, out, err = run_cli(capsys, "build", MLP, "-c", str(config), "-q", "-o", str(tmp_path / "given.so"),
+                             "--workdir", str(tmp_path / "w"))
+    assert code == 0 and (tmp_path / "given.so").is_file(), err
+
+
 def test_build_with_relative_output_and_workdir_then_inspect(capsys, tmp_path, monkeypatch):
     """Paths as a user types them, relative to the current directory (ninja runs elsewhere)."""
     monkeypatch.chdir(tmp_path)
@@ -227,7 +240,7 @@ def test_build_shows_its_progress_on_stderr_unless_quiet(capsys, tmp_path):
     code, out, err = run_cli(capsys, "build", MLP, "-c", "cpu", "-o", str(tmp_path / "a.so"),
                              "--workdir", str(tmp_path / "a"))
     assert code == 0, err
-    for stage in ("imported:", "simplified:", "partitioned:", "code generated:", "compiling 10 units"):
+    for stage in ("imported:", "simplified:", "partitioned:", "code generated:", "compiling 11 units"):
         assert f"] {stage}" in err, err
     assert err.startswith("byoc: [") and "wrote " in out
     code, out, err = run_cli(capsys, "build", MLP, "-c", "cpu", "-q", "-o", str(tmp_path / "b.so"),

@@ -3,7 +3,7 @@ capturable calls on static device storage; they end at a cpu function, a copy be
 memories, a call whose result is in host memory or has no storage; views launch nothing."""
 from byoc.ir import assert_structural_equal, parse
 from byoc.transform.plan_memory import plan_memory
-from byoc.transform.rewrite_cuda_graph import graph_regions, region_breaks, rewrite_cuda_graph
+from byoc.transform.rewrite_cuda_graph import graph_regions, mark_graph_regions, region_breaks, rewrite_cuda_graph
 
 T = "Tensor[(64,), float32]"
 DECLS = f"""
@@ -153,3 +153,28 @@ def @main(%x: {T4}) -> {T4} {{
 {DEVICE_DECLS}""")
     assert graph_regions(before, on_gpu) == []
     assert_structural_equal(rewrite_cuda_graph(before, on_gpu), before)
+
+
+def test_regions_marked_on_their_calls_are_what_the_build_keeps():
+    """mark_graph_regions: the same regions as graph_region=n on each call (the form the
+    host plan reads), the calls between regions left alone."""
+    before = parse(f"""
+def @main(%x: {T}) -> {T} {STORAGE} {{
+  %a = @k1(%x, offset=0, size=256, storage="cuda")
+  %b = @k2(%a, %x, offset=256, size=256, storage="cuda")
+  %s = @sync(%b, offset=512, size=256, storage="cuda")
+  %d = @k2(%s, %a, output=0, storage="output")
+  return %d
+}}
+{DECLS}""")
+    expected = parse(f"""
+def @main(%x: {T}) -> {T} {STORAGE} {{
+  %a = @k1(%x, graph_region=0, offset=0, size=256, storage="cuda")
+  %b = @k2(%a, %x, graph_region=0, offset=256, size=256, storage="cuda")
+  %s = @sync(%b, offset=512, size=256, storage="cuda")
+  %d = @k2(%s, %a, graph_region=1, output=0, storage="output")
+  return %d
+}}
+{DECLS}""")
+    assert_structural_equal(mark_graph_regions(before, graph_regions(before, capturable)), expected)
+    assert mark_graph_regions(before, []) is before

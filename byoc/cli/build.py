@@ -24,7 +24,8 @@ def build_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("model", nargs="?", help="the ONNX model file")
     parser.add_argument("-c", "--config", default="default",
                         help="a build config: a name from build_configs/ (default, cpu, cuda_sm90, ...) or a YAML path")
-    parser.add_argument("-o", "--output", metavar="MODEL.so", help="where to write the library (default: model.so)")
+    parser.add_argument("-o", "--output", metavar="MODEL.so",
+                        help="where to write the library (default: the config's output, else model.so)")
     parser.add_argument("--target", help="override the config's device target, e.g. 'cpu' or 'cuda -arch=sm_90'")
     parser.add_argument("--workdir", help="keep generated sources, build.ninja and the partition report here")
     add_input_shape_option(parser)
@@ -86,7 +87,8 @@ def build_command(args: argparse.Namespace) -> int:
         library = build(args.model, target=args.target, config=args.config, workdir=args.workdir,
                         input_shapes=parse_input_shapes(args.input_shape) or None,
                         dims=parse_dims(args.dim, several=True) or None, dump_after=args.dump_after)
-    output = args.output or "model.so"
+    from ..config import load_config
+    output = args.output or load_config(args.config).output or "model.so"
     written = library.export_library(output)
     sources = f"sources in {library.workdir}" if library.workdir_kept else "sources not kept: --workdir DIR keeps them"
     print(f"wrote {written} ({written.stat().st_size} bytes; build {library.metadata['build_id']}, "

@@ -10,7 +10,7 @@ from .common import (EXIT_OK, UsageError, add_input_shape_option, check_arrays_f
 
 
 def run_arguments(parser: argparse.ArgumentParser):
-    parser.add_argument("model", help="the ONNX model file")
+    parser.add_argument("model", help="an ONNX model file (run by the reference interpreter) or a built .so")
     parser.add_argument("--inputs", required=True, metavar="INPUTS.npz",
                         help="one array per model input, named after it (an 'in_' prefix, "
                              "as the test fixtures use, is accepted)")

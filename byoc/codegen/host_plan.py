@@ -150,7 +150,7 @@ def plan_host(mod: IRModule, context) -> HostSetup:
     workspace = {}
     for artifact in artifacts:
         workspace.update(artifact.workspace_bytes)
-    regions = mod.attrs.get("cuda_graph_regions") or []
+    regions = any("graph_region" in getattr(b.value, "attrs", {}) for b in mod["main"].bindings)
     devices = context.value_devices(mod)
     view_symbols = {s for artifact in artifacts for s in artifact.view_symbols}
     graph_io = context.config.cuda_graph_io if regions else None
@@ -159,13 +159,13 @@ def plan_host(mod: IRModule, context) -> HostSetup:
                          graph_regions=regions, value_devices=devices,
                          function_devices=mod.attrs["declared_devices"] if devices is not None else None,
                          weights=context.weights)
-    return HostSetup(plan, bool(regions), graph_io, devices is not None, view_symbols)
+    return HostSetup(plan, regions, graph_io, devices is not None, view_symbols)
 
 
 def place_tensors(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
                   output_names: list[str] | None = None, static_io: bool = False, device: str = "cpu",
                   value_devices: dict | None = None, function_devices: dict | None = None,
-                  view_symbols=frozenset(), graph_regions: list | None = None,
+                  view_symbols=frozenset(), graph_regions: bool = False,
                   weights: WeightsBlob | None = None) -> HostPlan:
     """Where every tensor of mod["main"] lives, from the storage PlanMemory wrote on each
     call (transform/plan_memory.py): memory space `device` (the build's device) is the
@@ -186,9 +186,10 @@ def place_tensors(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
     `view_symbols`: extern functions whose result only reinterprets their first argument
     (reshapes): no call is made, the result is the argument's storage.
 
-    `graph_regions` (RewriteCUDAGraph's regions, lists of binding indices of main): the
-    plan's `regions` then cover every call in order, each captured into its own CUDA graph
-    or (the calls between regions) run directly.
+    `graph_regions`: whether main's calls carry RewriteCUDAGraph's regions (graph_region=n,
+    transform/rewrite_cuda_graph.py: mark_graph_regions): the plan's `regions` then cover
+    every call in order, each captured into its own CUDA graph or (the calls between
+    regions) run directly.
 
     `weights`: the blob to place constants in (a library's programs share one; the plan's
     `weights` are then empty: the blob holds them); without it, the plan's own blob's bytes."""
@@ -208,7 +209,7 @@ def place_tensors(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
             calls.append(placer.call(position, binding, mod, value_devices, function_devices))
     on_host = [value_devices[p].is_host for p in main.params] if value_devices is not None else []
     input_copies = placer.stage_inputs(calls, on_host) if static_io else []
-    regions = _call_regions(calls, graph_regions) if graph_regions else []
+    regions = _call_regions(calls) if graph_regions else []
     host_symbols = placer.host_symbols
     plan = HostPlan(inputs=inputs, outputs=[(name, result.type) for name, result in zip(names, results)],
                     calls=calls, output_copies=placer.output_copies(), input_copies=input_copies,
@@ -232,13 +233,12 @@ def place_tensors(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
     return plan
 
 
-def _call_regions(calls: list, graph_regions: list) -> list:
-    """The calls as consecutive regions: {"first", "count", "capture"}; a region of
-    RewriteCUDAGraph (by binding position) is captured, the calls between run directly."""
-    region_of = {position: number for number, region in enumerate(graph_regions) for position in region}
+def _call_regions(calls: list) -> list:
+    """The calls as consecutive regions: {"first", "count", "capture"}; the calls of a
+    region of RewriteCUDAGraph (their graph_region) are captured, those between run directly."""
     regions, previous = [], object()  # (no key equals the first call's)
     for index, call in enumerate(calls):
-        key = region_of.get(call["position"])  # None: between regions
+        key = call["graph_region"]  # None: between regions
         if key == previous:
             regions[-1]["count"] += 1
         else:
@@ -316,6 +316,7 @@ class _Placer:
         self.pending_device_work = True
         attrs = binding.value.attrs
         return {"kind": "copy", "source": source_ref, "destination": destination, "position": position,
+                "graph_region": binding.value.attrs.get("graph_region"),
                 "bytes": nbytes(var.type), "symbol": "device_copy", "args": [], "results": [],
                 "label": f"#{position} {comment_safe(var.name_hint)} = device_copy {attrs['src']} -> {attrs['dst']}"}
 
@@ -356,7 +357,7 @@ class _Placer:
         if symbol not in self.symbols:
             self.symbols.append(symbol)
         call = {"kind": "call", "symbol": symbol, "args": args, "results": [self.place_result(binding)],
-                "position": position,
+                "position": position, "graph_region": value.attrs.get("graph_region"),
                 "label": f"#{position} {comment_safe(var.name_hint)} = {symbol}",
                 "constants": [] if runs_on_host else constants}
         if value_devices is not None:

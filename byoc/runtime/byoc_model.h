@@ -44,9 +44,10 @@ enum { BYOC_DL_INT = 0, BYOC_DL_UINT = 1, BYOC_DL_FLOAT = 2, BYOC_DL_BFLOAT = 4,
 
 typedef struct byoc_model byoc_model;
 
-/* Loads weights (from inside the library, or from `weights_path`, a .safetensors sidecar,
- * when the model was built with params: sidecar; NULL = next to the library) and
- * allocates all memory the model will ever use. */
+/* Loads weights (from inside the library, or, when the model was built with params:
+ * sidecar, from `weights_path`, its .safetensors sidecar: required then, since the runtime
+ * does not know where its library lies; Python's byoc.load finds the sidecar beside the
+ * library) and allocates all memory the model will ever use. */
 int byoc_model_create(byoc_model** model, const char* weights_path);
 int byoc_model_run(byoc_model* model, const byoc_dl_tensor* inputs, int32_t num_inputs,
                    const byoc_dl_tensor* outputs, int32_t num_outputs, void* stream);

@@ -22,7 +22,8 @@ their pointers change ("update"). A region needs at least one call; a run of
 tuple views or constants launches nothing and is left as it is. `capturable(symbol)`
 says whether an extern function may be captured (its backend declares it; a function
 that runs on the cpu may not); every region returns exactly the values used after it.
-`region_breaks` says, for every call left between regions, why.
+`region_breaks` says, for every call left between regions, why. `mark_graph_regions`
+writes the regions on main's calls (graph_region=n) instead: the form the build keeps.
 """
 from __future__ import annotations
 
@@ -91,6 +92,20 @@ def rewrite_cuda_graph(mod: IRModule, capturable=lambda symbol: True, prefix: st
             new_bindings.append(binding)
     mod["main"] = Function(main.params, new_bindings, main.result, main.ret_type, main.attrs)
     return mod
+
+
+def mark_graph_regions(mod: IRModule, regions: list) -> IRModule:
+    """The regions written on main's calls instead of lifted: each call of region n gets
+    the attribute graph_region=n (as PlanMemory writes storage on calls), which is what
+    the host plan reads (codegen/host_plan.py); the lifted form is for reading."""
+    region_of = {index: number for number, region in enumerate(regions) for index in region}
+    if not region_of:
+        return mod
+    main = mod["main"]
+    bindings = [Binding(b.var, Call(b.value.op, b.value.args, {**b.value.attrs, "graph_region": region_of[i]},
+                                    type_=b.value.type)) if i in region_of else b
+                for i, b in enumerate(main.bindings)]
+    return mod.with_function("main", Function(main.params, bindings, main.result, main.ret_type, main.attrs))
 
 
 def graph_regions(mod: IRModule, capturable=lambda symbol: True) -> list[list[int]]:
