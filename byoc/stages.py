@@ -24,12 +24,14 @@ def import_model(mod, context):
 
 
 def simplify(mod, context):
-    """FoldConstant, FoldBatchNorm, RecognizeGelu, SimplifyIdentityGather, SinkReshapes, CombineParallelMatmul, CombineLogitAddends, ConvertToFloat16 (precision)."""
+    """FoldConstant, FoldBatchNorm, RecognizeGelu, SimplifyIdentityGather, SinkReshapes, HoistScalarFactors, UnflattenBatchTranspose, CombineParallelMatmul, CombineLogitAddends, ConvertToFloat16."""
     from .frontend.onnx import MAX_FOLDED_BYTES
     from .transform import convert_to_float16, dead_code_elimination, fold_constant, simplify_identity_gather
     from .transform.combine_logit_addends import combine_logit_addends
     from .transform.combine_parallel_matmul import combine_parallel_matmul
     from .transform.fold_batch_norm import fold_batch_norm
+    from .transform.hoist_scalar_factors import hoist_scalar_factors
+    from .transform.unflatten_batch_transpose import unflatten_batch_transpose
     from .transform.recognize_gelu import recognize_gelu
     from .transform.sink_reshapes import sink_reshapes
 
@@ -42,6 +44,9 @@ def simplify(mod, context):
     # merges the reshape it leaves with its neighbours); after RecognizeGelu: a GEMM's
     # activation reads its reshape only once recognized
     mod = dead_code_elimination(fold(sink_reshapes(simplify_identity_gather(mod))))
+    # after SinkReshapes (which moves a scale next to the matmul it feeds): attention as
+    # torch's exporter writes scaled_dot_product_attention reads as the attention patterns do
+    mod = dead_code_elimination(unflatten_batch_transpose(dead_code_elimination(hoist_scalar_factors(mod))))
     # after FoldConstant: weights and biases are constants only once their preprocessing folds
     mod = dead_code_elimination(combine_logit_addends(combine_parallel_matmul(mod)))
     if context.config.precision in ("float16", "bfloat16"):

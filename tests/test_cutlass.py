@@ -1313,7 +1313,10 @@ def _attention_model(batch, seq_q, seq_k, heads, head_dim, *, fused_qkv=True, ma
                      key_form="one_transpose", dtype="float16", merge_heads=True):
     """BERT's self-attention as exporters write it, on float32 inputs cast to `dtype`:
     fused_qkv: one [B, S, 3*H*D] input split into Q, K, V (seq_q == seq_k); else separate
-    [B, Sq, H*D] / [B, Sk, H*D] inputs. mask: None or the shape of an additive mask input."""
+    [B, Sq, H*D] / [B, Sk, H*D] inputs. mask: None or the shape of an additive mask input.
+    key_form "sdpa": as torch's exporter writes scaled_dot_product_attention (Q and K^T each
+    scaled by the square root of `scale`, K^T as a 3-D transpose between reshapes, the
+    probabilities guarded: where(isnan(p), 0, p))."""
     hidden = heads * head_dim
     with FunctionBuilder("main") as fb:
         if fused_qkv:
@@ -1328,16 +1331,27 @@ def _attention_model(batch, seq_q, seq_k, heads, head_dim, *, fused_qkv=True, ma
         def heads_of(x, seq):
             return fb.call("transpose", fb.call("reshape", x, shape=[batch, seq, heads, head_dim]), axes=[0, 2, 1, 3])
 
-        if key_form == "one_transpose":  # HF / torch.onnx: transpose(reshape(k), [0, 2, 3, 1])
+        q_heads = heads_of(q, seq_q)
+        if key_form == "sdpa":
+            root = np.array(np.sqrt(scale[1]), dtype)
+            q_heads = fb.call("multiply", q_heads, root)
+            flat = fb.call("transpose", fb.call("reshape", heads_of(k, seq_k), shape=[-1, seq_k, head_dim]),
+                           axes=[0, 2, 1])
+            k_t = fb.call("reshape", fb.call("multiply", flat, root), shape=[batch, heads, head_dim, seq_k])
+        elif key_form == "one_transpose":  # HF / torch.onnx: transpose(reshape(k), [0, 2, 3, 1])
             k_t = fb.call("transpose", fb.call("reshape", k, shape=[batch, seq_k, heads, head_dim]), axes=[0, 2, 3, 1])
         else:  # k.transpose(1, 2).transpose(-1, -2) written out
             k_t = fb.call("transpose", heads_of(k, seq_k), axes=[0, 1, 3, 2])
-        scores = fb.call("matmul", heads_of(q, seq_q), k_t)
-        if scale is not None:
+        scores = fb.call("matmul", q_heads, k_t)
+        if scale is not None and key_form != "sdpa":
             scores = fb.call(scale[0], scores, np.array(scale[1], dtype))
         if mask is not None:
             scores = fb.call("add", scores, fb.call("cast", fb.param("mask", mask, "float32"), dtype=dtype))
-        context = fb.call("matmul", fb.call("softmax", scores, axis=-1), heads_of(v, seq_k))
+        probabilities = fb.call("softmax", scores, axis=-1)
+        if key_form == "sdpa":
+            is_nan = fb.call("not_equal", probabilities, probabilities)
+            probabilities = fb.call("where", is_nan, np.array(0.0, dtype), probabilities)
+        context = fb.call("matmul", probabilities, heads_of(v, seq_k))
         context = fb.call("transpose", context, axes=[0, 2, 1, 3])
         if merge_heads:
             context = fb.call("reshape", context, shape=[batch, seq_q, hidden])
@@ -1402,11 +1416,31 @@ def test_attention_takes_the_whole_chain_with_the_qkv_split_as_one_parameter(tmp
         assert line in text, line
 
 
+def test_attention_as_torch_exports_sdpa_is_one_kernel_that_zeroes_rows_masked_whole(tmp_path):
+    """torch's exporter scales Q and K^T each by sqrt(scale), writes K^T as a 3-D transpose
+    between reshapes and guards the probabilities: where(isnan(p), 0, p). HoistScalarFactors
+    and UnflattenBatchTranspose give the chain the attention pattern's form; the guard is
+    taken with it, and the flash kernel zeroes rows with no finite score."""
+    mod = _attention_model(2, 40, 40, 2, 64, fused_qkv=False, mask=(2, 1, 40, 40), key_form="sdpa",
+                           scale=("multiply", 0.125))
+    codegen, mod, report = _partitioned_attention(mod, tmp_path)
+    assert report.to_json()["backends"]["cutlass"]["patterns"] == {"attention": 1}, report.to_text()
+    _, artifacts = codegen.codegen(mod)
+    (cutlass,) = [a for a in artifacts if a.backend == "cutlass"]
+    assert list(cutlass.kernels.values()) == ["byoc_flash_attention_sm80_f16_64x128_d64_mask_zero_empty_rows"]
+    (source,) = tmp_path.glob("cutlass_*.cu")
+    text = source.read_text()
+    assert "FlashAttention<cutlass::half_t, 64, 4, 128, true, true>" in text
+    assert "p.scale_log2 = 0.125f * 1.4426950408889634f;" in text
+
+
 @pytest.mark.parametrize("case, kwargs, reason", [
     ("head dim", dict(head_dim=256), "head dim 256 > 128"),
     ("unaligned head dim", dict(head_dim=20), "head dim 20 not a multiple of 8"),
     ("keys-broadcast mask", dict(mask=(2, 1, 16, 1)), "broadcast along the keys"),
     ("vector scale", dict(scale=("multiply", np.linspace(0.1, 0.2, 16))), "scores multiply by a non-scalar"),
+    ("guarded, head dim 32", dict(key_form="sdpa", scale=("multiply", 0.125)),
+     "probabilities guarded against NaN (a row with every key masked gives zeros): only byoc's flash kernel"),
 ])
 def test_attention_refuses_what_the_kernel_cannot_run_and_batched_matmuls_take_it(case, kwargs, reason, tmp_path):
     args = dict(batch=2, seq_q=16, seq_k=16, heads=2, head_dim=32, fused_qkv=False)
@@ -1487,6 +1521,7 @@ def test_attention_reads_heads_cast_outside_the_chain(tmp_path):
     (90, "", "byoc_flash_attention_sm80_bf16_64x128_d64_mask"),
     (80, "", "byoc_flash_attention_sm80_bf16_64x128_d64_mask"),
     (90, "flash:32x64", "byoc_flash_attention_sm80_bf16_32x64_d64_mask"),
+    (90, "sdpa", "byoc_flash_attention_sm80_bf16_64x128_d64_mask_zero_empty_rows"),
     (90, "32x128", "cutlass_fmha_sm80_bf16_32x128_k64_mask"),
     (80, "32x128", "cutlass_fmha_sm80_bf16_32x128_k64_mask"),
 ])
@@ -1497,7 +1532,10 @@ def test_attention_kernel_compiles(sm, tile, kernel, tmp_path):
     from byoc.pipeline import lower
     from byoc.config import load_config
     from byoc.toolchain import compile_units
-    mod = _attention_model(2, 64, 64, 2, 64, fused_qkv=False, mask=(2, 1, 1, 64), dtype="bfloat16")
+    form = "sdpa" if tile == "sdpa" else "one_transpose"  # the exporter's form, its probabilities guarded
+    tile = "" if tile == "sdpa" else tile
+    mod = _attention_model(2, 64, 64, 2, 64, fused_qkv=False, mask=(2, 1, 1, 64), dtype="bfloat16", key_form=form,
+                           scale=("multiply", 0.125))
     cfg = load_config({"target": f"cuda -arch=sm_{sm}",
                        "backends": [{"cutlass": {"profile": "false", "attention_tile": tile}}],
                        "precision": "bfloat16"}, overrides={"workdir": str(tmp_path)})
@@ -1522,6 +1560,11 @@ def test_attention_kernel_compiles(sm, tile, kernel, tmp_path):
      "flash:32x128"),
     ("bert_base_batch8", (8, 128, 128, 12, 64), dict(), ""),  # every key in one block of 128
     ("vit_batch8", (8, 197, 197, 12, 64), dict(), ""),  # 64 keys a block
+    # as torch's exporter writes scaled_dot_product_attention: rows masked whole give zeros
+    ("sdpa_export_guarded", (2, 77, 96, 3, 64), dict(fused_qkv=False, mask=(2, 1, 77, 96), key_form="sdpa",
+                                                     scale=("multiply", 0.125)), ""),
+    ("sdpa_export_guarded_d128", (1, 50, 200, 2, 128), dict(fused_qkv=False, mask=(1, 2, 50, 200),
+                                                            key_form="sdpa", scale=("multiply", 0.0884)), ""),
     # CUTLASS's example 41 kernel: head dims the flash kernel does not take, and its tiles
     ("full_mask_bf16", (2, 64, 64, 2, 32), dict(fused_qkv=False, mask=(2, 2, 64, 64), dtype="bfloat16"), ""),
     ("example41_32x128", (8, 128, 128, 12, 64), dict(), "32x128"),
@@ -1542,12 +1585,21 @@ def test_attention_matches_float32_reference(case, shape, kwargs, tile, tmp_path
     module = library.load()
     rng = np.random.default_rng(1)
     inputs = {p.name_hint: rng.standard_normal(p.type.shape).astype(np.float32) for p in mod["main"].params}
-    if "mask" in inputs:  # an attention mask: 0 where attended, a large negative number where padded
+    if case.startswith("sdpa"):  # a boolean mask as torch makes it additive: 0 or -inf; some rows all -inf
+        inputs["mask"] = np.where(rng.random(inputs["mask"].shape) < 0.8, 0.0, -np.inf).astype(np.float32)
+        inputs["mask"][0, :, 3, :] = -np.inf
+        inputs["mask"][-1, :, -1, :] = -np.inf
+    elif "mask" in inputs:  # an attention mask: 0 where attended, a large negative number where padded
         inputs["mask"] = np.where(rng.random(inputs["mask"].shape) < 0.8, 0.0, -10000.0).astype(np.float32)
         inputs["mask"][..., 0] = 0.0  # every row attends to something
     got = cupy.asnumpy(module.run(**{k: cupy.asarray(v) for k, v in inputs.items()}))
-    reference = byoc.interpret(mod, **inputs)  # the same graph in float32
+    with np.errstate(invalid="ignore"):  # the reference's softmax of a row of -inf is NaN (the guard zeroes it)
+        reference = byoc.interpret(mod, **inputs)  # the same graph in float32
+    assert np.isfinite(reference).all() and np.isfinite(got).all(), case
     assert np.max(np.abs(got - reference)) <= 1e-2 * np.max(np.abs(reference)), case
+    if case.startswith("sdpa"):
+        assert "_zero_empty_rows" in "".join(p.read_text() for p in (tmp_path / "w").glob("cutlass_*.cu"))
+        assert not got[0, 3].any() and not got[-1, -1].any()  # the rows masked whole
 
 
 @pytest.mark.gpu

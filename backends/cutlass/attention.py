@@ -8,7 +8,8 @@ The chain (BERT's self-attention as exporters write it, after LowerSplit):
         (or transpose(transpose(reshape(K, ..), [0, 2, 1, 3]), [0, 1, 3, 2]))
     v = transpose(reshape(V, [B, Sk, H, Dv]), [0, 2, 1, 3])
     s = matmul(q, k) [* c | / c] [+ mask]           mask broadcasts to [B, H, Sq, Sk]
-    o = matmul(softmax(s, axis=-1), v)
+    p = softmax(s, axis=-1) [then where(isnan(p), 0, p): a row of only -inf gives zeros]
+    o = matmul(p, v)
     out = [reshape(] transpose(o, [0, 2, 1, 3]) [, [B, Sq, H*Dv])]
 
 where reshape(X, [B, S, H, D]) may also be a [B, S, H, D] value from outside the chain,
@@ -73,6 +74,9 @@ class Attention:
     v: Operand
     mask: object = None  # leaf expression of the additive mask, or None
     mask_strides: tuple = ()  # (batch, head, query) strides in elements; keys are contiguous
+    # the probabilities are guarded: where(isnan(p), 0, p), so a row whose every key is
+    # masked with -inf gives zeros (not NaN); byoc's flash kernel has that mode
+    zero_empty_rows: bool = False
 
     def kernel(self, sm_count: int, tile: str = "") -> "AttentionKernel":
         """The kernel for this problem: `tile` (the cutlass target's attention_tile:
@@ -104,6 +108,8 @@ class AttentionKernel:
     @staticmethod
     def for_problem(problem: Attention, sm_count: int, tile: str = "") -> "AttentionKernel":
         flash_fits = problem.head_dim == problem.head_dim_v and problem.head_dim in FLASH_HEAD_DIMS
+        if problem.zero_empty_rows and not tile.startswith("flash:"):
+            tile = ""  # the example 41 kernel has no zeros-for-empty-rows mode (read_attention checked flash_fits)
         if tile.startswith("flash:") and flash_fits:
             queries, keys = (int(n) for n in tile[len("flash:"):].split("x"))
             return AttentionKernel(queries, keys, problem.head_dim, flash=True)
@@ -144,7 +150,8 @@ class AttentionKernel:
         dtype = {"float16": "f16", "bfloat16": "bf16"}[problem.dtype]
         mask = "_mask" if problem.mask is not None else ""
         if self.flash:
-            return f"byoc_flash_attention_sm80_{dtype}_{self.queries}x{self.keys}_d{self.max_k}{mask}"
+            guard = "_zero_empty_rows" if problem.zero_empty_rows else ""
+            return f"byoc_flash_attention_sm80_{dtype}_{self.queries}x{self.keys}_d{self.max_k}{mask}{guard}"
         return f"cutlass_fmha_sm80_{dtype}_{self.queries}x{self.keys}_k{self.max_k}{mask}"
 
 
@@ -172,6 +179,11 @@ def read_attention(root, producer) -> Attention:
     if made is None:
         raise NotAttention("no probabilities @ V matmul")
     probabilities, values = made[1]
+    zero_empty_rows = False
+    made = op(probabilities, "where")
+    if made is not None:
+        probabilities = _guarded_probabilities(made[1], producer)
+        zero_empty_rows = True
     made = op(probabilities, "softmax")
     if made is None:
         raise NotAttention("no softmax before the second matmul")
@@ -223,11 +235,26 @@ def read_attention(root, producer) -> Attention:
         if operand.offset % ALIGNMENT or operand.row_stride % ALIGNMENT:
             raise NotAttention(f"{name} slice at {operand.offset} with row stride {operand.row_stride}: "
                                f"not multiples of {ALIGNMENT} (16-byte loads)")
+    if zero_empty_rows and not (head_dim == head_dim_v and head_dim in FLASH_HEAD_DIMS):
+        raise NotAttention(f"probabilities guarded against NaN (a row with every key masked gives zeros): only "
+                           f"byoc's flash kernel has that mode, for head dims {FLASH_HEAD_DIMS}, not {head_dim}")
     mask_strides = ()
     if mask is not None:
         mask_strides = _mask_strides(mask, (batch, heads, seq_q, seq_k), dtype)
     return Attention(batch, heads, seq_q, seq_k, head_dim, head_dim_v, dtype, scale,
-                     q_operand, k_operand, v_operand, mask, mask_strides)
+                     q_operand, k_operand, v_operand, mask, mask_strides, zero_empty_rows)
+
+
+def _guarded_probabilities(args, producer):
+    """p of where(p != p, 0, p) (NaN probabilities as zeros), else NotAttention."""
+    condition, zero, probabilities = args
+    test = producer(condition)
+    if test is None or test[0] != "not_equal" or not (test[1][0] is probabilities and test[1][1] is probabilities):
+        raise NotAttention("the probabilities pass through a where other than where(isnan(p), 0, p)")
+    if not isinstance(zero, Constant) or zero.type.size != 1 or \
+            float(np.asarray(zero.data, np.float64).reshape(-1)[0]) != 0.0:
+        raise NotAttention("NaN probabilities are replaced by something other than 0")
+    return probabilities
 
 
 def _computes_scores(expr, producer) -> bool:
@@ -328,6 +355,7 @@ def template_data(problem: Attention, kernel: AttentionKernel, symbol: str, inde
         "q": operand(problem.q, problem.head_dim, problem.seq_q),
         "k": operand(problem.k, problem.head_dim, problem.seq_k),
         "v": operand(problem.v, problem.head_dim_v, problem.seq_k), "has_mask": problem.mask is not None,
+        "zero_empty_rows": problem.zero_empty_rows,
     }
     if problem.mask is not None:
         data["mask"] = {"index": index_of(problem.mask), "batch_stride": problem.mask_strides[0],

@@ -152,7 +152,8 @@ def transposed_batched():
 
 def attention():
     """Multi-head attention from the projections to the merged heads (attention.py has the
-    chain): Q, K, V are whatever feeds the head-split reshapes, or the fused QKV projection
+    chain; its probabilities may be guarded against NaN): Q, K, V are whatever feeds the
+    head-split reshapes, or the fused QKV projection
     when they are its slices (then one parameter, read at three offsets), or a [B, S, H, D]
     value computed outside (a cast that SinkReshapes put after the reshape of an input)."""
     def source():
@@ -169,7 +170,11 @@ def attention():
     scores = is_op("matmul")(heads(), keys)
     scores = with_scale(scores) | scores
     scores = _add(scores, wildcard()) | scores
-    context = is_op("transpose")(is_op("matmul")(is_op("softmax")(scores), heads()))
+    probabilities = is_op("softmax")(scores)
+    # torch's exporter guards scaled_dot_product_attention's probabilities against NaN (rows
+    # whose every key is masked with -inf): where(isnan(p), 0, p), isnan imported as p != p
+    guarded = is_op("where")(is_op("not_equal")(probabilities, probabilities), is_const(), probabilities)
+    context = is_op("transpose")(is_op("matmul")(guarded | probabilities, heads()))
     return is_op("reshape")(context) | context
 
 

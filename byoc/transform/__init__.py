@@ -17,3 +17,5 @@ from .combine_logit_addends import combine_logit_addends
 from .shrink_broadcast_constants import shrink_broadcast_constants
 from .rewrite_cuda_graph import rewrite_cuda_graph
 
+from .hoist_scalar_factors import hoist_scalar_factors
+from .unflatten_batch_transpose import unflatten_batch_transpose

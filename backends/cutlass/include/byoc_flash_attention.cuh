@@ -66,7 +66,10 @@ struct ElementTraits<cutlass::bfloat16_t> {
   }
 };
 
-template <class Element_, int kHeadDim_, int kWarps_, int kBlockN_, bool kHasMask_>
+// kZeroEmptyRows: a row none of whose keys has a finite score (every one masked with
+// -inf) gives zeros, as where(isnan(softmax(s)), 0, softmax(s)) does; else 0/0 = NaN, as
+// softmax itself does.
+template <class Element_, int kHeadDim_, int kWarps_, int kBlockN_, bool kHasMask_, bool kZeroEmptyRows_ = false>
 struct FlashAttention {
   using Element = Element_;
   using Traits = ElementTraits<Element>;
@@ -74,6 +77,7 @@ struct FlashAttention {
   static constexpr int kWarps = kWarps_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr bool kHasMask = kHasMask_;
+  static constexpr bool kZeroEmptyRows = kZeroEmptyRows_;
   static constexpr int kBlockM = 16 * kWarps;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks a row
@@ -264,7 +268,8 @@ struct FlashAttention {
       float sum = running_sum[half];
       sum += __shfl_xor_sync(0xffffffff, sum, 1);
       sum += __shfl_xor_sync(0xffffffff, sum, 2);
-      const float inverse = 1.0f / sum;
+      // an empty row's sum is 0 and its outputs 0 (every probability exp2(-inf) = 0)
+      const float inverse = kZeroEmptyRows && sum == 0.0f ? 0.0f : 1.0f / sum;
       const int row = warp * 16 + row_in_warp + 8 * half;
       for (int tile = 0; tile < kOutputTiles; ++tile) {
         uint32_t* staged = reinterpret_cast<uint32_t*>(&shared_q[chunk_at(row, tile)]) + column / 2;

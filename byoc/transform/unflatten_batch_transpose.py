@@ -1,0 +1,74 @@
+"""UnflattenBatchTranspose: a transpose of the last two axes done on a tensor whose leading
+axes were merged into one, and split again after, is that transpose on the tensor itself.
+
+    %k3 = reshape(%k, shape=[-1, S, D])               (%k: [B, H, S, D])
+    %kt3 = transpose(%k3, axes=[0, 2, 1])     ->      %kt = transpose(%k, axes=[0, 1, 3, 2])
+    %kt = reshape(%kt3, shape=[B, H, D, S])
+
+torch's ONNX exporter writes K^T of scaled_dot_product_attention this way (a 3-D
+transpose between two reshapes); the fused attention pattern reads K^T as a transpose of
+K's heads, and the two reshapes would be two more copies where no kernel fuses them.
+
+Rewrites, in every function with a body, reshape(transpose(reshape(x, [N, a, b]), [0, 2, 1]),
+[*lead, b, a]) where x is [*lead, a, b] and N = prod(lead), the inner reshape and the
+transpose each read only by the next; the outer reshape becomes the 4-D (or n-D)
+transpose. Leaves alone: reshapes that move anything but the leading axes, other
+permutations, intermediate values read elsewhere.
+"""
+from __future__ import annotations
+
+import math
+
+from ..ir.expr import Binding, Call, Function, Var, is_op_call
+from ..ir.module import IRModule
+from .fuse_ops_by_pattern import _uses
+
+
+def unflatten_batch_transpose(mod: IRModule) -> IRModule:
+    return mod.map_bodies(_unflatten)
+
+
+def _unflatten(function: Function) -> Function:
+    bindings = list(function.bindings)
+    producers = {binding.var: (index, binding.value) for index, binding in enumerate(bindings)}
+    uses = _uses(function)
+    changed = False
+    for index, binding in enumerate(bindings):
+        source = _unflattened_source(binding, index, producers, uses)
+        if source is None:
+            continue
+        rank = len(source.type.shape)
+        axes = list(range(rank - 2)) + [rank - 1, rank - 2]
+        bindings[index] = Binding(binding.var, Call("transpose", [source], {"axes": axes}))
+        changed = True
+    if not changed:
+        return function
+    return Function(function.params, bindings, function.result, function.ret_type, function.attrs)
+
+
+def _unflattened_source(binding, index: int, producers: dict, uses: dict):
+    """x of reshape(transpose(reshape(x, [N, a, b]), [0, 2, 1]), [*lead, b, a]), or None."""
+    def single_reader_producer(var, reader, op_name):
+        if not isinstance(var, Var) or var not in producers or uses.get(var, []) != [reader]:
+            return None
+        position, value = producers[var]
+        return (position, value) if is_op_call(value, (op_name,)) else None
+
+    if not is_op_call(binding.value, ("reshape",)):
+        return None
+    transposed = single_reader_producer(binding.value.args[0], index, "transpose")
+    if transposed is None or [int(a) % 3 for a in transposed[1].attrs["axes"]] != [0, 2, 1]:
+        return None
+    flattened = single_reader_producer(transposed[1].args[0], transposed[0], "reshape")
+    if flattened is None:
+        return None
+    source = flattened[1].args[0]
+    shape = tuple(source.type.shape)
+    if len(shape) < 3:
+        return None
+    *lead, rows, columns = shape
+    if tuple(flattened[1].type.shape) != (math.prod(lead), rows, columns):
+        return None
+    if tuple(binding.var.type.shape) != (*lead, columns, rows):
+        return None
+    return source

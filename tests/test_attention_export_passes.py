@@ -1,0 +1,136 @@
+"""HoistScalarFactors and UnflattenBatchTranspose on IR text (before / after): the passes
+that give attention as torch's exporter writes scaled_dot_product_attention the form the
+attention patterns read."""
+import numpy as np
+
+import byoc
+from byoc.ir import assert_structural_equal, parse
+from byoc.transform import dead_code_elimination
+from byoc.transform.hoist_scalar_factors import hoist_scalar_factors
+from byoc.transform.unflatten_batch_transpose import unflatten_batch_transpose
+
+Q = "Tensor[(2, 3, 5, 4), float32]"
+KT = "Tensor[(2, 3, 4, 5), float32]"
+S = "Tensor[(2, 3, 5, 5), float32]"
+
+
+def test_both_operands_factors_multiply_the_product_once():
+    before = parse(f"""
+def @main(%q: {Q}, %k: {KT}) -> {S} {{
+  %qs = multiply(%q, const(0.5, float32))
+  %ks = multiply(const(0.25, float32), %k)
+  %s = matmul(%qs, %ks)
+  return %s
+}}""")
+    expected = parse(f"""
+def @main(%q: {Q}, %k: {KT}) -> {S} {{
+  %s_unscaled = matmul(%q, %k)
+  %s = multiply(%s_unscaled, const(0.125, float32))
+  return %s
+}}""")
+    assert_structural_equal(dead_code_elimination(hoist_scalar_factors(before)), expected)
+
+
+def test_a_factor_behind_layout_ops_is_hoisted_through_them():
+    before = parse(f"""
+def @main(%q: {Q}, %k: Tensor[(6, 5, 4), float32]) -> {S} {{
+  %kt = transpose(%k, axes=[0, 2, 1])
+  %ks = multiply(%kt, const(0.5, float32))
+  %k4 = reshape(%ks, shape=[2, 3, 4, 5])
+  %s = matmul(%q, %k4)
+  return %s
+}}""")
+    expected = parse(f"""
+def @main(%q: {Q}, %k: Tensor[(6, 5, 4), float32]) -> {S} {{
+  %kt = transpose(%k, axes=[0, 2, 1])
+  %k4 = reshape(%kt, shape=[2, 3, 4, 5])
+  %s_unscaled = matmul(%q, %k4)
+  %s = multiply(%s_unscaled, const(0.5, float32))
+  return %s
+}}""")
+    assert_structural_equal(dead_code_elimination(hoist_scalar_factors(before)), expected)
+
+
+def test_factors_read_elsewhere_non_scalar_or_of_a_weight_gemm_stay():
+    shared = parse(f"""
+def @main(%q: {Q}, %k: {KT}) -> Tuple[{S}, {Q}] {{
+  %qs = multiply(%q, const(0.5, float32))
+  %s = matmul(%qs, %k)
+  return (%s, %qs)
+}}""")
+    assert_structural_equal(hoist_scalar_factors(shared), shared)
+    vector = parse(f"""
+def @main(%q: {Q}, %k: {KT}) -> {S} {{
+  %qs = multiply(%q, meta[0])
+  %s = matmul(%qs, %k)
+  return %s
+}}""".replace("meta[0]", "const([1.0, 2.0, 3.0, 4.0], float32)"))
+    assert_structural_equal(hoist_scalar_factors(vector), vector)
+    weight = parse("""
+def @main(%x: Tensor[(2, 4), float32]) -> Tensor[(2, 3), float32] {
+  %xs = multiply(%x, const(0.5, float32))
+  %y = matmul(%xs, const([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0], [1.0, 2.0, 3.0], [1.0, 2.0, 3.0]], float32))
+  return %y
+}""")
+    assert_structural_equal(hoist_scalar_factors(weight), weight)
+
+
+def test_a_transpose_of_flattened_batches_is_the_transpose_of_the_last_two_axes():
+    before = parse(f"""
+def @main(%k: {Q}) -> {KT} {{
+  %k3 = reshape(%k, shape=[-1, 5, 4])
+  %kt3 = transpose(%k3, axes=[0, 2, 1])
+  %kt = reshape(%kt3, shape=[2, 3, 4, 5])
+  return %kt
+}}""")
+    expected = parse(f"""
+def @main(%k: {Q}) -> {KT} {{
+  %kt = transpose(%k, axes=[0, 1, 3, 2])
+  return %kt
+}}""")
+    assert_structural_equal(dead_code_elimination(unflatten_batch_transpose(before)), expected)
+
+
+def test_reshapes_that_move_more_than_the_leading_axes_stay():
+    regrouped = parse("""
+def @main(%k: Tensor[(2, 3, 5, 4), float32]) -> Tensor[(3, 2, 4, 5), float32] {
+  %k3 = reshape(%k, shape=[-1, 5, 4])
+  %kt3 = transpose(%k3, axes=[0, 2, 1])
+  %kt = reshape(%kt3, shape=[3, 2, 4, 5])
+  return %kt
+}""")
+    assert_structural_equal(unflatten_batch_transpose(regrouped), regrouped)
+    read_elsewhere = parse(f"""
+def @main(%k: {Q}) -> Tuple[{KT}, Tensor[(6, 4, 5), float32]] {{
+  %k3 = reshape(%k, shape=[-1, 5, 4])
+  %kt3 = transpose(%k3, axes=[0, 2, 1])
+  %kt = reshape(%kt3, shape=[2, 3, 4, 5])
+  return (%kt, %kt3)
+}}""")
+    assert_structural_equal(unflatten_batch_transpose(read_elsewhere), read_elsewhere)
+
+
+def test_the_rewritten_attention_computes_what_the_exported_one_does():
+    """The passes on the exporter's whole chain, run on the cpu against the interpreter."""
+    text = f"""
+def @main(%q: {Q}, %k: {Q}, %v: {Q}) -> {Q} {{
+  %qs = multiply(%q, const(0.7071, float32))
+  %k3 = reshape(%k, shape=[-1, 5, 4])
+  %kt3 = transpose(%k3, axes=[0, 2, 1])
+  %ks = multiply(%kt3, const(0.7071, float32))
+  %kt = reshape(%ks, shape=[2, 3, 4, 5])
+  %s = matmul(%qs, %kt)
+  %p = softmax(%s, axis=-1)
+  %nan = not_equal(%p, %p)
+  %g = where(%nan, const(0.0, float32), %p)
+  %o = matmul(%g, %v)
+  return %o
+}}"""
+    mod = parse(text)
+    rewritten = dead_code_elimination(unflatten_batch_transpose(dead_code_elimination(hoist_scalar_factors(mod))))
+    script = rewritten.script()
+    assert "reshape" not in script and script.count("multiply(") == 1 and "axes=[0, 1, 3, 2]" in script
+    rng = np.random.default_rng(0)
+    inputs = {name: rng.standard_normal((2, 3, 5, 4)).astype(np.float32) for name in ("q", "k", "v")}
+    np.testing.assert_allclose(byoc.interpret(rewritten, **inputs), byoc.interpret(mod, **inputs), rtol=1e-5,
+                               atol=1e-6)
