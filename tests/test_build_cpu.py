@@ -631,6 +631,13 @@ def test_a_temporary_workdir_goes_with_its_library_and_a_loaded_module_keeps_run
     ("function", 99, "a call: function out of range"),
     ("result", 10**6, "a call: operand out of range"),
     ("region", None, "its counts do not match its size"),
+    # operands forged with the checksum to match: each checked against the model's own tables
+    ("operand offset", 1 << 40, "an operand lies outside the memory it names"),
+    ("operand bytes", 1 << 40, "an operand lies outside the memory it names"),
+    ("operand end", "arena end", "an operand lies outside the memory it names"),
+    ("operand space", 4, "an operand lies outside the memory it names"),  # a host arena a cpu model lacks
+    ("input bytes", "one more", "an operand lies outside the memory it names"),
+    ("flags", 2, "a call: a host call in a program with no data on the host"),
 ])
 def test_a_program_table_that_names_what_does_not_exist_is_refused_at_create(field, value, reason, tmp_path,
                                                                               monkeypatch):
@@ -644,11 +651,27 @@ def test_a_program_table_that_names_what_does_not_exist_is_refused_at_create(fie
     def corrupted(host, artifacts):
         table = bytearray(original(host, artifacts))
         num_calls, num_refs = struct.unpack_from("<2I", table, 8)
-        first_call = 40 + 16 * num_refs
+        first_call = 40 + 24 * num_refs
+        refs = [struct.unpack_from("<IIQQ", table, 40 + 24 * i) for i in range(num_refs)]
+        arena = next(i for i, ref in enumerate(refs) if ref[0] == 0)  # the first operand in the arena
         if field == "function":
             struct.pack_into("<i", table, first_call, value)
         elif field == "result":
             struct.pack_into("<I", table, first_call + 20, value)
+        elif field == "operand offset":
+            struct.pack_into("<Q", table, 40 + 24 * arena + 8, value)
+        elif field == "operand bytes":
+            struct.pack_into("<Q", table, 40 + 24 * arena + 16, value)
+        elif field == "operand end":  # inside the arena, running one byte past its end
+            arena_bytes = host.plan.arena_bytes
+            struct.pack_into("<QQ", table, 40 + 24 * arena + 8, arena_bytes - refs[arena][3] + 1, refs[arena][3])
+        elif field == "operand space":
+            struct.pack_into("<I", table, 40 + 24 * arena, value)
+        elif field == "input bytes":
+            index = next(i for i, ref in enumerate(refs) if ref[0] == 2)
+            struct.pack_into("<Q", table, 40 + 24 * index + 16, refs[index][3] + 1)
+        elif field == "flags":
+            struct.pack_into("<I", table, first_call + 8, value)
         else:
             struct.pack_into("<I", table, 16, 1)  # a region the table has no bytes for
         return bytes(table)

@@ -577,7 +577,7 @@ def test_cuda_graph_regions_leave_cpu_functions_and_copies_between_them(tmp_path
     # the program table carries them: header, refs, calls, then the region records
     table = program_table(host.plan)
     num_calls, num_refs, num_regions = struct.unpack_from("<3I", table, 8)
-    start = 40 + 16 * num_refs + 40 * num_calls
+    start = 40 + 24 * num_refs + 40 * num_calls
     assert num_calls == len(calls) and num_regions == len(regions)
     assert [struct.unpack_from("<3I", table, start + 16 * i) for i in range(num_regions)] == \
         [(r["first"], r["count"], int(r["capture"])) for r in regions]
@@ -760,8 +760,7 @@ def test_copy_mode_graphs_leave_host_inputs_where_the_caller_has_them(tmp_path):
     builder, mod, output_names, artifacts = lowered_for_cuda(tmp_path, devices, model="mlp", cuda_graph=True)
     host = builder.host
     assert host.graph_io == "copy" and host.plan.input_copies == []
-    from byoc.codegen.host_plan import Ref
-    readers = [call for call in host.plan.calls if Ref("kInput", 0) in call["args"]]
+    readers = [call for call in host.plan.calls if any((a.space, a.offset) == ("kInput", 0) for a in call["args"])]
     assert readers and all(call["on_host"] for call in readers)
     assert readers[0]["sync_before"]  # the previous run's GPU work may still use the host arenas
 

@@ -323,7 +323,7 @@ def test_a_library_of_several_variants_runs_the_one_its_inputs_fit(tmp_path):
     programs = []
     for rows in (2, 4):
         tensor = TensorType((rows, 3), "float32")
-        copy = {"kind": "copy", "source": Ref("kInput", 0), "destination": Ref("kOutput", 0), "bytes": tensor.nbytes,
+        copy = {"kind": "copy", "source": Ref("kInput", 0, tensor.nbytes), "destination": Ref("kOutput", 0, tensor.nbytes), "bytes": tensor.nbytes,
                 "label": "#0 y = copy(x)", "symbol": "device_copy", "args": [], "results": [], "position": 0}
         plan = HostPlan(inputs=[("x", tensor)], outputs=[("y", tensor)], calls=[copy], output_copies=[],
                         input_copies=[], weights=b"")
@@ -381,7 +381,8 @@ def test_padded_dims_run_in_the_smallest_bucket_that_holds_the_inputs(buckets, t
         dims = dict(zip(names, sizes))
         shape = (dims.get("rows", 4), dims.get("cols", 6), 4)
         tensor = TensorType(shape, "float32")
-        calls = [{"kind": "copy", "source": Ref("kInput", 0), "destination": Ref("kOutput", k), "bytes": tensor.nbytes,
+        calls = [{"kind": "copy", "source": Ref("kInput", 0, tensor.nbytes), "destination": Ref("kOutput", k, tensor.nbytes),
+                  "bytes": tensor.nbytes,
                   "label": f"#{k} copy", "symbol": "device_copy", "args": [], "results": [], "position": k}
                  for k in range(2)]
         plan = HostPlan(inputs=[("x", tensor)], outputs=[("y", tensor), ("z", tensor)], calls=calls,

@@ -45,9 +45,10 @@ class Ref:
     """Where one tensor lives at run time, as the model runtime's Ref (model_runtime.h):
     one of its memories (enum Space: kArena, kWeights, kHostArena, kPinnedArena,
     kHostWeights) and the byte offset in it, or the caller's tensor (kInput, kOutput) and
-    its index."""
+    its index; and the tensor's bytes."""
     space: str
     offset: int
+    bytes: int = 0  # the tensor's size: the runtime checks that it lies inside the memory named
 
     def __post_init__(self):
         if self.space not in SPACES:
@@ -276,14 +277,14 @@ class _Placer:
         for index, param in enumerate(self.main.params):
             if not isinstance(param.type, TensorType):
                 raise BuildError(f"main parameter {param.name_hint!r} is not a tensor")
-            self.placements[param] = Ref("kInput", index)
+            self.placements[param] = Ref("kInput", index, nbytes(param.type))
             inputs.append((param.name_hint, param.type))
         return inputs
 
     def place_constant(self, constant: Constant, host: bool = False) -> Ref:
         offset = self.weights.place(constant)
         # kHostWeights: the weights in host memory, which cpu functions of a cuda build read
-        return Ref("kHostWeights" if host else "kWeights", offset)
+        return Ref("kHostWeights" if host else "kWeights", offset, nbytes(constant.type))
 
     def place_result(self, binding) -> Ref:
         """Where PlanMemory put the binding's result: the caller's output buffer, the
@@ -293,9 +294,9 @@ class _Placer:
             raise BuildError(f"internal: %{var.name_hint} has no storage; PlanMemory runs before the host plan")
         space, offset, _ = storage
         if space == OUTPUT:
-            placement = Ref("kOutput", offset)
+            placement = Ref("kOutput", offset, nbytes(var.type))
         elif space in self.runtime_space:
-            placement = Ref(self.runtime_space[space], offset)
+            placement = Ref(self.runtime_space[space], offset, nbytes(var.type))
             if placement.space == "kArena":
                 self.own_offsets[var] = offset
         else:
@@ -383,10 +384,10 @@ class _Placer:
                 continue
             offset = align(self.arena_size)
             self.arena_size = offset + nbytes(param.type)
-            staged = Ref("kArena", offset)
+            staged = Ref("kArena", offset, nbytes(param.type))
             copies.append({"input": index, "destination": staged, "bytes": nbytes(param.type)})
             for call in calls:
-                call["args"] = [staged if a == Ref("kInput", index) else a for a in call["args"]]
+                call["args"] = [staged if (a.space, a.offset) == ("kInput", index) else a for a in call["args"]]
             self.placements[param] = staged
         return copies
 

@@ -25,9 +25,8 @@ def program_table(plan: HostPlan, stateful: list | None = None) -> bytes:
         copy = call.get("kind") == "copy"
         operands = [call["source"]] if copy else call["args"]
         first = len(refs)
-        refs.extend((ref.space, ref.offset) for ref in operands)
-        result = call["destination"] if copy else call["results"][0]
-        refs.append((result.space, result.offset))
+        refs.extend(operands)
+        refs.append(call["destination"] if copy else call["results"][0])
         symbol = call.get("symbol")
         flags = copy | bool(call.get("on_host")) << 1 | bool(call.get("sync_before")) << 2
         calls.append(struct.pack("<iiIIIIQII", -1 if copy or symbol in stateful else functions.index(symbol),
@@ -40,28 +39,30 @@ def program_table(plan: HostPlan, stateful: list | None = None) -> bytes:
               for copies, key, where in ((plan.input_copies, "input", "destination"),
                                          (plan.output_copies, "output", "source"))
               for c in copies]
-    header = b"BYOCPRG1" + struct.pack("<8I", len(calls), len(refs), len(regions), len(plan.input_copies),
+    header = b"BYOCPRG2" + struct.pack("<8I", len(calls), len(refs), len(regions), len(plan.input_copies),
                                        len(plan.output_copies), max_args, len(labels) or 1, 0)
-    body = b"".join(struct.pack("<IIQ", _SPACE_NUMBERS[space], 0, offset) for space, offset in refs)
+    body = b"".join(struct.pack("<IIQQ", _SPACE_NUMBERS[ref.space], 0, ref.offset, ref.bytes) for ref in refs)
     return header + body + b"".join(calls) + b"".join(regions) + b"".join(copies) + (bytes(labels) or b"\0")
 
 
 def read_program_table(data: bytes) -> dict:
-    """program_table's bytes as plain data (tests, tools): "refs" [(space, offset)],
+    """program_table's bytes as plain data (tests, tools): "refs" [(space, offset)] and
+    "ref_bytes" (each operand's size),
     "calls" [{function, state, copy, on_host, sync_before, operands, result, bytes, label}],
     "regions" [(first, count, capture)], "input_copies" / "output_copies" [(tensor, (space,
     offset), bytes)]. The runtime's own decoder (model_program.cc) is what checks it."""
-    if data[:8] != b"BYOCPRG1":
-        raise BuildError("not a byoc program table (it does not start with BYOCPRG1)")
+    if data[:8] != b"BYOCPRG2":
+        raise BuildError("not a byoc program table (it does not start with BYOCPRG2)")
     counts = struct.unpack_from("<8I", data, 8)
     num_calls, num_refs, num_regions, num_inputs, num_outputs = counts[:5]
     names = {number: name for name, number in _SPACE_NUMBERS.items()}
     at = 40
-    refs = []
+    refs, ref_bytes = [], []
     for _ in range(num_refs):
-        space, _, offset = struct.unpack_from("<IIQ", data, at)
+        space, _, offset, size = struct.unpack_from("<IIQQ", data, at)
         refs.append((names[space], offset))
-        at += 16
+        ref_bytes.append(size)
+        at += 24
     labels_start = len(data) - counts[6]
     calls = []
     for _ in range(num_calls):
@@ -81,5 +82,5 @@ def read_program_table(data: bytes) -> dict:
         tensor, space, offset, size = struct.unpack_from("<iIQQ", data, at)
         copies.append((tensor, (names[space], offset), size))
         at += 24
-    return {"refs": refs, "calls": calls, "regions": regions, "input_copies": copies[:num_inputs],
+    return {"refs": refs, "ref_bytes": ref_bytes, "calls": calls, "regions": regions, "input_copies": copies[:num_inputs],
             "output_copies": copies[num_inputs:]}

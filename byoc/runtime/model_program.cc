@@ -4,14 +4,20 @@
 // them. Decoded and checked once per process, at the first create; run() walks the result.
 //
 // Layout (little-endian, each record 8-byte aligned):
-//   header   "BYOCPRG1", then u32 num_calls, num_refs, num_regions, num_input_copies,
+//   header   "BYOCPRG2", then u32 num_calls, num_refs, num_regions, num_input_copies,
 //            num_output_copies, max_args, labels_bytes, 0
-//   refs     {u32 space, u32 0, u64 offset}                               x num_refs
+//   refs     {u32 space, u32 0, u64 offset, u64 bytes}                    x num_refs
 //   calls    {i32 function, i32 state, u32 flags (1 copy, 2 on host, 4 sync first),
 //             u32 first_arg, u32 num_args, u32 result, u64 bytes, u32 label, u32 0}
 //   regions  {u32 first_call, u32 num_calls, u32 capture, u32 0}
 //   copies   {i32 tensor, u32 space, u64 offset, u64 bytes}  inputs, then outputs
 //   labels   NUL-terminated strings; a call's label is the offset of its own
+//
+// The checksum finds a changed file; the decoder does not trust a table that matches it
+// either (a table forged with its checksum): every operand must lie inside a memory the
+// variant has (or be a caller tensor of its exact size), a call on the host must read and
+// write host memory and a call on the device no pageable host memory, a copy must move no
+// more than its operands hold.
 #include <cstring>
 #include <mutex>
 #include <new>
@@ -32,7 +38,7 @@ struct Header {
 };
 struct RefRecord {
   uint32_t space, reserved;
-  uint64_t offset;
+  uint64_t offset, bytes;
 };
 struct CallRecord {
   int32_t function, state;
@@ -48,11 +54,12 @@ struct CopyRecord {
   uint32_t space;
   uint64_t offset, bytes;
 };
-static_assert(sizeof(Header) == 40 && sizeof(RefRecord) == 16 && sizeof(CallRecord) == 40 &&
+static_assert(sizeof(Header) == 40 && sizeof(RefRecord) == 24 && sizeof(CallRecord) == 40 &&
               sizeof(RegionRecord) == 16 && sizeof(CopyRecord) == 24, "the program table's layout");
 
 struct Decoded {
   std::vector<Ref> refs;
+  std::vector<uint64_t> ref_bytes;  // each operand's size (checked, then only the decoder reads it)
   std::vector<Call> calls;
   std::vector<Region> regions;
   std::vector<Copy> input_copies, output_copies;
@@ -88,15 +95,50 @@ uint64_t memory_bytes(const VariantSpec& v, uint32_t space) {
   }
 }
 
-// A Ref from its record, or false when it names no memory the variant has, an offset past
-// the end of it, or a caller tensor that does not exist.
-bool ref_of(const VariantSpec& v, uint32_t space, uint64_t offset, Ref* ref) {
+// Whether the memory is pageable host memory (no GPU kernel may read it).
+bool pageable(uint32_t space) { return space == kHostArena || space == kHostWeights; }
+
+// A Ref from its record, or false when it names a memory the variant does not have, bytes
+// that run past the end of it, or a caller tensor that does not exist or is not that size.
+bool ref_of(const VariantSpec& v, uint32_t space, uint64_t offset, uint64_t bytes, Ref* ref) {
   if (space > kHostWeights) return false;
-  if (space == kInput && offset >= static_cast<uint64_t>(v.num_inputs)) return false;
-  if (space == kOutput && offset >= static_cast<uint64_t>(v.num_outputs)) return false;
-  if (space != kInput && space != kOutput && offset > memory_bytes(v, space)) return false;
+  if (space == kInput || space == kOutput) {
+    const bool input = space == kInput;
+    if (offset >= static_cast<uint64_t>(input ? v.num_inputs : v.num_outputs)) return false;
+    if (bytes != (input ? v.inputs : v.outputs)[offset].bytes) return false;
+  } else {
+    if (!v.devices && (space == kHostArena || space == kPinnedArena || space == kHostWeights)) return false;
+    const uint64_t size = memory_bytes(v, space);
+    if (offset > size || bytes > size - offset) return false;
+  }
   *ref = Ref{static_cast<Space>(space), offset};
   return true;
+}
+
+// Whether a caller tensor lies in host memory (a cuda model with data on the host).
+bool on_host(const VariantSpec& v, const Ref& ref) {
+  if (ref.space == kInput) return v.input_on_host != nullptr && v.input_on_host[ref.offset];
+  if (ref.space == kOutput) return v.output_on_host != nullptr && v.output_on_host[ref.offset];
+  return ref.space == kHostArena || ref.space == kPinnedArena || ref.space == kHostWeights;
+}
+
+// Why the call's operands are not where it runs, or nullptr: with data on the host, a call
+// on the host reads and writes only host memory, a call on the device no pageable host
+// memory; without, no call runs on the host. A copy moves at most what both operands hold.
+const char* placement_problem(const VariantSpec& v, const CallRecord& c, const Decoded& d) {
+  const bool copy = c.flags & 1u, host_call = c.flags & 2u;
+  if ((c.flags & 6u) && !v.devices) return "a host call in a program with no data on the host";
+  if (copy) {
+    return c.bytes <= d.ref_bytes[c.first_arg] && c.bytes <= d.ref_bytes[c.result] ? nullptr
+                                                                                   : "a copy larger than its operands";
+  }
+  if (!v.devices) return nullptr;
+  for (uint32_t i = 0; i <= c.num_args; ++i) {
+    const uint32_t index = i < c.num_args ? c.first_arg + i : c.result;
+    const Ref& ref = d.refs[index];
+    if (host_call ? !on_host(v, ref) : pageable(ref.space)) return "an operand in memory where the call does not run";
+  }
+  return nullptr;
 }
 
 // Why the call record cannot run, or nullptr.
@@ -116,7 +158,7 @@ std::string decode(const VariantSpec& v, Decoded* d, Program* out) {
   Header h;
   if (p == nullptr || bytes < sizeof(h)) return "it is shorter than its header";
   std::memcpy(&h, p, sizeof(h));
-  if (std::memcmp(h.magic, "BYOCPRG1", 8) != 0) return "it does not start with BYOCPRG1";
+  if (std::memcmp(h.magic, "BYOCPRG2", 8) != 0) return "it does not start with BYOCPRG2";
   const uint64_t expected = sizeof(h) + uint64_t{h.num_refs} * sizeof(RefRecord) + uint64_t{h.num_calls} * sizeof(CallRecord) +
                             uint64_t{h.num_regions} * sizeof(RegionRecord) +
                             (uint64_t{h.num_input_copies} + h.num_output_copies) * sizeof(CopyRecord) + h.labels_bytes;
@@ -124,9 +166,11 @@ std::string decode(const VariantSpec& v, Decoded* d, Program* out) {
   if (h.labels_bytes == 0 || p[bytes - 1] != 0) return "its labels do not end with NUL";
   const unsigned char* at = p + sizeof(h);
   d->refs.resize(h.num_refs);
-  for (Ref& ref : d->refs) {
+  d->ref_bytes.resize(h.num_refs);
+  for (uint32_t i = 0; i < h.num_refs; ++i) {
     const RefRecord r = take<RefRecord>(&at);
-    if (!ref_of(v, r.space, r.offset, &ref)) return "an operand names no memory";
+    if (!ref_of(v, r.space, r.offset, r.bytes, &d->refs[i])) return "an operand lies outside the memory it names";
+    d->ref_bytes[i] = r.bytes;
   }
   d->labels.assign(reinterpret_cast<const char*>(p + bytes - h.labels_bytes), h.labels_bytes);
   if (h.max_args > h.num_refs) return "its operand count is out of range";
@@ -135,6 +179,7 @@ std::string decode(const VariantSpec& v, Decoded* d, Program* out) {
   for (Call& call : d->calls) {
     const CallRecord c = take<CallRecord>(&at);
     if (const char* problem = call_problem(v, c, h)) return std::string("a call: ") + problem;
+    if (const char* problem = placement_problem(v, c, *d)) return std::string("a call: ") + problem;
     if (c.num_args > most_args) most_args = c.num_args;
     call = Call{c.function >= 0 ? v.functions[c.function] : nullptr,
                 c.state >= 0 ? v.states[c.state].call : nullptr, c.state, (c.flags & 1u) != 0,
@@ -156,7 +201,8 @@ std::string decode(const VariantSpec& v, Decoded* d, Program* out) {
     const CopyRecord c = take<CopyRecord>(&at);
     const bool input = i < h.num_input_copies;
     Copy copy{c.tensor, Ref{}, c.bytes};
-    if (c.tensor < 0 || c.tensor >= (input ? v.num_inputs : v.num_outputs) || !ref_of(v, c.space, c.offset, &copy.ref) ||
+    if (c.tensor < 0 || c.tensor >= (input ? v.num_inputs : v.num_outputs) ||
+        !ref_of(v, c.space, c.offset, c.bytes, &copy.ref) ||
         c.bytes != (input ? v.inputs : v.outputs)[c.tensor].bytes) {
       return "a caller copy names no tensor or memory, or not its size";
     }

@@ -10,6 +10,13 @@ JSON or UTF-8, another shape or dtype); flips in the embedded weights. Flips in 
 code are left out: no loader can tell a flipped instruction from a meant one without a
 checksum of the whole file.
 
+Each family has positive controls (an undamaged copy, and one resealed) that must load and
+answer right. Metadata edits and weight flips also run resealed (the library's SHA-256
+seal recomputed, so the checks behind it are reached), and the program table is forged
+with its checksum and the seal recomputed: operands past the end of their memory, in a
+memory the model lacks, a caller tensor of another size, a host call in a cpu model; the
+decoder must refuse each from the model's own tables.
+
 Sidecar weights (`corrupt.safetensors`): truncation, header length and JSON edits, flips
 in the data, and files that are no file (a FIFO, a directory).
 Fakes (libraries.build_fakes): libraries that export byoc's symbols but lie.
@@ -53,9 +60,35 @@ def damage(data: bytearray, kind: str, args: dict) -> bytes:
     raise AssertionError(kind)
 
 
+def _resealed(data: bytes) -> bytes:
+    """`data` with byoc's seal recomputed (the old one, if it is still at the end, dropped)."""
+    import hashlib
+
+    from byoc.runtime.library_file import SEAL_BYTES, SEAL_MAGIC
+    if len(data) >= SEAL_BYTES and data[-SEAL_BYTES:-SEAL_BYTES + len(SEAL_MAGIC)] == SEAL_MAGIC:
+        data = data[:-SEAL_BYTES]
+    return bytes(data) + SEAL_MAGIC + hashlib.sha256(data).digest()
+
+
+def _forged(data: bytearray, args: dict) -> bytes:
+    """The program table edited at (offset in the table, bytes), its checksum in the host
+    code recomputed: a forgery the checksum cannot tell from the build's own table."""
+    from byoc.codegen.host import blob_checksum
+    start, length = args["program"]
+    for offset, value in args["table_edits"]:
+        data[start + offset:start + offset + len(value)] = value
+    at = args["checksum_at"]
+    data[at:at + 8] = struct.pack("<Q", blob_checksum(bytes(data[start:start + length])))
+    return bytes(data)
+
+
 def _write_damaged(source: str, name: str, kind: str, args: dict) -> str:
     data = bytearray(open(source, "rb").read())
     path = case_dir() / name
+    if kind == "forge":
+        path.write_bytes(_resealed(_forged(data, args)))
+        path.chmod(0o755)
+        return str(path)
     if kind == "replace":
         what = args["what"]
         if what == "fifo":
@@ -68,7 +101,8 @@ def _write_damaged(source: str, name: str, kind: str, args: dict) -> str:
             os.symlink(case_dir() / "loop", path)
             os.symlink(path, case_dir() / "loop")
         return str(path)
-    path.write_bytes(damage(data, kind, args))
+    damaged = damage(data, kind, args)
+    path.write_bytes(_resealed(damaged) if args.get("reseal") else damaged)
     path.chmod(0o755)
     return str(path)
 
@@ -110,10 +144,52 @@ def run_corrupted(library: dict, target: str, kind: str, args: dict):
 
 # ---- generators (in the pytest process) ------------------------------------------------------
 
-def _case(library, target, group, name, kind, args) -> Case:
+def _case(library, target, group, name, kind, args, expect="any") -> Case:
     return Case("library", group, f"{library['kind']}: {name}", FUNCTION,
                 {"library": library, "target": target, "kind": kind, "args": args}, timeout=TIMEOUT,
-                names=NAMES, memory_limit=None if library["device"] == "cuda" else 4 << 30)
+                names=NAMES, memory_limit=None if library["device"] == "cuda" else 4 << 30, expect=expect,
+                why="a library whose program table breaks the model's own tables" if expect == "refuse" else "")
+
+
+def _forged_program_cases(library: dict, everything: bool) -> list[Case]:
+    """The program table forged (its checksum and the seal recomputed) so that an operand
+    lies outside its memory, in a memory the model does not have, or is a caller tensor of
+    another size; or a call claims to run on the host of a model with no data there."""
+    layout = library["layout"]
+    if "program" not in layout:
+        return []
+    from byoc.codegen.program_table import read_program_table
+    start, length = layout["program"]
+    with open(library["path"], "rb") as handle:
+        handle.seek(start)
+        table = read_program_table(handle.read(length))
+    arena = library["metadata"]["memory"]["arena_bytes"]
+    weights = library["metadata"]["weights"]["bytes"]
+    sizes = {"kArena": arena, "kWeights": weights}
+    cases = []
+
+    def forge(label, edits):
+        cases.append(_case(library, "library", "forged_program", f"program table forged: {label}", "forge",
+                           {"program": layout["program"], "checksum_at": layout["program_checksum_at"],
+                            "table_edits": edits}, expect="refuse"))
+    refs = list(enumerate(zip(table["refs"], table["ref_bytes"], strict=True)))
+    if not everything:  # the first operand of each memory and caller tensor kind
+        refs = [ref for number, ref in enumerate(refs) if ref[1][0][0] not in {r[1][0][0] for r in refs[:number]}]
+    for index, ((space, offset), size) in refs:
+        at = 40 + 24 * index
+        if space in sizes:
+            forge(f"operand {index} ({space}) one byte past the end", [(at + 8, struct.pack("<Q", sizes[space] - size + 1))])
+            forge(f"operand {index} ({space}) at offset 2**40", [(at + 8, struct.pack("<Q", 1 << 40))])
+            forge(f"operand {index} ({space}) of 2**62 bytes", [(at + 16, struct.pack("<Q", 1 << 62))])
+            forge(f"operand {index} ({space}) in the host arena", [(at, struct.pack("<I", 4))])
+            forge(f"operand {index} ({space}) in space 99", [(at, struct.pack("<I", 99))])
+        else:
+            forge(f"operand {index} ({space} {offset}) one byte larger", [(at + 16, struct.pack("<Q", size + 1))])
+            forge(f"operand {index} ({space}) tensor 7", [(at + 8, struct.pack("<Q", 7))])
+    calls_at = 40 + 24 * len(table["refs"])
+    for index in range(len(table["calls"]) if everything else 1):
+        forge(f"call {index} on the host", [(calls_at + 40 * index + 8, struct.pack("<I", 2))])
+    return cases
 
 
 def _metadata_edits(library) -> list[tuple[str, int, bytes]]:
@@ -176,6 +252,9 @@ def library_cases(library: dict, everything: bool) -> list[Case]:
         truncations["inside the weights"] = layout["weights"][0] + layout["weights"][1] // 2
     for label, cut in truncations.items():
         add(_case(library, "library", "truncated", f"truncated to {label}", "truncate", {"size": cut}))
+    add(_case(library, "library", "control", "an undamaged copy", "flip", {"offsets": []}, expect="accept"))
+    add(_case(library, "library", "control", "an undamaged copy, resealed", "flip", {"offsets": [], "reseal": True},
+              expect="accept"))
     add(_case(library, "library", "extended", "1 MiB of zeros appended", "append", {"bytes": bytes(1 << 20)}))
     for what in ("fifo", "directory", "empty", "symlink loop"):
         add(_case(library, "library", "not a file", f"replaced by {what}", "replace", {"what": what}))
@@ -218,6 +297,8 @@ def library_cases(library: dict, everything: bool) -> list[Case]:
 
     for label, offset, value in _metadata_edits(library):
         add(_case(library, "library", "metadata", f"metadata {label}", "write", {"offset": offset, "value": value}))
+        add(_case(library, "library", "metadata_resealed", f"metadata {label}, resealed", "write",
+                  {"offset": offset, "value": value, "reseal": True}))
     for index in range(40 if everything else 10):
         offset = metadata_start + rng.randrange(metadata_length)
         add(_case(library, "library", "metadata", f"metadata random flip {index} at {offset - metadata_start}", "flip",
@@ -229,8 +310,12 @@ def library_cases(library: dict, everything: bool) -> list[Case]:
         for index in range(20 if everything else 4):
             positions[f"random {index}"] = start + rng.randrange(length)
         for label, offset in positions.items():
+            mask = 1 << rng.randrange(8)
             add(_case(library, "library", "weights", f"weights {label} byte flipped", "flip",
-                      {"offsets": [offset], "mask": 1 << rng.randrange(8)}))
+                      {"offsets": [offset], "mask": mask}))
+            add(_case(library, "library", "weights_resealed", f"weights {label} byte flipped, resealed", "flip",
+                      {"offsets": [offset], "mask": mask, "reseal": True}, expect="refuse"))
+    cases += _forged_program_cases(library, everything)
     return cases
 
 
@@ -241,8 +326,10 @@ def sidecar_cases(library: dict, everything: bool) -> list[Case]:
     rng = random.Random(f"sidecar:{library['device']}")
     cases = []
 
-    def add(group, label, kind, args):
-        cases.append(_case(library, "sidecar", group, f"sidecar {label}", kind, args))
+    def add(group, label, kind, args, expect="any"):
+        cases.append(_case(library, "sidecar", group, f"sidecar {label}", kind, args, expect=expect))
+
+    add("sidecar_control", "an undamaged copy", "flip", {"offsets": []}, expect="accept")
 
     for label, cut in {"4 bytes": 4, "8 bytes": 8, "inside the header": 8 + header_length // 2,
                        "just the header": 8 + header_length, "half": len(data) // 2, "minus 1 byte": len(data) - 1}.items():

@@ -72,6 +72,16 @@ def _layout(path: Path, workdir: Path | None) -> dict:
     layout = {"size": len(data), "phoff": e_phoff, "phentsize": e_phentsize, "phnum": e_phnum,
               "shoff": e_shoff, "shentsize": e_shentsize, "shnum": e_shnum, "sections": sections,
               "metadata": (metadata_start, metadata_end - metadata_start), "weights": None}
+    if workdir is not None and (workdir / "program.bin").exists():
+        # the program table, and where the host code keeps its checksum (forged cases
+        # rewrite both, so that the decoder's own checks are what refuses them)
+        from byoc.codegen.host import blob_checksum
+        table = (workdir / "program.bin").read_bytes()
+        start = data.find(table)
+        checksum = struct.pack("<Q", blob_checksum(table))
+        if start >= 0 and data.count(checksum) == 1:
+            layout["program"] = (start, len(table))
+            layout["program_checksum_at"] = data.find(checksum)
     if workdir is not None and (workdir / "weights.bin").exists():
         weights = (workdir / "weights.bin").read_bytes()
         start = data.find(weights[:4096]) if weights else -1
