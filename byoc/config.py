@@ -190,11 +190,21 @@ def _read(spec) -> tuple[dict, str]:
             raise ConfigError(f"no build config named {text_spec!r}; shipped configs: "
                               f"{', '.join(shipped_config_names())}, or give a YAML path")
         text, source = shipped.read_text(), f"build_configs/{text_spec}.yaml"
-    elif not path.is_file():
+    elif not path.exists():
         raise ConfigError(f"build config file {text_spec!r} does not exist")
+    elif not path.is_file():
+        raise ConfigError(f"build config file {text_spec!r} is not a regular file (a directory, FIFO or device); "
+                          f"expected a YAML file")
     else:
         try:
-            text, source = path.read_text(encoding="utf-8"), str(path)
+            size = path.stat().st_size
+            if size > MAX_CONFIG_BYTES:
+                raise ConfigError(f"build config file {text_spec!r} is {size} bytes; expected a YAML file of at "
+                                  f"most {MAX_CONFIG_BYTES} bytes (a build config is a few dozen lines)")
+            with open(path, "rb") as handle:  # no more than the limit, whatever the file does meanwhile
+                text, source = handle.read(MAX_CONFIG_BYTES + 1).decode("utf-8"), str(path)
+        except OSError as error:
+            raise ConfigError(f"build config file {text_spec!r} cannot be read: {error.strerror or error}") from None
         except UnicodeDecodeError:
             raise ConfigError(f"build config file {text_spec!r} is not a YAML text file "
                               f"(it is not UTF-8 text; a binary file?)") from None
@@ -204,9 +214,33 @@ def _read(spec) -> tuple[dict, str]:
         raise ConfigError(f"{source}: not valid YAML: {error}") from None
     if data is None:  # an empty file: every default
         data = {}
+    _check_expanded_size(data, source)
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping of keys ({', '.join(KEYS)}), got {type(data).__name__}")
     return data, source
+
+
+# A build config is a few dozen lines; these bound what one may hold before any key is read.
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_VALUES = 100_000
+
+
+def _check_expanded_size(data, source: str):
+    """A ConfigError when the YAML's values, counted as they would be walked (an alias as
+    often as it is used), exceed MAX_CONFIG_VALUES: a file of nested aliases (a "billion
+    laughs") is small but expands beyond any memory."""
+    count, stack = 0, [data]
+    while stack:
+        value = stack.pop()
+        count += 1
+        if count > MAX_CONFIG_VALUES:
+            raise ConfigError(f"{source}: expands to more than {MAX_CONFIG_VALUES} values (nested YAML aliases?); "
+                              f"expected a build config of a few dozen keys")
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
 
 
 def load_config(spec="default", overrides: dict | None = None, known_backends=None) -> BuildConfig:

@@ -4,6 +4,7 @@ the compiler launcher, JSON files handed to byoc, and text shown on a terminal.
   cli/integers      --dim, --input-shape, --repeat and target attributes with numbers that are
                     no ASCII integer ('²' passes str.isdigit() and fails int(), '٣' and '1_0'
                     pass int(), 5,000 digits exceed it): a usage or config error naming the option
+  config/file       config files that are no config (FIFO, /dev/zero, 2 MiB, nested aliases)
   config/dims       shape-bucket sizes of 0 (the padding analysis divides by them) and more
                     combinations than a library holds (2**40 of them were listed before the
                     count was checked): a ConfigError naming dims, before anything is built
@@ -330,7 +331,34 @@ def _terminal_cases() -> list[Case]:
     ]
 
 
+def _alias_bomb(levels: int = 12) -> str:
+    """A YAML config whose nested aliases expand to 9**levels values (a few hundred bytes)."""
+    lines = ["target: cpu", "input_shapes:", '  a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1]']
+    lines += [f"  a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return "\n".join(lines + [f"dims: {{batch: *a{levels - 1}}}", ""])
+
+
+def _config_file_cases() -> list[Case]:
+    """Build config files that are no config: a FIFO (opening it would wait for a writer
+    forever), a directory, a link to /dev/zero, a file of 2 MiB, nested YAML aliases; and a
+    valid one beside them."""
+    model = {"m.onnx": ("model", "named")}
+    refused = {"a FIFO": ("fifo",), "a directory": ("dir",), "a link to /dev/zero": ("link", "/dev/zero"),
+               "2 MiB of comments": ("text", "target: cpu\n" + "# padding\n" * 200_000),
+               "nested YAML aliases": ("text", _alias_bomb()), "a symlink loop": ("loop",)}
+    cases = [_case("config/file", f"byoc build -c <{label}>", "run_cli",
+                   {"argv": ["build", "{dir}/m.onnx", "-c", "{dir}/c.yaml", "-q", "-o", "{dir}/m.so"],
+                    "files": {"c.yaml": spec, **model}}, why="a build config is a small regular YAML file",
+                   names=("c.yaml",)) for label, spec in refused.items()]
+    cases.append(_case("config/file", "byoc build -c <a valid file> (valid)", "run_cli",
+                       {"argv": ["build", "{dir}/m.onnx", "-c", "{dir}/c.yaml", "-q", "-o", "{dir}/m.so",
+                                 "--dim", "batch=2"], "files": {"c.yaml": ("text", "target: cpu\n"), **model}},
+                       expect="accept", timeout=120.0))
+    return cases
+
+
 def generate(library_metadata: dict) -> list[Case]:
     """Every case (few enough that the default sample is all of them). `library_metadata`: a
     built library's, the valid file the json cases damage."""
-    return _integer_cases() + _dims_cases() + _launcher_cases() + _json_cases(library_metadata) + _terminal_cases()
+    return (_integer_cases() + _dims_cases() + _launcher_cases() + _json_cases(library_metadata) + _terminal_cases()
+            + _config_file_cases())
