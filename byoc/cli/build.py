@@ -67,7 +67,9 @@ def _stderr_handler():
 
     class Handler(logging.Handler):
         def emit(self, record):
-            print(f"byoc: {record.getMessage()}", file=sys.stderr, flush=True)
+            # a progress line names the model's file, nodes and workdir: their text is the
+            # model's or the user's, escaped so that it cannot drive the terminal
+            print(f"byoc: {printable(record.getMessage())}", file=sys.stderr, flush=True)
     return Handler()
 
 

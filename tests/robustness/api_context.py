@@ -120,10 +120,11 @@ SCENARIOS: dict[str, tuple] = {}
 ALL_KINDS, CPU, CUDA, BOTH = ("mlp", "multi", "sidecar"), ("cpu",), ("cuda",), ("cpu", "cuda")
 
 
-def scenario(name, kinds=("mlp",), devices=BOTH, group=None):
-    """Register a scenario; its group in the report is `group` or the name's first word."""
+def scenario(name, kinds=("mlp",), devices=BOTH, group=None, expect="any"):
+    """Register a scenario; its group in the report is `group` or the name's first word.
+    expect="accept": a positive control (valid use that must answer right)."""
     def register(function):
-        SCENARIOS[name] = (function, kinds, devices, group or name.split(" ")[0].rstrip("="))
+        SCENARIOS[name] = (function, kinds, devices, group or name.split(" ")[0].rstrip("="), expect)
         return function
     return register
 

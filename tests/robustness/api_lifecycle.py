@@ -17,6 +17,37 @@ from .runner import case_dir
 
 # ---- lifecycle ------------------------------------------------------------------------
 
+# ---- positive controls: valid use, which must answer right ----
+
+@scenario("valid: run", kinds=ALL_KINDS, group="control", expect="accept")
+def _valid_run(ctx):
+    ctx.check(ctx.module.run(**ctx.good_inputs()))
+
+
+@scenario("valid: run with out=", kinds=ALL_KINDS, group="control", expect="accept")
+def _valid_out(ctx):
+    out = [ctx.array(np.zeros_like(e)) for e in ctx.expected]
+    ctx.module.run(**ctx.good_inputs(), out=out)
+    ctx.check(out)
+
+
+@scenario("valid: two modules of one library", kinds=ALL_KINDS, group="control", expect="accept")
+def _valid_two_modules(ctx):
+    other = ctx.load()
+    ctx.check(other.run(**ctx.good_inputs()))
+    ctx.check(ctx.module.run(**ctx.good_inputs()))
+    other.close()
+
+
+@scenario("valid: load again after close", kinds=ALL_KINDS, group="control", expect="accept")
+def _valid_reload(ctx):
+    ctx.module.close()
+    again = ctx.load()
+    ctx.check(again.run(**ctx.good_inputs()))
+    again.close()
+    ctx.module_closed_on_purpose = True
+
+
 @scenario("run after close", kinds=ALL_KINDS, group="lifecycle")
 def _run_after_close(ctx):
     ctx.module.close()

@@ -8,7 +8,8 @@ layout that the library does not take is fine only when the answer is right.
 
 Scenarios (api_arrays.py, api_lifecycle.py) register in api_context.SCENARIOS with the
 library kinds (mlp, multi, sidecar) and devices (cpu, cuda) they apply to; `generate()`
-makes one case per applicable pair.
+makes one case per applicable pair. Positive controls (valid use: run, out=, two modules,
+reload after close) are registered with expect="accept": refusing them fails the suite.
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def run_api(library: dict, scenario: str):
 
 def generate(libraries_by_kind: dict, device: str = "cpu") -> list[Case]:
     cases = []
-    for name, (_, kinds, devices, group) in SCENARIOS.items():
+    for name, (_, kinds, devices, group, expect) in SCENARIOS.items():
         if device not in devices:
             continue
         for kind in kinds:
@@ -55,5 +56,5 @@ def generate(libraries_by_kind: dict, device: str = "cpu") -> list[Case]:
             if library is None:
                 continue
             cases.append(Case("api", group, f"{kind}: {name}", FUNCTION, {"library": library, "scenario": name},
-                              timeout=TIMEOUT, memory_limit=None if device == "cuda" else 4 << 30))
+                              timeout=TIMEOUT, memory_limit=None if device == "cuda" else 4 << 30, expect=expect))
     return cases

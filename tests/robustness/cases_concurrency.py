@@ -322,6 +322,11 @@ GROUPS = {"8 threads x 8 modules": "own modules", "8 threads share one module": 
           "shared module closed while threads run it": "close", "load/run/close churn": "churn",
           "two libraries at once": "two libraries", "refusals interleaved with runs": "refusals"}
 
+# valid concurrent use only: every run must answer right, so a library that refused every
+# run (or every second module) fails these (the suite's positive controls)
+VALID = ("8 threads x 8 modules", "8 threads share one module", "8 threads share one module with out=",
+         "load/run/close churn", "two libraries at once")
+
 SCENARIOS = {
     "8 threads x 8 modules": _own_modules,
     "8 threads share one module": _shared_module,
@@ -431,11 +436,13 @@ def generate(libraries_by_kind: dict, everything: bool, device: str = "cpu", gra
                     continue
                 params = {"library": library, "scenario": scenario, "runs": runs,
                           "other": libraries_by_kind.get("multi") if kind == "mlp" else None}
+                expect = "accept" if scenario in VALID else "any"
                 cases.append(Case("concurrency", GROUPS[scenario], f"{kind}: {scenario}{suffix}", FUNCTION,
-                                  params, timeout=150.0, memory_limit=memory))
+                                  params, timeout=150.0, memory_limit=memory, expect=expect))
                 if device == "cuda":
                     cases.append(Case("concurrency", "with CuPy noise", f"{kind}: {scenario}{suffix}, CuPy busy",
-                                      FUNCTION, {**params, "noise": True}, timeout=150.0, memory_limit=None))
+                                      FUNCTION, {**params, "noise": True}, timeout=150.0, memory_limit=None,
+                                      expect=expect))
     cycles = {"load/run/close": 3000 if everything else 500, "runs on one module": 100000 if everything else 10000,
               "refused runs on one module": 30000 if everything else 3000,
               "load/run/close of a changed file": 600 if everything else 150}
@@ -448,5 +455,6 @@ def generate(libraries_by_kind: dict, everything: bool, device: str = "cpu", gra
                 continue
             cases.append(Case("soak", "cycles", f"{kind}: {count} x {scenario}", SOAK_FUNCTION,
                               {"library": library, "scenario": scenario, "cycles": count}, timeout=300.0,
-                              memory_limit=memory, exclusive=True))
+                              memory_limit=memory, exclusive=True,
+                              expect="any" if scenario.startswith("refused") else "accept"))
     return cases

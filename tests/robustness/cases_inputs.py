@@ -125,7 +125,7 @@ def run_cli(argv: list, files: dict | None = None, env: dict | None = None, show
             # nothing here is large: running out means an unbounded read (/dev/zero) or listing
             # (the runner would call it an informational memory_limit)
             return Outcome("wrong", "MemoryError: read or listed without a bound")
-    printed = stdout.getvalue()
+    printed = stdout.getvalue() + stderr.getvalue()  # the progress lines too
     raw = sorted({f"U+{ord(c):04X}" for c in printed if c in _TERMINAL_CONTROLS})
     if raw:
         return Outcome("wrong", f"printed terminal control characters unescaped ({', '.join(raw)}): {printed[:300]!r}")
@@ -325,6 +325,10 @@ def _terminal_cases() -> list[Case]:
                "shown": "sm90  gemm:plain  kernel_a  1.50 us  (NVIDIA H100)"}, expect="any"),
         _case("terminal/escapes", "inspect MODEL.onnx", "run_cli",
               {"argv": ["inspect", "{dir}/evil.onnx"], "files": {"evil.onnx": ("model", "escaping")}}, expect="any"),
+        _case("terminal/escapes", "build progress of a model file named with escapes", "run_cli",
+              {"argv": ["build", "{dir}/evil\x1b[2J\x1b]0;owned\x07.onnx", "-c", "cpu", "-o", "{dir}/m.so",
+                        "--dim", "batch=2"],
+               "files": {"evil\x1b[2J\x1b]0;owned\x07.onnx": ("model", "named")}}, expect="any", timeout=120.0),
         _case("terminal/escapes", "inspect MODEL.onnx (plain, valid)", "run_cli",
               {"argv": ["inspect", "{dir}/m.onnx"], "files": {"m.onnx": ("model", "named")},
                "shown": "input  x: float32 [batch, 8]"}, expect="any"),
