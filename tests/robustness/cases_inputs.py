@@ -4,6 +4,7 @@ the compiler launcher, JSON files handed to byoc, and text shown on a terminal.
   cli/integers      --dim, --input-shape, --repeat and target attributes with numbers that are
                     no ASCII integer ('²' passes str.isdigit() and fails int(), '٣' and '1_0'
                     pass int(), 5,000 digits exceed it): a usage or config error naming the option
+  sizes/build       tensors no machine holds (refused at build) and a large constant the build must not fold
   config/file       config files that are no config (FIFO, /dev/zero, 2 MiB, nested aliases)
   config/dims       shape-bucket sizes of 0 (the padding analysis divides by them) and more
                     combinations than a library holds (2**40 of them were listed before the
@@ -335,6 +336,41 @@ def _terminal_cases() -> list[Case]:
     ]
 
 
+def run_build_expand(elements: int):
+    """Build (not run) a model whose output is one constant expanded to `elements` float32
+    values: the build must neither allocate it (the child's address space is 4 GiB) nor
+    accept a tensor no machine holds."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    import byoc
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [elements])
+    nodes = [helper.make_node("Expand", ["one", "shape"], ["big"], name="grow"),
+             helper.make_node("Add", ["big", "x"], ["y"])]
+    initializers = [numpy_helper.from_array(np.array([elements], np.int64), "shape"),
+                    numpy_helper.from_array(np.ones(1, np.float32), "one")]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y], initializers),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    os.environ["BYOC_CACHE_DIR"] = str(case_dir() / "cache")
+    try:
+        byoc.build(model, "cpu", workdir=str(case_dir() / "build"))
+    except MemoryError:
+        return Outcome("wrong", f"the build allocated the expanded constant ({elements} values)")
+    return None
+
+
+def _size_cases() -> list[Case]:
+    """Sizes no machine holds, refused at build time naming the tensor; a constant of 8 GiB
+    left for the run to compute (the build folds nothing that large) as positive control."""
+    return [_case("sizes/build", "Expand to 2**42 float32 (16 TiB)", "run_build_expand", {"elements": 2**42},
+                  why="no tensor past 4 TiB", names=("'big'",), timeout=120.0),
+            _case("sizes/build", "Expand to 2**50 float32", "run_build_expand", {"elements": 2**50},
+                  why="no tensor past 4 TiB", names=("'big'",), timeout=120.0),
+            _case("sizes/build", "Expand to 2**31 float32 (8 GiB; valid, not folded)", "run_build_expand",
+                  {"elements": 2**31}, expect="accept", timeout=120.0)]
+
+
 def _alias_bomb(levels: int = 12) -> str:
     """A YAML config whose nested aliases expand to 9**levels values (a few hundred bytes)."""
     lines = ["target: cpu", "input_shapes:", '  a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1]']
@@ -365,4 +401,4 @@ def generate(library_metadata: dict) -> list[Case]:
     """Every case (few enough that the default sample is all of them). `library_metadata`: a
     built library's, the valid file the json cases damage."""
     return (_integer_cases() + _dims_cases() + _launcher_cases() + _json_cases(library_metadata) + _terminal_cases()
-            + _config_file_cases())
+            + _config_file_cases() + _size_cases())
