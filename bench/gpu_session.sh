@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What one call on the lent GPU machine runs (no internet there): install the wheels carried
 # in .whl/ (see README "Benchmarks"), then run a stage and leave logs and results in $OUT.
-#   bench/gpu_session.sh tests    GPU tests of every file that has them, files in parallel
+#   bench/gpu_session.sh tests    GPU tests of every file that has them, files in parallel, and the torch interop tests
 #   bench/gpu_session.sh gemm     bench/bench_gemm.py (CUTLASS tuned, cuBLASLt engine, cuBLAS)
 #   bench/gpu_session.sh attention [ARGS...]  bench/bench_attention.py (every fused attention kernel and tile)
 #   bench/gpu_session.sh build_times [CASES...]  cold/warm/measure-all build times (bench/build_times.py tables them)
@@ -59,6 +59,9 @@ case "$stage" in
       name=$(basename "$f" .py)
       cat /tmp/byoc-test-logs/"$name".*.log >"$OUT/$name.log" 2>/dev/null
     done
+    # the tests that compare with torch (installed here, not in CI): every GPU session runs them
+    (echo "== torch interop"; python3 -m pytest -q -p no:cacheprovider tests/test_ops_nn_layout.py -k torch 2>&1) \
+      >"$OUT/test_torch_interop.log"
     grep -hE "^== |passed|failed|^FAILED|^ERROR" "$OUT"/test_*.log ;;
   tune)
     # Tune the CUTLASS kernels of whole models (problems the database lacks, e.g. BERT at
