@@ -26,10 +26,10 @@ import numpy as np
 
 from ..ir.expr import Binding, Call, Constant, Function, Var, is_op_call
 from ..ir.module import IRModule
+from ..ir.types import is_float, numpy_dtype
 from .fuse_ops_by_pattern import _uses
 
 LAYOUT_OPS = ("reshape", "transpose", "expand_dims", "squeeze", "broadcast_to")
-FLOAT_DTYPES = ("float16", "float32", "float64")  # NumPy's: the product is a NumPy constant
 
 
 def hoist_scalar_factors(mod: IRModule) -> IRModule:
@@ -54,7 +54,7 @@ def _hoist_once(function: Function) -> Function | None:
         return readers[0] if len(readers) == 1 else None
 
     for index, binding in enumerate(bindings):
-        if not is_op_call(binding.value, ("matmul",)) or binding.var.type.dtype not in FLOAT_DTYPES or \
+        if not is_op_call(binding.value, ("matmul",)) or not is_float(binding.var.type.dtype) or \
                 any(isinstance(arg, Constant) for arg in binding.value.args):
             continue
         factors = [_factor(arg, index, producers, only_reader) for arg in binding.value.args]
@@ -67,7 +67,7 @@ def _hoist_once(function: Function) -> Function | None:
         matmul = bindings[index].value  # its operands may have been rewritten just now
         product = np.prod([value for *_, value in found], dtype=np.float64)
         unscaled = Var(f"{binding.var.name_hint}_unscaled", binding.var.type)
-        scale = Constant(np.asarray(product, dtype=binding.var.type.dtype))
+        scale = Constant(np.asarray(product, dtype=numpy_dtype(binding.var.type.dtype)))
         bindings[index] = Binding(unscaled, matmul)
         bindings.insert(index + 1, Binding(binding.var, Call("multiply", [unscaled, scale])))
         return Function(function.params, bindings, function.result, function.ret_type, function.attrs)
