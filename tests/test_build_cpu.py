@@ -2,6 +2,7 @@
 build directory is gone, against onnxruntime; run-time input checks; hostile names."""
 import json
 import re
+import struct
 import shutil
 import subprocess
 import sys
@@ -218,6 +219,32 @@ def test_corrupted_embedded_blobs_are_refused_at_create(tmp_path):
         byoc.runtime.seal_library(path)
         with pytest.raises(byoc.RuntimeError, match=message):
             byoc.load(path)
+
+
+def test_a_json_graph_forged_with_its_checksum_is_checked_against_the_callers_tensors(tmp_path):
+    """The JSON graph edited into another valid graph (every batch of 4 made 8) with its
+    checksum and the seal recomputed: the engine would read and write twice the bytes of
+    the host's buffers. The wrapper checks the graph against the function's own interface
+    (from the IR, compiled in) at create and names the tensor."""
+    from byoc.codegen.host import blob_checksum
+    library = byoc.build(FIXTURES / "mlp.onnx", config={"target": "cpu", "backends": ["cublaslt", "builtin"]},
+                         workdir=str(tmp_path / "w"))
+    data = bytearray(Path(library.path).read_bytes()[:-byoc.runtime.SEAL_BYTES])
+    wrapper = next(path for path in (tmp_path / "w").glob("*.cc") if "kGraph" in path.read_text())
+    listed = re.search(r"kGraph\[\] = \{(.*?)\};", wrapper.read_text(), re.S).group(1)
+    graph = bytes(int(b) for b in listed.replace("\n", "").split(","))
+    forged = graph.replace(b'"shape":[4,', b'"shape":[8,')
+    assert forged != graph and len(forged) == len(graph)
+    start, checksum = data.index(graph), struct.pack("<Q", blob_checksum(graph))
+    assert data.count(checksum) == 1
+    data[start:start + len(graph)] = forged
+    at = data.index(checksum)
+    data[at:at + 8] = struct.pack("<Q", blob_checksum(forged))
+    path = tmp_path / "forged.so"
+    path.write_bytes(bytes(data))
+    byoc.runtime.seal_library(path)
+    with pytest.raises(byoc.RuntimeError, match=r"the graph's input 0 \('p0'\) is 2048 bytes; the caller passes 1024"):
+        byoc.load(path)
 
 
 def test_outputs_no_call_writes_are_copied_out(tmp_path):

@@ -7,6 +7,7 @@ malformed graphs in a subprocess; compile the CUDA path with nvcc for sm_90; on 
 from __future__ import annotations
 
 import ctypes
+import re
 import glob
 import json
 import os
@@ -397,6 +398,36 @@ def test_cpu_engine_run_checks_workspace(engine_library):
         out = np.zeros((4, 16), np.float32)
         with pytest.raises(byoc.RuntimeError, match="workspace"):
             engine_library.run(handle, [x.ctypes.data], [out.ctypes.data], None, 0)
+    finally:
+        engine_library.destroy(handle)
+
+
+@pytest.mark.parametrize("inputs, outputs, message", [
+    ([4 * 32 * 4], [4 * 16 * 4], None),  # the graph's own interface
+    ([4 * 32 * 4 // 2], [4 * 16 * 4], r"the graph's input 0 \('x'\) is 512 bytes; the caller passes 256"),
+    ([4 * 32 * 4], [4 * 16 * 4 * 2], "the graph's output 0 is 256 bytes; the caller passes 512"),
+    ([4 * 32 * 4, 64], [4 * 16 * 4], "the graph has 1 inputs and 1 outputs; the caller passes 2 and 1"),
+    ([], [4 * 16 * 4], "the graph has 1 inputs and 1 outputs; the caller passes 0 and 1"),
+])
+def test_the_engine_checks_its_graph_against_the_callers_interface(engine_library, inputs, outputs, message):
+    """A graph whose tensors differ from the buffers the host passes (a library edited after
+    its build, its checksum forged too) is refused at create by the wrapper, naming the
+    tensor, before a run could read or write past a buffer."""
+    func = make_mlp()
+    blob, offsets = weights_blob(func)
+    code, handle = engine_library.create(serialize_function(func, offsets).encode(), blob.ctypes.data, blob.size)
+    assert code == 0
+    lib = engine_library.lib
+    lib.byoc_json_engine_check_interface.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t),
+                                                     ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]
+    try:
+        code = lib.byoc_json_engine_check_interface(handle, len(inputs), (ctypes.c_size_t * max(1, len(inputs)))(*inputs),
+                                                    len(outputs), (ctypes.c_size_t * len(outputs))(*outputs))
+        if message is None:
+            assert code == 0, lib.byoc_json_engine_last_error()
+        else:
+            assert code == 3  # BYOC_JSON_ERROR_SCHEMA
+            assert re.search(message, lib.byoc_json_engine_last_error().decode()), lib.byoc_json_engine_last_error()
     finally:
         engine_library.destroy(handle)
 

@@ -32,6 +32,10 @@ def _workspace_estimate(function, limit: int) -> int:
     return total + limit + (1 << 20)
 
 
+def _bytes(type_) -> int:
+    return math.prod(type_.shape) * numpy_dtype(type_.dtype).itemsize
+
+
 def codegen(functions: dict, target) -> list:
     from byoc.runtime import INCLUDE_DIR
     from byoc.toolchain import CompileUnit, cuda_include_dirs
@@ -60,6 +64,8 @@ def codegen(functions: dict, target) -> list:
         source.write_text(render_template("cublaslt/wrapper.cc.j2", {
             "symbol": symbol, "device_kind": 2 if cuda else 1, "options": options,
             "workspace_bytes": workspace[symbol], "graph_checksum": blob_checksum(graph),
+            "input_bytes": [_bytes(param.type) for param in function.params],
+            "output_bytes": [_bytes(t) for t in getattr(function.ret_type, "fields", None) or [function.ret_type]],
             "graph_bytes": ",\n".join(", ".join(str(b) for b in graph[i:i + 24]) for i in range(0, len(graph), 24)),
         }))
         units.append(CompileUnit(source, "cxx", host_flags, f"{symbol}.o"))

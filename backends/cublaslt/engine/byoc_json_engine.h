@@ -60,6 +60,13 @@ int byoc_json_engine_create(const char* json, size_t json_len, const void* weigh
 int byoc_json_engine_run(void* engine, void* const* inputs, void* const* outputs,
                          void* workspace, size_t workspace_bytes, void* stream);
 
+/* Whether the graph's interface is the one the caller passes: num_inputs inputs of
+ * input_bytes[i] bytes each and num_outputs outputs of output_bytes[i] (the sizes the
+ * caller's buffers have, which the engine cannot see). A graph that differs (a library
+ * edited after its build, its checksum forged too) is a BYOC_JSON_ERROR_SCHEMA naming the
+ * tensor, before any run reads or writes past a buffer. */
+int byoc_json_engine_check_interface(void* engine, size_t num_inputs, const size_t* input_bytes,
+                                     size_t num_outputs, const size_t* output_bytes);
 /* Workspace bytes run() needs: intermediates + cuBLASLt workspace. */
 size_t byoc_json_engine_workspace(void* engine);
 

@@ -181,6 +181,33 @@ int byoc_json_engine_run(void* engine, void* const* inputs, void* const* outputs
   });
 }
 
+int byoc_json_engine_check_interface(void* engine, size_t num_inputs, const size_t* input_bytes,
+                                     size_t num_outputs, const size_t* output_bytes) {
+  using byoc_json::EngineError;
+  return guarded("byoc_json_engine_check_interface", [&] {
+    if (!engine) throw EngineError(BYOC_JSON_ERROR_ARGUMENT, "engine is NULL");
+    if ((num_inputs && !input_bytes) || (num_outputs && !output_bytes))
+      throw EngineError(BYOC_JSON_ERROR_ARGUMENT, "input_bytes or output_bytes is NULL");
+    const byoc_json::Graph& graph = static_cast<Engine*>(engine)->graph;
+    if (graph.inputs.size() != num_inputs || graph.outputs.size() != num_outputs)
+      throw EngineError(BYOC_JSON_ERROR_SCHEMA,
+                        "the graph has " + std::to_string(graph.inputs.size()) + " inputs and " +
+                            std::to_string(graph.outputs.size()) + " outputs; the caller passes " +
+                            std::to_string(num_inputs) + " and " + std::to_string(num_outputs));
+    for (size_t i = 0; i < num_inputs; ++i)
+      if (graph.inputs[i].tensor.bytes != input_bytes[i])
+        throw EngineError(BYOC_JSON_ERROR_SCHEMA, "the graph's input " + std::to_string(i) + " ('" +
+                                                      graph.inputs[i].name + "') is " +
+                                                      std::to_string(graph.inputs[i].tensor.bytes) +
+                                                      " bytes; the caller passes " + std::to_string(input_bytes[i]));
+    for (size_t i = 0; i < num_outputs; ++i)
+      if (graph.tensor(graph.outputs[i]).bytes != output_bytes[i])
+        throw EngineError(BYOC_JSON_ERROR_SCHEMA, "the graph's output " + std::to_string(i) + " is " +
+                                                      std::to_string(graph.tensor(graph.outputs[i]).bytes) +
+                                                      " bytes; the caller passes " + std::to_string(output_bytes[i]));
+  });
+}
+
 size_t byoc_json_engine_workspace(void* engine) {
   return engine ? static_cast<Engine*>(engine)->executor->workspace_bytes() : 0;
 }
