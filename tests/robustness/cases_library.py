@@ -15,7 +15,9 @@ answer right. Metadata edits and weight flips also run resealed (the library's S
 seal recomputed, so the checks behind it are reached), and the program table is forged
 with its checksum and the seal recomputed: operands past the end of their memory, in a
 memory the model lacks, a caller tensor of another size, a host call in a cpu model; the
-decoder must refuse each from the model's own tables.
+decoder must refuse each from the model's own tables. A JSON-runtime partition's graph is
+forged the same way (another valid graph of other tensor sizes, invalid ones): the engine
+checks it against the interface the wrapper was compiled with.
 
 Sidecar weights (`corrupt.safetensors`): truncation, header length and JSON edits, flips
 in the data, and files that are no file (a FIFO, a directory).
@@ -71,10 +73,11 @@ def _resealed(data: bytes) -> bytes:
 
 
 def _forged(data: bytearray, args: dict) -> bytes:
-    """The program table edited at (offset in the table, bytes), its checksum in the host
-    code recomputed: a forgery the checksum cannot tell from the build's own table."""
+    """The program table (or the JSON graph: args["blob"]) edited at (offset in it, bytes),
+    its checksum in the host code recomputed: a forgery the checksum cannot tell from the
+    build's own."""
     from byoc.codegen.host import blob_checksum
-    start, length = args["program"]
+    start, length = args["program"] if "program" in args else args["blob"]
     for offset, value in args["table_edits"]:
         data[start + offset:start + offset + len(value)] = value
     at = args["checksum_at"]
@@ -365,8 +368,41 @@ def fake_cases(library: dict, fakes: dict) -> list[Case]:
             for name, path in sorted(fakes.items())]
 
 
+def _forged_graph_cases(library: dict) -> list[Case]:
+    """The JSON-runtime partition's graph forged (its checksum and the seal recomputed) into
+    another graph: one that is still valid JSON and a valid graph but of other tensor sizes
+    than the host passes (the engine would read and write past the buffers), and ones that
+    are not valid. The engine must refuse each at create; a resealed undamaged copy runs."""
+    layout = library["layout"]
+    if "graph" not in layout:
+        return []
+    start, length = layout["graph"]
+    with open(library["path"], "rb") as handle:
+        handle.seek(start)
+        graph = handle.read(length)
+    cases = [_case(library, "library", "control", "an undamaged copy, resealed", "flip",
+                   {"offsets": [], "reseal": True}, expect="accept")]
+
+    def forge(label, edits):
+        cases.append(_case(library, "library", "forged_graph", f"JSON graph forged: {label}", "forge",
+                           {"blob": layout["graph"], "checksum_at": layout["graph_checksum_at"], "table_edits": edits},
+                           expect="refuse"))
+    for old, new, label in ((b'"shape":[4,', b'"shape":[8,', "every batch of 4 made 8"),
+                            (b'"shape":[4,64]', b'"shape":[4,32]', "the input narrowed"),
+                            (b'"float32"', b'"float16"', "a tensor made float16")):
+        at = graph.find(old)
+        if at >= 0:
+            edited = graph.replace(old, new) if label.startswith("every") else graph[:at] + new + graph[at + len(old):]
+            forge(label, [(0, edited)])
+    forge("the first brace a bracket", [(graph.index(b"{"), b"[")])
+    forge("a NUL in the middle", [(length // 2, b"\0")])
+    return cases
+
+
 def generate(libraries_by_kind: dict, fakes: dict, everything: bool) -> list[Case]:
     cases = library_cases(libraries_by_kind["mlp"], everything)
+    if "json" in libraries_by_kind:
+        cases += _forged_graph_cases(libraries_by_kind["json"])
     if "sidecar" in libraries_by_kind:
         cases += sidecar_cases(libraries_by_kind["sidecar"], everything)
     cases += fake_cases(libraries_by_kind["mlp"], fakes)

@@ -94,7 +94,9 @@ def build_one(root: Path, kind: str, config="cpu", device="cpu", tolerance=1e-3,
     """Build one library kind (mlp, multi, sidecar) and describe it for the case families."""
     import byoc
     model, params = {"mlp": (FIXTURES / "mlp.onnx", None), "multi": (multi_model(), None),
-                     "sidecar": (FIXTURES / "mlp.onnx", "sidecar")}[kind]
+                     "sidecar": (FIXTURES / "mlp.onnx", "sidecar"), "json": (FIXTURES / "mlp.onnx", None)}[kind]
+    if kind == "json":  # the mlp's GEMMs in a JSON-runtime partition (the cuBLASLt engine, on the cpu)
+        config = {"target": "cpu", "backends": ["cublaslt", "builtin"]}
     workdir = root / f"build_{kind}{name_suffix}"
     library = byoc.build(model, config=config, workdir=str(workdir), params=params)
     deployed = library.export_library(root / "deploy" / f"{kind}{name_suffix}" / f"{kind}.so")
@@ -102,14 +104,32 @@ def build_one(root: Path, kind: str, config="cpu", device="cpu", tolerance=1e-3,
             "layout": _layout(deployed, workdir), "metadata": library.metadata}
     if params == "sidecar":
         info["sidecar"] = str(deployed.with_suffix(".safetensors"))
+    if kind == "json":
+        info["layout"].update(_json_graph_layout(deployed, workdir))
     shutil.rmtree(workdir, ignore_errors=True)
     return info
 
 
+def _json_graph_layout(path: Path, workdir: Path) -> dict:
+    """Where the JSON graph embedded by the cublaslt wrapper lies in the file, and its
+    checksum (the forged-graph cases rewrite both)."""
+    import re
+
+    from byoc.codegen.host import blob_checksum
+    data = path.read_bytes()
+    wrapper = next(p for p in workdir.glob("cublaslt_*.cc") if "kGraph" in p.read_text())
+    listed = re.search(r"kGraph\[\] = \{(.*?)\};", wrapper.read_text(), re.S).group(1)
+    graph = bytes(int(b) for b in listed.replace("\n", "").split(","))
+    checksum = struct.pack("<Q", blob_checksum(graph))
+    if data.count(graph) != 1 or data.count(checksum) != 1:
+        return {}
+    return {"graph": (data.index(graph), len(graph)), "graph_checksum_at": data.index(checksum)}
+
+
 def build_all(root: Path, config="cpu", device="cpu", tolerance=1e-3, name_suffix="") -> dict:
     """Build mlp, multi and the sidecar mlp for `config`; returns {kind: library info}."""
-    built = {kind: build_one(root, kind, config, device, tolerance, name_suffix)
-             for kind in ("mlp", "multi", "sidecar")}
+    kinds = ("mlp", "multi", "sidecar") + (("json",) if device == "cpu" else ())
+    built = {kind: build_one(root, kind, config, device, tolerance, name_suffix) for kind in kinds}
     siblings = {kind: info["path"] for kind, info in built.items()}
     for info in built.values():
         info["siblings"] = siblings
