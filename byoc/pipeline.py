@@ -94,6 +94,7 @@ class BuildContext:
         for target in targets.values():
             target.device = self.target
             target.workdir = self.workdir
+            target.progress = self.progress  # long work in a backend (tuning) says what it is doing
         return targets
 
     def value_devices(self, mod) -> dict | None:

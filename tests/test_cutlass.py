@@ -269,6 +269,32 @@ def test_a_problem_missing_from_the_database_takes_the_same_shapes_kernel(tmp_pa
     assert chosen[biased] == remembered and chosen[other] == heuristic_kernel(90, other)
 
 
+def test_tuning_says_what_it_compiles_and_how_far_it_is(tmp_path, monkeypatch):
+    """A tuning run reports its phases through the build's progress (the heartbeat repeats
+    the last one): which problems, how many candidate kernels, and ninja's [n/m] lines as
+    the candidates compile (a build used to say 'partitioned: ...' for minutes)."""
+    import byoc.toolchain
+    from byoc.backends.cutlass.kernels import GemmProblem
+    from byoc.backends.cutlass.tuning import TuningDatabase, choose_kernels
+    from byoc.errors import BuildError
+    from byoc.progress import BuildProgress
+    problems = [GemmProblem(1024, 2304, 768, 1, "float16", False, None, True, False),
+                GemmProblem(1024, 768, 3072, 1, "float16", False, None, True, True)]
+    lines = []
+
+    def compile_units(units, workdir, jobs=None, progress=None, stats=None):
+        progress(f"[1/{len(units)}] compile {Path(units[0].source).name}")
+        raise BuildError("no compiler here")  # the tuner goes on without those candidates
+    monkeypatch.setattr(byoc.toolchain, "compile_units", compile_units)
+    progress = BuildProgress()
+    monkeypatch.setattr(progress, "_log", lines.append)
+    with pytest.warns(byoc.ByocWarning, match="did not compile"):
+        choose_kernels(problems, 90, TuningDatabase(tmp_path / "db.json"), profile=True, workdir=tmp_path,
+                       compile_flags=[], progress=progress)
+    assert re.match(r"cutlass tuning: compiling \d+ candidate kernels for 2 problems \(float16:m1024:n2304", lines[0]), lines
+    assert re.match(r"\[1/\d+\] compile ", lines[1]) and progress.last_what.startswith("compiling, 1 of "), lines
+
+
 def test_the_shipped_database_comes_after_the_users_and_is_never_written(tmp_path):
     """Every entry of the database shipped in the package is a kernel byoc renders; a build
     without a tuning_db takes its kernels (no tuning run), the user's database wins where

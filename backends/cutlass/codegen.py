@@ -244,7 +244,8 @@ def codegen(functions: dict, target) -> list:
         chosen = choose_kernels(sorted({p for p, _ in problems.values()}, key=lambda p: p.key), sm, database,
                                 profile=bool(profile), workdir=workdir, compile_flags=flags,
                                 jobs=target.attrs.get("compile_threads") or None, allowed=allowed,
-                                remeasure_on=remeasure_on, optional_save=optional_save)
+                                remeasure_on=remeasure_on, optional_save=optional_save,
+                                progress=getattr(target, "progress", None))
     except ValueError as error:  # the target's tiles/clusters/stages leave no kernel for a problem
         raise BuildError(str(error)) from None
     units, workspace, kernels, kernel_units, calls = [], {}, {}, {}, []

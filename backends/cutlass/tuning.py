@@ -221,12 +221,13 @@ def open_database(tuning_db, shipped: bool = True) -> tuple[TuningDatabase, bool
 
 def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile: bool, workdir: Path,
                    compile_flags: list, jobs: int | None = None, allowed: CandidateFilter = NO_FILTER,
-                   remeasure_on: str | None = None, optional_save: bool = False) -> dict:
+                   remeasure_on: str | None = None, optional_save: bool = False, progress=None) -> dict:
     """problem -> kernel for every problem (GemmProblem or ConvProblem): from the
     database (when the target allows that kernel), else measured among the allowed
     candidates (when `profile`), else the database's kernel for the same shape with another
     epilogue, else the heuristic. `remeasure_on`: the visible GPU's name where the user
-    asked for tuning; an entry measured on a GPU of another name is then measured again."""
+    asked for tuning; an entry measured on a GPU of another name is then measured again.
+    `progress`: the build's BuildProgress, told each phase of tuning and ninja's [n/m] lines."""
     chosen = {}
     to_tune = []
     import logging
@@ -257,7 +258,7 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
         log.info("cutlass: tuning %d problems the databases lack (%d candidate kernels "
                                              "to compile and time; tuning_db remembers the winners)",
                                              len(to_tune), count)
-        measured = _profile(to_tune, sm, workdir / "tuning", compile_flags, jobs, allowed)
+        measured = _profile(to_tune, sm, workdir / "tuning", compile_flags, jobs, allowed, progress=progress)
         provenance = measurement_provenance(0)  # one GPU, one toolchain for the whole run
         for problem in to_tune:
             times = measured.get(problem, {})
@@ -287,7 +288,7 @@ def time_kernels(chosen: dict, sm: int, workdir: Path, compile_flags: list, jobs
 
 
 def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
-             allowed: CandidateFilter = NO_FILTER, kernels_of=None) -> dict:
+             allowed: CandidateFilter = NO_FILTER, kernels_of=None, progress=None) -> dict:
     """problem -> {candidate kernel name: microseconds, or None where it failed or disagreed
     with the problem's first candidate}: every candidate's kernel unit compiled once (the
     units a build links: kernels.kernel_unit), one profiler for all the problems
@@ -319,8 +320,12 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
     # no unity groups: each candidate's objects on their own, so that one that does not
     # compile costs no other, and a build finds each chosen kernel's in the cache
     candidate_units = kernel_compile_units(kernel_units.values(), workdir, unity=False)
+    if progress is not None:  # what the build is doing for minutes, and how far it is
+        progress.stage(f"cutlass tuning: compiling {len(kernel_units)} candidate kernels for {len(problems)} "
+                       f"problems ({', '.join(problem.key for problem in problems[:3])}"
+                       f"{', ...' if len(problems) > 3 else ''})")
     try:
-        compile_units(candidate_units, workdir, jobs=jobs)
+        compile_units(candidate_units, workdir, jobs=jobs, progress=progress.compile_line if progress else None)
     except BuildError as error:
         warnings.warn(f"cutlass tuning: some candidates did not compile and are not measured: {error}", ByocWarning)
     built = {entry for entry, unit in kernel_units.items()
@@ -354,6 +359,9 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
     link = subprocess.run(command, capture_output=True, text=True)
     if link.returncode != 0:
         raise BuildError(f"linking the cutlass profiler {executable} failed:\n{link.stderr[-2000:]}")
+    if progress is not None:
+        progress.stage(f"cutlass tuning: timing {len(linked)} kernels on {len(timed)} problems on the GPU "
+                       f"(at most {PROBLEM_SECONDS} s a problem)")
     for position, times in run_profiler(executable, len(timed)).items():
         results[timed[position][0]] = times
     return results
