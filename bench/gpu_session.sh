@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What one call on the lent GPU machine runs (no internet there): install the wheels carried
-# in .whl/ (see README "Benchmarks"), then run a stage and leave logs and results in $OUT.
+# in .whl/ (see docs/performance.md), then run a stage and leave logs and results in $OUT.
 #   bench/gpu_session.sh tests    GPU tests of every file that has them, files in parallel, and the torch interop tests
 #   bench/gpu_session.sh gemm     bench/bench_gemm.py (CUTLASS tuned, cuBLASLt engine, cuBLAS)
 #   bench/gpu_session.sh attention [ARGS...]  bench/bench_attention.py (every fused attention kernel and tile)

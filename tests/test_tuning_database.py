@@ -32,7 +32,7 @@ def measured(monkeypatch):
     records which problems were measured."""
     calls = []
 
-    def fake_profile(problems, sm, workdir, compile_flags, jobs, allowed=None, kernels_of=None):
+    def fake_profile(problems, sm, workdir, compile_flags, jobs, allowed=None, kernels_of=None, progress=None):
         calls.extend(problems)
         results = {}
         for problem in problems:
@@ -176,7 +176,7 @@ def test_a_problem_no_candidate_ran_for_is_remembered_and_not_measured_at_every_
     show lists it."""
     calls = []
 
-    def failing_profile(problems, sm, workdir, compile_flags, jobs, allowed=None, kernels_of=None):
+    def failing_profile(problems, sm, workdir, compile_flags, jobs, allowed=None, kernels_of=None, progress=None):
         calls.extend(problems)
         return {problem: {k.name(problem): None for k in usable_candidates(sm, problem, allowed)}
                 for problem in problems}
