@@ -1199,8 +1199,10 @@ for problem in range(int(sys.argv[1]), 5):
     print(json.dumps({{"problem": problem, "times": {{"k": float(problem)}}}}), flush=True)
 """)
     profiler.chmod(0o755)
-    measured = run_profiler(profiler, 5)
+    reported = []
+    measured = run_profiler(profiler, 5, on_problem=lambda position, count: reported.append((position, count)))
     assert measured == {0: {"k": 0.0}, 2: {"k": 2.0}, 4: {"k": 4.0}}
+    assert reported == [(0, 5), (2, 5), (4, 5)]  # each as its line arrives (the build's progress)
     assert runs.read_text().split() == ["0", "2", "4"]  # started after each fault, never twice
 
 

@@ -362,7 +362,10 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
     if progress is not None:
         progress.stage(f"cutlass tuning: timing {len(linked)} kernels on {len(timed)} problems on the GPU "
                        f"(at most {PROBLEM_SECONDS} s a problem)")
-    for position, times in run_profiler(executable, len(timed)).items():
+    def timed_one(position, count):
+        if progress is not None:
+            progress.stage(f"cutlass tuning: timed problem {position + 1} of {count} ({timed[position][0].key})")
+    for position, times in run_profiler(executable, len(timed), on_problem=timed_one).items():
         results[timed[position][0]] = times
     return results
 
@@ -372,31 +375,38 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
 PROBLEM_SECONDS = 120
 
 
-def run_profiler(executable, count: int) -> dict:
+def run_profiler(executable, count: int, on_problem=None) -> dict:
     """{problem position: its times} from the profiler, which times problems 0..count-1 in
     order, one JSON line each. A candidate that faults leaves the CUDA context unusable: the
     profiler then exits without that problem's line (or the process dies, or hangs past its
-    time), which costs that problem only: it is run again from the problem after it."""
+    time), which costs that problem only: it is run again from the problem after it.
+    `on_problem(position, count)` is called as each problem's line arrives (the lines are
+    read as the profiler prints them: the build's progress says which problem it timed)."""
+    import threading
     measured, first = {}, 0
     while first < count:
-        try:
-            # the profiler stops itself after PROBLEM_SECONDS on one problem; this is a backstop
-            ran = subprocess.run([str(executable), str(first)], capture_output=True, text=True,
-                                 timeout=max(600, (PROBLEM_SECONDS + 10) * (count - first)))
-            output, failed = ran.stdout, ran.returncode != 0
-        except subprocess.TimeoutExpired as timeout:
-            output, failed = timeout.stdout or "", True
-            output = output.decode(errors="replace") if isinstance(output, bytes) else output
         finished = first
-        for line in output.splitlines():
-            try:
-                record = json.loads(line)
-                position, times = int(record["problem"]), record["times"]
-            except (ValueError, KeyError, TypeError):
-                continue
-            if first <= position < count and isinstance(times, dict):
-                measured[position] = times
-                finished = max(finished, position + 1)
+        # the profiler stops itself after PROBLEM_SECONDS on one problem; this is a backstop
+        process = subprocess.Popen([str(executable), str(first)], stdout=subprocess.PIPE,
+                                   stderr=subprocess.DEVNULL, text=True, errors="replace")
+        backstop = threading.Timer(max(600, (PROBLEM_SECONDS + 10) * (count - first)), process.kill)
+        backstop.start()
+        try:
+            for line in process.stdout:
+                try:
+                    record = json.loads(line)
+                    position, times = int(record["problem"]), record["times"]
+                except (ValueError, KeyError, TypeError):
+                    continue
+                if first <= position < count and isinstance(times, dict):
+                    measured[position] = times
+                    finished = max(finished, position + 1)
+                    if on_problem is not None:
+                        on_problem(position, count)
+        finally:
+            backstop.cancel()
+            process.stdout.close()
+            failed = process.wait() != 0
         # a run that stopped early stopped in problem `finished`: it keeps no times
         first = finished + 1 if failed or finished == first else finished
     return measured
