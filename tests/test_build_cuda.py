@@ -51,6 +51,30 @@ def test_models_compile_and_link_for_sm90(name, tmp_path):
             library.load()
 
 
+def test_the_shim_sources_that_call_cublaslt_are_the_ones_listed():
+    """The builtin backend links cuBLASLt only when one of these is compiled in."""
+    from byoc.backends.builtin import CUBLASLT_SHIM_SOURCES, SHIM_DIR
+    found = {path.name for path in (SHIM_DIR / "cuda").iterdir() if "cublasLt" in path.read_text()}
+    assert found == set(CUBLASLT_SHIM_SOURCES)
+
+
+@needs_nvcc
+def test_a_cuda_library_without_matmuls_needs_no_cublaslt_and_names_no_build_path(tmp_path):
+    """Elementwise ops and a softmax for sm_90: the library lists no libcublasLt and carries
+    no RUNPATH (it pointed into the build machine's venv whether or not it was needed)."""
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Add", ["r", "x"], ["s"]),
+             helper.make_node("Softmax", ["s"], ["y"], axis=-1)]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+    library = byoc.build(model, target="cuda -arch=sm_90", config="default", workdir=str(tmp_path / "w"))
+    dynamic = subprocess.run(["readelf", "-d", str(library.path)], capture_output=True, text=True).stdout
+    needed = [line.split("[")[1].split("]")[0] for line in dynamic.splitlines() if "(NEEDED)" in line]
+    assert needed and not any(n.startswith("libcublas") for n in needed), needed
+    assert "RUNPATH" not in dynamic and "RPATH" not in dynamic, dynamic
+
+
 @needs_nvcc
 def test_cuda_graph_build_copies_every_output_out_of_planned_storage(tmp_path):
     """With graphs, no kernel writes the caller's buffers: run() copies each output after

@@ -83,6 +83,10 @@ def shim_sources(folder: Path, called: set | None) -> list:
     return sorted(needed)
 
 
+# The CUDA shim sources that call cuBLASLt (the library links it only when one is compiled in).
+CUBLASLT_SHIM_SOURCES = ("linalg.cu",)
+
+
 def shim_compile_units(device_target, called: set | None = None, dtypes: set | None = None) -> list:
     """The shim library's compile units for a device target (cached like any other): only
     the op families whose functions `called` names (byoc_shim_* symbols the generated code
@@ -174,13 +178,15 @@ def codegen(functions: dict, target) -> list:
     source.write_text(generated.source)
     if kind == "cuda":
         flags = device.nvcc_flags() + [f"-I{SHIM_DIR}"] + [f"-I{d}" for d in cuda_include_dirs()]
-        libraries = ["cublasLt"]
     else:
         from byoc.runtime import INCLUDE_DIR
         flags = device.cxx_flags() + [f"-I{SHIM_DIR}", f"-I{INCLUDE_DIR}"]
-        libraries = []
     units = [CompileUnit(source, "cuda" if kind == "cuda" else "cxx", flags, "builtin.o")]
     units += shim_compile_units(device, shim_calls(generated.source), shim_dtypes(generated.source))
+    # cuBLASLt only where a shim family that calls it is compiled in (the CUDA matmuls): a
+    # library of elementwise ops, norms and convolutions needs nothing from it
+    libraries = ["cublasLt"] if any(Path(unit.source).name in CUBLASLT_SHIM_SOURCES for unit in units
+                                    if kind == "cuda") else []
     return artifacts + [Artifact(backend="builtin", kind="source", symbols=list(functions),
                                  compile_units=units, workspace_bytes=generated.workspace_bytes,
                                  link_libraries=libraries, view_symbols=[s for s in views if s in functions])]
