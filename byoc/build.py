@@ -23,9 +23,8 @@ from pathlib import Path
 
 from .errors import BuildError, ByocWarning, CompileError, ConfigError
 from .library import Library
-from .pipeline import DUMP_DATA_BYTES, BuildContext  # noqa: F401 - DUMP_DATA_BYTES: where it always was
+from .pipeline import BuildContext
 from .progress import BuildProgress
-from .stages import check_module  # noqa: F401 - part of this module's public face
 
 
 def build(model, target=None, config=None, *, input_shapes: dict | None = None, workdir=None,
@@ -37,7 +36,7 @@ def build(model, target=None, config=None, *, input_shapes: dict | None = None, 
     default "default"); `target`, `workdir`, `params`, `precision` and `dims` (sizes of
     named dims, e.g. {"batch": 1}) override its keys. `dump_after`: names of pipeline
     stages (`byoc build --print-pipeline` lists them) whose output IR is written to the
-    work directory's ir/.
+    work directory's ir/ (a shape bucket's to bucket<N>/ir/).
     """
     from .config import _validate_input_shapes, load_config
     from .target import resolve_device_target
@@ -47,7 +46,8 @@ def build(model, target=None, config=None, *, input_shapes: dict | None = None, 
     if input_shapes is not None:  # it replaces the config's input_shapes: check it the same way
         input_shapes = _validate_input_shapes("build()", input_shapes)
     device = resolve_device_target(cfg.target)
-    workdir, temporary = _make_workdir(cfg.workdir)
+    dump_after = (dump_after,) if isinstance(dump_after, str) else tuple(dump_after or ())
+    workdir, temporary = make_workdir(cfg.workdir)
     try:
         context = BuildContext(config=cfg, target=device, workdir=workdir, model=model, input_shapes=input_shapes,
                                progress=BuildProgress(), dump_after=frozenset(dump_after))
@@ -82,7 +82,7 @@ def _build(context: BuildContext, temporary: bool) -> Library:
     return library
 
 
-def _make_workdir(configured) -> tuple[Path, bool]:
+def make_workdir(configured) -> tuple[Path, bool]:
     """(the work directory, whether it is byoc's own temporary one), created and checked
     writable. Absolute: ninja runs in it, so relative paths in its commands would break."""
     try:

@@ -7,8 +7,9 @@ report`, load() and run() read), built from the final module of each program.
     execution_graph(mod, memory_plan, functions)  the calls of @main in order and the memory
                                           plan's lifetimes, as plain data: report.html is
                                           drawn from it (report_page.py)
-    library_metadata(program, context, build_id, weights_bytes)  the JSON of one program
+    library_metadata(mod, context, build_id, weights_bytes)  the JSON of one program's final module
     with_variants(metadata, programs, dims, padding)  a shape-bucket library's: each bucket's
+                                          dims, tensors and memory beside the first's
 """
 from __future__ import annotations
 
@@ -99,12 +100,13 @@ def execution_graph(mod, memory_plan=None, functions: dict | None = None, views=
                           for symbol in symbols}}
 
 
-
-
 def metadata_json(plan, *, build_id: str, target: str, arch: str | None,
                   backends: list, functions: list, weights_location: str, cuda_graph: bool = False,
                   partition_report: dict | None = None, graph: dict | None = None,
                   weights_bytes: int | None = None) -> str:
+    """The metadata JSON of a host plan (codegen/host_plan.py): the caller's tensors (and
+    where they live), the functions and backends, the memory, the weights, and for `byoc
+    inspect` and `byoc report` the partition report and the execution graph."""
     def tensor(name, type_):
         return {"name": name, "shape": list(type_.shape), "dtype": type_.dtype}
 
@@ -159,7 +161,7 @@ def with_variants(metadata: str, programs: list, dims: dict, padding: dict) -> s
     data = json.loads(metadata)
     variants = []
     for program in programs:
-        plan = program.mod.attrs["host_setup"].plan
+        plan = program.host.plan
 
         def tensors(entries, top, axis_dims):  # where a tensor lives is the same in every bucket
             return [{**place, "name": name, "shape": list(type_.shape), "dtype": type_.dtype,

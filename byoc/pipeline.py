@@ -16,15 +16,14 @@ cuda_graph stage's graph_region):
     artifacts            codegen       each backend's Artifact (sources, symbols, kernels)
     function_summaries   codegen       each backend function's ops (the report's boxes)
     declared_devices     plan_devices  symbol -> FunctionDevices (where it reads and writes)
-    host_setup           plan_host     codegen/host.py's HostPlan, the CUDA graph and device
-                                       decisions made with it
+    host_setup           plan_host     codegen/host_plan.py's HostPlan, the CUDA graph and
+                                       device decisions made with it
 
 The stage functions themselves are thin: each calls one pass (transform/), analysis or
 codegen entry point, and writes what a person reads into the work directory.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 from dataclasses import dataclass, field
@@ -125,8 +124,9 @@ class Stage:
 
     @property
     def summary(self) -> str:
-        """The first line of the stage function's docstring."""
-        return (self.run.__doc__ or "").strip().splitlines()[0] if self.run.__doc__ else ""
+        """The first line of the stage function's docstring (empty where it has none)."""
+        lines = (getattr(self.run, "__doc__", None) or "").strip().splitlines()
+        return lines[0] if lines else ""
 
 
 def run_pipeline(context: BuildContext, stages: list | None = None, mod: IRModule | None = None,
@@ -136,10 +136,14 @@ def run_pipeline(context: BuildContext, stages: list | None = None, mod: IRModul
     stage's result (the shape-bucket driver records the simplified module this way); the
     context's dump_after stages are written to ir/NN_NAME.ir."""
     stages = PIPELINE if stages is None else stages
-    unknown = set(context.dump_after) - {stage.name for stage in stages}
+    names = {stage.name for stage in stages}
+    unknown = set(context.dump_after) - names
     if unknown:
         raise ConfigError(f"--dump-after {', '.join(sorted(unknown))}: no such stage; expected one of "
                           f"{', '.join(stage.name for stage in stages)}")
+    if set(after or ()) - names:  # a hook on a stage that is not run would silently never fire
+        raise BuildError(f"internal: hooks after {', '.join(sorted(set(after) - names))}, which the pipeline "
+                         f"does not run")
     for number, stage in enumerate(stages):
         mod = stage.run(mod, context)
         if not isinstance(mod, IRModule):
@@ -174,26 +178,33 @@ def lower(model, config="cpu", *, until: str | None = None, start: str | None = 
     including stage `until` (default: all of it), for `config` (a config name, path, dict
     or BuildConfig). `start`: the first stage to run (default import), `model` then the
     IRModule an earlier lower(..., until=) returned. Files the stages write go to `workdir`
-    (a fresh temporary directory when None). What tests and tools use to look at one
-    stage's result."""
+    (when None, a fresh temporary directory that is the caller's to remove). What tests and
+    tools use to look at one stage's result."""
     import tempfile
 
-    from .config import BuildConfig, load_config
+    from .config import BuildConfig, _validate_input_shapes, load_config
     from .target import resolve_device_target
     cfg = config if isinstance(config, BuildConfig) else load_config(config)
+    if dims is not None:  # validated as the config's own dims are
+        cfg = load_config(cfg.to_dict(), overrides={"dims": dims})
+    if input_shapes is not None:
+        input_shapes = _validate_input_shapes("lower()", input_shapes)
+    first = 0 if start is None else stage_named(start)
+    last = len(PIPELINE) - 1 if until is None else stage_named(until)
+    if last < first:
+        raise ConfigError(f"lower(): stage {until!r} comes before stage {start!r}; expected until= at or after start=")
+    if first and not isinstance(model, IRModule):
+        raise ConfigError(f"lower(start={start!r}): expected the IRModule an earlier lower(..., until=) returned, "
+                          f"got {type(model).__name__}")
     if workdir is None:
         workdir = tempfile.mkdtemp(prefix="byoc-lower-")
-    if dims is not None:
-        cfg = dataclasses.replace(cfg, dims=dims)
     context = BuildContext(config=cfg, target=resolve_device_target(cfg.target), workdir=Path(workdir).resolve(),
                            model=model, input_shapes=input_shapes, dims=dims)
     context.workdir.mkdir(parents=True, exist_ok=True)
-    first = 0 if start is None else stage_named(start)
-    stages = PIPELINE[first:None if until is None else stage_named(until) + 1]
-    return run_pipeline(context, stages, mod=model if first else None)
+    return run_pipeline(context, PIPELINE[first:last + 1], mod=model if first else None)
 
 
-from . import stages as _stages  # noqa: E402 - the stage functions read DUMP_DATA_BYTES from here
+from . import stages as _stages  # noqa: E402 - after the classes and the driver the stages' module names
 
 # The build, in order. Each entry's function documents what it does.
 PIPELINE = [

@@ -9,6 +9,7 @@ import dataclasses
 import os
 from pathlib import Path
 
+from .build import make_workdir
 from .errors import ConfigError
 from .ir.module import IRModule
 from .package import Program
@@ -33,15 +34,15 @@ def lower_programs(context) -> tuple[list, dict]:
     for number, dims in enumerate(buckets):
         label = ", ".join(f"{name}={size}" for name, size in dims.items())
         context.progress.stage(f"shape bucket {number + 1}/{len(buckets)}: {label}")
-        workdir = context.workdir / f"bucket{number}"
-        workdir.mkdir(exist_ok=True)
+        workdir, _ = make_workdir(str(context.workdir / f"bucket{number}"))
         bucket = dataclasses.replace(context, config=dataclasses.replace(context.config, workdir=str(workdir),
                                                                          dims=dims),
                                      workdir=workdir, model=model, dims=dims, weights=weights,
                                      symbol_suffix=f"_b{number}" if number else "")
-        record = {"simplify": lambda mod, number=number: simplified.__setitem__(number, mod)} \
-            if number in compared else None
-        programs.append(Program(bucket, dims, run_pipeline(bucket, after=record)))
+        def record(mod, number=number):  # the module the padding analysis compares
+            simplified[number] = mod
+        programs.append(Program(bucket, dims, run_pipeline(bucket, after={"simplify": record}
+                                                           if number in compared else None)))
         if number == 0 and isinstance(model, (str, os.PathLike)):
             # the file once more, for all the other buckets: their weights view these bytes
             # (the first bucket's import named the file in any error, and read it whole)

@@ -24,7 +24,11 @@ def import_model(mod, context):
 
 
 def simplify(mod, context):
-    """FoldConstant, FoldBatchNorm, RecognizeGelu, SimplifyIdentityGather, SinkReshapes, HoistScalarFactors, UnflattenBatchTranspose, CombineParallelMatmul, CombineLogitAddends, ConvertToFloat16."""
+    """FoldConstant, FoldBatchNorm, RecognizeGelu, SinkReshapes, HoistScalarFactors and the rest; float16 if asked.
+
+    In order: FoldConstant, FoldBatchNorm, RecognizeGelu, SimplifyIdentityGather, SinkReshapes,
+    HoistScalarFactors, UnflattenBatchTranspose, CombineParallelMatmul, CombineLogitAddends,
+    ConvertToFloat16 (precision float16 or bfloat16)."""
     from .frontend.onnx import MAX_FOLDED_BYTES
     from .transform import convert_to_float16, dead_code_elimination, fold_constant, simplify_identity_gather
     from .transform.combine_logit_addends import combine_logit_addends

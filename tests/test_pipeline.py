@@ -89,3 +89,26 @@ def test_an_ir_module_given_to_build_is_not_changed(tmp_path):
     before = mod.script()
     byoc.build(mod, config="cpu", workdir=str(tmp_path))
     assert mod.script() == before and not mod.attrs
+
+
+def test_lower_refuses_what_it_cannot_do_by_name(tmp_path):
+    with pytest.raises(ConfigError, match=r"stage 'partition' comes before stage 'codegen'"):
+        pipeline.lower(FIXTURES / "mlp.onnx", "cpu", start="codegen", until="partition", workdir=tmp_path)
+    with pytest.raises(ConfigError, match=r"lower\(start='codegen'\): expected the IRModule .* got PosixPath"):
+        pipeline.lower(FIXTURES / "mlp.onnx", "cpu", start="codegen", workdir=tmp_path)
+    with pytest.raises(ConfigError, match="dims"):
+        pipeline.lower(FIXTURES / "mlp.onnx", "cpu", dims={"batch": 0.5}, workdir=tmp_path)
+    with pytest.raises(ConfigError, match="no pipeline stage 'partitoin'"):
+        pipeline.lower(FIXTURES / "mlp.onnx", "cpu", until="partitoin", workdir=tmp_path)
+
+
+def test_one_stage_name_given_as_a_string_is_one_stage(tmp_path):
+    byoc.build(FIXTURES / "mlp.onnx", config="cpu", workdir=str(tmp_path), dump_after="partition")
+    assert [path.name for path in (tmp_path / "ir").iterdir()] == \
+        [f"{pipeline.stage_named('partition'):02d}_partition.ir"]
+
+
+def test_a_stage_without_a_docstring_prints_without_one(monkeypatch, capsys):
+    monkeypatch.setattr(pipeline, "PIPELINE", list(pipeline.PIPELINE) + [pipeline.Stage("bare", lambda mod, c: mod)])
+    assert cli_main(["build", "--print-pipeline"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].split() == [str(len(pipeline.PIPELINE) - 1), "bare"]

@@ -752,6 +752,31 @@ def test_lowered_functions_declare_where_each_parameter_is(tmp_path):
     assert builder.devices[calls[0].value.op.name] == CUDA  # it runs where it writes its result
 
 
+def test_a_gpu_function_declaring_a_parameter_in_pageable_memory_is_refused_at_build_time(tmp_path):
+    """A backend that declares a GPU function's parameter on the cpu (pageable memory, which
+    no kernel can read): the build names the function and the operand, instead of making a
+    library whose program table every create refuses as corrupted."""
+    from byoc import target as target_module
+    from byoc.backend import Artifact, PatternEntry, registered
+    from byoc.ir.virtual_device import CPU, CUDA
+    from byoc.pattern import is_op, wildcard
+    from byoc.transform.plan_devices import FunctionDevices
+
+    def codegen(functions, target):
+        return [Artifact(backend="scoped", kind="shim", symbols=list(functions),
+                         devices={symbol: FunctionDevices((CPU,), CUDA) for symbol in functions})]
+    target_module.register_target_kind("scoped", {})
+    try:
+        with registered(name="scoped", flavor="shim", patterns=[PatternEntry("softmax", is_op("softmax")(wildcard()))],
+                        codegen=codegen):
+            with pytest.raises(byoc.BuildError, match=r"@\w+ runs on the GPU, but operand 0 is in HostArena "
+                                                      r"\(pageable host memory\), which it cannot reach"):
+                lowered_for_cuda(tmp_path, {"pin": [], "inputs": "device", "outputs": "device"},
+                                 backends=["scoped", "builtin"])
+    finally:
+        del target_module.TARGET_KINDS["scoped"]
+
+
 def test_copy_mode_graphs_leave_host_inputs_where_the_caller_has_them(tmp_path):
     """With graphs copying the caller's tensors, only inputs on the device are staged into
     the arena: a host input is read by its copy to the GPU and by cpu functions, which run

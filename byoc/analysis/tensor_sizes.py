@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from ..errors import BuildError
 from ..ir.types import TensorType
-from ..codegen.host_plan import nbytes
 
 # The most bytes one tensor, or an arena, may take: 4 TiB, more than any one GPU or host
 # holds, so that a model whose shapes no machine runs (an output of 16 TiB) is refused when
@@ -27,7 +26,7 @@ def check_tensor_sizes(main) -> None:
     values += [(binding.var.name_hint, binding.var.type) for binding in main.bindings]
     for name, type_ in values:
         for tensor in tensors(type_):
-            size = nbytes(tensor)
+            size = tensor.nbytes
             if size > MAX_BYTES:
                 raise BuildError(f"tensor {name!r} of shape {tuple(tensor.shape)} ({tensor.dtype}) needs {size} bytes "
                                  f"({size / 2**40:.0f} TiB), more than the {MAX_BYTES} (4 TiB) one tensor may take")

@@ -2,8 +2,8 @@
 
 `render_host([HostVariant(plan, ...)], ...)` turns host plans (codegen/host_plan.py; one
 per program of the library: a static build has one) into the tables
-(templates/host/model.cc.j2) the static model runtime (byoc/runtime/model_runtime.cc)
-runs the model from; the weights, metadata and program tables are embedded by assembler
+(templates/host/model.cc.j2) the static model runtime (byoc/runtime/: model_run.cc walks
+them) runs the model from; the weights, metadata and program tables are embedded by assembler
 files (render_blob_assembly), or the weights written as a .safetensors sidecar.
 blob_checksum is the checksum the runtime recomputes over each embedded blob.
 """

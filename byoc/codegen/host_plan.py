@@ -151,22 +151,22 @@ def plan_host(mod: IRModule, context) -> HostSetup:
     workspace = {}
     for artifact in artifacts:
         workspace.update(artifact.workspace_bytes)
-    regions = any("graph_region" in getattr(b.value, "attrs", {}) for b in mod["main"].bindings)
+    captured = any("graph_region" in getattr(b.value, "attrs", {}) for b in mod["main"].bindings)
     devices = context.value_devices(mod)
     view_symbols = {s for artifact in artifacts for s in artifact.view_symbols}
-    graph_io = context.config.cuda_graph_io if regions else None
+    graph_io = context.config.cuda_graph_io if captured else None
     plan = place_tensors(mod, workspace, output_names=mod.attrs.get("output_names"), static_io=graph_io == "copy",
                          device=str(context.virtual_device("device")), view_symbols=view_symbols,
-                         graph_regions=regions, value_devices=devices,
+                         has_graph_regions=captured, value_devices=devices,
                          function_devices=mod.attrs["declared_devices"] if devices is not None else None,
                          weights=context.weights)
-    return HostSetup(plan, regions, graph_io, devices is not None, view_symbols)
+    return HostSetup(plan, captured, graph_io, devices is not None, view_symbols)
 
 
 def place_tensors(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
                   output_names: list[str] | None = None, static_io: bool = False, device: str = "cpu",
                   value_devices: dict | None = None, function_devices: dict | None = None,
-                  view_symbols=frozenset(), graph_regions: bool = False,
+                  view_symbols=frozenset(), has_graph_regions: bool = False,
                   weights: WeightsBlob | None = None) -> HostPlan:
     """Where every tensor of mod["main"] lives, from the storage PlanMemory wrote on each
     call (transform/plan_memory.py): memory space `device` (the build's device) is the
@@ -187,7 +187,7 @@ def place_tensors(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
     `view_symbols`: extern functions whose result only reinterprets their first argument
     (reshapes): no call is made, the result is the argument's storage.
 
-    `graph_regions`: whether main's calls carry RewriteCUDAGraph's regions (graph_region=n,
+    `has_graph_regions`: whether main's calls carry RewriteCUDAGraph's regions (graph_region=n,
     transform/rewrite_cuda_graph.py: mark_graph_regions): the plan's `regions` then cover
     every call in order, each captured into its own CUDA graph or (the calls between
     regions) run directly.
@@ -210,7 +210,7 @@ def place_tensors(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
             calls.append(placer.call(position, binding, mod, value_devices, function_devices))
     on_host = [value_devices[p].is_host for p in main.params] if value_devices is not None else []
     input_copies = placer.stage_inputs(calls, on_host) if static_io else []
-    regions = _call_regions(calls) if graph_regions else []
+    regions = _call_regions(calls) if has_graph_regions else []
     host_symbols = placer.host_symbols
     plan = HostPlan(inputs=inputs, outputs=[(name, result.type) for name, result in zip(names, results)],
                     calls=calls, output_copies=placer.output_copies(), input_copies=input_copies,
@@ -232,6 +232,25 @@ def place_tensors(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
                                 and value_devices[r].is_host for r in results]
         plan.sync_at_end = any(plan.outputs_on_host) and placer.pending_device_work
     return plan
+
+
+# The memories a call cannot reach where it runs (the runtime's decoder refuses them too,
+# model_program.cc: placement_problem): a GPU kernel cannot read pageable host memory, a
+# cpu function cannot read device memory.
+_UNREACHABLE = {True: ("kArena", "kWeights"), False: ("kHostArena", "kHostWeights")}
+
+
+def _check_reachable(symbol: str, on_host: bool, refs: list):
+    """A BuildError at build time, naming the function and operand, where a backend's
+    declared parameter devices put an operand where its function cannot reach it (the
+    library would be refused at every create, as if it had been tampered with)."""
+    for number, ref in enumerate(refs):
+        if ref.space in _UNREACHABLE[on_host]:
+            what = f"operand {number}" if number < len(refs) - 1 else "its result"
+            raise BuildError(f"@{symbol} runs on the {'cpu' if on_host else 'GPU'}, but {what} is in {ref.space[1:]} "
+                             f"({'device' if on_host else 'pageable host'} memory), which it cannot reach: its "
+                             f"backend declares that parameter's device so (expected "
+                             f"{'cpu memory' if on_host else 'the GPU or pinned host memory (cpu/host-pinned)'})")
 
 
 def _call_regions(calls: list) -> list:
@@ -357,7 +376,10 @@ class _Placer:
         symbol = value.op.name
         if symbol not in self.symbols:
             self.symbols.append(symbol)
-        call = {"kind": "call", "symbol": symbol, "args": args, "results": [self.place_result(binding)],
+        result = self.place_result(binding)
+        if value_devices is not None:
+            _check_reachable(symbol, runs_on_host, args + [result])
+        call = {"kind": "call", "symbol": symbol, "args": args, "results": [result],
                 "position": position, "graph_region": value.attrs.get("graph_region"),
                 "label": f"#{position} {comment_safe(var.name_hint)} = {symbol}",
                 "constants": [] if runs_on_host else constants}

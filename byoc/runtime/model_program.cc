@@ -1,6 +1,6 @@
 // The program tables: each variant's calls, their operands, the CUDA graph regions and the
-// caller copies, which the build writes as one binary table per variant (byoc.codegen.host:
-// program_table) and embeds in the library (program.S), instead of generating C++ for
+// caller copies, which the build writes as one binary table per variant
+// (byoc/codegen/program_table.py) and embeds in the library (program.S), instead of generating C++ for
 // them. Decoded and checked once per process, at the first create; run() walks the result.
 //
 // Layout (little-endian, each record 8-byte aligned):
