@@ -112,3 +112,17 @@ def test_a_stage_without_a_docstring_prints_without_one(monkeypatch, capsys):
     monkeypatch.setattr(pipeline, "PIPELINE", list(pipeline.PIPELINE) + [pipeline.Stage("bare", lambda mod, c: mod)])
     assert cli_main(["build", "--print-pipeline"]) == 0
     assert capsys.readouterr().out.splitlines()[-1].split() == [str(len(pipeline.PIPELINE) - 1), "bare"]
+
+
+def test_a_module_attribute_that_is_no_value_and_no_build_state_still_fails_to_print():
+    """Only the stages' own records print as comments; anything else must be an attribute
+    value, or printing names it (a parse would silently drop a comment)."""
+    from byoc.ir import FunctionBuilder
+    with FunctionBuilder("main") as fb:
+        x = fb.param("x", (2,), "float32")
+        fb.ret(fb.call("relu", x))
+    mod = fb.module().with_attrs(odd=object())
+    with pytest.raises(TypeError, match="attribute 'odd'"):
+        mod.script()
+    from byoc.report import PartitionReport
+    assert "# partition_report: ; 0 refused matches" in fb.module().with_attrs(partition_report=PartitionReport()).script()

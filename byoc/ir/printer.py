@@ -69,19 +69,26 @@ def print_module(mod, show_types: bool = False, elide_data_over: int | None = No
     weights would make them hundreds of MB); such text does not parse."""
     printer = _Printer(show_types, elide_data_over)
     chunks = []
-    attrs = {key: value for key, value in getattr(mod, "attrs", {}).items() if _printable(value)}
+    module_attrs = getattr(mod, "attrs", {})
+    # what the build's stages recorded that is not an attribute value (pipeline.py lists
+    # them): one comment line each, so that the dump still parses; any other attribute must
+    # print as a value (format_attr_dict raises, naming it, where it cannot)
+    recorded = {key for key, value in module_attrs.items() if not _printable(value) and key in BUILD_STATE}
+    attrs = {key: value for key, value in module_attrs.items() if key not in recorded}
     if attrs:
         chunks.append("module " + printer.format_attr_dict(attrs))
-    # what the build's stages recorded that is not an attribute value (pipeline.py): one
-    # comment line each, so that the dump still parses
-    state = [f"# {key}: {_describe_build_state(value)}" for key, value in sorted(getattr(mod, "attrs", {}).items())
-             if not _printable(value)]
+    state = [f"# {key}: {_describe_build_state(module_attrs[key])}" for key in sorted(recorded)]
     if state:
         chunks.append("\n".join(state))
     for name, func in mod.items():
         chunks.append(printer.print_global_function(name, func))
     text = "\n\n".join(chunks)
     return text + printer.metadata_block()
+
+
+# The module attributes the build's stages record (byoc/pipeline.py), which are objects,
+# not attribute values: a dump lists them as comments.
+BUILD_STATE = frozenset({"partition_report", "artifacts", "function_summaries", "declared_devices", "host_setup"})
 
 
 def _printable(value) -> bool:
