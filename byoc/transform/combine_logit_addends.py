@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from ..ir.expr import Binding, Call, Constant, Function, Var, is_op_call
 from ..ir.module import IRModule
-from .fuse_ops_by_pattern import _uses
+from .bindings import BindingIndex, rewrite_until_stable
 
 
 def combine_logit_addends(mod: IRModule) -> IRModule:
@@ -29,21 +29,12 @@ def combine_logit_addends(mod: IRModule) -> IRModule:
 
 
 def _combine(function: Function) -> Function:
-    rewritten = _combine_once(function)
-    while rewritten is not None:  # one chain at a time: each rewrite changes the uses
-        function = rewritten
-        rewritten = _combine_once(function)
-    return function
+    return rewrite_until_stable(function, _combine_once)  # one chain at a time
 
 
 def _combine_once(function: Function) -> Function | None:
-    bindings = list(function.bindings)
-    producers = {binding.var: (index, binding.value) for index, binding in enumerate(bindings)}
-    uses = _uses(function)
-
-    def only_reader(var) -> int | None:
-        readers = uses.get(var, [])
-        return readers[0] if len(readers) == 1 else None
+    table = BindingIndex(function)
+    bindings, producers, only_reader = table.bindings, table.producers, table.only_reader
 
     for index, binding in enumerate(bindings):
         if not is_op_call(binding.value, ("softmax",)) or not isinstance(binding.value.args[0], Var):

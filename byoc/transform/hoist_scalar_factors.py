@@ -27,7 +27,7 @@ import numpy as np
 from ..ir.expr import Binding, Call, Constant, Function, Var, is_op_call
 from ..ir.module import IRModule
 from ..ir.types import is_float, numpy_dtype
-from .fuse_ops_by_pattern import _uses
+from .bindings import BindingIndex, rewrite_until_stable
 
 LAYOUT_OPS = ("reshape", "transpose", "expand_dims", "squeeze", "broadcast_to")
 
@@ -37,21 +37,12 @@ def hoist_scalar_factors(mod: IRModule) -> IRModule:
 
 
 def _hoist(function: Function) -> Function:
-    rewritten = _hoist_once(function)
-    while rewritten is not None:  # one matmul at a time: each rewrite changes the uses
-        function = rewritten
-        rewritten = _hoist_once(function)
-    return function
+    return rewrite_until_stable(function, _hoist_once)  # one matmul at a time
 
 
 def _hoist_once(function: Function) -> Function | None:
-    bindings = list(function.bindings)
-    producers = {binding.var: (index, binding.value) for index, binding in enumerate(bindings)}
-    uses = _uses(function)
-
-    def only_reader(var) -> int | None:
-        readers = uses.get(var, [])
-        return readers[0] if len(readers) == 1 else None
+    table = BindingIndex(function)
+    bindings, producers, only_reader = table.bindings, table.producers, table.only_reader
 
     for index, binding in enumerate(bindings):
         if not is_op_call(binding.value, ("matmul",)) or not is_float(binding.var.type.dtype) or \

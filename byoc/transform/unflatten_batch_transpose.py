@@ -21,7 +21,7 @@ import math
 
 from ..ir.expr import Binding, Call, Function, Var, is_op_call
 from ..ir.module import IRModule
-from .fuse_ops_by_pattern import _uses
+from .bindings import BindingIndex
 
 
 def unflatten_batch_transpose(mod: IRModule) -> IRModule:
@@ -29,12 +29,11 @@ def unflatten_batch_transpose(mod: IRModule) -> IRModule:
 
 
 def _unflatten(function: Function) -> Function:
-    bindings = list(function.bindings)
-    producers = {binding.var: (index, binding.value) for index, binding in enumerate(bindings)}
-    uses = _uses(function)
+    table = BindingIndex(function)
+    bindings = table.bindings
     changed = False
     for index, binding in enumerate(bindings):
-        source = _unflattened_source(binding, index, producers, uses)
+        source = _unflattened_source(binding, index, table)
         if source is None:
             continue
         rank = len(source.type.shape)
@@ -46,12 +45,12 @@ def _unflatten(function: Function) -> Function:
     return Function(function.params, bindings, function.result, function.ret_type, function.attrs)
 
 
-def _unflattened_source(binding, index: int, producers: dict, uses: dict):
+def _unflattened_source(binding, index: int, bindings: BindingIndex):
     """x of reshape(transpose(reshape(x, [N, a, b]), [0, 2, 1]), [*lead, b, a]), or None."""
     def single_reader_producer(var, reader, op_name):
-        if not isinstance(var, Var) or var not in producers or uses.get(var, []) != [reader]:
+        if not isinstance(var, Var) or var not in bindings.producers or bindings.uses.get(var, []) != [reader]:
             return None
-        position, value = producers[var]
+        position, value = bindings.producers[var]
         return (position, value) if is_op_call(value, (op_name,)) else None
 
     if not is_op_call(binding.value, ("reshape",)):
