@@ -15,6 +15,7 @@ from onnx import TensorProto, helper
 
 import byoc
 from byoc.runtime import load
+from robustness.libraries import expand_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -971,25 +972,12 @@ def test_one_library_of_a_transformers_gpt2_export_serves_every_batch_to_32_and_
                                                 feeds_for)
 
 
-def _expand_model(elements: int):
-    """One constant expanded to `elements` float32 values, plus an input: the graph's output."""
-    from onnx import TensorProto, helper, numpy_helper
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [elements])
-    nodes = [helper.make_node("Expand", ["one", "shape"], ["big"], name="grow"),
-             helper.make_node("Add", ["big", "x"], ["y"])]
-    initializers = [numpy_helper.from_array(np.array([elements], np.int64), "shape"),
-                    numpy_helper.from_array(np.ones(1, np.float32), "one")]
-    return helper.make_model(helper.make_graph(nodes, "g", [x], [y], initializers),
-                             opset_imports=[helper.make_opsetid("", 17)])
-
-
 def test_a_model_no_machine_runs_is_refused_at_build_time(tmp_path):
     """An output of 16 TiB: refused by the build, naming the tensor, before anything is
     allocated or compiled (it used to build and fail in NumPy at the first run)."""
     with pytest.raises(byoc.BuildError, match=r"tensor 'big' of shape \(4398046511104,\) \(float32\) needs "
                                               r"17592186044416 bytes \(16 TiB\), more than the 4398046511104"):
-        byoc.build(_expand_model(2**42), "cpu", workdir=str(tmp_path / "build"))
+        byoc.build(expand_model(2**42), "cpu", workdir=str(tmp_path / "build"))
 
 
 def test_build_time_folding_stops_at_the_importers_limit(tmp_path):
@@ -997,7 +985,7 @@ def test_build_time_folding_stops_at_the_importers_limit(tmp_path):
     the importer applies): building it takes no such memory."""
     import resource
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    library = byoc.build(_expand_model(2**31), "cpu", workdir=str(tmp_path / "build"))
+    library = byoc.build(expand_model(2**31), "cpu", workdir=str(tmp_path / "build"))
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
     assert grown < 2**31, f"the build's peak memory grew by {grown} bytes"
     assert any(f["backend"] == "builtin" for f in library.metadata["functions"])

@@ -3,23 +3,12 @@
 // bucket, padded where run() may pad) and checked, then the program table's calls walked,
 // each operand resolved to its memory. model_runtime.cc has the rest of the C ABI
 // (errors, create, destroy, the weights).
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <new>
 #include <string>
 
 #include "model_runtime_internal.h"
 
-#define BYOC_EXPORT extern "C" __attribute__((visibility("default")))
-
 using byoc_runtime::Call;
-using byoc_runtime::ModelSpec;
 using byoc_runtime::Ref;
 using byoc_runtime::TensorSpec;
 using byoc_runtime::VariantSpec;

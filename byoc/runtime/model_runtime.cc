@@ -16,12 +16,7 @@
 
 #include "model_runtime_internal.h"
 
-#define BYOC_EXPORT extern "C" __attribute__((visibility("default")))
-
-using byoc_runtime::Call;
 using byoc_runtime::ModelSpec;
-using byoc_runtime::Ref;
-using byoc_runtime::TensorSpec;
 using byoc_runtime::VariantSpec;
 
 namespace {

@@ -145,4 +145,8 @@ int run_graph(byoc_model* model, const Variant& variant, void* const* in, void* 
 }  // namespace internal
 }  // namespace byoc_runtime
 
+// A C ABI entry point the library exports (the version script keeps only byoc_model_* and
+// byoc_last_error), defined by model_runtime.cc and model_run.cc.
+#define BYOC_EXPORT extern "C" __attribute__((visibility("default")))
+
 #endif  // BYOC_MODEL_RUNTIME_INTERNAL_H_

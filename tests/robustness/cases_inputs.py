@@ -340,18 +340,10 @@ def run_build_expand(elements: int):
     """Build (not run) a model whose output is one constant expanded to `elements` float32
     values: the build must neither allocate it (the child's address space is 4 GiB) nor
     accept a tensor no machine holds."""
-    import numpy as np
-    from onnx import TensorProto, helper, numpy_helper
-
     import byoc
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [elements])
-    nodes = [helper.make_node("Expand", ["one", "shape"], ["big"], name="grow"),
-             helper.make_node("Add", ["big", "x"], ["y"])]
-    initializers = [numpy_helper.from_array(np.array([elements], np.int64), "shape"),
-                    numpy_helper.from_array(np.ones(1, np.float32), "one")]
-    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y], initializers),
-                              opset_imports=[helper.make_opsetid("", 17)])
+
+    from .libraries import expand_model
+    model = expand_model(elements)
     os.environ["BYOC_CACHE_DIR"] = str(case_dir() / "cache")
     try:
         byoc.build(model, "cpu", workdir=str(case_dir() / "build"))

@@ -22,6 +22,20 @@ import numpy as np
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 
+def expand_model(elements: int):
+    """One constant expanded to `elements` float32 values (node 'grow', tensor 'big'), plus
+    an input: the graph's output. Sizes no machine holds, and constants the build must not fold."""
+    from onnx import TensorProto, helper, numpy_helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [elements])
+    nodes = [helper.make_node("Expand", ["one", "shape"], ["big"], name="grow"),
+             helper.make_node("Add", ["big", "x"], ["y"])]
+    initializers = [numpy_helper.from_array(np.array([elements], np.int64), "shape"),
+                    numpy_helper.from_array(np.ones(1, np.float32), "one")]
+    return helper.make_model(helper.make_graph(nodes, "g", [x], [y], initializers),
+                             opset_imports=[helper.make_opsetid("", 17)])
+
+
 def multi_model():
     from onnx import TensorProto, helper
     inputs = [helper.make_tensor_value_info("a", TensorProto.FLOAT, [8, 8]),
