@@ -46,7 +46,10 @@ def build(model, target=None, config=None, *, input_shapes: dict | None = None, 
     if input_shapes is not None:  # it replaces the config's input_shapes: check it the same way
         input_shapes = _validate_input_shapes("build()", input_shapes)
     device = resolve_device_target(cfg.target)
-    dump_after = (dump_after,) if isinstance(dump_after, str) else tuple(dump_after or ())
+    dump_after = (dump_after,) if isinstance(dump_after, str) else dump_after or ()
+    if not isinstance(dump_after, (list, tuple, set, frozenset)) or not all(isinstance(n, str) for n in dump_after):
+        raise ConfigError(f"dump_after={dump_after!r}: expected a stage name or a list of them "
+                          f"(byoc build --print-pipeline lists the stages)")
     workdir, temporary = make_workdir(cfg.workdir)
     try:
         context = BuildContext(config=cfg, target=device, workdir=workdir, model=model, input_shapes=input_shapes,

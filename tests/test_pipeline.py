@@ -102,6 +102,12 @@ def test_lower_refuses_what_it_cannot_do_by_name(tmp_path):
         pipeline.lower(FIXTURES / "mlp.onnx", "cpu", until="partitoin", workdir=tmp_path)
 
 
+@pytest.mark.parametrize("value", [5, [1], {"partition": 1}, [None]])
+def test_dump_after_that_names_no_stages_is_refused_by_name(value, tmp_path):
+    with pytest.raises(ConfigError, match=r"dump_after=.*: expected a stage name or a list of them"):
+        byoc.build(FIXTURES / "mlp.onnx", config="cpu", workdir=str(tmp_path), dump_after=value)
+
+
 def test_one_stage_name_given_as_a_string_is_one_stage(tmp_path):
     byoc.build(FIXTURES / "mlp.onnx", config="cpu", workdir=str(tmp_path), dump_after="partition")
     assert [path.name for path in (tmp_path / "ir").iterdir()] == \
