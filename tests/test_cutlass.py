@@ -938,6 +938,62 @@ def test_convert_conv_layout_ir_before_after():
     assert "NHWC" not in convert_conv_layout(_resnet_ir("float32")).script()
 
 
+def _channels_last_block_ir():
+    """A ConvNeXt-style block as the exporters write it: a depthwise conv (NCHW), then
+    permute(0, 2, 3, 1), LayerNorm and a Linear channels-last, permute(0, 3, 1, 2) back,
+    a layer scale of shape (C, 1, 1), the residual add, and a conv reading the sum."""
+    rng = np.random.default_rng(2)
+
+    def const(*shape):
+        return (rng.standard_normal(shape) * 0.2).astype("float16")
+    with FunctionBuilder("main") as fb:
+        x = fb.param("x", (1, 8, 6, 6), "float16")
+        h = fb.call("conv2d", x, const(8, 1, 3, 3), pads=(1, 1, 1, 1), groups=8, name="dw")
+        h = fb.call("transpose", h, axes=(0, 2, 3, 1), name="to_last")
+        h = fb.call("layer_norm", h, const(8), const(8), axis=-1, epsilon=1e-6, name="norm")
+        h = fb.call("matmul", h, const(8, 8), name="fc")
+        h = fb.call("transpose", h, axes=(0, 3, 1, 2), name="to_first")
+        h = fb.call("multiply", const(8, 1, 1), h, name="scale")
+        h = fb.call("add", h, x, name="residual")
+        w = fb.call("transpose", h, axes=(0, 1, 3, 2), name="swap_hw")
+        y = fb.call("conv2d", h, const(8, 8, 1, 1), name="next")
+        fb.ret(fb.call("add", y, w, name="out"))
+    return fb.module()
+
+
+CHANNELS_LAST_BLOCK_NHWC = """\
+def @main(%x: Tensor[(1, 8, 6, 6), float16]) -> Tensor[(1, 8, 6, 6), float16] {
+  %x_nhwc = transpose(%x, axes=[0, 2, 3, 1])
+  %dw = conv2d(%x_nhwc, meta[0], pads=[1, 1, 1, 1], groups=8, data_layout="NHWC", kernel_layout="OHWI")
+  %norm = layer_norm(%dw, const(...), const(...), epsilon=1e-06)
+  %fc = matmul(%norm, meta[1])
+  %scale = multiply(const(...), %fc)
+  %residual = add(%scale, %x_nhwc)
+  %swap_hw = transpose(%residual, axes=[0, 3, 2, 1])
+  %next = conv2d(%residual, meta[2], data_layout="NHWC", kernel_layout="OHWI")
+  %swap_hw_nhwc = transpose(%swap_hw, axes=[0, 2, 3, 1])
+  %out = add(%next, %swap_hw_nhwc)
+  %out_nchw = transpose(%out, axes=[0, 3, 1, 2])
+  return %out_nchw
+}"""
+
+
+def test_convert_conv_layout_cancels_the_models_own_transposes():
+    """ConvertConvLayout with a net that permutes to channels-last itself: the permute of
+    the NHWC conv output to NHWC is the value itself, the permute back makes the Linear's
+    output the NHWC form of its result, so the layer scale, the residual and the next conv
+    stay NHWC with no transpose between them; another permutation of an NHWC value is one
+    composed transpose. The result is unchanged."""
+    from byoc.ir.printer import print_function
+    from byoc.transform.convert_conv_layout import convert_conv_layout
+    before = _channels_last_block_ir()
+    after = convert_conv_layout(before)
+    text = print_function(after["main"], "main").split("\n\nmetadata")[0]
+    assert re.sub(r"const\(\[[^]]*\], float16\)", "const(...)", text) == CHANNELS_LAST_BLOCK_NHWC
+    x = np.random.default_rng(3).standard_normal((1, 8, 6, 6)).astype(np.float16)
+    np.testing.assert_array_equal(byoc.interpret(after, x=x), byoc.interpret(before, x=x))
+
+
 def test_pad_conv_channels_ir_before_after():
     """PadConvChannels: the NHWC stem's image gets one zero channel (3 -> 4), its constant
     filter a zero channel too; a 12-channel conv is padded to 16; 16 channels and a conv
@@ -1338,29 +1394,51 @@ def test_a_scale_after_a_batched_matmul_becomes_the_epilogue_alpha(tmp_path):
 # ---------------------------------------------------------------- fused attention
 
 def _attention_model(batch, seq_q, seq_k, heads, head_dim, *, fused_qkv=True, mask=None, scale=("divide", 8.0),
-                     key_form="one_transpose", dtype="float16", merge_heads=True):
+                     key_form="one_transpose", dtype="float16", merge_heads=True, kv_heads=None):
     """BERT's self-attention as exporters write it, on float32 inputs cast to `dtype`:
     fused_qkv: one [B, S, 3*H*D] input split into Q, K, V (seq_q == seq_k); else separate
     [B, Sq, H*D] / [B, Sk, H*D] inputs. mask: None or the shape of an additive mask input.
     key_form "sdpa": as torch's exporter writes scaled_dot_product_attention (Q and K^T each
     scaled by the square root of `scale`, K^T as a 3-D transpose between reshapes, the
-    probabilities guarded: where(isnan(p), 0, p))."""
+    probabilities guarded: where(isnan(p), 0, p)). key_form "llama": as transformers' LLaMA
+    writes it, rotary embeddings (rotate_half) applied to Q's and K's heads, and K's and
+    V's `kv_heads` heads repeated to `heads` (repeat_kv: expand_dims, broadcast_to, reshape)."""
     hidden = heads * head_dim
+    kv_heads = kv_heads or heads
+    kv_hidden = kv_heads * head_dim
     with FunctionBuilder("main") as fb:
         if fused_qkv:
-            qkv = fb.call("cast", fb.param("qkv", (batch, seq_q, 3 * hidden), "float32"), dtype=dtype)
-            pieces = fb.call("split", qkv, axis=-1, sizes=[hidden] * 3)
+            qkv = fb.call("cast", fb.param("qkv", (batch, seq_q, hidden + 2 * kv_hidden), "float32"), dtype=dtype)
+            pieces = fb.call("split", qkv, axis=-1, sizes=[hidden, kv_hidden, kv_hidden])
             q, k, v = (fb.get_item(pieces, i) for i in range(3))
         else:
             q = fb.call("cast", fb.param("q", (batch, seq_q, hidden), "float32"), dtype=dtype)
-            k = fb.call("cast", fb.param("k", (batch, seq_k, hidden), "float32"), dtype=dtype)
-            v = fb.call("cast", fb.param("v", (batch, seq_k, hidden), "float32"), dtype=dtype)
+            k = fb.call("cast", fb.param("k", (batch, seq_k, kv_hidden), "float32"), dtype=dtype)
+            v = fb.call("cast", fb.param("v", (batch, seq_k, kv_hidden), "float32"), dtype=dtype)
 
-        def heads_of(x, seq):
-            return fb.call("transpose", fb.call("reshape", x, shape=[batch, seq, heads, head_dim]), axes=[0, 2, 1, 3])
+        def heads_of(x, seq, count=heads):
+            return fb.call("transpose", fb.call("reshape", x, shape=[batch, seq, count, head_dim]), axes=[0, 2, 1, 3])
+
+        def rotary(x, seq):  # x * cos + rotate_half(x) * sin, cos and sin [1, 1, S, D] constants
+            half = head_dim // 2
+            angles = np.outer(np.arange(seq), 10000.0 ** (-2.0 * np.arange(half) / head_dim))
+            angles = np.concatenate([angles, angles], axis=-1)[None, None]
+            first = fb.call("strided_slice", x, begin=[0], end=[half], axes=[3], strides=[1])
+            second = fb.call("strided_slice", x, begin=[half], end=[head_dim], axes=[3], strides=[1])
+            rotated = fb.call("concat", fb.call("negative", second), first, axis=-1)
+            return fb.call("add", fb.call("multiply", x, np.cos(angles).astype(dtype)),
+                           fb.call("multiply", rotated, np.sin(angles).astype(dtype)))
+
+        def repeated(x, seq):  # [B, Hkv, S, D] -> [B, H, S, D], each head read by H / Hkv query heads
+            x = fb.call("broadcast_to", fb.call("expand_dims", x, axes=[2]),
+                        shape=[batch, kv_heads, heads // kv_heads, seq, head_dim])
+            return fb.call("reshape", x, shape=[batch, heads, seq, head_dim])
 
         q_heads = heads_of(q, seq_q)
-        if key_form == "sdpa":
+        if key_form == "llama":
+            q_heads = rotary(q_heads, seq_q)
+            k_t = fb.call("transpose", repeated(rotary(heads_of(k, seq_k, kv_heads), seq_k), seq_k), axes=[0, 1, 3, 2])
+        elif key_form == "sdpa":
             root = np.array(np.sqrt(scale[1]), dtype)
             q_heads = fb.call("multiply", q_heads, root)
             flat = fb.call("transpose", fb.call("reshape", heads_of(k, seq_k), shape=[-1, seq_k, head_dim]),
@@ -1379,7 +1457,8 @@ def _attention_model(batch, seq_q, seq_k, heads, head_dim, *, fused_qkv=True, ma
         if key_form == "sdpa":
             is_nan = fb.call("not_equal", probabilities, probabilities)
             probabilities = fb.call("where", is_nan, np.array(0.0, dtype), probabilities)
-        context = fb.call("matmul", probabilities, heads_of(v, seq_k))
+        v_heads = repeated(heads_of(v, seq_k, kv_heads), seq_k) if key_form == "llama" else heads_of(v, seq_k)
+        context = fb.call("matmul", probabilities, v_heads)
         context = fb.call("transpose", context, axes=[0, 2, 1, 3])
         if merge_heads:
             context = fb.call("reshape", context, shape=[batch, seq_q, hidden])
@@ -1462,6 +1541,29 @@ def test_attention_as_torch_exports_sdpa_is_one_kernel_that_zeroes_rows_masked_w
     assert "p.scale_log2 = 0.125f * 1.4426950408889634f;" in text
 
 
+def test_grouped_query_attention_with_rotary_heads_is_one_kernel_reading_shared_heads(tmp_path):
+    """LLaMA's attention as transformers writes it: Q's and K's heads rotated (rotary
+    embeddings, left to the built-in backend, their results read in place as [B, H, S, D]),
+    2 key/value heads repeated to 8 (repeat_kv). One flash kernel takes the chain: query
+    head h reads key/value head h / 4 of the fused QKV projection's V slice and of the
+    rotated K; no repeated copy is made."""
+    mod = _attention_model(1, 32, 32, 8, 64, mask=(1, 1, 32, 32), key_form="llama", kv_heads=2,
+                           scale=("multiply", 0.125))
+    codegen, mod, report = _partitioned_attention(mod, tmp_path)
+    data = report.to_json()["backends"]
+    assert data["cutlass"]["patterns"] == {"attention": 1}, report.to_text()
+    assert "broadcast_to" not in data["builtin"]["ops_covered"], report.to_text()
+    _, artifacts = codegen.codegen(mod)
+    (cutlass,) = [a for a in artifacts if a.backend == "cutlass"]
+    assert list(cutlass.kernels.values()) == ["byoc_flash_attention_sm80_f16_64x128_d64_mask_gqa4"]
+    (source,) = tmp_path.glob("cutlass_*.cu")
+    text = source.read_text()
+    for line in ("p.kv_group = 4;", "p.q_row_stride = 64;", "p.head_stride_q = 2048;", "p.q_batch_stride = 16384;",
+                 "p.k_row_stride = 64;", "p.head_stride_k = 2048;", "p.k_batch_stride = 4096;",
+                 "p.v_row_stride = 768;", "p.head_stride_v = 64;", "config.gridDim = dim3(1, 8, 1);"):
+        assert line in text, line
+
+
 @pytest.mark.parametrize("case, kwargs, reason", [
     ("head dim", dict(head_dim=256), "head dim 256 > 128"),
     ("unaligned head dim", dict(head_dim=20), "head dim 20 not a multiple of 8"),
@@ -1469,6 +1571,8 @@ def test_attention_as_torch_exports_sdpa_is_one_kernel_that_zeroes_rows_masked_w
     ("vector scale", dict(scale=("multiply", np.linspace(0.1, 0.2, 16))), "scores multiply by a non-scalar"),
     ("guarded, head dim 32", dict(key_form="sdpa", scale=("multiply", 0.125)),
      "probabilities guarded against NaN (a row with every key masked gives zeros): only byoc's flash kernel"),
+    ("grouped-query, head dim 32", dict(key_form="llama", kv_heads=1),
+     "grouped-query attention (2 query heads a key/value head): only byoc's flash kernel reads shared heads"),
 ])
 def test_attention_refuses_what_the_kernel_cannot_run_and_batched_matmuls_take_it(case, kwargs, reason, tmp_path):
     args = dict(batch=2, seq_q=16, seq_k=16, heads=2, head_dim=32, fused_qkv=False)
@@ -1593,6 +1697,12 @@ def test_attention_kernel_compiles(sm, tile, kernel, tmp_path):
                                                      scale=("multiply", 0.125)), ""),
     ("sdpa_export_guarded_d128", (1, 50, 200, 2, 128), dict(fused_qkv=False, mask=(1, 2, 50, 200),
                                                             key_form="sdpa", scale=("multiply", 0.0884)), ""),
+    # as transformers' LLaMA writes it: rotary embeddings on Q's and K's heads (computed
+    # outside, read in place), 2 key/value heads each read by 4 query heads, a causal mask
+    ("llama_gqa_rotary", (2, 104, 104, 8, 64), dict(mask=(2, 1, 104, 104), key_form="llama", kv_heads=2,
+                                                    scale=("multiply", 0.125)), ""),
+    ("llama_gqa_rotary_d128_separate", (1, 64, 72, 4, 128), dict(fused_qkv=False, mask=(1, 1, 64, 72),
+                                                                  key_form="llama", kv_heads=1), "flash:32x64"),
     # CUTLASS's example 41 kernel: head dims the flash kernel does not take, and its tiles
     ("full_mask_bf16", (2, 64, 64, 2, 32), dict(fused_qkv=False, mask=(2, 2, 64, 64), dtype="bfloat16"), ""),
     ("example41_32x128", (8, 128, 128, 12, 64), dict(), "32x128"),

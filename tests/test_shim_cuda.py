@@ -699,6 +699,9 @@ CONV_CASES = [
     # 1, odd output widths (the last pair's second pixel is past the edge), uneven pads
     (2, 40, 13, 11, 40, (3, 3), (2, 2), (1, 0, 1, 1), (1, 1), 40),
     (1, 32, 9, 12, 32, (5, 5), (1, 1), (2, 1, 2, 3), (1, 1), 32),
+    # 7x7 stride 1 (a thread per row of four output pixels): widths 13 and 7 end in a
+    # partial row of 1 and 3 pixels
+    (2, 24, 15, 13, 24, (7, 7), (1, 1), (3, 3, 3, 3), (1, 1), 24),
 ]
 
 

@@ -12,7 +12,13 @@ gets a transpose call. The NHWC value then flows on, staying NHWC, through:
     importer becomes the channel vector (C,) that conv epilogues take; any other NCHW
     operand gets one boundary transpose;
   - batch_norm on the channel axis (axis 1 -> 3), max/avg pooling and global pooling
-    (layout NCHW -> NHWC), reductions (axes permuted), concat (axis permuted).
+    (layout NCHW -> NHWC), reductions (axes permuted), concat (axis permuted);
+  - the model's own 4-D transposes. A model that runs part of its net channels-last
+    (ConvNeXt's and Swin's `permute(0, 2, 3, 1)` around LayerNorm and Linear) transposes
+    an NHWC value to NHWC: that is the NHWC value itself, no op. Any other permutation of
+    an NHWC value is one transpose of it, composed. A transpose to NCHW of a value in the
+    original layout (the `permute(0, 3, 1, 2)` back) has that value as its NHWC form, so
+    the region goes on NHWC through it, and the next transpose to NHWC is no op either.
 
 Every other consumer of an NHWC value (reshape/flatten, matmul, the function result, ...)
 reads it through one transpose back to NCHW, made once per value. A conv whose input is
@@ -125,6 +131,8 @@ class _LayoutRewriter:
             if converted is not None:
                 self.nhwc[binding.var] = self.emit(converted, binding.var.name_hint)
                 continue
+            if self.transpose_alias(binding.var, value):
+                continue
             reduced = self.reduce_to_original(value)
             if reduced is not None:
                 self.nchw[binding.var] = self.emit(reduced, binding.var.name_hint)
@@ -176,6 +184,26 @@ class _LayoutRewriter:
         if _is_nhwc_reduction(call, self.nhwc) and call.attrs["keepdims"]:
             return Call(call.op, [self.nhwc[call.args[0]]], dict(call.attrs, axes=_nhwc_axes(call)))
         return None
+
+    def transpose_alias(self, var, call) -> bool:
+        """The model's 4-D transposes (module docstring): record what `var` is, its value
+        in the original layout or its NHWC form, and say True; False for any other binding."""
+        if not (isinstance(call, Call) and isinstance(call.op, Op) and call.op.name == "transpose"
+                and _is_4d(call)):
+            return False
+        arg, perm = call.args[0], tuple(axis % 4 for axis in call.attrs["axes"])
+        if isinstance(arg, Var) and arg in self.nhwc:
+            # out[i] = original[perm[i]] and original[j] = nhwc[TO_NCHW[j]]
+            composed = tuple(TO_NCHW[axis] for axis in perm)
+            if composed == (0, 1, 2, 3):
+                self.nchw[var] = self.nhwc[arg]
+            else:
+                self.nchw[var] = self.emit(Call("transpose", [self.nhwc[arg]], {"axes": composed}), var.name_hint)
+            return True
+        if perm == TO_NCHW and isinstance(arg, Var):
+            self.nhwc[var] = self.original(arg)
+            return True
+        return False
 
     def reduce_to_original(self, call):
         """A reduction without keepdims of an NHWC value whose remaining axes come out in

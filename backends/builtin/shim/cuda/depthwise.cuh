@@ -4,8 +4,8 @@
 // builtin function stores whatever elementwise chain reads the conv (bias, activation,
 // residual: templates/builtin/conv2d_epilogue.j2) without writing the conv's output first.
 //
-// A thread computes 8 neighbouring channels of one output pixel (two pixels for the common
-// windows: nhwc_kernel), reading them with one 16-byte load per tap (per-element loads where
+// A thread computes 8 neighbouring channels of one output pixel (a row of two or four pixels
+// for the common windows: nhwc_kernel), reading them with one 16-byte load per tap (per-element loads where
 // the input is not 16-byte aligned) and accumulating in float. Each
 // block first copies the filters into shared memory tap-major ([kh][kw][channel]; OHWI is
 // [channel][kh][kw]), so that a thread's 8 filters of one tap are one 16-byte read too, and
@@ -50,17 +50,24 @@ inline bool takes(int64_t channels, int64_t kernel_h, int64_t kernel_w) {
 // linear indices: the channels of one pixel) from their float sums.
 //
 // kKernelH, kKernelW and kStride are the window and stride of the common convs (3x3 and 5x5,
-// stride 1 or 2, no dilation), else 0 (all of them from `s`). For the common ones a thread
-// computes two horizontally neighbouring output pixels: each input column of a window row
-// is loaded and converted once for both, each filter once per row, and the unrolled taps'
-// loads are all issued before the first is used (branch-free: outside the image a tap reads
-// zeros). An item is one channel vector of one pixel (generic) or of a pixel pair.
+// stride 1 or 2; 7x7 stride 1; no dilation), else 0 (all of them from `s`). For the common
+// ones a thread computes pixels_per_thread horizontally neighbouring output pixels: each
+// input column of a window row is loaded and converted once for all of them, each filter
+// once per row, and the unrolled taps' loads are all issued before the first is used
+// (branch-free: outside the image a tap reads zeros). An item is one channel vector of one
+// pixel (generic) or of a row of pixels.
+//
+// Four pixels for 7-wide windows: a window row then loads 10 input columns for 28 taps
+// (7 per tap with one pixel), which is what kept ConvNeXt's 7x7 convs at 2.6x cuDNN's time
+// (H200, b32); two for the narrower ones, whose filters and sums fit registers either way.
+__host__ __device__ constexpr int pixels_per_thread(int kernel_w) { return kernel_w >= 7 ? 4 : kernel_w > 0 ? 2 : 1; }
+
 template <class Storage, class Index, bool kAlignedInput, int kKernelH, int kKernelW, int kStride, class Epilogue>
 __global__ void __launch_bounds__(kThreads) nhwc_kernel(const Storage* __restrict__ in,
                                                         const Storage* __restrict__ weight, Geometry<Index> s,
                                                         Index total_items, Epilogue epilogue) {
   constexpr bool kFixed = kKernelH > 0;
-  constexpr int kPixels = kFixed ? 2 : 1;
+  constexpr int kPixels = pixels_per_thread(kKernelW);
   extern __shared__ uint4 shared_words[];  // 16-byte aligned
   Storage* filters = reinterpret_cast<Storage*>(shared_words);
   byoc_pdl::begin_after_previous();
@@ -122,7 +129,7 @@ __global__ void __launch_bounds__(kThreads) nhwc_kernel(const Storage* __restric
       const Index ih = oh * s.stride_h - s.pad_top + kh * s.dilation_h;
       const bool row_inside = ih >= 0 && ih < s.in_h;
       if constexpr (kFixed) {
-        // Input columns ow0 * stride - pad_left + c, c < kColumns, serve both pixels:
+        // Input columns ow0 * stride - pad_left + c, c < kColumns, serve every pixel:
         // pixel p reads column c with filter column c - p * stride.
         constexpr int kColumns = (kPixels - 1) * kStride + kKernelW;
         float w[kKernelW][kVector];
@@ -162,7 +169,7 @@ __global__ void __launch_bounds__(kThreads) nhwc_kernel(const Storage* __restric
 template <class Storage, class Index, int kKernelH, int kKernelW, int kStride, class Epilogue>
 cudaError_t launch_window(const Storage* in, const Storage* weight, int64_t batch, const Geometry<Index>& s,
                           Epilogue epilogue, cudaStream_t stream) {
-  constexpr int kPixels = kKernelH > 0 ? 2 : 1;
+  constexpr int kPixels = pixels_per_thread(kKernelW);
   const bool aligned = reinterpret_cast<uintptr_t>(in) % 16 == 0;
   auto kernel = aligned ? nhwc_kernel<Storage, Index, true, kKernelH, kKernelW, kStride, Epilogue>
                         : nhwc_kernel<Storage, Index, false, kKernelH, kKernelW, kStride, Epilogue>;
@@ -198,9 +205,10 @@ cudaError_t launch_nhwc(const Storage* in, const Storage* weight, int64_t batch,
                         Epilogue epilogue, cudaStream_t stream) {
   const bool common = s.dilation_h == 1 && s.dilation_w == 1 && s.stride_h == s.stride_w &&
                       (s.stride_w == 1 || s.stride_w == 2) && s.kernel_h == s.kernel_w &&
-                      (s.kernel_w == 3 || s.kernel_w == 5);
+                      (s.kernel_w == 3 || s.kernel_w == 5 || (s.kernel_w == 7 && s.stride_w == 1));
   if (common && s.kernel_w == 3 && s.stride_w == 1) return launch_window<Storage, Index, 3, 3, 1>(in, weight, batch, s, epilogue, stream);
   if (common && s.kernel_w == 3) return launch_window<Storage, Index, 3, 3, 2>(in, weight, batch, s, epilogue, stream);
+  if (common && s.kernel_w == 7) return launch_window<Storage, Index, 7, 7, 1>(in, weight, batch, s, epilogue, stream);
   if (common && s.stride_w == 1) return launch_window<Storage, Index, 5, 5, 1>(in, weight, batch, s, epilogue, stream);
   if (common) return launch_window<Storage, Index, 5, 5, 2>(in, weight, batch, s, epilogue, stream);
   return launch_window<Storage, Index, 0, 0, 0>(in, weight, batch, s, epilogue, stream);
