@@ -132,10 +132,18 @@ def model_spec(name):
         # own fp16 is 4.3e-2 off float32 (H100, 2026-11-24), and no fp16 build can be checked
         # at 2e-2. Same ops and shapes either way: the timing does not change.
         return (*_torchvision(name, model_kwargs={"zero_init_residual": True}), None)
-    if name in ("mobilenet_v3_large", "efficientnet_b0"):
+    if name == "llama":
+        # the speed issue's LLaMA-style decoder: TinyLlama-1.1B's widths (grouped-query attention,
+        # 32 query and 4 key/value heads, RoPE, RMSNorm, SwiGLU) cut to 8 layers; causal, no padding
+        return (*_hf(tf.LlamaConfig, tf.LlamaModel,
+                     dict(use_cache=False, hidden_size=2048, num_hidden_layers=8, num_attention_heads=32,
+                          num_key_value_heads=4, intermediate_size=5632, vocab_size=32000),
+                     dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                          intermediate_size=128, vocab_size=512), padded=False), "last_hidden_state")
+    if name in ("mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "swin_t", "regnet_y_400mf"):
         return (*_torchvision(name), None)
     raise ValueError(f"unknown model {name!r}; known: bert_base, roberta, distilbert, gpt2, t5_encoder, vit_b16, "
-                     f"resnet50, mobilenet_v3_large, efficientnet_b0")
+                     f"llama, resnet50, mobilenet_v3_large, efficientnet_b0, convnext_tiny, swin_t, regnet_y_400mf")
 
 
 class Wrapper(torch.nn.Module):

@@ -26,24 +26,26 @@ def import_model(mod, context):
 def simplify(mod, context):
     """FoldConstant, FoldBatchNorm, RecognizeGelu, SinkReshapes, HoistScalarFactors and the rest; float16 if asked.
 
-    In order: FoldConstant, FoldBatchNorm, RecognizeGelu, SimplifyIdentityGather, SinkReshapes,
-    HoistScalarFactors, UnflattenBatchTranspose, CombineParallelMatmul, CombineLogitAddends,
+    In order: FoldConstant, FoldBatchNorm, RecognizeGelu, RecognizeRMSNorm, SimplifyIdentityGather, SinkReshapes,
+    HoistScalarFactors, UnflattenBatchTranspose, FoldScaleIntoMatmul, CombineParallelMatmul, CombineLogitAddends,
     ConvertToFloat16 (precision float16 or bfloat16)."""
     from .frontend.onnx import MAX_FOLDED_BYTES
     from .transform import convert_to_float16, dead_code_elimination, fold_constant, simplify_identity_gather
     from .transform.combine_logit_addends import combine_logit_addends
     from .transform.combine_parallel_matmul import combine_parallel_matmul
     from .transform.fold_batch_norm import fold_batch_norm
+    from .transform.fold_scale_into_matmul import fold_scale_into_matmul
     from .transform.hoist_scalar_factors import hoist_scalar_factors
     from .transform.unflatten_batch_transpose import unflatten_batch_transpose
     from .transform.recognize_gelu import recognize_gelu
+    from .transform.recognize_rms_norm import recognize_rms_norm
     from .transform.sink_reshapes import sink_reshapes
 
     # the importer's folding limit: a constant larger than that (an Expand to 2**40
     # elements) stays an op rather than being allocated here, and the size checks decide
     def fold(mod):
         return fold_constant(mod, size_limit_bytes=MAX_FOLDED_BYTES)
-    mod = dead_code_elimination(recognize_gelu(dead_code_elimination(fold_batch_norm(fold(mod)))))
+    mod = dead_code_elimination(recognize_rms_norm(recognize_gelu(dead_code_elimination(fold_batch_norm(fold(mod))))))
     # after FoldConstant (the indices are constants then), before SinkReshapes (which
     # merges the reshape it leaves with its neighbours); after RecognizeGelu: a GEMM's
     # activation reads its reshape only once recognized
@@ -52,7 +54,7 @@ def simplify(mod, context):
     # torch's exporter writes scaled_dot_product_attention reads as the attention patterns do
     mod = dead_code_elimination(unflatten_batch_transpose(dead_code_elimination(hoist_scalar_factors(mod))))
     # after FoldConstant: weights and biases are constants only once their preprocessing folds
-    mod = dead_code_elimination(combine_logit_addends(combine_parallel_matmul(mod)))
+    mod = dead_code_elimination(combine_logit_addends(combine_parallel_matmul(fold_scale_into_matmul(mod))))
     if context.config.precision in ("float16", "bfloat16"):
         mod = dead_code_elimination(fold(convert_to_float16(
             mod, dtype=context.config.precision, keep_float32_ops=keep_float32_ops(context.config))))

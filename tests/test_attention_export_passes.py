@@ -91,15 +91,38 @@ def @main(%k: {Q}) -> {KT} {{
     assert_structural_equal(dead_code_elimination(unflatten_batch_transpose(before)), expected)
 
 
-def test_reshapes_that_move_more_than_the_leading_axes_stay():
-    regrouped = parse("""
-def @main(%k: Tensor[(2, 3, 5, 4), float32]) -> Tensor[(3, 2, 4, 5), float32] {
-  %k3 = reshape(%k, shape=[-1, 5, 4])
+def test_leading_axes_grouped_otherwise_are_reshaped_first():
+    """Grouped-query attention's repeated heads [B, Hkv, G, S, D] flattened to [B*H, S, D]
+    and split as [B, H, D, S] after the transpose: reshape to [B, H, S, D], then transpose
+    the last two axes (the repeat_kv form the attention pattern reads)."""
+    before = parse("""
+def @main(%k: Tensor[(1, 2, 3, 5, 4), float32]) -> Tensor[(1, 6, 4, 5), float32] {
+  %k3 = reshape(%k, shape=[6, 5, 4])
   %kt3 = transpose(%k3, axes=[0, 2, 1])
-  %kt = reshape(%kt3, shape=[3, 2, 4, 5])
+  %kt = reshape(%kt3, shape=[1, 6, 4, 5])
   return %kt
 }""")
-    assert_structural_equal(unflatten_batch_transpose(regrouped), regrouped)
+    expected = parse("""
+def @main(%k: Tensor[(1, 2, 3, 5, 4), float32]) -> Tensor[(1, 6, 4, 5), float32] {
+  %kt_unflattened = reshape(%k, shape=[1, 6, 5, 4])
+  %kt = transpose(%kt_unflattened, axes=[0, 1, 3, 2])
+  return %kt
+}""")
+    after = dead_code_elimination(unflatten_batch_transpose(before))
+    assert_structural_equal(after, expected)
+    k = np.random.default_rng(0).standard_normal((1, 2, 3, 5, 4)).astype(np.float32)
+    np.testing.assert_array_equal(byoc.interpret(after, k=k), byoc.interpret(before, k=k))
+
+
+def test_reshapes_that_move_more_than_the_leading_axes_stay():
+    moved = parse("""
+def @main(%k: Tensor[(2, 3, 5, 4), float32]) -> Tensor[(3, 2, 5, 4), float32] {
+  %k3 = reshape(%k, shape=[-1, 5, 4])
+  %kt3 = transpose(%k3, axes=[0, 2, 1])
+  %kt = reshape(%kt3, shape=[3, 2, 5, 4])
+  return %kt
+}""")
+    assert_structural_equal(unflatten_batch_transpose(moved), moved)
     read_elsewhere = parse(f"""
 def @main(%k: {Q}) -> Tuple[{KT}, Tensor[(6, 4, 5), float32]] {{
   %k3 = reshape(%k, shape=[-1, 5, 4])

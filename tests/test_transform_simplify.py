@@ -470,6 +470,54 @@ def @main(%x: Tensor[(2, 8), float32]) -> Tensor[(2, 8), float32] {
     assert_structural_equal(recognize_gelu(shared), shared)
 
 
+@pytest.mark.parametrize("square, inverse", [
+    # transformers' LLaMA through the TorchScript exporter (rsqrt as 1 / sqrt) and T5's
+    ("%sq = power(%x, const(2.0, float32))", "%r = sqrt(%v)\n  %i = divide(const(1.0, float32), %r)\n  %n = multiply(%x, %i)"),
+    # through torch's default exporter (rsqrt as reciprocal(sqrt))
+    ("%sq = power(%x, const(2.0, float32))", "%r = sqrt(%v)\n  %i = reciprocal(%r)\n  %n = multiply(%i, %x)"),
+    ("%sq = multiply(%x, %x)", "%i = rsqrt(%v)\n  %n = multiply(%x, %i)"),
+    ("%sq = multiply(%x, %x)", "%r = sqrt(%v)\n  %n = divide(%x, %r)"),
+])
+def test_recognize_rms_norm(square, inverse):
+    from byoc.transform.recognize_rms_norm import recognize_rms_norm
+    text = f"""
+def @main(%x: Tensor[(2, 3, 4), float32]) -> Tensor[(2, 3, 4), float32] {{
+  {square}
+  %m = mean(%sq, axes=[-1], keepdims=true)
+  %v = add(%m, const(0.0009765625, float32))
+  {inverse}
+  %y = multiply(const([0.5, 1.0, 1.5, 2.0], float32), %n)
+  return %y
+}}"""
+    before = parse(text)
+    after = parse("""
+def @main(%x: Tensor[(2, 3, 4), float32]) -> Tensor[(2, 3, 4), float32] {
+  %y = rms_norm(%x, const([0.5, 1.0, 1.5, 2.0], float32), epsilon=0.0009765625)
+  return %y
+}""")
+    assert_structural_equal(recognize_rms_norm(before), after)
+    x = np.linspace(-4, 4, 24, dtype=np.float32).reshape(2, 3, 4)
+    np.testing.assert_allclose(interpret(after, x=x), interpret(before, x=x), rtol=1e-6, atol=1e-6)
+    # without gamma: a vector of ones
+    bare = parse(text.replace("%y = multiply(const([0.5, 1.0, 1.5, 2.0], float32), %n)\n  return %y", "return %n"))
+    (call,) = [b.value for b in recognize_rms_norm(bare)["main"].bindings]
+    assert call.op.name == "rms_norm" and call.args[1].data.tolist() == [1.0] * 4
+    # a gamma along another axis stays a multiply, of the rms_norm
+    other_axis = recognize_rms_norm(parse(text.replace("const([0.5, 1.0, 1.5, 2.0], float32)",
+                                                       "const([[0.5], [1.0], [1.5]], float32)")))
+    assert [b.value.op.name for b in other_axis["main"].bindings] == ["rms_norm", "multiply"]
+    # left alone: the mean over another axis, an intermediate read elsewhere, a non-scalar
+    # epsilon, x squared being another tensor
+    for changed in (text.replace("axes=[-1]", "axes=[1]"),
+                    text.replace("return %y", "%z = add(%y, %v)\n  return %z"),
+                    text.replace("const(0.0009765625, float32)", "const([[0.001], [0.001], [0.001]], float32)")):
+        kept = parse(changed)
+        assert_structural_equal(recognize_rms_norm(kept), kept)
+    other = parse(text.replace("%x: Tensor[(2, 3, 4), float32]", "%x: Tensor[(2, 3, 4), float32], %w: Tensor[(2, 3, 4), float32]")
+                  .replace("power(%x,", "power(%w,").replace("multiply(%x, %x)", "multiply(%x, %w)"))
+    assert_structural_equal(recognize_rms_norm(other), other)
+
+
 @pytest.mark.parametrize("cube", ["%c = power(%x, const(3.0, float32))",
                                   "%xx = multiply(%x, %x)\n  %c = multiply(%xx, %x)"])
 def test_recognize_gelu_tanh_form(cube):
@@ -878,3 +926,56 @@ def test_the_builder_shrinks_constants_after_recording_what_shape_buckets_compar
                 for arg in getattr(binding.value, "args", ()) if isinstance(arg, Constant)]
     assert constant_shapes(recorded["simplify"]) == [(4, 512, 512)]
     assert constant_shapes(final) == [(1, 512, 512)]
+
+
+# ================================================================= fold_scale_into_matmul
+
+
+def test_fold_scale_into_matmul_through_the_permute_back():
+    """ConvNeXt's layer scale: gamma (C, 1, 1) times the MLP's output permuted back to
+    channels-first goes into the second Linear's weight and bias; the residual add then
+    reads the permute directly."""
+    from byoc.transform.fold_scale_into_matmul import fold_scale_into_matmul
+    before = parse("""
+def @main(%x: Tensor[(1, 2, 2, 3), float32], %r: Tensor[(1, 2, 2, 2), float32]) -> Tensor[(1, 2, 2, 2), float32] {
+  %y = matmul(%x, const([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], float32))
+  %z = add(const([0.5, -0.5], float32), %y)
+  %t = transpose(%z, axes=[0, 3, 1, 2])
+  %u = multiply(const([[[2.0]], [[0.25]]], float32), %t)
+  %o = add(%u, %r)
+  return %o
+}""")
+    after = parse("""
+def @main(%x: Tensor[(1, 2, 2, 3), float32], %r: Tensor[(1, 2, 2, 2), float32]) -> Tensor[(1, 2, 2, 2), float32] {
+  %y = matmul(%x, const([[2.0, 0.5], [6.0, 1.0], [10.0, 1.5]], float32))
+  %z = add(const([1.0, -0.125], float32), %y)
+  %u = transpose(%z, axes=[0, 3, 1, 2])
+  %o = add(%u, %r)
+  return %o
+}""")
+    result = fold_scale_into_matmul(before)
+    assert_structural_equal(result, after)
+    rng = np.random.default_rng(0)
+    x, r = rng.standard_normal((1, 2, 2, 3)).astype(np.float32), rng.standard_normal((1, 2, 2, 2)).astype(np.float32)
+    np.testing.assert_allclose(interpret(result, x=x, r=r), interpret(before, x=x, r=r), rtol=1e-6, atol=1e-6)
+
+
+def test_fold_scale_into_matmul_leaves_other_scales():
+    from byoc.transform.fold_scale_into_matmul import fold_scale_into_matmul
+    text = """
+def @main(%x: Tensor[(4, 3), float32], %w: Tensor[(3, 2), float32]) -> Tensor[(4, 2), float32] {
+  %y = matmul(%x, WEIGHT)
+  %u = multiply(%y, SCALE)
+  return %u
+}"""
+    weight = "const([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], float32)"
+    # along the rows (not the matmul's N), a computed weight, a scalar (HoistScalarFactors')
+    for changed in (text.replace("WEIGHT", weight).replace("SCALE", "const([[1.0], [2.0], [3.0], [4.0]], float32)"),
+                    text.replace("WEIGHT", "%w").replace("SCALE", "const([1.0, 2.0], float32)"),
+                    text.replace("WEIGHT", weight).replace("SCALE", "const(2.0, float32)")):
+        kept = parse(changed)
+        assert_structural_equal(fold_scale_into_matmul(kept), kept)
+    # the matmul read elsewhere too
+    shared = parse(text.replace("WEIGHT", weight).replace("SCALE", "const([1.0, 2.0], float32)")
+                   .replace("return %u", "%v = add(%u, %y)\n  return %v"))
+    assert_structural_equal(fold_scale_into_matmul(shared), shared)

@@ -13,7 +13,14 @@ The chain (BERT's self-attention as exporters write it, after LowerSplit):
     out = [reshape(] transpose(o, [0, 2, 1, 3]) [, [B, Sq, H*Dv])]
 
 where reshape(X, [B, S, H, D]) may also be a [B, S, H, D] value from outside the chain,
-read as rows of H*D.
+read as rows of H*D; a head split (q, k before its transpose, v) may also be a [B, H, S, D]
+value computed outside (rotary position embeddings applied to the heads), read in place;
+and K's and V's heads may be repeated for grouped-query attention, as transformers'
+repeat_kv writes it:
+
+    reshape(broadcast_to(expand_dims(kv, axes=[2]), [B, Hkv, G, S, D]), [B, Hkv*G, S, D])
+
+then query head h reads key/value head h // G in place (no repeated copy).
 
 runs as one kernel that reads Q, K and V in place through row, head and batch strides (out
 of the fused QKV projection when they are its slices), keeps the scores on chip, and writes
@@ -52,11 +59,14 @@ class NotAttention(Exception):
 @dataclass(frozen=True)
 class Operand:
     """Where Q, K or V is read: `source` (the leaf expression; a partition parameter), the
-    element offset of the first row (a slice's start) and the row stride (the source's
-    last dimension)."""
+    element offset of the first row (a slice's start), the row stride (the source's last
+    dimension), and the head and batch strides where the rows are not [B, S, H, D]
+    (None: head_dim and row_stride * seq, the rows of a projection)."""
     source: object
     offset: int
     row_stride: int
+    head_stride: int | None = None
+    batch_stride: int | None = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,8 @@ class Attention:
     # the probabilities are guarded: where(isnan(p), 0, p), so a row whose every key is
     # masked with -inf gives zeros (not NaN); byoc's flash kernel has that mode
     zero_empty_rows: bool = False
+    # query heads per key/value head (grouped-query attention); byoc's flash kernel only
+    kv_group: int = 1
 
     def kernel(self, sm_count: int, tile: str = "") -> "AttentionKernel":
         """The kernel for this problem: `tile` (the cutlass target's attention_tile:
@@ -108,8 +120,10 @@ class AttentionKernel:
     @staticmethod
     def for_problem(problem: Attention, sm_count: int, tile: str = "") -> "AttentionKernel":
         flash_fits = problem.head_dim == problem.head_dim_v and problem.head_dim in FLASH_HEAD_DIMS
-        if problem.zero_empty_rows and not tile.startswith("flash:"):
-            tile = ""  # the example 41 kernel has no zeros-for-empty-rows mode (read_attention checked flash_fits)
+        if (problem.zero_empty_rows or problem.kv_group > 1) and not tile.startswith("flash:"):
+            # the example 41 kernel has neither the zeros-for-empty-rows mode nor shared
+            # key/value heads (read_attention checked flash_fits)
+            tile = ""
         if tile.startswith("flash:") and flash_fits:
             queries, keys = (int(n) for n in tile[len("flash:"):].split("x"))
             return AttentionKernel(queries, keys, problem.head_dim, flash=True)
@@ -151,7 +165,8 @@ class AttentionKernel:
         mask = "_mask" if problem.mask is not None else ""
         if self.flash:
             guard = "_zero_empty_rows" if problem.zero_empty_rows else ""
-            return f"byoc_flash_attention_sm80_{dtype}_{self.queries}x{self.keys}_d{self.max_k}{mask}{guard}"
+            group = f"_gqa{problem.kv_group}" if problem.kv_group > 1 else ""
+            return f"byoc_flash_attention_sm80_{dtype}_{self.queries}x{self.keys}_d{self.max_k}{mask}{guard}{group}"
         return f"cutlass_fmha_sm80_{dtype}_{self.queries}x{self.keys}_k{self.max_k}{mask}"
 
 
@@ -213,14 +228,16 @@ def read_attention(root, producer) -> Attention:
     if made is None:
         raise NotAttention("no Q @ K^T matmul")
     queries, keys_t = made[1]
-    q = _heads(queries, producer, "Q")
+    q = _heads(queries, producer, "Q", repeats=False)
     k = _key_heads(keys_t, producer)
     v = _heads(values, producer, "V")
-    (batch, seq_q, heads, head_dim), q_operand = q
-    (k_batch, seq_k, k_heads, k_dim), k_operand = k
-    (v_batch, v_seq, v_heads, head_dim_v), v_operand = v
-    if (k_batch, k_heads, k_dim) != (batch, heads, head_dim) or (v_batch, v_seq, v_heads) != (batch, seq_k, heads):
-        raise NotAttention(f"Q {q[0]}, K {k[0]} and V {v[0]} (as [B, S, H, D]) do not agree")
+    (batch, seq_q, heads, head_dim), q_operand, _ = q
+    (k_batch, seq_k, k_heads, k_dim), k_operand, k_group = k
+    (v_batch, v_seq, v_heads, head_dim_v), v_operand, v_group = v
+    if (k_batch, k_heads * k_group, k_dim) != (batch, heads, head_dim) or \
+            (v_batch, v_seq, v_heads * v_group) != (batch, seq_k, heads) or k_group != v_group:
+        raise NotAttention(f"Q {q[0]}, K {k[0]} repeated {k_group} times and V {v[0]} repeated {v_group} times "
+                           f"(as [B, S, H, D]) do not agree")
     dtype = root.type.dtype
     if dtype not in ("float16", "bfloat16"):
         raise NotAttention(f"dtype {dtype} (the fused attention kernel takes float16 or bfloat16)")
@@ -235,14 +252,18 @@ def read_attention(root, producer) -> Attention:
         if operand.offset % ALIGNMENT or operand.row_stride % ALIGNMENT:
             raise NotAttention(f"{name} slice at {operand.offset} with row stride {operand.row_stride}: "
                                f"not multiples of {ALIGNMENT} (16-byte loads)")
-    if zero_empty_rows and not (head_dim == head_dim_v and head_dim in FLASH_HEAD_DIMS):
+    flash_fits = head_dim == head_dim_v and head_dim in FLASH_HEAD_DIMS
+    if zero_empty_rows and not flash_fits:
         raise NotAttention(f"probabilities guarded against NaN (a row with every key masked gives zeros): only "
                            f"byoc's flash kernel has that mode, for head dims {FLASH_HEAD_DIMS}, not {head_dim}")
+    if k_group > 1 and not flash_fits:
+        raise NotAttention(f"grouped-query attention ({k_group} query heads a key/value head): only byoc's flash "
+                           f"kernel reads shared heads, for head dims {FLASH_HEAD_DIMS}, not {head_dim}")
     mask_strides = ()
     if mask is not None:
         mask_strides = _mask_strides(mask, (batch, heads, seq_q, seq_k), dtype)
     return Attention(batch, heads, seq_q, seq_k, head_dim, head_dim_v, dtype, scale,
-                     q_operand, k_operand, v_operand, mask, mask_strides, zero_empty_rows)
+                     q_operand, k_operand, v_operand, mask, mask_strides, zero_empty_rows, k_group)
 
 
 def _guarded_probabilities(args, producer):
@@ -265,12 +286,37 @@ def _computes_scores(expr, producer) -> bool:
     return made is not None and made[0] == "matmul"
 
 
-def _heads(expr, producer, role):
-    """transpose(reshape(source, [B, S, H, D]), [0, 2, 1, 3]) -> ((B, S, H, D), Operand)."""
+def _heads(expr, producer, role, repeats=True):
+    """The heads [B, H, S, D] that `expr` is -> ((B, S, H, D), Operand, G): a head split
+    transpose(reshape(source, [B, S, H, D]), [0, 2, 1, 3]) of a projection, a [B, H, S, D]
+    value from outside the chain (read in place), or (where `repeats`) either of those
+    with each head repeated G times (grouped-query attention; G is 1 otherwise)."""
     made = producer(expr)
+    if made is None and len(expr.type.shape) == 4:
+        batch, heads, seq, dim = expr.type.shape
+        return (batch, seq, heads, dim), Operand(expr, 0, dim, seq * dim, heads * seq * dim), 1
+    if repeats and made is not None and made[0] == "reshape":
+        return _repeated_heads(expr, made[1][0], producer, role)
     if made is None or made[0] != "transpose" or _axes(made[2], 4) != HEAD_SPLIT:
         raise NotAttention(f"{role} is not split into heads by transpose [0, 2, 1, 3]")
-    return _reshaped_source(made[1][0], producer, role)
+    return (*_reshaped_source(made[1][0], producer, role), 1)
+
+
+def _repeated_heads(expr, repeated, producer, role):
+    """reshape(broadcast_to(expand_dims(kv, [2]), [B, Hkv, G, S, D]), [B, Hkv*G, S, D]):
+    kv's heads, each read by G query heads."""
+    made = producer(repeated)
+    if made is None or made[0] != "broadcast_to" or len(repeated.type.shape) != 5:
+        raise NotAttention(f"{role}'s heads are reshaped from something other than repeated heads")
+    expanded = producer(made[1][0])
+    if expanded is None or expanded[0] != "expand_dims" or tuple(int(a) for a in expanded[2]["axes"]) != (2,):
+        raise NotAttention(f"{role}'s heads are repeated other than along a new axis 2 (repeat_kv)")
+    batch, kv_heads, group, seq, dim = repeated.type.shape
+    if tuple(expr.type.shape) != (batch, kv_heads * group, seq, dim):
+        raise NotAttention(f"{role}'s repeated heads {tuple(repeated.type.shape)} are reshaped to "
+                           f"{tuple(expr.type.shape)}, not [B, Hkv*G, S, D]")
+    shape, operand, inner_group = _heads(expanded[1][0], producer, role, repeats=False)
+    return shape, operand, group * inner_group
 
 
 def _key_heads(expr, producer):
@@ -279,7 +325,7 @@ def _key_heads(expr, producer):
         raise NotAttention("K^T is not a transpose of K's heads")
     axes = _axes(made[2], 4)
     if axes == KEY_TRANSPOSE:
-        return _reshaped_source(made[1][0], producer, "K")
+        return (*_reshaped_source(made[1][0], producer, "K"), 1)
     if axes == LAST_TWO_SWAP:
         return _heads(made[1][0], producer, "K")
     raise NotAttention(f"K^T transposes with axes {axes}")
@@ -345,7 +391,8 @@ def template_data(problem: Attention, kernel: AttentionKernel, symbol: str, inde
 
     def operand(o: Operand, head_dim, seq):
         return {"index": index_of(o.source), "offset": o.offset, "row_stride": o.row_stride,
-                "head_stride": head_dim, "batch_stride": o.row_stride * seq}
+                "head_stride": head_dim if o.head_stride is None else o.head_stride,
+                "batch_stride": o.row_stride * seq if o.batch_stride is None else o.batch_stride}
 
     data = {
         "symbol": symbol, "kernel_name": kernel.name(problem), "element": element,
@@ -355,7 +402,7 @@ def template_data(problem: Attention, kernel: AttentionKernel, symbol: str, inde
         "q": operand(problem.q, problem.head_dim, problem.seq_q),
         "k": operand(problem.k, problem.head_dim, problem.seq_k),
         "v": operand(problem.v, problem.head_dim_v, problem.seq_k), "has_mask": problem.mask is not None,
-        "zero_empty_rows": problem.zero_empty_rows,
+        "zero_empty_rows": problem.zero_empty_rows, "kv_group": problem.kv_group,
     }
     if problem.mask is not None:
         data["mask"] = {"index": index_of(problem.mask), "batch_stride": problem.mask_strides[0],

@@ -155,7 +155,9 @@ def attention():
     chain; its probabilities may be guarded against NaN): Q, K, V are whatever feeds the
     head-split reshapes, or the fused QKV projection
     when they are its slices (then one parameter, read at three offsets), or a [B, S, H, D]
-    value computed outside (a cast that SinkReshapes put after the reshape of an input)."""
+    value computed outside (a cast that SinkReshapes put after the reshape of an input), or
+    heads [B, H, S, D] computed outside (rotary embeddings applied to them); K's and V's
+    heads may be repeated for grouped-query attention (read in place)."""
     def source():
         return is_op("strided_slice")(wildcard()) | wildcard()
 
@@ -165,16 +167,19 @@ def attention():
     def heads():
         return is_op("transpose")(split())
 
+    def shared_heads():  # repeat_kv: reshape(broadcast_to(expand_dims(kv, [2]), ..), ..)
+        return is_op("reshape")(is_op("broadcast_to")(is_op("expand_dims")(heads() | wildcard())))
+
     # the two-transpose form first: the wildcard of split() would take its inner transpose
-    keys = is_op("transpose")(heads()) | is_op("transpose")(split())
-    scores = is_op("matmul")(heads(), keys)
+    keys = is_op("transpose")(shared_heads() | heads()) | is_op("transpose")(split())
+    scores = is_op("matmul")(heads() | wildcard(), keys)
     scores = with_scale(scores) | scores
     scores = _add(scores, wildcard()) | scores
     probabilities = is_op("softmax")(scores)
     # torch's exporter guards scaled_dot_product_attention's probabilities against NaN (rows
     # whose every key is masked with -inf): where(isnan(p), 0, p), isnan imported as p != p
     guarded = is_op("where")(is_op("not_equal")(probabilities, probabilities), is_const(), probabilities)
-    context = is_op("transpose")(is_op("matmul")(guarded | probabilities, heads()))
+    context = is_op("transpose")(is_op("matmul")(guarded | probabilities, shared_heads() | heads() | wildcard()))
     return is_op("reshape")(context) | context
 
 

@@ -12,8 +12,16 @@ K's heads, and the two reshapes would be two more copies where no kernel fuses t
 Rewrites, in every function with a body, reshape(transpose(reshape(x, [N, a, b]), [0, 2, 1]),
 [*lead, b, a]) where x is [*lead, a, b] and N = prod(lead), the inner reshape and the
 transpose each read only by the next; the outer reshape becomes the 4-D (or n-D)
-transpose. Leaves alone: reshapes that move anything but the leading axes, other
-permutations, intermediate values read elsewhere.
+transpose. Where x's leading axes are others with the same product (grouped-query
+attention's repeated heads, [B, Hkv, G, S, D] against [B, H]), x is reshaped to
+[*lead, a, b] first, as repeat_kv writes it for the eager attention:
+
+    %k3 = reshape(%k5, shape=[-1, S, D])               (%k5: [B, Hkv, G, S, D])
+    %kt3 = transpose(%k3, axes=[0, 2, 1])     ->      %k = reshape(%k5, shape=[B, H, S, D])
+    %kt = reshape(%kt3, shape=[B, H, D, S])           %kt = transpose(%k, axes=[0, 1, 3, 2])
+
+Leaves alone: reshapes that move anything but the leading axes, other permutations,
+intermediate values read elsewhere.
 """
 from __future__ import annotations
 
@@ -30,17 +38,21 @@ def unflatten_batch_transpose(mod: IRModule) -> IRModule:
 
 def _unflatten(function: Function) -> Function:
     table = BindingIndex(function)
-    bindings = table.bindings
-    changed = False
-    for index, binding in enumerate(bindings):
+    bindings = []
+    for index, binding in enumerate(table.bindings):
         source = _unflattened_source(binding, index, table)
         if source is None:
+            bindings.append(binding)
             continue
-        rank = len(source.type.shape)
+        *lead, columns, rows = binding.var.type.shape
+        if tuple(source.type.shape) != (*lead, rows, columns):
+            reshape = Call("reshape", [source], {"shape": [*lead, rows, columns]})
+            source = Var(f"{binding.var.name_hint}_unflattened", reshape.type)
+            bindings.append(Binding(source, reshape))
+        rank = len(lead) + 2
         axes = list(range(rank - 2)) + [rank - 1, rank - 2]
-        bindings[index] = Binding(binding.var, Call("transpose", [source], {"axes": axes}))
-        changed = True
-    if not changed:
+        bindings.append(Binding(binding.var, Call("transpose", [source], {"axes": axes})))
+    if len(bindings) == len(table.bindings) and all(a is b for a, b in zip(bindings, table.bindings)):
         return function
     return Function(function.params, bindings, function.result, function.ret_type, function.attrs)
 
@@ -68,6 +80,7 @@ def _unflattened_source(binding, index: int, bindings: BindingIndex):
     *lead, rows, columns = shape
     if tuple(flattened[1].type.shape) != (math.prod(lead), rows, columns):
         return None
-    if tuple(binding.var.type.shape) != (*lead, columns, rows):
+    *out_lead, out_columns, out_rows = binding.var.type.shape
+    if (out_columns, out_rows) != (columns, rows) or math.prod(out_lead) != math.prod(lead) or not out_lead:
         return None
     return source

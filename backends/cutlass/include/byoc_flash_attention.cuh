@@ -42,6 +42,9 @@ struct Params {
   int64_t mask_batch_stride, mask_head_stride, mask_query_stride;
   int head_stride_q, head_stride_k, head_stride_v, head_stride_o;
   int seq_q, seq_k;
+  // query heads per key/value head (grouped-query attention: head h reads K and V of head
+  // h / kv_group, in place, not repeated); 1 for multi-head attention
+  int kv_group;
   float scale_log2;  // the scores' scale times log2(e): the softmax runs in base 2
 };
 
@@ -135,8 +138,9 @@ struct FlashAttention {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const Element* q = static_cast<const Element*>(p.q) + batch * p.q_batch_stride + query_block * p.q_row_stride +
                        head * p.head_stride_q;
-    const Element* k = static_cast<const Element*>(p.k) + batch * p.k_batch_stride + head * p.head_stride_k;
-    const Element* v = static_cast<const Element*>(p.v) + batch * p.v_batch_stride + head * p.head_stride_v;
+    const int kv_head = head / p.kv_group;
+    const Element* k = static_cast<const Element*>(p.k) + batch * p.k_batch_stride + kv_head * p.head_stride_k;
+    const Element* v = static_cast<const Element*>(p.v) + batch * p.v_batch_stride + kv_head * p.head_stride_v;
     const int key_blocks = (p.seq_k + kBlockN - 1) / kBlockN;
 
     // Launched with programmatic dependent launch, the block starts while the previous
