@@ -1571,6 +1571,8 @@ def test_grouped_query_attention_with_rotary_heads_is_one_kernel_reading_shared_
     ("vector scale", dict(scale=("multiply", np.linspace(0.1, 0.2, 16))), "scores multiply by a non-scalar"),
     ("guarded, head dim 32", dict(key_form="sdpa", scale=("multiply", 0.125)),
      "probabilities guarded against NaN (a row with every key masked gives zeros): only byoc's flash kernel"),
+    ("unaligned mask, head dim 32", dict(seq_q=20, seq_k=20, mask=(2, 1, 20, 20)),
+     "mask query stride 20 not a multiple of 8: only byoc's flash kernel reads such a mask"),
     ("grouped-query, head dim 32", dict(key_form="llama", kv_heads=1),
      "grouped-query attention (2 query heads a key/value head): only byoc's flash kernel reads shared heads"),
 ])
@@ -1699,7 +1701,9 @@ def test_attention_kernel_compiles(sm, tile, kernel, tmp_path):
                                                             key_form="sdpa", scale=("multiply", 0.0884)), ""),
     # as transformers' LLaMA writes it: rotary embeddings on Q's and K's heads (computed
     # outside, read in place), 2 key/value heads each read by 4 query heads, a causal mask
-    ("llama_gqa_rotary", (2, 104, 104, 8, 64), dict(mask=(2, 1, 104, 104), key_form="llama", kv_heads=2,
+    # (100 keys: mask rows of 100 elements, not 16-byte multiples; the flash kernel reads
+    # the mask an element at a time)
+    ("llama_gqa_rotary", (2, 100, 100, 8, 64), dict(mask=(2, 1, 100, 100), key_form="llama", kv_heads=2,
                                                     scale=("multiply", 0.125)), ""),
     ("llama_gqa_rotary_d128_separate", (1, 64, 72, 4, 128), dict(fused_qkv=False, mask=(1, 1, 64, 72),
                                                                   key_form="llama", kv_heads=1), "flash:32x64"),

@@ -89,6 +89,14 @@ class Attention:
     zero_empty_rows: bool = False
     # query heads per key/value head (grouped-query attention); byoc's flash kernel only
     kv_group: int = 1
+    # mask strides that are not multiples of 8 elements (a sequence of 77 tokens): byoc's
+    # flash kernel reads the mask an element at a time; the example 41 kernel cannot
+    mask_unaligned: bool = False
+
+    @property
+    def flash_only(self) -> bool:
+        """Whether only byoc's flash kernel runs this problem (read_attention checked it can)."""
+        return self.zero_empty_rows or self.kv_group > 1 or self.mask_unaligned
 
     def kernel(self, sm_count: int, tile: str = "") -> "AttentionKernel":
         """The kernel for this problem: `tile` (the cutlass target's attention_tile:
@@ -120,9 +128,7 @@ class AttentionKernel:
     @staticmethod
     def for_problem(problem: Attention, sm_count: int, tile: str = "") -> "AttentionKernel":
         flash_fits = problem.head_dim == problem.head_dim_v and problem.head_dim in FLASH_HEAD_DIMS
-        if (problem.zero_empty_rows or problem.kv_group > 1) and not tile.startswith("flash:"):
-            # the example 41 kernel has neither the zeros-for-empty-rows mode nor shared
-            # key/value heads (read_attention checked flash_fits)
+        if problem.flash_only and not tile.startswith("flash:"):
             tile = ""
         if tile.startswith("flash:") and flash_fits:
             queries, keys = (int(n) for n in tile[len("flash:"):].split("x"))
@@ -259,11 +265,17 @@ def read_attention(root, producer) -> Attention:
     if k_group > 1 and not flash_fits:
         raise NotAttention(f"grouped-query attention ({k_group} query heads a key/value head): only byoc's flash "
                            f"kernel reads shared heads, for head dims {FLASH_HEAD_DIMS}, not {head_dim}")
-    mask_strides = ()
+    mask_strides, mask_unaligned = (), False
     if mask is not None:
         mask_strides = _mask_strides(mask, (batch, heads, seq_q, seq_k), dtype)
+        unaligned = [name for name, stride in zip(("batch", "head", "query"), mask_strides) if stride % ALIGNMENT]
+        if unaligned and not flash_fits:
+            raise NotAttention(f"mask {unaligned[0]} stride {mask_strides[('batch', 'head', 'query').index(unaligned[0])]} "
+                               f"not a multiple of {ALIGNMENT}: only byoc's flash kernel reads such a mask, for head "
+                               f"dims {FLASH_HEAD_DIMS}, not {head_dim}")
+        mask_unaligned = bool(unaligned)
     return Attention(batch, heads, seq_q, seq_k, head_dim, head_dim_v, dtype, scale,
-                     q_operand, k_operand, v_operand, mask, mask_strides, zero_empty_rows, k_group)
+                     q_operand, k_operand, v_operand, mask, mask_strides, zero_empty_rows, k_group, mask_unaligned)
 
 
 def _guarded_probabilities(args, producer):
@@ -379,9 +391,6 @@ def _mask_strides(mask, shape, dtype) -> tuple:
         strides.append(step if size > 1 else 0)
         step *= size
     batch_stride, head_stride, query_stride, _ = reversed(strides)
-    for name, stride in (("batch", batch_stride), ("head", head_stride), ("query", query_stride)):
-        if stride % ALIGNMENT:
-            raise NotAttention(f"mask {name} stride {stride} not a multiple of {ALIGNMENT} (16-byte loads)")
     return batch_stride, head_stride, query_stride
 
 
