@@ -26,7 +26,8 @@ def import_model(mod, context):
 def simplify(mod, context):
     """FoldConstant, FoldBatchNorm, RecognizeGelu, SinkReshapes, HoistScalarFactors and the rest; float16 if asked.
 
-    In order: FoldConstant, FoldBatchNorm, RecognizeGelu, RecognizeRMSNorm, SimplifyIdentityGather, SinkReshapes,
+    In order: FoldConstant, FoldBatchNorm, RecognizeGelu, RecognizeRMSNorm, SimplifyIdentityGather,
+    UnbindStackedHeads, SinkReshapes,
     HoistScalarFactors, UnflattenBatchTranspose, FoldScaleIntoMatmul, CombineParallelMatmul, CombineLogitAddends,
     ConvertToFloat16 (precision float16 or bfloat16)."""
     from .frontend.onnx import MAX_FOLDED_BYTES
@@ -40,6 +41,7 @@ def simplify(mod, context):
     from .transform.recognize_gelu import recognize_gelu
     from .transform.recognize_rms_norm import recognize_rms_norm
     from .transform.sink_reshapes import sink_reshapes
+    from .transform.unbind_stacked_heads import unbind_stacked_heads
 
     # the importer's folding limit: a constant larger than that (an Expand to 2**40
     # elements) stays an op rather than being allocated here, and the size checks decide
@@ -49,7 +51,7 @@ def simplify(mod, context):
     # after FoldConstant (the indices are constants then), before SinkReshapes (which
     # merges the reshape it leaves with its neighbours); after RecognizeGelu: a GEMM's
     # activation reads its reshape only once recognized
-    mod = dead_code_elimination(fold(sink_reshapes(simplify_identity_gather(mod))))
+    mod = dead_code_elimination(fold(sink_reshapes(unbind_stacked_heads(simplify_identity_gather(mod)))))
     # after SinkReshapes (which moves a scale next to the matmul it feeds): attention as
     # torch's exporter writes scaled_dot_product_attention reads as the attention patterns do
     mod = dead_code_elimination(unflatten_batch_transpose(dead_code_elimination(hoist_scalar_factors(mod))))

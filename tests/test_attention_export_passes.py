@@ -2,6 +2,7 @@
 that give attention as torch's exporter writes scaled_dot_product_attention the form the
 attention patterns read."""
 import numpy as np
+import pytest
 
 import byoc
 from byoc.ir import assert_structural_equal, parse
@@ -157,3 +158,69 @@ def @main(%q: {Q}, %k: {Q}, %v: {Q}) -> {Q} {{
     inputs = {name: rng.standard_normal((2, 3, 5, 4)).astype(np.float32) for name in ("q", "k", "v")}
     np.testing.assert_allclose(byoc.interpret(rewritten, **inputs), byoc.interpret(mod, **inputs), rtol=1e-5,
                                atol=1e-6)
+
+
+@pytest.mark.parametrize("pieces", ["split", "gather"])
+def test_stacked_heads_become_head_splits_of_projection_slices(pieces):
+    """timm's qkv.reshape(B, N, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0) as the exporters
+    write it (a split into squeezes, or a gather of each index): each piece is a slice of
+    the projection's last axis split into heads, the form the attention pattern reads in
+    place; the computed values are unchanged."""
+    from byoc.transform.unbind_stacked_heads import unbind_stacked_heads
+    taken = {
+        "split": """%s = split(%t, sizes=[1, 1, 1])
+  %s0 = %s.0
+  %s1 = %s.1
+  %s2 = %s.2
+  %q = squeeze(%s0, axes=[0])
+  %k = squeeze(%s1, axes=[0])
+  %v = squeeze(%s2, axes=[0])""",
+        "gather": """%q = gather(%t, const(0, int64))
+  %k = gather(%t, const(1, int64))
+  %v = gather(%t, const(-1, int64))"""}[pieces]
+    before = parse(f"""
+def @main(%x: Tensor[(2, 5, 24), float32]) -> Tuple[Tensor[(2, 2, 5, 4), float32], Tensor[(2, 2, 5, 4), float32], Tensor[(2, 2, 5, 4), float32]] {{
+  %r = reshape(%x, shape=[2, 5, 3, 2, 4])
+  %t = transpose(%r, axes=[2, 0, 3, 1, 4])
+  {taken}
+  return (%q, %k, %v)
+}}""")
+    after = dead_code_elimination(unbind_stacked_heads(before))
+    expected = parse("""
+def @main(%x: Tensor[(2, 5, 24), float32]) -> Tuple[Tensor[(2, 2, 5, 4), float32], Tensor[(2, 2, 5, 4), float32], Tensor[(2, 2, 5, 4), float32]] {
+  %q_slice = strided_slice(%x, begin=[0], end=[8], axes=[2], strides=[1])
+  %q_heads = reshape(%q_slice, shape=[2, 5, 2, 4])
+  %q = transpose(%q_heads, axes=[0, 2, 1, 3])
+  %k_slice = strided_slice(%x, begin=[8], end=[16], axes=[2], strides=[1])
+  %k_heads = reshape(%k_slice, shape=[2, 5, 2, 4])
+  %k = transpose(%k_heads, axes=[0, 2, 1, 3])
+  %v_slice = strided_slice(%x, begin=[16], end=[24], axes=[2], strides=[1])
+  %v_heads = reshape(%v_slice, shape=[2, 5, 2, 4])
+  %v = transpose(%v_heads, axes=[0, 2, 1, 3])
+  return (%q, %k, %v)
+}""")
+    assert_structural_equal(after, expected)
+    x = np.random.default_rng(0).standard_normal((2, 5, 24)).astype(np.float32)
+    for got, want in zip(byoc.interpret(after, x=x), byoc.interpret(before, x=x)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_stacked_heads_read_whole_or_regrouped_stay():
+    from byoc.transform.unbind_stacked_heads import unbind_stacked_heads
+    whole = parse("""
+def @main(%x: Tensor[(2, 5, 24), float32]) -> Tuple[Tensor[(2, 2, 5, 4), float32], Tensor[(3, 2, 2, 5, 4), float32]] {
+  %r = reshape(%x, shape=[2, 5, 3, 2, 4])
+  %t = transpose(%r, axes=[2, 0, 3, 1, 4])
+  %q = gather(%t, const(0, int64))
+  return (%q, %t)
+}""")
+    assert_structural_equal(unbind_stacked_heads(whole), whole)
+    regrouped = parse("""
+def @main(%x: Tensor[(2, 5, 24), float32]) -> Tensor[(5, 2, 2, 4), float32] {
+  %r = reshape(%x, shape=[10, 3, 2, 4])
+  %t = transpose(%r, axes=[1, 0, 2, 3])
+  %q = gather(%t, const(0, int64))
+  %o = reshape(%q, shape=[5, 2, 2, 4])
+  return %o
+}""")
+    assert_structural_equal(unbind_stacked_heads(regrouped), regrouped)

@@ -229,6 +229,36 @@ def @main(%x: Tensor[(2, 3), float32], %v: Tensor[(3,), float32]) -> Tuple[Tenso
     check(before, after, fold_constant)
 
 
+def test_no_op_layout_calls_are_removed():
+    """Swin's window attention pads by zero and slices whole windows back; a slice of
+    everything backwards and a pad that crops as much as it adds keep the shape and stay."""
+    before = """
+def @main(%x: Tensor[(2, 4), float32]) -> Tuple[Tensor[(2, 4), float32], Tensor[(2, 4), float32], Tensor[(2, 4), float32]] {
+  %a = pad(%x, pads=[0, 0, 0, 0])
+  %b = strided_slice(%a, begin=[0], end=[9223372036854775807], axes=[1])
+  %c = strided_slice(%b, begin=[0, 0], end=[2, 4], axes=[0, 1], strides=[1, 1])
+  %d = squeeze(%c, axes=[])
+  %e = concat(%d, axis=0)
+  %f = relu(%e)
+  %g = strided_slice(%f, begin=[-1], end=[-9223372036854775807], axes=[1], strides=[-1])
+  %h = pad(%f, pads=[0, 1, 0, -1])
+  return (%f, %g, %h)
+}
+"""
+    after = """
+def @main(%x: Tensor[(2, 4), float32]) -> Tuple[Tensor[(2, 4), float32], Tensor[(2, 4), float32], Tensor[(2, 4), float32]] {
+  %f = relu(%x)
+  %g = strided_slice(%f, begin=[-1], end=[-9223372036854775807], axes=[1], strides=[-1])
+  %h = pad(%f, pads=[0, 1, 0, -1])
+  return (%f, %g, %h)
+}
+"""
+    result = check(before, after, fold_constant)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    for got, want in zip(interpret(result, x), interpret(parse(before), x)):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_result_can_become_a_constant():
     before = """
 def @main(%x: Tensor[(2,), float32]) -> Tensor[(2,), int64] {

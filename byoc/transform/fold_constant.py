@@ -12,9 +12,11 @@ included):
 - Forwarding: `%g = %t.i`, where `%t` is bound to a tuple expression, is replaced by
   that tuple's field i; a binding that only names an atom (`%c = const(...)`, `%v = %w`)
   is replaced by the atom.
-- No-op elimination (listed in NO_OP_RULES): identity(x), reshape to x's own shape,
-  cast to x's own dtype, transpose by the identity permutation and broadcast_to x's own
-  shape are replaced by x; so are x + 0, 0 + x, x - 0, x * 1, 1 * x and x / 1 when the
+- No-op elimination (listed in NO_OP_RULES): identity(x), reshape, squeeze, expand_dims
+  and broadcast_to to x's own shape, cast to x's own dtype, transpose by the identity
+  permutation, pad by nothing, a slice of everything in order and a concat of x alone are
+  replaced by x (Swin's window attention pads by zero and slices whole windows back,
+  each a copy); so are x + 0, 0 + x, x - 0, x * 1, 1 * x and x / 1 when the
   constant is all zeros (ones) and the result has x's own type (it does not broadcast x).
   Exporters write such arithmetic: transformers' ViT adds an attention mask of zeros
   built from constants, which hides the attention's shape from the patterns.
@@ -89,6 +91,15 @@ def _identity_operand(*positions: int, value: float) -> Callable[[Call], int | N
     return rule
 
 
+def _pads_nothing(call: Call) -> bool:
+    return not any(int(width) for width in call.attrs["pads"])
+
+
+def _slices_everything(call: Call) -> bool:
+    # forward steps of 1 over the whole extent: a backward step keeps the shape but reverses
+    return _same_type_as_input(call) and all(int(step) == 1 for step in call.attrs["strides"])
+
+
 def _first_if(predicate: Callable[[Call], bool]) -> Callable[[Call], int | None]:
     return lambda call: 0 if predicate(call) else None
 
@@ -100,6 +111,11 @@ NO_OP_RULES: dict[str, Callable[[Call], int | None]] = {
     "cast": _first_if(_same_type_as_input),
     "broadcast_to": _first_if(_same_type_as_input),
     "transpose": _first_if(_transpose_is_identity),
+    "squeeze": _first_if(_same_type_as_input),
+    "expand_dims": _first_if(_same_type_as_input),
+    "pad": _first_if(_pads_nothing),
+    "strided_slice": _first_if(_slices_everything),
+    "concat": lambda call: 0 if len(call.args) == 1 and _same_type_as_input(call) else None,
     "add": _identity_operand(0, 1, value=0.0),
     "subtract": _identity_operand(1, value=0.0),
     "multiply": _identity_operand(0, 1, value=1.0),
