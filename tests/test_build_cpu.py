@@ -79,6 +79,20 @@ def test_library_depends_only_on_c_runtime(built_models):
     assert needed and all(n.startswith(allowed) for n in needed), needed
 
 
+def test_needed_libraries_are_read_from_the_dynamic_section(built_models):
+    """What load() preloads is read from the library's own DT_NEEDED entries (readelf's
+    list); a library that needs an NVIDIA library found nowhere is refused naming it and
+    the package that provides it."""
+    from byoc.runtime import shared_libraries
+    path = str(built_models["mlp"])
+    dynamic = subprocess.run(["readelf", "-d", path], capture_output=True, text=True).stdout
+    listed = [line.split("[")[1].split("]")[0] for line in dynamic.splitlines() if "(NEEDED)" in line]
+    assert shared_libraries.needed_libraries(path) == listed and listed
+    with pytest.raises(byoc.RuntimeError, match=r"it needs libcublasLt\.so\.999, which is not on this machine's "
+                                                r"library path.*install nvidia-cublas"):
+        shared_libraries._preload("libcublasLt.so.999", "nvidia-cublas", path)
+
+
 def test_metadata_and_exports(built_models):
     module = load(built_models["bert2"])
     metadata = module.metadata

@@ -1,6 +1,8 @@
 """The cuda target: models compile and link for sm_90 without a GPU (CI), and run
 correctly on one (gpu tests, run on the lent H100)."""
+import os
 import shutil
+import sys
 import subprocess
 from pathlib import Path
 
@@ -43,6 +45,21 @@ def test_models_compile_and_link_for_sm90(name, tmp_path):
                "libpthread", "librt")
     assert all(n.startswith(allowed) for n in needed), needed
     assert not any(n.startswith("libcudart") for n in needed)  # cudart is linked statically
+    # no path of this machine: cuBLASLt is named by soname and found at load (the toolkit's
+    # or NVIDIA's pip package's, runtime/shared_libraries.py)
+    assert "RUNPATH" not in dynamic and "RPATH" not in dynamic, dynamic
+    if name == "mlp":
+        assert any(n.startswith("libcublasLt.so.") for n in needed), needed
+        # a fresh process with no library path of its own reads the metadata: dlopen
+        # resolved libcublasLt by its soname
+        deployed = tmp_path / "deployed.so"
+        library.export_library(deployed)
+        env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+        code = ("import sys, byoc.runtime.library_file as f; "
+                "print(f.metadata_of(sys.argv[1])['arch'])")
+        result = subprocess.run([sys.executable, "-c", code, str(deployed)], capture_output=True,
+                                text=True, env=env, timeout=120)
+        assert result.returncode == 0 and result.stdout.strip() == "sm_90", result.stdout + result.stderr
     if name == "mlp" and not gpu_visible():
         # where it cannot run, it says why in the user's terms (not "CUDA driver version is
         # insufficient for CUDA runtime version", the runtime's message for no driver at all)

@@ -251,6 +251,8 @@ def _open_library(path) -> ctypes.CDLL:
     copy (removed once loaded), so the loader cannot return the earlier one."""
     resolved = _resolved(path)
     _check_library_file(resolved)
+    from .shared_libraries import preload_needed
+    preload_needed(resolved)  # cuBLASLt from the toolkit or pip: the library carries no run path
     try:
         stat = os.stat(resolved)
         state = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)

@@ -149,7 +149,9 @@ def cuda_include_dirs() -> list[Path]:
 
 
 def cuda_link_flags(extra: list | None = None) -> list[str]:
-    """Static cudart, and cuBLASLt from the toolkit (or NVIDIA's pip package)."""
+    """Static cudart, and cuBLASLt from the toolkit (or NVIDIA's pip package), recorded by
+    soname with no run path: a path on this machine means nothing on the deploy host
+    (runtime/shared_libraries.py finds it at load)."""
     home = cuda_home()
     if home is None:
         raise BuildError("the CUDA toolkit is needed to link a cuda model (nvcc not found)")
@@ -158,14 +160,14 @@ def cuda_link_flags(extra: list | None = None) -> list[str]:
     wants_cublaslt = any("cublasLt" in str(f) for f in (extra or []))
     if wants_cublaslt:
         if (lib / "libcublasLt.so").exists():
-            flags += ["-lcublasLt", f"-Wl,-rpath,{lib}"]
+            flags += ["-lcublasLt"]
         else:
             pip = _pip_cuda_library_dir("cublasLt.h")
             if pip is None:
                 raise BuildError("cuBLASLt not found: neither the CUDA toolkit nor the nvidia-cublas pip "
                                  "package provides libcublasLt")
             names = sorted(p.name for p in pip[1].glob("libcublasLt.so*"))
-            flags += [f"-L{pip[1]}", f"-l:{names[0]}" if names else "-lcublasLt", f"-Wl,-rpath,{pip[1]}"]
+            flags += [f"-L{pip[1]}", f"-l:{names[0]}" if names else "-lcublasLt"]
     return flags + [f for f in (extra or []) if "cublasLt" not in str(f)]
 
 
