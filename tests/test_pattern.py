@@ -121,3 +121,22 @@ def test_not_a_pattern_is_a_type_error():
     main, producers, v = _function_and_producers()
     with pytest.raises(TypeError, match="not a pattern"):
         match(is_op("matmul")("x", wildcard()), v["m"], producers)
+
+
+def test_a_name_used_twice_matches_one_expression():
+    """multiply(x, x) names both operands x: it matches a square, not a product of two values."""
+    from byoc.ir import parse
+    from byoc.pattern import is_op, match, wildcard
+    square = is_op("multiply")(wildcard().named("x"), wildcard().named("x"))
+    mod = parse("""
+def @main(%a: Tensor[(2,), float32], %b: Tensor[(2,), float32]) -> Tensor[(2,), float32] {
+  %s = multiply(%a, %a)
+  %p = multiply(%a, %b)
+  %o = add(%s, %p)
+  return %o
+}""")
+    producers = {b.var: b.value for b in mod["main"].bindings}
+    s, p = (b.var for b in mod["main"].bindings[:2])
+    found = match(square, s, producers)
+    assert found is not None and found["x"] is mod["main"].params[0]
+    assert match(square, p, producers) is None

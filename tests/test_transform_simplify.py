@@ -498,6 +498,10 @@ def @main(%x: Tensor[(2, 8), float32]) -> Tensor[(2, 8), float32] {
     shared = parse(before.script().replace("return %y", "%z = add(%y, %e)\n  return %z")
                    .replace("-> Tensor[(2, 8), float32] {", "-> Tensor[(2, 8), float32] {", 1))
     assert_structural_equal(recognize_gelu(shared), shared)
+    # x * 0.5 * (1 + erf(w / sqrt(2))) with w another tensor is not GELU (it became gelu(w))
+    two = parse(before.script().replace("%x: Tensor[(2, 8), float32]", "%x: Tensor[(2, 8), float32], %w: Tensor[(2, 8), float32]")
+                .replace("divide(%x,", "divide(%w,"))
+    assert_structural_equal(recognize_gelu(two), two)
 
 
 @pytest.mark.parametrize("square, inverse", [

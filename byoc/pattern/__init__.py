@@ -7,7 +7,8 @@
 Patterns: `is_op(name)(*args)` (a call of that op whose arguments match), `wildcard()`
 (anything: it becomes an input of the match), `is_const()` (a Constant input),
 `p1 | p2` (the first that matches), `p.optional(f)` (f(p) if it matches, else p),
-`.named(n)` (remember the matched expression under n), and predicates `.has_dtype`,
+`.named(n)` (remember the matched expression under n; a name met twice must be the same
+expression both times), and predicates `.has_dtype`,
 `.has_rank`, `.has_shape`, `.has_attr`, `.where(fn)`.
 
 `match(pattern, var, producers)` follows Vars to the op calls bound to them
@@ -180,6 +181,11 @@ def _match(pattern: Pattern, expr: Expr, producers: dict, state: Match) -> bool:
             return True
         return False
     if isinstance(pattern, NamedPattern):
+        # a name used twice in one pattern is one value: x * 0.5 * (1 + erf(x / sqrt(2)))
+        # is GELU only where both x are the same expression
+        bound = state.named.get(pattern.name)
+        if bound is not None and bound is not expr:
+            return False
         if _match(pattern.inner, expr, producers, state):
             state.named[pattern.name] = expr
             return True
