@@ -7,12 +7,25 @@ the readable table:
     ----------------------------------------------------------------------------
     cutlass              96       4          96       12  add x96, gelu x12, matmul x96
 
+    calls per run: 121, of which 13 only move data (transpose x12, layout x1)
+
     refused matches:
       cutlass.dense_bias x12: K=770 not a multiple of 8
+
+The calls per run count every call of a backend function in main but the reshapes, which
+run as views; the ones that only move data are the built-in backend's copies (transposes,
+slices, concats, pads, broadcasts, strided layout chains), which a better partition or a
+layout pass would remove.
 """
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+
+# Built-in functions that only move data (each one kernel of copying); builtin.reshape is a
+# view and launches nothing.
+COPY_COMPOSITES = ("builtin.layout", "builtin.transpose", "builtin.strided_slice", "builtin.concat",
+                   "builtin.pad", "builtin.broadcast_to", "builtin.tile")
+VIEW_COMPOSITES = ("builtin.reshape",)
 
 
 class PartitionReport:
@@ -21,6 +34,8 @@ class PartitionReport:
         self.ops = defaultdict(Counter)  # backend -> op -> calls it covers
         self.refused = []  # dicts: backend, pattern, op, reason
         self.functions = {}  # backend -> {"unique": n, "call_sites": n}
+        self.calls_per_run = 0  # calls of backend functions in main, views left out
+        self.copies = Counter()  # copy composite (COPY_COMPOSITES) -> calls per run
 
     def accept(self, backend: str, pattern: str, ops: list):
         self.accepted[backend][pattern] += 1
@@ -38,11 +53,18 @@ class PartitionReport:
         """Unique outlined functions and their call sites in main, per backend."""
         from .ir.expr import Call, GlobalVar
         backend_of = {name: str(f.attrs["Compiler"]) for name, f in mod.functions.items() if "Compiler" in f.attrs}
+        composite_of = {name: str(f.attrs.get("Composite", "")) for name, f in mod.functions.items()}
         call_sites = Counter()
+        self.calls_per_run, self.copies = 0, Counter()
         for binding in mod["main"].bindings:
             value = binding.value
             if isinstance(value, Call) and isinstance(value.op, GlobalVar) and value.op.name in backend_of:
                 call_sites[backend_of[value.op.name]] += 1
+                composite = composite_of[value.op.name]
+                if composite not in VIEW_COMPOSITES:
+                    self.calls_per_run += 1
+                if composite in COPY_COMPOSITES:
+                    self.copies[composite] += 1
         unique = Counter(backend_of.values())
         self.functions = {b: {"unique": unique[b], "call_sites": call_sites[b]} for b in sorted(unique)}
 
@@ -62,6 +84,8 @@ class PartitionReport:
                              "ops_covered": dict(self.ops.get(b, {})),
                              "refused": refused_count.get(b, 0)} for b in backends},
             "refused": self.refused,
+            "calls_per_run": self.calls_per_run,
+            "copies_per_run": {name.split(".", 1)[1]: n for name, n in sorted(self.copies.items())},
         }
 
     @staticmethod
@@ -74,6 +98,8 @@ class PartitionReport:
             report.functions[backend] = {"unique": entry.get("unique_functions", 0),
                                          "call_sites": entry.get("partitions", 0)}
         report.refused = [dict(r) for r in data.get("refused", [])]
+        report.calls_per_run = int(data.get("calls_per_run", 0))
+        report.copies = Counter({f"builtin.{name}": n for name, n in data.get("copies_per_run", {}).items()})
         return report
 
     def to_text(self) -> str:
@@ -83,6 +109,12 @@ class PartitionReport:
             ops = ", ".join(f"{op} x{n}" for op, n in sorted(entry["ops_covered"].items())) or "-"
             lines.append(f"{backend:<12} {entry['partitions']:>10}  {entry['unique_functions']:>6}  "
                          f"{entry['composites']:>10}  {entry['refused']:>7}  {ops}")
+        if self.calls_per_run:
+            copies = sum(self.copies.values())
+            kinds = ", ".join(f"{name} x{n}" for name, n in sorted(data["copies_per_run"].items(),
+                                                                   key=lambda item: (-item[1], item[0])))
+            lines += ["", f"calls per run: {self.calls_per_run}, of which {copies} only move data"
+                      + (f" ({kinds})" if kinds else "")]
         if self.refused:
             lines += ["", "refused matches:"]
             counted = Counter((r["backend"], r["pattern"], r["reason"]) for r in self.refused)

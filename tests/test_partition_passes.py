@@ -741,3 +741,28 @@ def test_the_core_reaches_backends_only_through_the_registry():
     fallback = get_backend(FALLBACK)
     assert callable(fallback.takes_the_rest) and callable(fallback.outline_op)
     assert all(get_backend(name).takes_the_rest is None for name in ("cutlass", "cublaslt"))
+
+
+def test_the_report_counts_calls_per_run_and_the_copies_among_them():
+    """Every call of a backend function but the reshapes (views) is a launch; the built-in
+    backend's transposes, slices and concats only move data and are counted as such."""
+    from byoc.backends.builtin.partition import partition_builtin
+    from byoc.transform.partition import partition_for
+    mod = parse("""
+def @main(%x: Tensor[(2, 3, 4), float32]) -> Tensor[(4, 3, 4), float32] {
+  %t = transpose(%x, axes=[0, 2, 1])
+  %r = reshape(%t, shape=[2, 3, 4])
+  %e = exp(%r)
+  %s = strided_slice(%e, begin=[0], end=[2], axes=[2])
+  %u = strided_slice(%e, begin=[2], end=[4], axes=[2])
+  %c = concat(%u, %s, axis=2)
+  %o = concat(%c, %x, axis=0)
+  return %o
+}""")
+    _, report = partition_for(mod, [], finalize=partition_builtin)
+    data = report.to_json()
+    assert data["calls_per_run"] == 6, report.to_text()  # transpose, exp, two slices, two concats
+    assert data["copies_per_run"] == {"concat": 2, "strided_slice": 2, "transpose": 1}
+    assert "calls per run: 6, of which 5 only move data (concat x2, strided_slice x2, transpose x1)" in report.to_text()
+    again = PartitionReport.from_json(data)
+    assert again.to_text() == report.to_text()
