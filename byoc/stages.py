@@ -5,6 +5,9 @@ them); what a person reads (reports, IR dumps) goes into the work directory."""
 from __future__ import annotations
 
 import json
+
+import numpy as np
+
 from .errors import BuildError, ModelError
 from .ir.module import IRModule
 
@@ -27,7 +30,7 @@ def simplify(mod, context):
     """FoldConstant, FoldBatchNorm, RecognizeGelu, SinkReshapes, HoistScalarFactors and the rest; float16 if asked.
 
     In order: FoldConstant, FoldBatchNorm, RecognizeGelu, RecognizeRMSNorm, SimplifyIdentityGather,
-    UnbindStackedHeads, SinkReshapes,
+    UnbindStackedHeads, RotateHalfAsView, SinkReshapes,
     HoistScalarFactors, UnflattenBatchTranspose, FoldScaleIntoMatmul, CombineParallelMatmul, CombineLogitAddends,
     ConvertToFloat16 (precision float16 or bfloat16)."""
     from .frontend.onnx import MAX_FOLDED_BYTES
@@ -41,6 +44,7 @@ def simplify(mod, context):
     from .transform.recognize_gelu import recognize_gelu
     from .transform.recognize_rms_norm import recognize_rms_norm
     from .transform.sink_reshapes import sink_reshapes
+    from .transform.rotate_half_as_view import rotate_half_as_view
     from .transform.unbind_stacked_heads import unbind_stacked_heads
 
     # the importer's folding limit: a constant larger than that (an Expand to 2**40
@@ -51,12 +55,16 @@ def simplify(mod, context):
     # after FoldConstant (the indices are constants then), before SinkReshapes (which
     # merges the reshape it leaves with its neighbours); after RecognizeGelu: a GEMM's
     # activation reads its reshape only once recognized
-    mod = dead_code_elimination(fold(sink_reshapes(unbind_stacked_heads(simplify_identity_gather(mod)))))
+    mod = dead_code_elimination(fold(sink_reshapes(rotate_half_as_view(unbind_stacked_heads(
+        simplify_identity_gather(mod))))))
     # after SinkReshapes (which moves a scale next to the matmul it feeds): attention as
     # torch's exporter writes scaled_dot_product_attention reads as the attention patterns do
     mod = dead_code_elimination(unflatten_batch_transpose(dead_code_elimination(hoist_scalar_factors(mod))))
     # after FoldConstant: weights and biases are constants only once their preprocessing folds
-    mod = dead_code_elimination(combine_logit_addends(combine_parallel_matmul(fold_scale_into_matmul(mod))))
+    # a layer scale folded into float16 weights must not flush them to zero
+    smallest_normal = float(np.finfo(np.float16).tiny) if context.config.precision == "float16" else None
+    mod = dead_code_elimination(combine_logit_addends(combine_parallel_matmul(
+        fold_scale_into_matmul(mod, underflow_below=smallest_normal))))
     if context.config.precision in ("float16", "bfloat16"):
         mod = dead_code_elimination(fold(convert_to_float16(
             mod, dtype=context.config.precision, keep_float32_ops=keep_float32_ops(context.config))))

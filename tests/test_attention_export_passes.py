@@ -224,3 +224,58 @@ def @main(%x: Tensor[(2, 5, 24), float32]) -> Tensor[(5, 2, 2, 4), float32] {
   return %o
 }""")
     assert_structural_equal(unbind_stacked_heads(regrouped), regrouped)
+
+
+ROTARY = """
+def @main(%x: Tensor[(1, 2, 3, 8), float32]) -> Tensor[(1, 2, 3, 8), float32] {
+  %a = strided_slice(%x, begin=[0], end=[4], axes=[3], strides=[1])
+  %b = strided_slice(%x, begin=[4], end=[9223372036854775807], axes=[3], strides=[1])
+  %n = negative(%b)
+  %c = concat(%n, %a, axis=-1)
+  %s = multiply(%c, SIN)
+  %k = multiply(%x, const([[[[0.5, 0.25, 0.125, 1.0, 2.0, 4.0, 8.0, 0.75]]]], float32))
+  %y = add(%k, %s)
+  return %y
+}"""
+
+
+def test_rotate_half_is_a_reversed_view_with_the_sign_in_the_sine():
+    """transformers' rotary embedding, x * cos + cat(-x2, x1) * sin: the halves swapped are
+    one reversed strided view of x as [..., 2, D/2], the minus sign goes into the sine
+    constant; bit-identical results."""
+    from byoc.transform.rotate_half_as_view import rotate_half_as_view
+    sin = "const([[[[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]]]], float32)"
+    before = parse(ROTARY.replace("SIN", sin))
+    after = dead_code_elimination(rotate_half_as_view(before))
+    expected = parse(ROTARY.replace("SIN", sin).split("  %a =")[0] + """
+  %c_halves = reshape(%x, shape=[1, 2, 3, 2, 4])
+  %c_swapped_halves = strided_slice(%c_halves, begin=[-1], end=[-9223372036854775807], axes=[3], strides=[-1])
+  %c_unsigned = reshape(%c_swapped_halves, shape=[1, 2, 3, 8])
+  %s = multiply(%c_unsigned, const([[[[-1.0, -2.0, -3.0, -4.0, 5.0, 6.0, 7.0, 8.0]]]], float32))
+  %k = multiply(%x, const([[[[0.5, 0.25, 0.125, 1.0, 2.0, 4.0, 8.0, 0.75]]]], float32))
+  %y = add(%k, %s)
+  return %y
+}""")
+    assert_structural_equal(after, expected)
+    x = np.random.default_rng(0).standard_normal((1, 2, 3, 8)).astype(np.float32)
+    np.testing.assert_array_equal(byoc.interpret(after, x=x), byoc.interpret(before, x=x))
+    # multiplied by a computed sine: the sign is a multiply of its own
+    computed = parse(ROTARY.replace("%x: Tensor[(1, 2, 3, 8), float32]",
+                                    "%x: Tensor[(1, 2, 3, 8), float32], %w: Tensor[(1, 1, 3, 8), float32]")
+                     .replace("SIN", "%w"))
+    rewritten = dead_code_elimination(rotate_half_as_view(computed))
+    assert "concat" not in rewritten.script() and "negative" not in rewritten.script()
+    w = np.random.default_rng(1).standard_normal((1, 1, 3, 8)).astype(np.float32)
+    np.testing.assert_array_equal(byoc.interpret(rewritten, x=x, w=w), byoc.interpret(computed, x=x, w=w))
+
+
+def test_other_concats_of_halves_stay():
+    from byoc.transform.rotate_half_as_view import rotate_half_as_view
+    sin = "const([[[[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]]]], float32)"
+    text = ROTARY.replace("SIN", sin)
+    for changed in (text.replace("%c = concat(%n, %a, axis=-1)", "%c = concat(%a, %n, axis=-1)"),  # not rotate_half
+                    text.replace("end=[4], axes=[3]", "end=[3], axes=[3]").replace("begin=[4]", "begin=[3]"),  # uneven
+                    text.replace("%y = add(%k, %s)", "%n2 = concat(%n, %n, axis=-1)\n  %y2 = add(%k, %s)\n"
+                                 "  %y = add(%y2, %n2)")):  # the negation read elsewhere
+        kept = parse(changed)
+        assert_structural_equal(rotate_half_as_view(kept), kept)
