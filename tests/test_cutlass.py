@@ -994,6 +994,21 @@ def test_convert_conv_layout_cancels_the_models_own_transposes():
     np.testing.assert_array_equal(byoc.interpret(after, x=x), byoc.interpret(before, x=x))
 
 
+def test_convert_conv_layout_reads_a_transpose_without_axes_as_reversing():
+    """transpose(conv(x)) with axes=() reverses the NCHW dims: composed with the NHWC value's
+    layout it is one transpose of the right permutation (it reversed the NHWC tensor)."""
+    from byoc.transform.convert_conv_layout import convert_conv_layout
+    rng = np.random.default_rng(4)
+    with FunctionBuilder("main") as fb:
+        x = fb.param("x", (1, 4, 2, 3), "float16")
+        h = fb.call("conv2d", x, (rng.standard_normal((4, 4, 1, 1)) * 0.3).astype("float16"), name="conv")
+        fb.ret(fb.call("transpose", h, name="reversed"))
+    before = fb.module()
+    after = convert_conv_layout(before)
+    x = rng.standard_normal((1, 4, 2, 3)).astype(np.float16)
+    np.testing.assert_array_equal(byoc.interpret(after, x=x), byoc.interpret(before, x=x))
+
+
 def test_pad_conv_channels_ir_before_after():
     """PadConvChannels: the NHWC stem's image gets one zero channel (3 -> 4), its constant
     filter a zero channel too; a 12-channel conv is padded to 16; 16 channels and a conv

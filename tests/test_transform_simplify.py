@@ -1013,3 +1013,44 @@ def @main(%x: Tensor[(4, 3), float32], %w: Tensor[(3, 2), float32]) -> Tensor[(4
     shared = parse(text.replace("WEIGHT", weight).replace("SCALE", "const([1.0, 2.0], float32)")
                    .replace("return %u", "%v = add(%u, %y)\n  return %v"))
     assert_structural_equal(fold_scale_into_matmul(shared), shared)
+
+
+def test_fold_scale_into_matmul_keeps_float16_weights_off_zero():
+    """A layer scale of 1e-6 times weights of 0.02 is below float16's smallest normal
+    number: folded, the float16 weight would be zero; with underflow_below the multiply stays."""
+    from byoc.transform.fold_scale_into_matmul import fold_scale_into_matmul
+    mod = parse("""
+def @main(%x: Tensor[(4, 3), float32]) -> Tensor[(4, 2), float32] {
+  %y = matmul(%x, const([[0.02, 0.01], [0.03, 0.02], [0.01, 0.04]], float32))
+  %u = multiply(%y, const([1e-06, 1.0], float32))
+  return %u
+}""")
+    assert_structural_equal(fold_scale_into_matmul(mod, underflow_below=float(np.finfo(np.float16).tiny)), mod)
+    assert "multiply" not in fold_scale_into_matmul(mod).script()  # float32 keeps them: folded
+
+
+@pytest.mark.parametrize("axes", ["axes=[]", "axes=[2, 1, 0]"])
+def test_passes_read_a_transpose_without_axes_as_reversing(axes):
+    """transpose with axes=() reverses the dims, as transpose [2, 1, 0] does: the passes that
+    read a transpose's permutation give the same result for both."""
+    from byoc.transform.fold_scale_into_matmul import fold_scale_into_matmul
+    from byoc.transform.unbind_stacked_heads import unbind_stacked_heads
+    scaled = parse(f"""
+def @main(%x: Tensor[(2, 3, 4), float32]) -> Tensor[(5, 3, 2), float32] {{
+  %y = matmul(%x, const([[1.0, 2.0, 3.0, 4.0, 5.0], [1.0, 2.0, 3.0, 4.0, 5.0], [1.0, 2.0, 3.0, 4.0, 5.0], [1.0, 2.0, 3.0, 4.0, 5.0]], float32))
+  %t = transpose(%y, {axes})
+  %u = multiply(%t, const([[[1.0]], [[2.0]], [[3.0]], [[4.0]], [[5.0]]], float32))
+  return %u
+}}""")
+    folded = fold_scale_into_matmul(scaled)
+    assert "multiply" not in folded.script()
+    x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
+    np.testing.assert_allclose(interpret(folded, x=x), interpret(scaled, x=x), rtol=1e-6)
+    stacked = parse(f"""
+def @main(%x: Tensor[(4, 6), float32]) -> Tensor[(3, 4), float32] {{
+  %r = reshape(%x, shape=[4, 3, 2])
+  %t = transpose(%r, {axes})
+  %q = gather(%t, const(0, int64))
+  return %q
+}}""")
+    assert_structural_equal(unbind_stacked_heads(stacked), stacked)  # G is not moved to the front

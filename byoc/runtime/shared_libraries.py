@@ -32,34 +32,42 @@ _lock = threading.Lock()
 
 def needed_libraries(path) -> list[str]:
     """The sonames in the DT_NEEDED entries of the ELF shared object at `path` (a file that
-    library_file._check_library_file has checked: whole, sealed, 64-bit native)."""
-    with open(path, "rb") as file:
-        data = file.read()
+    library_file._check_library_file has checked: whole, sealed, 64-bit native). Reads the
+    headers, the dynamic section and the names only: a library holds its weights too."""
     try:
-        return _needed_in(data)
-    except (struct.error, IndexError):  # a dynamic section the loader will refuse itself
-        return []
+        with open(path, "rb") as file:
+            return _needed_in(file)
+    except (OSError, MemoryError, struct.error, IndexError, ValueError):
+        return []  # the dynamic loader then says what is wrong with the file
 
 
-def _needed_in(data: bytes) -> list[str]:
-    endian = "<" if data[5] == 1 else ">"
-    e_phoff, = struct.unpack_from(endian + "Q", data, 32)
-    e_phnum, = struct.unpack_from(endian + "H", data, 56)
+def _needed_in(file) -> list[str]:
+    def read(offset, size):
+        file.seek(offset)
+        data = file.read(size)
+        if len(data) != size:
+            raise ValueError("short read")
+        return data
+
+    header = read(0, 64)
+    endian = "<" if header[5] == 1 else ">"
+    e_phoff, = struct.unpack_from(endian + "Q", header, 32)
+    e_phnum, = struct.unpack_from(endian + "H", header, 56)
+    table = read(e_phoff, e_phnum * 56)
     loads, dynamic = [], None
     for index in range(e_phnum):
         p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz, _memsz, _align = struct.unpack_from(
-            endian + "IIQQQQQQ", data, e_phoff + index * 56)
+            endian + "IIQQQQQQ", table, index * 56)
         if p_type == 1:  # PT_LOAD
             loads.append((p_vaddr, p_offset, p_filesz))
         elif p_type == 2:  # PT_DYNAMIC
             dynamic = (p_offset, p_filesz)
-    if dynamic is None:
+    if dynamic is None or dynamic[1] > _MAX_DYNAMIC_BYTES:
         return []
-    needed, strtab = [], None
-    offset, end = dynamic[0], min(dynamic[0] + dynamic[1], len(data))
-    while offset + 16 <= end:
-        tag, value = struct.unpack_from(endian + "qQ", data, offset)
-        offset += 16
+    entries = read(dynamic[0], dynamic[1] - dynamic[1] % 16)
+    needed, strtab, strsz = [], None, None
+    for offset in range(0, len(entries), 16):
+        tag, value = struct.unpack_from(endian + "qQ", entries, offset)
         if tag == 0:  # DT_NULL
             break
         if tag == 1:  # DT_NEEDED: an offset into the string table
@@ -67,15 +75,21 @@ def _needed_in(data: bytes) -> list[str]:
         elif tag == 5:  # DT_STRTAB: its virtual address
             strtab = next((file_offset + value - vaddr for vaddr, file_offset, size in loads
                            if vaddr <= value < vaddr + size), None)
-    if strtab is None:
+        elif tag == 10:  # DT_STRSZ
+            strsz = value
+    if strtab is None or strsz is None or strsz > _MAX_DYNAMIC_BYTES:
         return []
+    strings = read(strtab, strsz)
     names = []
     for name_offset in needed:
-        start = strtab + name_offset
-        stop = data.find(b"\0", start)
-        if 0 <= start < len(data) and stop > start:
-            names.append(data[start:stop].decode("utf-8", "replace"))
+        stop = strings.find(b"\0", name_offset)
+        if 0 <= name_offset < stop:
+            names.append(strings[name_offset:stop].decode("utf-8", "replace"))
     return names
+
+
+# a dynamic section or string table larger than this is not one a linker wrote for byoc
+_MAX_DYNAMIC_BYTES = 16 << 20
 
 
 def preload_needed(path) -> None:

@@ -191,7 +191,8 @@ class _LayoutRewriter:
         if not (isinstance(call, Call) and isinstance(call.op, Op) and call.op.name == "transpose"
                 and _is_4d(call)):
             return False
-        arg, perm = call.args[0], tuple(axis % 4 for axis in call.attrs["axes"])
+        from ..ops.layout import _transpose_axes  # axes=() reverses the dims
+        arg, perm = call.args[0], _transpose_axes("transpose", call.attrs["axes"], 4)
         if isinstance(arg, Var) and arg in self.nhwc:
             # out[i] = original[perm[i]] and original[j] = nhwc[TO_NCHW[j]]
             composed = tuple(TO_NCHW[axis] for axis in perm)

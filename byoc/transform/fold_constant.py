@@ -12,8 +12,8 @@ included):
 - Forwarding: `%g = %t.i`, where `%t` is bound to a tuple expression, is replaced by
   that tuple's field i; a binding that only names an atom (`%c = const(...)`, `%v = %w`)
   is replaced by the atom.
-- No-op elimination (listed in NO_OP_RULES): identity(x), reshape, squeeze, expand_dims
-  and broadcast_to to x's own shape, cast to x's own dtype, transpose by the identity
+- No-op elimination (listed in NO_OP_RULES): identity(x), reshape, squeeze and
+  broadcast_to to x's own shape, cast to x's own dtype, transpose by the identity
   permutation, pad by nothing, a slice of everything in order and a concat of x alone are
   replaced by x (Swin's window attention pads by zero and slices whole windows back,
   each a copy); so are x + 0, 0 + x, x - 0, x * 1, 1 * x and x / 1 when the
@@ -112,7 +112,6 @@ NO_OP_RULES: dict[str, Callable[[Call], int | None]] = {
     "broadcast_to": _first_if(_same_type_as_input),
     "transpose": _first_if(_transpose_is_identity),
     "squeeze": _first_if(_same_type_as_input),
-    "expand_dims": _first_if(_same_type_as_input),
     "pad": _first_if(_pads_nothing),
     "strided_slice": _first_if(_slices_everything),
     "concat": lambda call: 0 if len(call.args) == 1 and _same_type_as_input(call) else None,

@@ -17,8 +17,11 @@ floating-point Constant of more than one element and y (through at most one tran
 matmul by a constant 2-D weight, or such a matmul plus a constant bias along the last axis,
 each intermediate read only by the next, s' of y's dtype and shape broadcasting to y's
 along one axis only: the one holding the matmul's N. Leaves alone: scales along other
-axes, computed weights or scales, intermediates read elsewhere, and scalar scales
-(HoistScalarFactors' and FoldConstant's).
+axes, computed weights or scales, intermediates read elsewhere, scalar scales
+(HoistScalarFactors' and FoldConstant's), and, given `underflow_below` (the smallest normal
+number of the precision the build converts to: float16's 6.1e-5), a scale that would take
+a weight or bias element from a normal number below it (a layer scale of 1e-6 times weights
+of 0.02 is zero in float16, where the unfolded product keeps it).
 """
 from __future__ import annotations
 
@@ -30,11 +33,12 @@ from ..ir.types import is_float
 from .bindings import BindingIndex, rewrite_until_stable
 
 
-def fold_scale_into_matmul(mod: IRModule) -> IRModule:
-    return mod.map_bodies(lambda function: rewrite_until_stable(function, _fold_once))
+def fold_scale_into_matmul(mod: IRModule, underflow_below: float | None = None) -> IRModule:
+    return mod.map_bodies(lambda function: rewrite_until_stable(
+        function, lambda f: _fold_once(f, underflow_below)))
 
 
-def _fold_once(function: Function) -> Function | None:
+def _fold_once(function: Function, underflow_below: float | None) -> Function | None:
     table = BindingIndex(function)
     bindings = table.bindings
     for index, binding in enumerate(bindings):
@@ -42,7 +46,7 @@ def _fold_once(function: Function) -> Function | None:
             continue
         for position in (0, 1):
             scale, scaled = binding.value.args[position], binding.value.args[1 - position]
-            folded = _fold(scale, scaled, index, table)
+            folded = _fold(scale, scaled, index, table, underflow_below)
             if folded is None:
                 continue
             for at, new_binding in folded:
@@ -55,7 +59,7 @@ def _fold_once(function: Function) -> Function | None:
     return None
 
 
-def _fold(scale, scaled, multiply_index: int, table: BindingIndex):
+def _fold(scale, scaled, multiply_index: int, table: BindingIndex, underflow_below: float | None):
     """[(binding index, new binding)] that put the scale into the weight and bias, or None."""
     if not isinstance(scale, Constant) or scale.type.size <= 1 or scale.type.dtype != scaled.type.dtype:
         return None
@@ -72,7 +76,8 @@ def _fold(scale, scaled, multiply_index: int, table: BindingIndex):
     rank = len(scaled.type.shape)
     channel_axis = rank - 1
     if transpose_index is not None:
-        axes = [int(a) % rank for a in table.bindings[transpose_index].value.attrs["axes"]]
+        from ..ops.layout import _transpose_axes  # axes=() reverses the dims
+        axes = list(_transpose_axes("transpose", table.bindings[transpose_index].value.attrs["axes"], rank))
         channel_axis = axes.index(rank - 1)
     padded = (1,) * (rank - len(scale.type.shape)) + tuple(scale.type.shape)
     if any(size != 1 for axis, size in enumerate(padded) if axis != channel_axis) or padded[channel_axis] != channels:
@@ -80,7 +85,10 @@ def _fold(scale, scaled, multiply_index: int, table: BindingIndex):
     vector = np.asarray(scale.data).reshape(channels)
     replacements = []
     dtype = weight.data.dtype
-    new_weight = Constant(np.ascontiguousarray(weight.data * vector.astype(dtype)[None, :]), weight.type.dtype)
+    scaled_weight = weight.data * vector.astype(dtype)[None, :]
+    if _underflows(weight.data, scaled_weight, underflow_below):
+        return None
+    new_weight = Constant(np.ascontiguousarray(scaled_weight), weight.type.dtype)
     replacements.append((matmul_index, Binding(matmul.var, Call("matmul", [matmul.value.args[0], new_weight],
                                                                   matmul.value.attrs))))
     if bias_index is not None:
@@ -88,10 +96,20 @@ def _fold(scale, scaled, multiply_index: int, table: BindingIndex):
         args = list(add.value.args)
         at = 0 if isinstance(args[0], Constant) else 1
         bias = args[at]
-        args[at] = Constant(np.ascontiguousarray(bias.data * vector.astype(bias.data.dtype).reshape(
-            (1,) * (len(bias.type.shape) - 1) + (channels,))), bias.type.dtype)
+        scaled_bias = bias.data * vector.astype(bias.data.dtype).reshape((1,) * (len(bias.type.shape) - 1) + (channels,))
+        if _underflows(bias.data, scaled_bias, underflow_below):
+            return None
+        args[at] = Constant(np.ascontiguousarray(scaled_bias), bias.type.dtype)
         replacements.append((bias_index, Binding(add.var, Call("add", args, add.value.attrs))))
     return replacements
+
+
+def _underflows(before, after, smallest_normal: float | None) -> bool:
+    """Whether scaling took an element from a normal magnitude below `smallest_normal`."""
+    if smallest_normal is None:
+        return False
+    before, after = np.abs(np.asarray(before, np.float64)), np.abs(np.asarray(after, np.float64))
+    return bool(np.any((after < smallest_normal) & (before >= smallest_normal)))
 
 
 def _producer_chain(scaled, reader: int, table: BindingIndex):

@@ -68,7 +68,8 @@ def _stacked(binding, index, table):
         return None
     group_axis = len(lead)
     rank = len(shape)
-    perm = [int(a) % rank for a in binding.value.attrs["axes"]]
+    from ..ops.layout import _transpose_axes  # axes=() reverses the dims
+    perm = list(_transpose_axes("transpose", binding.value.attrs["axes"], rank))
     if perm[0] != group_axis or shape[group_axis] < 2:
         return None
     pieces = {}
