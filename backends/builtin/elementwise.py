@@ -6,6 +6,13 @@ onto its own (broadcast) shape, then the body's bindings are evaluated in order 
 statements in their compute types (16-bit floats in float, rounded back to their dtype
 after every op, as the NumPy references do), and the last one is stored.
 
+A function may start with views of its parameters: chains of layout ops (strided_slice,
+transpose, reshape, squeeze, expand_dims) that views.py composes into one (shape, strides,
+offset) over the parameter. Each such view is read in place as one more input, at its
+offset plus the output coordinates times its strides (negative for a reversed slice): the
+slices and transposes that feed an elementwise chain cost no copy (SwiGLU's gate and up
+halves of one GEMM, rotary embeddings' rotated heads).
+
 The expressions follow the references in byoc/ops/elementwise.py exactly: integer
 arithmetic wraps (through unsigned types), integer division truncates and x / 0 == 0,
 Python-style mod for fmod=False, maximum/minimum/clip let NaN win, round is half-to-even
@@ -226,12 +233,14 @@ def _dense_strides(shape) -> list[int]:
     return strides[::-1]
 
 
-def broadcast_strides(input_shape, output_shape) -> list[int]:
-    """Element strides of an input read at each output index (0 where it broadcasts)."""
+def broadcast_strides(input_shape, output_shape, input_strides=None) -> list[int]:
+    """Element strides of an input read at each output index (0 where it broadcasts); the
+    input dense unless `input_strides` (a view's) are given."""
     rank = len(output_shape)
-    aligned = (1,) * (rank - len(input_shape)) + tuple(input_shape)
-    dense = _dense_strides(aligned)
-    return [0 if size == 1 else stride for size, stride in zip(aligned, dense)]
+    padding = rank - len(input_shape)
+    aligned = (1,) * padding + tuple(input_shape)
+    strides = _dense_strides(aligned) if input_strides is None else [0] * padding + list(input_strides)
+    return [0 if size == 1 else stride for size, stride in zip(aligned, strides)]
 
 
 def merge_dims(shape, strides_per_operand):
@@ -255,9 +264,33 @@ def merge_dims(shape, strides_per_operand):
 
 
 def is_elementwise_function(func: Function) -> bool:
+    """Elementwise ops, after views of the parameters (the module docstring), ending in an
+    elementwise op."""
     from .partition import ELEMENTWISE_CATEGORIES
-    return bool(func.bindings) and all(
-        getattr(b.value.op, "category", None) in ELEMENTWISE_CATEGORIES for b in func.bindings)
+    from .views import CHAIN_OPS
+    viewed = set(func.params)
+    for binding in func.bindings:
+        op_name, category = getattr(binding.value.op, "name", None), getattr(binding.value.op, "category", None)
+        if op_name in CHAIN_OPS and len(binding.value.args) == 1 and binding.value.args[0] in viewed:
+            viewed.add(binding.var)
+        elif category not in ELEMENTWISE_CATEGORIES:
+            return False
+    return bool(func.bindings) and getattr(func.bindings[-1].value.op, "category", None) in ELEMENTWISE_CATEGORIES
+
+
+def _parameter_views(symbol: str, func: Function) -> dict:
+    """Var -> (parameter index, View) for the views of parameters at the start of `func`."""
+    from .views import CHAIN_OPS, View, compose
+    views = {param: (index, View.dense(param.type.shape)) for index, param in enumerate(func.params)}
+    for binding in func.bindings:
+        value = binding.value
+        if getattr(value.op, "name", None) in CHAIN_OPS and len(value.args) == 1 and value.args[0] in views:
+            index, view = views[value.args[0]]
+            composed = compose(view, value)
+            if composed is None:
+                raise BuildError(f"builtin codegen: {symbol}: {value.op.name} of a parameter is not a strided view")
+            views[binding.var] = (index, composed)
+    return views
 
 
 def _statements(symbol: str, func: Function, names: dict) -> list:
@@ -266,6 +299,8 @@ def _statements(symbol: str, func: Function, names: dict) -> list:
     statements = []
     for number, binding in enumerate(func.bindings):
         call = binding.value
+        if binding.var in names:
+            continue  # a view of a parameter, loaded as an input of its own
         args = []
         for arg in call.args:
             if isinstance(arg, Constant):
@@ -298,31 +333,45 @@ def elementwise_kernel(symbol: str, func: Function, target_kind: str) -> dict:
     size = output_type.size
 
     params = list(func.params)
-    strides = [broadcast_strides(p.type.shape, output_shape) for p in params]
+    views = _parameter_views(symbol, func)
+    # what the elementwise ops read: parameters as they are, and views of them
+    read = [v for b in func.bindings if b.var not in views for v in b.value.args if v in views]
+    operands = [p for p in params if p in read] + [v for v in dict.fromkeys(read) if v not in params]
+    strides, offsets, args = [], [], []
+    for operand in operands:
+        arg, view = views[operand]
+        dense = operand in params
+        strides.append(broadcast_strides(view.shape, output_shape, None if dense else view.strides))
+        offsets.append(0 if dense else view.offset)
+        args.append(arg)
     dense = _dense_strides(output_shape)
     dims, merged_strides = merge_dims(output_shape, strides + [dense])
     output_strides = merged_strides[-1]
 
     inputs = []
     names: dict[Var, str] = {}
-    for index, (param, param_strides) in enumerate(zip(params, merged_strides[:-1])):
-        dtype = param.type.dtype
-        if param.type.size == 1:
+    for index, (operand, operand_strides) in enumerate(zip(operands, merged_strides[:-1])):
+        dtype = operand.type.dtype
+        if operand in params and operand.type.size == 1:
             access = "scalar"
-        elif param_strides == output_strides:
+        elif operand_strides == output_strides and offsets[index] == 0:
             access = "full"
         else:
             access = "strided"
-        names[param] = f"x{index}"
+        names[operand] = f"x{index}"
         inputs.append({
             "index": index,
+            "arg": args[index],
+            "offset": offsets[index],
             "storage": storage_type(dtype, target_kind),
             "compute": COMPUTE_TYPES[dtype],
             "load": LOAD_HELPERS.get(dtype, ""),
             "access": access,
-            "strides": param_strides,
-            "value": names[param],
+            "strides": operand_strides,
+            "value": names[operand],
         })
+    for var in views:  # views only other views read: never loaded
+        names.setdefault(var, "")
 
     statements = _statements(symbol, func, names)
 

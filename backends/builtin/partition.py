@@ -13,7 +13,10 @@ Rewrites, in `main` only:
   its uses inside the group. A value read outside the group therefore ends a group there
   (it is never recomputed), and no group can form a cycle through an outside node (the
   only edges leaving a group leave from its output, which every member feeds). A group
-  becomes one function with Composite="builtin.elementwise".
+  becomes one function with Composite="builtin.elementwise". A chain of layout ops that
+  only the group reads, holding a slice or a transpose, expressible as one strided view
+  of the chain's input (views.py), joins the group: the kernel reads the view in place
+  (SwiGLU's gate and up slices of one GEMM, a transposed head split).
 - A chain of layout ops (strided_slice, transpose, reshape, squeeze, expand_dims), each
   read only by the next, holding at least two that would each copy (slices and
   transposes) and expressible as one strided view of the chain's input (views.py),
@@ -51,6 +54,7 @@ from __future__ import annotations
 from ...ir.expr import Binding, Call, Constant, Expr, Function, Tuple, Var, vars_read
 from ...ir.module import IRModule
 from ...ir.op import Op
+from ...ir.types import TensorType
 from ...transform.lower_split import lower_split_in
 
 COMPILER = "builtin"
@@ -76,7 +80,7 @@ def partition_builtin(mod: IRModule) -> IRModule:
         composites[tuple(members)] = CONV_EPILOGUE_COMPOSITE
         for member in members:
             groups[member] = members
-    chains = _layout_chains(main.bindings, readers)
+    chains = _layout_chains(main.bindings, readers, taken=set(groups))
     composites.update({tuple(chain): LAYOUT_COMPOSITE for chain in chains.values()})
     groups.update(chains)
 
@@ -141,14 +145,15 @@ def _readers(bindings, result) -> dict[int, set]:
     return readers
 
 
-def _layout_chains(bindings, readers) -> dict[int, list[int]]:
+def _layout_chains(bindings, readers, taken=frozenset()) -> dict[int, list[int]]:
     """Binding index -> the binding indices of its layout chain (see the module docstring);
-    `readers` as _readers gives them."""
+    `readers` as _readers gives them; bindings in `taken` (views an elementwise group reads
+    in place) belong to no chain."""
     from .views import CHAIN_OPS, COPYING_OPS, View, compose
 
     def is_chain_op(index):
         value = bindings[index].value
-        return _is_op_call(value) and value.op.name in CHAIN_OPS and len(value.args) == 1
+        return index not in taken and _is_op_call(value) and value.op.name in CHAIN_OPS and len(value.args) == 1
 
     chain_of: dict[int, list[int]] = {}
     for start in range(len(bindings)):
@@ -196,10 +201,55 @@ def _elementwise_groups(bindings, readers) -> dict[int, list[int]]:
                     if readers[producer] <= members:  # no reader outside (None is main's result)
                         members.add(producer)
                         grown = True
+        # views of outside values that only the group reads: read in place by the kernel
+        # (again until none joins: a value two views read joins once both have)
+        grown = True
+        while grown:
+            grown = False
+            for member in sorted(members):
+                for var in vars_read(bindings[member].value):
+                    producer = defined_at.get(var)
+                    if producer is not None and producer not in members and producer not in group_of:
+                        chain = _view_chain(bindings, readers, defined_at, producer, members, group_of)
+                        members.update(chain)
+                        grown = grown or bool(chain)
         group = sorted(members)
         for member in group:
             group_of[member] = group
     return group_of
+
+
+def _view_chain(bindings, readers, defined_at, end: int, members, group_of) -> list[int]:
+    """The bindings of the layout chain ending at `end` (read only by `members`) that one
+    strided view of the chain's input computes, holding a slice or a transpose; [] else."""
+    from .views import CHAIN_OPS, COPYING_OPS, View, compose
+
+    def is_chain_op(index):
+        value = bindings[index].value
+        return _is_op_call(value) and value.op.name in CHAIN_OPS and len(value.args) == 1 and \
+            isinstance(value.type, TensorType)
+
+    if not is_chain_op(end) or not readers[end] or not readers[end] <= members:
+        return []
+    chain = [end]
+    while True:  # back to the first op whose input is not a chain op read by the chain alone
+        producer = defined_at.get(bindings[chain[-1]].value.args[0])
+        if producer is None or producer in members or producer in group_of or not is_chain_op(producer) or \
+                readers[producer] != {chain[-1]}:
+            break
+        chain.append(producer)
+    chain.reverse()
+    source = bindings[chain[0]].value.args[0]
+    if not isinstance(source.type, TensorType):
+        return []
+    view = View.dense(source.type.shape)
+    for index in chain:
+        view = compose(view, bindings[index].value)
+        if view is None:
+            return []
+    if not any(bindings[i].value.op.name in COPYING_OPS for i in chain):
+        return []  # reshapes alone are views already
+    return chain
 
 
 def is_depthwise_conv(value: Expr) -> bool:
@@ -224,6 +274,8 @@ def _conv_epilogues(bindings, readers, groups) -> dict[int, list[int]]:
     for index, binding in enumerate(bindings):
         if not is_depthwise_conv(binding.value) or not readers[index] or None in readers[index]:
             continue
+        if not all(_is_elementwise(bindings[reader].value) for reader in readers[index]):
+            continue  # read through a view: the epilogue reads the conv's sums at the output index
         group = groups.get(min(readers[index]))
         if group is None or not readers[index] <= set(group):
             continue
