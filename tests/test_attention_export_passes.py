@@ -239,27 +239,28 @@ def @main(%x: Tensor[(1, 2, 3, 8), float32]) -> Tensor[(1, 2, 3, 8), float32] {
 }"""
 
 
-def test_rotate_half_is_a_reversed_view_with_the_sign_in_the_sine():
-    """transformers' rotary embedding, x * cos + cat(-x2, x1) * sin: the halves swapped are
-    one reversed strided view of x as [..., 2, D/2], the minus sign goes into the sine
-    constant; bit-identical results."""
+def test_rotary_embedding_runs_in_the_halves_space_with_the_sign_in_the_sine():
+    """transformers' rotary embedding, x * cos + cat(-x2, x1) * sin: x as [..., 2, D/2] and
+    its reversed view (the halves swapped) times cos and the signed sin, added, reshaped
+    back: one elementwise kernel reading x twice in place; bit-identical results."""
     from byoc.transform.rotate_half_as_view import rotate_half_as_view
     sin = "const([[[[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]]]], float32)"
     before = parse(ROTARY.replace("SIN", sin))
     after = dead_code_elimination(rotate_half_as_view(before))
-    expected = parse(ROTARY.replace("SIN", sin).split("  %a =")[0] + """
-  %c_halves = reshape(%x, shape=[1, 2, 3, 2, 4])
-  %c_swapped_halves = strided_slice(%c_halves, begin=[-1], end=[-9223372036854775807], axes=[3], strides=[-1])
-  %c_unsigned = reshape(%c_swapped_halves, shape=[1, 2, 3, 8])
-  %s = multiply(%c_unsigned, const([[[[-1.0, -2.0, -3.0, -4.0, 5.0, 6.0, 7.0, 8.0]]]], float32))
-  %k = multiply(%x, const([[[[0.5, 0.25, 0.125, 1.0, 2.0, 4.0, 8.0, 0.75]]]], float32))
-  %y = add(%k, %s)
+    expected = parse("""
+def @main(%x: Tensor[(1, 2, 3, 8), float32]) -> Tensor[(1, 2, 3, 8), float32] {
+  %y_halves = reshape(%x, shape=[1, 2, 3, 2, 4])
+  %y_swapped_halves = strided_slice(%y_halves, begin=[-1], end=[-9223372036854775807], axes=[3], strides=[-1])
+  %y_cos_term = multiply(%y_halves, const([[[[[0.5, 0.25, 0.125, 1.0], [2.0, 4.0, 8.0, 0.75]]]]], float32))
+  %y_sin_term = multiply(%y_swapped_halves, const([[[[[-1.0, -2.0, -3.0, -4.0], [5.0, 6.0, 7.0, 8.0]]]]], float32))
+  %y_halves_sum = add(%y_cos_term, %y_sin_term)
+  %y = reshape(%y_halves_sum, shape=[1, 2, 3, 8])
   return %y
 }""")
     assert_structural_equal(after, expected)
     x = np.random.default_rng(0).standard_normal((1, 2, 3, 8)).astype(np.float32)
     np.testing.assert_array_equal(byoc.interpret(after, x=x), byoc.interpret(before, x=x))
-    # multiplied by a computed sine: the sign is a multiply of its own
+    # a computed sine: reshaped and signed by ops of their own
     computed = parse(ROTARY.replace("%x: Tensor[(1, 2, 3, 8), float32]",
                                     "%x: Tensor[(1, 2, 3, 8), float32], %w: Tensor[(1, 1, 3, 8), float32]")
                      .replace("SIN", "%w"))
@@ -267,6 +268,21 @@ def test_rotate_half_is_a_reversed_view_with_the_sign_in_the_sine():
     assert "concat" not in rewritten.script() and "negative" not in rewritten.script()
     w = np.random.default_rng(1).standard_normal((1, 1, 3, 8)).astype(np.float32)
     np.testing.assert_array_equal(byoc.interpret(rewritten, x=x, w=w), byoc.interpret(computed, x=x, w=w))
+
+
+def test_rotate_half_alone_is_a_reversed_view_with_the_sign_in_its_factor():
+    """A rotation not added to x * cos: the reversed view reshaped back, its sign in the
+    constant that multiplies it."""
+    from byoc.transform.rotate_half_as_view import rotate_half_as_view
+    text = ROTARY.replace("SIN", "const([[[[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]]]], float32)") \
+        .replace("%y = add(%k, %s)", "%y = subtract(%k, %s)")
+    before = parse(text)
+    after = dead_code_elimination(rotate_half_as_view(before))
+    script = after.script()
+    assert "concat" not in script and "negative" not in script and "strides=[-1]" in script
+    assert "const([[[[-1.0, -2.0, -3.0, -4.0, 5.0, 6.0, 7.0, 8.0]]]], float32)" in script
+    x = np.random.default_rng(0).standard_normal((1, 2, 3, 8)).astype(np.float32)
+    np.testing.assert_array_equal(byoc.interpret(after, x=x), byoc.interpret(before, x=x))
 
 
 def test_other_concats_of_halves_stay():

@@ -47,8 +47,106 @@ def _rewrite_once(function: Function) -> Function | None:
         source = _rotated_half_source(binding, index, table)
         if source is None:
             continue
+        rotary = _rotary(table, index, source)
+        if rotary is not None:
+            return _rewritten_rotary(function, table, source, *rotary)
         return _rewritten(function, table, index, source)
     return None
+
+
+def _rotary(table, concat_index: int, source):
+    """(the add's index, the cos operand, the sin operand) where the rotation feeds
+    add(multiply(x, cos), multiply(rotate_half(x), sin)) (in any operand order), each
+    product read only by the add and cos and sin varying at most along the last axis as x
+    does (their last dim is x's); else None."""
+    bindings = table.bindings
+    concat = bindings[concat_index].var
+    width = source.type.shape[-1]
+
+    def product_of(var, reader):
+        """(the other operand) of multiply(var, other) bound at `reader`, or None."""
+        value = bindings[reader].value
+        if not is_op_call(value, ("multiply",)):
+            return None
+        first, second = value.args
+        other = second if first is var else first if second is var else None
+        shape = getattr(getattr(other, "type", None), "shape", None)
+        if other is None or other is var or shape is None or not shape or shape[-1] != width or \
+                len(shape) > len(source.type.shape) or other.type.dtype != source.type.dtype:
+            return None
+        if tuple(bindings[reader].var.type.shape) != tuple(source.type.shape):
+            return None
+        return other
+
+    sin_at = table.only_reader(concat)
+    if sin_at is None or sin_at >= len(bindings):
+        return None
+    sin = product_of(concat, sin_at)
+    add_at = table.only_reader(bindings[sin_at].var)
+    if sin is None or add_at is None or add_at >= len(bindings) or not is_op_call(bindings[add_at].value, ("add",)):
+        return None
+    left, right = bindings[add_at].value.args
+    other = left if right is bindings[sin_at].var else right if left is bindings[sin_at].var else None
+    if not isinstance(other, Var) or other not in table.producers or table.only_reader(other) != add_at:
+        return None
+    cos_at = table.producers[other][0]
+    cos = product_of(source, cos_at)
+    if cos is None:
+        return None
+    return add_at, cos_at, sin_at, cos, sin
+
+
+def _rewritten_rotary(function, table, source, add_at, cos_at, sin_at, cos, sin):
+    """The whole rotation in the halves' space [..., 2, D/2]: x and its reversed view times
+    cos and the signed sin, added, then reshaped back (a view); one elementwise kernel that
+    reads x twice in place."""
+    shape = list(source.type.shape)
+    half, rank = shape[-1] // 2, len(shape)
+    dtype = numpy_dtype(source.type.dtype)
+    binding = table.bindings[add_at]
+    name = binding.var.name_hint
+    new = []
+
+    def halves_of(operand, hint, sign=False):
+        operand_shape = list(operand.type.shape[:-1]) + [2, half]
+        if isinstance(operand, Constant):
+            data = np.asarray(operand.data).reshape(operand_shape)
+            if sign:
+                data = data * np.array([[-1.0], [1.0]], dtype)
+            return Constant(np.ascontiguousarray(data.astype(operand.data.dtype)), operand.type.dtype)
+        call = Call("reshape", [operand], {"shape": operand_shape})
+        var = Var(f"{name}_{hint}_halves", call.type)
+        new.append(Binding(var, call))
+        if not sign:
+            return var
+        signed = Call("multiply", [var, Constant(np.array([[-1.0], [1.0]], dtype), source.type.dtype)])
+        signed_var = Var(f"{name}_{hint}_signed", signed.type)
+        new.append(Binding(signed_var, signed))
+        return signed_var
+
+    halves = Call("reshape", [source], {"shape": shape[:-1] + [2, half]})
+    halves_var = Var(f"{name}_halves", halves.type)
+    new.append(Binding(halves_var, halves))
+    swapped = Call("strided_slice", [halves_var], {"begin": [-1], "end": [REVERSED_END], "axes": [rank - 1],
+                                                    "strides": [-1]})
+    swapped_var = Var(f"{name}_swapped_halves", swapped.type)
+    new.append(Binding(swapped_var, swapped))
+    cos_halves, sin_halves = halves_of(cos, "cos"), halves_of(sin, "sin", sign=True)
+    terms = []
+    for hint, operand, factor in (("cos_term", halves_var, cos_halves), ("sin_term", swapped_var, sin_halves)):
+        call = Call("multiply", [operand, factor])
+        var = Var(f"{name}_{hint}", call.type)
+        new.append(Binding(var, call))
+        terms.append(var)
+    total = Call("add", terms)
+    total_var = Var(f"{name}_halves_sum", total.type)
+    new += [Binding(total_var, total), Binding(binding.var, Call("reshape", [total_var], {"shape": shape}))]
+    # the products and the rotation are gone (read only by the add); the new bindings go
+    # where the add was, after everything they read
+    bindings = [b for i, b in enumerate(table.bindings) if i not in (cos_at, sin_at)]
+    at = next(i for i, b in enumerate(bindings) if b is binding)
+    bindings[at:at + 1] = new
+    return Function(function.params, bindings, function.result, function.ret_type, function.attrs)
 
 
 def _rotated_half_source(binding, index: int, table: BindingIndex):
