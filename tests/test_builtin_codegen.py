@@ -1059,6 +1059,48 @@ def test_elementwise_kernels_read_views_of_their_parameters_in_place(precision, 
         np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=1e-6, atol=1e-6)
 
 
+def test_views_that_do_not_compose_over_each_other_stay_outside_the_group(tmp_path):
+    """t = transpose(x) read by an add and through reshape -> slice: the slice's chain is a
+    view of t, but merging t's transposed dims is not a view of x, so t is not pulled in
+    (the build failed in codegen); a view of a group member is never a view of a parameter."""
+    with FunctionBuilder("main") as fb:
+        x = fb.param("x", (4, 4), "float32")
+        t = fb.call("transpose", x, axes=[1, 0])
+        sliced = fb.call("strided_slice", fb.call("reshape", t, shape=[16]), begin=[0], end=[4], axes=[0])
+        y = fb.call("exp", x)
+        u = fb.call("transpose", y, axes=[1, 0])
+        fb.ret(fb.call("add", t, sliced), fb.call("add", u, y))
+    mod = fb.module()
+    library = byoc.build(mod, config={"target": "cpu", "backends": ["builtin"]}, workdir=str(tmp_path / "w"))
+    x = np.arange(16, dtype=np.float32).reshape(4, 4) / 7
+    for got, want in zip(library.load().run(x=x), byoc.interpret(mod, x=x), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_a_depthwise_epilogue_reads_a_view_from_the_right_argument(tmp_path):
+    """The conv's epilogue adds a bias and a slice of another tensor: each input reads its
+    own argument (a view's parameter index is mapped like the others'), in the CUDA source."""
+    from byoc.backends.builtin.conv_epilogue import conv_epilogue_cuda
+    from byoc.backends.builtin.partition import partition_builtin
+    with FunctionBuilder("main") as fb:
+        big = fb.param("big", (1, 5, 5, 32), "float16")
+        half = fb.call("strided_slice", big, begin=[16], end=[32], axes=[3])
+        x = fb.param("x", (1, 5, 5, 16), "float16")
+        conv = fb.call("conv2d", x, fb.param("w", (16, 3, 3, 1), "float16"), pads=(1, 1, 1, 1), groups=16,
+                       data_layout="NHWC", kernel_layout="OHWI")
+        fb.ret(fb.call("add", fb.call("add", conv, fb.param("bias", (16,), "float16")), half))
+    partitioned = partition_builtin(fb.module())
+    (func,) = [b.value for b in partitioned["main"].bindings if isinstance(b.value, byoc.ir.Function)
+               and b.value.attrs.get("Composite") == "builtin.conv2d_epilogue"]
+    kernel = conv_epilogue_cuda("epilogue", func)
+    params = {p: i for i, p in enumerate(func.params)}
+    by_type = {tuple(p.type.shape): i for p, i in params.items()}
+    args = {tuple(i["strides"]) if i["access"] == "strided" else i["access"]: i["arg"] for i in kernel["inputs"][1:]}
+    assert sorted(args.values()) == sorted([by_type[(16,)], by_type[(1, 5, 5, 32)]]), kernel["inputs"]
+    view = next(i for i in kernel["inputs"] if i.get("offset"))
+    assert view["arg"] == by_type[(1, 5, 5, 32)] and view["offset"] == 16
+
+
 def test_reshape_strides_of_views():
     from byoc.backends.builtin.views import reshape_strides
     assert reshape_strides((2, 3, 4), (12, 4, 1), (6, 4)) == [4, 1]  # dense: merge

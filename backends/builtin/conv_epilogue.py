@@ -49,13 +49,13 @@ def conv_epilogue_cuda(symbol: str, func: Function) -> dict:
                          f"{DEPTHWISE_LANES} channels")
     data, weight, out = conv.value.args[0].type, conv.value.args[1].type, conv.value.type
     kernel["inputs"][0].update(access="accumulator", round=ROUND_HELPERS[out.dtype])
-    for input, arg in zip(kernel["inputs"][1:], arg_indices):
-        input["arg"] = arg
+    for input in kernel["inputs"][1:]:  # the epilogue's parameter k is func's arg_indices[k - 1]
+        input["arg"] = arg_indices[input["arg"] - 1]
     batch, in_h, in_w, channels = data.shape
     _, kernel_h, kernel_w, _ = weight.shape
     _, out_h, out_w, _ = out.shape
     attrs = conv.value.attrs
-    largest = max(data.size, out.size, func.ret_type.size)
+    largest = max(data.size, out.size, func.ret_type.size, *(param.type.size for param in func.params))
     geometry = [in_h, in_w, channels, kernel_h, kernel_w, out_h, out_w, *attrs["strides"], attrs["pads"][0],
                 attrs["pads"][1], *attrs["dilations"]]
     return {

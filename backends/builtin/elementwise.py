@@ -377,7 +377,10 @@ def elementwise_kernel(symbol: str, func: Function, target_kind: str) -> dict:
 
     if func.result not in names:
         raise BuildError(f"builtin codegen: {symbol}: the result must be one of the body's bindings")
-    index_type = "int32_t" if size <= INT32_INDEX_LIMIT else "int64_t"
+    # 32-bit indices where every index fits: the output's, and each view's farthest element
+    # (a view reads a parameter that may be larger than the output)
+    reach = max([size] + [params[arg].type.size for arg in set(args)])
+    index_type = "int32_t" if reach <= INT32_INDEX_LIMIT else "int64_t"
     blocks = max(1, min(CUDA_MAX_BLOCKS, -(-size // CUDA_THREADS_PER_BLOCK)))
     # 16-byte accesses where every buffer has 2-byte (or smaller) elements, else 16 bytes for
     # 4-byte ones. Broadcast inputs allow it when the innermost dim holds whole vectors, so

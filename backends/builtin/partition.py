@@ -211,8 +211,11 @@ def _elementwise_groups(bindings, readers) -> dict[int, list[int]]:
                     producer = defined_at.get(var)
                     if producer is not None and producer not in members and producer not in group_of:
                         chain = _view_chain(bindings, readers, defined_at, producer, members, group_of)
-                        members.update(chain)
-                        grown = grown or bool(chain)
+                        # a chain that joins under views already in the group must still let
+                        # every view compose over it (a reshape merging its transposed dims)
+                        if chain and _views_compose(bindings, members | set(chain), defined_at):
+                            members.update(chain)
+                            grown = True
         group = sorted(members)
         for member in group:
             group_of[member] = group
@@ -240,8 +243,8 @@ def _view_chain(bindings, readers, defined_at, end: int, members, group_of) -> l
         chain.append(producer)
     chain.reverse()
     source = bindings[chain[0]].value.args[0]
-    if not isinstance(source.type, TensorType):
-        return []
+    if not isinstance(source.type, TensorType) or is_scalar_constant(source):
+        return []  # a one-element constant stays inline in the function, not a parameter to view
     view = View.dense(source.type.shape)
     for index in chain:
         view = compose(view, bindings[index].value)
@@ -250,6 +253,26 @@ def _view_chain(bindings, readers, defined_at, end: int, members, group_of) -> l
     if not any(bindings[i].value.op.name in COPYING_OPS for i in chain):
         return []  # reshapes alone are views already
     return chain
+
+
+def _views_compose(bindings, members, defined_at) -> bool:
+    """Whether every layout op among `members` is one strided view of the group's
+    parameters, composed in binding order as elementwise.py's codegen composes them."""
+    from .views import CHAIN_OPS, View, compose
+    views = {}
+    for index in sorted(members):
+        value = bindings[index].value
+        if not (_is_op_call(value) and value.op.name in CHAIN_OPS):
+            continue
+        source = value.args[0]
+        producer = defined_at.get(source)
+        view = views.get(producer) if producer in members else View.dense(source.type.shape)
+        if view is None:
+            return False  # a view of an elementwise member: not a view of a parameter
+        views[index] = compose(view, value)
+        if views[index] is None:
+            return False
+    return True
 
 
 def is_depthwise_conv(value: Expr) -> bool:

@@ -49,7 +49,7 @@ def _rewrite_once(function: Function) -> Function | None:
             continue
         rotary = _rotary(table, index, source)
         if rotary is not None:
-            return _rewritten_rotary(function, table, source, *rotary)
+            return _rewritten_rotary(function, table, index, source, *rotary)
         return _rewritten(function, table, index, source)
     return None
 
@@ -96,7 +96,7 @@ def _rotary(table, concat_index: int, source):
     return add_at, cos_at, sin_at, cos, sin
 
 
-def _rewritten_rotary(function, table, source, add_at, cos_at, sin_at, cos, sin):
+def _rewritten_rotary(function, table, concat_at, source, add_at, cos_at, sin_at, cos, sin):
     """The whole rotation in the halves' space [..., 2, D/2]: x and its reversed view times
     cos and the signed sin, added, then reshaped back (a view); one elementwise kernel that
     reads x twice in place."""
@@ -141,9 +141,13 @@ def _rewritten_rotary(function, table, source, add_at, cos_at, sin_at, cos, sin)
     total = Call("add", terms)
     total_var = Var(f"{name}_halves_sum", total.type)
     new += [Binding(total_var, total), Binding(binding.var, Call("reshape", [total_var], {"shape": shape}))]
-    # the products and the rotation are gone (read only by the add); the new bindings go
-    # where the add was, after everything they read
-    bindings = [b for i, b in enumerate(table.bindings) if i not in (cos_at, sin_at)]
+    # the products and the rotation (its concat, negation and slices, each read only by the
+    # next) are gone; the new bindings go where the add was, after everything they read
+    negation, first_half = table.bindings[concat_at].value.args
+    negation_at, first_at = table.producers[negation][0], table.producers[first_half][0]
+    second_at = table.producers[table.bindings[negation_at].value.args[0]][0]
+    gone = {cos_at, sin_at, concat_at, negation_at, first_at, second_at}
+    bindings = [b for i, b in enumerate(table.bindings) if i not in gone]
     at = next(i for i, b in enumerate(bindings) if b is binding)
     bindings[at:at + 1] = new
     return Function(function.params, bindings, function.result, function.ret_type, function.attrs)
