@@ -279,18 +279,15 @@ def is_elementwise_function(func: Function) -> bool:
 
 
 def _parameter_views(symbol: str, func: Function) -> dict:
-    """Var -> (parameter index, View) for the views of parameters at the start of `func`."""
-    from .views import CHAIN_OPS, View, compose
-    views = {param: (index, View.dense(param.type.shape)) for index, param in enumerate(func.params)}
-    for binding in func.bindings:
-        value = binding.value
-        if getattr(value.op, "name", None) in CHAIN_OPS and len(value.args) == 1 and value.args[0] in views:
-            index, view = views[value.args[0]]
-            composed = compose(view, value)
-            if composed is None:
-                raise BuildError(f"builtin codegen: {symbol}: {value.op.name} of a parameter is not a strided view")
-            views[binding.var] = (index, composed)
-    return views
+    """Var -> (parameter index, View): the parameters themselves (dense), and the views of
+    them at the start of `func` (views.chain_views)."""
+    from .views import View, chain_views
+    params = list(func.params)
+    views = chain_views(func.bindings, lambda var: View.dense(var.type.shape) if var in params else None)
+    if views is None:
+        raise BuildError(f"builtin codegen: {symbol}: a layout op is not a strided view of a parameter")
+    return {**{param: (index, View.dense(param.type.shape)) for index, param in enumerate(params)},
+            **{var: (params.index(root), view) for var, (root, view) in views.items()}}
 
 
 def _statements(symbol: str, func: Function, names: dict) -> list:

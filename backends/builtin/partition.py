@@ -256,23 +256,13 @@ def _view_chain(bindings, readers, defined_at, end: int, members, group_of) -> l
 
 
 def _views_compose(bindings, members, defined_at) -> bool:
-    """Whether every layout op among `members` is one strided view of the group's
-    parameters, composed in binding order as elementwise.py's codegen composes them."""
-    from .views import CHAIN_OPS, View, compose
-    views = {}
-    for index in sorted(members):
-        value = bindings[index].value
-        if not (_is_op_call(value) and value.op.name in CHAIN_OPS):
-            continue
-        source = value.args[0]
-        producer = defined_at.get(source)
-        view = views.get(producer) if producer in members else View.dense(source.type.shape)
-        if view is None:
-            return False  # a view of an elementwise member: not a view of a parameter
-        views[index] = compose(view, value)
-        if views[index] is None:
-            return False
-    return True
+    """Whether every layout op among `members` is one strided view of a value from outside
+    the group, as the codegen composes them (views.chain_views)."""
+    from .views import View, chain_views
+
+    def outside_view(var):
+        return None if defined_at.get(var) in members else View.dense(var.type.shape)
+    return chain_views([bindings[i] for i in sorted(members)], outside_view) is not None
 
 
 def is_depthwise_conv(value: Expr) -> bool:

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 from byoc.ir.expr import Call
+from byoc.ir.op import Op
 
 from .elementwise import _dense_strides
 
@@ -88,3 +89,29 @@ def reshape_strides(shape, strides, new_shape) -> list[int] | None:
         old_index += 1
         new_index += 1
     return result
+
+
+def chain_views(bindings, outside_view) -> dict | None:
+    """var -> (root, View) for each layout op among `bindings` (in binding order) that reads
+    a view: `outside_view(var)` is the View of an input no binding here produced (None where
+    it cannot be one), and root the value every view of a chain is a view of. None when
+    some layout op is not a strided view of its root. The builtin partition (which chains
+    may join an elementwise group) and its codegen (what each kernel input reads) agree
+    through this one function."""
+    views: dict = {}
+    for binding in bindings:
+        value = binding.value
+        if not (isinstance(value, Call) and isinstance(value.op, Op) and value.op.name in CHAIN_OPS
+                and len(value.args) == 1):
+            continue
+        source = value.args[0]
+        if source in views:
+            root, view = views[source]
+        else:
+            root, view = source, outside_view(source)
+        composed = None if view is None else compose(view, value)
+        if composed is None:
+            return None
+        views[binding.var] = (root, composed)
+    return views
+

@@ -14,7 +14,6 @@ find them the same way.
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import os
 import struct
 import sys
@@ -127,20 +126,23 @@ def _preload(soname: str, package: str, path) -> None:
 
 
 def _library_directories() -> list[Path]:
-    """The CUDA toolkit's library directories, then every lib directory of NVIDIA's pip
-    packages (nvidia/cu13/lib, nvidia/cublas/lib, ...), in the interpreter's search path."""
+    """The CUDA toolkit's library directories, then the lib directory of every one of
+    NVIDIA's pip packages (nvidia/cu13/lib, nvidia/cublas/lib, ...)."""
     directories = []
     for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
         if root:
             directories += [Path(root) / "lib64", Path(root) / "lib"]
-    try:
-        spec = importlib.util.find_spec("nvidia")
-    except (ImportError, ValueError):
-        spec = None
-    for location in (spec.submodule_search_locations or []) if spec else []:
-        directories += sorted(Path(location).glob("*/lib"))
-    for entry in sys.path:  # a namespace package split over several site directories
-        candidate = Path(entry or ".") / "nvidia"
-        if candidate.is_dir():
-            directories += [d for d in sorted(candidate.glob("*/lib")) if d not in directories]
-    return directories
+    return directories + [package / "lib" for package in nvidia_package_dirs()]
+
+
+def nvidia_package_dirs() -> list[Path]:
+    """The folders of NVIDIA's pip packages (site-packages/nvidia/<package>: cu13, cublas,
+    ...), in the interpreter's search-path order: the `nvidia` namespace package may be
+    split over several site directories. The build (toolchain/compiler.py: headers) and the
+    load (here: libraries) look in the same places."""
+    packages = []
+    for entry in sys.path:
+        root = Path(entry or ".") / "nvidia"
+        if root.is_dir():
+            packages += [d for d in sorted(root.iterdir()) if d.is_dir() and d not in packages]
+    return packages

@@ -22,7 +22,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,15 +121,14 @@ def find_cxx() -> str:
 
 
 def _pip_cuda_library_dir(header: str) -> tuple[Path, Path] | None:
-    """(include, lib) of NVIDIA's pip CUDA packages (nvidia/cu13, nvidia/cu12) holding `header`."""
-    for root in sys.path:
-        for variant in ("cu13", "cu12"):
-            base = Path(root) / "nvidia" / variant
-            if (base / "include" / header).is_file():
+    """(include, lib) of NVIDIA's pip CUDA packages (nvidia/cu13, nvidia/cu12, nvidia/cublas)
+    holding `header`, the newest CUDA first."""
+    from ..runtime.shared_libraries import nvidia_package_dirs
+    packages = nvidia_package_dirs()
+    for name in ("cu13", "cu12", "cublas"):
+        for base in packages:
+            if base.name == name and (base / "include" / header).is_file():
                 return base / "include", base / "lib"
-        base = Path(root) / "nvidia" / "cublas"
-        if (base / "include" / header).is_file():
-            return base / "include", base / "lib"
     return None
 
 
