@@ -154,18 +154,27 @@ def _case(library, target, group, name, kind, args, expect="any") -> Case:
                 why="a library whose program table breaks the model's own tables" if expect == "refuse" else "")
 
 
+def _section_bytes(library: dict, name: str) -> bytes | None:
+    """The bytes of one embedded section of the library file (its layout's (start, length)),
+    or None where the library has no such section."""
+    if name not in library["layout"]:
+        return None
+    start, length = library["layout"][name]
+    with open(library["path"], "rb") as handle:
+        handle.seek(start)
+        return handle.read(length)
+
+
 def _forged_program_cases(library: dict, everything: bool) -> list[Case]:
     """The program table forged (its checksum and the seal recomputed) so that an operand
     lies outside its memory, in a memory the model does not have, or is a caller tensor of
     another size; or a call claims to run on the host of a model with no data there."""
-    layout = library["layout"]
-    if "program" not in layout:
+    section = _section_bytes(library, "program")
+    if section is None:
         return []
     from byoc.codegen.program_table import read_program_table
-    start, length = layout["program"]
-    with open(library["path"], "rb") as handle:
-        handle.seek(start)
-        table = read_program_table(handle.read(length))
+    layout = library["layout"]
+    table = read_program_table(section)
     arena = library["metadata"]["memory"]["arena_bytes"]
     weights = library["metadata"]["weights"]["bytes"]
     sizes = {"kArena": arena, "kWeights": weights}
@@ -373,13 +382,10 @@ def _forged_graph_cases(library: dict) -> list[Case]:
     another graph: one that is still valid JSON and a valid graph but of other tensor sizes
     than the host passes (the engine would read and write past the buffers), and ones that
     are not valid. The engine must refuse each at create; a resealed undamaged copy runs."""
-    layout = library["layout"]
-    if "graph" not in layout:
+    graph = _section_bytes(library, "graph")
+    if graph is None:
         return []
-    start, length = layout["graph"]
-    with open(library["path"], "rb") as handle:
-        handle.seek(start)
-        graph = handle.read(length)
+    layout = library["layout"]
     cases = [_case(library, "library", "control", "an undamaged copy, resealed", "flip",
                    {"offsets": [], "reseal": True}, expect="accept")]
 
@@ -395,7 +401,7 @@ def _forged_graph_cases(library: dict) -> list[Case]:
             edited = graph.replace(old, new) if label.startswith("every") else graph[:at] + new + graph[at + len(old):]
             forge(label, [(0, edited)])
     forge("the first brace a bracket", [(graph.index(b"{"), b"[")])
-    forge("a NUL in the middle", [(length // 2, b"\0")])
+    forge("a NUL in the middle", [(len(graph) // 2, b"\0")])
     return cases
 
 
