@@ -702,6 +702,15 @@ CONV_CASES = [
     # 7x7 stride 1 (a thread per row of four output pixels): widths 13 and 7 end in a
     # partial row of 1 and 3 pixels
     (2, 24, 15, 13, 24, (7, 7), (1, 1), (3, 3, 3, 3), (1, 1), 24),
+    # outputs over the tiled kernel's sizes (28x28 at stride 1, 14x14 at stride 2) run on
+    # the per-pixel-group kernel: every common window once
+    (1, 8, 33, 31, 8, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 8),
+    (1, 16, 60, 58, 16, (5, 5), (2, 2), (2, 2, 2, 2), (1, 1), 16),
+    (1, 8, 29, 30, 8, (5, 5), (1, 1), (2, 1, 2, 2), (1, 1), 8),
+    (1, 8, 30, 29, 8, (7, 7), (1, 1), (3, 3, 3, 3), (1, 1), 8),
+    # the tiled kernel over several tiles each way, partial ones at the edges, channel
+    # tiles ending past the last vector (9 vectors)
+    (1, 72, 27, 26, 72, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 72),
 ]
 
 

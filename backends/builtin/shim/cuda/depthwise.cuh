@@ -4,12 +4,16 @@
 // builtin function stores whatever elementwise chain reads the conv (bias, activation,
 // residual: templates/builtin/conv2d_epilogue.j2) without writing the conv's output first.
 //
-// A thread computes 8 neighbouring channels of one output pixel (a row of two or four pixels
-// for the common windows: nhwc_kernel), reading them with one 16-byte load per tap (per-element loads where
-// the input is not 16-byte aligned) and accumulating in float. Each
-// block first copies the filters into shared memory tap-major ([kh][kw][channel]; OHWI is
-// [channel][kh][kw]), so that a thread's 8 filters of one tap are one 16-byte read too, and
-// then loops over the output: a grid of a few blocks per SM copies them few times.
+// Two kernels, chosen by the output's size (launch_nhwc). In both a thread computes 8
+// neighbouring channels of one output pixel or of a row of two or four, with 16-byte reads
+// of 8 channels and sums in float, and filters sit in shared memory tap-major ([kh][kw]
+// [channel]; OHWI is [channel][kh][kw]), so that a thread's 8 filters of one tap are one
+// 16-byte read too.
+// - nhwc_kernel (large outputs; any window, stride and dilation; unaligned input): a grid of
+//   a few blocks per SM, each copying all filters once and then looping over the output,
+//   reading the input from global memory (L1 serves the repeats).
+// - tiled_kernel (small outputs of the common windows): a block per output tile, which first
+//   copies the tile's input window into shared memory.
 #ifndef BYOC_SHIM_CUDA_DEPTHWISE_CUH_
 #define BYOC_SHIM_CUDA_DEPTHWISE_CUH_
 
@@ -199,6 +203,182 @@ cudaError_t launch_window(const Storage* in, const Storage* weight, int64_t batc
   return cudaGetLastError();
 }
 
+// ---------------------------------------------------------------- tiled in shared memory
+//
+// The kernel above reads every input vector from global memory once per output pixel
+// group and window row that uses it (6 to 15 times for 3x3 and 5x5 windows) and counts on
+// L1 to serve the repeats; at the sizes of MobileNet's and EfficientNet's convs that left it
+// several times slower than the input's bandwidth allows. tiled_kernel gives a block one
+// tile of output (tile_h rows x tile_w columns x some channel vectors): the block copies the
+// tile's input window, halo included, and its filters into shared memory with coalesced
+// 16-byte loads, all in flight at once, and each thread then computes kPixels neighbouring
+// output pixels of one channel vector from shared memory. A block computes one tile: the
+// host picks the tile's shape for the conv (choose_tile) so that small outputs (7x7 late in
+// a network) do not leave most of a block idle.
+struct Tile {
+  int rows;           // output rows of a tile
+  int groups;         // groups of kPixels output columns of a tile (tile width groups * kPixels)
+  int vectors;        // channel vectors (8 channels each) of a tile
+  int64_t tiles_h, tiles_w, tiles_c;
+  __host__ __device__ int threads() const { return rows * groups * vectors; }
+};
+
+template <int kKernel, int kStride, int kPixels>
+struct TiledWindow {
+  static constexpr int kColumns = (kPixels - 1) * kStride + kKernel;  // input columns of one thread's pixels
+  __host__ __device__ static int input_rows(const Tile& t) { return (t.rows - 1) * kStride + kKernel; }
+  __host__ __device__ static int input_columns(const Tile& t) { return (t.groups * kPixels - 1) * kStride + kKernel; }
+  static size_t shared_bytes(const Tile& t) {
+    return static_cast<size_t>(input_rows(t)) * input_columns(t) * t.vectors * 16 +
+           static_cast<size_t>(kKernel) * kKernel * t.vectors * 16;
+  }
+};
+
+// The tile shape for an output of out_h x out_w pixels and `vectors` channel vectors: of
+// the shapes of at most kThreads threads whose every extent is a power of two, the one with
+// the least estimated work, counting each launched thread's shared-memory reads (idle
+// threads of partial tiles included) and each block's global reads of its input window
+// (the halo is read by two tiles). At least 4 vectors (64-byte runs of a pixel's
+// channels) where the conv has them, so that the global reads coalesce.
+template <int kKernel, int kStride, int kPixels>
+Tile choose_tile(int64_t batch, int64_t out_h, int64_t out_w, int64_t vectors) {
+  using W = TiledWindow<kKernel, kStride, kPixels>;
+  const int64_t groups_total = (out_w + kPixels - 1) / kPixels;
+  const int64_t min_vectors = vectors < 4 ? vectors : 4;
+  Tile best{1, 1, 1, 0, 0, 0};
+  double best_cost = -1;
+  for (int v = 1; v <= 64; v *= 2) {
+    if (v < min_vectors || (v > 1 && v / 2 >= vectors)) continue;
+    for (int g = 1; g <= 64; g *= 2) {
+      if (g > 1 && g / 2 >= groups_total) continue;
+      for (int r = 1; r * g * v <= kThreads; r *= 2) {
+        if (r > 1 && r / 2 >= out_h) continue;
+        Tile t{r, g, v, (out_h + r - 1) / r, (groups_total + g - 1) / g, (vectors + v - 1) / v};
+        const double tiles = static_cast<double>(batch) * t.tiles_h * t.tiles_w * t.tiles_c;
+        const double shared_reads = tiles * t.threads() * (kKernel * W::kColumns + kKernel * kKernel);
+        const double global_reads = tiles * W::input_rows(t) * W::input_columns(t) * t.vectors;
+        // a block also costs its launch and its one __syncthreads (about one window's reads)
+        const double cost = shared_reads / 4 + global_reads * 2 + tiles * 256;
+        if (W::shared_bytes(t) > (size_t{48} << 10)) continue;
+        if (best_cost < 0 || cost < best_cost) best_cost = cost, best = t;
+      }
+    }
+  }
+  return best;
+}
+
+template <class Storage, class Index, int kKernel, int kStride, int kPixels, class Epilogue>
+__global__ void __launch_bounds__(kThreads) tiled_kernel(const Storage* __restrict__ in,
+                                                         const Storage* __restrict__ weight, Geometry<Index> s,
+                                                         Tile t, Epilogue epilogue) {
+  using W = TiledWindow<kKernel, kStride, kPixels>;
+  extern __shared__ uint4 shared_words[];
+  const int in_rows = W::input_rows(t), in_cols = W::input_columns(t);
+  uint4* window = shared_words;                                  // [in_rows][in_cols][t.vectors]
+  uint4* filters = shared_words + in_rows * in_cols * t.vectors;  // [kKernel * kKernel][t.vectors]
+  int64_t block = blockIdx.x;
+  const Index tile_c = static_cast<Index>(block % t.tiles_c);
+  block /= t.tiles_c;
+  const Index tile_w = static_cast<Index>(block % t.tiles_w);
+  block /= t.tiles_w;
+  const Index tile_h = static_cast<Index>(block % t.tiles_h);
+  const Index image = static_cast<Index>(block / t.tiles_h);
+  const Index vectors = s.channels / kVector;
+  const Index first_vector = tile_c * t.vectors;
+  const Index first_row = tile_h * t.rows * kStride - s.pad_top;
+  const Index first_col = tile_w * t.groups * kPixels * kStride - s.pad_left;
+  byoc_pdl::begin_after_previous();
+  // Filters tap-major: 8 channels of one tap are one 16-byte shared read. OHWI weight is
+  // [channel][tap]; a thread gathers one channel vector of one tap.
+  constexpr int kTaps = kKernel * kKernel;
+  for (int i = threadIdx.x; i < kTaps * t.vectors; i += blockDim.x) {
+    const int v = i % t.vectors, tap = i / t.vectors;
+    alignas(16) Storage lanes[kVector];
+    const Index vector = first_vector + v;
+#pragma unroll
+    for (int j = 0; j < kVector; ++j) {
+      lanes[j] = vector < vectors ? weight[(vector * kVector + j) * kTaps + tap] : Storage(0.0f);
+    }
+    filters[i] = *reinterpret_cast<const uint4*>(lanes);
+  }
+  // The window: every 16-byte copy of a thread in flight at once (cp.async from sm_80 on:
+  // a plain load followed by its store to shared memory would wait out each load in turn).
+  // Outside the image or the channels the copy reads nothing and fills zeros.
+  const Storage* image_in = in + static_cast<int64_t>(image) * s.in_h * s.in_w * s.channels;
+  for (int i = threadIdx.x; i < in_rows * in_cols * t.vectors; i += blockDim.x) {
+    const int v = i % t.vectors, pixel = i / t.vectors;
+    const Index ih = first_row + pixel / in_cols, iw = first_col + pixel % in_cols;
+    const Index vector = first_vector + v;
+    const bool inside = ih >= 0 && ih < s.in_h && iw >= 0 && iw < s.in_w && vector < vectors;
+    const Storage* source = inside ? image_in + (ih * s.in_w + iw) * s.channels + vector * kVector : in;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned destination = static_cast<unsigned>(__cvta_generic_to_shared(window + i));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(destination), "l"(source),
+                 "r"(inside ? 16 : 0));
+#else
+    window[i] = inside ? __ldg(reinterpret_cast<const uint4*>(source)) : make_uint4(0, 0, 0, 0);
+#endif
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+  __syncthreads();
+  const int v = threadIdx.x % t.vectors;
+  const int group = threadIdx.x / t.vectors % t.groups;
+  const int row = threadIdx.x / (t.vectors * t.groups);
+  const Index oh = tile_h * t.rows + row;
+  const Index ow0 = (tile_w * t.groups + group) * kPixels;
+  if (row >= t.rows || oh >= s.out_h || ow0 >= s.out_w || first_vector + v >= vectors) return;
+  const auto unpack = [](const uint4& words, float (&x)[kVector]) {
+    const Pair<Storage>* pairs = reinterpret_cast<const Pair<Storage>*>(&words);
+#pragma unroll
+    for (int j = 0; j < kVector / 2; ++j) {
+      const float2 f = to_float2(pairs[j]);
+      x[2 * j] = f.x;
+      x[2 * j + 1] = f.y;
+    }
+  };
+  float sum[kPixels][kVector] = {};
+#pragma unroll
+  for (int kh = 0; kh < kKernel; ++kh) {
+    float w[kKernel][kVector];
+#pragma unroll
+    for (int kw = 0; kw < kKernel; ++kw) unpack(filters[(kh * kKernel + kw) * t.vectors + v], w[kw]);
+    const uint4* source = window + ((row * kStride + kh) * in_cols + group * kPixels * kStride) * t.vectors + v;
+#pragma unroll
+    for (int c = 0; c < W::kColumns; ++c) {
+      float x[kVector];
+      unpack(source[c * t.vectors], x);
+#pragma unroll
+      for (int p = 0; p < kPixels; ++p) {
+        const int kw = c - p * kStride;
+        if (kw >= 0 && kw < kKernel) {
+#pragma unroll
+          for (int j = 0; j < kVector; ++j) sum[p][j] = fmaf(x[j], w[kw][j], sum[p][j]);
+        }
+      }
+    }
+  }
+  const Index first = ((image * s.out_h + oh) * s.out_w + ow0) * vectors + first_vector + v;
+#pragma unroll
+  for (int p = 0; p < kPixels; ++p) {
+    if (p == 0 || ow0 + p < s.out_w) epilogue(first + p * vectors, sum[p]);
+  }
+}
+
+template <class Storage, class Index, int kKernel, int kStride, int kPixels, class Epilogue>
+cudaError_t launch_tiled(const Storage* in, const Storage* weight, int64_t batch, const Geometry<Index>& s,
+                         Epilogue epilogue, cudaStream_t stream) {
+  const Tile t = choose_tile<kKernel, kStride, kPixels>(batch, s.out_h, s.out_w, s.channels / kVector);
+  const int64_t blocks = batch * t.tiles_h * t.tiles_w * t.tiles_c;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  const size_t shared_bytes = TiledWindow<kKernel, kStride, kPixels>::shared_bytes(t);
+  byoc_pdl::launch_after_previous(tiled_kernel<Storage, Index, kKernel, kStride, kPixels, Epilogue>,
+                                  static_cast<unsigned int>(blocks), static_cast<unsigned int>(t.threads()),
+                                  shared_bytes, stream, in, weight, s, t, epilogue);
+  return cudaGetLastError();
+}
+
 // Launches the kernel for `batch` images (takes() must hold); returns the launch's error.
 template <class Storage, class Index, class Epilogue>
 cudaError_t launch_nhwc(const Storage* in, const Storage* weight, int64_t batch, const Geometry<Index>& s,
@@ -206,6 +386,21 @@ cudaError_t launch_nhwc(const Storage* in, const Storage* weight, int64_t batch,
   const bool common = s.dilation_h == 1 && s.dilation_w == 1 && s.stride_h == s.stride_w &&
                       (s.stride_w == 1 || s.stride_w == 2) && s.kernel_h == s.kernel_w &&
                       (s.kernel_w == 3 || s.kernel_w == 5 || (s.kernel_w == 7 && s.stride_w == 1));
+  // Small outputs take the tiled kernel, large ones the per-pixel-group one: measured over
+  // the depthwise convs of MobileNetV3, EfficientNet-B0 and ConvNeXt-T at batch 32 on an
+  // H200 (bench/bench_depthwise.py, bench/results/depthwise_h200.md), tiled was faster on
+  // every stride-1 output of 28x28 pixels or fewer (3.4x on 7x7 outputs of 5x5 windows) and
+  // every stride-2 output under 14x14, the other kernel on larger ones (1.1-1.5x on 56x56).
+  const bool aligned = reinterpret_cast<uintptr_t>(in) % 16 == 0;
+  const int64_t out_pixels = static_cast<int64_t>(s.out_h) * s.out_w;
+  const bool small = s.stride_w == 1 ? out_pixels <= 28 * 28 : out_pixels < 14 * 14;
+  if (common && aligned && small && batch * out_pixels * (s.channels / kVector) < 0x7fffffff) {  // blocks fit a grid
+    if (s.kernel_w == 3 && s.stride_w == 1) return launch_tiled<Storage, Index, 3, 1, 4>(in, weight, batch, s, epilogue, stream);
+    if (s.kernel_w == 3) return launch_tiled<Storage, Index, 3, 2, 2>(in, weight, batch, s, epilogue, stream);
+    if (s.kernel_w == 5 && s.stride_w == 1) return launch_tiled<Storage, Index, 5, 1, 4>(in, weight, batch, s, epilogue, stream);
+    if (s.kernel_w == 5) return launch_tiled<Storage, Index, 5, 2, 2>(in, weight, batch, s, epilogue, stream);
+    return launch_tiled<Storage, Index, 7, 1, 4>(in, weight, batch, s, epilogue, stream);
+  }
   if (common && s.kernel_w == 3 && s.stride_w == 1) return launch_window<Storage, Index, 3, 3, 1>(in, weight, batch, s, epilogue, stream);
   if (common && s.kernel_w == 3) return launch_window<Storage, Index, 3, 3, 2>(in, weight, batch, s, epilogue, stream);
   if (common && s.kernel_w == 7) return launch_window<Storage, Index, 7, 7, 1>(in, weight, batch, s, epilogue, stream);
