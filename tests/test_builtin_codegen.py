@@ -447,8 +447,9 @@ def shim_cases() -> list[Case]:
 
 
 def conv_epilogue_cases() -> list[Case]:
-    """Depthwise NHWC convs in 16-bit floats with the elementwise chains that become their
-    epilogues (Composite="builtin.conv2d_epilogue"): bias + ReLU; stride 2, a 5x5 window,
+    """Depthwise NHWC convs in 16-bit floats (and dense ones of 4 input channels) with the
+    elementwise chains that become their epilogues (Composite="builtin.conv2d_epilogue"):
+    bias + ReLU; stride 2, a 5x5 window,
     bias + hard swish + a full-size residual; bfloat16 with a clip; a 5x5 window with SiLU;
     channels 24 and 40 (not powers of two) and odd spatial sizes, so every index is off the
     tiles."""
@@ -459,14 +460,20 @@ def conv_epilogue_cases() -> list[Case]:
          "hard_swish_residual"),
         ("dw_bias_clip_bfloat16", "bfloat16", (1, 6, 5, 40), 3, [1, 1], [0, 1, 2, 1], "clip"),
         ("dw_5x5_bias_silu_float16", "float16", (2, 8, 13, 32), 5, [1, 1], [2, 2, 2, 2], "silu"),
+        # dense convs of 4 input channels (few_channels_kernel): a stride-2 stem into 24
+        # channels with SiLU, a 4x4 stride-4 patchify in bfloat16, uneven pads
+        ("stem_3x3_stride2_silu_float16", "float16", (2, 15, 13, 4), 3, [2, 2], [1, 1, 1, 1], "silu"),
+        ("stem_4x4_stride4_relu_bfloat16", "bfloat16", (1, 16, 12, 4), 4, [4, 4], [0, 1, 0, 2], "relu"),
     ]
     for name, dtype, (batch, h, w, channels), window, strides, pads, chain in specs:
         rng = np.random.default_rng(zlib.crc32(name.encode()))
+        out_channels = 24 if name.startswith("stem") else channels
+        groups = 1 if name.startswith("stem") else channels
         with FunctionBuilder("main") as fb:
             x = fb.param("x", (batch, h, w, channels), dtype)
-            weight = fb.param("weight", (channels, window, window, 1), dtype)
-            bias = fb.param("bias", (channels,), dtype)
-            conv = fb.call("conv2d", x, weight, strides=strides, pads=pads, groups=channels,
+            weight = fb.param("weight", (out_channels, window, window, channels // groups), dtype)
+            bias = fb.param("bias", (out_channels,), dtype)
+            conv = fb.call("conv2d", x, weight, strides=strides, pads=pads, groups=groups,
                            data_layout="NHWC", kernel_layout="OHWI")
             y = fb.call("add", conv, bias)
             if chain == "relu":

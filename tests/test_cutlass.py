@@ -684,14 +684,15 @@ def test_pointwise_convs_are_gemms_with_the_residual_inside_the_activation():
 
 
 def test_a_pointwise_conv_of_4_channels_stays_a_conv_that_the_fixed_channel_kernels_run(tmp_path):
-    """EfficientNet's squeeze-and-excitation expansion (issue #39: its sm90 build failed at the
-    first run, CUTLASS refusing an nt GEMM of K=4): conv 1x1 of C=4 -> K=96 with a sigmoid. As a
-    GEMM, A and B would be rows of 4 float16 (8 bytes), which no GEMM kernel reads: it stays a
-    conv, and the fixed-channel conv kernels run it on either arch."""
+    """A squeeze-and-excitation expansion as EfficientNet's (issue #39: its sm90 build failed at
+    the first run, CUTLASS refusing an nt GEMM of K=4), here into K=768 (EfficientNet's 96 is
+    few enough multiply-adds for the built-in direct kernel: the next test): conv 1x1 of C=4
+    with a sigmoid. As a GEMM, A and B would be rows of 4 float16 (8 bytes), which no GEMM
+    kernel reads: it stays a conv, and the fixed-channel conv kernels run it on either arch."""
     from byoc.backends.cutlass.codegen import partition_problem
     from byoc.backends.cutlass.kernels import (ConvProblem, GemmProblem, candidates, default_kernel, kernel_problem,
                                                usable_candidates)
-    mod, report = _partition(_conv_graph((32, 1, 1, 4), (96, 1, 1, 4), activation="sigmoid"))
+    mod, report = _partition(_conv_graph((32, 1, 1, 4), (768, 1, 1, 4), activation="sigmoid"))
     assert _compilers(mod) == ["cutlass"], report.to_text()
     problem, _ = partition_problem(next(f for name, f in mod.items() if name != "main"))
     assert problem.as_gemm() is None
@@ -702,14 +703,29 @@ def test_a_pointwise_conv_of_4_channels_stays_a_conv_that_the_fixed_channel_kern
         assert kernel.fixed_channels and kernel.supports(runs) is None
         assert all(k.fixed_channels for k in usable_candidates(sm, runs))
     # the GEMM it was: every GEMM kernel refuses it, naming the extent
-    gemm = GemmProblem(32, 96, 4, 1, "float16", True, "sigmoid", True, residual_in_activation=True)
+    gemm = GemmProblem(32, 768, 4, 1, "float16", True, "sigmoid", True, residual_in_activation=True)
     for kernel in candidates(90) + candidates(80):
         assert kernel.supports(gemm).startswith("K=4 is not a multiple of 8 (16-byte accesses of float16 along K")
     # built for sm_90: the fixed-channel kernel, no GEMM
-    _, artifacts = _lowered(_conv_graph((32, 1, 1, 4), (96, 1, 1, 4), activation="sigmoid"), tmp_path)
+    _, artifacts = _lowered(_conv_graph((32, 1, 1, 4), (768, 1, 1, 4), activation="sigmoid"), tmp_path)
     (cutlass,) = [a for a in artifacts if a.backend == "cutlass"]
     assert [name for name in cutlass.kernels.values() if "_fixed4_" in name and name.endswith("_bias_sigmoid")] == \
         list(cutlass.kernels.values())
+
+
+def test_a_small_stem_of_4_channels_is_left_to_the_builtin_direct_kernel():
+    """A conv of 4 input channels with at most DIRECT_STEM_MAX_MACS multiply-adds a pixel
+    (MobileNet's and EfficientNet's stems, EfficientNet's squeeze-and-excitation expansion
+    of 4 channels) is refused with the reason, and the built-in backend takes it with its
+    epilogue as one conv2d_epilogue function (few_channels_kernel on CUDA)."""
+    from byoc.backends.cutlass.patterns import DIRECT_STEM_MAX_MACS
+    mod, report = _partition(_conv_graph((32, 1, 1, 4), (96, 1, 1, 4), activation="sigmoid"))
+    assert _compilers(mod) == ["builtin"], report.to_text()
+    assert "4 input channels and 384 multiply-adds a pixel (at most 2048): the built-in backend's direct kernel" \
+        in report.to_text()
+    composites = [f.attrs.get("Composite") for name, f in mod.items() if name != "main"]
+    assert composites == ["builtin.conv2d_epilogue"], composites
+    assert 3 * 3 * 4 * 32 <= DIRECT_STEM_MAX_MACS < 7 * 7 * 4 * 64  # EfficientNet's stem, not ResNet's
 
 
 def _cutlass_problems(mod) -> list:
@@ -743,14 +759,20 @@ def test_every_conv_the_patterns_take_has_a_kernel_and_every_refusal_names_the_e
                                                                                       tmp_path):
     """A property of the patterns and the kernels' rules (CUTLASS's can_implement): a conv match
     is taken only where a kernel of each arch runs it and every kernel the build would choose
-    supports it; what is refused says which extent is not a multiple of 8."""
+    supports it; what is refused says which extent is not a multiple of 8 (or that the
+    built-in backend's direct kernel runs a small conv of 4 channels)."""
+    from byoc.backends.cutlass.patterns import DIRECT_STEM_MAX_MACS
     pads = (size // 2,) * 4
     for epilogue in (dict(activation="sigmoid"), dict(residual=True), dict(bias=False, activation=None)):
         mod, report = _partition(_conv_graph((2, 5, 5, channels), (out_channels, size, size, channels), pads=pads,
                                              **epilogue))
         problems = _cutlass_problems(mod)
-        runnable = out_channels % 8 == 0 and (channels % 8 == 0 or channels == 4)
+        direct = channels == 4 and size * size * channels * out_channels <= DIRECT_STEM_MAX_MACS
+        runnable = out_channels % 8 == 0 and (channels % 8 == 0 or channels == 4) and not direct
         assert len(problems) == runnable, (report.to_text(), epilogue)
+        if direct and out_channels % 8 == 0:  # the built-in backend's stem kernel takes it
+            assert "the built-in backend's direct kernel runs it" in report.to_text(), report.to_text()
+            continue
         for problem in problems:
             _assert_every_choice_runs(problem, tmp_path)
         if not runnable:  # the reason names a misaligned extent
@@ -831,7 +853,7 @@ def test_codegen_refuses_a_chosen_kernel_that_cannot_run_its_problem(forged, say
     from byoc.backends.cutlass.kernels import ConvProblem, kernel_from_json
     from byoc.errors import BuildError
     kernel = kernel_from_json(forged)
-    se_block = ConvProblem(32, 1, 1, 4, 96, 1, 1, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), "float16", "sigmoid", True)
+    se_block = ConvProblem(32, 1, 1, 4, 768, 1, 1, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), "float16", "sigmoid", True)
     (tmp_path / "db.json").write_text(json.dumps({"format": tuning.FORMAT, "version": 1, "entries": {
         "sm90": {se_block.key: {"kernel": forged, "us": 1.0}}}}))
     database = tuning.TuningDatabase(tmp_path / "db.json")
@@ -841,7 +863,7 @@ def test_codegen_refuses_a_chosen_kernel_that_cannot_run_its_problem(forged, say
     monkeypatch.setattr(tuning, "choose_kernels", lambda problems, *args, **kwargs: {p: kernel for p in problems})
     with pytest.raises(BuildError, match=rf"cutlass: @cutlass_\w+: the kernel chosen for "
                                          rf"{re.escape(se_block.key)}, .*, cannot run it: {says}"):
-        _lowered(_conv_graph((32, 1, 1, 4), (96, 1, 1, 4), activation="sigmoid"), tmp_path / "w")
+        _lowered(_conv_graph((32, 1, 1, 4), (768, 1, 1, 4), activation="sigmoid"), tmp_path / "w")
 
 
 def _resnet_ir(dtype="float16", batch=1, size=16):
@@ -1051,9 +1073,10 @@ def @main(%x: Tensor[(1, 6, 6, 3), float16], %y: Tensor[(1, 6, 6, 12), float16],
 
 def test_resnet_partitions_convs_into_cutlass_with_boundary_transposes_only(tmp_path):
     """build()'s pipeline up to partitioning, for cuda -arch=sm_90 with the cutlass backend:
-    every conv goes to cutlass (epilogues fused: bias+relu, bias+residual+relu, bias), the
-    3-channel stem too, its image padded to 4 channels by one built-in pad (PadConvChannels),
-    and the fc GEMM; the only transposes are the two at the region's boundary."""
+    every conv goes to cutlass (epilogues fused: bias+relu, bias+residual+relu, bias) but the
+    3-channel stem, its image padded to 4 channels by one built-in pad (PadConvChannels), which
+    is few enough multiply-adds for the built-in backend's direct kernel (with its bias and
+    ReLU), and the fc GEMM; the only transposes are the two at the region's boundary."""
     from byoc.pipeline import lower
     from byoc.config import load_config
     from byoc.ir.expr import Call
@@ -1065,9 +1088,12 @@ def test_resnet_partitions_convs_into_cutlass_with_boundary_transposes_only(tmp_
     composites = sorted(b.value.attrs.get("Composite") for f in cutlass.values() for b in f.bindings
                         if b.value.__class__.__name__ == "Function")
     assert composites == ["cutlass.conv2d_bias", "cutlass.conv2d_bias_activation",
-                          "cutlass.conv2d_bias_activation", "cutlass.conv2d_bias_residual_activation",
-                          "cutlass.dense"], report.to_text()
-    assert "refused matches" not in report.to_text()
+                          "cutlass.conv2d_bias_residual_activation", "cutlass.dense"], report.to_text()
+    refusals = [line for line in report.to_text().splitlines() if line.startswith("  cutlass.")]
+    assert refusals and all("(%stem" in line for line in refusals), report.to_text()
+    assert "cutlass.conv2d_bias_activation x1: 4 input channels and 576 multiply-adds a pixel" in report.to_text()
+    stem = [f.attrs.get("Composite") for name, f in mod.items() if f.attrs.get("Compiler") == "builtin"]
+    assert "builtin.conv2d_epilogue" in stem, stem
     pads = [b.value.attrs["pads"] for f in mod.functions.values() for b in f.bindings
             if isinstance(b.value, Call) and getattr(b.value.op, "name", None) == "pad"]
     assert [list(p) for p in pads] == [[0, 0, 0, 0, 0, 0, 0, 1]]

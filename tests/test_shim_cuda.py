@@ -740,6 +740,10 @@ CONV_CASES = [
     # the tiled kernel over several tiles each way, partial ones at the edges, channel
     # tiles ending past the last vector (9 vectors)
     (1, 72, 27, 26, 72, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 72),
+    # dense convs of 4 input channels into a multiple of 8 (an image's stem): the direct
+    # kernel for 16-bit floats in NHWC; a stride-2 3x3 and a 4x4 patchify with uneven pads
+    (2, 4, 15, 13, 24, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1),
+    (1, 4, 16, 12, 16, (4, 4), (4, 4), (0, 1, 0, 2), (1, 1), 1),
 ]
 
 

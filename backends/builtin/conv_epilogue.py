@@ -1,7 +1,9 @@
-"""Codegen of Composite="builtin.conv2d_epilogue" functions: a depthwise conv2d and the
-elementwise chain that reads it (partition.py says when they are one function).
+"""Codegen of Composite="builtin.conv2d_epilogue" functions: a depthwise conv2d, or a dense
+one of 4 input channels, and the elementwise chain that reads it (partition.py says when
+they are one function).
 
-CUDA: the conv runs in shim/cuda/depthwise.cuh's kernel with a generated epilogue functor
+CUDA: the conv runs in shim/cuda/depthwise.cuh's kernel (nhwc/tiled for depthwise convs,
+few_channels for the others) with a generated epilogue functor
 (templates/builtin/conv2d_epilogue.j2) that takes each thread's 8 channel sums, rounds them
 to the conv's dtype (as storing the conv's output would), evaluates the chain on them with
 the other inputs read at the same output index, and stores the chain's result: the conv's
@@ -19,7 +21,7 @@ from ...ir.expr import Function
 from ...ir.types import TensorType
 from .dtypes import storage_type
 from .elementwise import INT32_INDEX_LIMIT, ROUND_HELPERS, elementwise_kernel
-from .partition import DEPTHWISE_VECTOR, is_depthwise_conv
+from .partition import DEPTHWISE_VECTOR, is_depthwise_conv, is_epilogue_conv
 from .shim_calls import WORKSPACE_ALIGNMENT, emit_shim_calls
 
 DEPTHWISE_LANES = DEPTHWISE_VECTOR  # channels (output elements) per epilogue call
@@ -28,10 +30,10 @@ DEPTHWISE_LANES = DEPTHWISE_VECTOR  # channels (output elements) per epilogue ca
 def split(symbol: str, func: Function) -> tuple:
     """(the conv's binding, the chain as an elementwise Function whose first parameter is the
     conv's output, the index in func.params of each of the chain's other parameters)."""
-    convs = [b for b in func.bindings if is_depthwise_conv(b.value)]
+    convs = [b for b in func.bindings if is_epilogue_conv(b.value)]
     if len(convs) != 1 or any(arg not in func.params for arg in convs[0].value.args):
-        raise BuildError(f"builtin codegen: {symbol}: a conv2d_epilogue function holds one depthwise conv2d "
-                         f"of two parameters")
+        raise BuildError(f"builtin codegen: {symbol}: a conv2d_epilogue function holds one depthwise or "
+                         f"few-channel conv2d of two parameters")
     conv = convs[0]
     chain = [b for b in func.bindings if b is not conv]
     read = {arg for b in chain for arg in b.value.args}
@@ -51,9 +53,9 @@ def conv_epilogue_cuda(symbol: str, func: Function) -> dict:
     kernel["inputs"][0].update(access="accumulator", round=ROUND_HELPERS[out.dtype])
     for input in kernel["inputs"][1:]:  # the epilogue's parameter k is func's arg_indices[k - 1]
         input["arg"] = arg_indices[input["arg"] - 1]
-    batch, in_h, in_w, channels = data.shape
+    batch, in_h, in_w, _ = data.shape
     _, kernel_h, kernel_w, _ = weight.shape
-    _, out_h, out_w, _ = out.shape
+    _, out_h, out_w, channels = out.shape  # the geometry's channels are the output's
     attrs = conv.value.attrs
     largest = max(data.size, out.size, func.ret_type.size, *(param.type.size for param in func.params))
     geometry = [in_h, in_w, channels, kernel_h, kernel_w, out_h, out_w, *attrs["strides"], attrs["pads"][0],
@@ -63,7 +65,8 @@ def conv_epilogue_cuda(symbol: str, func: Function) -> dict:
         "lanes": DEPTHWISE_LANES,
         "index_type": "int32_t" if largest <= INT32_INDEX_LIMIT else "int64_t",
         "conv": {"storage": storage_type(data.dtype, "cuda"), "data_arg": func.params.index(conv.value.args[0]),
-                 "weight_arg": func.params.index(conv.value.args[1]), "batch": batch, "geometry": geometry},
+                 "weight_arg": func.params.index(conv.value.args[1]), "batch": batch, "geometry": geometry,
+                 "launch": "launch_nhwc" if is_depthwise_conv(conv.value) else "launch_few_channels"},
     }
 
 

@@ -32,6 +32,8 @@ Rewrites, in `main` only:
   with Composite="builtin.conv2d_epilogue": on CUDA the group's chain (bias, activation,
   residual, ...) runs on the conv's sums before anything is stored (MobileNet's and
   EfficientNet's conv -> bias -> activation: one pass over the activations instead of two).
+  So does a dense conv of 4 input channels (an image padded by PadConvChannels) into a
+  multiple of 8 output channels, depthwise.cuh's few_channels_kernel: the stem.
 
 Each function is written inline in main and called right away:
 
@@ -68,6 +70,9 @@ CONV_EPILOGUE_COMPOSITE = f"{COMPILER}.conv2d_epilogue"  # a depthwise conv and 
 # depthwise.cuh's limits: 8 channels per thread, every filter in 96 KiB of shared memory.
 DEPTHWISE_VECTOR = 8
 DEPTHWISE_MAX_FILTER_BYTES = 96 * 1024
+# few_channels_kernel's: 4 input channels, float filters in 48 KiB of shared memory.
+FEW_CHANNELS = 4
+FEW_CHANNELS_MAX_FILTER_BYTES = 48 * 1024
 
 
 def partition_builtin(mod: IRModule) -> IRModule:
@@ -280,12 +285,32 @@ def is_depthwise_conv(value: Expr) -> bool:
             and channels * kernel_h * kernel_w * 2 <= DEPTHWISE_MAX_FILTER_BYTES)
 
 
+def is_few_channel_conv(value: Expr) -> bool:
+    """A conv2d call that depthwise.cuh's few_channels_kernel computes: NHWC, 16-bit
+    floats, groups 1, 4 input channels, output channels a multiple of 8, its filters (as
+    float) within 48 KiB of shared memory."""
+    if not (_is_op_call(value) and value.op.name == "conv2d" and value.attrs.get("data_layout") == "NHWC"):
+        return False
+    data, weight = value.args[0].type, value.args[1].type
+    if data.dtype not in ("float16", "bfloat16") or len(data.shape) != 4 or len(weight.shape) != 4:
+        return False
+    out_channels, kernel_h, kernel_w, channels = weight.shape
+    return (value.attrs.get("groups") == 1 and channels == data.shape[3] == FEW_CHANNELS
+            and out_channels % DEPTHWISE_VECTOR == 0 and value.type.dtype == data.dtype
+            and out_channels * kernel_h * kernel_w * channels * 4 <= FEW_CHANNELS_MAX_FILTER_BYTES)
+
+
+def is_epilogue_conv(value: Expr) -> bool:
+    """A conv2d call that a conv2d_epilogue function may hold (depthwise or few-channel)."""
+    return is_depthwise_conv(value) or is_few_channel_conv(value)
+
+
 def _conv_epilogues(bindings, readers, groups) -> dict[int, list[int]]:
     """Depthwise conv binding index -> the sorted indices of it and the elementwise group
     that is its epilogue (see the module docstring)."""
     fused, taken = {}, set()
     for index, binding in enumerate(bindings):
-        if not is_depthwise_conv(binding.value) or not readers[index] or None in readers[index]:
+        if not is_epilogue_conv(binding.value) or not readers[index] or None in readers[index]:
             continue
         if not all(_is_elementwise(bindings[reader].value) for reader in readers[index]):
             continue  # read through a view: the epilogue reads the conv's sums at the output index
@@ -351,6 +376,6 @@ def builtin_functions(main: Function) -> list[tuple[Var, Function]]:
             if isinstance(b.value, Function) and b.value.attrs.get("Compiler") == COMPILER]
 
 
-__all__ = ["partition_builtin", "builtin_functions", "outline_op", "is_scalar_constant", "is_depthwise_conv",
+__all__ = ["partition_builtin", "builtin_functions", "outline_op", "is_scalar_constant", "is_depthwise_conv", "is_few_channel_conv", "is_epilogue_conv",
            "CONV_EPILOGUE_COMPOSITE", "RESHAPE_OPS",
            "ELEMENTWISE_CATEGORIES", "COMPILER"]

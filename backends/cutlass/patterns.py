@@ -200,6 +200,15 @@ def check_attention(match) -> str | None:
     return None
 
 
+# A stem conv of 4 input channels (RGB padded by PadConvChannels) with at most this many
+# multiply-adds per output pixel (R*S*4*K: MobileNetV3's 3x3 into 16 channels is 576,
+# EfficientNet's into 32 is 1152) is left to the built-in backend's direct kernel
+# (backends/builtin/shim/cuda/depthwise.cuh, few_channels_kernel): CUTLASS's fixed-channel
+# implicit GEMM took 75 and 130 us on them at batch 32 (H200) for a few us of arithmetic.
+# Larger ones (ResNet's 7x7 into 64: 12,544) need the tensor cores.
+DIRECT_STEM_MAX_MACS = 2048
+
+
 def conv2d():
     return is_op("conv2d")(wildcard().named("data"), wildcard().named("weight")).named("conv2d")
 
@@ -224,8 +233,14 @@ def check_conv2d(match) -> str | None:
     # run it would fail the build, where the built-in backend runs it. Then C of 4 (an RGB
     # stem PadConvChannels padded) is the fixed-channel kernels', other C and every K must
     # be multiples of 8.
-    return filter_size_flaw(problem) or im2col_flaw(problem) or tensor_bytes_flaw(problem) or \
+    flaw = filter_size_flaw(problem) or im2col_flaw(problem) or tensor_bytes_flaw(problem) or \
         _check_conv_epilogue(match, out_channels) or unsupported_reason(problem)
+    macs = weight.type.shape[1] * weight.type.shape[2] * channels * out_channels
+    if flaw is None and channels == 4 and macs <= DIRECT_STEM_MAX_MACS:
+        return (f"4 input channels and {macs} multiply-adds a pixel (at most {DIRECT_STEM_MAX_MACS}): the built-in "
+                f"backend's direct kernel runs it; an implicit GEMM of depth {macs // out_channels} leaves the "
+                f"tensor cores idle")
+    return flaw
 
 
 def _check_conv_epilogue(match, out_channels) -> str | None:

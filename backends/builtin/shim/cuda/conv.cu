@@ -204,6 +204,31 @@ bool launch_depthwise_nhwc(const Storage* x, const Storage* w, const Storage* b,
   }
 }
 
+// Dense NHWC convs of 4 input channels in 16-bit floats (an image's stem after
+// PadConvChannels): depthwise.cuh's few_channels_kernel, storing sum + bias.
+template <class Storage, class Index>
+bool launch_few_channels_nhwc(const Storage* x, const Storage* w, const Storage* b, Storage* y, int64_t batch,
+                              const ConvGeometry<Index>& s, cudaStream_t stream) {
+  if constexpr (sizeof(Storage) != 2 || !Traits<Storage>::is_float) {
+    return false;
+  } else {
+    if (s.group_in != s.in_channels ||
+        !byoc_depthwise::takes_few_channels(s.in_channels, s.out_channels, s.kernel_h, s.kernel_w) ||
+        reinterpret_cast<uintptr_t>(x) % 8 != 0 || reinterpret_cast<uintptr_t>(y) % 16 != 0) {
+      return false;
+    }
+    const byoc_depthwise::Geometry<Index> geometry{s.in_h, s.in_w, s.out_channels, s.kernel_h, s.kernel_w,
+                                                   s.out_h, s.out_w, s.stride_h, s.stride_w, s.pad_top,
+                                                   s.pad_left, s.dilation_h, s.dilation_w};
+    const DepthwiseBiasStore<Storage, Index> store{y, b, static_cast<Index>(s.out_channels / byoc_depthwise::kVector)};
+    if (byoc_depthwise::launch_few_channels(x, w, batch, geometry, store, stream) != cudaSuccess) {
+      cudaGetLastError();  // not this conv's error: the GEMM path runs, needing none of this
+      return false;
+    }
+    return true;
+  }
+}
+
 template <class Storage, class Index>
 int implicit_gemm_conv(const char* function, const void* in, const void* weight, const void* bias, void* out,
                        bool nhwc, int64_t batch, const ConvGeometry<Index>& s, int64_t groups, cudaStream_t stream) {
@@ -363,6 +388,15 @@ int conv2d_checked(const char* function, const void* in, const void* weight, con
   return dispatch<DtypeSet::kNumbers>(function, dtype, [&](auto tag) {
     using Storage = decltype(tag);
     if (shape.empty()) return 0;
+    // Four input channels (an image's stem): the direct kernel, before any GEMM.
+    if (nhwc && groups == 1 && in_channels == byoc_depthwise::kFewChannels &&
+        batch * out_channels * out_h * out_w < kIndex32Limit && batch * in_channels * in_h * in_w < kIndex32Limit &&
+        spatial_fits_index32(shape) &&
+        launch_few_channels_nhwc(static_cast<const Storage*>(in), static_cast<const Storage*>(weight),
+                                 static_cast<const Storage*>(bias), static_cast<Storage*>(out), batch,
+                                 conv_geometry<int32_t>(shape), cuda_stream)) {
+      return check_launch(function);
+    }
     if constexpr (Traits<Storage>::is_float) {
       bool ran = false;
       BYOC_CHECK(pointwise_conv<Storage>(function, in, weight, bias, out, dtype, nhwc, shape, workspace,
