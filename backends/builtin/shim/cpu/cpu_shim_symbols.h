@@ -7,7 +7,6 @@
 #define BYOC_CPU_SHIM_SYMBOLS_H_
 
 #define byoc_shim_arg_reduce byoc_cpu_shim_arg_reduce
-#define byoc_shim_reduce_chunked byoc_cpu_shim_reduce_chunked
 #define byoc_shim_batch_norm byoc_cpu_shim_batch_norm
 #define byoc_shim_conv2d byoc_cpu_shim_conv2d
 #define byoc_shim_conv2d_workspace byoc_cpu_shim_conv2d_workspace

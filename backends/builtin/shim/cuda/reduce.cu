@@ -221,36 +221,17 @@ __global__ void __launch_bounds__(256)
   if (threadIdx.y == 0 && column < inner) partial[(o * chunks + chunk) * inner + column] = tree[threadIdx.x];
 }
 
-// A block of 32 columns x 8 lanes: lane l combines chunks l, l + 8, ... (a few loads in
-// flight per thread, not a chain of `chunks` dependent ones), then the 8 lane results meet
-// in a fixed-order tree: the same result on every run.
-constexpr int kCombineColumns = 32, kCombineLanes = 8;
-
 template <class Op>
-__global__ void __launch_bounds__(kCombineColumns * kCombineLanes)
+__global__ void __launch_bounds__(256)
     combine_column_chunks_kernel(const typename Op::Value* __restrict__ partial, typename Op::Out* __restrict__ out,
-                                 int64_t n, int64_t inner, int64_t chunks, int64_t column_blocks) {
+                                 int64_t outer, int64_t n, int64_t inner, int64_t chunks) {
   byoc_pdl::begin_after_previous();
-  using Value = typename Op::Value;
-  __shared__ Value tree[kCombineLanes][kCombineColumns];
-  const int64_t o = blockIdx.x / column_blocks;
-  const int64_t column = (blockIdx.x % column_blocks) * kCombineColumns + threadIdx.x;
-  Value value = Op::identity(n);
-  if (column < inner) {
-#pragma unroll 4
-    for (int64_t chunk = threadIdx.y; chunk < chunks; chunk += kCombineLanes) {
-      value = Op::combine(value, partial[(o * chunks + chunk) * inner + column]);
-    }
-  }
-  tree[threadIdx.y][threadIdx.x] = value;
-  __syncthreads();
-  for (int half = kCombineLanes / 2; half > 0; half /= 2) {
-    if (static_cast<int>(threadIdx.y) < half) {
-      tree[threadIdx.y][threadIdx.x] = Op::combine(tree[threadIdx.y][threadIdx.x], tree[threadIdx.y + half][threadIdx.x]);
-    }
-    __syncthreads();
-  }
-  if (threadIdx.y == 0 && column < inner) out[o * inner + column] = Op::finish(tree[0][threadIdx.x], n);
+  const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (index >= outer * inner) return;
+  const int64_t o = index / inner, column = index % inner;
+  typename Op::Value value = Op::identity(n);
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) value = Op::combine(value, partial[(o * chunks + chunk) * inner + column]);
+  out[index] = Op::finish(value, n);
 }
 
 template <class Op>
@@ -264,8 +245,7 @@ int launch_chunked_reduction(const char* function, const void* in, void* out, in
   while (width > 1 && width / 2 >= inner) width /= 2;
   const int split = 256 / width;
   const int64_t column_blocks = (inner + width - 1) / width;
-  if (column_blocks > 0x7fffffff || chunks > 65535 || outer > 65535 ||
-      outer * ((inner + kCombineColumns - 1) / kCombineColumns) > 0x7fffffff) {
+  if (column_blocks > 0x7fffffff || chunks > 65535 || outer > 65535) {
     return fail(kInvalidArgument, function, "%lld x %lld x %lld partial blocks exceed a CUDA grid",
                 static_cast<long long>(outer), static_cast<long long>(chunks), static_cast<long long>(column_blocks));
   }
@@ -275,11 +255,10 @@ int launch_chunked_reduction(const char* function, const void* in, void* out, in
       dim3(width, split), 0, stream, static_cast<const typename Op::In*>(in), partial, n, inner, chunks,
       rows_per_chunk);
   BYOC_CHECK(check_launch(function));
-  const int64_t combine_blocks = (inner + kCombineColumns - 1) / kCombineColumns;
-  byoc_pdl::launch_after_previous(combine_column_chunks_kernel<Op>, static_cast<unsigned>(outer * combine_blocks),
-                                  dim3(kCombineColumns, kCombineLanes), 0, stream,
+  const int64_t blocks = (outer * inner + 255) / 256;
+  byoc_pdl::launch_after_previous(combine_column_chunks_kernel<Op>, static_cast<unsigned>(blocks), 256, 0, stream,
                                   static_cast<const typename Op::Value*>(partial),
-                                  static_cast<typename Op::Out*>(out), n, inner, chunks, combine_blocks);
+                                  static_cast<typename Op::Out*>(out), outer, n, inner, chunks);
   return check_launch(function);
 }
 
