@@ -31,7 +31,6 @@ SIGNATURES = {
     "byoc_shim_trilu": [PTR, PTR, INT, I64, I64, I64, INT, I64, PTR],
     "byoc_shim_cumsum": [PTR, PTR, INT, I64, I64, I64, INT, INT, PTR],
     "byoc_shim_reduce": [PTR, PTR, INT, INT, I64, I64, I64, PTR],
-    "byoc_shim_reduce_chunked": [PTR, PTR, INT, INT, I64, I64, I64, I64, PTR, PTR],
     "byoc_shim_arg_reduce": [PTR, PTR, INT, INT, I64, I64, I64, INT, PTR],
     "byoc_shim_softmax": [PTR, PTR, INT, I64, I64, I64, INT, PTR],
     "byoc_shim_layer_norm": [PTR, PTR, PTR, PTR, INT, I64, I64, FLT, PTR],

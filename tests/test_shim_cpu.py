@@ -343,18 +343,6 @@ def test_reduce(shim, dtype, kind, shape):
     assert_close(out, expected, dtype)
 
 
-@pytest.mark.parametrize("kind", list(REDUCE_KINDS))
-def test_reduce_chunked(shim, kind):
-    """The CPU shim reduces a chunked reduction in one pass, checking the same arguments."""
-    x = rng.uniform(0.6, 1.4, size=(2, 300, 7)).astype(np.float32) if kind == "prod" else random((2, 300, 7), "float32", -50, 50)
-    expected = get_op(kind).reference(x, axes=(1,), keepdims=False)
-    out, workspace = np.empty(expected.shape, x.dtype), np.empty(2 * 4 * 7, np.float64)
-    shim.check(shim.reduce_chunked(ptr(x), ptr(out), code(x.dtype), REDUCE_KINDS[kind], 2, 300, 7, 4, ptr(workspace)))
-    assert_close(out, expected, "float32")
-    shim.expect_error(shim.reduce_chunked(ptr(x), ptr(out), 0, 0, 2, 300, 7, 0, ptr(workspace)), "reduce_chunked", "chunks")
-    shim.expect_error(shim.reduce_chunked(ptr(x), ptr(out), 0, 0, 2, 300, 7, 4, None), "reduce_chunked", "workspace")
-
-
 def test_reduce_nan_and_negative_mean(shim):
     x = np.array([[1.0, np.nan, 3.0], [2.0, -1.0, np.inf]], np.float32)
     for kind in ("max", "min"):

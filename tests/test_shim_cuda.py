@@ -443,35 +443,6 @@ def test_reduce(shim, dev, dtype, kind, shape):
 
 
 @gpu
-@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64", "int64", "uint8"])
-@pytest.mark.parametrize("kind", list(REDUCE_KINDS))
-@pytest.mark.parametrize("shape,chunks", [((2, 1000, 32), 8), ((3, 777, 5), 7), ((1, 300, 300), 3),
-                                          ((2, 5, 3), 9), ((2, 0, 3), 4), ((4, 2000, 1), 5), ((1, 7, 2), 1)])
-def test_reduce_chunked(shim, dev, dtype, kind, shape, chunks):
-    """byoc_shim_reduce_chunked (n split into ranges through a workspace) gives
-    byoc_shim_reduce's results: chunks of unequal length, more chunks than rows, an empty
-    axis, one column, one chunk."""
-    if kind == "prod":
-        x = rng.uniform(0.99, 1.01, size=shape).astype(npdtype(dtype)) if dtype in FLOATS else random(shape, dtype, -3, 4)
-    else:
-        x = random(shape, dtype, -50, 50)
-    expected = get_op(kind).reference(x, axes=(1,), keepdims=False)
-    out, handle = dev.empty(expected.shape, x.dtype, 9)
-    workspace, _ = dev.empty((shape[0] * chunks * shape[2] + 1,), np.float64, np.nan)
-    shim.check(shim.reduce_chunked(dev.put(x), out, code(x.dtype), REDUCE_KINDS[kind], *shape, chunks, workspace))
-    scale = np.sqrt(shape[1]) if kind in ("sum", "prod") else 1.0
-    assert_close(dev.get(handle), expected, dtype, atol_scale=max(scale, 1.0) * (10 if kind == "sum" else 1))
-
-
-@gpu
-def test_reduce_chunked_errors(shim, dev):
-    x = dev.put(np.zeros(4, np.float32))
-    shim.expect_error(shim.reduce_chunked(x, x, 0, 0, 1, 4, 1, 0, x), "reduce_chunked", "chunks")
-    shim.expect_error(shim.reduce_chunked(x, x, 0, 0, 1, 4, 1, 2, None), "reduce_chunked", "workspace")
-    shim.expect_error(shim.reduce_chunked(x, x, 0, 7, 1, 4, 1, 2, x), "reduce_chunked", "kind")
-
-
-@gpu
 def test_reduce_nan_and_negative_mean(shim, dev):
     x = np.array([[1.0, np.nan, 3.0], [2.0, -1.0, np.inf]], np.float32)
     for kind in ("max", "min"):

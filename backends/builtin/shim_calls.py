@@ -293,26 +293,6 @@ def _chaining_is_exact(kind: str, dtype: str) -> bool:
     return not (kind == "mean" and dtype not in ("float32", "float64"))
 
 
-REDUCE_PARTIAL_BYTES = 8  # byoc_shim.h's BYOC_SHIM_REDUCE_PARTIAL_BYTES
-# A GPU's worth of blocks for byoc_shim_reduce_chunked's first kernel (a few per SM of an
-# H100), and the fewest rows a chunk is given.
-_REDUCE_BLOCKS_WANTED = 1024
-_REDUCE_ROWS_PER_CHUNK = 128
-
-
-def _reduce_chunks(target_kind: str, outer: int, n: int, inner: int) -> int:
-    """How many ranges byoc_shim_reduce_chunked splits n into on a GPU (1: reduce in one
-    pass): column reductions (inner > 1) whose one block per outer index and column group
-    of byoc_shim_reduce would not fill the GPU, over an axis long enough to split
-    (global average pooling in NHWC: outer N, n H*W, inner C)."""
-    if target_kind != "cuda" or inner <= 1 or n < 2 * _REDUCE_ROWS_PER_CHUNK:
-        return 1
-    column_blocks = outer * -(-inner // 256)
-    if column_blocks >= _REDUCE_BLOCKS_WANTED // 4:
-        return 1
-    return max(1, min(n // _REDUCE_ROWS_PER_CHUNK, -(-_REDUCE_BLOCKS_WANTED // column_blocks), 65535))
-
-
 def _emit_reduce_kind(calls: ShimCalls, ctx: OpContext, kind: str, shape, axes) -> None:
     x = ctx.arg_type(0)
     dtype = x.dtype
@@ -323,15 +303,9 @@ def _emit_reduce_kind(calls: ShimCalls, ctx: OpContext, kind: str, shape, axes) 
         return
     sizes = [size for size, _ in groups]
     if len(reduced) == 1:
-        outer, n, inner = _outer_n_inner(sizes, reduced[0])
-        chunks = _reduce_chunks(calls.target_kind, outer, n, inner)
-        if chunks > 1:
-            partials = calls.scratch(outer * chunks * inner * REDUCE_PARTIAL_BYTES)
-            calls.call("byoc_shim_reduce_chunked", ctx.inputs[0], ctx.output, SHIM_DTYPES[dtype], REDUCE_KINDS[kind],
-                       outer, n, inner, chunks, partials)
-        else:
-            calls.call("byoc_shim_reduce", ctx.inputs[0], ctx.output, SHIM_DTYPES[dtype], REDUCE_KINDS[kind],
-                       outer, n, inner)
+        index = reduced[0]
+        calls.call("byoc_shim_reduce", ctx.inputs[0], ctx.output, SHIM_DTYPES[dtype], REDUCE_KINDS[kind],
+                   *_outer_n_inner(sizes, index))
         return
     if not _chaining_is_exact(kind, dtype):
         # Gather the reduced axes to the end (one copy into the workspace), then reduce once.

@@ -101,15 +101,6 @@ int byoc_shim_cumsum(const void* in, void* out, byoc_dtype dtype, int64_t outer,
 int byoc_shim_reduce(const void* in, void* out, byoc_dtype dtype, int kind, int64_t outer,
                      int64_t n, int64_t inner, void* stream);
 
-/* byoc_shim_reduce with n split into `chunks` ranges reduced side by side: each range of
- * each column into a partial result in `workspace` (outer * chunks * inner partials of 8
- * bytes, BYOC_SHIM_REDUCE_PARTIAL_BYTES), then each column's partials in order. For
- * reductions of few columns over a long axis (global pooling in NHWC), which one block per
- * column group would leave most of a GPU idle. The CPU shim reduces as byoc_shim_reduce. */
-#define BYOC_SHIM_REDUCE_PARTIAL_BYTES 8
-int byoc_shim_reduce_chunked(const void* in, void* out, byoc_dtype dtype, int kind, int64_t outer,
-                             int64_t n, int64_t inner, int64_t chunks, void* workspace, void* stream);
-
 /* argmax (kind 0) / argmin (kind 1) over n of (outer, n, inner) -> int64 out (outer, inner);
  * ties pick the first index, or the last when select_last_index. n must be >= 1.
  * NaN counts as the extreme (as NumPy): the first NaN, or the last with select_last_index. */

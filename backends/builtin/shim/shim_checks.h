@@ -329,15 +329,6 @@ inline int check_reduce(const char* function, const void* in, const void* out, i
   return check_pointer(function, "out", out);
 }
 
-// byoc_shim_reduce_chunked's arguments: byoc_shim_reduce's, chunks >= 1 and a workspace.
-inline int check_reduce_chunked(const char* function, const void* in, const void* out, int kind, int64_t outer,
-                                int64_t n, int64_t inner, int64_t chunks, const void* workspace) {
-  BYOC_CHECK(check_reduce(function, in, out, kind, outer, n, inner));
-  if (chunks < 1) return fail(kInvalidArgument, function, "chunks is %lld; expected at least 1", static_cast<long long>(chunks));
-  if (outer == 0 || inner == 0 || n == 0) return 0;
-  return check_pointer(function, "workspace", workspace);
-}
-
 // byoc_shim_arg_reduce's arguments: as byoc_shim_reduce's, but an empty axis has no index.
 inline int check_arg_reduce(const char* function, const void* in, const void* out, int kind, int64_t outer,
                             int64_t n, int64_t inner) {

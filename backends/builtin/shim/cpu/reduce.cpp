@@ -129,13 +129,6 @@ extern "C" int byoc_shim_reduce(const void* in, void* out, byoc_dtype dtype, int
   });
 }
 
-extern "C" int byoc_shim_reduce_chunked(const void* in, void* out, byoc_dtype dtype, int kind, int64_t outer,
-                                        int64_t n, int64_t inner, int64_t chunks, void* workspace, void* stream) {
-  static const char kFunction[] = "byoc_shim_reduce_chunked";
-  BYOC_CHECK(check_reduce_chunked(kFunction, in, out, kind, outer, n, inner, chunks, workspace));
-  return byoc_shim_reduce(in, out, dtype, kind, outer, n, inner, stream);  // one core: nothing to split
-}
-
 extern "C" int byoc_shim_arg_reduce(const void* in, int64_t* out, byoc_dtype dtype, int kind, int64_t outer,
                                     int64_t n, int64_t inner, int select_last_index, void* stream) {
   (void)stream;

@@ -186,82 +186,6 @@ __global__ void __launch_bounds__(kColumnBlockThreads)
   }
 }
 
-// byoc_shim_reduce_chunked: n split into `chunks` ranges. The first kernel gives a block
-// (up to 256 neighbouring columns, consecutive threads on consecutive addresses) one range
-// of one outer index, its threads splitting the range's rows; the partial Values go to the
-// workspace as [outer][chunk][inner]. The second combines each column's partials in chunk
-// order (deterministic) and stores the result. Global average pooling of EfficientNet-B0's
-// 112x112x32 activations at batch 32 is 32 columns-of-32 over 12,544 rows: one block per
-// image left 100 of an H100's 132 SMs idle.
-template <class Op>
-__global__ void __launch_bounds__(256)
-    reduce_column_chunks_kernel(const typename Op::In* __restrict__ in, typename Op::Value* __restrict__ partial,
-                                int64_t n, int64_t inner, int64_t chunks, int64_t rows_per_chunk) {
-  byoc_pdl::begin_after_previous();
-  using Value = typename Op::Value;
-  __shared__ Value tree[256];
-  const int width = blockDim.x, split = blockDim.y;
-  const int64_t column = static_cast<int64_t>(blockIdx.x) * width + threadIdx.x;
-  const int64_t chunk = blockIdx.y, o = blockIdx.z;
-  const int64_t first = chunk * rows_per_chunk;
-  const int64_t last = first + rows_per_chunk < n ? first + rows_per_chunk : n;
-  Value value = Op::identity(n);
-  if (column < inner) {
-    const typename Op::In* base = in + o * n * inner + column;
-#pragma unroll 8
-    for (int64_t p = first + threadIdx.y; p < last; p += split) value = Op::combine(value, Op::make(base[p * inner], p));
-  }
-  const int slot = threadIdx.y * width + threadIdx.x;
-  tree[slot] = value;
-  __syncthreads();
-  for (int half = split / 2; half > 0; half /= 2) {  // split is a power of two
-    if (static_cast<int>(threadIdx.y) < half) tree[slot] = Op::combine(tree[slot], tree[slot + half * width]);
-    __syncthreads();
-  }
-  if (threadIdx.y == 0 && column < inner) partial[(o * chunks + chunk) * inner + column] = tree[threadIdx.x];
-}
-
-template <class Op>
-__global__ void __launch_bounds__(256)
-    combine_column_chunks_kernel(const typename Op::Value* __restrict__ partial, typename Op::Out* __restrict__ out,
-                                 int64_t outer, int64_t n, int64_t inner, int64_t chunks) {
-  byoc_pdl::begin_after_previous();
-  const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (index >= outer * inner) return;
-  const int64_t o = index / inner, column = index % inner;
-  typename Op::Value value = Op::identity(n);
-  for (int64_t chunk = 0; chunk < chunks; ++chunk) value = Op::combine(value, partial[(o * chunks + chunk) * inner + column]);
-  out[index] = Op::finish(value, n);
-}
-
-template <class Op>
-int launch_chunked_reduction(const char* function, const void* in, void* out, int64_t outer, int64_t n, int64_t inner,
-                             int64_t chunks, void* workspace, cudaStream_t stream) {
-  static_assert(sizeof(typename Op::Value) <= BYOC_SHIM_REDUCE_PARTIAL_BYTES, "a partial is at most 8 bytes");
-  if (chunks > n) chunks = n;
-  const int64_t rows_per_chunk = (n + chunks - 1) / chunks;
-  chunks = (n + rows_per_chunk - 1) / rows_per_chunk;  // none empty
-  int width = 256;
-  while (width > 1 && width / 2 >= inner) width /= 2;
-  const int split = 256 / width;
-  const int64_t column_blocks = (inner + width - 1) / width;
-  if (column_blocks > 0x7fffffff || chunks > 65535 || outer > 65535) {
-    return fail(kInvalidArgument, function, "%lld x %lld x %lld partial blocks exceed a CUDA grid",
-                static_cast<long long>(outer), static_cast<long long>(chunks), static_cast<long long>(column_blocks));
-  }
-  auto* partial = static_cast<typename Op::Value*>(workspace);
-  byoc_pdl::launch_after_previous(reduce_column_chunks_kernel<Op>,
-      dim3(static_cast<unsigned>(column_blocks), static_cast<unsigned>(chunks), static_cast<unsigned>(outer)),
-      dim3(width, split), 0, stream, static_cast<const typename Op::In*>(in), partial, n, inner, chunks,
-      rows_per_chunk);
-  BYOC_CHECK(check_launch(function));
-  const int64_t blocks = (outer * inner + 255) / 256;
-  byoc_pdl::launch_after_previous(combine_column_chunks_kernel<Op>, static_cast<unsigned>(blocks), 256, 0, stream,
-                                  static_cast<const typename Op::Value*>(partial),
-                                  static_cast<typename Op::Out*>(out), outer, n, inner, chunks);
-  return check_launch(function);
-}
-
 template <class Op>
 int launch_reduction(const char* function, const void* in, void* out, int64_t outer, int64_t n, int64_t inner,
                      cudaStream_t stream) {
@@ -319,26 +243,6 @@ extern "C" int byoc_shim_reduce(const void* in, void* out, byoc_dtype dtype, int
       case kMax: return launch_reduction<ReduceOp<Storage, kMax>>(kFunction, in, out, outer, n, inner, cuda_stream);
       case kMin: return launch_reduction<ReduceOp<Storage, kMin>>(kFunction, in, out, outer, n, inner, cuda_stream);
       default: return launch_reduction<ReduceOp<Storage, kProd>>(kFunction, in, out, outer, n, inner, cuda_stream);
-    }
-  });
-}
-
-extern "C" int byoc_shim_reduce_chunked(const void* in, void* out, byoc_dtype dtype, int kind, int64_t outer,
-                                        int64_t n, int64_t inner, int64_t chunks, void* workspace, void* stream) {
-  static const char kFunction[] = "byoc_shim_reduce_chunked";
-  BYOC_CHECK(check_reduce_chunked(kFunction, in, out, kind, outer, n, inner, chunks, workspace));
-  if (outer == 0 || inner == 0 || n == 0 || chunks == 1) {
-    return byoc_shim_reduce(in, out, dtype, kind, outer, n, inner, stream);
-  }
-  cudaStream_t cuda_stream = as_stream(stream);
-  return dispatch<DtypeSet::kNumbers>(kFunction, dtype, [&](auto tag) {
-    using Storage = decltype(tag);
-    switch (kind) {
-      case kSum: return launch_chunked_reduction<ReduceOp<Storage, kSum>>(kFunction, in, out, outer, n, inner, chunks, workspace, cuda_stream);
-      case kMean: return launch_chunked_reduction<ReduceOp<Storage, kMean>>(kFunction, in, out, outer, n, inner, chunks, workspace, cuda_stream);
-      case kMax: return launch_chunked_reduction<ReduceOp<Storage, kMax>>(kFunction, in, out, outer, n, inner, chunks, workspace, cuda_stream);
-      case kMin: return launch_chunked_reduction<ReduceOp<Storage, kMin>>(kFunction, in, out, outer, n, inner, chunks, workspace, cuda_stream);
-      default: return launch_chunked_reduction<ReduceOp<Storage, kProd>>(kFunction, in, out, outer, n, inner, chunks, workspace, cuda_stream);
     }
   });
 }
