@@ -2,7 +2,8 @@
 side by side with cuDNN's (torch's F.conv2d, channels-last fp16), on the depthwise convs of
 MobileNetV3-large, EfficientNet-B0 and ConvNeXt-T at batch 32: the per-pixel-group kernel
 (nhwc_kernel) and the shared-memory tiled one (tiled_kernel) with 1, 2 and 4 pixels per
-thread. Each variant's output is checked against cuDNN's; times are CUDA-event medians.
+thread; and the few-channel kernel on the RGB stems (4 channels after PadConvChannels).
+Each variant's output is checked against cuDNN's; times are CUDA-event medians.
 
     python bench/bench_depthwise.py --out DIR
 Writes DIR/depthwise.json and prints a table (us per conv).
@@ -41,6 +42,11 @@ CASES = [
 ]
 
 
+# (network, image size, output channels, kernel, stride, pad): stems of 4 (padded RGB) channels
+STEMS = [("mobilenet_v3", 224, 16, 3, 2, 1), ("efficientnet_b0", 224, 32, 3, 2, 1),
+         ("convnext_tiny", 224, 96, 4, 4, 0), ("resnet50", 224, 64, 7, 2, 3)]
+
+
 def source():
     """A .cu with one C entry point: the variant's kernel for one window, storing sum + bias."""
     dispatch = []
@@ -67,6 +73,11 @@ def source():
         "  const Store store{y, b, c / 8};",
         *dispatch,
         "  return -1;",
+        "}",
+        'extern "C" int stem(const __half* x, const __half* w, const __half* b, __half* y, int n, int h, int wd, int k,',
+        "                    int out_channels, int stride, int pad, int oh, int ow) {",
+        "  const byoc_depthwise::Geometry<int> s{h, wd, out_channels, k, k, oh, ow, stride, stride, pad, pad, 1, 1};",
+        "  return byoc_depthwise::launch_few_channels(x, w, n, s, Store{y, b, out_channels / 8}, 0);",
         "}",
         'extern "C" void tile_of(int n, int oh, int ow, int c, int k, int stride, int pixels, int* tile) {',
         *[f"  if (k == {kernel} && stride == {stride} && pixels == {pixels}) {{ const auto t = byoc_depthwise::choose_tile<{kernel}, {stride}, {pixels}>(n, oh, ow, c / 8); tile[0] = t.rows; tile[1] = t.groups; tile[2] = t.vectors; }}"
@@ -144,10 +155,35 @@ def main():
                   "  ".join(f"{name} {row[name + '_us']:7.1f} ({row[name + '_error']:.0e})" for name in VARIANTS) +
                   f"  tiles {row['tile2']} {row['tile4']}",
                   flush=True)
+        stems = []
+        for network, size, out_channels, k, stride, pad in STEMS:
+            n = args.batch
+            x = torch.randn(n, 4, size, size, device="cuda", dtype=torch.half).to(memory_format=torch.channels_last)
+            weight = torch.randn(out_channels, 4, k, k, device="cuda", dtype=torch.half)
+            bias = torch.randn(out_channels, device="cuda", dtype=torch.half)
+            want = F.conv2d(x, weight, bias, stride=stride, padding=pad)
+            oh, ow = want.shape[2], want.shape[3]
+            ohwi = weight.permute(0, 2, 3, 1).contiguous()
+            y = torch.empty(n, oh, ow, out_channels, device="cuda", dtype=torch.half)
+
+            def run():
+                if lib.stem(x.data_ptr(), ohwi.data_ptr(), bias.data_ptr(), y.data_ptr(), n, size, size, k,
+                            out_channels, stride, pad, oh, ow) != 0:
+                    raise RuntimeError("stem: launch failed")
+            run()
+            torch.cuda.synchronize()
+            reference = want.permute(0, 2, 3, 1).float()
+            row = {"network": network, "input": [n, size, size, 4], "out_channels": out_channels, "kernel": k,
+                   "stride": stride, "cudnn_us": timed(lambda: F.conv2d(x, weight, bias, stride=stride, padding=pad)),
+                   "few_channels_us": timed(run),
+                   "error": ((y.float() - reference).abs().max() / reference.abs().max()).item()}
+            stems.append(row)
+            print(f"stem {network:16} {k}x{k} s{stride} -> {out_channels:3}: cudnn {row['cudnn_us']:7.1f}  "
+                  f"few_channels {row['few_channels_us']:7.1f} ({row['error']:.0e})", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "depthwise.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "batch": args.batch,
-                                                    "rows": rows}, indent=1))
+                                                    "rows": rows, "stems": stems}, indent=1))
     total = {name: sum(r[f"{name}_us"] for r in rows) for name in ["cudnn"] + list(VARIANTS)}
     print("total us:", "  ".join(f"{name} {value:.1f}" for name, value in total.items()))
 
