@@ -1108,6 +1108,33 @@ def test_a_depthwise_epilogue_reads_a_view_from_the_right_argument(tmp_path):
     assert view["arg"] == by_type[(1, 5, 5, 32)] and view["offset"] == 16
 
 
+@pytest.mark.parametrize("window, strides, dilations, groups, launch", [
+    (3, [1, 1], [1, 1], 16, "launch_common_window<__half, int32_t, 3, 1>"),
+    (5, [2, 2], [1, 1], 16, "launch_common_window<__half, int32_t, 5, 2>"),
+    (7, [1, 1], [1, 1], 16, "launch_common_window<__half, int32_t, 7, 1>"),
+    (7, [2, 2], [1, 1], 16, "launch_window<__half, int32_t, 0, 0, 0>"),  # not unrolled: the generic kernel
+    (3, [1, 1], [2, 2], 16, "launch_window<__half, int32_t, 0, 0, 0>"),
+    (3, [2, 1], [1, 1], 16, "launch_window<__half, int32_t, 0, 0, 0>"),
+    (3, [2, 2], [1, 1], 1, "launch_few_channels"),
+])
+def test_conv_epilogue_names_the_launcher_of_its_window(window, strides, dilations, groups, launch):
+    """A conv2d_epilogue's generated code calls the depthwise.cuh launcher of its own window
+    (depthwise.cuh's common_window, mirrored), so that it instantiates only the kernels that
+    can run it; a dense conv of 4 channels calls the few-channel kernel."""
+    from byoc.backends.builtin.conv_epilogue import conv_epilogue_cuda
+    channels = 16 if groups > 1 else 4
+    with FunctionBuilder("main") as fb:
+        x = fb.param("x", (1, 15, 15, channels), "float16")
+        w = fb.param("w", (16, window, window, channels // groups), "float16")
+        conv = fb.call("conv2d", x, w, strides=strides, dilations=dilations, groups=groups,
+                       data_layout="NHWC", kernel_layout="OHWI")
+        fb.ret(fb.call("relu", conv))
+    partitioned = partition_builtin(fb.module())
+    (func,) = [b.value for b in partitioned["main"].bindings if isinstance(b.value, byoc.ir.Function)
+               and b.value.attrs.get("Composite") == "builtin.conv2d_epilogue"]
+    assert conv_epilogue_cuda("epilogue", func)["conv"]["launch"] == launch
+
+
 def test_reshape_strides_of_views():
     from byoc.backends.builtin.views import reshape_strides
     assert reshape_strides((2, 3, 4), (12, 4, 1), (6, 4)) == [4, 1]  # dense: merge

@@ -58,16 +58,36 @@ def conv_epilogue_cuda(symbol: str, func: Function) -> dict:
     _, out_h, out_w, channels = out.shape  # the geometry's channels are the output's
     attrs = conv.value.attrs
     largest = max(data.size, out.size, func.ret_type.size, *(param.type.size for param in func.params))
+    index_type = "int32_t" if largest <= INT32_INDEX_LIMIT else "int64_t"
     geometry = [in_h, in_w, channels, kernel_h, kernel_w, out_h, out_w, *attrs["strides"], attrs["pads"][0],
                 attrs["pads"][1], *attrs["dilations"]]
     return {
         **kernel,
         "lanes": DEPTHWISE_LANES,
-        "index_type": "int32_t" if largest <= INT32_INDEX_LIMIT else "int64_t",
+        "index_type": index_type,
         "conv": {"storage": storage_type(data.dtype, "cuda"), "data_arg": func.params.index(conv.value.args[0]),
                  "weight_arg": func.params.index(conv.value.args[1]), "batch": batch, "geometry": geometry,
-                 "launch": "launch_nhwc" if is_depthwise_conv(conv.value) else "launch_few_channels"},
+                 "launch": _launch(conv.value, storage_type(data.dtype, "cuda"), index_type)},
     }
+
+
+def common_window(attrs: dict, kernel_h: int, kernel_w: int) -> bool:
+    """depthwise.cuh's common_window: the windows its kernels unroll (3x3 and 5x5 at stride
+    1 or 2, 7x7 at stride 1, no dilation)."""
+    strides, dilations = list(attrs["strides"]), list(attrs["dilations"])
+    return (dilations == [1, 1] and strides[0] == strides[1] in (1, 2) and kernel_h == kernel_w
+            and (kernel_w in (3, 5) or (kernel_w == 7 and strides[0] == 1)))
+
+
+def _launch(conv, storage: str, index_type: str) -> str:
+    """The depthwise.cuh launcher of this conv, its window named at compile time so that
+    the epilogue instantiates only the kernels that can run it."""
+    if not is_depthwise_conv(conv):
+        return "launch_few_channels"
+    _, kernel_h, kernel_w, _ = conv.args[1].type.shape
+    if common_window(conv.attrs, kernel_h, kernel_w):
+        return f"launch_common_window<{storage}, {index_type}, {kernel_w}, {conv.attrs['strides'][0]}>"
+    return f"launch_window<{storage}, {index_type}, 0, 0, 0>"
 
 
 def conv_epilogue_cpu(symbol: str, func: Function) -> tuple[dict, dict, dict]:

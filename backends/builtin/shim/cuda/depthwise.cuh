@@ -483,33 +483,46 @@ cudaError_t launch_few_channels(const Storage* in, const Storage* weight, int64_
   return cudaGetLastError();
 }
 
+// Whether a conv's window is one the kernels unroll: 3x3 and 5x5 at stride 1 or 2, 7x7 at
+// stride 1, no dilation (conv_epilogue.py's common_window says the same at build time).
+template <class Index>
+bool common_window(const Geometry<Index>& s) {
+  return s.dilation_h == 1 && s.dilation_w == 1 && s.stride_h == s.stride_w && (s.stride_w == 1 || s.stride_w == 2) &&
+         s.kernel_h == s.kernel_w && (s.kernel_w == 3 || s.kernel_w == 5 || (s.kernel_w == 7 && s.stride_w == 1));
+}
+
+// A conv of a common window known at compile time (common_window must hold for kKernel
+// and kStride): the tiled kernel for small outputs, the per-pixel-group one for large.
+// Small outputs take the tiled kernel, measured over the depthwise convs of MobileNetV3,
+// EfficientNet-B0 and ConvNeXt-T at batch 32 on an H200 (bench/bench_depthwise.py,
+// bench/results/depthwise_h200.md): tiled was faster on every stride-1 output of 28x28
+// pixels or fewer (3.4x on 7x7 outputs of 5x5 windows) and every stride-2 output under
+// 14x14, the other kernel on larger ones (1.1-1.5x on 56x56). A generated epilogue calls
+// this with its conv's window, instantiating three kernels where launch_nhwc's dispatch
+// instantiates seventeen (EfficientNet-B0's builtin.cu took 112 s to compile that way).
+template <class Storage, class Index, int kKernel, int kStride, class Epilogue>
+cudaError_t launch_common_window(const Storage* in, const Storage* weight, int64_t batch, const Geometry<Index>& s,
+                                 Epilogue epilogue, cudaStream_t stream) {
+  const bool aligned = reinterpret_cast<uintptr_t>(in) % 16 == 0;
+  const int64_t out_pixels = static_cast<int64_t>(s.out_h) * s.out_w;
+  const bool small = kStride == 1 ? out_pixels <= 28 * 28 : out_pixels < 14 * 14;
+  if (aligned && small && batch * out_pixels * (s.channels / kVector) < 0x7fffffff) {  // blocks fit a grid
+    return launch_tiled<Storage, Index, kKernel, kStride, kStride == 1 ? 4 : 2>(in, weight, batch, s, epilogue, stream);
+  }
+  return launch_window<Storage, Index, kKernel, kKernel, kStride>(in, weight, batch, s, epilogue, stream);
+}
+
 // Launches the kernel for `batch` images (takes() must hold); returns the launch's error.
 template <class Storage, class Index, class Epilogue>
 cudaError_t launch_nhwc(const Storage* in, const Storage* weight, int64_t batch, const Geometry<Index>& s,
                         Epilogue epilogue, cudaStream_t stream) {
-  const bool common = s.dilation_h == 1 && s.dilation_w == 1 && s.stride_h == s.stride_w &&
-                      (s.stride_w == 1 || s.stride_w == 2) && s.kernel_h == s.kernel_w &&
-                      (s.kernel_w == 3 || s.kernel_w == 5 || (s.kernel_w == 7 && s.stride_w == 1));
-  // Small outputs take the tiled kernel, large ones the per-pixel-group one: measured over
-  // the depthwise convs of MobileNetV3, EfficientNet-B0 and ConvNeXt-T at batch 32 on an
-  // H200 (bench/bench_depthwise.py, bench/results/depthwise_h200.md), tiled was faster on
-  // every stride-1 output of 28x28 pixels or fewer (3.4x on 7x7 outputs of 5x5 windows) and
-  // every stride-2 output under 14x14, the other kernel on larger ones (1.1-1.5x on 56x56).
-  const bool aligned = reinterpret_cast<uintptr_t>(in) % 16 == 0;
-  const int64_t out_pixels = static_cast<int64_t>(s.out_h) * s.out_w;
-  const bool small = s.stride_w == 1 ? out_pixels <= 28 * 28 : out_pixels < 14 * 14;
-  if (common && aligned && small && batch * out_pixels * (s.channels / kVector) < 0x7fffffff) {  // blocks fit a grid
-    if (s.kernel_w == 3 && s.stride_w == 1) return launch_tiled<Storage, Index, 3, 1, 4>(in, weight, batch, s, epilogue, stream);
-    if (s.kernel_w == 3) return launch_tiled<Storage, Index, 3, 2, 2>(in, weight, batch, s, epilogue, stream);
-    if (s.kernel_w == 5 && s.stride_w == 1) return launch_tiled<Storage, Index, 5, 1, 4>(in, weight, batch, s, epilogue, stream);
-    if (s.kernel_w == 5) return launch_tiled<Storage, Index, 5, 2, 2>(in, weight, batch, s, epilogue, stream);
-    return launch_tiled<Storage, Index, 7, 1, 4>(in, weight, batch, s, epilogue, stream);
+  if (common_window(s)) {
+    if (s.kernel_w == 3 && s.stride_w == 1) return launch_common_window<Storage, Index, 3, 1>(in, weight, batch, s, epilogue, stream);
+    if (s.kernel_w == 3) return launch_common_window<Storage, Index, 3, 2>(in, weight, batch, s, epilogue, stream);
+    if (s.kernel_w == 7) return launch_common_window<Storage, Index, 7, 1>(in, weight, batch, s, epilogue, stream);
+    if (s.stride_w == 1) return launch_common_window<Storage, Index, 5, 1>(in, weight, batch, s, epilogue, stream);
+    return launch_common_window<Storage, Index, 5, 2>(in, weight, batch, s, epilogue, stream);
   }
-  if (common && s.kernel_w == 3 && s.stride_w == 1) return launch_window<Storage, Index, 3, 3, 1>(in, weight, batch, s, epilogue, stream);
-  if (common && s.kernel_w == 3) return launch_window<Storage, Index, 3, 3, 2>(in, weight, batch, s, epilogue, stream);
-  if (common && s.kernel_w == 7) return launch_window<Storage, Index, 7, 7, 1>(in, weight, batch, s, epilogue, stream);
-  if (common && s.stride_w == 1) return launch_window<Storage, Index, 5, 5, 1>(in, weight, batch, s, epilogue, stream);
-  if (common) return launch_window<Storage, Index, 5, 5, 2>(in, weight, batch, s, epilogue, stream);
   return launch_window<Storage, Index, 0, 0, 0>(in, weight, batch, s, epilogue, stream);
 }
 
