@@ -29,7 +29,7 @@ def import_model(mod, context):
 def simplify(mod, context):
     """FoldConstant, FoldBatchNorm, RecognizeGelu, SinkReshapes, HoistScalarFactors and the rest; float16 if asked.
 
-    In order: FoldConstant, FoldBatchNorm, RecognizeGelu, RecognizeRMSNorm, SimplifyIdentityGather,
+    In order: FoldConstant, FoldBatchNorm, RecognizeGelu, RecognizeSiLU, RecognizeRMSNorm, SimplifyIdentityGather,
     UnbindStackedHeads, RotateHalfAsView, SinkReshapes,
     HoistScalarFactors, UnflattenBatchTranspose, FoldScaleIntoMatmul, CombineParallelMatmul, CombineLogitAddends,
     ConvertToFloat16 (precision float16 or bfloat16)."""
@@ -43,6 +43,7 @@ def simplify(mod, context):
     from .transform.unflatten_batch_transpose import unflatten_batch_transpose
     from .transform.recognize_gelu import recognize_gelu
     from .transform.recognize_rms_norm import recognize_rms_norm
+    from .transform.recognize_silu import recognize_silu
     from .transform.sink_reshapes import sink_reshapes
     from .transform.rotate_half_as_view import rotate_half_as_view
     from .transform.unbind_stacked_heads import unbind_stacked_heads
@@ -51,7 +52,8 @@ def simplify(mod, context):
     # elements) stays an op rather than being allocated here, and the size checks decide
     def fold(mod):
         return fold_constant(mod, size_limit_bytes=MAX_FOLDED_BYTES)
-    mod = dead_code_elimination(recognize_rms_norm(recognize_gelu(dead_code_elimination(fold_batch_norm(fold(mod))))))
+    mod = dead_code_elimination(recognize_rms_norm(recognize_silu(recognize_gelu(
+        dead_code_elimination(fold_batch_norm(fold(mod)))))))
     # after FoldConstant (the indices are constants then), before SinkReshapes (which
     # merges the reshape it leaves with its neighbours); after RecognizeGelu: a GEMM's
     # activation reads its reshape only once recognized

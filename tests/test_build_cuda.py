@@ -352,5 +352,8 @@ def test_elementwise_kernels_reading_views_compile_and_run(precision, tmp_path):
     got = [cupy.asnumpy(g) for g in (got if isinstance(got, tuple) else (got,))]
     want = byoc.interpret(mod, **inputs)
     want = want if isinstance(want, tuple) else (want,)
-    for g, w in zip(got, want, strict=True):  # CUDA's expf and NumPy's may differ by an ulp
-        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=1e-6, atol=1e-6)
+    # CUDA's expf and NumPy's may differ by an ulp; in float16 the build's silu (RecognizeSiLU)
+    # rounds x * sigmoid(x) once where the interpreter rounds the sigmoid first
+    tolerance = 2e-3 if precision == "float16" else 1e-6
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=tolerance, atol=tolerance)

@@ -1062,8 +1062,11 @@ def test_elementwise_kernels_read_views_of_their_parameters_in_place(precision, 
     assert report["copies_per_run"] == {} and report["calls_per_run"] == 2, library.report.to_text()
     got = library.load().run(**inputs)
     want = byoc.interpret(mod, **inputs)
-    for g, w in zip(got, want, strict=True):  # sigmoid's expf may differ from NumPy's by an ulp
-        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=1e-6, atol=1e-6)
+    # sigmoid's expf may differ from NumPy's by an ulp; in float16 the build's silu (RecognizeSiLU)
+    # rounds x * sigmoid(x) once where the interpreter rounds the sigmoid first
+    tolerance = 2e-3 if precision == "float16" else 1e-6
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=tolerance, atol=tolerance)
 
 
 def test_views_that_do_not_compose_over_each_other_stay_outside_the_group(tmp_path):

@@ -1071,6 +1071,69 @@ def @main(%x: Tensor[(1, 6, 6, 3), float16], %y: Tensor[(1, 6, 6, 12), float16],
     assert pad_conv_channels(padded) is padded  # nothing left to pad
 
 
+def test_pad_conv_channels_widens_the_producer_of_a_squeeze_and_excitation_block():
+    """PadConvChannels on EfficientNet's squeeze-and-excitation: the 2 squeezed channels that
+    the expansion conv reads come from a 1x1 conv through bias + x * sigmoid(x), read by
+    nothing else: the squeeze conv gets 6 zero filters and its bias 6 zeros (8 channels, a
+    GEMM's 16-byte extent), the expansion conv 6 zero input channels, and no pad runs. Where
+    the squeezed activation is also an output, the input is padded as before (to 4). The
+    results are unchanged."""
+    from byoc.ir import parse
+    from byoc.ir.structural import assert_structural_equal
+    from byoc.transform.pad_conv_channels import pad_conv_channels
+    rng = np.random.default_rng(1)
+    w1 = rng.standard_normal((2, 1, 1, 16)).round(2).astype(np.float16)
+    b1 = rng.standard_normal(2).round(2).astype(np.float16)
+    w2 = rng.standard_normal((16, 1, 1, 2)).round(2).astype(np.float16)
+
+    def const(array):
+        return f"const({json.dumps(array.astype(float).tolist())}, float16)"
+
+    def block(w1, b1, w2, pad="", squeezed_out=False):
+        channels = w1.shape[0]
+        result_type = "Tensor[(1, 1, 1, 16), float16]"
+        if squeezed_out:
+            result_type = f"Tuple[{result_type}, Tensor[(1, 1, 1, {channels}), float16]]"
+        return f"""
+def @main(%x: Tensor[(1, 1, 1, 16), float16]) -> {result_type} {{
+  %h = conv2d(%x, {const(w1)}, data_layout="NHWC", kernel_layout="OHWI")
+  %a = add(%h, {const(b1)})
+  %g = sigmoid(%a)
+  %s = multiply(%a, %g){pad}
+  %y = conv2d({"%y_input_padded" if pad else "%s"}, {const(w2)}, data_layout="NHWC", kernel_layout="OHWI")
+  %e = sigmoid(%y)
+  return {"(%e, %s)" if squeezed_out else "%e"}
+}}"""
+    before = parse(block(w1, b1, w2))
+    widened = pad_conv_channels(before)
+    assert_structural_equal(widened, parse(block(np.pad(w1, [(0, 6), (0, 0), (0, 0), (0, 0)]), np.pad(b1, [(0, 6)]),
+                                                 np.pad(w2, [(0, 0)] * 3 + [(0, 6)]))))
+    x = rng.standard_normal((1, 1, 1, 16)).astype(np.float16)
+    np.testing.assert_array_equal(byoc.interpret(widened, x=x), byoc.interpret(before, x=x))
+    assert pad_conv_channels(widened) is widened
+    # the squeezed activation is an output too: its 2 channels stay, the input is padded (to 4)
+    read_outside = parse(block(w1, b1, w2, squeezed_out=True))
+    padded = pad_conv_channels(read_outside)
+    assert_structural_equal(padded, parse(block(w1, b1, np.pad(w2, [(0, 0)] * 3 + [(0, 2)]), squeezed_out=True,
+                                                pad="\n  %y_input_padded = pad(%s, pads=[0, 0, 0, 0, 0, 0, 0, 2])")))
+    for got, want in zip(byoc.interpret(padded, x=x), byoc.interpret(read_outside, x=x), strict=True):
+        np.testing.assert_array_equal(got, want)
+    # a producer whose own input is padded (an RGB image: 3 -> 4 channels) is widened too
+    with FunctionBuilder("main") as fb:
+        image = fb.param("image", (1, 5, 5, 3), "float16")
+        h = fb.call("conv2d", image, rng.standard_normal((2, 3, 3, 3)).astype(np.float16), pads=(1, 1, 1, 1),
+                    data_layout="NHWC", kernel_layout="OHWI")
+        h = fb.call("relu", h)
+        fb.ret(fb.call("conv2d", h, rng.standard_normal((16, 1, 1, 2)).astype(np.float16),
+                       data_layout="NHWC", kernel_layout="OHWI"))
+    stem = fb.module()
+    both = pad_conv_channels(stem)
+    assert [(b.value.op.name, tuple(b.var.type.shape)) for b in both["main"].bindings] == [
+        ("pad", (1, 5, 5, 4)), ("conv2d", (1, 5, 5, 8)), ("relu", (1, 5, 5, 8)), ("conv2d", (1, 5, 5, 16))]
+    image = rng.standard_normal((1, 5, 5, 3)).astype(np.float16)
+    np.testing.assert_array_equal(byoc.interpret(both, image=image), byoc.interpret(stem, image=image))
+
+
 def test_resnet_partitions_convs_into_cutlass_with_boundary_transposes_only(tmp_path):
     """build()'s pipeline up to partitioning, for cuda -arch=sm_90 with the cutlass backend:
     every conv goes to cutlass (epilogues fused: bias+relu, bias+residual+relu, bias) but the

@@ -1054,3 +1054,30 @@ def @main(%x: Tensor[(4, 6), float32]) -> Tensor[(3, 4), float32] {{
   return %q
 }}""")
     assert_structural_equal(unbind_stacked_heads(stacked), stacked)  # G is not moved to the front
+
+
+@pytest.mark.parametrize("product", ["multiply(%x, %s)", "multiply(%s, %x)"])
+def test_recognize_silu(product):
+    """RecognizeSiLU: x * sigmoid(x), either order, is one silu; a sigmoid read elsewhere
+    and a gate x * sigmoid(y) stay."""
+    from byoc.transform.recognize_silu import recognize_silu
+    text = f"""
+def @main(%x: Tensor[(2, 3, 4), float16], %g: Tensor[(2, 3, 4), float16]) -> Tensor[(2, 3, 4), float16] {{
+  %s = sigmoid(%x)
+  %y = {product}
+  return %y
+}}"""
+    before = parse(text)
+    after = parse("""
+def @main(%x: Tensor[(2, 3, 4), float16], %g: Tensor[(2, 3, 4), float16]) -> Tensor[(2, 3, 4), float16] {
+  %y = silu(%x)
+  return %y
+}""")
+    assert_structural_equal(recognize_silu(before), after)
+    x = np.linspace(-6, 6, 24, dtype=np.float16).reshape(2, 3, 4)
+    np.testing.assert_allclose(interpret(after, x=x, g=x).astype(np.float32),
+                               interpret(before, x=x, g=x).astype(np.float32), rtol=2e-3, atol=2e-3)
+    for kept in (text.replace("return %y", "%z = add(%y, %s)\n  return %z"),  # the sigmoid is read again
+                 text.replace("sigmoid(%x)", "sigmoid(%g)")):  # a gate of another value
+        kept = parse(kept)
+        assert_structural_equal(recognize_silu(kept), kept)
