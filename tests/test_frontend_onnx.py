@@ -163,6 +163,32 @@ def test_gemm_with_transposed_constant_weight_folds_the_transpose():
     np.testing.assert_allclose(byoc.interpret(mod, data), 2 * data @ weight.T + bias, rtol=1e-6)
 
 
+@pytest.mark.parametrize("op_type, axes, keepdims, ops", [
+    ("ReduceMean", [2, 3], 1, ["global_avg_pool2d"]),
+    ("ReduceMean", [-1, -2], 0, ["global_avg_pool2d", "squeeze"]),  # the dynamo exporter's AdaptiveAvgPool2d(1)
+    ("ReduceMax", [2, 3], 1, ["global_max_pool2d"]),
+    ("ReduceMean", [1, 2], 1, ["mean"]),  # not the spatial axes of NCHW: a reduction
+    ("ReduceSum", [2, 3], 1, ["sum"]),
+])
+def test_a_mean_over_the_spatial_axes_of_an_image_is_a_global_pool(op_type, axes, keepdims, ops):
+    """ReduceMean (ReduceMax) of a 4-D float tensor over axes 2 and 3 imports as a global
+    pool (squeezed without keepdims): what ConvertConvLayout keeps NHWC and ConvertToFloat16
+    leaves in the input's precision. Other axes and other reductions stay reductions."""
+    shape = [2, 3, 5, 4]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)
+    data = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    reference = {"ReduceMean": np.mean, "ReduceMax": np.max, "ReduceSum": np.sum}[op_type](
+        data, axis=tuple(axes), keepdims=bool(keepdims))
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, list(reference.shape))
+    axes_input = onnx.numpy_helper.from_array(np.array(axes, np.int64), "axes")
+    node = (helper.make_node(op_type, ["x", "axes"], ["y"], keepdims=keepdims) if op_type == "ReduceSum" else
+            helper.make_node(op_type, ["x"], ["y"], axes=axes, keepdims=keepdims))
+    model = _model([node], [x], [y], [axes_input] if op_type == "ReduceSum" else [])
+    mod = byoc.from_onnx(model)
+    assert [b.value.op.name for b in mod["main"].bindings] == ops
+    np.testing.assert_allclose(byoc.interpret(mod, data), reference, rtol=1e-5, atol=1e-6)
+
+
 def _int64_constant(name, values, dims=None):
     tensor = helper.make_tensor(name, TensorProto.INT64, [len(values)] if dims is None else dims, values)
     return helper.make_node("Constant", [], [name], name=name, value=tensor)

@@ -226,6 +226,14 @@ def _reduce(ctx, node, inputs, attrs):
             as_bytes = ctx.call("cast", x, dtype="uint8")
             reduced = ctx.call(_REDUCE[op_type], as_bytes, axes=axes, keepdims=keepdims)
             return [ctx.call("cast", reduced, dtype="bool", name=node.output[0])]
+        if _is_global_pool(ctx, x, axes, op_type):
+            # the mean (max) of an NCHW image over H and W is GlobalAveragePool (GlobalMaxPool),
+            # which is how the dynamo exporter writes AdaptiveAvgPool2d(1): a pool keeps the
+            # layout passes' NHWC and its input's precision (a float16 build keeps `mean` in
+            # float32, a cast of the whole activation and one back for every pool)
+            pooled = ctx.call("global_avg_pool2d" if op_type == "ReduceMean" else "global_max_pool2d", x,
+                              name=node.output[0] if keepdims else None)
+            return [pooled if keepdims else ctx.call("squeeze", pooled, axes=(2, 3), name=node.output[0])]
         return [ctx.call(_REDUCE[op_type], x, axes=axes, keepdims=keepdims, name=node.output[0])]
     if op_type == "ReduceSumSquare":
         return [ctx.call("sum", ctx.call("multiply", x, x), axes=axes, keepdims=keepdims)]
@@ -245,6 +253,13 @@ def _reduce(ctx, node, inputs, attrs):
     if not keepdims:
         result = ctx.call("squeeze", result, axes=axes or tuple(range(len(ctx.shape(x)))))
     return [result]
+
+
+def _is_global_pool(ctx, x, axes, op_type) -> bool:
+    """A mean or max of a floating 4-D tensor over its last two axes, none of them empty."""
+    shape = ctx.shape(x)
+    return (op_type in ("ReduceMean", "ReduceMax") and len(shape) == 4 and 0 not in shape
+            and ctx.dtype(x).startswith(("float", "bfloat")) and sorted(int(a) % 4 for a in axes) == [2, 3])
 
 
 @converter("ArgMax", "ArgMin")
