@@ -179,6 +179,23 @@ struct DepthwiseBiasStore {
   }
 };
 
+// Launches one of depthwise.cuh's NHWC kernels (`launch`: launch_nhwc or
+// launch_few_channels) storing sum + bias; false where the launch failed (not this conv's
+// error: the caller's fallback runs, needing none of this).
+template <class Storage, class Index, class Launch>
+bool launch_with_bias_store(const Storage* x, const Storage* w, const Storage* b, Storage* y, int64_t batch,
+                            const ConvGeometry<Index>& s, cudaStream_t stream, Launch launch) {
+  const byoc_depthwise::Geometry<Index> geometry{s.in_h, s.in_w, s.out_channels, s.kernel_h, s.kernel_w,
+                                                 s.out_h, s.out_w, s.stride_h, s.stride_w, s.pad_top,
+                                                 s.pad_left, s.dilation_h, s.dilation_w};
+  const DepthwiseBiasStore<Storage, Index> store{y, b, static_cast<Index>(s.out_channels / byoc_depthwise::kVector)};
+  if (launch(x, w, batch, geometry, store, stream) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
 // Whether the depthwise kernel takes this conv; it is then launched (check_launch sees
 // how that went).
 template <class Storage, class Index>
@@ -192,15 +209,8 @@ bool launch_depthwise_nhwc(const Storage* x, const Storage* w, const Storage* b,
         !aligned(x) || !aligned(y)) {
       return false;
     }
-    const byoc_depthwise::Geometry<Index> geometry{s.in_h, s.in_w, s.out_channels, s.kernel_h, s.kernel_w,
-                                                   s.out_h, s.out_w, s.stride_h, s.stride_w, s.pad_top,
-                                                   s.pad_left, s.dilation_h, s.dilation_w};
-    const DepthwiseBiasStore<Storage, Index> store{y, b, static_cast<Index>(s.out_channels / byoc_depthwise::kVector)};
-    if (byoc_depthwise::launch_nhwc(x, w, batch, geometry, store, stream) != cudaSuccess) {
-      cudaGetLastError();  // not this conv's error: the generic kernel runs, needing none of this
-      return false;
-    }
-    return true;
+    return launch_with_bias_store(x, w, b, y, batch, s, stream,
+                                  [](auto... args) { return byoc_depthwise::launch_nhwc(args...); });
   }
 }
 
@@ -217,15 +227,8 @@ bool launch_few_channels_nhwc(const Storage* x, const Storage* w, const Storage*
         reinterpret_cast<uintptr_t>(x) % 8 != 0 || reinterpret_cast<uintptr_t>(y) % 16 != 0) {
       return false;
     }
-    const byoc_depthwise::Geometry<Index> geometry{s.in_h, s.in_w, s.out_channels, s.kernel_h, s.kernel_w,
-                                                   s.out_h, s.out_w, s.stride_h, s.stride_w, s.pad_top,
-                                                   s.pad_left, s.dilation_h, s.dilation_w};
-    const DepthwiseBiasStore<Storage, Index> store{y, b, static_cast<Index>(s.out_channels / byoc_depthwise::kVector)};
-    if (byoc_depthwise::launch_few_channels(x, w, batch, geometry, store, stream) != cudaSuccess) {
-      cudaGetLastError();  // not this conv's error: the GEMM path runs, needing none of this
-      return false;
-    }
-    return true;
+    return launch_with_bias_store(x, w, b, y, batch, s, stream,
+                                  [](auto... args) { return byoc_depthwise::launch_few_channels(args...); });
   }
 }
 

@@ -46,6 +46,51 @@ __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162f
 template <class Storage>
 using Pair = std::conditional_t<std::is_same_v<Storage, __half>, __half2, __nv_bfloat162>;
 
+// The 8 16-bit floats of one 16-byte word as floats.
+template <class Storage>
+__device__ __forceinline__ void unpack(const uint4& words, float (&x)[kVector]) {
+  const Pair<Storage>* pairs = reinterpret_cast<const Pair<Storage>*>(&words);
+#pragma unroll
+  for (int j = 0; j < kVector / 2; ++j) {
+    const float2 f = to_float2(pairs[j]);
+    x[2 * j] = f.x;
+    x[2 * j + 1] = f.y;
+  }
+}
+
+// One window row of kPixels horizontally neighbouring output pixels: input columns c <
+// (kPixels - 1) * kStride + kKernel (load_column(c, x)) serve every pixel, pixel p reading
+// column c with filter column c - p * kStride; each column is loaded and converted once.
+template <int kKernel, int kStride, int kPixels, class LoadColumn>
+__device__ __forceinline__ void accumulate_row(const float (&w)[kKernel][kVector], LoadColumn load_column,
+                                               float (&sum)[kPixels][kVector]) {
+  constexpr int kColumns = (kPixels - 1) * kStride + kKernel;
+#pragma unroll
+  for (int c = 0; c < kColumns; ++c) {
+    float x[kVector];
+    load_column(c, x);
+#pragma unroll
+    for (int p = 0; p < kPixels; ++p) {
+      const int kw = c - p * kStride;
+      if (kw >= 0 && kw < kKernel) {
+#pragma unroll
+        for (int j = 0; j < kVector; ++j) sum[p][j] = fmaf(x[j], w[kw][j], sum[p][j]);
+      }
+    }
+  }
+}
+
+// Stores the sums of kPixels output pixels from vector `first` on (one pixel's channel
+// vectors apart), those past the row's end left out.
+template <int kPixels, class Index, class Epilogue>
+__device__ __forceinline__ void store_pixels(const Epilogue& epilogue, Index first, Index vectors, Index ow0,
+                                             Index out_w, const float (&sum)[kPixels][kVector]) {
+#pragma unroll
+  for (int p = 0; p < kPixels; ++p) {
+    if (p == 0 || ow0 + p < out_w) epilogue(first + p * vectors, sum[p]);
+  }
+}
+
 // Whether the kernel takes a conv of these channels and window (16-bit storage assumed).
 inline bool takes(int64_t channels, int64_t kernel_h, int64_t kernel_w) {
   return channels > 0 && channels % kVector == 0 &&
@@ -112,48 +157,22 @@ __global__ void __launch_bounds__(kThreads) nhwc_kernel(const Storage* __restric
           words = *reinterpret_cast<const uint4*>(lanes);
         }
       }
-      const Pair<Storage>* pairs = reinterpret_cast<const Pair<Storage>*>(&words);
-#pragma unroll
-      for (int j = 0; j < kVector / 2; ++j) {
-        const float2 f = to_float2(pairs[j]);
-        x[2 * j] = f.x;
-        x[2 * j + 1] = f.y;
-      }
+      unpack<Storage>(words, x);
     };
     const auto load_filter = [&](Index kh, Index kw, float (&w)[kVector]) {
-      const uint4 words = *reinterpret_cast<const uint4*>(filters + (kh * kernel_w + kw) * channels + channel);
-      const Pair<Storage>* pairs = reinterpret_cast<const Pair<Storage>*>(&words);
-#pragma unroll
-      for (int j = 0; j < kVector / 2; ++j) {
-        const float2 f = to_float2(pairs[j]);
-        w[2 * j] = f.x;
-        w[2 * j + 1] = f.y;
-      }
+      unpack<Storage>(*reinterpret_cast<const uint4*>(filters + (kh * kernel_w + kw) * channels + channel), w);
     };
 #pragma unroll
     for (Index kh = 0; kh < kernel_h; ++kh) {
       const Index ih = oh * s.stride_h - s.pad_top + kh * s.dilation_h;
       const bool row_inside = ih >= 0 && ih < s.in_h;
       if constexpr (kFixed) {
-        // Input columns ow0 * stride - pad_left + c, c < kColumns, serve every pixel:
-        // pixel p reads column c with filter column c - p * stride.
-        constexpr int kColumns = (kPixels - 1) * kStride + kKernelW;
         float w[kKernelW][kVector];
 #pragma unroll
         for (int kw = 0; kw < kKernelW; ++kw) load_filter(kh, kw, w[kw]);
-#pragma unroll
-        for (int c = 0; c < kColumns; ++c) {
-          float x[kVector];
-          load_pixel(ih, ow0 * kStride - s.pad_left + c, row_inside, x);
-#pragma unroll
-          for (int p = 0; p < kPixels; ++p) {
-            const int kw = c - p * kStride;
-            if (kw >= 0 && kw < kKernelW) {
-#pragma unroll
-              for (int j = 0; j < kVector; ++j) sum[p][j] = fmaf(x[j], w[kw][j], sum[p][j]);
-            }
-          }
-        }
+        accumulate_row<kKernelW, kStride, kPixels>(
+            w, [&](int c, float (&x)[kVector]) { load_pixel(ih, ow0 * kStride - s.pad_left + c, row_inside, x); },
+            sum);
       } else {
         for (Index kw = 0; kw < kernel_w; ++kw) {
           float x[kVector], w[kVector];
@@ -164,11 +183,8 @@ __global__ void __launch_bounds__(kThreads) nhwc_kernel(const Storage* __restric
         }
       }
     }
-    const Index first_vector = ((image * s.out_h + oh) * s.out_w + ow0) * vectors + vector_in_pixel;
-#pragma unroll
-    for (int p = 0; p < kPixels; ++p) {
-      if (p == 0 || ow0 + p < s.out_w) epilogue(first_vector + p * vectors, sum[p]);
-    }
+    store_pixels<kPixels>(epilogue, ((image * s.out_h + oh) * s.out_w + ow0) * vectors + vector_in_pixel, vectors,
+                          ow0, s.out_w, sum);
   }
 }
 
@@ -331,41 +347,18 @@ __global__ void __launch_bounds__(kThreads) tiled_kernel(const Storage* __restri
   const Index oh = tile_h * t.rows + row;
   const Index ow0 = (tile_w * t.groups + group) * kPixels;
   if (row >= t.rows || oh >= s.out_h || ow0 >= s.out_w || first_vector + v >= vectors) return;
-  const auto unpack = [](const uint4& words, float (&x)[kVector]) {
-    const Pair<Storage>* pairs = reinterpret_cast<const Pair<Storage>*>(&words);
-#pragma unroll
-    for (int j = 0; j < kVector / 2; ++j) {
-      const float2 f = to_float2(pairs[j]);
-      x[2 * j] = f.x;
-      x[2 * j + 1] = f.y;
-    }
-  };
   float sum[kPixels][kVector] = {};
 #pragma unroll
   for (int kh = 0; kh < kKernel; ++kh) {
     float w[kKernel][kVector];
 #pragma unroll
-    for (int kw = 0; kw < kKernel; ++kw) unpack(filters[(kh * kKernel + kw) * t.vectors + v], w[kw]);
+    for (int kw = 0; kw < kKernel; ++kw) unpack<Storage>(filters[(kh * kKernel + kw) * t.vectors + v], w[kw]);
     const uint4* source = window + ((row * kStride + kh) * in_cols + group * kPixels * kStride) * t.vectors + v;
-#pragma unroll
-    for (int c = 0; c < W::kColumns; ++c) {
-      float x[kVector];
-      unpack(source[c * t.vectors], x);
-#pragma unroll
-      for (int p = 0; p < kPixels; ++p) {
-        const int kw = c - p * kStride;
-        if (kw >= 0 && kw < kKernel) {
-#pragma unroll
-          for (int j = 0; j < kVector; ++j) sum[p][j] = fmaf(x[j], w[kw][j], sum[p][j]);
-        }
-      }
-    }
+    accumulate_row<kKernel, kStride, kPixels>(
+        w, [&](int c, float (&x)[kVector]) { unpack<Storage>(source[c * t.vectors], x); }, sum);
   }
-  const Index first = ((image * s.out_h + oh) * s.out_w + ow0) * vectors + first_vector + v;
-#pragma unroll
-  for (int p = 0; p < kPixels; ++p) {
-    if (p == 0 || ow0 + p < s.out_w) epilogue(first + p * vectors, sum[p]);
-  }
+  store_pixels<kPixels>(epilogue, ((image * s.out_h + oh) * s.out_w + ow0) * vectors + first_vector + v, vectors,
+                        ow0, s.out_w, sum);
 }
 
 template <class Storage, class Index, int kKernel, int kStride, int kPixels, class Epilogue>
