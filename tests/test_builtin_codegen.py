@@ -1138,6 +1138,28 @@ def test_conv_epilogue_names_the_launcher_of_its_window(window, strides, dilatio
     assert conv_epilogue_cuda("epilogue", func)["conv"]["launch"] == launch
 
 
+def test_a_transpose_of_unit_axes_is_a_view(tmp_path):
+    """A transpose that moves only axes of size 1 (a pooled NHWC (N, 1, 1, C) back to NCHW)
+    is partitioned as the reshape it is: a view, no call; a transpose that reorders real
+    axes stays a copy. The cpu build matches the interpreter."""
+    with FunctionBuilder("main") as fb:
+        x = fb.param("x", (2, 3, 4, 5), "float32")
+        pooled = fb.call("global_avg_pool2d", x, layout="NHWC")
+        nchw = fb.call("transpose", pooled, axes=[0, 3, 1, 2])
+        fb.ret(fb.call("exp", nchw), fb.call("transpose", x, axes=[0, 3, 1, 2]))
+    mod = fb.module()
+    partitioned = partition_builtin(mod)
+    composites = [b.value.attrs.get("Composite") for b in partitioned["main"].bindings
+                  if isinstance(b.value, byoc.ir.Function)]
+    assert composites == ["builtin.global_avg_pool2d", "builtin.reshape", "builtin.elementwise",
+                          "builtin.transpose"], composites
+    library = byoc.build(mod, config={"target": "cpu", "backends": ["builtin"]}, workdir=str(tmp_path / "w"))
+    assert library.report.to_json()["copies_per_run"] == {"transpose": 1}, library.report.to_text()
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    for got, want in zip(library.load().run(x=x), byoc.interpret(mod, x=x), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
 def test_reshape_strides_of_views():
     from byoc.backends.builtin.views import reshape_strides
     assert reshape_strides((2, 3, 4), (12, 4, 1), (6, 4)) == [4, 1]  # dense: merge

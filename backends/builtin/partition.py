@@ -23,7 +23,8 @@ Rewrites, in `main` only:
   becomes one function with Composite="builtin.layout": one strided copy instead of one
   per op (attention's slice -> reshape -> transpose of Q, K and V).
 - Every other op call becomes a function of its own: Composite="builtin.reshape" for the
-  pure reindexing ops (reshape, squeeze, expand_dims), else "builtin.<op name>".
+  pure reindexing ops (reshape, squeeze, expand_dims, and a transpose that moves only axes
+  of size 1, rewritten as the reshape it is), else "builtin.<op name>".
   Matmul and convolutions are not fused with their elementwise consumers here (later
   backends do epilogue fusion), except:
 - A depthwise conv2d (NHWC, float16/bfloat16, one channel per group, channels a multiple
@@ -77,7 +78,7 @@ FEW_CHANNELS_MAX_FILTER_BYTES = 48 * 1024
 
 def partition_builtin(mod: IRModule) -> IRModule:
     """A new module whose main calls builtin functions for every op it still called."""
-    main = lower_split_in(mod["main"])
+    main = _unit_transposes_as_reshapes(lower_split_in(mod["main"]))
     readers = _readers(main.bindings, main.result)
     groups = _elementwise_groups(main.bindings, readers)
     composites = {tuple(group): f"{COMPILER}.elementwise" for group in groups.values()}
@@ -109,6 +110,24 @@ def partition_builtin(mod: IRModule) -> IRModule:
     result = mod.copy()
     result["main"] = new_main
     return result
+
+
+def _unit_transposes_as_reshapes(main: Function) -> Function:
+    """`main` with each transpose that moves only axes of size 1 (the others keep their
+    order: the NHWC (N, 1, 1, C) of a global pool back to NCHW) as the reshape it is, which
+    the host runs as a view instead of a copy."""
+    bindings, changed = [], False
+    for binding in main.bindings:
+        value = binding.value
+        if _is_op_call(value) and value.op.name == "transpose":
+            shape = value.args[0].type.shape
+            axes = value.attrs.get("axes") or list(reversed(range(len(shape))))
+            moved = [axis for axis in axes if shape[axis] != 1]
+            if moved == sorted(moved):
+                value = Call("reshape", [value.args[0]], {"shape": [int(d) for d in value.type.shape]})
+                changed = True
+        bindings.append(Binding(binding.var, value) if value is not binding.value else binding)
+    return Function(main.params, bindings, main.result, main.ret_type, main.attrs) if changed else main
 
 
 def _composite_name(op: Op) -> str:
