@@ -1139,7 +1139,8 @@ def test_resnet_partitions_convs_into_cutlass_with_boundary_transposes_only(tmp_
     every conv goes to cutlass (epilogues fused: bias+relu, bias+residual+relu, bias) but the
     3-channel stem, its image padded to 4 channels by one built-in pad (PadConvChannels), which
     is few enough multiply-adds for the built-in backend's direct kernel (with its bias and
-    ReLU), and the fc GEMM; the only transposes are the two at the region's boundary."""
+    ReLU), and the fc GEMM; the only transpose is the image's into NHWC (the pooled (N, 1, 1,
+    C) goes back to NCHW as a reshape: a view)."""
     from byoc.pipeline import lower
     from byoc.config import load_config
     from byoc.ir.expr import Call
@@ -1165,7 +1166,7 @@ def test_resnet_partitions_convs_into_cutlass_with_boundary_transposes_only(tmp_
     ops += [(b.value.op.name, b.value.attrs) for f in cutlass.values() for inner in f.bindings
             if inner.value.__class__.__name__ == "Function" for b in inner.value.bindings]
     transposes = [attrs["axes"] for name, attrs in ops if name == "transpose"]
-    assert sorted(map(tuple, transposes)) == [(0, 2, 3, 1), (0, 3, 1, 2)]
+    assert sorted(map(tuple, transposes)) == [(0, 2, 3, 1)]  # the pooled (1, 1, 1, 32) goes back as a reshape
     assert all(attrs["data_layout"] == "NHWC" for name, attrs in ops if name == "conv2d")
     assert all(attrs["layout"] == "NHWC" for name, attrs in ops if name in ("max_pool2d", "global_avg_pool2d"))
 
