@@ -1160,6 +1160,30 @@ def test_a_transpose_of_unit_axes_is_a_view(tmp_path):
         np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
+def test_a_layout_op_of_a_cast_input_is_read_as_a_view(tmp_path):
+    """transpose(cast(x)) (an image cast to float16, then moved to NHWC) partitions as one
+    elementwise function computing cast(transpose(x)), the transpose a view it reads in
+    place: one call, no copy. A cast of an elementwise result keeps its group (the
+    transpose copies that group's float16 output, as before)."""
+    with FunctionBuilder("main") as fb:
+        x = fb.param("x", (2, 3, 4, 5), "float32")
+        image = fb.call("transpose", fb.call("cast", x, dtype="float16"), axes=[0, 2, 3, 1])
+        grouped = fb.call("transpose", fb.call("cast", fb.call("exp", x), dtype="float16"), axes=[0, 2, 3, 1])
+        fb.ret(image, grouped)
+    mod = fb.module()
+    partitioned = partition_builtin(mod)
+    composites = [b.value.attrs.get("Composite") for b in partitioned["main"].bindings
+                  if isinstance(b.value, byoc.ir.Function)]
+    assert composites == ["builtin.elementwise", "builtin.elementwise", "builtin.transpose"], composites
+    first = next(b.value for b in partitioned["main"].bindings if isinstance(b.value, byoc.ir.Function))
+    assert [b.value.op.name for b in first.bindings] == ["transpose", "cast"]
+    library = byoc.build(mod, config={"target": "cpu", "backends": ["builtin"]}, workdir=str(tmp_path / "w"))
+    assert library.report.to_json()["copies_per_run"] == {"transpose": 1}, library.report.to_text()
+    data = np.random.default_rng(0).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    for got, want in zip(library.load().run(x=data), byoc.interpret(mod, x=data), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_reshape_strides_of_views():
     from byoc.backends.builtin.views import reshape_strides
     assert reshape_strides((2, 3, 4), (12, 4, 1), (6, 4)) == [4, 1]  # dense: merge

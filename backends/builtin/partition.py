@@ -24,7 +24,9 @@ Rewrites, in `main` only:
   per op (attention's slice -> reshape -> transpose of Q, K and V).
 - Every other op call becomes a function of its own: Composite="builtin.reshape" for the
   pure reindexing ops (reshape, squeeze, expand_dims, and a transpose that moves only axes
-  of size 1, rewritten as the reshape it is), else "builtin.<op name>".
+  of size 1, rewritten as the reshape it is), else "builtin.<op name>". A slice or transpose
+  of a one-input elementwise result (the image's cast before a CNN's move to NHWC) is
+  applied first, so that the elementwise kernel reads it as a view.
   Matmul and convolutions are not fused with their elementwise consumers here (later
   backends do epilogue fusion), except:
 - A depthwise conv2d (NHWC, float16/bfloat16, one channel per group, channels a multiple
@@ -78,7 +80,7 @@ FEW_CHANNELS_MAX_FILTER_BYTES = 48 * 1024
 
 def partition_builtin(mod: IRModule) -> IRModule:
     """A new module whose main calls builtin functions for every op it still called."""
-    main = _unit_transposes_as_reshapes(lower_split_in(mod["main"]))
+    main = _layout_before_unary(_unit_transposes_as_reshapes(lower_split_in(mod["main"])))
     readers = _readers(main.bindings, main.result)
     groups = _elementwise_groups(main.bindings, readers)
     composites = {tuple(group): f"{COMPILER}.elementwise" for group in groups.values()}
@@ -128,6 +130,43 @@ def _unit_transposes_as_reshapes(main: Function) -> Function:
                 changed = True
         bindings.append(Binding(binding.var, value) if value is not binding.value else binding)
     return Function(main.params, bindings, main.result, main.ret_type, main.attrs) if changed else main
+
+
+def _layout_before_unary(main: Function) -> Function:
+    """`main` with each slice or transpose of a one-input elementwise result read by nothing
+    else applied first: transpose(cast(x)) -> cast(transpose(x)). The elementwise kernel
+    then reads x through the view in place (one kernel where there were a kernel and a copy:
+    the image's cast to float16 and move to NHWC before a CNN's stem)."""
+    from .views import COPYING_OPS
+    readers = _readers(main.bindings, main.result)
+    defined_at = {b.var: i for i, b in enumerate(main.bindings)}
+    swapped, bindings = set(), []
+    for index, binding in enumerate(main.bindings):
+        value = binding.value
+        producer = defined_at.get(value.args[0]) if _is_op_call(value) and value.args else None
+        if (value.op.name in COPYING_OPS if _is_op_call(value) else False) and len(value.args) == 1 and \
+                producer is not None and readers[producer] == {index} and \
+                _is_unary_elementwise(main.bindings[producer].value, main.bindings, defined_at):
+            unary = main.bindings[producer].value
+            moved = Call(value.op, [unary.args[0]], dict(value.attrs))
+            view = Var(f"{binding.var.name_hint}_{unary.op.name}_input", moved.type)
+            bindings += [Binding(view, moved), Binding(binding.var, Call(unary.op, [view], dict(unary.attrs)))]
+            swapped.add(producer)
+        else:
+            bindings.append(binding)
+    if not swapped:
+        return main
+    bindings = [b for b in bindings if defined_at.get(b.var) not in swapped]
+    return Function(main.params, bindings, main.result, main.ret_type, main.attrs)
+
+
+def _is_unary_elementwise(value, bindings, defined_at) -> bool:
+    """A one-input elementwise call whose input no elementwise op computes (that op's group
+    would take it: then the layout op copies the group's result, as before)."""
+    if not (_is_elementwise(value) and len(value.args) == 1 and isinstance(value.args[0], Var)):
+        return False
+    producer = defined_at.get(value.args[0])
+    return producer is None or not _is_elementwise(bindings[producer].value)
 
 
 def _composite_name(op: Op) -> str:
