@@ -188,6 +188,26 @@ __global__ void __launch_bounds__(kThreads) nhwc_kernel(const Storage* __restric
   }
 }
 
+// Launches a grid-stride kernel over `items` with as many blocks of kThreads as the GPU
+// holds at once (each copies its filters to shared memory once, then loops), at most one
+// per kThreads items.
+template <class Kernel, class... Args>
+cudaError_t launch_resident(Kernel kernel, int64_t items, size_t shared_bytes, cudaStream_t stream, Args... args) {
+  int device = 0, sm_count = 0, blocks_per_sm = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status == cudaSuccess) status = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
+  if (status == cudaSuccess) {
+    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kThreads, shared_bytes);
+  }
+  if (status != cudaSuccess) return status;
+  int64_t blocks = (items + kThreads - 1) / kThreads;
+  const int64_t resident = int64_t{sm_count} * (blocks_per_sm > 0 ? blocks_per_sm : 1);
+  if (blocks > resident) blocks = resident;
+  if (blocks < 1) blocks = 1;
+  byoc_pdl::launch_after_previous(kernel, static_cast<unsigned int>(blocks), kThreads, shared_bytes, stream, args...);
+  return cudaGetLastError();
+}
+
 template <class Storage, class Index, int kKernelH, int kKernelW, int kStride, class Epilogue>
 cudaError_t launch_window(const Storage* in, const Storage* weight, int64_t batch, const Geometry<Index>& s,
                           Epilogue epilogue, cudaStream_t stream) {
@@ -196,29 +216,16 @@ cudaError_t launch_window(const Storage* in, const Storage* weight, int64_t batc
   auto kernel = aligned ? nhwc_kernel<Storage, Index, true, kKernelH, kKernelW, kStride, Epilogue>
                         : nhwc_kernel<Storage, Index, false, kKernelH, kKernelW, kStride, Epilogue>;
   const size_t shared_bytes = static_cast<size_t>(s.channels) * s.kernel_h * s.kernel_w * sizeof(Storage);
-  int device = 0, sm_count = 0, blocks_per_sm = 0;
-  cudaError_t status = cudaGetDevice(&device);
-  if (status == cudaSuccess) status = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
   // Over the default 48 KB of shared memory the kernel opts in, always to the one largest
   // size it takes: threads launching convs of other sizes then set the same value.
-  if (status == cudaSuccess && shared_bytes > (size_t{48} << 10)) {
-    status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(kMaxSharedBytes));
+  if (shared_bytes > (size_t{48} << 10)) {
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    static_cast<int>(kMaxSharedBytes));
+    if (status != cudaSuccess) return status;
   }
-  // As many blocks as fit on the GPU at once (each copies the filters once, then loops).
-  if (status == cudaSuccess) {
-    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kThreads, shared_bytes);
-  }
-  if (status != cudaSuccess) return status;
   const int64_t items = batch * static_cast<int64_t>(s.out_h) * ((s.out_w + kPixels - 1) / kPixels) *
                         (s.channels / kVector);
-  int64_t blocks = (items + kThreads - 1) / kThreads;
-  const int64_t resident = int64_t{sm_count} * (blocks_per_sm > 0 ? blocks_per_sm : 1);
-  if (blocks > resident) blocks = resident;
-  if (blocks < 1) blocks = 1;
-  byoc_pdl::launch_after_previous(kernel, static_cast<unsigned int>(blocks), kThreads, shared_bytes, stream, in,
-                                  weight, s, static_cast<Index>(items), epilogue);
-  return cudaGetLastError();
+  return launch_resident(kernel, items, shared_bytes, stream, in, weight, s, static_cast<Index>(items), epilogue);
 }
 
 // ---------------------------------------------------------------- tiled in shared memory
@@ -459,21 +466,8 @@ cudaError_t launch_few_channels(const Storage* in, const Storage* weight, int64_
   auto kernel = few_channels_kernel<Storage, Index, Epilogue>;
   const size_t shared_bytes =
       static_cast<size_t>(s.kernel_h) * s.kernel_w * kFewChannels * s.channels * sizeof(float);
-  int device = 0, sm_count = 0, blocks_per_sm = 0;
-  cudaError_t status = cudaGetDevice(&device);
-  if (status == cudaSuccess) status = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
-  if (status == cudaSuccess) {
-    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kThreads, shared_bytes);
-  }
-  if (status != cudaSuccess) return status;
   const int64_t items = batch * static_cast<int64_t>(s.out_h) * s.out_w * (s.channels / kVector);
-  int64_t blocks = (items + kThreads - 1) / kThreads;
-  const int64_t resident = int64_t{sm_count} * (blocks_per_sm > 0 ? blocks_per_sm : 1);
-  if (blocks > resident) blocks = resident;
-  if (blocks < 1) blocks = 1;
-  byoc_pdl::launch_after_previous(kernel, static_cast<unsigned int>(blocks), kThreads, shared_bytes, stream, in,
-                                  weight, s, static_cast<Index>(items), epilogue);
-  return cudaGetLastError();
+  return launch_resident(kernel, items, shared_bytes, stream, in, weight, s, static_cast<Index>(items), epilogue);
 }
 
 // Whether a conv's window is one the kernels unroll: 3x3 and 5x5 at stride 1 or 2, 7x7 at
