@@ -169,6 +169,7 @@ def test_gemm_with_transposed_constant_weight_folds_the_transpose():
     ("ReduceMax", [2, 3], 1, ["global_max_pool2d"]),
     ("ReduceMean", [1, 2], 1, ["mean"]),  # not the spatial axes of NCHW: a reduction
     ("ReduceSum", [2, 3], 1, ["sum"]),
+    ("ReduceMean", [6, 7], 1, None),  # out of range (6 % 4 is 2): the importer's error, not a pool
 ])
 def test_a_mean_over_the_spatial_axes_of_an_image_is_a_global_pool(op_type, axes, keepdims, ops):
     """ReduceMean (ReduceMax) of a 4-D float tensor over axes 2 and 3 imports as a global
@@ -176,6 +177,12 @@ def test_a_mean_over_the_spatial_axes_of_an_image_is_a_global_pool(op_type, axes
     leaves in the input's precision. Other axes and other reductions stay reductions."""
     shape = [2, 3, 5, 4]
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)
+    if ops is None:
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 1, 1])
+        model = _model([helper.make_node(op_type, ["x"], ["y"], axes=axes, keepdims=keepdims)], [x], [y])
+        with pytest.raises(byoc.errors.ByocError, match="axes|axis"):
+            byoc.from_onnx(model)
+        return
     data = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     reference = {"ReduceMean": np.mean, "ReduceMax": np.max, "ReduceSum": np.sum}[op_type](
         data, axis=tuple(axes), keepdims=bool(keepdims))

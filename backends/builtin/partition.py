@@ -143,9 +143,9 @@ def _layout_before_unary(main: Function) -> Function:
     swapped, bindings = set(), []
     for index, binding in enumerate(main.bindings):
         value = binding.value
-        producer = defined_at.get(value.args[0]) if _is_op_call(value) and value.args else None
-        if (value.op.name in COPYING_OPS if _is_op_call(value) else False) and len(value.args) == 1 and \
-                producer is not None and readers[producer] == {index} and \
+        is_copy = _is_op_call(value) and value.op.name in COPYING_OPS and len(value.args) == 1
+        producer = defined_at.get(value.args[0]) if is_copy else None
+        if producer is not None and readers[producer] == {index} and \
                 _is_unary_elementwise(main.bindings[producer].value, main.bindings, defined_at):
             unary = main.bindings[producer].value
             moved = Call(value.op, [unary.args[0]], dict(value.attrs))

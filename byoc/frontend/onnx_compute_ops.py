@@ -259,7 +259,8 @@ def _is_global_pool(ctx, x, axes, op_type) -> bool:
     """A mean or max of a floating 4-D tensor over its last two axes, none of them empty."""
     shape = ctx.shape(x)
     return (op_type in ("ReduceMean", "ReduceMax") and len(shape) == 4 and 0 not in shape
-            and ctx.dtype(x).startswith(("float", "bfloat")) and sorted(int(a) % 4 for a in axes) == [2, 3])
+            and ctx.dtype(x).startswith(("float", "bfloat")) and all(-4 <= int(a) < 4 for a in axes)
+            and sorted(int(a) % 4 for a in axes) == [2, 3])  # out-of-range axes: the reduction's error
 
 
 @converter("ArgMax", "ArgMin")

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.expr import Binding, Call, Constant, Function, Var
+from ..ir.expr import Binding, Call, Constant, Function, Var, vars_read
 from ..ir.module import IRModule
 from ..ir.op import Op
 
@@ -102,11 +102,10 @@ def _widenings(main: Function, dtypes) -> dict:
     conv whose input is widened instead of padded (the module docstring): the ops between
     the producer and the consumer, each read only by them (x * sigmoid(x) reads x twice)."""
     readers: dict = {}
-    for binding in main.bindings:
-        for a in getattr(binding.value, "args", ()):
-            if isinstance(a, Var):
-                readers.setdefault(a, set()).add(binding.var)
-    outputs = set(_vars_in(main.result))
+    for binding in main.bindings:  # every read counts: a tuple or a tuple item reading a var too
+        for a in vars_read(binding.value):
+            readers.setdefault(a, set()).add(binding.var)
+    outputs = set(vars_read(main.result))
     defined = {b.var: b.value for b in main.bindings}
     widen: dict = {}
     for binding in main.bindings:
@@ -148,12 +147,6 @@ def _region(data, channels: int, defined: dict) -> set | None:
             return None
         region.add(var)
     return region if producer is not None else None
-
-
-def _vars_in(expr):
-    if isinstance(expr, Var):
-        return [expr]
-    return [v for field in getattr(expr, "fields", ()) for v in _vars_in(field)]
 
 
 def _is_dense_conv(value) -> bool:
