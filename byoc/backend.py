@@ -56,6 +56,10 @@ class Backend:
     # bindings, outlining one op call (PinDevices: an op pinned to a device).
     takes_the_rest: Callable | None = None
     outline_op: Callable | None = None
+    # (mod, report) -> mod: blocks this backend runs as one kernel and no other backend
+    # offers, outlined into its functions before any backend's patterns look (the built-in
+    # backend: squeeze-and-excitation), with refusals in the report
+    claims_first: Callable | None = None
 
     def virtual_device(self, build_device: str):
         """The VirtualDevice of this backend's functions' parameters and results in a build
@@ -107,7 +111,8 @@ BACKENDS: dict[str, Backend] = {}
 def register_backend(name: str, flavor: str, patterns: list, codegen: Callable, device: str = "cuda",
                      memory_scope: str = "global", one_composite_per_function: bool = False,
                      capturable: bool = True, float32_statistics=(), pre_partition: Callable | None = None,
-                     takes_the_rest: Callable | None = None, outline_op: Callable | None = None) -> Backend:
+                     takes_the_rest: Callable | None = None, outline_op: Callable | None = None,
+                     claims_first: Callable | None = None) -> Backend:
     from .ir.op import OP_REGISTRY, get_op
     from .pattern import ops_named
     if flavor not in FLAVORS:
@@ -125,7 +130,8 @@ def register_backend(name: str, flavor: str, patterns: list, codegen: Callable, 
         if op_name not in OP_REGISTRY:
             raise ConfigError(f"backend {name!r}: float32_statistics names unknown op {op_name!r}")
     backend = Backend(name, flavor, list(patterns), codegen, device, memory_scope, one_composite_per_function,
-                      capturable, frozenset(float32_statistics), pre_partition, takes_the_rest, outline_op)
+                      capturable, frozenset(float32_statistics), pre_partition, takes_the_rest, outline_op,
+                      claims_first)
     BACKENDS[name] = backend
     return backend
 

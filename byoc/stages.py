@@ -126,9 +126,12 @@ def partition(mod, context):
     for backend in backends:  # what each backend needs before any patterns look (cutlass: NHWC convs)
         if backend.pre_partition is not None:
             mod = backend.pre_partition(mod, context.backend_targets[backend.name], context.target.kind)
+    # Blocks that one backend runs as one kernel and no other offers (the built-in
+    # backend's squeeze-and-excitation), claimed before the priority order applies.
+    claims = [b.claims_first for b in [*backends, get_backend(FALLBACK)] if b.claims_first is not None]
     # Slices instead of splits before any backend looks: patterns see one op per piece.
     mod, report = partition_for(lower_split(mod), names, finalize=get_backend(FALLBACK).takes_the_rest,
-                                symbol_suffix=context.symbol_suffix)
+                                symbol_suffix=context.symbol_suffix, claims_first=claims)
     from .pipeline import DUMP_DATA_BYTES
     context.write("partition_report.json", json.dumps(report.to_json(), indent=2, sort_keys=True))
     context.write("partition_report.txt", report.to_text())

@@ -40,4 +40,43 @@ SIGNATURES = {
     "byoc_shim_conv2d": [PTR, PTR, PTR, PTR, INT, INT] + [I64] * 16 + [PTR, SIZE, PTR],
     "byoc_shim_conv2d_workspace": [INT, INT] + [I64] * 10,
     "byoc_shim_pool2d": [PTR, PTR, INT, INT, INT] + [I64] * 16 + [INT, PTR],
+    "byoc_shim_squeeze_excitation": [PTR] * 6 + [INT, I64, I64, I64, I64, INT, FLT, FLT, INT, FLT, FLT, PTR],
 }
+
+# byoc_activation (byoc_shim.h): name -> number
+ACTIVATIONS = {"identity": 0, "relu": 1, "silu": 2, "hard_swish": 3, "sigmoid": 4, "hard_sigmoid": 5}
+
+# byoc_shim_squeeze_excitation's cases: (batch, pixels, channels, squeeze, activation, gate,
+# biases). Channels not a power of two; 32 channels over 3136 pixels (many threads per
+# channel vector); 4096 channels (several vectors per thread); squeezes read as vectors
+# (48, 240) and as single values (10, 20, 1).
+SQUEEZE_EXCITATION_CASES = [
+    (3, 63, 40, 10, "relu", "hard_sigmoid", True),
+    (2, 49, 1152, 48, "silu", "sigmoid", True),
+    (2, 7, 960, 240, "relu", "hard_sigmoid", True),
+    (1, 3136, 32, 8, "silu", "sigmoid", True),
+    (2, 5, 4096, 20, "hard_swish", "sigmoid", False),
+    (4, 1, 16, 1, "identity", "identity", False),
+]
+
+
+def squeeze_excitation_inputs(rng, batch, pixels, channels, squeeze, dtype, biases):
+    """(x, w1, b1, w2, b2) of one case, weights scaled by their fan-in so that the gates vary."""
+    def draw(shape, scale=1.0):
+        return (rng.standard_normal(shape) * scale).astype(dtype)
+    x = draw((batch, pixels, channels))
+    w1, w2 = draw((squeeze, channels), 3 / np.sqrt(channels)), draw((channels, squeeze), 2 / np.sqrt(squeeze))
+    b1, b2 = (draw((squeeze,)), draw((channels,))) if biases else (None, None)
+    return x, w1, b1, w2, b2
+
+
+def squeeze_excitation_reference(x, w1, b1, w2, b2, activation, gate, alpha=1 / 6, beta=0.5) -> np.ndarray:
+    """The gate byoc_shim.h defines, in float64, as x's dtype."""
+    functions = {"identity": lambda v: v, "relu": lambda v: np.maximum(v, 0),
+                 "silu": lambda v: v / (1 + np.exp(-v)), "hard_swish": lambda v: v * np.clip(v / 6 + 0.5, 0, 1),
+                 "sigmoid": lambda v: 1 / (1 + np.exp(-v)), "hard_sigmoid": lambda v: np.clip(alpha * v + beta, 0, 1)}
+    def wide(a):
+        return None if a is None else a.astype(np.float64)
+    pooled = wide(x).mean(axis=1)
+    hidden = functions[activation](pooled @ wide(w1).T + (0 if b1 is None else wide(b1)))
+    return functions[gate](hidden @ wide(w2).T + (0 if b2 is None else wide(b2))).astype(x.dtype)

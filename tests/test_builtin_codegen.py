@@ -461,6 +461,10 @@ def conv_epilogue_cases() -> list[Case]:
         # channels with SiLU, a 4x4 stride-4 patchify in bfloat16, uneven pads
         ("stem_3x3_stride2_silu_float16", "float16", (2, 15, 13, 4), 3, [2, 2], [1, 1, 1, 1], "silu"),
         ("stem_4x4_stride4_relu_bfloat16", "bfloat16", (1, 16, 12, 4), 4, [4, 4], [0, 1, 0, 2], "relu"),
+        # an RGB image of 3 channels unpadded, and one channel (odd output widths: a thread's
+        # second pixel falls past the row's end)
+        ("stem_3ch_3x3_stride2_relu_float16", "float16", (2, 15, 13, 3), 3, [2, 2], [1, 1, 1, 1], "relu"),
+        ("stem_1ch_5x5_clip_bfloat16", "bfloat16", (1, 9, 11, 1), 5, [1, 1], [2, 2, 2, 2], "clip"),
     ]
     for name, dtype, (batch, h, w, channels), window, strides, pads, chain in specs:
         rng = np.random.default_rng(zlib.crc32(name.encode()))
@@ -1118,7 +1122,7 @@ def test_a_depthwise_epilogue_reads_a_view_from_the_right_argument(tmp_path):
     (7, [2, 2], [1, 1], 16, "launch_window<__half, int32_t, 0, 0, 0>"),  # not unrolled: the generic kernel
     (3, [1, 1], [2, 2], 16, "launch_window<__half, int32_t, 0, 0, 0>"),
     (3, [2, 1], [1, 1], 16, "launch_window<__half, int32_t, 0, 0, 0>"),
-    (3, [2, 2], [1, 1], 1, "launch_few_channels"),
+    (3, [2, 2], [1, 1], 1, "launch_few_channels<4>"),
 ])
 def test_conv_epilogue_names_the_launcher_of_its_window(window, strides, dilations, groups, launch):
     """A conv2d_epilogue's generated code calls the depthwise.cuh launcher of its own window
@@ -1136,6 +1140,50 @@ def test_conv_epilogue_names_the_launcher_of_its_window(window, strides, dilatio
     (func,) = [b.value for b in partitioned["main"].bindings if isinstance(b.value, byoc.ir.Function)
                and b.value.attrs.get("Composite") == "builtin.conv2d_epilogue"]
     assert conv_epilogue_cuda("epilogue", func)["conv"]["launch"] == launch
+
+
+def test_a_stem_conv_reads_the_image_before_its_channel_pad():
+    """A conv the few-channel kernel takes that reads a zero pad of the channels alone (an
+    RGB image padded 3 -> 4 by PadConvChannels) reads the 3-channel image instead, its
+    filters cut to the 3 channels the pad kept: no pad kernel. A pad of other axes too, or
+    of another value, stays."""
+    w4 = np.arange(8 * 3 * 3 * 4, dtype=np.float16).reshape(8, 3, 3, 4) / 64
+    w4[..., 0] = 0  # the pad added a channel before the image's (pads begin at 1)
+    const4 = f"const({w4.tolist()}, float16)"
+    const3 = f"const({np.ascontiguousarray(w4[..., 1:]).tolist()}, float16)"
+    program = """
+def @main(%x: Tensor[(1, 9, 9, 3), float16]) -> Tensor[(1, 5, 5, 8), float16] {{
+  %p = pad(%x, pads={pads}, value={value})
+  %c = conv2d(%p, {weight}, strides=[2, 2], pads=[1, 1, 1, 1], data_layout="NHWC", kernel_layout="OHWI")
+  %r = relu(%c)
+  return %r
+}}
+"""
+    before = parse(program.format(pads=[0, 0, 0, 1, 0, 0, 0, 0], value=0.0, weight=const4))
+    after = partition_builtin(before)
+    expected = parse("""
+def @main(%x: Tensor[(1, 9, 9, 3), float16]) -> Tensor[(1, 5, 5, 8), float16] {
+  %f0 = fn (%a0: Tensor[(1, 9, 9, 3), float16]) -> Tensor[(1, 9, 9, 4), float16] [Compiler="builtin", Composite="builtin.pad"] {
+    %a1 = pad(%a0, pads=[0, 0, 0, 1, 0, 0, 0, 0])
+    return %a1
+  }
+  %p = %f0(%x)
+  %f1 = fn (%b0: Tensor[(1, 9, 9, 3), float16], %b1: Tensor[(8, 3, 3, 3), float16]) -> Tensor[(1, 5, 5, 8), float16] [Compiler="builtin", Composite="builtin.conv2d_epilogue"] {
+    %b2 = conv2d(%b0, %b1, strides=[2, 2], pads=[1, 1, 1, 1], data_layout="NHWC", kernel_layout="OHWI")
+    %b3 = relu(%b2)
+    return %b3
+  }
+  %r = %f1(%x, WEIGHT)
+  return %r
+}
+""".replace("WEIGHT", const3))
+    assert_structural_equal(after, expected)  # the dead pad goes with dead code elimination
+    _check_same_results(before, after)
+    for pads, value in (([0, 1, 0, 1, 0, 0, 0, 0], 0.0), ([0, 0, 0, 1, 0, 0, 0, 0], 1.0)):
+        kept = partition_builtin(parse(program.format(pads=pads, value=value, weight=const4)))
+        (conv,) = [b.value for b in kept["main"].bindings if isinstance(b.value, byoc.ir.Function)
+                   and b.value.attrs.get("Composite") == "builtin.conv2d_epilogue"]
+        assert conv.params[0].type.shape[3] == 4, (pads, value)
 
 
 def test_a_transpose_of_unit_axes_is_a_view(tmp_path):

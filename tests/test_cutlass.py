@@ -1210,19 +1210,23 @@ def _conv_model(kind, batch, channels, size, out_channels, kernel, stride, dtype
     ("conv_bias_relu", 2, 3, 33, 64, 7, 2, "float16"), ("conv_bias_relu", 3, 3, 30, 24, 7, 2, "bfloat16"),
     ("conv", 2, 3, 32, 32, 16, 16, "float16"),  # a ViT patch embedding
     ("conv_bias", 2, 6, 17, 32, 3, 1, "float16"),
-    # MobileNetV3's: a pointwise expansion (a GEMM) and its RGB stem (C=3, 3x3 stride 2), with hard_swish
+    # MobileNetV3's: a pointwise expansion (a GEMM) and its RGB stem (C=3, 3x3 stride 2: the built-in
+    # backend's direct kernel), with hard_swish
     ("conv_bias_hard_swish", 2, 16, 15, 72, 1, 1, "float16"), ("conv_bias_hard_swish", 2, 3, 33, 16, 3, 2, "float16"),
-    # EfficientNet's squeeze-and-excitation expansion: pointwise, C=4 (the fixed-channel kernel, not a GEMM)
+    # EfficientNet's squeeze-and-excitation expansion: pointwise, C=4 (the direct kernel, not a GEMM)
     ("conv_bias_sigmoid", 32, 4, 1, 96, 1, 1, "float16"),
 ])
 def test_conv_patterns_match_float32_reference(kind, batch, channels, size, out_channels, kernel, stride, dtype,
                                                 tmp_path):
     import cupy
+    from byoc.backends.cutlass.patterns import DIRECT_STEM_MAX_MACS
     mod = _conv_model(kind, batch, channels, size, out_channels, kernel, stride, dtype)
     library = byoc.build(mod, config={"target": "auto", "backends": [{"cutlass": {"profile": "false", "conv2d": True}}]},
                          workdir=str(tmp_path / "w"))
-    assert "cutlass" in library.metadata["backends"], library.report.to_text()
-    if "hard_swish" in kind:  # in the epilogue, not a kernel of its own
+    # 3 channels are padded to 4; a small conv of 4 channels is the built-in direct kernel's
+    direct = channels in (3, 4) and kernel * kernel * 4 * out_channels <= DIRECT_STEM_MAX_MACS
+    assert ("cutlass" not in library.metadata["backends"]) == direct, library.report.to_text()
+    if "hard_swish" in kind and not direct:  # in the epilogue, not a kernel of its own
         assert "HardSwish" in "".join(p.read_text() for p in (tmp_path / "w").glob("byoc_cutlass_*.cu"))
     module = library.load()
     rng = np.random.default_rng(1)

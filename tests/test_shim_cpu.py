@@ -18,6 +18,8 @@ import pytest
 import byoc  # noqa: F401  (registers the ops)
 from byoc.ir import get_op
 from shim_abi import BF16, DTYPE_CODES, FLOATS, INT, SIGNATURES, SIZE, TOLERANCES  # the shim ABI (tests/shim_abi.py)
+from shim_abi import (ACTIVATIONS, SQUEEZE_EXCITATION_CASES, squeeze_excitation_inputs,
+                      squeeze_excitation_reference)
 
 SHIM_DIR = pathlib.Path(__file__).resolve().parent.parent / "backends" / "builtin" / "shim"
 CPU_SOURCES = sorted((SHIM_DIR / "cpu").glob("*.cpp"))
@@ -422,6 +424,31 @@ def test_layer_norm_and_rms_norm(shim, dtype, rows, n):
     assert_close(out, get_op("layer_norm").reference(x, gamma, np.zeros_like(beta), axis=-1, epsilon=1e-5), dtype)
     shim.check(shim.rms_norm(ptr(x), ptr(gamma), ptr(out), code(x.dtype), rows, n, 1e-6))
     assert_close(out, get_op("rms_norm").reference(x, gamma, axis=-1, epsilon=1e-6), dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("batch, pixels, channels, squeeze, activation, gate, biases", SQUEEZE_EXCITATION_CASES)
+def test_squeeze_excitation(shim, dtype, batch, pixels, channels, squeeze, activation, gate, biases):
+    x, w1, b1, w2, b2 = squeeze_excitation_inputs(rng, batch, pixels, channels, squeeze, npdtype(dtype), biases)
+    out = np.empty((batch, channels), x.dtype)
+    shim.check(shim.squeeze_excitation(ptr(x), ptr(w1), ptr(b1), ptr(w2), ptr(b2), ptr(out), code(x.dtype), batch,
+                                       pixels, channels, squeeze, ACTIVATIONS[activation], 0.0, 0.0,
+                                       ACTIVATIONS[gate], 1 / 6, 0.5))
+    assert_close(out, squeeze_excitation_reference(x, w1, b1, w2, b2, activation, gate), dtype)
+
+
+def test_squeeze_excitation_refuses_what_it_does_not_compute(shim):
+    x, w1, b1, w2, b2 = squeeze_excitation_inputs(rng, 2, 3, 16, 4, np.float64, True)
+    out = np.empty((2, 16))
+    args = (ptr(x), ptr(w1), ptr(b1), ptr(w2), ptr(b2), ptr(out))
+    shim.expect_error(shim.squeeze_excitation(*args, code(x.dtype), 2, 3, 16, 4, 1, 0.0, 0.0, 4, 0.0, 0.0),
+                      "squeeze_excitation", "float64 is not supported")
+    shim.expect_error(shim.squeeze_excitation(*args, 0, 2, 3, 12, 4, 1, 0.0, 0.0, 4, 0.0, 0.0),
+                      "squeeze_excitation", "channels is 12; expected a multiple of 8")
+    shim.expect_error(shim.squeeze_excitation(*args, 0, 2, 3, 16, 4, 9, 0.0, 0.0, 4, 0.0, 0.0),
+                      "squeeze_excitation", "activation 9 is not a byoc_activation")
+    shim.expect_error(shim.squeeze_excitation(*args, 0, 2, 0, 16, 4, 1, 0.0, 0.0, 4, 0.0, 0.0),
+                      "squeeze_excitation", "pixels")
 
 
 @pytest.mark.parametrize("dtype", FLOATS)

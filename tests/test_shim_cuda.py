@@ -22,6 +22,8 @@ from byoc.ir import get_op
 from byoc.toolchain.compiler import cuda_home, cuda_include_dirs, cuda_link_flags, find_cxx
 from shim_abi import BF16, DTYPE_CODES, FLOATS, I64, INT, SIZE, TOLERANCES  # the shim ABI (tests/shim_abi.py)
 from shim_abi import SIGNATURES as CPU_SIGNATURES
+from shim_abi import (ACTIVATIONS, SQUEEZE_EXCITATION_CASES, squeeze_excitation_inputs,
+                      squeeze_excitation_reference)
 from gpu_probe import gpu_present
 
 SHIM_DIR = pathlib.Path(__file__).resolve().parent.parent / "backends" / "builtin" / "shim"
@@ -534,6 +536,27 @@ def test_layer_norm_and_rms_norm(shim, dev, dtype, rows, n):
                  get_op("layer_norm").reference(x, gamma, np.zeros_like(beta), axis=-1, epsilon=1e-5), dtype)
     shim.check(shim.rms_norm(ptrs[0], ptrs[1], out, code(x.dtype), rows, n, 1e-6))
     assert_close(dev.get(handle), get_op("rms_norm").reference(x, gamma, axis=-1, epsilon=1e-6), dtype)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("batch, pixels, channels, squeeze, activation, gate, biases", SQUEEZE_EXCITATION_CASES)
+def test_squeeze_excitation(shim, dev, dtype, batch, pixels, channels, squeeze, activation, gate, biases):
+    x, w1, b1, w2, b2 = squeeze_excitation_inputs(rng, batch, pixels, channels, squeeze, npdtype(dtype), biases)
+    out, handle = dev.empty((batch, channels), x.dtype, fill=np.nan)
+    shim.check(shim.squeeze_excitation(dev.put(x), dev.put(w1), dev.put(b1), dev.put(w2), dev.put(b2), out,
+                                       code(x.dtype), batch, pixels, channels, squeeze, ACTIVATIONS[activation], 0.0,
+                                       0.0, ACTIVATIONS[gate], 1 / 6, 0.5))
+    assert_close(dev.get(handle), squeeze_excitation_reference(x, w1, b1, w2, b2, activation, gate), dtype)
+
+
+@gpu
+def test_squeeze_excitation_refuses_a_misaligned_input(shim, dev):
+    x, w1, b1, w2, b2 = squeeze_excitation_inputs(rng, 2, 3, 16, 4, np.float16, True)
+    out, _ = dev.empty((2, 16), np.float16)
+    shim.expect_error(shim.squeeze_excitation(dev.put(x) + 2, dev.put(w1), dev.put(b1), dev.put(w2), dev.put(b2), out,
+                                              code(x.dtype), 2, 3, 16, 4, 1, 0.0, 0.0, 4, 0.0, 0.0),
+                      "squeeze_excitation", "16-byte aligned")
 
 
 @gpu

@@ -16,6 +16,7 @@ from byoc.target import AttrSchema, at_least, register_target_kind
 
 from .codegen import generate
 from .partition import RESHAPE_COMPOSITE, outline_op, partition_builtin
+from .squeeze_excitation import claim_squeeze_excitation
 
 SHIM_DIR = Path(__file__).parent / "shim"
 # Included first by the cpu code of a cuda build: renames the CPU shim's symbols, which
@@ -197,4 +198,5 @@ def codegen(functions: dict, target) -> list:
 register_backend("builtin", flavor="shim", patterns=[], codegen=codegen, device="any",
                  one_composite_per_function=True,
                  float32_statistics=("softmax", "log_softmax", "layer_norm", "rms_norm"),
-                 takes_the_rest=partition_builtin, outline_op=outline_op)
+                 takes_the_rest=partition_builtin, outline_op=outline_op,
+                 claims_first=claim_squeeze_excitation)

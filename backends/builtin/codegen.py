@@ -18,6 +18,8 @@ Three kinds of bodies:
 - a depthwise conv with its elementwise chain (Composite="builtin.conv2d_epilogue") becomes
   the shim's depthwise kernel with a generated epilogue on CUDA, the conv's shim call and
   the chain's loop on the CPU (conv_epilogue.py);
+- a squeeze-and-excitation block (Composite="builtin.squeeze_excitation") is one call of
+  the shim's byoc_shim_squeeze_excitation (squeeze_excitation.py);
 - any other function holds one op call, and the table OP_EMITTERS (shim_calls.py) maps
   the op to an emitter that writes calls to the shim (backends/builtin/shim/byoc_shim.h)
   with every size computed at build time and written as a literal.
@@ -37,6 +39,7 @@ from .elementwise import elementwise_kernel, is_elementwise_function
 from .conv_epilogue import conv_epilogue_cpu, conv_epilogue_cuda
 from .partition import CONV_EPILOGUE_COMPOSITE, LAYOUT_COMPOSITE
 from .shim_calls import emit_layout_chain, emit_shim_calls
+from .squeeze_excitation import SE_COMPOSITE, emit_squeeze_excitation
 
 TARGET_KINDS = ("cpu", "cuda")
 SOURCE_SUFFIXES = {"cpu": ".cc", "cuda": ".cu"}
@@ -79,6 +82,8 @@ def generate(functions: dict[str, Function], target_kind: str) -> GeneratedSourc
         else:
             if func.attrs.get("Composite") == LAYOUT_COMPOSITE:
                 calls = emit_layout_chain(symbol, func, target_kind)
+            elif func.attrs.get("Composite") == SE_COMPOSITE:
+                calls = emit_squeeze_excitation(symbol, func, target_kind)
             else:
                 calls = emit_shim_calls(symbol, func, target_kind)
             rendered.append({"kind": "shim_calls", **calls.as_dict()})

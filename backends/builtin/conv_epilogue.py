@@ -83,7 +83,7 @@ def _launch(conv, storage: str, index_type: str) -> str:
     """The depthwise.cuh launcher of this conv, its window named at compile time so that
     the epilogue instantiates only the kernels that can run it."""
     if not is_depthwise_conv(conv):
-        return "launch_few_channels"
+        return f"launch_few_channels<{conv.args[0].type.shape[3]}>"
     _, kernel_h, kernel_w, _ = conv.args[1].type.shape
     if common_window(conv.attrs, kernel_h, kernel_w):
         return f"launch_common_window<{storage}, {index_type}, {kernel_w}, {conv.attrs['strides'][0]}>"

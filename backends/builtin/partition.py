@@ -35,8 +35,10 @@ Rewrites, in `main` only:
   with Composite="builtin.conv2d_epilogue": on CUDA the group's chain (bias, activation,
   residual, ...) runs on the conv's sums before anything is stored (MobileNet's and
   EfficientNet's conv -> bias -> activation: one pass over the activations instead of two).
-  So does a dense conv of 4 input channels (an image padded by PadConvChannels) into a
-  multiple of 8 output channels, depthwise.cuh's few_channels_kernel: the stem.
+  So does a dense conv of 1 to 4 input channels into a multiple of 8 output channels,
+  depthwise.cuh's few_channels_kernel: the stem. Such a conv that reads a zero pad of the
+  channels alone (PadConvChannels' 3 -> 4) reads the unpadded image instead, its filters
+  cut to match: no pad kernel.
 
 Each function is written inline in main and called right away:
 
@@ -56,6 +58,8 @@ device_copy: PlanDevices and the host code deal with them), other globals, and a
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ...ir.expr import Binding, Call, Constant, Expr, Function, Tuple, Var, vars_read
 from ...ir.module import IRModule
 from ...ir.op import Op
@@ -73,14 +77,14 @@ CONV_EPILOGUE_COMPOSITE = f"{COMPILER}.conv2d_epilogue"  # a depthwise conv and 
 # depthwise.cuh's limits: 8 channels per thread, every filter in 96 KiB of shared memory.
 DEPTHWISE_VECTOR = 8
 DEPTHWISE_MAX_FILTER_BYTES = 96 * 1024
-# few_channels_kernel's: 4 input channels, float filters in 48 KiB of shared memory.
+# few_channels_kernel's: 1 to 4 input channels, float filters in 48 KiB of shared memory.
 FEW_CHANNELS = 4
 FEW_CHANNELS_MAX_FILTER_BYTES = 48 * 1024
 
 
 def partition_builtin(mod: IRModule) -> IRModule:
     """A new module whose main calls builtin functions for every op it still called."""
-    main = _layout_before_unary(_unit_transposes_as_reshapes(lower_split_in(mod["main"])))
+    main = _convs_read_unpadded(_layout_before_unary(_unit_transposes_as_reshapes(lower_split_in(mod["main"]))))
     readers = _readers(main.bindings, main.result)
     groups = _elementwise_groups(main.bindings, readers)
     composites = {tuple(group): f"{COMPILER}.elementwise" for group in groups.values()}
@@ -158,6 +162,43 @@ def _layout_before_unary(main: Function) -> Function:
         return main
     bindings = [b for b in bindings if defined_at.get(b.var) not in swapped]
     return Function(main.params, bindings, main.result, main.ret_type, main.attrs)
+
+
+def _convs_read_unpadded(main: Function) -> Function:
+    """`main` with each conv2d that reads a zero pad of the channel axis alone (an image of
+    3 channels padded to 4 by PadConvChannels) reading the unpadded tensor instead, its
+    constant filters cut to the channels it reads, where few_channels_kernel then takes
+    it: the zeros added nothing to the sums, and the pad was a kernel of its own. A pad
+    read by nothing else is left for dead code elimination."""
+    defined_at = {b.var: i for i, b in enumerate(main.bindings)}
+    bindings, changed = [], False
+    for binding in main.bindings:
+        value = binding.value
+        if _is_op_call(value) and value.op.name == "conv2d" and value.attrs.get("data_layout") == "NHWC" \
+                and isinstance(value.args[1], Constant) and value.args[0] in defined_at:
+            pad = main.bindings[defined_at[value.args[0]]].value
+            begin = _channel_pad_begin(pad)
+            if begin is not None:
+                channels = pad.args[0].type.shape[3]
+                filters = np.asarray(value.args[1].data)[..., begin:begin + channels]
+                unpadded = Call(value.op, [pad.args[0], Constant(np.ascontiguousarray(filters),
+                                                                 value.args[1].type.dtype)], dict(value.attrs))
+                if is_few_channel_conv(unpadded):
+                    value, changed = unpadded, True
+        bindings.append(Binding(binding.var, value) if value is not binding.value else binding)
+    return Function(main.params, bindings, main.result, main.ret_type, main.attrs) if changed else main
+
+
+def _channel_pad_begin(value) -> int | None:
+    """The channels a constant zero pad adds before the last axis of a 4-D tensor, when it
+    pads that axis alone; else None."""
+    if not (_is_op_call(value) and value.op.name == "pad" and value.attrs.get("mode", "constant") == "constant"
+            and float(value.attrs.get("value", 0.0)) == 0.0 and len(value.args[0].type.shape) == 4):
+        return None
+    pads = [int(p) for p in value.attrs["pads"]]
+    if any(p < 0 for p in pads) or any(pads[axis] or pads[4 + axis] for axis in range(3)):
+        return None
+    return pads[3]
 
 
 def _is_unary_elementwise(value, bindings, defined_at) -> bool:
@@ -345,15 +386,15 @@ def is_depthwise_conv(value: Expr) -> bool:
 
 def is_few_channel_conv(value: Expr) -> bool:
     """A conv2d call that depthwise.cuh's few_channels_kernel computes: NHWC, 16-bit
-    floats, groups 1, 4 input channels, output channels a multiple of 8, its filters (as
-    float) within 48 KiB of shared memory."""
+    floats, groups 1, 1 to 4 input channels, output channels a multiple of 8, its filters
+    (as float) within 48 KiB of shared memory."""
     if not (_is_op_call(value) and value.op.name == "conv2d" and value.attrs.get("data_layout") == "NHWC"):
         return False
     data, weight = value.args[0].type, value.args[1].type
     if data.dtype not in ("float16", "bfloat16") or len(data.shape) != 4 or len(weight.shape) != 4:
         return False
     out_channels, kernel_h, kernel_w, channels = weight.shape
-    return (value.attrs.get("groups") == 1 and channels == data.shape[3] == FEW_CHANNELS
+    return (value.attrs.get("groups") == 1 and 1 <= channels == data.shape[3] <= FEW_CHANNELS
             and out_channels % DEPTHWISE_VECTOR == 0 and value.type.dtype == data.dtype
             and out_channels * kernel_h * kernel_w * channels * 4 <= FEW_CHANNELS_MAX_FILTER_BYTES)
 

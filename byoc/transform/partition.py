@@ -1,5 +1,6 @@
 """partition_for: the whole partitioning pipeline for a list of backends.
 
+`claims_first` (the blocks a backend runs as one kernel and no other offers) ->
 FuseOpsByPattern (backends in priority order) -> MergeCompositeFunctions -> `finalize`
 (the built-in backend's partitioning of every op left) -> OutlineCompilerFunctions ->
 DeadCodeElimination, with a PartitionReport filled in on the way.
@@ -15,8 +16,10 @@ from .outline_compiler_functions import outline_compiler_functions
 
 
 def partition_for(mod: IRModule, backend_names: list, finalize=None,
-                  symbol_suffix: str = "") -> tuple[IRModule, PartitionReport]:
+                  symbol_suffix: str = "", claims_first=()) -> tuple[IRModule, PartitionReport]:
     report = PartitionReport()
+    for claim in claims_first:
+        mod = claim(mod, report)
     mod = fuse_ops_by_pattern(mod, backend_names, report)
     mod = merge_composite_functions(mod)
     if finalize is not None:

@@ -120,6 +120,32 @@ int byoc_shim_layer_norm(const void* in, const void* gamma, const void* beta, vo
 int byoc_shim_rms_norm(const void* in, const void* gamma, void* out, byoc_dtype dtype,
                        int64_t rows, int64_t n, float epsilon, void* stream);
 
+/* ---- squeeze-and-excitation ------------------------------------------------------
+ * The gate of a squeeze-and-excitation block (SENet; MobileNetV3's and EfficientNet's), for
+ * each sample n of `in` (batch, pixels, channels), channels innermost (NHWC):
+ *   pooled[k] = mean over the pixels of in[n, :, k]
+ *   hidden[s] = activation(b1[s] + sum_k w1[s, k] * pooled[k])     w1: (squeeze, channels)
+ *   out[n, c] = gate(b2[c] + sum_s w2[c, s] * hidden[s])           w2: (channels, squeeze)
+ * out is (batch, channels). b1 and b2 may be NULL (no bias). `activation` and `gate` are
+ * byoc_activation numbers; alpha and beta are BYOC_ACTIVATION_HARD_SIGMOID's (max(0,
+ * min(1, alpha * x + beta))), ignored by the others. float32, float16 and bfloat16, sums in
+ * float32. channels must be a multiple of 8, at most BYOC_SE_MAX_CHANNELS, squeeze at most
+ * BYOC_SE_MAX_SQUEEZE; CUDA: in and w1 16-byte aligned. */
+typedef enum {
+  BYOC_ACTIVATION_IDENTITY = 0,
+  BYOC_ACTIVATION_RELU = 1,
+  BYOC_ACTIVATION_SILU = 2,       /* x * sigmoid(x) */
+  BYOC_ACTIVATION_HARD_SWISH = 3, /* x * max(0, min(1, x / 6 + 0.5)) */
+  BYOC_ACTIVATION_SIGMOID = 4,
+  BYOC_ACTIVATION_HARD_SIGMOID = 5
+} byoc_activation;
+#define BYOC_SE_MAX_CHANNELS 4096
+#define BYOC_SE_MAX_SQUEEZE 1024
+int byoc_shim_squeeze_excitation(const void* in, const void* w1, const void* b1, const void* w2, const void* b2,
+                                 void* out, byoc_dtype dtype, int64_t batch, int64_t pixels, int64_t channels,
+                                 int64_t squeeze, int activation, float activation_alpha, float activation_beta,
+                                 int gate, float gate_alpha, float gate_beta, void* stream);
+
 /* batch_norm inference on (outer, channels, inner):
  * (x - mean[c]) / sqrt(var[c] + eps) * scale[c] + bias[c]; params share dtype with x. */
 int byoc_shim_batch_norm(const void* in, const void* scale, const void* bias, const void* mean,

@@ -503,6 +503,32 @@ inline int check_trilu(const char* function, const void* in, const void* out, in
                                    {{"in", in}, {"out", out}});
 }
 
+// byoc_shim_squeeze_excitation's arguments (the CUDA shim checks alignment besides); the
+// data pointers only when the output is not empty (the biases may be NULL).
+inline int check_squeeze_excitation(const char* function, const void* in, const void* w1, const void* w2,
+                                    const void* out, int64_t batch, int64_t pixels, int64_t channels,
+                                    int64_t squeeze, int activation, int gate) {
+  for (const int kind : {activation, gate}) {
+    if (kind < BYOC_ACTIVATION_IDENTITY || kind > BYOC_ACTIVATION_HARD_SIGMOID) {
+      return fail(kInvalidArgument, function, "activation %d is not a byoc_activation (0..%d)", kind,
+                  static_cast<int>(BYOC_ACTIVATION_HARD_SIGMOID));
+    }
+  }
+  BYOC_CHECK(check_positive(function, "pixels", pixels));
+  BYOC_CHECK(check_positive(function, "channels", channels));
+  BYOC_CHECK(check_positive(function, "squeeze", squeeze));
+  if (channels % 8 != 0 || channels > BYOC_SE_MAX_CHANNELS) {
+    return fail(kInvalidArgument, function, "channels is %lld; expected a multiple of 8 up to %d",
+                static_cast<long long>(channels), BYOC_SE_MAX_CHANNELS);
+  }
+  if (squeeze > BYOC_SE_MAX_SQUEEZE) {
+    return fail(kInvalidArgument, function, "squeeze is %lld; expected at most %d", static_cast<long long>(squeeze),
+                BYOC_SE_MAX_SQUEEZE);
+  }
+  return check_sizes_then_pointers(function, {{"batch", batch}},
+                                   {{"in", in}, {"w1", w1}, {"w2", w2}, {"out", out}});
+}
+
 }  // namespace byoc_shim_checks
 
 #endif  // BYOC_SHIM_CHECKS_H_

@@ -23,6 +23,7 @@
 #define byoc_shim_reduce byoc_cpu_shim_reduce
 #define byoc_shim_rms_norm byoc_cpu_shim_rms_norm
 #define byoc_shim_softmax byoc_cpu_shim_softmax
+#define byoc_shim_squeeze_excitation byoc_cpu_shim_squeeze_excitation
 #define byoc_shim_tile byoc_cpu_shim_tile
 #define byoc_shim_trilu byoc_cpu_shim_trilu
 

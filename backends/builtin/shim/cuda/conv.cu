@@ -228,7 +228,7 @@ bool launch_few_channels_nhwc(const Storage* x, const Storage* w, const Storage*
       return false;
     }
     return launch_with_bias_store(x, w, b, y, batch, s, stream,
-                                  [](auto... args) { return byoc_depthwise::launch_few_channels(args...); });
+                                  [](auto... args) { return byoc_depthwise::launch_few_channels<byoc_depthwise::kFewChannels>(args...); });
   }
 }
 

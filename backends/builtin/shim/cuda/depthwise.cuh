@@ -381,27 +381,43 @@ cudaError_t launch_tiled(const Storage* in, const Storage* weight, int64_t batch
   return cudaGetLastError();
 }
 
-// ---------------------------------------------------------------- four input channels
+// ---------------------------------------------------------------- few input channels
 //
-// A dense conv (groups 1) of 4 input channels, an image padded to 4 (PadConvChannels),
-// into `s.channels` output channels (a multiple of 8): the stem of MobileNet and
-// EfficientNet. An implicit GEMM of such a conv has a reduction of R*S*4 (36 for a 3x3
-// window) and an 8-byte pixel per tap; CUTLASS's fixed-channel conv spent 75-130 us on
-// these stems at batch 32 on an H200 where the arithmetic (R*S*4*K multiply-adds a pixel)
-// takes a few microseconds on the CUDA cores. Here a thread computes 8 output channels of
-// one output pixel: per tap one 8-byte load of the pixel's 4 channels and 32 multiply-adds
-// with filters from shared memory, held in float ([tap][in channel][out channel]: a
-// thread's 8 filters of one tap and input channel are two 16-byte reads).
-constexpr int kFewChannels = 4;
+// A dense conv (groups 1) of 1 to 4 input channels (an RGB image, or one padded to 4 by
+// PadConvChannels) into `s.channels` output channels (a multiple of 8): the stem of
+// MobileNet and EfficientNet. An implicit GEMM of such a conv has a reduction of R*S*4 (36
+// for a 3x3 window) and an 8-byte pixel per tap; CUTLASS's fixed-channel conv spent 75-130
+// us on these stems at batch 32 on an H200 where the arithmetic (R*S*C*K multiply-adds a
+// pixel) takes a few microseconds on the CUDA cores. Here a thread computes 8 output
+// channels of kFewPixels neighbouring output pixels of a row: per tap one read of each
+// pixel's channels (8 bytes for 4 channels) and, per input channel, two 16-byte reads of
+// filters from shared memory (held in float, [tap][in channel][out channel]) that serve
+// every pixel, so that the filter reads, not the multiply-adds, are what it saves on.
+constexpr int kFewChannels = 4;  // at most
+constexpr int kFewPixels = 2;
 constexpr size_t kFewChannelsMaxSharedBytes = size_t{48} << 10;
 
 inline bool takes_few_channels(int64_t in_channels, int64_t out_channels, int64_t kernel_h, int64_t kernel_w) {
-  return in_channels == kFewChannels && out_channels > 0 && out_channels % kVector == 0 &&
-         static_cast<size_t>(kernel_h * kernel_w * kFewChannels * out_channels) * sizeof(float) <=
+  return in_channels >= 1 && in_channels <= kFewChannels && out_channels > 0 && out_channels % kVector == 0 &&
+         static_cast<size_t>(kernel_h * kernel_w * in_channels * out_channels) * sizeof(float) <=
              kFewChannelsMaxSharedBytes;
 }
 
-template <class Storage, class Index, class Epilogue>
+// The kChannels values of one input pixel as floats (one 8-byte read for 4 channels).
+template <int kChannels, class Storage>
+__device__ __forceinline__ void load_pixel(const Storage* pixel, float (&x)[kChannels]) {
+  if constexpr (kChannels == 4) {
+    const uint2 words = __ldg(reinterpret_cast<const uint2*>(pixel));
+    const Pair<Storage>* pairs = reinterpret_cast<const Pair<Storage>*>(&words);
+    const float2 low = to_float2(pairs[0]), high = to_float2(pairs[1]);
+    x[0] = low.x, x[1] = low.y, x[2] = high.x, x[3] = high.y;
+  } else {
+#pragma unroll
+    for (int c = 0; c < kChannels; ++c) x[c] = to_float(pixel[c]);
+  }
+}
+
+template <int kChannels, class Storage, class Index, class Epilogue>
 __global__ void __launch_bounds__(kThreads) few_channels_kernel(const Storage* __restrict__ in,
                                                                 const Storage* __restrict__ weight,
                                                                 Geometry<Index> s, Index total_items,
@@ -410,63 +426,71 @@ __global__ void __launch_bounds__(kThreads) few_channels_kernel(const Storage* _
   float* filters = reinterpret_cast<float*>(shared_filters);  // [tap][in channel][out channel]
   byoc_pdl::begin_after_previous();
   const Index out_channels = s.channels, taps = s.kernel_h * s.kernel_w;
-  const Index filter_count = out_channels * taps * kFewChannels;
+  const Index filter_count = out_channels * taps * kChannels;
   for (Index i = threadIdx.x; i < filter_count; i += blockDim.x) {  // coalesced reads of OHWI
-    const Index k = i / (taps * kFewChannels), tap_channel = i % (taps * kFewChannels);
+    const Index k = i / (taps * kChannels), tap_channel = i % (taps * kChannels);
     filters[tap_channel * out_channels + k] = to_float(weight[i]);
   }
   __syncthreads();
   const Index vectors = out_channels / kVector;
+  const Index row_groups = (s.out_w + kFewPixels - 1) / kFewPixels;
   for (Index item = blockIdx.x * blockDim.x + threadIdx.x; item < total_items;
        item += static_cast<Index>(gridDim.x) * blockDim.x) {
     const Index vector = item % vectors;
-    Index pixel = item / vectors;
-    const Index ow = pixel % s.out_w;
-    pixel /= s.out_w;
-    const Index oh = pixel % s.out_h;
-    const Index image = pixel / s.out_h;
-    const Storage* image_in = in + image * s.in_h * s.in_w * kFewChannels;
-    float sum[kVector] = {};
+    Index rest = item / vectors;
+    const Index ow0 = rest % row_groups * kFewPixels;
+    rest /= row_groups;
+    const Index oh = rest % s.out_h;
+    const Index image = rest / s.out_h;
+    const Storage* image_in = in + image * s.in_h * s.in_w * kChannels;
+    float sum[kFewPixels][kVector] = {};
     for (Index kh = 0; kh < s.kernel_h; ++kh) {
       const Index ih = oh * s.stride_h - s.pad_top + kh * s.dilation_h;
       if (ih < 0 || ih >= s.in_h) continue;
       for (Index kw = 0; kw < s.kernel_w; ++kw) {
-        const Index iw = ow * s.stride_w - s.pad_left + kw * s.dilation_w;
-        if (iw < 0 || iw >= s.in_w) continue;
-        const uint2 words = __ldg(reinterpret_cast<const uint2*>(image_in + (ih * s.in_w + iw) * kFewChannels));
-        const Pair<Storage>* pairs = reinterpret_cast<const Pair<Storage>*>(&words);
-        const float2 low = to_float2(pairs[0]), high = to_float2(pairs[1]);
-        const float x[kFewChannels] = {low.x, low.y, high.x, high.y};
-        const float* tap_filters = filters + (kh * s.kernel_w + kw) * kFewChannels * out_channels + vector * kVector;
+        float x[kFewPixels][kChannels];
 #pragma unroll
-        for (int c = 0; c < kFewChannels; ++c) {
+        for (int p = 0; p < kFewPixels; ++p) {  // outside the image (or past the row's end): zeros
+          const Index iw = (ow0 + p) * s.stride_w - s.pad_left + kw * s.dilation_w;
+          if (iw >= 0 && iw < s.in_w && ow0 + p < s.out_w) {
+            load_pixel<kChannels>(image_in + (ih * s.in_w + iw) * kChannels, x[p]);
+          } else {
+#pragma unroll
+            for (int c = 0; c < kChannels; ++c) x[p][c] = 0.0f;
+          }
+        }
+        const float* tap_filters = filters + (kh * s.kernel_w + kw) * kChannels * out_channels + vector * kVector;
+#pragma unroll
+        for (int c = 0; c < kChannels; ++c) {
           const float4 w0 = *reinterpret_cast<const float4*>(tap_filters + c * out_channels);
           const float4 w1 = *reinterpret_cast<const float4*>(tap_filters + c * out_channels + 4);
-          sum[0] = fmaf(x[c], w0.x, sum[0]);
-          sum[1] = fmaf(x[c], w0.y, sum[1]);
-          sum[2] = fmaf(x[c], w0.z, sum[2]);
-          sum[3] = fmaf(x[c], w0.w, sum[3]);
-          sum[4] = fmaf(x[c], w1.x, sum[4]);
-          sum[5] = fmaf(x[c], w1.y, sum[5]);
-          sum[6] = fmaf(x[c], w1.z, sum[6]);
-          sum[7] = fmaf(x[c], w1.w, sum[7]);
+          const float w[kVector] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+          for (int p = 0; p < kFewPixels; ++p) {
+#pragma unroll
+            for (int j = 0; j < kVector; ++j) sum[p][j] = fmaf(x[p][c], w[j], sum[p][j]);
+          }
         }
       }
     }
-    epilogue(item, sum);
+    const Index first = ((image * s.out_h + oh) * s.out_w + ow0) * vectors + vector;
+    store_pixels<kFewPixels>(epilogue, first, vectors, ow0, s.out_w, sum);
   }
 }
 
-// Launches few_channels_kernel for `batch` images of 4 channels (takes_few_channels() must
-// hold; `s.channels` is the output's channels); the input must be 8-byte aligned.
-template <class Storage, class Index, class Epilogue>
+// Launches few_channels_kernel for `batch` images of kChannels channels
+// (takes_few_channels() must hold; `s.channels` is the output's channels); for 4 channels
+// the input must be 8-byte aligned.
+template <int kChannels, class Storage, class Index, class Epilogue>
 cudaError_t launch_few_channels(const Storage* in, const Storage* weight, int64_t batch, const Geometry<Index>& s,
                                 Epilogue epilogue, cudaStream_t stream) {
-  if (reinterpret_cast<uintptr_t>(in) % 8 != 0) return cudaErrorMisalignedAddress;
-  auto kernel = few_channels_kernel<Storage, Index, Epilogue>;
+  static_assert(kChannels >= 1 && kChannels <= kFewChannels, "1 to 4 input channels");
+  if (kChannels == 4 && reinterpret_cast<uintptr_t>(in) % 8 != 0) return cudaErrorMisalignedAddress;
+  auto kernel = few_channels_kernel<kChannels, Storage, Index, Epilogue>;
   const size_t shared_bytes =
-      static_cast<size_t>(s.kernel_h) * s.kernel_w * kFewChannels * s.channels * sizeof(float);
-  const int64_t items = batch * static_cast<int64_t>(s.out_h) * s.out_w * (s.channels / kVector);
+      static_cast<size_t>(s.kernel_h) * s.kernel_w * kChannels * s.channels * sizeof(float);
+  const int64_t row_groups = (static_cast<int64_t>(s.out_w) + kFewPixels - 1) / kFewPixels;
+  const int64_t items = batch * static_cast<int64_t>(s.out_h) * row_groups * (s.channels / kVector);
   return launch_resident(kernel, items, shared_bytes, stream, in, weight, s, static_cast<Index>(items), epilogue);
 }
 
