@@ -1137,10 +1137,10 @@ def @main(%x: Tensor[(1, 1, 1, 16), float16]) -> {result_type} {{
 def test_resnet_partitions_convs_into_cutlass_with_boundary_transposes_only(tmp_path):
     """build()'s pipeline up to partitioning, for cuda -arch=sm_90 with the cutlass backend:
     every conv goes to cutlass (epilogues fused: bias+relu, bias+residual+relu, bias) but the
-    3-channel stem, its image padded to 4 channels by one built-in pad (PadConvChannels), which
-    is few enough multiply-adds for the built-in backend's direct kernel (with its bias and
-    ReLU), and the fc GEMM; the only transpose is the image's into NHWC (the pooled (N, 1, 1,
-    C) goes back to NCHW as a reshape: a view)."""
+    3-channel stem, padded to 4 channels for CUTLASS by PadConvChannels, which is few enough
+    multiply-adds for the built-in backend's direct kernel (with its bias and ReLU): that one
+    reads the 3-channel image, so no pad is left; and the fc GEMM; the only transpose is the
+    image's into NHWC (the pooled (N, 1, 1, C) goes back to NCHW as a reshape: a view)."""
     from byoc.pipeline import lower
     from byoc.config import load_config
     from byoc.ir.expr import Call
@@ -1160,7 +1160,10 @@ def test_resnet_partitions_convs_into_cutlass_with_boundary_transposes_only(tmp_
     assert "builtin.conv2d_epilogue" in stem, stem
     pads = [b.value.attrs["pads"] for f in mod.functions.values() for b in f.bindings
             if isinstance(b.value, Call) and getattr(b.value.op, "name", None) == "pad"]
-    assert [list(p) for p in pads] == [[0, 0, 0, 0, 0, 0, 0, 1]]
+    assert pads == []
+    (stem_conv,) = [b.value for name, f in mod.items() if f.attrs.get("Composite") == "builtin.conv2d_epilogue"
+                    for b in f.bindings if isinstance(b.value, Call) and b.value.op.name == "conv2d"]
+    assert stem_conv.args[0].type.shape[3] == 3 and stem_conv.args[1].type.shape[3] == 3
     ops = [(b.value.op.name, b.value.attrs) for name, f in mod.items() if name != "main"
            for b in f.bindings if isinstance(b.value, Call) and hasattr(b.value.op, "category")]
     ops += [(b.value.op.name, b.value.attrs) for f in cutlass.values() for inner in f.bindings
@@ -1609,10 +1612,11 @@ def @main(%qkv: Tensor[(2, 16, 192), float32]) -> Tensor[(2, 16, 64), float32] {
 def test_attention_takes_the_whole_chain_with_the_qkv_split_as_one_parameter(tmp_path):
     """cast -> split -> (reshape, transpose) x 3 -> matmul / 8 -> softmax -> matmul ->
     transpose -> reshape: one cutlass function whose only parameter is the QKV tensor;
-    the builtin backend keeps the casts at the boundary."""
+    the builtin backend keeps the casts at the boundary (CUTLASS's example 41 kernel, by its
+    tile: the size rule would take byoc's flash kernel for head dim 32)."""
     import re
     mod = _attention_model(2, 16, 16, 2, 32)
-    builder, mod, report = _partitioned_attention(mod, tmp_path)
+    builder, mod, report = _partitioned_attention(mod, tmp_path, "32x128")
     assert report.to_json()["backends"]["cutlass"]["patterns"] == {"attention": 1}, report.to_text()
     main = mod.script()
     main = main[main.index("def @main"):]
@@ -1643,10 +1647,10 @@ def test_attention_as_torch_exports_sdpa_is_one_kernel_that_zeroes_rows_masked_w
     assert report.to_json()["backends"]["cutlass"]["patterns"] == {"attention": 1}, report.to_text()
     _, artifacts = codegen.codegen(mod)
     (cutlass,) = [a for a in artifacts if a.backend == "cutlass"]
-    assert list(cutlass.kernels.values()) == ["byoc_flash_attention_sm80_f16_64x128_d64_mask_zero_empty_rows"]
+    assert list(cutlass.kernels.values()) == ["byoc_flash_attention_sm80_f16_64x64_d64_mask_zero_empty_rows"]
     (source,) = tmp_path.glob("cutlass_*.cu")
     text = source.read_text()
-    assert "FlashAttention<cutlass::half_t, 64, 4, 128, true, true>" in text
+    assert "FlashAttention<cutlass::half_t, 64, 4, 64, true, true>" in text
     assert "p.scale_log2 = 0.125f * 1.4426950408889634f;" in text
 
 
@@ -1664,7 +1668,7 @@ def test_grouped_query_attention_with_rotary_heads_is_one_kernel_reading_shared_
     assert "broadcast_to" not in data["builtin"]["ops_covered"], report.to_text()
     _, artifacts = codegen.codegen(mod)
     (cutlass,) = [a for a in artifacts if a.backend == "cutlass"]
-    assert list(cutlass.kernels.values()) == ["byoc_flash_attention_sm80_f16_64x128_d64_mask_gqa4"]
+    assert list(cutlass.kernels.values()) == ["byoc_flash_attention_sm80_f16_64x64_d64_mask_gqa4"]
     (source,) = tmp_path.glob("cutlass_*.cu")
     text = source.read_text()
     for line in ("p.kv_group = 4;", "p.q_row_stride = 64;", "p.head_stride_q = 2048;", "p.q_batch_stride = 16384;",
@@ -1678,15 +1682,15 @@ def test_grouped_query_attention_with_rotary_heads_is_one_kernel_reading_shared_
     ("unaligned head dim", dict(head_dim=20), "head dim 20 not a multiple of 8"),
     ("keys-broadcast mask", dict(mask=(2, 1, 16, 1)), "broadcast along the keys"),
     ("vector scale", dict(scale=("multiply", np.linspace(0.1, 0.2, 16))), "scores multiply by a non-scalar"),
-    ("guarded, head dim 32", dict(key_form="sdpa", scale=("multiply", 0.125)),
+    ("guarded, head dim 40", dict(key_form="sdpa", scale=("multiply", 0.125)),
      "probabilities guarded against NaN (a row with every key masked gives zeros): only byoc's flash kernel"),
-    ("unaligned mask, head dim 32", dict(seq_q=20, seq_k=20, mask=(2, 1, 20, 20)),
+    ("unaligned mask, head dim 40", dict(seq_q=20, seq_k=20, mask=(2, 1, 20, 20)),
      "mask query stride 20 not a multiple of 8: only byoc's flash kernel reads such a mask"),
-    ("grouped-query, head dim 32", dict(key_form="llama", kv_heads=1),
+    ("grouped-query, head dim 40", dict(key_form="llama", kv_heads=1),
      "grouped-query attention (2 query heads a key/value head): only byoc's flash kernel reads shared heads"),
 ])
 def test_attention_refuses_what_the_kernel_cannot_run_and_batched_matmuls_take_it(case, kwargs, reason, tmp_path):
-    args = dict(batch=2, seq_q=16, seq_k=16, heads=2, head_dim=32, fused_qkv=False)
+    args = dict(batch=2, seq_q=16, seq_k=16, heads=2, head_dim=40 if "head dim 40" in case else 32, fused_qkv=False)
     args.update(kwargs)
     mod = _attention_model(args.pop("batch"), args.pop("seq_q"), args.pop("seq_k"), args.pop("heads"),
                            args.pop("head_dim"), **args)
@@ -1699,7 +1703,7 @@ def test_attention_refuses_what_the_kernel_cannot_run_and_batched_matmuls_take_i
 @pytest.mark.parametrize("tile, lines", [
     ("", ("p.seq_q = 24;", "p.seq_k = 40;", "p.k_batch_stride = 10240;", "p.mask_batch_stride = 40;",
           "p.mask_head_stride = 0;", "p.mask_query_stride = 0;", "p.scale_log2 = 0.125f * 1.4426950408889634f;",
-          "config.gridDim = dim3(1, 4, 2);", "FlashAttention<cutlass::half_t, 64, 4, 128, true>")),
+          "config.gridDim = dim3(1, 4, 2);", "FlashAttention<cutlass::half_t, 64, 4, 64, true>")),
     ("32x128", ("p.num_queries = 24;", "p.num_keys = 40;", "p.k_strideB = 10240;", "p.bias_strideB = 40;",
                 "p.bias_strideH = 0;", "p.bias_strideM = 0;", "p.scale = 0.125f;")),
 ], ids=["flash", "example41"])
@@ -1732,7 +1736,7 @@ def test_the_flash_kernel_needs_no_cutlass_examples(tmp_path, monkeypatch):
     builder, mod, _ = _partitioned_attention(mod, tmp_path)
     _, artifacts = builder.codegen(mod)
     (cutlass,) = [a for a in artifacts if a.backend == "cutlass"]
-    assert list(cutlass.kernels.values()) == ["byoc_flash_attention_sm80_f16_64x128_d64_mask"]
+    assert list(cutlass.kernels.values()) == ["byoc_flash_attention_sm80_f16_64x64_d64_mask"]
     builder, mod, _ = _partitioned_attention(_attention_model(2, 24, 40, 4, 64, fused_qkv=False, mask=(2, 1, 1, 40)),
                                              tmp_path / "example41", tile="32x128")
     with pytest.raises(BuildError, match="examples/41_fused_multi_head_attention not found"):
@@ -1792,7 +1796,7 @@ def test_attention_kernel_compiles(sm, tile, kernel, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_visible(), reason="no GPU visible")
 @pytest.mark.parametrize("case, shape, kwargs, tile", [
-    # byoc's flash kernel (head dims 64 and 128; the size rule's choice for them)
+    # byoc's flash kernel (head dims 32, 64 and 128; the size rule's choice for them)
     ("bert_qkv_split", (2, 77, 77, 4, 64), dict(), ""),  # rows not a multiple of the tile
     ("mask_separate_qkv", (3, 50, 136, 2, 64), dict(fused_qkv=False, mask=(3, 1, 1, 136),
                                                     scale=("multiply", 0.125), key_form="two_transposes"), ""),
@@ -1816,8 +1820,13 @@ def test_attention_kernel_compiles(sm, tile, kernel, tmp_path):
                                                     scale=("multiply", 0.125)), ""),
     ("llama_gqa_rotary_d128_separate", (1, 64, 72, 4, 128), dict(fused_qkv=False, mask=(1, 1, 64, 72),
                                                                   key_form="llama", kv_heads=1), "flash:32x64"),
+    # Swin's window attention: head dim 32, 49 keys, a relative position bias (and shift
+    # mask) per window and head (rows of 49: read an element at a time)
+    ("swin_window_d32", (16, 49, 49, 3, 32), dict(mask=(16, 3, 49, 49), scale=("multiply", 32 ** -0.5)), ""),
+    ("d32_bf16_64x128", (2, 150, 140, 2, 32), dict(fused_qkv=False, mask=(2, 1, 1, 140), dtype="bfloat16"),
+     "flash:64x128"),
     # CUTLASS's example 41 kernel: head dims the flash kernel does not take, and its tiles
-    ("full_mask_bf16", (2, 64, 64, 2, 32), dict(fused_qkv=False, mask=(2, 2, 64, 64), dtype="bfloat16"), ""),
+    ("full_mask_bf16", (2, 64, 64, 2, 80), dict(fused_qkv=False, mask=(2, 2, 64, 64), dtype="bfloat16"), ""),
     ("example41_32x128", (8, 128, 128, 12, 64), dict(), "32x128"),
     ("example41_64x64", (2, 77, 80, 4, 64), dict(fused_qkv=False, mask=(2, 1, 1, 80)), "64x64"),
 ], ids=lambda value: value if isinstance(value, str) else "")
@@ -1830,6 +1839,7 @@ def test_attention_matches_float32_reference(case, shape, kwargs, tile, tmp_path
     assert library.report.to_json()["backends"]["cutlass"]["patterns"] == {"attention": 1}, library.report.to_text()
     kernel = {"bert_base_batch8": "FlashAttention<cutlass::half_t, 64, 4, 128, false>",
               "vit_batch8": "FlashAttention<cutlass::half_t, 64, 4, 64, false>",
+              "swin_window_d32": "FlashAttention<cutlass::half_t, 32, 4, 64, true>",
               "full_mask_bf16": "AttentionKernel<Element, cutlass::arch::Sm80"}.get(case)
     if kernel:  # the kernel the size rule picks
         assert kernel in "".join(p.read_text() for p in (tmp_path / "w").glob("cutlass_*.cu")), case

@@ -789,6 +789,43 @@ def @main(%s: Tensor[(2, 4, 8, 8), float32], %b: Tensor[(1, 4, 8, 8), float32], 
     assert_structural_equal(combine_logit_addends(shared), shared)
 
 
+def test_combine_logit_addends_sums_a_bias_and_a_per_window_mask_across_the_window_split():
+    """Swin's shifted windows: scores [B*W, H, N, N] + a position bias [1, H, N, N], split to
+    [B, W, H, N, N], + a per-window mask [1, W, 1, N, N], merged back: one add of a constant
+    at the scores' shape, which the fused attention reads per batch and head. A mask that is
+    not a constant, or reshapes that do not split the batch axis, stay."""
+    from byoc.transform import combine_logit_addends
+    rng = np.random.default_rng(0)
+    bias = rng.standard_normal((1, 2, 3, 3)).astype(np.float32)
+    mask = np.where(rng.random((1, 4, 1, 3, 3)) < 0.5, 0.0, -100.0).astype(np.float32)
+    program = """
+def @main(%s: Tensor[(8, 2, 3, 3), float32]) -> Tensor[(8, 2, 3, 3), float32] {{
+  %s1 = add(%s, {bias})
+  %r1 = reshape(%s1, shape={split})
+  %s2 = add(%r1, {mask})
+  %r2 = reshape(%s2, shape=[-1, 2, 3, 3])
+  %p = softmax(%r2, axis=-1)
+  return %p
+}}"""
+    before = parse(program.format(bias=f"const({bias.tolist()}, float32)", split=[2, 4, 2, 3, 3],
+                                  mask=f"const({mask.tolist()}, float32)"))
+    combined = (np.broadcast_to(bias, (8, 2, 3, 3)).reshape(2, 4, 2, 3, 3) + mask).reshape(8, 2, 3, 3)
+    after = parse(f"""
+def @main(%s: Tensor[(8, 2, 3, 3), float32]) -> Tensor[(8, 2, 3, 3), float32] {{
+  %r2 = add(%s, const({combined.tolist()}, float32))
+  %p = softmax(%r2, axis=-1)
+  return %p
+}}""")
+    rewritten = dead_code_elimination(combine_logit_addends(before))
+    assert_structural_equal(rewritten, after)
+    scores = rng.standard_normal((8, 2, 3, 3)).astype(np.float32)
+    np.testing.assert_allclose(interpret(rewritten, s=scores), interpret(before, s=scores), rtol=1e-5, atol=1e-6)
+    # the heads axis split instead of the batch: not the window split
+    other = parse(program.format(bias=f"const({bias.tolist()}, float32)", split=[8, 2, 1, 3, 3],
+                                 mask=f"const({np.zeros((1, 1, 1, 3, 3), np.float32).tolist()}, float32)"))
+    assert_structural_equal(combine_logit_addends(other), other)
+
+
 def test_map_bodies_rewrites_functions_with_a_body_and_keeps_extern_declarations():
     mod = parse("""
 def @main(%x: Tensor[(2,), float32]) -> Tensor[(2,), float32] {

@@ -105,9 +105,9 @@ class Attention:
         return AttentionKernel.for_problem(self, sm_count, tile)
 
 
-# byoc's flash attention kernel (include/byoc_flash_attention.cuh) takes head dims of 64
-# and 128 with V's equal to Q's; other problems go to CUTLASS's example 41 kernel.
-FLASH_HEAD_DIMS = (64, 128)
+# byoc's flash attention kernel (include/byoc_flash_attention.cuh) takes head dims of 32,
+# 64 and 128 with V's equal to Q's; other problems go to CUTLASS's example 41 kernel.
+FLASH_HEAD_DIMS = (32, 64, 128)
 # attention_tile values: CUTLASS's example 41 kernel's blocks, and the flash kernel's
 # ("flash:" queries x keys; 16 queries a warp)
 EXAMPLE_TILES = ("64x64", "32x128")
@@ -158,7 +158,10 @@ class AttentionKernel:
         where 32 would give twice the blocks (BERT-base at batch 1: 24 blocks of 64); 128 keys
         a pass where that is all the keys (one pass, no rescaling: BERT at 128 tokens 4.98 us
         against 5.37 for 64) or the head dim is 128 (10.8 us against 12.1 at 256 keys), else
-        64 (ViT's 197 keys: 13.5 us against 18.6 for 128)."""
+        64 (ViT's 197 keys: 13.5 us against 18.6 for 128); 64 where that is all the keys
+        (Swin's windows of 49: one pass either way, half the padded keys)."""
+        if problem.seq_k <= 64:
+            return AttentionKernel(64, 64, problem.head_dim, flash=True)
         keys = 128 if problem.seq_k <= 128 or problem.head_dim == 128 else 64
         return AttentionKernel(64, keys, problem.head_dim, flash=True)
 

@@ -91,13 +91,20 @@ struct FlashAttention {
   // Q, then two stages of K and of V
   static constexpr int kSharedBytes = (kBlockM + 4 * kBlockN) * kHeadDim * int(sizeof(Element));
   static_assert(sizeof(Element) == 2, "16-bit elements");
-  // The swizzle XORs a row's chunk index with the row's low three bits: rows of at least
-  // eight chunks (head dims of 64 and 128) stay conflict-free for ldmatrix.
-  static_assert(kHeadDim % 64 == 0 && kHeadDim <= 128, "head dim 64 or 128");
+  // The swizzle XORs a row's chunk index with bits of the row, so that the 8 rows one
+  // ldmatrix reads sit in 8 different 16-byte bank groups: rows of eight chunks or more
+  // (head dims 64 and 128) with the row's low three bits; rows of four chunks (head dim 32:
+  // two rows a 128-byte line) with bits 1 and 2, the line's two rows told apart by their
+  // halves.
+  static_assert(kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 128, "head dim 32, 64 or 128");
   static_assert(kBlockN % 16 == 0, "keys a block: a multiple of 16");
 
   static __device__ __forceinline__ int chunk_at(int row, int chunk) {
-    return row * kChunks + (chunk ^ (row & 7));
+    if constexpr (kChunks >= 8) {
+      return row * kChunks + (chunk ^ (row & 7));
+    } else {
+      return row * kChunks + (chunk ^ ((row >> 1) & 3));
+    }
   }
 
   // rows [0, rows) of a tile from global memory (row stride in elements) into swizzled
