@@ -24,7 +24,7 @@ from collections import Counter, defaultdict
 # Built-in functions that only move data (each one kernel of copying); builtin.reshape is a
 # view and launches nothing.
 COPY_COMPOSITES = ("builtin.layout", "builtin.transpose", "builtin.strided_slice", "builtin.concat",
-                   "builtin.pad", "builtin.broadcast_to", "builtin.tile")
+                   "builtin.concat_views", "builtin.pad", "builtin.broadcast_to", "builtin.tile")
 VIEW_COMPOSITES = ("builtin.reshape",)
 
 

@@ -1142,6 +1142,37 @@ def test_conv_epilogue_names_the_launcher_of_its_window(window, strides, dilatio
     assert conv_epilogue_cuda("epilogue", func)["conv"]["launch"] == launch
 
 
+def test_a_concat_reads_its_slices_and_transposes_in_place(tmp_path):
+    """A roll (concat of two slices of one tensor, as the exporters write torch.roll) and a
+    concat of a transpose are one builtin.concat_views function each, copying every part
+    from its view; a slice also read elsewhere stays a copy of its own. The cpu build
+    matches the interpreter."""
+    before = parse("""
+def @main(%x: Tensor[(2, 5, 3), float32], %y: Tensor[(5, 2, 4), float32]) -> Tuple[Tensor[(2, 5, 3), float32], Tensor[(2, 5, 7), float32], Tensor[(2, 2, 3), float32]] {
+  %tail = strided_slice(%x, begin=[3], end=[5], axes=[1])
+  %head = strided_slice(%x, begin=[0], end=[3], axes=[1])
+  %rolled = concat(%tail, %head, axis=1)
+  %t = transpose(%y, axes=[1, 0, 2])
+  %t2 = strided_slice(%t, begin=[0], end=[5], axes=[1], strides=[1])
+  %z = concat(%x, %t2, axis=2)
+  return (%rolled, %z, %tail)
+}
+""")
+    after = partition_builtin(before)
+    composites = [b.value.attrs.get("Composite") for b in after["main"].bindings if isinstance(b.value, Function)]
+    assert composites == ["builtin.strided_slice", "builtin.concat_views", "builtin.concat_views"], composites
+    (roll, joined) = [b.value for b in after["main"].bindings if isinstance(b.value, Function)
+                      and b.value.attrs.get("Composite") == "builtin.concat_views"]
+    assert [b.value.op.name for b in roll.bindings] == ["strided_slice", "concat"]  # the tail is a copy already
+    assert [b.value.op.name for b in joined.bindings] == ["transpose", "strided_slice", "concat"]
+    _check_same_results(before, after)
+    library = byoc.build(before, target="cpu", config={"backends": ["builtin"]}, workdir=str(tmp_path / "w"))
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((2, 5, 3)).astype(np.float32), rng.standard_normal((5, 2, 4)).astype(np.float32)
+    for got, want in zip(library.load().run(x=x, y=y), interpret(before, x, y), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_a_stem_conv_reads_the_image_before_its_channel_pad():
     """A conv the few-channel kernel takes that reads a zero pad of the channels alone (an
     RGB image padded 3 -> 4 by PadConvChannels) reads the 3-channel image instead, its

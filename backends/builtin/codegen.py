@@ -18,6 +18,8 @@ Three kinds of bodies:
 - a depthwise conv with its elementwise chain (Composite="builtin.conv2d_epilogue") becomes
   the shim's depthwise kernel with a generated epilogue on CUDA, the conv's shim call and
   the chain's loop on the CPU (conv_epilogue.py);
+- a concat that reads its parts through views (Composite="builtin.concat_views") is one
+  strided copy a part;
 - a squeeze-and-excitation block (Composite="builtin.squeeze_excitation") is one call of
   the shim's byoc_shim_squeeze_excitation (squeeze_excitation.py);
 - any other function holds one op call, and the table OP_EMITTERS (shim_calls.py) maps
@@ -37,8 +39,8 @@ from ...ir.expr import Function
 from ...transform.run_codegen import symbol_name_problem
 from .elementwise import elementwise_kernel, is_elementwise_function
 from .conv_epilogue import conv_epilogue_cpu, conv_epilogue_cuda
-from .partition import CONV_EPILOGUE_COMPOSITE, LAYOUT_COMPOSITE
-from .shim_calls import emit_layout_chain, emit_shim_calls
+from .partition import CONCAT_VIEWS_COMPOSITE, CONV_EPILOGUE_COMPOSITE, LAYOUT_COMPOSITE
+from .shim_calls import emit_concat_views, emit_layout_chain, emit_shim_calls
 from .squeeze_excitation import SE_COMPOSITE, emit_squeeze_excitation
 
 TARGET_KINDS = ("cpu", "cuda")
@@ -84,6 +86,8 @@ def generate(functions: dict[str, Function], target_kind: str) -> GeneratedSourc
                 calls = emit_layout_chain(symbol, func, target_kind)
             elif func.attrs.get("Composite") == SE_COMPOSITE:
                 calls = emit_squeeze_excitation(symbol, func, target_kind)
+            elif func.attrs.get("Composite") == CONCAT_VIEWS_COMPOSITE:
+                calls = emit_concat_views(symbol, func, target_kind)
             else:
                 calls = emit_shim_calls(symbol, func, target_kind)
             rendered.append({"kind": "shim_calls", **calls.as_dict()})

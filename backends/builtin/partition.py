@@ -22,6 +22,10 @@ Rewrites, in `main` only:
   transposes) and expressible as one strided view of the chain's input (views.py),
   becomes one function with Composite="builtin.layout": one strided copy instead of one
   per op (attention's slice -> reshape -> transpose of Q, K and V).
+- A concat whose inputs are layout chains (slices, transposes) that only it reads, each one
+  strided view of its input, is one function with Composite="builtin.concat_views": each
+  part is copied from its view in place (a roll, concat(x[s:], x[:s]): two copies, not
+  four).
 - Every other op call becomes a function of its own: Composite="builtin.reshape" for the
   pure reindexing ops (reshape, squeeze, expand_dims, and a transpose that moves only axes
   of size 1, rewritten as the reshape it is), else "builtin.<op name>". A slice or transpose
@@ -74,6 +78,7 @@ RESHAPE_OPS = ("reshape", "squeeze", "expand_dims")
 RESHAPE_COMPOSITE = f"{COMPILER}.reshape"  # the host runs these as views (no call, no copy)
 LAYOUT_COMPOSITE = f"{COMPILER}.layout"  # a chain of layout ops run as one strided copy
 CONV_EPILOGUE_COMPOSITE = f"{COMPILER}.conv2d_epilogue"  # a depthwise conv and its elementwise readers
+CONCAT_VIEWS_COMPOSITE = f"{COMPILER}.concat_views"  # a concat reading slices/transposes of its inputs in place
 # depthwise.cuh's limits: 8 channels per thread, every filter in 96 KiB of shared memory.
 DEPTHWISE_VECTOR = 8
 DEPTHWISE_MAX_FILTER_BYTES = 96 * 1024
@@ -90,6 +95,10 @@ def partition_builtin(mod: IRModule) -> IRModule:
     composites = {tuple(group): f"{COMPILER}.elementwise" for group in groups.values()}
     for members in _conv_epilogues(main.bindings, readers, groups).values():
         composites[tuple(members)] = CONV_EPILOGUE_COMPOSITE
+        for member in members:
+            groups[member] = members
+    for members in _concat_views(main.bindings, readers, taken=set(groups)).values():
+        composites[tuple(members)] = CONCAT_VIEWS_COMPOSITE
         for member in members:
             groups[member] = members
     chains = _layout_chains(main.bindings, readers, taken=set(groups))
@@ -425,6 +434,26 @@ def _conv_epilogues(bindings, readers, groups) -> dict[int, list[int]]:
     return fused
 
 
+def _concat_views(bindings, readers, taken) -> dict[int, list[int]]:
+    """Concat binding index -> the sorted indices of it and the layout chains (slices,
+    transposes: one strided view each) that only it reads: the concat copies each part
+    from its view in place (a roll, concat(x[s:], x[:s]), is two copies instead of four;
+    Swin's window shifts and patch merging)."""
+    defined_at = {binding.var: index for index, binding in enumerate(bindings)}
+    found = {}
+    for index, binding in enumerate(bindings):
+        if index in taken or not (_is_op_call(binding.value) and binding.value.op.name == "concat"):
+            continue
+        members = {index}
+        for var in binding.value.args:
+            producer = defined_at.get(var)
+            if producer is not None and producer not in taken and producer not in members:
+                members.update(_view_chain(bindings, readers, defined_at, producer, members, {}))
+        if len(members) > 1:
+            found[index] = sorted(members)
+    return found
+
+
 # ---------------------------------------------------------------- outlining
 
 
@@ -476,5 +505,5 @@ def builtin_functions(main: Function) -> list[tuple[Var, Function]]:
 
 
 __all__ = ["partition_builtin", "builtin_functions", "outline_op", "is_scalar_constant", "is_depthwise_conv", "is_few_channel_conv", "is_epilogue_conv",
-           "CONV_EPILOGUE_COMPOSITE", "RESHAPE_OPS",
+           "CONV_EPILOGUE_COMPOSITE", "CONCAT_VIEWS_COMPOSITE", "RESHAPE_OPS",
            "ELEMENTWISE_CATEGORIES", "COMPILER"]
