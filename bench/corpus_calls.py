@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests" / "corpus"
 VIEW_COMPOSITES = ("builtin.reshape",)
 COPY_COMPOSITES = ("builtin.layout", "builtin.transpose", "builtin.strided_slice", "builtin.concat",
-                   "builtin.pad", "builtin.broadcast_to", "builtin.tile")
+                   "builtin.concat_views", "builtin.pad", "builtin.broadcast_to", "builtin.tile")
 
 
 def count_calls(mod) -> dict:
