@@ -1368,10 +1368,19 @@ for problem in range(int(sys.argv[1]), 5):
 """)
     profiler.chmod(0o755)
     reported = []
-    measured = run_profiler(profiler, 5, on_problem=lambda position, count: reported.append((position, count)))
+    measured = run_profiler(profiler, 5, on_problem=lambda position, count, times: reported.append((position, count,
+                                                                                                 times)))
     assert measured == {0: {"k": 0.0}, 2: {"k": 2.0}, 4: {"k": 4.0}}
-    assert reported == [(0, 5), (2, 5), (4, 5)]  # each as its line arrives (the build's progress)
+    # each as its line arrives (the build's progress), with what it measured
+    assert reported == [(0, 5, {"k": 0.0}), (2, 5, {"k": 2.0}), (4, 5, {"k": 4.0})]
     assert runs.read_text().split() == ["0", "2", "4"]  # started after each fault, never twice
+
+
+def test_the_progress_of_tuning_says_each_problems_candidates_and_best():
+    from byoc.backends.cutlass.tuning import tuning_summary
+    assert tuning_summary({"a": 41.25, "b": 50.0, "c": None}) == "3 candidates (1 failed), best 41.2 us (a)"
+    assert tuning_summary({"a": 7.0}) == "1 candidate, best 7.0 us (a)"
+    assert tuning_summary({"a": None, "b": None}) == "2 candidates, none ran (the heuristic's kernel)"
 
 
 def _lowered(model, workdir, **overrides):

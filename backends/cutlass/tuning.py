@@ -362,12 +362,24 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
     if progress is not None:
         progress.stage(f"cutlass tuning: timing {len(linked)} kernels on {len(timed)} problems on the GPU "
                        f"(at most {PROBLEM_SECONDS} s a problem)")
-    def timed_one(position, count):
+    def timed_one(position, count, times):
         if progress is not None:
-            progress.stage(f"cutlass tuning: timed problem {position + 1} of {count} ({timed[position][0].key})")
+            progress.stage(f"[tune {position + 1}/{count}] {timed[position][0].key}: {tuning_summary(times)}")
     for position, times in run_profiler(executable, len(timed), on_problem=timed_one).items():
         results[timed[position][0]] = times
     return results
+
+
+def tuning_summary(times: dict) -> str:
+    """One problem's measurement as the build's progress says it: how many candidates, and
+    the best (or that none ran)."""
+    valid = {name: us for name, us in times.items() if us is not None}
+    if not valid:
+        return f"{len(times)} candidates, none ran (the heuristic's kernel)"
+    best = min(valid, key=valid.get)
+    failed = len(times) - len(valid)
+    candidates = f"{len(times)} candidate{'s' if len(times) != 1 else ''}"
+    return f"{candidates}{f' ({failed} failed)' if failed else ''}, best {valid[best]:.1f} us ({best})"
 
 
 # The most one problem's candidates may take in the profiler (its alarm): a hung candidate
@@ -380,8 +392,9 @@ def run_profiler(executable, count: int, on_problem=None) -> dict:
     order, one JSON line each. A candidate that faults leaves the CUDA context unusable: the
     profiler then exits without that problem's line (or the process dies, or hangs past its
     time), which costs that problem only: it is run again from the problem after it.
-    `on_problem(position, count)` is called as each problem's line arrives (the lines are
-    read as the profiler prints them: the build's progress says which problem it timed)."""
+    `on_problem(position, count, times)` is called as each problem's line arrives (the lines
+    are read as the profiler prints them: the build's progress says which problem it timed
+    and what it measured)."""
     import threading
     measured, first = {}, 0
     while first < count:
@@ -402,7 +415,7 @@ def run_profiler(executable, count: int, on_problem=None) -> dict:
                     measured[position] = times
                     finished = max(finished, position + 1)
                     if on_problem is not None:
-                        on_problem(position, count)
+                        on_problem(position, count, times)
         finally:
             backstop.cancel()
             process.stdout.close()
