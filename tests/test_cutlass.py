@@ -1774,10 +1774,10 @@ def test_attention_reads_heads_cast_outside_the_chain(tmp_path):
 @needs_nvcc
 @needs_cutlass
 @pytest.mark.parametrize("sm, tile, kernel", [
-    (90, "", "byoc_flash_attention_sm80_bf16_64x128_d64_mask"),
-    (80, "", "byoc_flash_attention_sm80_bf16_64x128_d64_mask"),
+    (90, "", "byoc_flash_attention_sm80_bf16_64x64_d64_mask"),
+    (80, "", "byoc_flash_attention_sm80_bf16_64x64_d64_mask"),
     (90, "flash:32x64", "byoc_flash_attention_sm80_bf16_32x64_d64_mask"),
-    (90, "sdpa", "byoc_flash_attention_sm80_bf16_64x128_d64_mask_zero_empty_rows"),
+    (90, "sdpa", "byoc_flash_attention_sm80_bf16_64x64_d64_mask_zero_empty_rows"),
     (90, "32x128", "cutlass_fmha_sm80_bf16_32x128_k64_mask"),
     (80, "32x128", "cutlass_fmha_sm80_bf16_32x128_k64_mask"),
 ])
