@@ -1177,7 +1177,7 @@ def test_a_stem_conv_reads_the_image_before_its_channel_pad():
     """A conv the few-channel kernel takes that reads a zero pad of the channels alone (an
     RGB image padded 3 -> 4 by PadConvChannels) reads the 3-channel image instead, its
     filters cut to the 3 channels the pad kept: no pad kernel. A pad of other axes too, or
-    of another value, stays."""
+    of another value, stays, and so does one before a conv with no elementwise epilogue."""
     w4 = np.arange(8 * 3 * 3 * 4, dtype=np.float16).reshape(8, 3, 3, 4) / 64
     w4[..., 0] = 0  # the pad added a channel before the image's (pads begin at 1)
     const4 = f"const({w4.tolist()}, float16)"
@@ -1215,6 +1215,13 @@ def @main(%x: Tensor[(1, 9, 9, 3), float16]) -> Tensor[(1, 5, 5, 8), float16] {
         (conv,) = [b.value for b in kept["main"].bindings if isinstance(b.value, byoc.ir.Function)
                    and b.value.attrs.get("Composite") == "builtin.conv2d_epilogue"]
         assert conv.params[0].type.shape[3] == 4, (pads, value)
+    # a conv with no elementwise epilogue runs in the shim's conv2d, whose direct kernel takes
+    # 4 channels only: it keeps its pad
+    alone = partition_builtin(parse(program.format(pads=[0, 0, 0, 1, 0, 0, 0, 0], value=0.0, weight=const4)
+                                    .replace("%r = relu(%c)", "%r = max_pool2d(%c, kernel=[1, 1], layout=\"NHWC\")")))
+    (conv,) = [b.value for b in alone["main"].bindings if isinstance(b.value, byoc.ir.Function)
+               and b.value.attrs.get("Composite") == "builtin.conv2d"]
+    assert conv.params[0].type.shape[3] == 4
 
 
 def test_a_transpose_of_unit_axes_is_a_view(tmp_path):

@@ -89,11 +89,14 @@ FEW_CHANNELS_MAX_FILTER_BYTES = 48 * 1024
 
 def partition_builtin(mod: IRModule) -> IRModule:
     """A new module whose main calls builtin functions for every op it still called."""
-    main = _convs_read_unpadded(_layout_before_unary(_unit_transposes_as_reshapes(lower_split_in(mod["main"]))))
+    main = _layout_before_unary(_unit_transposes_as_reshapes(lower_split_in(mod["main"])))
     readers = _readers(main.bindings, main.result)
     groups = _elementwise_groups(main.bindings, readers)
     composites = {tuple(group): f"{COMPILER}.elementwise" for group in groups.values()}
-    for members in _conv_epilogues(main.bindings, readers, groups).values():
+    epilogues = _conv_epilogues(main.bindings, readers, groups)
+    # (in place: the bindings keep their positions, so the groups found stay right)
+    main = _convs_read_unpadded(main, set(epilogues))
+    for members in epilogues.values():
         composites[tuple(members)] = CONV_EPILOGUE_COMPOSITE
         for member in members:
             groups[member] = members
@@ -173,17 +176,18 @@ def _layout_before_unary(main: Function) -> Function:
     return Function(main.params, bindings, main.result, main.ret_type, main.attrs)
 
 
-def _convs_read_unpadded(main: Function) -> Function:
-    """`main` with each conv2d that reads a zero pad of the channel axis alone (an image of
-    3 channels padded to 4 by PadConvChannels) reading the unpadded tensor instead, its
-    constant filters cut to the channels it reads, where few_channels_kernel then takes
-    it: the zeros added nothing to the sums, and the pad was a kernel of its own. A pad
-    read by nothing else is left for dead code elimination."""
+def _convs_read_unpadded(main: Function, epilogue_convs: set) -> Function:
+    """`main` with each conv2d of `epilogue_convs` (binding indices of the convs that run in
+    a conv2d_epilogue function, where few_channels_kernel takes any 1 to 4 channels) that
+    reads a zero pad of the channel axis alone (an image of 3 channels padded to 4 by
+    PadConvChannels) reading the unpadded tensor instead, its constant filters cut to the
+    channels it reads: the zeros added nothing to the sums, and the pad was a kernel of its
+    own. A pad read by nothing else is left for dead code elimination."""
     defined_at = {b.var: i for i, b in enumerate(main.bindings)}
     bindings, changed = [], False
-    for binding in main.bindings:
+    for index, binding in enumerate(main.bindings):
         value = binding.value
-        if _is_op_call(value) and value.op.name == "conv2d" and value.attrs.get("data_layout") == "NHWC" \
+        if index in epilogue_convs and value.attrs.get("data_layout") == "NHWC" \
                 and isinstance(value.args[1], Constant) and value.args[0] in defined_at:
             pad = main.bindings[defined_at[value.args[0]]].value
             begin = _channel_pad_begin(pad)

@@ -222,7 +222,7 @@ bool launch_few_channels_nhwc(const Storage* x, const Storage* w, const Storage*
   if constexpr (sizeof(Storage) != 2 || !Traits<Storage>::is_float) {
     return false;
   } else {
-    if (s.group_in != s.in_channels ||
+    if (s.group_in != s.in_channels || s.in_channels != byoc_depthwise::kFewChannels ||  // the kernel below: 4
         !byoc_depthwise::takes_few_channels(s.in_channels, s.out_channels, s.kernel_h, s.kernel_w) ||
         reinterpret_cast<uintptr_t>(x) % 8 != 0 || reinterpret_cast<uintptr_t>(y) % 16 != 0) {
       return false;
