@@ -105,31 +105,25 @@ def emit_layout_chain(symbol: str, func: Function, target_kind: str) -> ShimCall
 def emit_concat_views(symbol: str, func: Function, target_kind: str) -> ShimCalls:
     """A concat whose parts are layout chains of its parameters (PartitionBuiltin's
     builtin.concat_views): one strided copy of each part's view into its place."""
-    from .views import View, compose
+    from .views import View, chain_views
     *chain, last = func.bindings
     concat = last.value
     if not (isinstance(concat, Call) and isinstance(concat.op, Op) and concat.op.name == "concat") or \
             func.result is not last.var:
         raise BuildError(f"builtin codegen: {symbol}: a concat_views function ends with its concat")
-    produced = {b.var: b.value for b in chain}
     position_of = {param: index for index, param in enumerate(func.params)}
+    views = chain_views(chain, lambda var: View.dense(var.type.shape) if var in position_of else None)
+    if views is None:
+        raise BuildError(f"builtin codegen: {symbol}: a concat part is not a strided view of a parameter")
     calls = ShimCalls(symbol, target_kind)
     out = func.ret_type
     axis = concat.attrs["axis"] % out.ndim
     out_strides = _dense_strides(out.shape)
     position = 0
     for part in concat.args:
-        ops, source = [], part
-        while source in produced:  # back through the part's chain to the parameter it views
-            ops.append(produced[source])
-            source = produced[source].args[0]
+        source, view = views.get(part, (part, View.dense(part.type.shape)))
         if source not in position_of:
             raise BuildError(f"builtin codegen: {symbol}: a concat part must be a view of a parameter")
-        view = View.dense(source.type.shape)
-        for op in reversed(ops):
-            view = compose(view, op)
-            if view is None:
-                raise BuildError(f"builtin codegen: {symbol}: {op.op.name} is not a view of the part's input")
         destination = _offset("results[0]", position * out_strides[axis] * element_size(out.dtype), const=False)
         _copy_strided(calls, f"args[{position_of[source]}]", destination, out.dtype, view.shape, view.strides,
                       in_offset=view.offset, out_strides=out_strides)

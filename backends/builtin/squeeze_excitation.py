@@ -30,9 +30,8 @@ refused with the reason in the partition report. Leaves alone: everything else.
 from __future__ import annotations
 
 from ...errors import BuildError
-from ...ir.expr import Binding, Call, Constant, Function
+from ...ir.expr import Binding, Call, Constant, Function, is_op_call
 from ...ir.module import IRModule
-from ...ir.op import Op
 from .dtypes import SHIM_DTYPES, float_literal
 from .partition import COMPILER, _outline, _readers
 from .shim_calls import ShimCalls
@@ -87,7 +86,7 @@ def claim_squeeze_excitation(mod: IRModule, report=None) -> IRModule:
 
 
 def _is_op(value, name: str) -> bool:
-    return isinstance(value, Call) and isinstance(value.op, Op) and value.op.name == name
+    return is_op_call(value, (name,))
 
 
 def _only_reader(readers, index):

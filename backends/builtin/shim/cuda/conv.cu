@@ -227,8 +227,9 @@ bool launch_few_channels_nhwc(const Storage* x, const Storage* w, const Storage*
         reinterpret_cast<uintptr_t>(x) % 8 != 0 || reinterpret_cast<uintptr_t>(y) % 16 != 0) {
       return false;
     }
-    return launch_with_bias_store(x, w, b, y, batch, s, stream,
-                                  [](auto... args) { return byoc_depthwise::launch_few_channels<byoc_depthwise::kFewChannels>(args...); });
+    return launch_with_bias_store(x, w, b, y, batch, s, stream, [](auto... args) {
+      return byoc_depthwise::launch_few_channels<byoc_depthwise::kFewChannels>(args...);
+    });
   }
 }
 
