@@ -1,7 +1,7 @@
 """The built-in shim's squeeze-and-excitation kernel (backends/builtin/shim/cuda/
-squeeze_excitation.cu: pool, squeeze, activation, excitation and gate as one kernel) side
-by side with the same block as torch runs it unfused (a mean and two linears with their
-activations, fp16, channels-last), on the SE blocks of MobileNetV3-large and
+squeeze_excitation.cu: pool, squeeze, activation, excitation, gate and the scale of the
+input by it, as one kernel) side by side with the same block as torch runs it unfused (a
+mean, two linears with their activations and the multiply, fp16, channels-last), on the SE blocks of MobileNetV3-large and
 EfficientNet-B0 at batch 32 (squeeze widths as PadConvChannels widens them). Both sides are
 captured in a CUDA graph of 20 blocks, so launch overhead counts as it does in a model.
 Each output is checked against torch's; times are CUDA-event medians.
@@ -47,7 +47,8 @@ def build(workdir):
     print(f"compiled in {time.time() - started:.1f} s", flush=True)
     lib = ctypes.CDLL(str(library))
     lib.byoc_shim_squeeze_excitation.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] + [ctypes.c_int64] * 4 + [
-        ctypes.c_int, ctypes.c_float, ctypes.c_float, ctypes.c_int, ctypes.c_float, ctypes.c_float, ctypes.c_void_p]
+        ctypes.c_int, ctypes.c_float, ctypes.c_float, ctypes.c_int, ctypes.c_float, ctypes.c_float, ctypes.c_int,
+        ctypes.c_void_p]
     lib.byoc_shim_last_error.restype = ctypes.c_char_p
     return lib
 
@@ -92,19 +93,19 @@ def main():
             b1 = torch.randn(squeeze, device="cuda", dtype=torch.half)
             w2 = torch.randn(channels, squeeze, device="cuda", dtype=torch.half) * (2 / squeeze ** 0.5)
             b2 = torch.randn(channels, device="cuda", dtype=torch.half)
-            out = torch.empty(n, channels, device="cuda", dtype=torch.half)
+            out = torch.empty(n, size, size, channels, device="cuda", dtype=torch.half)
 
             def fused():
                 status = lib.byoc_shim_squeeze_excitation(
                     x.data_ptr(), w1.data_ptr(), b1.data_ptr(), w2.data_ptr(), b2.data_ptr(), out.data_ptr(), 1, n,
-                    size * size, channels, squeeze, CODES[activation], 0.0, 0.0, CODES[gate], 1 / 6, 0.5,
+                    size * size, channels, squeeze, CODES[activation], 0.0, 0.0, CODES[gate], 1 / 6, 0.5, 1,
                     torch.cuda.current_stream().cuda_stream)
                 if status != 0:
                     raise RuntimeError(lib.byoc_shim_last_error().decode())
 
             def unfused():
                 hidden = TORCH[activation](F.linear(x.mean((1, 2)), w1, b1))
-                return TORCH[gate](F.linear(hidden, w2, b2))
+                return x * TORCH[gate](F.linear(hidden, w2, b2))[:, None, None, :]
             fused()
             want = unfused()
             torch.cuda.synchronize()

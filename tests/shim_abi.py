@@ -40,7 +40,7 @@ SIGNATURES = {
     "byoc_shim_conv2d": [PTR, PTR, PTR, PTR, INT, INT] + [I64] * 16 + [PTR, SIZE, PTR],
     "byoc_shim_conv2d_workspace": [INT, INT] + [I64] * 10,
     "byoc_shim_pool2d": [PTR, PTR, INT, INT, INT] + [I64] * 16 + [INT, PTR],
-    "byoc_shim_squeeze_excitation": [PTR] * 6 + [INT, I64, I64, I64, I64, INT, FLT, FLT, INT, FLT, FLT, PTR],
+    "byoc_shim_squeeze_excitation": [PTR] * 6 + [INT, I64, I64, I64, I64, INT, FLT, FLT, INT, FLT, FLT, INT, PTR],
 }
 
 # byoc_activation (byoc_shim.h): name -> number
@@ -70,8 +70,10 @@ def squeeze_excitation_inputs(rng, batch, pixels, channels, squeeze, dtype, bias
     return x, w1, b1, w2, b2
 
 
-def squeeze_excitation_reference(x, w1, b1, w2, b2, activation, gate, alpha=1 / 6, beta=0.5) -> np.ndarray:
-    """The gate byoc_shim.h defines, in float64, as x's dtype."""
+def squeeze_excitation_reference(x, w1, b1, w2, b2, activation, gate, alpha=1 / 6, beta=0.5,
+                                 scale=False) -> np.ndarray:
+    """The gate byoc_shim.h defines, in float64, as x's dtype; with `scale`, x times it
+    (the gate rounded to x's dtype first, as the shims do)."""
     functions = {"identity": lambda v: v, "relu": lambda v: np.maximum(v, 0),
                  "silu": lambda v: v / (1 + np.exp(-v)), "hard_swish": lambda v: v * np.clip(v / 6 + 0.5, 0, 1),
                  "sigmoid": lambda v: 1 / (1 + np.exp(-v)), "hard_sigmoid": lambda v: np.clip(alpha * v + beta, 0, 1)}
@@ -79,4 +81,5 @@ def squeeze_excitation_reference(x, w1, b1, w2, b2, activation, gate, alpha=1 / 
         return None if a is None else a.astype(np.float64)
     pooled = wide(x).mean(axis=1)
     hidden = functions[activation](pooled @ wide(w1).T + (0 if b1 is None else wide(b1)))
-    return functions[gate](hidden @ wide(w2).T + (0 if b2 is None else wide(b2))).astype(x.dtype)
+    gates = functions[gate](hidden @ wide(w2).T + (0 if b2 is None else wide(b2))).astype(x.dtype)
+    return (wide(x) * wide(gates)[:, None, :]).astype(x.dtype) if scale else gates

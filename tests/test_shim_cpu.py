@@ -428,26 +428,27 @@ def test_layer_norm_and_rms_norm(shim, dtype, rows, n):
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("batch, pixels, channels, squeeze, activation, gate, biases", SQUEEZE_EXCITATION_CASES)
-def test_squeeze_excitation(shim, dtype, batch, pixels, channels, squeeze, activation, gate, biases):
+@pytest.mark.parametrize("scale", [False, True])
+def test_squeeze_excitation(shim, dtype, batch, pixels, channels, squeeze, activation, gate, biases, scale):
     x, w1, b1, w2, b2 = squeeze_excitation_inputs(rng, batch, pixels, channels, squeeze, npdtype(dtype), biases)
-    out = np.empty((batch, channels), x.dtype)
+    out = np.empty((batch, pixels, channels) if scale else (batch, channels), x.dtype)
     shim.check(shim.squeeze_excitation(ptr(x), ptr(w1), ptr(b1), ptr(w2), ptr(b2), ptr(out), code(x.dtype), batch,
                                        pixels, channels, squeeze, ACTIVATIONS[activation], 0.0, 0.0,
-                                       ACTIVATIONS[gate], 1 / 6, 0.5))
-    assert_close(out, squeeze_excitation_reference(x, w1, b1, w2, b2, activation, gate), dtype)
+                                       ACTIVATIONS[gate], 1 / 6, 0.5, int(scale)))
+    assert_close(out, squeeze_excitation_reference(x, w1, b1, w2, b2, activation, gate, scale=scale), dtype)
 
 
 def test_squeeze_excitation_refuses_what_it_does_not_compute(shim):
     x, w1, b1, w2, b2 = squeeze_excitation_inputs(rng, 2, 3, 16, 4, np.float64, True)
     out = np.empty((2, 16))
     args = (ptr(x), ptr(w1), ptr(b1), ptr(w2), ptr(b2), ptr(out))
-    shim.expect_error(shim.squeeze_excitation(*args, code(x.dtype), 2, 3, 16, 4, 1, 0.0, 0.0, 4, 0.0, 0.0),
+    shim.expect_error(shim.squeeze_excitation(*args, code(x.dtype), 2, 3, 16, 4, 1, 0.0, 0.0, 4, 0.0, 0.0, 0),
                       "squeeze_excitation", "float64 is not supported")
-    shim.expect_error(shim.squeeze_excitation(*args, 0, 2, 3, 12, 4, 1, 0.0, 0.0, 4, 0.0, 0.0),
+    shim.expect_error(shim.squeeze_excitation(*args, 0, 2, 3, 12, 4, 1, 0.0, 0.0, 4, 0.0, 0.0, 0),
                       "squeeze_excitation", "channels is 12; expected a multiple of 8")
-    shim.expect_error(shim.squeeze_excitation(*args, 0, 2, 3, 16, 4, 9, 0.0, 0.0, 4, 0.0, 0.0),
+    shim.expect_error(shim.squeeze_excitation(*args, 0, 2, 3, 16, 4, 9, 0.0, 0.0, 4, 0.0, 0.0, 0),
                       "squeeze_excitation", "activation 9 is not a byoc_activation")
-    shim.expect_error(shim.squeeze_excitation(*args, 0, 2, 0, 16, 4, 1, 0.0, 0.0, 4, 0.0, 0.0),
+    shim.expect_error(shim.squeeze_excitation(*args, 0, 2, 0, 16, 4, 1, 0.0, 0.0, 4, 0.0, 0.0, 0),
                       "squeeze_excitation", "pixels")
 
 

@@ -541,13 +541,15 @@ def test_layer_norm_and_rms_norm(shim, dev, dtype, rows, n):
 @gpu
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("batch, pixels, channels, squeeze, activation, gate, biases", SQUEEZE_EXCITATION_CASES)
-def test_squeeze_excitation(shim, dev, dtype, batch, pixels, channels, squeeze, activation, gate, biases):
+@pytest.mark.parametrize("scale", [False, True])
+def test_squeeze_excitation(shim, dev, dtype, batch, pixels, channels, squeeze, activation, gate, biases, scale):
     x, w1, b1, w2, b2 = squeeze_excitation_inputs(rng, batch, pixels, channels, squeeze, npdtype(dtype), biases)
-    out, handle = dev.empty((batch, channels), x.dtype, fill=np.nan)
+    out, handle = dev.empty((batch, pixels, channels) if scale else (batch, channels), x.dtype, fill=np.nan)
     shim.check(shim.squeeze_excitation(dev.put(x), dev.put(w1), dev.put(b1), dev.put(w2), dev.put(b2), out,
                                        code(x.dtype), batch, pixels, channels, squeeze, ACTIVATIONS[activation], 0.0,
-                                       0.0, ACTIVATIONS[gate], 1 / 6, 0.5))
-    assert_close(dev.get(handle), squeeze_excitation_reference(x, w1, b1, w2, b2, activation, gate), dtype)
+                                       0.0, ACTIVATIONS[gate], 1 / 6, 0.5, int(scale)))
+    assert_close(dev.get(handle), squeeze_excitation_reference(x, w1, b1, w2, b2, activation, gate, scale=scale),
+                 dtype)
 
 
 @gpu
@@ -555,7 +557,7 @@ def test_squeeze_excitation_refuses_a_misaligned_input(shim, dev):
     x, w1, b1, w2, b2 = squeeze_excitation_inputs(rng, 2, 3, 16, 4, np.float16, True)
     out, _ = dev.empty((2, 16), np.float16)
     shim.expect_error(shim.squeeze_excitation(dev.put(x) + 2, dev.put(w1), dev.put(b1), dev.put(w2), dev.put(b2), out,
-                                              code(x.dtype), 2, 3, 16, 4, 1, 0.0, 0.0, 4, 0.0, 0.0),
+                                              code(x.dtype), 2, 3, 16, 4, 1, 0.0, 0.0, 4, 0.0, 0.0, 0),
                       "squeeze_excitation", "16-byte aligned")
 
 

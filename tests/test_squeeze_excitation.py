@@ -29,7 +29,9 @@ B2 = RNG.standard_normal(8).astype(np.float16)
 X = "Tensor[(2, 3, 3, 8), float16]"
 
 
-def test_claim_outlines_a_block_and_leaves_the_gate_multiply():
+def test_claim_outlines_a_block_with_its_scale():
+    """The pool, both convs with their biases and activations, and the multiply of x by the
+    gate: one builtin.squeeze_excitation function; what reads the block's output stays."""
     before = parse(f"""
 def @main(%x: {X}) -> {X} {{
   %p = global_avg_pool2d(%x, layout="NHWC")
@@ -40,12 +42,13 @@ def @main(%x: {X}) -> {X} {{
   %a2 = add(%c2, {_const(B2)})
   %g = sigmoid(%a2)
   %y = multiply(%g, %x)
-  return %y
+  %z = add(%y, %x)
+  return %z
 }}
 """)
     expected = parse(f"""
 def @main(%x: {X}) -> {X} {{
-  %se = fn (%q0: {X}, %q1: Tensor[(2, 1, 1, 8), float16], %q2: Tensor[(2,), float16], %q3: Tensor[(8, 1, 1, 2), float16], %q4: Tensor[(8,), float16]) -> Tensor[(2, 1, 1, 8), float16] [Compiler="builtin", Composite="builtin.squeeze_excitation"] {{
+  %se = fn (%q0: {X}, %q1: Tensor[(2, 1, 1, 8), float16], %q2: Tensor[(2,), float16], %q3: Tensor[(8, 1, 1, 2), float16], %q4: Tensor[(8,), float16]) -> {X} [Compiler="builtin", Composite="builtin.squeeze_excitation"] {{
     %p = global_avg_pool2d(%q0, layout="NHWC")
     %c1 = conv2d(%p, %q1, data_layout="NHWC", kernel_layout="OHWI")
     %a1 = add(%c1, %q2)
@@ -53,11 +56,12 @@ def @main(%x: {X}) -> {X} {{
     %c2 = conv2d(%h, %q3, data_layout="NHWC", kernel_layout="OHWI")
     %a2 = add(%c2, %q4)
     %g = sigmoid(%a2)
-    return %g
+    %y = multiply(%g, %q0)
+    return %y
   }}
-  %g = %se(%x, {_const(W1)}, {_const(B1)}, {_const(W2)}, {_const(B2)})
-  %y = multiply(%g, %x)
-  return %y
+  %y = %se(%x, {_const(W1)}, {_const(B1)}, {_const(W2)}, {_const(B2)})
+  %z = add(%y, %x)
+  return %z
 }}
 """)
     after = claim_squeeze_excitation(before)
@@ -66,7 +70,17 @@ def @main(%x: {X}) -> {X} {{
     np.testing.assert_array_equal(interpret(after, x=x), interpret(before, x=x))
 
 
-def _block(channels=8, squeeze=2, layout="NHWC", extra_reader=False, dtype="float16"):
+def test_a_gate_read_elsewhere_leaves_the_scale_outside():
+    """The gate also returned: the block ends at the gate, the multiply stays an op."""
+    mod = _block(channels=16, squeeze=8, gate_returned=True)
+    after = claim_squeeze_excitation(mod)
+    (se,) = [b.value for b in after["main"].bindings if isinstance(b.value, byoc.ir.Function)]
+    assert se.bindings[-1].value.op.name == "hard_sigmoid"
+    assert any(getattr(b.value, "op", None) is not None and getattr(b.value.op, "name", "") == "multiply"
+               for b in after["main"].bindings)
+
+
+def _block(channels=8, squeeze=2, layout="NHWC", extra_reader=False, dtype="float16", gate_returned=False):
     """An SE block on a (2, 3, 3, channels) tensor (NCHW: transposed), as an IRModule."""
     rng = np.random.default_rng(channels)
     shape = (2, 3, 3, channels) if layout == "NHWC" else (2, channels, 3, 3)
@@ -85,7 +99,10 @@ def _block(channels=8, squeeze=2, layout="NHWC", extra_reader=False, dtype="floa
         gate = fb.call("hard_sigmoid", fb.call("conv2d", hidden, weight(channels, squeeze), data_layout=layout,
                                                kernel_layout=kernel_layout), alpha=1 / 6, beta=0.5)
         y = fb.call("multiply", gate, x)
-        fb.ret(fb.call("add", y, fb.call("sum", hidden)) if extra_reader else y)
+        if gate_returned:
+            fb.ret(byoc.ir.Tuple([y, gate]))
+        else:
+            fb.ret(fb.call("add", y, fb.call("sum", hidden)) if extra_reader else y)
     return fb.module()
 
 
@@ -115,16 +132,16 @@ def test_a_pool_without_a_conv_is_no_candidate():
 
 
 def test_claimed_before_the_cutlass_patterns_look():
-    """With cutlass first in the priority order, the block is still one builtin function:
-    the two convs never become cutlass GEMMs, and the report counts the composite."""
+    """With cutlass first in the priority order, the block (here with its scale) is still
+    one builtin function: the two convs never become cutlass GEMMs, and the report counts
+    the composite."""
     mod = _block(channels=16, squeeze=8)
     without, _ = partition_for(mod, ["cutlass"], finalize=partition_builtin)
     assert any(f.attrs.get("Compiler") == "cutlass" for name, f in without.items() if name != "main")
     claimed, report = partition_for(mod, ["cutlass"], finalize=partition_builtin,
                                     claims_first=[claim_squeeze_excitation])
     functions = [f for name, f in claimed.items() if name != "main"]
-    assert sorted(f.attrs.get("Composite") for f in functions) == ["builtin.elementwise",
-                                                                   "builtin.squeeze_excitation"]
+    assert [f.attrs.get("Composite") for f in functions] == ["builtin.squeeze_excitation"]  # with its scale
     assert report.to_json()["backends"]["builtin"]["patterns"] == {"squeeze_excitation": 1}
 
 

@@ -11,8 +11,9 @@ from the mean of each channel:
     %g = conv2d(%h, W2)                                             W2 (C, 1, 1, S)
     %g = add(%g, b2)                    (optional)
     %g = sigmoid | hard_sigmoid(%g)     (optional)
+    %y = multiply(%g, %x)               (optional: the block's output)
 
-Left to the partitioner, that is three kernels: the pool and two GEMMs of M = N, each too
+Left to the partitioner, that is three kernels (four with the scale): the pool and two GEMMs of M = N, each too
 small to do anything but wait on its launch (EfficientNet-B0 runs 16 such blocks a run).
 The built-in backend runs the whole chain as one kernel (byoc_shim_squeeze_excitation), and
 no other backend offers it, so it is claimed first: a pattern of a higher-priority backend
@@ -23,8 +24,9 @@ biases, every intermediate read only by the next op, C a multiple of 8 up to
 BYOC_SE_MAX_CHANNELS, S up to BYOC_SE_MAX_SQUEEZE, N*C*S up to MAX_BATCH_MULTIPLY_ADDS)
 into a function with
 Compiler="builtin" and Composite="builtin.squeeze_excitation", bound and called where the
-chain's last op was (the multiply by the gate stays outside: it reads the big tensor and is
-an elementwise kernel of its own). A pool followed by a 1x1 conv that fails a check is
+chain's last op was; the multiply of x by the gate joins it where it is the gate's only
+reader (the kernel reads x a second time and writes the block's output: one launch fewer).
+A pool followed by a 1x1 conv that fails a check is
 refused with the reason in the partition report. Leaves alone: everything else.
 """
 from __future__ import annotations
@@ -162,6 +164,8 @@ def _block(bindings, readers, pool_index):
         return f"the excitation conv has {bindings[members[-1]].value.args[1].type.shape[0]} channels, not {channels}"
     follow(lambda value, var: _bias_of(value, var, channels))
     follow(lambda value, var: any(_is_op(value, op) for op in GATES))
+    follow(lambda value, var: _is_op(value, "multiply") and len(value.args) == 2 and var in value.args
+           and pool.value.args[0] in value.args and value.type.shape == x.shape)  # the scale by the gate
     values = [bindings[m].value for m in members]
     if any(v.type.dtype != x.dtype or any(a.type.dtype != x.dtype for a in v.args) for v in values):
         return f"not every op and constant of the block is {x.dtype}"
@@ -182,11 +186,14 @@ def emit_squeeze_excitation(symbol: str, func: Function, target_kind: str) -> Sh
     batch, height, width, channels = x.type.shape
     squeeze = convs[0].value.args[1].type.shape[0]
     biases, activations = ["nullptr", "nullptr"], [("BYOC_ACTIVATION_IDENTITY", 0.0, 0.0)] * 2
+    scale = 0
     stage = 0  # 0: after the squeeze conv, 1: after the excitation conv
     for binding in func.bindings:
         value = binding.value
         if binding is convs[1]:
             stage = 1
+        elif _is_op(value, "multiply"):
+            scale = 1
         elif _is_op(value, "add"):
             bias = [a for a in value.args if a in position]
             biases[stage] = position[bias[0]]
@@ -200,6 +207,7 @@ def emit_squeeze_excitation(symbol: str, func: Function, target_kind: str) -> Sh
     calls.call("byoc_shim_squeeze_excitation", position[x], position[convs[0].value.args[1]], biases[0],
                position[convs[1].value.args[1]], biases[1], "results[0]", SHIM_DTYPES[x.type.dtype], batch,
                height * width, channels, squeeze, activation, float_literal(alpha1, "float"),
-               float_literal(beta1, "float"), gate, float_literal(alpha2, "float"), float_literal(beta2, "float"))
+               float_literal(beta1, "float"), gate, float_literal(alpha2, "float"), float_literal(beta2, "float"),
+               scale)
     return calls
 

@@ -126,11 +126,13 @@ int byoc_shim_rms_norm(const void* in, const void* gamma, void* out, byoc_dtype 
  *   pooled[k] = mean over the pixels of in[n, :, k]
  *   hidden[s] = activation(b1[s] + sum_k w1[s, k] * pooled[k])     w1: (squeeze, channels)
  *   out[n, c] = gate(b2[c] + sum_s w2[c, s] * hidden[s])           w2: (channels, squeeze)
- * out is (batch, channels). b1 and b2 may be NULL (no bias). `activation` and `gate` are
+ * out is (batch, channels); with `scale`, out is (batch, pixels, channels) instead: `in` with
+ * every pixel's channels multiplied by their gate (the block's output). b1 and b2 may be NULL
+ * (no bias). `activation` and `gate` are
  * byoc_activation numbers; alpha and beta are BYOC_ACTIVATION_HARD_SIGMOID's (max(0,
  * min(1, alpha * x + beta))), ignored by the others. float32, float16 and bfloat16, sums in
  * float32. channels must be a multiple of 8, at most BYOC_SE_MAX_CHANNELS, squeeze at most
- * BYOC_SE_MAX_SQUEEZE; CUDA: in and w1 16-byte aligned. */
+ * BYOC_SE_MAX_SQUEEZE; CUDA: in, w1 and (with `scale`) out 16-byte aligned. */
 typedef enum {
   BYOC_ACTIVATION_IDENTITY = 0,
   BYOC_ACTIVATION_RELU = 1,
@@ -144,7 +146,7 @@ typedef enum {
 int byoc_shim_squeeze_excitation(const void* in, const void* w1, const void* b1, const void* w2, const void* b2,
                                  void* out, byoc_dtype dtype, int64_t batch, int64_t pixels, int64_t channels,
                                  int64_t squeeze, int activation, float activation_alpha, float activation_beta,
-                                 int gate, float gate_alpha, float gate_beta, void* stream);
+                                 int gate, float gate_alpha, float gate_beta, int scale, void* stream);
 
 /* batch_norm inference on (outer, channels, inner):
  * (x - mean[c]) / sqrt(var[c] + eps) * scale[c] + bias[c]; params share dtype with x. */

@@ -1,6 +1,7 @@
 // Squeeze-and-excitation: the gate of an SE block (byoc_shim.h documents it), computed as
 // written: the mean of each channel over the pixels, the squeeze product with its
-// activation, the excitation product with its gate; every sum in float.
+// activation, the excitation product with its gate, every sum in float; and with `scale`
+// the input multiplied by it.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -26,9 +27,10 @@ template <class Storage>
 void squeeze_excitation_typed(const Storage* in, const Storage* w1, const Storage* b1, const Storage* w2,
                               const Storage* b2, Storage* out, int64_t batch, int64_t pixels, int64_t channels,
                               int64_t squeeze, int activation, float activation_alpha, float activation_beta,
-                              int gate, float gate_alpha, float gate_beta) {
+                              int gate, float gate_alpha, float gate_beta, bool scale) {
   using Traits = DtypeTraits<Storage>;
   std::vector<float> pooled(static_cast<size_t>(channels)), hidden(static_cast<size_t>(squeeze));
+  std::vector<float> gates(static_cast<size_t>(channels));
   for (int64_t n = 0; n < batch; ++n) {
     const Storage* sample = in + n * pixels * channels;
     std::fill(pooled.begin(), pooled.end(), 0.0f);
@@ -43,7 +45,16 @@ void squeeze_excitation_typed(const Storage* in, const Storage* w1, const Storag
     for (int64_t c = 0; c < channels; ++c) {
       float sum = b2 != nullptr ? static_cast<float>(Traits::load(b2[c])) : 0.0f;
       for (int64_t s = 0; s < squeeze; ++s) sum += static_cast<float>(Traits::load(w2[c * squeeze + s])) * hidden[s];
-      out[n * channels + c] = Traits::store(squeeze_activate(gate, sum, gate_alpha, gate_beta));
+      gates[c] = squeeze_activate(gate, sum, gate_alpha, gate_beta);
+      if (!scale) out[n * channels + c] = Traits::store(gates[c]);
+    }
+    if (scale) {  // the gate rounded to the storage type, as the unfused multiply reads it
+      Storage* scaled = out + n * pixels * channels;
+      for (int64_t p = 0; p < pixels; ++p)
+        for (int64_t k = 0; k < channels; ++k) {
+          const float rounded = static_cast<float>(Traits::load(Traits::store(gates[k])));
+          scaled[p * channels + k] = Traits::store(static_cast<float>(Traits::load(sample[p * channels + k])) * rounded);
+        }
     }
   }
 }
@@ -54,7 +65,7 @@ extern "C" int byoc_shim_squeeze_excitation(const void* in, const void* w1, cons
                                             const void* b2, void* out, byoc_dtype dtype, int64_t batch,
                                             int64_t pixels, int64_t channels, int64_t squeeze, int activation,
                                             float activation_alpha, float activation_beta, int gate,
-                                            float gate_alpha, float gate_beta, void* stream) {
+                                            float gate_alpha, float gate_beta, int scale, void* stream) {
   (void)stream;
   static const char kFunction[] = "byoc_shim_squeeze_excitation";
   BYOC_CHECK(check_squeeze_excitation(kFunction, in, w1, w2, out, batch, pixels, channels, squeeze, activation,
@@ -67,7 +78,8 @@ extern "C" int byoc_shim_squeeze_excitation(const void* in, const void* w1, cons
       squeeze_excitation_typed(static_cast<const Storage*>(in), static_cast<const Storage*>(w1),
                                static_cast<const Storage*>(b1), static_cast<const Storage*>(w2),
                                static_cast<const Storage*>(b2), static_cast<Storage*>(out), batch, pixels, channels,
-                               squeeze, activation, activation_alpha, activation_beta, gate, gate_alpha, gate_beta);
+                               squeeze, activation, activation_alpha, activation_beta, gate, gate_alpha, gate_beta,
+                               scale != 0);
       return 0;
     }
   });

@@ -9,7 +9,8 @@
 // kCluster-th squeeze output (a warp per output, reading w1's rows in 16-byte vectors),
 // the blocks exchange those the same way, and each block computes its share of the
 // channels' gates (a few threads per channel). Sums in float; the intermediates never
-// leave shared memory.
+// leave shared memory. With `scale` the blocks exchange the gates once more and each
+// multiplies its share of the pixels by them: the block's output, in the same kernel.
 #include <cooperative_groups.h>
 
 #include "shim_cuda.cuh"
@@ -34,6 +35,7 @@ struct SqueezeExcitation {
   Activation activation, gate;
   int lanes;         // threads per channel of the excitation
   bool vector_rows;  // w2's rows read in 16-byte vectors (squeeze a multiple of 8, w2 aligned)
+  bool scale;        // out: the input times the gates, not the gates
 };
 
 __device__ __forceinline__ float squeeze_activate(const Activation& a, float x) {
@@ -59,6 +61,20 @@ __device__ __forceinline__ void load_eight(const Storage* p, float (&x)[kVector]
     const float4 low = reinterpret_cast<const float4*>(p)[0], high = reinterpret_cast<const float4*>(p)[1];
     x[0] = low.x, x[1] = low.y, x[2] = low.z, x[3] = low.w;
     x[4] = high.x, x[5] = high.y, x[6] = high.z, x[7] = high.w;
+  }
+}
+
+// Eight floats into eight consecutive elements: one 16-byte write of 16-bit floats, two of float.
+template <class Storage>
+__device__ __forceinline__ void store_eight(Storage* p, const float (&x)[kVector]) {
+  if constexpr (sizeof(Storage) == 2) {
+    alignas(16) Storage values[kVector];
+#pragma unroll
+    for (int j = 0; j < kVector; ++j) values[j] = Traits<Storage>::store(x[j]);
+    *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(values);
+  } else {
+    reinterpret_cast<float4*>(p)[0] = make_float4(x[0], x[1], x[2], x[3]);
+    reinterpret_cast<float4*>(p)[1] = make_float4(x[4], x[5], x[6], x[7]);
   }
 }
 
@@ -199,9 +215,31 @@ __global__ void __launch_bounds__(kSeThreads)
     }
     for (int offset = se.lanes / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
     if (c < last && member == 0) {
-      out[sample * channels + c] =
+      const Storage gate =
           Traits<Storage>::store(squeeze_activate(se.gate, dot + (b2 != nullptr ? Traits<Storage>::load(b2[c]) : 0.0f)));
+      if (se.scale) {
+        partial[c] = Traits<Storage>::load(gate);  // rounded, as the unfused multiply reads it
+      } else {
+        out[sample * channels + c] = gate;
+      }
     }
+  }
+  if (!se.scale) return;
+
+  // Scale: every gate from the block that computed it, then this block's pixels times them.
+  sync_cluster<kCluster>();
+  float* gates = block_sums;
+  for (int c = threadIdx.x; c < channels; c += kSeThreads) gates[c] = cluster_shared<kCluster>(partial, c / per_block)[c];
+  sync_cluster<kCluster>();  // (no block leaves while another reads its gates)
+  Storage* scaled = out + sample * se.pixels * channels;
+  const int64_t items = (end > first ? end - first : 0) * vectors;
+  for (int64_t item = threadIdx.x; item < items; item += kSeThreads) {
+    const int64_t offset = (first + item / vectors) * channels + item % vectors * kVector;
+    float x[kVector];
+    load_eight(pixels + offset, x);
+#pragma unroll
+    for (int j = 0; j < kVector; ++j) x[j] *= gates[item % vectors * kVector + j];
+    store_eight(scaled + offset, x);
   }
 }
 
@@ -266,7 +304,7 @@ extern "C" int byoc_shim_squeeze_excitation(const void* in, const void* w1, cons
                                             const void* b2, void* out, byoc_dtype dtype, int64_t batch,
                                             int64_t pixels, int64_t channels, int64_t squeeze, int activation,
                                             float activation_alpha, float activation_beta, int gate,
-                                            float gate_alpha, float gate_beta, void* stream) {
+                                            float gate_alpha, float gate_beta, int scale, void* stream) {
   static const char kFunction[] = "byoc_shim_squeeze_excitation";
   BYOC_CHECK(check_squeeze_excitation(kFunction, in, w1, w2, out, batch, pixels, channels, squeeze, activation,
                                       gate));
@@ -275,13 +313,13 @@ extern "C" int byoc_shim_squeeze_excitation(const void* in, const void* w1, cons
     return fail(kInvalidArgument, kFunction, "batch is %lld; expected at most %lld", static_cast<long long>(batch),
                 static_cast<long long>(int64_t{1} << 27));
   }
-  if (!aligned_to(in, 16) || !aligned_to(w1, 16)) {
-    return fail(kInvalidArgument, kFunction, "in and w1 must be 16-byte aligned");
+  if (!aligned_to(in, 16) || !aligned_to(w1, 16) || (scale != 0 && !aligned_to(out, 16))) {
+    return fail(kInvalidArgument, kFunction, "in, w1 and (with scale) out must be 16-byte aligned");
   }
   const bool vector_rows = squeeze % kVector == 0 && aligned_to(w2, 16);
   const SqueezeExcitation se{pixels, static_cast<int>(channels), static_cast<int>(squeeze),
                              {activation, activation_alpha, activation_beta}, {gate, gate_alpha, gate_beta},
-                             excitation_lanes(squeeze, vector_rows), vector_rows};
+                             excitation_lanes(squeeze, vector_rows), vector_rows, scale != 0};
   const bool clusters = device_has_clusters();
   return dispatch<DtypeSet::kFloats>(kFunction, dtype, [&](auto tag) {
     using Storage = decltype(tag);
