@@ -149,7 +149,7 @@ case "$stage" in
     merge=(); [ -f "$merge_from" ] && merge=(--merge-from "$merge_from")
     set -o pipefail
     PYTHONUNBUFFERED=1 python3 bench/real_models.py --out "$OUT" --workdir /tmp/byoc-real \
-      --profile-dir /tmp/byoc-real-profiles --configs ${CONFIGS:-cuda_sm90} \
+      --profile-dir /tmp/byoc-real-profiles --configs ${CONFIGS:-cuda_sm90} --exporter "${EXPORTER:-auto}" \
       --tuning-db "${TUNING_DB:-backends/cutlass/tuning_sm90.json}" --profile "${PROFILE:-false}" \
       --torch-modes "${TORCH_MODES:-eager,default,reduce-overhead,max-autotune-no-cudagraphs}" \
       --budget-s "${BUDGET_S:-540}" "${merge[@]}" --cases "$@" 2>&1 | tee "$OUT/real_models.log" | tail -n 40 ;;
@@ -158,7 +158,8 @@ case "$stage" in
     # (real_models.py --prebuild), then one process checks and times each case with nothing
     # else running (its torch.compile modes compile cold there), e.g.
     #   bash bench/gpu_session.sh suite bert_base:1 bert_base:8 gpt2:1 vit_b16:8 resnet50:32
-    # Environment as for `real` (CONFIGS, TORCH_MODES, MERGE_FROM, BYOC_GIT_COMMIT); BUDGET_S
+    # Environment as for `real` (CONFIGS, TORCH_MODES, MERGE_FROM, BYOC_GIT_COMMIT, EXPORTER:
+    # auto, torchscript or dynamo; rows are kept per case and exporter asked for); BUDGET_S
     # counts from the start of this script, the prebuilds included.
     # The builds run one after another, sharing the object cache: they are CPU-bound (on
     # the H100 machine five cold builds side by side with 4 nvcc jobs each took 377 s, as
@@ -171,7 +172,7 @@ case "$stage" in
     if [ "$phase" != time ]; then
       echo "$(date +%T) prebuild $# cases"
       for case in "$@"; do
-        PYTHONUNBUFFERED=1 python3 bench/real_models.py --prebuild --workdir build/byoc-real --configs ${CONFIGS:-cuda_sm90} \
+        PYTHONUNBUFFERED=1 python3 bench/real_models.py --prebuild --workdir build/byoc-real --configs ${CONFIGS:-cuda_sm90} --exporter "${EXPORTER:-auto}" \
           --tuning-db "${TUNING_DB:-backends/cutlass/tuning_sm90.json}" --profile "${PROFILE:-false}" \
           --cases "$case" >>"$OUT/prebuild.log" 2>&1
         echo "$(date +%T) $(grep -h "$case .*built in\|$case .*FAILED" "$OUT/prebuild.log" | tail -n 1)"
@@ -182,7 +183,7 @@ case "$stage" in
     merge=(); [ -f "$merge_from" ] && merge=(--merge-from "$merge_from")
     set -o pipefail
     PYTHONUNBUFFERED=1 python3 bench/real_models.py --prebuilt --out "$OUT" --workdir build/byoc-real \
-      --profile-dir /tmp/byoc-real-profiles --configs ${CONFIGS:-cuda_sm90} \
+      --profile-dir /tmp/byoc-real-profiles --configs ${CONFIGS:-cuda_sm90} --exporter "${EXPORTER:-auto}" \
       --tuning-db "${TUNING_DB:-backends/cutlass/tuning_sm90.json}" --profile "${PROFILE:-false}" \
       --torch-modes "${TORCH_MODES:-eager,default,reduce-overhead}" \
       --budget-s "$(( ${BUDGET_S:-560} - SECONDS ))" "${merge[@]}" --cases "$@" 2>&1 | tee "$OUT/real_models.log" | tail -n 40 ;;

@@ -10,8 +10,10 @@ def _seq(tiny):
     return 32 if tiny else 128
 
 
-def _text_inputs(batch, seq, vocab, mask_pad, generator):
+def _text_inputs(batch, seq, vocab, mask_pad, generator, with_mask=True):
     inputs = {"input_ids": torch.randint(0, vocab, (batch, seq), generator=generator)}
+    if not with_mask:
+        return inputs
     mask = torch.ones(batch, seq, dtype=torch.int64)
     if mask_pad:
         mask[:, seq - mask_pad:] = 0  # the last tokens of every row are padding
@@ -19,7 +21,7 @@ def _text_inputs(batch, seq, vocab, mask_pad, generator):
     return inputs
 
 
-def _hf(config_class, model_class, full, tiny_overrides, *, padded=True, model_kwargs=None):
+def _hf(config_class, model_class, full, tiny_overrides, *, padded=True, with_mask=True, model_kwargs=None):
     """A transformers model: (make(attn, tiny) -> model, inputs(batch, tiny) -> dict)."""
     def config(attn, tiny):
         kwargs = dict(full)
@@ -35,7 +37,7 @@ def _hf(config_class, model_class, full, tiny_overrides, *, padded=True, model_k
     def inputs(batch, tiny, generator):
         seq = _seq(tiny)
         vocab = config("eager", tiny).vocab_size
-        return _text_inputs(batch, seq, vocab, seq // 4 if padded else 0, generator)
+        return _text_inputs(batch, seq, vocab, seq // 4 if padded else 0, generator, with_mask)
     return make, inputs
 
 
@@ -119,6 +121,13 @@ def model_spec(name):
         # exporter cannot write)
         return (*_hf(tf.GPT2Config, tf.GPT2Model, {"use_cache": False}, dict(n_layer=2, n_embd=64, n_head=4),
                      padded=False), "last_hidden_state")
+    if name == "gpt2_ids":
+        # GPT-2 exported with input_ids alone, as `torch.onnx.export(model, (input_ids,))`
+        # writes it: the causal mask is built inside the graph from shapes (the TorchScript
+        # exporter cannot write transformers 5's packed-sequence check: --exporter auto
+        # takes the dynamo exporter)
+        return (*_hf(tf.GPT2Config, tf.GPT2Model, {"use_cache": False}, dict(n_layer=2, n_embd=64, n_head=4),
+                     padded=False, with_mask=False), "last_hidden_state")
     if name == "t5_encoder":  # t5-small's config: relative position bias, RMS-style norm, no biases
         return (*_hf(tf.T5Config, tf.T5EncoderModel, {"use_cache": False},
                      dict(num_layers=2, d_model=64, d_kv=16, num_heads=4, d_ff=128)), "last_hidden_state")
@@ -142,7 +151,7 @@ def model_spec(name):
                           intermediate_size=128, vocab_size=512), padded=False), "last_hidden_state")
     if name in ("mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "swin_t", "regnet_y_400mf"):
         return (*_torchvision(name), None)
-    raise ValueError(f"unknown model {name!r}; known: bert_base, roberta, distilbert, gpt2, t5_encoder, vit_b16, "
+    raise ValueError(f"unknown model {name!r}; known: bert_base, roberta, distilbert, gpt2, gpt2_ids, t5_encoder, vit_b16, "
                      f"llama, resnet50, mobilenet_v3_large, efficientnet_b0, convnext_tiny, swin_t, regnet_y_400mf")
 
 

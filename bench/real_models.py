@@ -171,7 +171,7 @@ def _stem(args, name, batch, spec=None) -> str:
 
 def prebuilt_paths(args, name, batch, spec):
     """Where --prebuild leaves a case's library and what its build recorded."""
-    stem = Path(args.workdir) / "prebuilt" / _stem(args, name, batch, spec)
+    stem = Path(args.workdir) / "prebuilt" / f"{_stem(args, name, batch, spec)}_{args.exporter}"
     return stem.with_suffix(".so"), stem.with_suffix(".json")
 
 
@@ -461,8 +461,9 @@ def write_results(out: Path, header: dict, rows: list, torch_modes: list) -> Non
              "error beside it is what fp16 alone costs this model. Best torch / byoc > 1: byoc is faster. "
              "Kernels/run: kernel launches and copies of one byoc run (real_models_profiles.txt). Build s: a "
              "cold build (`gpu_session.sh suite` builds every case first, one after another, then one process "
-             "times every case).", ""]
-    head = ["case"] + (["device"] if len(devices) > 1 else []) + ["byoc config", "byoc ms", "byoc out= ms"] + \
+             "times every case). Exporter: the torch.onnx exporter that wrote the model (TorchScript, "
+             "`dynamo=False`, unless asked for dynamo or TorchScript cannot export it).", ""]
+    head = ["case", "exporter"] + (["device"] if len(devices) > 1 else []) + ["byoc config", "byoc ms", "byoc out= ms"] + \
         [f"torch {m}" for m in modes] + ["best torch", "best torch / byoc", "error vs ort",
                                          "torch eager fp16 error", "build s", "kernels/run"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -478,7 +479,8 @@ def write_results(out: Path, header: dict, rows: list, torch_modes: list) -> Non
             error = entry.get("max_rel_error")
             error_cell = "-" if error is None else f"{error:.1e}" + ("" if error <= TOLERANCE else " FAIL")
             profile = entry.get("profile") or {}
-            cells = [row["case"] + (" (tiny)" if row.get("tiny") else "")] + \
+            cells = [row["case"] + (" (tiny)" if row.get("tiny") else ""),
+                     (row.get("export") or {}).get("exporter", "-")] + \
                 ([row.get("device", "?")] if len(devices) > 1 else []) + \
                 [spec, f"{ms:.3f}" if ms else ("failed" if "error" in entry else "-"),
                  f"{entry['ms_out']:.3f}" if entry.get("ms_out") else "-"] + \
@@ -562,13 +564,16 @@ def main():
             write_results(out, header, rows, args.torch_modes)
 
     for case in cases:
-        row = {"case": case, "device": header["device"], "date": header["date"], "tiny": args.tiny,
+        row = {"case": case, "exporter_asked": args.exporter, "device": header["device"], "date": header["date"],
+               "tiny": args.tiny,
                "versions": {k: header["versions"][k] for k in ("torch", "transformers", "torchvision", "byoc_commit")},
                "byoc": {}, "torch_fp16": {}}
         if args.budget_s and time.perf_counter() - START > args.budget_s:
             log("==", case, f"skipped: past --budget-s {args.budget_s} (an earlier row of it is kept)")
             continue
-        same = [i for i, r in enumerate(rows) if r.get("case") == case and bool(r.get("tiny")) == args.tiny]
+        # one row per case and exporter asked for (a table may hold both exporters' rows)
+        same = [i for i, r in enumerate(rows) if r.get("case") == case and bool(r.get("tiny")) == args.tiny
+                and r.get("exporter_asked", "auto") == args.exporter]
         if same:  # in the earlier row's place
             rows[same[0]] = row
             rows = [r for i, r in enumerate(rows) if i not in same[1:]]
