@@ -1,0 +1,350 @@
+"""cheapest_cover: which backend runs which ops, chosen by cost (the search of Collage:
+Jeon et al., PACT 2022; TVM RFC 0062).
+
+The graph is main's bindings as nodes 0..n-1 in their (topological) order, with the
+dataflow edges between them. A candidate is one way to run some of them as one kernel or
+function: a backend's pattern match (overlapping ones included: CUTLASS's dense+bias+GELU
+and cuBLASLt's dense+bias over the same matmul are two candidates) or one op alone, with
+its cost in microseconds (measured on the GPU, or read from the cost store). A cover takes
+candidates that cover every node exactly once; its cost is theirs plus each boundary's:
+for every edge whose producer and consumer are in different candidates,
+`boundary_cost(producer's candidate, consumer's candidate, producer, consumer)` (a copy, a
+layout or dtype change, a fusion lost by cutting there). The cheapest cover is found by
+dynamic programming over the nodes in order, as Collage searches: a state is the set of
+nodes covered so far, and the next step covers the first node not yet covered with a
+candidate that holds it and nothing covered. Each cover is reached in exactly one order,
+so the search enumerates covers, not permutations, and states reached along different
+paths are solved once. A state also carries which candidate covers each covered node
+that still has an uncovered neighbour: the boundary costs still to come depend on it.
+
+Ties (equal cost within 1e-9 relative) go to the candidate listed first for the first
+uncovered node: list candidates in the config's priority order and an unmeasured tie
+keeps today's choice.
+
+Each placement of the chosen cover comes with the alternatives the search weighed there
+(Cover.decisions): every other candidate for that node, with the cost of the cheapest
+whole cover that places it there, or why none does; the partition report shows them.
+
+A cover must also be schedulable: with each chosen candidate one node, the graph must stay
+acyclic (two candidates, each convex, can still need each other: {a, d} and {b, c} with
+a -> b and c -> d). A candidate that would close a cycle with those already placed is
+skipped; the chosen cover is checked once more as a whole.
+
+Raises CoverError (a BuildError) naming the node or candidate for: a node no candidate
+covers, a candidate outside the graph, empty, or of a negative or non-finite cost, no
+schedulable cover, or a search past `max_states` states (the caller then falls back to
+the priority order and says so).
+"""
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+from ..errors import BuildError
+
+TIE_TOLERANCE = 1e-9
+
+
+class CoverError(BuildError):
+    """No cover of the graph by the candidates could be chosen (the message says why)."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to run some of the graph's nodes as one function: `backend`'s pattern
+    `name` (or one op), covering `nodes`, costing `cost_us` microseconds a run."""
+    backend: str
+    nodes: frozenset
+    cost_us: float
+    name: str = ""
+
+    def describe(self) -> str:
+        return f"{self.backend}:{self.name or 'op'} over nodes {sorted(self.nodes)} ({self.cost_us:g} us)"
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """A candidate the search weighed for a node: the cost of the cheapest whole cover that
+    places it there, or None with the reason there is none."""
+    candidate: Candidate
+    cost_us: float | None
+    why_not: str = ""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One placement of the chosen cover: the candidate chosen for `node` (the first node
+    not yet covered there) and the other candidates for it, cheapest first."""
+    node: int
+    chosen: Candidate
+    cost_us: float
+    alternatives: tuple
+
+    def describe(self) -> str:
+        others = "; ".join(f"{a.candidate.backend}:{a.candidate.name or 'op'} "
+                           + (f"{a.cost_us:g} us" if a.cost_us is not None else a.why_not)
+                           for a in self.alternatives) or "no other candidate"
+        return (f"node {self.node}: {self.chosen.backend}:{self.chosen.name or 'op'} (whole cover "
+                f"{self.cost_us:g} us) over {others}")
+
+
+@dataclass
+class Cover:
+    """The chosen candidates (in the order the search placed them: by first node), the
+    boundaries charged between them as (producer, consumer, cost), the total cost, and
+    the alternatives weighed at each placement."""
+    candidates: list
+    boundaries: list = field(default_factory=list)
+    cost_us: float = 0.0
+    decisions: list = field(default_factory=list)
+
+    def candidate_of(self) -> dict:
+        """node -> the chosen candidate that covers it."""
+        return {node: candidate for candidate in self.candidates for node in candidate.nodes}
+
+
+def cheapest_cover(num_nodes: int, edges: Iterable, candidates: Sequence[Candidate],
+                   boundary_cost: Callable[[Candidate, Candidate, int, int], float] | None = None,
+                   max_states: int = 200_000) -> Cover:
+    """The cheapest cover of nodes 0..num_nodes-1 (edges: (producer, consumer) pairs) by
+    `candidates`; see the module docstring."""
+    successors = [set() for _ in range(num_nodes)]
+    predecessors = [set() for _ in range(num_nodes)]
+    for producer, consumer in edges:
+        if not (0 <= producer < num_nodes and 0 <= consumer < num_nodes) or producer == consumer:
+            raise CoverError(f"cheapest cover: edge {producer} -> {consumer} is not between two of the graph's "
+                             f"{num_nodes} nodes")
+        successors[producer].add(consumer)
+        predecessors[consumer].add(producer)
+    by_first: list[list[int]] = [[] for _ in range(num_nodes)]
+    for index, candidate in enumerate(candidates):
+        _check_candidate(candidate, num_nodes)
+        by_first[min(candidate.nodes)].append(index)
+    covering = [False] * num_nodes
+    for candidate in candidates:
+        for node in candidate.nodes:
+            covering[node] = True
+    for node, covered in enumerate(covering):
+        if not covered:
+            raise CoverError(f"cheapest cover: no candidate covers node {node}")
+    # a candidate can be placed when its first node is the first uncovered one: index the
+    # candidates by every node they hold, tried in the order given (the priority order)
+    holding: list[list[int]] = [[] for _ in range(num_nodes)]
+    for index, candidate in enumerate(candidates):
+        for node in candidate.nodes:
+            holding[node].append(index)
+    search = _Search(num_nodes, successors, predecessors, list(candidates), holding,
+                     boundary_cost or (lambda *_: 0.0), max_states)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 4 * num_nodes + 1000))  # one frame pair a placed candidate
+    try:
+        cost, choices = search.best(0, (), ())
+    finally:
+        sys.setrecursionlimit(limit)
+    if choices is None:
+        raise CoverError("cheapest cover: no cover of the graph by these candidates can be scheduled (every "
+                         "choice closes a cycle between two candidates)")
+    chosen = [candidates[index] for index in choices]
+    if _has_cycle(chosen, num_nodes, successors):
+        raise CoverError("cheapest cover: the chosen candidates need each other (a cycle): "
+                         + "; ".join(c.describe() for c in chosen))
+    return Cover(chosen, _boundaries(chosen, successors, search.boundary_cost), cost, search.decisions(choices))
+
+
+def _check_candidate(candidate: Candidate, num_nodes: int) -> None:
+    if not candidate.nodes:
+        raise CoverError(f"cheapest cover: candidate {candidate.backend}:{candidate.name or 'op'} covers no node")
+    outside = [node for node in candidate.nodes if not (isinstance(node, int) and 0 <= node < num_nodes)]
+    if outside:
+        raise CoverError(f"cheapest cover: candidate {candidate.describe()} names nodes {outside}, outside the "
+                         f"graph's {num_nodes}")
+    if not (isinstance(candidate.cost_us, (int, float)) and math.isfinite(candidate.cost_us)
+            and candidate.cost_us >= 0):
+        raise CoverError(f"cheapest cover: candidate {candidate.backend}:{candidate.name or 'op'} has cost "
+                         f"{candidate.cost_us!r}; expected a finite number of microseconds >= 0")
+
+
+class _Search:
+    """The memoized search: best(covered mask, frontier, placed) -> (cost of the rest,
+    candidate indices placed from here on, or None where no schedulable rest exists)."""
+
+    def __init__(self, num_nodes, successors, predecessors, candidates, holding, boundary_cost, max_states):
+        self.num_nodes, self.successors, self.predecessors = num_nodes, successors, predecessors
+        self.candidates, self.holding, self.boundary_cost = candidates, holding, boundary_cost
+        self.max_states = max_states
+        self.memo: dict = {}
+        self.full = (1 << num_nodes) - 1
+        self.masks = [sum(1 << node for node in c.nodes) for c in candidates]
+
+    def best(self, covered: int, frontier: tuple, placed: tuple):
+        """`frontier`: sorted (node, candidate index) of covered nodes with an uncovered
+        neighbour; `placed`: the candidate indices placed so far (the cycle check reads
+        them; the memo does not key on them: see the module docstring)."""
+        if covered == self.full:
+            return 0.0, ()
+        key = (covered, frontier)
+        if key in self.memo:
+            return self.memo[key]
+        if len(self.memo) >= self.max_states:
+            raise CoverError(f"cheapest cover: the search passed {self.max_states} states; choosing by priority "
+                             f"order instead")
+        first = _lowest_unset(covered)
+        owner = dict(frontier)
+        best_cost, best_choices = math.inf, None
+        for index in self.holding[first]:
+            mask = self.masks[index]
+            if mask & covered or min(self.candidates[index].nodes) != first:
+                continue
+            if self._closes_cycle(index, placed, covered):
+                continue
+            step = self.candidates[index].cost_us + self._boundaries_with(index, owner)
+            new_covered = covered | mask
+            rest_cost, rest = self.best(new_covered, self._frontier(new_covered, owner, index), placed + (index,))
+            if rest is None:
+                continue
+            total = step + rest_cost
+            if best_choices is None or total < best_cost - TIE_TOLERANCE * max(1.0, abs(best_cost)):
+                best_cost, best_choices = total, (index,) + rest
+        result = (best_cost, best_choices)
+        self.memo[key] = result
+        return result
+
+    def decisions(self, choices: tuple) -> list:
+        """The Decision of each placement along `choices` (the chosen path from the empty
+        state), the alternatives' costs read from the memo (solved already, or solved now)."""
+        found, covered, frontier, placed, spent = [], 0, (), (), 0.0
+        for index in choices:
+            first = _lowest_unset(covered)
+            owner = dict(frontier)
+            alternatives = []
+            for other in self.holding[first]:
+                if other == index or self.masks[other] & covered:
+                    continue
+                if self._closes_cycle(other, placed, covered):
+                    alternatives.append(Alternative(self.candidates[other], None, "would close a cycle"))
+                    continue
+                step = self.candidates[other].cost_us + self._boundaries_with(other, owner)
+                rest_cost, rest = self.best(covered | self.masks[other], self._frontier(
+                    covered | self.masks[other], owner, other), placed + (other,))
+                alternatives.append(Alternative(self.candidates[other], spent + step + rest_cost, "")
+                                    if rest is not None else
+                                    Alternative(self.candidates[other], None, "leaves no schedulable cover"))
+            step = self.candidates[index].cost_us + self._boundaries_with(index, owner)
+            new_covered = covered | self.masks[index]
+            rest_cost, _ = self.best(new_covered, self._frontier(new_covered, owner, index), placed + (index,))
+            alternatives.sort(key=lambda a: (a.cost_us is None, a.cost_us or 0.0))
+            found.append(Decision(first, self.candidates[index], spent + step + rest_cost, tuple(alternatives)))
+            spent += step
+            frontier = self._frontier(new_covered, owner, index)
+            covered, placed = new_covered, placed + (index,)
+        return found
+
+    def _boundaries_with(self, index: int, owner: dict) -> float:
+        """The boundary costs between candidate `index` and the covered nodes next to it
+        (owner: covered frontier node -> its candidate)."""
+        candidate = self.candidates[index]
+        total = 0.0
+        for node in candidate.nodes:
+            for producer in self.predecessors[node]:
+                if producer in owner:
+                    total += self._charge(self.candidates[owner[producer]], candidate, producer, node)
+            for consumer in self.successors[node]:
+                if consumer in owner:
+                    total += self._charge(candidate, self.candidates[owner[consumer]], node, consumer)
+        return total
+
+    def _charge(self, producer_candidate, consumer_candidate, producer, consumer) -> float:
+        cost = self.boundary_cost(producer_candidate, consumer_candidate, producer, consumer)
+        if not (isinstance(cost, (int, float)) and math.isfinite(cost) and cost >= 0):
+            raise CoverError(f"cheapest cover: boundary cost {cost!r} for edge {producer} -> {consumer}; expected "
+                             f"a finite number of microseconds >= 0")
+        return float(cost)
+
+    def _frontier(self, covered: int, owner: dict, index: int) -> tuple:
+        """The covered nodes that still have an uncovered neighbour, with their candidates."""
+        merged = dict(owner)
+        for node in self.candidates[index].nodes:
+            merged[node] = index
+        return tuple(sorted((node, candidate) for node, candidate in merged.items()
+                            if any(not covered >> n & 1 for n in self.successors[node] | self.predecessors[node])))
+
+    def _closes_cycle(self, index: int, placed: tuple, covered: int) -> bool:
+        """Whether placing candidate `index` makes the graph of placed candidates (each one
+        node) and uncovered nodes (each its own) cyclic: a path out of the candidate that
+        comes back into it through other groups or nodes."""
+        group_of = {}
+        for group in placed:
+            for node in self.candidates[group].nodes:
+                group_of[node] = group
+        members = self.candidates[index].nodes
+        for node in members:
+            group_of[node] = index
+
+        def group_successors(group_nodes):
+            for node in group_nodes:
+                for consumer in self.successors[node]:
+                    yield group_of.get(consumer, ("node", consumer))
+
+        def nodes_of(group):
+            return (group[1],) if isinstance(group, tuple) else self.candidates[group].nodes
+
+        seen, stack = set(), [g for g in group_successors(members) if g != index]
+        while stack:
+            group = stack.pop()
+            if group == index:
+                return True
+            if group in seen:
+                continue
+            seen.add(group)
+            stack.extend(group_successors(nodes_of(group)))
+        return False
+
+
+def _lowest_unset(mask: int) -> int:
+    inverted = ~mask
+    return (inverted & -inverted).bit_length() - 1
+
+
+def _boundaries(chosen, successors, boundary_cost) -> list:
+    """(producer, consumer, cost) of every edge between two chosen candidates."""
+    owner = {node: candidate for candidate in chosen for node in candidate.nodes}
+    found = []
+    for producer, consumers in enumerate(successors):
+        for consumer in sorted(consumers):
+            if owner[producer] is not owner[consumer]:
+                found.append((producer, consumer, float(boundary_cost(owner[producer], owner[consumer],
+                                                                      producer, consumer))))
+    return found
+
+
+def _has_cycle(chosen, num_nodes, successors) -> bool:
+    """Whether the graph with each chosen candidate as one node has a cycle."""
+    group = {node: index for index, candidate in enumerate(chosen) for node in candidate.nodes}
+    edges = [set() for _ in chosen]
+    for producer in range(num_nodes):
+        for consumer in successors[producer]:
+            if group[producer] != group[consumer]:
+                edges[group[producer]].add(group[consumer])
+    state = [0] * len(chosen)  # 0 unvisited, 1 on the stack, 2 done
+    for start in range(len(chosen)):
+        if state[start]:
+            continue
+        stack = [(start, iter(edges[start]))]
+        state[start] = 1
+        while stack:
+            node, successors_left = stack[-1]
+            advanced = False
+            for successor in successors_left:
+                if state[successor] == 1:
+                    return True
+                if state[successor] == 0:
+                    state[successor] = 1
+                    stack.append((successor, iter(edges[successor])))
+                    advanced = True
+                    break
+            if not advanced:
+                state[node] = 2
+                stack.pop()
+    return False
