@@ -139,6 +139,38 @@ def test_backends_are_tried_in_priority_order():
             assert composites == [winner]
 
 
+def test_pattern_candidates_lists_every_accepted_match_overlapping_ones_included():
+    """What partitioning by measurement chooses among: every backend's matches over main's
+    bindings (%m 0, %a 1, %r 2, %m2 3, %a2 4), overlapping ones included (test.dense_bias
+    {0, 1} and second.bias_relu {1, 2}), in priority order, without the refused (the
+    check's) or those whose intermediate is read outside; main is left alone. With costs
+    per candidate and each binding alone on the built-in backend, cheapest_cover picks."""
+    from byoc.transform.cheapest_cover import Candidate, cheapest_cover
+    from byoc.transform.pattern_candidates import dataflow_edges, pattern_candidates
+    dense = is_op("matmul")(wildcard(), wildcard())
+    bias_relu = is_op("relu")(is_op("add")(wildcard(), wildcard()))
+    refuse_second = lambda match: "refused" if match.inputs[0].name_hint == "m2" else None
+    mod = parse(TWO_DENSE)
+    with _test_backend([PatternEntry("dense_bias", DENSE_BIAS), PatternEntry("dense", dense)]), \
+            registered(name="second", flavor="json", codegen=lambda f, t: [],
+                       patterns=[PatternEntry("bias_relu", bias_relu), PatternEntry("add", is_op("add")(
+                           wildcard(), wildcard()), refuse_second)]):
+        found = pattern_candidates(mod, ["test", "second"])
+    assert [(c.backend, c.pattern, c.root, sorted(c.nodes)) for c in found] == [
+        ("test", "dense_bias", 4, [3, 4]), ("test", "dense_bias", 1, [0, 1]),
+        ("test", "dense", 3, [3]), ("test", "dense", 0, [0]),
+        ("second", "bias_relu", 2, [1, 2]), ("second", "add", 1, [1])]
+    assert_structural_equal(mod, parse(TWO_DENSE))
+    assert dataflow_edges(mod) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    costs = {"dense_bias": 3.0, "dense": 2.0, "bias_relu": 1.5, "add": 1.0}
+    candidates = [Candidate(c.backend, c.nodes, costs[c.pattern], c.pattern) for c in found] + \
+        [Candidate("builtin", frozenset({i}), 2.0, "op") for i in range(5)]
+    cover = cheapest_cover(5, dataflow_edges(mod), candidates)
+    assert sorted((c.name, sorted(c.nodes)) for c in cover.candidates) == [
+        ("bias_relu", [1, 2]), ("dense", [0]), ("dense_bias", [3, 4])]
+    assert cover.cost_us == 6.5
+
+
 def test_check_refusal_reaches_the_report():
     report = PartitionReport()
     refuse = lambda match: f"K={match.inputs[0].type.shape[-1]} not a multiple of 16"

@@ -86,43 +86,19 @@ def _fuse_entry(bindings, main, backend, entry, report):
     composite = f"{backend.name}.{entry.name}"
     accepted = []  # (root var, match)
     claimed = set()
-    func = Function(main.params, bindings, main.result, main.ret_type, main.attrs)
-    uses = _uses(func)
-    position_of = {b.var: i for i, b in enumerate(bindings)}
-    # the vars each binding reads, once per entry: every candidate match's cycle check walks them
-    binding_inputs = [_vars_in(b.value) for b in bindings]
-    producers = {b.var: b.value for b in bindings if isinstance(b.value, Call) and not isinstance(b.value.op, (Var, Function))}
+    matcher = _Matcher(bindings, main)
     for binding in reversed(bindings):
         root = binding.var
-        if root in claimed or root not in producers:
+        if root in claimed or root not in matcher.producers:
             continue
-        found = match_pattern(entry.pattern, root, producers)
-        if found is None or not found.matched:
+        found = matcher.match(entry, root)
+        if found is None:
             continue
         matched = set(found.matched)
-        found.inputs = [i for i in found.inputs if not (isinstance(i, Var) and i in matched)]
-        reason = None
-        if matched & claimed:
-            reason = "overlaps a match already taken"
-        if reason is None:
-            # Checked before outside uses: a cycle can never be fused, whatever is duplicated.
-            input_vars = [i for i in found.inputs if isinstance(i, Var) and i in position_of]
-            if input_vars and _reaches(matched, input_vars, bindings, position_of, binding_inputs):
-                reason = "its output reaches one of its own inputs through an outside node (a cycle)"
-        if reason is None:
-            for var in found.matched:
-                if var is root:
-                    continue
-                outside = [u for u in uses.get(var, []) if u == len(bindings) or bindings[u].var not in matched]
-                if outside:
-                    reason = (f"intermediate %{var.name_hint} is also used outside the match "
-                              f"(fusing would duplicate it)")
-                    break
-        if reason is None and entry.check is not None:
-            reason = entry.check(found)
+        reason = "overlaps a match already taken" if matched & claimed else matcher.refusal(entry, root, found)
         if reason is not None:
             if report is not None:
-                report.refuse(backend.name, entry.name, producers[root].op.name, reason, node=root.name_hint)
+                report.refuse(backend.name, entry.name, matcher.producers[root].op.name, reason, node=root.name_hint)
             continue
         claimed |= matched
         accepted.append((root, found))
@@ -142,6 +118,46 @@ def _fuse_entry(bindings, main, backend, entry, report):
         elif binding.var not in removed:
             result.append(binding)
     return result
+
+
+class _Matcher:
+    """An entry's matches in one list of bindings: match(entry, root) is the pattern's match
+    rooted at `root` (its leaves that are matched nodes dropped), refusal(entry, root,
+    found) the reason the match cannot be a function (a cycle, an intermediate used
+    outside it, the entry's check), or None."""
+
+    def __init__(self, bindings, main):
+        self.bindings = bindings
+        func = Function(main.params, bindings, main.result, main.ret_type, main.attrs)
+        self.uses = _uses(func)
+        self.position_of = {b.var: i for i, b in enumerate(bindings)}
+        # the vars each binding reads, once: every candidate match's cycle check walks them
+        self.binding_inputs = [_vars_in(b.value) for b in bindings]
+        self.producers = {b.var: b.value for b in bindings
+                          if isinstance(b.value, Call) and not isinstance(b.value.op, (Var, Function))}
+
+    def match(self, entry, root):
+        found = match_pattern(entry.pattern, root, self.producers)
+        if found is None or not found.matched:
+            return None
+        matched = set(found.matched)
+        found.inputs = [i for i in found.inputs if not (isinstance(i, Var) and i in matched)]
+        return found
+
+    def refusal(self, entry, root, found):
+        matched = set(found.matched)
+        # Checked before outside uses: a cycle can never be fused, whatever is duplicated.
+        input_vars = [i for i in found.inputs if isinstance(i, Var) and i in self.position_of]
+        if input_vars and _reaches(matched, input_vars, self.bindings, self.position_of, self.binding_inputs):
+            return "its output reaches one of its own inputs through an outside node (a cycle)"
+        for var in found.matched:
+            if var is root:
+                continue
+            outside = [u for u in self.uses.get(var, [])
+                       if u == len(self.bindings) or self.bindings[u].var not in matched]
+            if outside:
+                return f"intermediate %{var.name_hint} is also used outside the match (fusing would duplicate it)"
+        return entry.check(found) if entry.check is not None else None
 
 
 def _position(bindings, var):

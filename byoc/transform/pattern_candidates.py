@@ -1,0 +1,64 @@
+"""pattern_candidates: every backend's pattern matches in main, overlapping ones included.
+
+What partitioning by measurement chooses among (byoc/transform/cheapest_cover.py): where
+FuseOpsByPattern takes the backends in priority order and a match may not overlap one
+already taken, this lists every match that FuseOpsByPattern's other checks accept (no
+cycle through an outside node, no intermediate used outside the match, the entry's own
+check), each with the binding positions it covers; dataflow_edges gives the edges between
+those positions. Leaves the module alone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir.module import IRModule
+from .fuse_ops_by_pattern import _Matcher
+
+
+@dataclass(frozen=True)
+class PatternCandidate:
+    """One match main's bindings could become a function of: `backend`'s entry `pattern`
+    rooted at binding `root`, over the bindings at positions `nodes`."""
+    backend: str
+    pattern: str
+    root: int
+    nodes: frozenset
+
+
+def pattern_candidates(mod: IRModule, backend_names: list) -> list:
+    """Every accepted match of every entry of the backends' pattern tables in main, in
+    priority order (backends, then each table's entries, then roots from the last binding
+    to the first)."""
+    from ..backend import get_backend
+    main = mod["main"]
+    bindings = list(main.bindings)
+    matcher = _Matcher(bindings, main)
+    found_all = []
+    for backend_name in backend_names:
+        backend = get_backend(backend_name)
+        for entry in backend.patterns:
+            for position in range(len(bindings) - 1, -1, -1):
+                root = bindings[position].var
+                if root not in matcher.producers:
+                    continue
+                found = matcher.match(entry, root)
+                if found is None or matcher.refusal(entry, root, found) is not None:
+                    continue
+                nodes = frozenset(matcher.position_of[var] for var in found.matched)
+                found_all.append(PatternCandidate(backend.name, entry.name, position, nodes))
+    return found_all
+
+
+def dataflow_edges(mod: IRModule) -> list:
+    """(producer, consumer) binding positions of main: binding `consumer` reads the var
+    binding `producer` defines (the graph cheapest_cover searches)."""
+    from .fuse_ops_by_pattern import _vars_in
+    bindings = mod["main"].bindings
+    position_of = {b.var: i for i, b in enumerate(bindings)}
+    edges = set()
+    for consumer, binding in enumerate(bindings):
+        for var in _vars_in(binding.value):
+            producer = position_of.get(var)
+            if producer is not None and producer != consumer:
+                edges.add((producer, consumer))
+    return sorted(edges)
