@@ -69,6 +69,7 @@ from real_model_zoo import Wrapper, model_spec  # noqa: E402
 from run_models import load_config, time_cuda  # noqa: E402
 
 TOLERANCE = 2e-2
+SPEED_TARGET = 1.15  # the speed issue's: byoc at least this much faster than the best torch mode
 DEFAULT_CASES = ["bert_base:1", "bert_base:8", "gpt2:1", "vit_b16:8", "resnet50:32", "mobilenet_v3_large:32",
                  "t5_encoder:8"]
 TORCH_MODES = ["eager", "default", "reduce-overhead", "max-autotune-no-cudagraphs"]
@@ -467,7 +468,7 @@ def write_results(out: Path, header: dict, rows: list, torch_modes: list) -> Non
         [f"torch {m}" for m in modes] + ["best torch", "best torch / byoc", "error vs ort",
                                          "torch eager fp16 error", "build s", "kernels/run"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    notes = []
+    notes, misses = [], []
     for row in rows:
         torch_entries = row.get("torch_fp16", {})
         timed = {m: e["ms"] for m, e in torch_entries.items() if e.get("ms") is not None}
@@ -491,6 +492,8 @@ def write_results(out: Path, header: dict, rows: list, torch_modes: list) -> Non
                  f"{entry['build_s']:.0f}" if entry.get("build_s") is not None else "-",
                  f"{profile['kernels_per_run']:.0f}" if profile else "-"]
             lines.append("| " + " | ".join(cells) + " |")
+            if best and ms and best[1] / ms < SPEED_TARGET and profile.get("top"):
+                misses.append(_miss_note(row["case"], spec, best[1] / ms, profile))
             if entry.get("error") and spec != "-":
                 notes.append(f"- {row['case']} byoc {spec}: {entry['error'][:300]}")
         for mode, entry in torch_entries.items():
@@ -498,11 +501,29 @@ def write_results(out: Path, header: dict, rows: list, torch_modes: list) -> Non
                 notes.append(f"- {row['case']} torch {mode}: {entry['error'][:300]}")
         if row.get("error"):
             notes.append(f"- {row['case']}: {row['error'][:300]}")
+    if misses:
+        lines += ["", f"Rows under {SPEED_TARGET}x the best torch mode, and where their GPU time goes (the "
+                  "kernels taking most of a run; real_models_profiles.txt has every kernel):", ""] + misses
     if notes:
         lines += ["", "Failures:", ""] + [n.replace("\n", " ") for n in notes]
     (out / "real_models.md").write_text("\n".join(lines) + "\n")
     texts = [profile_text(row["case"], spec, entry) for row in rows for spec, entry in row.get("byoc", {}).items()]
     (out / "real_models_profiles.txt").write_text("\n".join(t for t in texts if t))
+
+
+def _miss_note(case: str, spec: str, ratio: float, profile: dict, kernels: int = 3) -> str:
+    """One line for a row under SPEED_TARGET: its top kernels a run, each with its share of
+    the run's GPU time (kernel times include programmatic-launch waits: shares are rough)."""
+    total = profile.get("gpu_us_per_run") or sum(k["total_us"] for k in profile["top"]) or 1.0
+    tops = [f"`{_kernel_name(k['name'])}` x{k['per_run']:.0f}, {k['total_us']:.0f} us ({100 * k['total_us'] / total:.0f}%)"
+            for k in profile["top"][:kernels]]
+    return f"- {case} {spec}: {ratio:.2f}x; " + "; ".join(tops)
+
+
+def _kernel_name(name: str) -> str:
+    """A kernel's name without its argument list and namespaces, as a timeline reads it."""
+    short = name.replace("(anonymous namespace)::", "").removeprefix("void ").split("(")[0].split("<")[0]
+    return short.split("::")[-1].strip() or name[:60]
 
 
 def parse_args():
