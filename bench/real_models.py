@@ -183,7 +183,7 @@ def build_byoc(args, case, name, batch, spec, onnx_path, input_shapes) -> tuple:
     config = load_config(spec, tuning_db, args.profile)
     if args.compile_jobs:
         config.compile_jobs = args.compile_jobs
-    workdir = Path(args.workdir) / _stem(args, name, batch, spec)
+    workdir = Path(args.workdir) / f"{_stem(args, name, batch, spec)}_{args.exporter}"
     start = time.perf_counter()
     library = byoc.build(onnx_path, config=config, workdir=str(workdir), input_shapes=input_shapes,
                          precision=args.precision)
@@ -239,8 +239,8 @@ def run_byoc(args, case, name, batch, spec, onnx_path, inputs, reference, repeat
                 f"{out_entry['profile']['gpu_us_per_run']} us of GPU time per run")
             profile_dir = Path(args.profile_dir or Path(args.out) / "profiles")
             profile_dir.mkdir(parents=True, exist_ok=True)
-            path = profile_dir / f"profile_{case.replace(':', '_b')}_{spec.replace(':', '_')}.txt"
-            path.write_text(profile_text(case, spec, out_entry))
+            path = profile_dir / f"profile_{case.replace(':', '_b')}_{spec.replace(':', '_')}_{args.exporter}.txt"
+            path.write_text(profile_text(_labelled(case, args.exporter), spec, out_entry))
         except Exception as exc:
             out_entry["profile_error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
             log(case, spec, "profile failed:", out_entry["profile_error"])
@@ -480,8 +480,10 @@ def write_results(out: Path, header: dict, rows: list, torch_modes: list) -> Non
             error = entry.get("max_rel_error")
             error_cell = "-" if error is None else f"{error:.1e}" + ("" if error <= TOLERANCE else " FAIL")
             profile = entry.get("profile") or {}
-            cells = [row["case"] + (" (tiny)" if row.get("tiny") else ""),
-                     (row.get("export") or {}).get("exporter", "-")] + \
+            exporter = (row.get("export") or {}).get("exporter", "-")
+            if row.get("exporter_asked", "auto") != "auto":
+                exporter += f" (asked: {row['exporter_asked']})"
+            cells = [row["case"] + (" (tiny)" if row.get("tiny") else ""), exporter] + \
                 ([row.get("device", "?")] if len(devices) > 1 else []) + \
                 [spec, f"{ms:.3f}" if ms else ("failed" if "error" in entry else "-"),
                  f"{entry['ms_out']:.3f}" if entry.get("ms_out") else "-"] + \
@@ -493,22 +495,32 @@ def write_results(out: Path, header: dict, rows: list, torch_modes: list) -> Non
                  f"{profile['kernels_per_run']:.0f}" if profile else "-"]
             lines.append("| " + " | ".join(cells) + " |")
             if best and ms and best[1] / ms < SPEED_TARGET and profile.get("top"):
-                misses.append(_miss_note(row["case"], spec, best[1] / ms, profile))
+                misses.append(_miss_note(_labelled(row["case"], row.get("exporter_asked", "auto")), spec,
+                                         best[1] / ms, profile))
             if entry.get("error") and spec != "-":
-                notes.append(f"- {row['case']} byoc {spec}: {entry['error'][:300]}")
+                notes.append(f"- {_labelled(row['case'], row.get('exporter_asked', 'auto'))} byoc {spec}: "
+                             f"{entry['error'][:300]}")
         for mode, entry in torch_entries.items():
             if entry.get("error") and not entry["error"].startswith("skipped"):
-                notes.append(f"- {row['case']} torch {mode}: {entry['error'][:300]}")
+                notes.append(f"- {_labelled(row['case'], row.get('exporter_asked', 'auto'))} torch {mode}: "
+                             f"{entry['error'][:300]}")
         if row.get("error"):
-            notes.append(f"- {row['case']}: {row['error'][:300]}")
+            notes.append(f"- {_labelled(row['case'], row.get('exporter_asked', 'auto'))}: {row['error'][:300]}")
     if misses:
         lines += ["", f"Rows under {SPEED_TARGET}x the best torch mode, and where their GPU time goes (the "
                   "kernels taking most of a run; real_models_profiles.txt has every kernel):", ""] + misses
     if notes:
         lines += ["", "Failures:", ""] + [n.replace("\n", " ") for n in notes]
     (out / "real_models.md").write_text("\n".join(lines) + "\n")
-    texts = [profile_text(row["case"], spec, entry) for row in rows for spec, entry in row.get("byoc", {}).items()]
+    texts = [profile_text(_labelled(row["case"], row.get("exporter_asked", "auto")), spec, entry)
+             for row in rows for spec, entry in row.get("byoc", {}).items()]
     (out / "real_models_profiles.txt").write_text("\n".join(t for t in texts if t))
+
+
+def _labelled(case: str, exporter_asked: str) -> str:
+    """A case as notes and profiles name it: with the exporter asked for, where not auto
+    (a table may hold a case's rows of both exporters)."""
+    return case if exporter_asked == "auto" else f"{case} ({exporter_asked})"
 
 
 def _miss_note(case: str, spec: str, ratio: float, profile: dict, kernels: int = 3) -> str:

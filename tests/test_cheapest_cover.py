@@ -96,8 +96,34 @@ def test_candidates_that_would_need_each_other_are_not_both_chosen():
 def test_no_schedulable_cover_is_an_error():
     edges = [(0, 1), (2, 3)]
     candidates = [Candidate("x", frozenset({0, 3}), 1.0, "ad"), Candidate("x", frozenset({1, 2}), 1.0, "bc")]
-    with pytest.raises(CoverError, match="can be scheduled"):
+    with pytest.raises(CoverError, match="can be scheduled .*need each other"):
         cheapest_cover(4, edges, candidates)
+
+
+def test_candidates_that_only_overlap_are_an_error_that_says_so():
+    candidates = [Candidate("x", frozenset({0, 1}), 1.0, "ab"), Candidate("x", frozenset({1, 2}), 1.0, "bc")]
+    with pytest.raises(CoverError, match="covers every node exactly once \\(they overlap\\)"):
+        cheapest_cover(3, [(0, 1), (1, 2)], candidates)
+
+
+@pytest.mark.parametrize("a_first", [True, False])
+def test_two_paths_to_one_state_that_differ_in_what_a_later_candidate_would_close(a_first):
+    """Covered nodes {0, 1, 2, 3, 5, 6} with the same frontier's candidates, reached as
+    {0, 6} + {1} (A) or {0} + {1, 6} (B), then {2, 5} + {3}: after A, {4, 7} closes a
+    cycle (4 -> 5 -> 6, the group {0, 6}, 0 -> 3 -> 7); after B it does not. The memo keys
+    on the reach between frontier nodes, so each path gets its own answer: the cheapest
+    cover (5.5: B and {4, 7}) whichever path is listed first (a search keyed on the
+    frontier alone returned 14 one way and raised the other)."""
+    edges = [(0, 3), (3, 7), (4, 5), (5, 6)]
+    path_a = [Candidate("a", frozenset({0, 6}), 1.0, "06"), Candidate("a", frozenset({1}), 1.0, "1")]
+    path_b = [Candidate("b", frozenset({0}), 1.0, "0"), Candidate("b", frozenset({1, 6}), 1.5, "16")]
+    rest = [Candidate("c", frozenset({2, 5}), 1.0, "25"), Candidate("c", frozenset({3}), 1.0, "3"),
+            Candidate("c", frozenset({4, 7}), 1.0, "47"), Candidate("c", frozenset({4}), 5.0, "4"),
+            Candidate("c", frozenset({7}), 5.0, "7")]
+    candidates = (path_a + path_b if a_first else path_b + path_a) + rest
+    cover = cheapest_cover(8, edges, candidates)
+    assert cover.cost_us == pytest.approx(5.5)
+    assert sorted(c.name for c in cover.candidates) == ["0", "16", "25", "3", "47"]
 
 
 @pytest.mark.parametrize("candidates, edges, message", [
@@ -126,7 +152,7 @@ def test_a_search_past_its_state_limit_says_so():
     candidates = [op("builtin", i, 2.0) for i in range(n)] + \
         [Candidate("fused", frozenset({i, i + 1}), 3.0, "pair") for i in range(n - 1)]
     edges = [(i, i + 1) for i in range(n - 1)]
-    with pytest.raises(CoverError, match="passed 5 states; choosing by priority order instead"):
+    with pytest.raises(CoverError, match="passed 5 states"):
         cheapest_cover(n, edges, candidates, max_states=5)
     cover = cheapest_cover(n, edges, candidates)  # linear in the chain: a state a node
     assert cover.cost_us == pytest.approx(3.0 * n / 2)

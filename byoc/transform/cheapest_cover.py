@@ -14,12 +14,16 @@ dynamic programming over the nodes in order, as Collage searches: a state is the
 nodes covered so far, and the next step covers the first node not yet covered with a
 candidate that holds it and nothing covered. Each cover is reached in exactly one order,
 so the search enumerates covers, not permutations, and states reached along different
-paths are solved once. A state also carries which candidate covers each covered node
-that still has an uncovered neighbour: the boundary costs still to come depend on it.
+paths are solved once. A state also carries what the rest of the search depends on: which
+candidate covers each covered node that still has an uncovered neighbour (the frontier:
+the boundary costs still to come depend on it), and which frontier nodes reach which
+through the covered nodes, each placed candidate counted as one node (a cycle a later
+candidate would close enters and leaves the covered nodes at the frontier).
 
-Ties (equal cost within 1e-9 relative) go to the candidate listed first for the first
-uncovered node: list candidates in the config's priority order and an unmeasured tie
-keeps today's choice.
+Ties (equal cost within 1e-9, relative above 1 us) go to the candidate listed first for
+the first uncovered node. That is not the choice priority partitioning makes
+(FuseOpsByPattern lets a higher backend claim first, its roots from the last binding
+back): a caller that wants today's cover on a tie keeps it unless this one is cheaper.
 
 Each placement of the chosen cover comes with the alternatives the search weighed there
 (Cover.decisions): every other candidate for that node, with the cost of the cheapest
@@ -32,12 +36,15 @@ skipped; the chosen cover is checked once more as a whole.
 
 Raises CoverError (a BuildError) naming the node or candidate for: a node no candidate
 covers, a candidate outside the graph, empty, or of a negative or non-finite cost, no
-schedulable cover, or a search past `max_states` states (the caller then falls back to
-the priority order and says so).
+exact cover (candidates that overlap) or none that can be scheduled, or a search past
+`max_states` states (the caller then partitions by priority order and says so).
 """
 from __future__ import annotations
 
+import functools
 import math
+import numbers
+import operator
 import sys
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
@@ -118,10 +125,8 @@ def cheapest_cover(num_nodes: int, edges: Iterable, candidates: Sequence[Candida
                              f"{num_nodes} nodes")
         successors[producer].add(consumer)
         predecessors[consumer].add(producer)
-    by_first: list[list[int]] = [[] for _ in range(num_nodes)]
-    for index, candidate in enumerate(candidates):
+    for candidate in candidates:
         _check_candidate(candidate, num_nodes)
-        by_first[min(candidate.nodes)].append(index)
     covering = [False] * num_nodes
     for candidate in candidates:
         for node in candidate.nodes:
@@ -138,14 +143,17 @@ def cheapest_cover(num_nodes: int, edges: Iterable, candidates: Sequence[Candida
     search = _Search(num_nodes, successors, predecessors, list(candidates), holding,
                      boundary_cost or (lambda *_: 0.0), max_states)
     limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 4 * num_nodes + 1000))  # one frame pair a placed candidate
+    sys.setrecursionlimit(max(limit, 4 * num_nodes + 1000))  # a frame a placed candidate, and headroom
     try:
         cost, choices = search.best(0, (), ())
     finally:
         sys.setrecursionlimit(limit)
-    if choices is None:
+    if choices is None and search.refused_cycles:
         raise CoverError("cheapest cover: no cover of the graph by these candidates can be scheduled (every "
-                         "choice closes a cycle between two candidates)")
+                         "exact cover has candidates that need each other: a cycle)")
+    if choices is None:
+        raise CoverError("cheapest cover: no set of these candidates covers every node exactly once (they "
+                         "overlap)")
     chosen = [candidates[index] for index in choices]
     if _has_cycle(chosen, num_nodes, successors):
         raise CoverError("cheapest cover: the chosen candidates need each other (a cycle): "
@@ -156,11 +164,12 @@ def cheapest_cover(num_nodes: int, edges: Iterable, candidates: Sequence[Candida
 def _check_candidate(candidate: Candidate, num_nodes: int) -> None:
     if not candidate.nodes:
         raise CoverError(f"cheapest cover: candidate {candidate.backend}:{candidate.name or 'op'} covers no node")
-    outside = [node for node in candidate.nodes if not (isinstance(node, int) and 0 <= node < num_nodes)]
+    outside = [node for node in candidate.nodes
+               if not (isinstance(node, numbers.Integral) and 0 <= node < num_nodes)]
     if outside:
         raise CoverError(f"cheapest cover: candidate {candidate.describe()} names nodes {outside}, outside the "
                          f"graph's {num_nodes}")
-    if not (isinstance(candidate.cost_us, (int, float)) and math.isfinite(candidate.cost_us)
+    if not (isinstance(candidate.cost_us, numbers.Real) and math.isfinite(candidate.cost_us)
             and candidate.cost_us >= 0):
         raise CoverError(f"cheapest cover: candidate {candidate.backend}:{candidate.name or 'op'} has cost "
                          f"{candidate.cost_us!r}; expected a finite number of microseconds >= 0")
@@ -168,7 +177,8 @@ def _check_candidate(candidate: Candidate, num_nodes: int) -> None:
 
 class _Search:
     """The memoized search: best(covered mask, frontier, placed) -> (cost of the rest,
-    candidate indices placed from here on, or None where no schedulable rest exists)."""
+    candidate indices placed from here on, or None where no schedulable rest exists), the
+    memo keyed on the covered mask, the frontier and the reach between frontier nodes."""
 
     def __init__(self, num_nodes, successors, predecessors, candidates, holding, boundary_cost, max_states):
         self.num_nodes, self.successors, self.predecessors = num_nodes, successors, predecessors
@@ -176,28 +186,30 @@ class _Search:
         self.max_states = max_states
         self.memo: dict = {}
         self.full = (1 << num_nodes) - 1
-        self.masks = [sum(1 << node for node in c.nodes) for c in candidates]
+        self.masks = [functools.reduce(operator.or_, (1 << int(node) for node in c.nodes), 0) for c in candidates]
+        self.refused_cycles = False  # whether a placement was refused for closing a cycle
 
     def best(self, covered: int, frontier: tuple, placed: tuple):
         """`frontier`: sorted (node, candidate index) of covered nodes with an uncovered
         neighbour; `placed`: the candidate indices placed so far (the cycle check reads
-        them; the memo does not key on them: see the module docstring)."""
+        them; the memo keys on what of them the rest depends on: see the module docstring)."""
         if covered == self.full:
             return 0.0, ()
-        key = (covered, frontier)
+        key = (covered, frontier, self._reach(covered, frontier, placed))
         if key in self.memo:
             return self.memo[key]
         if len(self.memo) >= self.max_states:
-            raise CoverError(f"cheapest cover: the search passed {self.max_states} states; choosing by priority "
-                             f"order instead")
+            raise CoverError(f"cheapest cover: the search passed {self.max_states} states (too many overlapping "
+                             f"candidates to search)")
         first = _lowest_unset(covered)
         owner = dict(frontier)
         best_cost, best_choices = math.inf, None
         for index in self.holding[first]:
             mask = self.masks[index]
-            if mask & covered or min(self.candidates[index].nodes) != first:
+            if mask & covered:
                 continue
             if self._closes_cycle(index, placed, covered):
+                self.refused_cycles = True
                 continue
             step = self.candidates[index].cost_us + self._boundaries_with(index, owner)
             new_covered = covered | mask
@@ -269,6 +281,33 @@ class _Search:
             merged[node] = index
         return tuple(sorted((node, candidate) for node, candidate in merged.items()
                             if any(not covered >> n & 1 for n in self.successors[node] | self.predecessors[node])))
+
+    def _reach(self, covered: int, frontier: tuple, placed: tuple) -> frozenset:
+        """(x, y) for frontier nodes x != y where y is reachable from x through covered nodes
+        only, each placed candidate one node (its nodes reach one another)."""
+        if len(frontier) < 2:
+            return frozenset()
+        group_of = {node: group for group in placed for node in self.candidates[group].nodes}
+        group_successors: dict = {}
+        for group in placed:
+            successors = set()
+            for node in self.candidates[group].nodes:
+                for consumer in self.successors[node]:
+                    if covered >> consumer & 1 and group_of[consumer] != group:
+                        successors.add(group_of[consumer])
+            group_successors[group] = successors
+        frontier_nodes = [node for node, _ in frontier]
+        pairs = set()
+        for x in frontier_nodes:
+            start = group_of[x]
+            seen, stack = {start}, [start]
+            while stack:
+                for successor in group_successors[stack.pop()]:
+                    if successor not in seen:
+                        seen.add(successor)
+                        stack.append(successor)
+            pairs.update((x, y) for y in frontier_nodes if y != x and group_of[y] in seen)
+        return frozenset(pairs)
 
     def _closes_cycle(self, index: int, placed: tuple, covered: int) -> bool:
         """Whether placing candidate `index` makes the graph of placed candidates (each one
