@@ -1383,6 +1383,28 @@ def test_the_progress_of_tuning_says_each_problems_candidates_and_best():
     assert tuning_summary({"a": None, "b": None}) == "2 candidates, none ran (the heuristic's kernel)"
 
 
+def test_the_heartbeat_while_tuning_names_the_problem_being_timed(caplog):
+    """Each problem timed is a line of the build's progress; the heartbeat between two lines
+    names the problem being timed now (the next one), not the one just reported."""
+    import logging
+    from byoc.backends.cutlass.tuning import timing_now, tuning_reporter
+    from byoc.progress import BuildProgress
+    progress = BuildProgress()
+    keys = ["gemm:m128:n768:k768", "gemm:m128:n3072:k768", "conv2d:n32h56w56c64"]
+    progress.last_what = timing_now(keys, 0)
+    assert progress.last_what == "timing [tune 1/3] gemm:m128:n768:k768"
+    report = tuning_reporter(progress, keys)
+    with caplog.at_level(logging.INFO, logger="byoc.build"):
+        report(0, 3, {"k1": 41.25, "k2": 50.0})
+        assert progress.last_what == "timing [tune 2/3] gemm:m128:n3072:k768"
+        report(2, 3, {"k1": None})  # the profiler skipped problem 1 (a faulting candidate)
+    lines = [record.getMessage() for record in caplog.records]
+    assert lines[0].endswith("[tune 1/3] gemm:m128:n768:k768: 2 candidates, best 41.2 us (k1)")
+    assert lines[1].endswith("[tune 3/3] conv2d:n32h56w56c64: 1 candidate, none ran (the heuristic's kernel)")
+    assert progress.last_what.startswith("[tune 3/3]")  # the last: nothing is timed after it
+    tuning_reporter(None, keys)(0, 3, {})  # no progress (a library call): nothing to say
+
+
 def _lowered(model, workdir, **overrides):
     """(main, artifacts) of a cuda_sm90 build of `model` up to code generation (no compiler
     runs; sources, partitioned.ir and final.ir in `workdir`), the heuristic's kernels."""

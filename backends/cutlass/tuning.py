@@ -359,26 +359,42 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
     link = subprocess.run(command, capture_output=True, text=True)
     if link.returncode != 0:
         raise BuildError(f"linking the cutlass profiler {executable} failed:\n{link.stderr[-2000:]}")
+    keys = [problem.key for problem, _ in timed]
     if progress is not None:
         progress.stage(f"cutlass tuning: timing {len(linked)} kernels on {len(timed)} problems on the GPU "
                        f"(at most {PROBLEM_SECONDS} s a problem)")
-    def timed_one(position, count, times):
-        if progress is not None:
-            progress.stage(f"[tune {position + 1}/{count}] {timed[position][0].key}: {tuning_summary(times)}")
-    for position, times in run_profiler(executable, len(timed), on_problem=timed_one).items():
+        progress.last_what = timing_now(keys, 0)
+    for position, times in run_profiler(executable, len(timed), on_problem=tuning_reporter(progress, keys)).items():
         results[timed[position][0]] = times
     return results
+
+
+def tuning_reporter(progress, keys: list):
+    """run_profiler's on_problem for a build's progress: a line per problem timed, its
+    candidates and best ([tune 7/24] <key>: ...), and what the heartbeat that follows says is
+    running: the next problem, not the one just reported."""
+    def report(position, count, times):
+        if progress is not None:
+            progress.stage(f"[tune {position + 1}/{count}] {keys[position]}: {tuning_summary(times)}")
+            if position + 1 < count:
+                progress.last_what = timing_now(keys, position + 1)
+    return report
+
+
+def timing_now(keys: list, position: int) -> str:
+    """What the heartbeat says while problem `position` is being timed."""
+    return f"timing [tune {position + 1}/{len(keys)}] {keys[position]}"
 
 
 def tuning_summary(times: dict) -> str:
     """One problem's measurement as the build's progress says it: how many candidates, and
     the best (or that none ran)."""
     valid = {name: us for name, us in times.items() if us is not None}
+    candidates = f"{len(times)} candidate{'s' if len(times) != 1 else ''}"
     if not valid:
-        return f"{len(times)} candidates, none ran (the heuristic's kernel)"
+        return f"{candidates}, none ran (the heuristic's kernel)"
     best = min(valid, key=valid.get)
     failed = len(times) - len(valid)
-    candidates = f"{len(times)} candidate{'s' if len(times) != 1 else ''}"
     return f"{candidates}{f' ({failed} failed)' if failed else ''}, best {valid[best]:.1f} us ({best})"
 
 
