@@ -495,24 +495,24 @@ def write_results(out: Path, header: dict, rows: list, torch_modes: list) -> Non
                  f"{profile['kernels_per_run']:.0f}" if profile else "-"]
             lines.append("| " + " | ".join(cells) + " |")
             if best and ms and best[1] / ms < SPEED_TARGET and profile.get("top"):
-                misses.append(_miss_note(_labelled(row["case"], row.get("exporter_asked", "auto")), spec,
+                misses.append(_miss_note(_row_label(row), spec,
                                          best[1] / ms, profile))
             if entry.get("error") and spec != "-":
-                notes.append(f"- {_labelled(row['case'], row.get('exporter_asked', 'auto'))} byoc {spec}: "
+                notes.append(f"- {_row_label(row)} byoc {spec}: "
                              f"{entry['error'][:300]}")
         for mode, entry in torch_entries.items():
             if entry.get("error") and not entry["error"].startswith("skipped"):
-                notes.append(f"- {_labelled(row['case'], row.get('exporter_asked', 'auto'))} torch {mode}: "
+                notes.append(f"- {_row_label(row)} torch {mode}: "
                              f"{entry['error'][:300]}")
         if row.get("error"):
-            notes.append(f"- {_labelled(row['case'], row.get('exporter_asked', 'auto'))}: {row['error'][:300]}")
+            notes.append(f"- {_row_label(row)}: {row['error'][:300]}")
     if misses:
         lines += ["", f"Rows under {SPEED_TARGET}x the best torch mode, and where their GPU time goes (the "
                   "kernels taking most of a run; real_models_profiles.txt has every kernel):", ""] + misses
     if notes:
         lines += ["", "Failures:", ""] + [n.replace("\n", " ") for n in notes]
     (out / "real_models.md").write_text("\n".join(lines) + "\n")
-    texts = [profile_text(_labelled(row["case"], row.get("exporter_asked", "auto")), spec, entry)
+    texts = [profile_text(_row_label(row), spec, entry)
              for row in rows for spec, entry in row.get("byoc", {}).items()]
     (out / "real_models_profiles.txt").write_text("\n".join(t for t in texts if t))
 
@@ -521,6 +521,10 @@ def _labelled(case: str, exporter_asked: str) -> str:
     """A case as notes and profiles name it: with the exporter asked for, where not auto
     (a table may hold a case's rows of both exporters)."""
     return case if exporter_asked == "auto" else f"{case} ({exporter_asked})"
+
+
+def _row_label(row: dict) -> str:
+    return _labelled(row["case"], row.get("exporter_asked", "auto"))
 
 
 def _miss_note(case: str, spec: str, ratio: float, profile: dict, kernels: int = 3) -> str:

@@ -195,7 +195,8 @@ class _Search:
         them; the memo keys on what of them the rest depends on: see the module docstring)."""
         if covered == self.full:
             return 0.0, ()
-        key = (covered, frontier, self._reach(covered, frontier, placed))
+        group_of = self._group_of(placed)  # covered node -> its candidate: read by the key and the cycle checks
+        key = (covered, frontier, self._reach(covered, frontier, placed, group_of))
         if key in self.memo:
             return self.memo[key]
         if len(self.memo) >= self.max_states:
@@ -208,7 +209,7 @@ class _Search:
             mask = self.masks[index]
             if mask & covered:
                 continue
-            if self._closes_cycle(index, placed, covered):
+            if self._closes_cycle(index, group_of):
                 self.refused_cycles = True
                 continue
             step = self.candidates[index].cost_us + self._boundaries_with(index, owner)
@@ -229,12 +230,12 @@ class _Search:
         found, covered, frontier, placed, spent = [], 0, (), (), 0.0
         for index in choices:
             first = _lowest_unset(covered)
-            owner = dict(frontier)
+            owner, group_of = dict(frontier), self._group_of(placed)
             alternatives = []
             for other in self.holding[first]:
                 if other == index or self.masks[other] & covered:
                     continue
-                if self._closes_cycle(other, placed, covered):
+                if self._closes_cycle(other, group_of):
                     alternatives.append(Alternative(self.candidates[other], None, "would close a cycle"))
                     continue
                 step = self.candidates[other].cost_us + self._boundaries_with(other, owner)
@@ -282,12 +283,14 @@ class _Search:
         return tuple(sorted((node, candidate) for node, candidate in merged.items()
                             if any(not covered >> n & 1 for n in self.successors[node] | self.predecessors[node])))
 
-    def _reach(self, covered: int, frontier: tuple, placed: tuple) -> frozenset:
+    def _group_of(self, placed: tuple) -> dict:
+        return {node: group for group in placed for node in self.candidates[group].nodes}
+
+    def _reach(self, covered: int, frontier: tuple, placed: tuple, group_of: dict) -> frozenset:
         """(x, y) for frontier nodes x != y where y is reachable from x through covered nodes
         only, each placed candidate one node (its nodes reach one another)."""
         if len(frontier) < 2:
             return frozenset()
-        group_of = {node: group for group in placed for node in self.candidates[group].nodes}
         group_successors: dict = {}
         for group in placed:
             successors = set()
@@ -309,22 +312,17 @@ class _Search:
             pairs.update((x, y) for y in frontier_nodes if y != x and group_of[y] in seen)
         return frozenset(pairs)
 
-    def _closes_cycle(self, index: int, placed: tuple, covered: int) -> bool:
+    def _closes_cycle(self, index: int, group_of: dict) -> bool:
         """Whether placing candidate `index` makes the graph of placed candidates (each one
-        node) and uncovered nodes (each its own) cyclic: a path out of the candidate that
-        comes back into it through other groups or nodes."""
-        group_of = {}
-        for group in placed:
-            for node in self.candidates[group].nodes:
-                group_of[node] = group
+        node; group_of: covered node -> its candidate) and uncovered nodes (each its own)
+        cyclic: a path out of the candidate that comes back into it through other groups or
+        nodes."""
         members = self.candidates[index].nodes
-        for node in members:
-            group_of[node] = index
 
         def group_successors(group_nodes):
             for node in group_nodes:
                 for consumer in self.successors[node]:
-                    yield group_of.get(consumer, ("node", consumer))
+                    yield index if consumer in members else group_of.get(consumer, ("node", consumer))
 
         def nodes_of(group):
             return (group[1],) if isinstance(group, tuple) else self.candidates[group].nodes

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir.module import IRModule
+from .bindings import BindingIndex
 from .fuse_ops_by_pattern import _Matcher
 
 
@@ -52,13 +53,7 @@ def pattern_candidates(mod: IRModule, backend_names: list) -> list:
 def dataflow_edges(mod: IRModule) -> list:
     """(producer, consumer) binding positions of main: binding `consumer` reads the var
     binding `producer` defines (the graph cheapest_cover searches)."""
-    from .fuse_ops_by_pattern import _vars_in
-    bindings = mod["main"].bindings
-    position_of = {b.var: i for i, b in enumerate(bindings)}
-    edges = set()
-    for consumer, binding in enumerate(bindings):
-        for var in _vars_in(binding.value):
-            producer = position_of.get(var)
-            if producer is not None and producer != consumer:
-                edges.add((producer, consumer))
-    return sorted(edges)
+    index = BindingIndex(mod["main"])
+    return sorted({(index.producers[var][0], reader) for var, readers in index.uses.items()
+                   if var in index.producers for reader in readers
+                   if reader < len(index.bindings) and reader != index.producers[var][0]})
