@@ -444,8 +444,8 @@ def shim_cases() -> list[Case]:
 
 
 def conv_epilogue_cases() -> list[Case]:
-    """Depthwise NHWC convs in 16-bit floats (and dense ones of 4 input channels) with the
-    elementwise chains that become their epilogues (Composite="builtin.conv2d_epilogue"):
+    """Depthwise and grouped NHWC convs in 16-bit floats (and dense ones of 4 input channels)
+    with the elementwise chains that become their epilogues (Composite="builtin.conv2d_epilogue"):
     bias + ReLU; stride 2, a 5x5 window,
     bias + hard swish + a full-size residual; bfloat16 with a clip; a 5x5 window with SiLU;
     channels 24 and 40 (not powers of two) and odd spatial sizes, so every index is off the
@@ -465,11 +465,20 @@ def conv_epilogue_cases() -> list[Case]:
         # second pixel falls past the row's end)
         ("stem_3ch_3x3_stride2_relu_float16", "float16", (2, 15, 13, 3), 3, [2, 2], [1, 1, 1, 1], "relu"),
         ("stem_1ch_5x5_clip_bfloat16", "bfloat16", (1, 9, 11, 1), 5, [1, 1], [2, 2, 2, 2], "clip"),
+        # grouped convs of whole 8-channel vectors (grouped_conv.cuh): RegNet's 8 channels a
+        # group at stride 2 with odd sizes; 16 in, 24 out a group (a channel multiplier) in
+        # bfloat16 with SiLU
+        ("grouped_g8_stride2_relu_float16", "float16", (2, 13, 11, 48), 3, [2, 2], [1, 1, 1, 1], "relu"),
+        ("grouped_16to24_silu_bfloat16", "bfloat16", (1, 7, 9, 32), 3, [1, 1], [1, 1, 1, 1], "silu"),
     ]
     for name, dtype, (batch, h, w, channels), window, strides, pads, chain in specs:
         rng = np.random.default_rng(zlib.crc32(name.encode()))
         out_channels = 24 if name.startswith("stem") else channels
         groups = 1 if name.startswith("stem") else channels
+        if name.startswith("grouped_g8"):
+            groups = channels // 8
+        elif name.startswith("grouped_16to24"):
+            groups, out_channels = 2, 48
         with FunctionBuilder("main") as fb:
             x = fb.param("x", (batch, h, w, channels), dtype)
             weight = fb.param("weight", (out_channels, window, window, channels // groups), dtype)
@@ -917,6 +926,55 @@ def @main(%x: Tensor[(1, 5, 5, 16), float16], %w: Tensor[(16, 3, 3, 1), float16]
     _check_same_results(before, after)
 
 
+def test_partition_fuses_a_grouped_conv_of_whole_vectors_with_its_elementwise_readers():
+    """A float16 NHWC grouped conv whose groups are whole 8-channel vectors (RegNet's 3x3:
+    8 channels a group; here also 8 in, 16 out) joins its bias + ReLU as one
+    builtin.conv2d_epilogue function (grouped_conv.cuh on CUDA); groups of 4 channels do not."""
+    before = parse("""
+def @main(%x: Tensor[(1, 5, 5, 32), float16], %w: Tensor[(32, 3, 3, 8), float16], %b: Tensor[(32,), float16], %w2: Tensor[(64, 3, 3, 8), float16], %w4: Tensor[(64, 3, 3, 4), float16]) -> Tensor[(1, 5, 5, 64), float16] {
+  %c = conv2d(%x, %w, pads=[1, 1, 1, 1], groups=4, data_layout="NHWC", kernel_layout="OHWI")
+  %y = add(%c, %b)
+  %r = relu(%y)
+  %c2 = conv2d(%r, %w2, pads=[1, 1, 1, 1], groups=4, data_layout="NHWC", kernel_layout="OHWI")
+  %r2 = relu(%c2)
+  %c4 = conv2d(%r2, %w4, pads=[1, 1, 1, 1], groups=16, data_layout="NHWC", kernel_layout="OHWI")
+  %r4 = relu(%c4)
+  return %r4
+}
+""")
+    expected = parse("""
+def @main(%x: Tensor[(1, 5, 5, 32), float16], %w: Tensor[(32, 3, 3, 8), float16], %b: Tensor[(32,), float16], %w2: Tensor[(64, 3, 3, 8), float16], %w4: Tensor[(64, 3, 3, 4), float16]) -> Tensor[(1, 5, 5, 64), float16] {
+  %f0 = fn (%a0: Tensor[(1, 5, 5, 32), float16], %a1: Tensor[(32, 3, 3, 8), float16], %a2: Tensor[(32,), float16]) -> Tensor[(1, 5, 5, 32), float16] [Compiler="builtin", Composite="builtin.conv2d_epilogue"] {
+    %a3 = conv2d(%a0, %a1, pads=[1, 1, 1, 1], groups=4, data_layout="NHWC", kernel_layout="OHWI")
+    %a4 = add(%a3, %a2)
+    %a5 = relu(%a4)
+    return %a5
+  }
+  %r = %f0(%x, %w, %b)
+  %f1 = fn (%b0: Tensor[(1, 5, 5, 32), float16], %b1: Tensor[(64, 3, 3, 8), float16]) -> Tensor[(1, 5, 5, 64), float16] [Compiler="builtin", Composite="builtin.conv2d_epilogue"] {
+    %b2 = conv2d(%b0, %b1, pads=[1, 1, 1, 1], groups=4, data_layout="NHWC", kernel_layout="OHWI")
+    %b3 = relu(%b2)
+    return %b3
+  }
+  %r2 = %f1(%r, %w2)
+  %f2 = fn (%d0: Tensor[(1, 5, 5, 64), float16], %d1: Tensor[(64, 3, 3, 4), float16]) -> Tensor[(1, 5, 5, 64), float16] [Compiler="builtin", Composite="builtin.conv2d"] {
+    %d2 = conv2d(%d0, %d1, pads=[1, 1, 1, 1], groups=16, data_layout="NHWC", kernel_layout="OHWI")
+    return %d2
+  }
+  %c4 = %f2(%r2, %w4)
+  %f3 = fn (%e0: Tensor[(1, 5, 5, 64), float16]) -> Tensor[(1, 5, 5, 64), float16] [Compiler="builtin", Composite="builtin.elementwise"] {
+    %e1 = relu(%e0)
+    return %e1
+  }
+  %r4 = %f3(%c4)
+  return %r4
+}
+""")
+    after = partition_builtin(before)
+    assert_structural_equal(after, expected)
+    _check_same_results(before, after)
+
+
 def test_partition_gives_an_elementwise_group_to_one_conv_only():
     """relu(conv(x) + conv(y)), both depthwise: the group is the first conv's epilogue and
     reads the second conv's output, which stays a conv of its own (a kernel runs one conv)."""
@@ -1123,14 +1181,16 @@ def test_a_depthwise_epilogue_reads_a_view_from_the_right_argument(tmp_path):
     (3, [1, 1], [2, 2], 16, "launch_window<__half, int32_t, 0, 0, 0>"),
     (3, [2, 1], [1, 1], 16, "launch_window<__half, int32_t, 0, 0, 0>"),
     (3, [2, 2], [1, 1], 1, "launch_few_channels<4>"),
+    (3, [2, 2], [1, 1], 2, "launch_grouped<8, 8>"),  # grouped_conv.cuh: two groups of 8 channels
 ])
 def test_conv_epilogue_names_the_launcher_of_its_window(window, strides, dilations, groups, launch):
     """A conv2d_epilogue's generated code calls the depthwise.cuh launcher of its own window
     (depthwise.cuh's common_window, mirrored), so that it instantiates only the kernels that
-    can run it; a dense conv of 4 channels calls the few-channel kernel."""
+    can run it; a dense conv of 4 channels calls the few-channel kernel, a grouped one
+    grouped_conv.cuh's with its group widths."""
     from byoc.backends.builtin.conv_epilogue import conv_epilogue_cuda
     channels = 16 if groups > 1 else 4
-    with FunctionBuilder("main") as fb:
+    with FunctionBuilder("main") as fb:  # groups 16: depthwise; 2: grouped
         x = fb.param("x", (1, 15, 15, channels), "float16")
         w = fb.param("w", (16, window, window, channels // groups), "float16")
         conv = fb.call("conv2d", x, w, strides=strides, dilations=dilations, groups=groups,

@@ -740,6 +740,18 @@ CONV_CASES = [
     # kernel for 16-bit floats in NHWC; a stride-2 3x3 and a 4x4 patchify with uneven pads
     (2, 4, 15, 13, 24, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1),
     (1, 4, 16, 12, 16, (4, 4), (4, 4), (0, 1, 0, 2), (1, 1), 1),
+    # grouped convs of whole 8-channel vectors: grouped_conv.cuh's kernel for 16-bit floats
+    # in NHWC. RegNet's 8 channels a group (odd sizes, stride 2); 16 in and 32 out a group;
+    # 440 channels in 55 groups (two slices of output vectors, 28 and 27); 64 channels a
+    # group dilated (four slices of 4 vectors)
+    (2, 16, 9, 7, 16, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 2),
+    (1, 48, 11, 10, 48, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 6),
+    (2, 32, 7, 9, 64, (3, 3), (1, 1), (1, 0, 1, 2), (1, 1), 2),
+    (1, 440, 7, 7, 440, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 55),
+    (1, 128, 9, 9, 128, (3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 2),
+    # 32 output vectors a slice (8 pixel pairs a block pass): more pairs (9,216) than the
+    # capped grid covers in one pass on an H100 or H200, even widths
+    (2, 256, 96, 96, 256, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 32),
 ]
 
 

@@ -1,9 +1,9 @@
-"""Codegen of Composite="builtin.conv2d_epilogue" functions: a depthwise conv2d, or a dense
-one of 4 input channels, and the elementwise chain that reads it (partition.py says when
-they are one function).
+"""Codegen of Composite="builtin.conv2d_epilogue" functions: a depthwise or grouped conv2d,
+or a dense one of 1 to 4 input channels, and the elementwise chain that reads it
+(partition.py says when they are one function).
 
-CUDA: the conv runs in shim/cuda/depthwise.cuh's kernel (nhwc/tiled for depthwise convs,
-few_channels for the others) with a generated epilogue functor
+CUDA: the conv runs in shim/cuda/depthwise.cuh's kernels (nhwc/tiled for depthwise convs,
+few_channels for the dense ones) or grouped_conv.cuh's, with a generated epilogue functor
 (templates/builtin/conv2d_epilogue.j2) that takes each thread's 8 channel sums, rounds them
 to the conv's dtype (as storing the conv's output would), evaluates the chain on them with
 the other inputs read at the same output index, and stores the chain's result: the conv's
@@ -21,7 +21,7 @@ from ...ir.expr import Function
 from ...ir.types import TensorType
 from .dtypes import storage_type
 from .elementwise import INT32_INDEX_LIMIT, ROUND_HELPERS, elementwise_kernel
-from .partition import DEPTHWISE_VECTOR, is_depthwise_conv, is_epilogue_conv
+from .partition import DEPTHWISE_VECTOR, is_depthwise_conv, is_epilogue_conv, is_grouped_conv
 from .shim_calls import WORKSPACE_ALIGNMENT, emit_shim_calls
 
 DEPTHWISE_LANES = DEPTHWISE_VECTOR  # channels (output elements) per epilogue call
@@ -32,8 +32,8 @@ def split(symbol: str, func: Function) -> tuple:
     conv's output, the index in func.params of each of the chain's other parameters)."""
     convs = [b for b in func.bindings if is_epilogue_conv(b.value)]
     if len(convs) != 1 or any(arg not in func.params for arg in convs[0].value.args):
-        raise BuildError(f"builtin codegen: {symbol}: a conv2d_epilogue function holds one depthwise or "
-                         f"few-channel conv2d of two parameters")
+        raise BuildError(f"builtin codegen: {symbol}: a conv2d_epilogue function holds one depthwise, grouped "
+                         f"or few-channel conv2d of two parameters")
     conv = convs[0]
     chain = [b for b in func.bindings if b is not conv]
     read = {arg for b in chain for arg in b.value.args}
@@ -80,8 +80,12 @@ def common_window(attrs: dict, kernel_h: int, kernel_w: int) -> bool:
 
 
 def _launch(conv, storage: str, index_type: str) -> str:
-    """The depthwise.cuh launcher of this conv, its window named at compile time so that
-    the epilogue instantiates only the kernels that can run it."""
+    """The depthwise.cuh or grouped_conv.cuh launcher of this conv, its window (or group
+    widths) named at compile time so that the epilogue instantiates only the kernels that
+    can run it."""
+    if is_grouped_conv(conv):
+        out_channels, _, _, group_in = conv.args[1].type.shape
+        return f"launch_grouped<{group_in}, {out_channels // conv.attrs['groups']}>"
     if not is_depthwise_conv(conv):
         return f"launch_few_channels<{conv.args[0].type.shape[3]}>"
     _, kernel_h, kernel_w, _ = conv.args[1].type.shape

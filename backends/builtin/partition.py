@@ -39,8 +39,9 @@ Rewrites, in `main` only:
   with Composite="builtin.conv2d_epilogue": on CUDA the group's chain (bias, activation,
   residual, ...) runs on the conv's sums before anything is stored (MobileNet's and
   EfficientNet's conv -> bias -> activation: one pass over the activations instead of two).
-  So does a dense conv of 1 to 4 input channels into a multiple of 8 output channels,
-  depthwise.cuh's few_channels_kernel: the stem. Such a conv that reads a zero pad of the
+  So does a grouped conv whose groups are whole 8-channel vectors in and out (RegNet's,
+  ResNeXt's: shim/cuda/grouped_conv.cuh), and a dense conv of 1 to 4 input channels into a
+  multiple of 8 output channels, depthwise.cuh's few_channels_kernel: the stem. Such a conv that reads a zero pad of the
   channels alone (PadConvChannels' 3 -> 4) reads the unpadded image instead, its filters
   cut to match: no pad kernel.
 
@@ -77,7 +78,7 @@ ELEMENTWISE_CATEGORIES = ("elemwise", "broadcast")
 RESHAPE_OPS = ("reshape", "squeeze", "expand_dims")
 RESHAPE_COMPOSITE = f"{COMPILER}.reshape"  # the host runs these as views (no call, no copy)
 LAYOUT_COMPOSITE = f"{COMPILER}.layout"  # a chain of layout ops run as one strided copy
-CONV_EPILOGUE_COMPOSITE = f"{COMPILER}.conv2d_epilogue"  # a depthwise conv and its elementwise readers
+CONV_EPILOGUE_COMPOSITE = f"{COMPILER}.conv2d_epilogue"  # a direct-kernel conv and its elementwise readers
 CONCAT_VIEWS_COMPOSITE = f"{COMPILER}.concat_views"  # a concat reading slices/transposes of its inputs in place
 # depthwise.cuh's limits: 8 channels per thread, every filter in 96 KiB of shared memory.
 DEPTHWISE_VECTOR = 8
@@ -85,6 +86,10 @@ DEPTHWISE_MAX_FILTER_BYTES = 96 * 1024
 # few_channels_kernel's: 1 to 4 input channels, float filters in 48 KiB of shared memory.
 FEW_CHANNELS = 4
 FEW_CHANNELS_MAX_FILTER_BYTES = 48 * 1024
+# grouped_conv.cuh's: groups of whole vectors, at most 64 input channels a group, one
+# output vector's filters in 48 KiB of shared memory.
+GROUPED_MAX_GROUP_IN = 64
+GROUPED_MAX_VECTOR_FILTER_BYTES = 48 * 1024
 
 
 def partition_builtin(mod: IRModule) -> IRModule:
@@ -412,13 +417,31 @@ def is_few_channel_conv(value: Expr) -> bool:
             and out_channels * kernel_h * kernel_w * channels * 4 <= FEW_CHANNELS_MAX_FILTER_BYTES)
 
 
+def is_grouped_conv(value: Expr) -> bool:
+    """A conv2d call that grouped_conv.cuh computes: NHWC, 16-bit floats, two groups or more,
+    each of whole 8-channel vectors in and out, at most 64 input channels a group, one
+    output vector's filters (window x group inputs x 8) within 48 KiB."""
+    if not (_is_op_call(value) and value.op.name == "conv2d" and value.attrs.get("data_layout") == "NHWC"):
+        return False
+    data, weight = value.args[0].type, value.args[1].type
+    if data.dtype not in ("float16", "bfloat16") or len(data.shape) != 4 or len(weight.shape) != 4:
+        return False
+    groups = value.attrs.get("groups", 1)
+    out_channels, kernel_h, kernel_w, group_in = weight.shape
+    return (groups >= 2 and data.shape[3] == groups * group_in and out_channels % groups == 0
+            and group_in % DEPTHWISE_VECTOR == 0 and (out_channels // groups) % DEPTHWISE_VECTOR == 0
+            and group_in <= GROUPED_MAX_GROUP_IN and value.type.dtype == data.dtype
+            and kernel_h * kernel_w * group_in * DEPTHWISE_VECTOR * 2 <= GROUPED_MAX_VECTOR_FILTER_BYTES)
+
+
 def is_epilogue_conv(value: Expr) -> bool:
-    """A conv2d call that a conv2d_epilogue function may hold (depthwise or few-channel)."""
-    return is_depthwise_conv(value) or is_few_channel_conv(value)
+    """A conv2d call that a conv2d_epilogue function may hold (depthwise, grouped or
+    few-channel)."""
+    return is_depthwise_conv(value) or is_grouped_conv(value) or is_few_channel_conv(value)
 
 
 def _conv_epilogues(bindings, readers, groups) -> dict[int, list[int]]:
-    """Depthwise conv binding index -> the sorted indices of it and the elementwise group
+    """Epilogue conv binding index -> the sorted indices of it and the elementwise group
     that is its epilogue (see the module docstring)."""
     fused, taken = {}, set()
     for index, binding in enumerate(bindings):
@@ -508,6 +531,6 @@ def builtin_functions(main: Function) -> list[tuple[Var, Function]]:
             if isinstance(b.value, Function) and b.value.attrs.get("Compiler") == COMPILER]
 
 
-__all__ = ["partition_builtin", "builtin_functions", "outline_op", "is_scalar_constant", "is_depthwise_conv", "is_few_channel_conv", "is_epilogue_conv",
+__all__ = ["partition_builtin", "builtin_functions", "outline_op", "is_scalar_constant", "is_depthwise_conv", "is_grouped_conv", "is_few_channel_conv", "is_epilogue_conv",
            "CONV_EPILOGUE_COMPOSITE", "CONCAT_VIEWS_COMPOSITE", "RESHAPE_OPS",
            "ELEMENTWISE_CATEGORIES", "COMPILER"]

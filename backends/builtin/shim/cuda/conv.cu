@@ -5,6 +5,9 @@
 // workspace, a chunk at a time, then cuBLASLt (tensor cores, float32 accumulation).
 // byoc_shim_conv2d_workspace reports the chunk plus 4 MiB of cuBLASLt scratch (see
 // plan_conv_workspace for the exact formula).
+// Grouped convs in NHWC with 16-bit floats and groups of whole 8-channel vectors run on
+// grouped_conv.cuh's kernel, depthwise ones on depthwise.cuh's, dense ones of 4 input
+// channels (a stem) on its few-channel kernel.
 // Everything else (integers, groups > 1, no or too little workspace, or no cuBLASLt
 // algorithm) is an implicit GEMM: the tiled GEMM of tiled_gemm.cuh with operand loaders
 // that compute im2col addresses on the fly (zero outside the image), one GEMM per group
@@ -14,6 +17,7 @@
 // divide per element, and 64-bit division is an emulated sequence.
 #include "conv.cuh"
 #include "depthwise.cuh"
+#include "grouped_conv.cuh"
 #include "tiled_gemm.cuh"
 
 using namespace byoc_shim_cuda;
@@ -233,6 +237,32 @@ bool launch_few_channels_nhwc(const Storage* x, const Storage* w, const Storage*
   }
 }
 
+// Whether grouped_conv.cuh's kernel takes this conv (16-bit floats in NHWC, groups of whole
+// 8-channel vectors); it is then launched (check_launch sees how that went).
+template <class Storage, class Index>
+bool launch_grouped_nhwc(const Storage* x, const Storage* w, const Storage* b, Storage* y, int64_t batch,
+                         const ConvGeometry<Index>& s, cudaStream_t stream) {
+  if constexpr (sizeof(Storage) != 2 || !Traits<Storage>::is_float) {
+    return false;
+  } else {
+    const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    if (s.group_in == 0 || s.group_out == 0 || s.in_channels / s.group_in < 2 ||
+        !byoc_depthwise::takes_grouped(s.in_channels, s.out_channels, s.in_channels / s.group_in, s.kernel_h,
+                                       s.kernel_w) ||
+        !aligned(x) || !aligned(y)) {
+      return false;
+    }
+    const int64_t group_in = s.group_in, group_out = s.group_out;
+    return launch_with_bias_store(x, w, b, y, batch, s, stream,
+                                  [group_in, group_out](auto in, auto weight, int64_t images, const auto& geometry,
+                                                        auto store, cudaStream_t launch_stream) {
+                                    return byoc_depthwise::launch_grouped_runtime(in, weight, images, geometry,
+                                                                                  group_in, group_out, store,
+                                                                                  launch_stream);
+                                  });
+  }
+}
+
 template <class Storage, class Index>
 int implicit_gemm_conv(const char* function, const void* in, const void* weight, const void* bias, void* out,
                        bool nhwc, int64_t batch, const ConvGeometry<Index>& s, int64_t groups, cudaStream_t stream) {
@@ -243,6 +273,9 @@ int implicit_gemm_conv(const char* function, const void* in, const void* weight,
   auto* y = static_cast<Storage*>(out);
   const Index depth = s.group_in * s.kernel_h * s.kernel_w;
   const int64_t pixels = batch * static_cast<int64_t>(s.out_h) * s.out_w;
+  if (nhwc && groups > 1 && launch_grouped_nhwc(x, w, b, y, batch, s, stream)) {
+    return check_launch(function);
+  }
   if (groups > 1 && s.group_out < kDirectConvMaxGroupOut) {
     const int64_t total = pixels * s.out_channels;
     if (nhwc && launch_depthwise_nhwc(x, w, b, y, batch, s, stream)) {
