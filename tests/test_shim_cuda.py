@@ -500,7 +500,10 @@ def test_arg_reduce_nan_and_errors(shim, dev):
 @pytest.mark.parametrize("log", [False, True])
 @pytest.mark.parametrize("shape", [(3, 10, 1), (2, 7, 5), (1, 1, 4), (1, 3, 300), (37, 1000, 1), (3, 1023, 1),
                                    (4, 3000, 1), (2, 20000, 1), (19, 128, 1), (5, 64, 1), (3, 1024, 1),
-                                   (2, 96, 1)])
+                                   (2, 96, 1),
+                                   # short rows (fewer than 32 packs of 16 bytes: 4 or 8 lanes a
+                                   # row, several rows a warp), row counts off the warp's rows
+                                   (1001, 200, 1), (5, 8, 1), (20001, 96, 1)])
 def test_softmax(shim, dev, dtype, log, shape):
     x = (random(shape, "float32") * 4).astype(npdtype(dtype))
     x.flat[0] = -np.inf  # an exp of 0 (a whole -inf slice would give NaN in both)
@@ -523,7 +526,9 @@ def test_softmax_all_negative_infinity_is_nan_and_errors(shim, dev):
 @gpu
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("rows, n", [(4, 33), (1, 1), (3, 512), (9, 768), (5, 1023), (3, 4096), (2, 8192),
-                                     (2, 20000), (17, 128), (3, 64), (4, 1024), (2, 1025), (3, 96)])
+                                     (2, 20000), (17, 128), (3, 64), (4, 1024), (2, 1025), (3, 96),
+                                     # short rows: 4 or 8 lanes a row (see test_softmax)
+                                     (1001, 200), (5, 8), (20001, 96)])
 def test_layer_norm_and_rms_norm(shim, dev, dtype, rows, n):
     x = (random((rows, n)) * 3 + 1).astype(npdtype(dtype))
     gamma, beta = random((n,), dtype), random((n,), dtype)

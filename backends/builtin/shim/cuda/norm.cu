@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   }
 }
 
-template <class Storage, int kVec, int kPacks, bool kBlock>
+template <class Storage, int kVec, int kPacks, bool kBlock, int kLanes>
 __global__ void __launch_bounds__(kBlock ? kMaxRowThreads : kThreads)
     norm_register_kernel(const Storage* __restrict__ in, const Storage* __restrict__ gamma,
                          const Storage* __restrict__ beta, Storage* __restrict__ out, int64_t rows, int n,
@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kBlock ? kMaxRowThreads : kThreads)
   using T = Traits<Storage>;
   using Compute = typename T::Compute;
   __shared__ Compute scratch[kBlock ? 32 : 1];
-  const RowGroup rows_of_group = row_group<!kBlock>();
+  const RowGroup rows_of_group = kBlock ? row_group<false>() : lanes_row_group<kLanes>();
   const int lane = rows_of_group.member, group = rows_of_group.size;
   const int packs = n / kVec;
   const Compute count = static_cast<Compute>(n);
@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kBlock ? kMaxRowThreads : kThreads)
       for (int j = 0; j < kPacks; ++j)
 #pragma unroll
         for (int v = 0; v < kVec; ++v) sum += values[j][v];  // padding holds 0
-      mean = register_row_reduce<kBlock>(sum, sum_op, scratch) / count;
+      mean = register_row_reduce<kBlock, kLanes>(sum, sum_op, scratch) / count;
     }
     // Population variance of the centered values; for rms_norm the mean of squares.
     Compute squares = Compute(0);
@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(kBlock ? kMaxRowThreads : kThreads)
         squares += centered_value * centered_value;
       }
     }
-    const Compute variance = register_row_reduce<kBlock>(squares, sum_op, scratch) / count;
+    const Compute variance = register_row_reduce<kBlock, kLanes>(squares, sum_op, scratch) / count;
     const Compute deviation = sqrt(variance + static_cast<Compute>(epsilon));
     if constexpr (kBlock) load_affine();
     store_row<Storage, kVec, kPacks>(out + row * n, packs, lane, group, [&](int j, int v) {
@@ -158,12 +158,14 @@ int launch_norm(const char* function, const void* in, const void* gamma, const v
   const auto* g = static_cast<const Storage*>(gamma);
   const auto* b = static_cast<const Storage*>(beta);
   auto* y = static_cast<Storage*>(out);
-  const RegisterRowPlan registers = plan_register_row<Storage>(n, register_row_vector<Storage>(n, in, out, gamma, beta));
+  const RegisterRowPlan registers = plan_register_row<Storage>(
+      n, register_row_vector<Storage>(n, in, out, gamma, beta), vector_width<Storage>(n, in, out, gamma, beta));
   if (registers.ok) {
-    launch_register_rows<Storage>(registers, rows, [&](auto vec, auto packs, auto block, unsigned blocks,
+    launch_register_rows<Storage>(registers, rows, [&](auto vec, auto packs, auto block, auto lanes, unsigned blocks,
                                                        unsigned threads) {
       byoc_pdl::launch_after_previous(
-          norm_register_kernel<Storage, decltype(vec)::value, decltype(packs)::value, decltype(block)::value>,
+          norm_register_kernel<Storage, decltype(vec)::value, decltype(packs)::value, decltype(block)::value,
+                               decltype(lanes)::value>,
           blocks, threads, 0, stream, x, g, b, y, rows, static_cast<int>(n), epsilon, centered);
     });
     return check_launch(function);

@@ -60,6 +60,19 @@ __device__ __forceinline__ RowGroup row_group() {
   return group;
 }
 
+// The register kernels' group for short rows: kLanes neighbouring lanes of a warp (a power
+// of two, 32 at most) per row, blockDim.x / kLanes rows a block.
+template <int kLanes>
+__device__ __forceinline__ RowGroup lanes_row_group() {
+  RowGroup group;
+  const int64_t rows_per_block = blockDim.x / kLanes;
+  group.member = static_cast<int>(threadIdx.x % kLanes);
+  group.size = kLanes;
+  group.first_row = blockIdx.x * rows_per_block + threadIdx.x / kLanes;
+  group.row_step = static_cast<int64_t>(gridDim.x) * rows_per_block;
+  return group;
+}
+
 template <bool kWarpPerRow, class T, class Combine>
 __device__ __forceinline__ T group_all_reduce(T value, Combine combine, T* scratch) {
   return kWarpPerRow ? warp_all_reduce(value, combine) : block_all_reduce(value, combine, scratch);
@@ -196,13 +209,24 @@ __device__ __forceinline__ void store_row(Storage* row, int packs, int lane, int
 }
 
 // kBlock: the same with one block per row (mid-size rows; rows are block-uniform, so the
-// block-wide reductions' barriers are reached by every thread).
-template <bool kBlock, class T, class Combine>
+// block-wide reductions' barriers are reached by every thread). Otherwise kLanes lanes
+// reduce their row: the whole warp, or (short rows) an aligned group of kLanes lanes whose
+// shuffles name only themselves, so that groups whose rows end early need not take part.
+template <bool kBlock, int kLanes = 32, class T, class Combine>
 __device__ __forceinline__ T register_row_reduce(T value, Combine combine, T* scratch) {
   if constexpr (kBlock) {
     return block_all_reduce(value, combine, scratch);
-  } else {
+  } else if constexpr (kLanes == 32) {
     return warp_all_reduce(value, combine);
+  } else {
+    static_assert(kLanes > 0 && kLanes < 32 && (kLanes & (kLanes - 1)) == 0, "lanes: a power of two");
+    const unsigned first_lane = (threadIdx.x & 31u) & ~static_cast<unsigned>(kLanes - 1);
+    const unsigned mask = ((1u << kLanes) - 1u) << first_lane;
+#pragma unroll
+    for (int offset = kLanes / 2; offset > 0; offset >>= 1) {
+      value = combine(value, __shfl_xor_sync(mask, value, offset, kLanes));
+    }
+    return value;
   }
 }
 
@@ -250,19 +274,40 @@ template <class Compute>
 constexpr int register_values() { return sizeof(Compute) > 4 ? 8 : 32; }
 
 // How a row of n elements is spread for the register kernels: a warp (n <= kWarpRowLimit
-// and a lane's share fits in registers) or a block of `threads` (<= kMaxRowThreads, a multiple of 32) with `packs` packs of
-// `vec` elements per thread. ok == false: too long for registers (the shared-memory
-// kernels take it).
+// and a lane's share fits in registers), `lanes` lanes of a warp (short rows), or a block
+// of `threads` (<= kMaxRowThreads, a multiple of 32) with `packs` packs of `vec` elements
+// per thread. ok == false: too long for registers (the shared-memory kernels take it).
 struct RegisterRowPlan {
   bool ok = false, block = false;
   int vec = 1, threads = 32;
+  int lanes = 32;     // lanes a row (warp per row or fewer); 32 with a block per row
   int64_t packs = 1;  // per thread
 };
 
+// Short rows: fewer than 32 packs of 16 bytes (ConvNeXt's LayerNorm over 96 channels, a
+// 7x7 window's softmax). A warp per row then left lanes idle or read 2 or 4 bytes a load
+// (96 float16 channels: 2-byte pairs, 65 us for 32x56x56 rows on an H200, a quarter of the
+// bandwidth), and each warp's short life was mostly latency. Instead the row's 16-byte
+// packs are spread over the fewest lanes (4 or 8) that hold at most kShortRowPacks packs
+// each: 8 or 4 rows a warp.
+constexpr int kShortRowPacks = 4;
+constexpr int kShortRowMinLanes = 4;
+
 template <class Storage>
-RegisterRowPlan plan_register_row(int64_t n, int vec) {
+RegisterRowPlan plan_register_row(int64_t n, int vec, int wide_vec = 1) {
   using Compute = typename Traits<Storage>::Compute;
   RegisterRowPlan plan;
+  constexpr int kWide = static_cast<int>(16 / sizeof(Storage));
+  if (wide_vec == kWide && n / kWide < 32 && n > 0) {  // a short row of whole 16-byte packs
+    const int64_t row_packs = n / kWide;
+    int lanes = kShortRowMinLanes;
+    while (lanes < 32 && lanes * kShortRowPacks < row_packs) lanes *= 2;
+    plan.ok = true;
+    plan.vec = kWide;
+    plan.lanes = lanes;
+    plan.packs = (row_packs + lanes - 1) / lanes;
+    return plan;
+  }
   plan.vec = vec;
   const int64_t row_packs = n / vec;
   const int64_t max_packs = register_values<Compute>() / vec;
@@ -284,29 +329,51 @@ RegisterRowPlan plan_register_row(int64_t n, int vec) {
 }
 
 // Threads of a warp-per-row block: 8 rows a block, or 2 when the rows are few (up to 1024:
-// BERT at batch 1 has 128), so that they spread over more SMs' load units.
-inline unsigned int warp_row_threads(int64_t rows) { return rows <= 1024 ? 64 : kThreads; }
+// BERT at batch 1 has 128), so that they spread over more SMs' load units. Short rows
+// (fewer lanes a row) take full blocks.
+inline unsigned int warp_row_threads(int64_t rows, int lanes = 32) {
+  return lanes == 32 && rows <= 1024 ? 64 : kThreads;
+}
 
-inline unsigned int warp_row_blocks(int64_t rows) {
-  const int64_t rows_per_block = warp_row_threads(rows) / 32;
+inline unsigned int warp_row_blocks(int64_t rows, int lanes = 32) {
+  const int64_t rows_per_block = warp_row_threads(rows, lanes) / lanes;
   const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
   return static_cast<unsigned int>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
 }
 
 // Launches a register-row kernel as `plan` says, through launch(vec_tag, packs_tag,
-// block_tag, blocks, threads): the vector width, the packs per thread and whether a block
-// (std::true_type) or a warp (std::false_type) takes a row, as compile-time constants.
+// block_tag, lanes_tag, blocks, threads): the vector width, the packs per thread, whether a
+// block (std::true_type) or lanes of a warp (std::false_type) take a row, and how many
+// lanes, as compile-time constants.
 template <class Storage, class Launch>
 void launch_register_rows(const RegisterRowPlan& plan, int64_t rows, Launch&& launch) {
   using Compute = typename Traits<Storage>::Compute;
   constexpr int kWide = static_cast<int>(16 / sizeof(Storage));
+  if (plan.lanes < 32) {  // short rows: whole 16-byte packs, at most kShortRowPacks a lane
+    const auto short_rows = [&](auto lanes_tag) {
+      return with_packs<kWide, kWide * kShortRowPacks>(plan.packs, [&](auto packs_tag) {
+        constexpr int kLanes = decltype(lanes_tag)::value;
+        launch(std::integral_constant<int, kWide>{}, packs_tag, std::false_type{}, lanes_tag,
+               warp_row_blocks(rows, kLanes), warp_row_threads(rows, kLanes));
+        return 0;
+      });
+    };
+    if (plan.lanes <= 4) {
+      short_rows(std::integral_constant<int, 4>{});
+    } else {
+      short_rows(std::integral_constant<int, 8>{});  // plan_register_row: 8 at most
+    }
+    return;
+  }
   with_vector<kWide>(plan.vec, [&](auto vec_tag) {
     return with_packs<decltype(vec_tag)::value, register_values<Compute>()>(plan.packs, [&](auto packs_tag) {
       if (plan.block) {
         const unsigned blocks = static_cast<unsigned>(rows < kMaxBlocks ? rows : kMaxBlocks);
-        launch(vec_tag, packs_tag, std::true_type{}, blocks, static_cast<unsigned>(plan.threads));
+        launch(vec_tag, packs_tag, std::true_type{}, std::integral_constant<int, 32>{}, blocks,
+               static_cast<unsigned>(plan.threads));
       } else {
-        launch(vec_tag, packs_tag, std::false_type{}, warp_row_blocks(rows), warp_row_threads(rows));
+        launch(vec_tag, packs_tag, std::false_type{}, std::integral_constant<int, 32>{}, warp_row_blocks(rows),
+               warp_row_threads(rows));
       }
       return 0;
     });

@@ -85,7 +85,7 @@ __global__ void softmax_columns_kernel(const Storage* __restrict__ in, Storage* 
   }
 }
 
-template <class Storage, int kVec, int kPacks, bool kBlock>
+template <class Storage, int kVec, int kPacks, bool kBlock, int kLanes>
 __global__ void __launch_bounds__(kBlock ? kMaxRowThreads : kThreads)
     softmax_register_kernel(const Storage* __restrict__ in, Storage* __restrict__ out, int64_t rows, int n,
                             bool log) {
@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(kBlock ? kMaxRowThreads : kThreads)
   using T = Traits<Storage>;
   using Compute = typename T::Compute;
   __shared__ Compute scratch[kBlock ? 32 : 1];
-  const RowGroup rows_of_group = row_group<!kBlock>();
+  const RowGroup rows_of_group = kBlock ? row_group<false>() : lanes_row_group<kLanes>();
   const int lane = rows_of_group.member, group = rows_of_group.size;
   const int packs = n / kVec;
   for (int64_t row = rows_of_group.first_row; row < rows; row += rows_of_group.row_step) {
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(kBlock ? kMaxRowThreads : kThreads)
     for (int j = 0; j < kPacks; ++j)
 #pragma unroll
       for (int v = 0; v < kVec; ++v) maximum = nan_max(maximum, values[j][v]);
-    maximum = register_row_reduce<kBlock>(maximum, [](Compute a, Compute b) { return nan_max(a, b); }, scratch);
+    maximum = register_row_reduce<kBlock, kLanes>(maximum, [](Compute a, Compute b) { return nan_max(a, b); }, scratch);
     Compute sum = Compute(0);
 #pragma unroll
     for (int j = 0; j < kPacks; ++j) {
@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(kBlock ? kMaxRowThreads : kThreads)
         if (!log) values[j][v] = e;
       }
     }
-    sum = register_row_reduce<kBlock>(sum, [](Compute a, Compute b) { return a + b; }, scratch);
+    sum = register_row_reduce<kBlock, kLanes>(sum, [](Compute a, Compute b) { return a + b; }, scratch);
     const Compute log_sum = log ? log_of(sum) : Compute(0);
     store_row<Storage, kVec, kPacks>(out + row * n, packs, lane, group, [&](int j, int v) {
       return log ? values[j][v] - maximum - log_sum : values[j][v] / sum;
@@ -146,12 +146,14 @@ extern "C" int byoc_shim_softmax(const void* in, void* out, byoc_dtype dtype, in
           blocks_for(outer * inner), kThreads, 0, cuda_stream, x, y, outer, n, inner, log != 0);
       return check_launch(kFunction);
     }
-    const RegisterRowPlan registers = plan_register_row<Storage>(n, register_row_vector<Storage>(n, in, out));
+    const RegisterRowPlan registers = plan_register_row<Storage>(n, register_row_vector<Storage>(n, in, out),
+                                                                 vector_width<Storage>(n, in, out));
     if (registers.ok) {
-      launch_register_rows<Storage>(registers, outer, [&](auto vec, auto packs, auto block, unsigned blocks,
-                                                          unsigned threads) {
+      launch_register_rows<Storage>(registers, outer, [&](auto vec, auto packs, auto block, auto lanes,
+                                                          unsigned blocks, unsigned threads) {
         byoc_pdl::launch_after_previous(
-            softmax_register_kernel<Storage, decltype(vec)::value, decltype(packs)::value, decltype(block)::value>,
+            softmax_register_kernel<Storage, decltype(vec)::value, decltype(packs)::value, decltype(block)::value,
+                                    decltype(lanes)::value>,
             blocks, threads, 0, cuda_stream, x, y, outer, static_cast<int>(n), log != 0);
       });
       return check_launch(kFunction);
