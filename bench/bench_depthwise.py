@@ -11,16 +11,14 @@ Writes DIR/depthwise.json and prints a table (us per conv).
 import argparse
 import ctypes
 import json
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-SHIM = Path(__file__).resolve().parent.parent / "backends" / "builtin" / "shim" / "cuda"
+from shim_kernels import compile_library, timed
 WINDOWS = [(3, 1), (3, 2), (5, 1), (5, 2), (7, 1)]
 VARIANTS = {"rows": 0, "tiled1": 1, "tiled2": 2, "tiled4": 4}
 
@@ -89,32 +87,10 @@ def source():
 
 
 def build(workdir):
-    cu = Path(workdir) / "bench_depthwise.cu"
-    cu.write_text(source())
-    library = Path(workdir) / "bench_depthwise.so"
-    started = time.time()
-    subprocess.run(["nvcc", "-O3", "-std=c++17", "-arch=sm_90", "--shared", "-Xcompiler", "-fPIC",
-                    "-I", str(SHIM), str(cu), "-o", str(library)], check=True)
-    print(f"compiled in {time.time() - started:.1f} s", flush=True)
-    lib = ctypes.CDLL(str(library))
+    lib = compile_library(source(), "bench_depthwise", workdir)
     lib.depthwise.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 4 + [ctypes.c_int] * 9
     lib.stem.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 9  # pointers as pointers, not truncated to int
     return lib
-
-
-def timed(fn, repeats=200):
-    for _ in range(10):
-        fn()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(5):
-        start.record()
-        for _ in range(repeats):
-            fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1000 / repeats)
-    return sorted(times)[2]
 
 
 def main():

@@ -9,7 +9,6 @@ Writes DIR/grouped_conv.json and prints a table (us per conv).
 import argparse
 import ctypes
 import json
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-SHIM = Path(__file__).resolve().parent.parent / "backends" / "builtin" / "shim" / "cuda"
+from shim_kernels import compile_library, timed
 
 # (network, height, width, channels, group width, stride): the input of each distinct grouped conv
 CASES = [
@@ -54,31 +53,9 @@ def source():
 
 
 def build(workdir):
-    cu = Path(workdir) / "bench_grouped_conv.cu"
-    cu.write_text(source())
-    library = Path(workdir) / "bench_grouped_conv.so"
-    started = time.time()
-    subprocess.run(["nvcc", "-O3", "-std=c++17", "-arch=sm_90", "--shared", "-Xcompiler", "-fPIC",
-                    "-I", str(SHIM), str(cu), "-o", str(library)], check=True)
-    print(f"compiled in {time.time() - started:.1f} s", flush=True)
-    lib = ctypes.CDLL(str(library))
+    lib = compile_library(source(), "bench_grouped_conv", workdir)
     lib.grouped.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 8
     return lib
-
-
-def timed(fn, repeats=200):
-    for _ in range(10):
-        fn()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(5):
-        start.record()
-        for _ in range(repeats):
-            fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1000 / repeats)
-    return sorted(times)[2]
 
 
 def main():
