@@ -1717,8 +1717,6 @@ def test_grouped_query_attention_with_rotary_heads_is_one_kernel_reading_shared_
      "probabilities guarded against NaN (a row with every key masked gives zeros): only byoc's flash kernel"),
     ("unaligned mask, head dim 40", dict(seq_q=20, seq_k=20, mask=(2, 1, 20, 20)),
      "mask query stride 20 not a multiple of 8: only byoc's flash kernel reads such a mask"),
-    ("grouped-query, head dim 40", dict(key_form="llama", kv_heads=1),
-     "grouped-query attention (2 query heads a key/value head): only byoc's flash kernel reads shared heads"),
 ])
 def test_attention_refuses_what_the_kernel_cannot_run_and_batched_matmuls_take_it(case, kwargs, reason, tmp_path):
     args = dict(batch=2, seq_q=16, seq_k=16, heads=2, head_dim=40 if "head dim 40" in case else 32, fused_qkv=False)
@@ -1729,6 +1727,22 @@ def test_attention_refuses_what_the_kernel_cannot_run_and_batched_matmuls_take_i
     text = report.to_text()
     assert "cutlass.attention" in text and reason in text, text
     assert "attention" not in report.to_json()["backends"]["cutlass"]["patterns"]
+
+
+def test_grouped_query_attention_no_flash_kernel_runs_takes_the_repeated_heads(tmp_path):
+    """Grouped-query attention at head dim 40 (no flash kernel): the match that reads the
+    shared key/value heads in place is refused (only byoc's flash kernel does that), and
+    the pattern's next match, attention over the heads repeat_kv materialized (two
+    broadcast copies on the built-in backend), is fused: one CUTLASS fused-attention kernel
+    instead of two batched matmuls and a softmax."""
+    mod = _attention_model(2, 16, 16, 2, 40, fused_qkv=False, key_form="llama", kv_heads=1)
+    codegen, mod, report = _partitioned_attention(mod, tmp_path)
+    data = report.to_json()["backends"]
+    assert data["cutlass"]["patterns"] == {"attention": 1}, report.to_text()
+    assert data["builtin"]["ops_covered"].get("broadcast_to") == 2, report.to_text()
+    _, artifacts = codegen.codegen(mod)
+    (cutlass,) = [a for a in artifacts if a.backend == "cutlass"]
+    assert [k for k in cutlass.kernels.values() if "flash" in k] == [], cutlass.kernels
 
 
 @pytest.mark.parametrize("tile, lines", [

@@ -76,6 +76,42 @@ def @main(%x: Tensor[(4, 8), float32]) -> Tensor[(4, 8), float32] {{
         assert_structural_equal(fuse_ops_by_pattern(parse(before), ["test"]), parse(expected))
 
 
+def test_a_refused_match_gives_way_to_the_next_argument_order():
+    """`x + f(x)` where x is itself a dense+bias (MobileNetV2's residual blocks): the
+    residual pattern's first order takes x's own matmul as the core, and then its output
+    reaches the other operand (a cycle); the other order fuses f(x)'s dense+bias with the
+    residual x, and nothing is refused."""
+    before = """
+def @main(%x: Tensor[(4, 8), float32], %w: Tensor[(8, 8), float32], %b: Tensor[(8,), float32]) -> Tensor[(4, 8), float32] {
+  %m = matmul(%x, %w)
+  %a = add(%m, %b)
+  %m2 = matmul(%a, %w)
+  %a2 = add(%m2, %b)
+  %s = add(%a, %a2)
+  return %s
+}"""
+    expected = """
+def @main(%x: Tensor[(4, 8), float32], %w: Tensor[(8, 8), float32], %b: Tensor[(8,), float32]) -> Tensor[(4, 8), float32] {
+  %m = matmul(%x, %w)
+  %a = add(%m, %b)
+  %f = fn (%p0: Tensor[(4, 8), float32], %p1: Tensor[(8, 8), float32], %p2: Tensor[(8,), float32]) -> Tensor[(4, 8), float32] [Composite="test.dense_bias_residual", Primitive=1] {
+    %m2 = matmul(%p0, %p1)
+    %a2 = add(%m2, %p2)
+    %s = add(%p0, %a2)
+    return %s
+  }
+  %s = %f(%a, %w, %b)
+  return %s
+}"""
+    core = DENSE_BIAS.named("core")
+    residual = wildcard().named("residual")
+    pattern = is_op("add")(core, residual) | is_op("add")(residual, core)
+    report = PartitionReport()
+    with _test_backend([PatternEntry("dense_bias_residual", pattern)]):
+        assert_structural_equal(fuse_ops_by_pattern(parse(before), ["test"], report), parse(expected))
+    assert report.refused == []
+
+
 def test_cycle_is_refused_with_reason():
     """Fusing matmul+add here would make a cycle: the composite's input %e is computed,
     outside it, from its own matmul. The match is refused and main stays as it was."""

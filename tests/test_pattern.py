@@ -2,7 +2,7 @@
 import pytest
 
 from byoc.ir import Call, Constant, parse
-from byoc.pattern import is_const, is_op, match, ops_named, wildcard
+from byoc.pattern import is_const, is_op, match, matches, ops_named, wildcard
 
 GEMM_CHAIN = """
 def @main(%x: Tensor[(4, 8), float16], %w: Tensor[(8, 16), float16], %b: Tensor[(16,), float16]) -> Tensor[(4, 16), float16] {
@@ -140,3 +140,32 @@ def @main(%a: Tensor[(2,), float32], %b: Tensor[(2,), float32]) -> Tensor[(2,), 
     found = match(square, s, producers)
     assert found is not None and found["x"] is mod["main"].params[0]
     assert match(square, p, producers) is None
+
+
+def test_matches_yields_each_way_a_pattern_matches_first_to_last():
+    """add(x, y) in either order: both ways where both operands fit (the first is what
+    match() gives); a call whose later argument fails makes the earlier argument's next
+    way be tried (a greedy matcher stops at the first)."""
+    text = """
+def @main(%x: Tensor[(4, 8), float16], %w: Tensor[(8, 8), float16]) -> Tensor[(4, 8), float16] {
+  %m = matmul(%x, %w)
+  %m2 = matmul(%m, %w)
+  %s = add(%m, %m2)
+  return %s
+}
+"""
+    main, producers, v = _function_and_producers(text)
+    core = is_op("matmul")(wildcard(), wildcard()).named("core")
+    either = is_op("add")(core, wildcard().named("other")) | is_op("add")(wildcard().named("other"), core)
+    found = list(matches(either, v["s"], producers))
+    assert [(f["core"], f["other"]) for f in found] == [(v["m"], v["m2"]), (v["m2"], v["m"])]
+    assert match(either, v["s"], producers)["core"] is v["m"]
+    # "core" named twice must be one node: arg 0 taken as core (%m) leaves arg 1 (%m2, a
+    # matmul reading %m) no match; arg 0 taken as a wildcard instead fits, found by
+    # backtracking into the alternation (a greedy matcher gave up)
+    reads_m = is_op("matmul")(wildcard().where(lambda e: e is v["m"]), wildcard()).named("core")
+    backtracking = is_op("add")(core | wildcard(), reads_m)
+    (only,) = list(matches(backtracking, v["s"], producers))
+    assert only["core"] is v["m2"] and only.matched == [v["s"], v["m2"]] and only.inputs[0] is v["m"]
+    assert match(backtracking, v["s"], producers) is not None
+    assert list(matches(either, v["s"], producers, limit=1)) == found[:1]

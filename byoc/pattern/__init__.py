@@ -12,7 +12,8 @@ expression both times), and predicates `.has_dtype`,
 `.has_rank`, `.has_shape`, `.has_attr`, `.where(fn)`.
 
 `match(pattern, var, producers)` follows Vars to the op calls bound to them
-(`producers`: Var -> Call) and returns a Match or None.
+(`producers`: Var -> Call) and returns a Match or None; `matches(...)` yields every match,
+first to last (a caller that refuses one takes the next).
 """
 from __future__ import annotations
 
@@ -152,10 +153,22 @@ class Match:
 
 
 def match(pattern: Pattern, expr: Expr, producers: dict) -> Match | None:
+    """The first match (see `matches`), or None."""
+    return next(matches(pattern, expr, producers), None)
+
+
+def matches(pattern: Pattern, expr: Expr, producers: dict, limit: int = 64):
+    """Every way `pattern` matches at `expr`, first to last, at most `limit`: `p1 | p2`
+    tries p1's matches before p2's, and a call's arguments are matched left to right, each
+    argument's later matches tried when a later argument fails. The first is what a greedy
+    matcher finds where it finds one; the others let a caller refuse a match and take the
+    next (add(x, y) in either argument order, where one order would make a cycle)."""
     state = Match(output=expr, producers=producers)
-    if _match(pattern, expr, producers, state):
-        return state
-    return None
+    for count, _ in enumerate(_matches(pattern, expr, producers, state)):
+        if count >= limit:
+            return
+        yield Match(output=expr, matched=list(state.matched), inputs=list(state.inputs), named=dict(state.named),
+                    producers=producers)
 
 
 def _snapshot(state: Match):
@@ -169,60 +182,68 @@ def _restore(state: Match, snapshot):
     state.named = named
 
 
-def _match(pattern: Pattern, expr: Expr, producers: dict, state: Match) -> bool:
-    if isinstance(pattern, WildcardPattern):
+def _matches(pattern: Pattern, expr: Expr, producers: dict, state: Match):
+    """Yields once for each way `pattern` matches `expr`, with `state` holding that match
+    while suspended; restores `state` before trying the next way and when done."""
+    if isinstance(pattern, (WildcardPattern, ConstantPattern)):
+        if isinstance(pattern, ConstantPattern) and not isinstance(expr, Constant):
+            return
+        snapshot = _snapshot(state)
         if not any(expr is seen for seen in state.inputs):
             state.inputs.append(expr)
-        return True
-    if isinstance(pattern, ConstantPattern):
-        if isinstance(expr, Constant):
-            if not any(expr is seen for seen in state.inputs):
-                state.inputs.append(expr)
-            return True
-        return False
+        yield
+        _restore(state, snapshot)
+        return
     if isinstance(pattern, NamedPattern):
         # a name used twice in one pattern is one value: x * 0.5 * (1 + erf(x / sqrt(2)))
         # is GELU only where both x are the same expression
         bound = state.named.get(pattern.name)
         if bound is not None and bound is not expr:
-            return False
-        if _match(pattern.inner, expr, producers, state):
+            return
+        for _ in _matches(pattern.inner, expr, producers, state):
+            before = state.named.get(pattern.name)
             state.named[pattern.name] = expr
-            return True
-        return False
+            yield
+            if before is None:
+                state.named.pop(pattern.name, None)
+            else:
+                state.named[pattern.name] = before
+        return
     if isinstance(pattern, PredicatePattern):
-        snapshot = _snapshot(state)
-        if _match(pattern.inner, expr, producers, state) and pattern.predicate(expr):
-            return True
-        _restore(state, snapshot)
-        return False
+        for _ in _matches(pattern.inner, expr, producers, state):
+            if pattern.predicate(expr):
+                yield
+        return
     if isinstance(pattern, AttrPattern):
-        snapshot = _snapshot(state)
         call = producers.get(expr) if isinstance(expr, Var) else None
-        if call is not None and all(call.attrs.get(k) == v for k, v in pattern.attrs.items()) and \
-                _match(pattern.inner, expr, producers, state):
-            return True
-        _restore(state, snapshot)
-        return False
+        if call is None or not all(call.attrs.get(k) == v for k, v in pattern.attrs.items()):
+            return
+        yield from _matches(pattern.inner, expr, producers, state)
+        return
     if isinstance(pattern, AltPattern):
-        snapshot = _snapshot(state)
-        if _match(pattern.left, expr, producers, state):
-            return True
-        _restore(state, snapshot)
-        return _match(pattern.right, expr, producers, state)
+        yield from _matches(pattern.left, expr, producers, state)
+        yield from _matches(pattern.right, expr, producers, state)
+        return
     if isinstance(pattern, CallPattern):
         if not isinstance(expr, Var) or expr not in producers:
-            return False
+            return
         call = producers[expr]
         if not (isinstance(call.op, Op) and call.op.name == pattern.op_name) or len(call.args) != len(pattern.args):
-            return False
+            return
         if any(expr is seen for seen in state.matched):
-            return True  # the same node reached twice (a diamond inside the pattern)
+            yield  # the same node reached twice (a diamond inside the pattern)
+            return
         snapshot = _snapshot(state)
         state.matched.append(expr)
-        for arg_pattern, arg in zip(pattern.args, call.args):
-            if not _match(arg_pattern, arg, producers, state):
-                _restore(state, snapshot)
-                return False
-        return True
+        yield from _argument_matches(pattern.args, call.args, 0, producers, state)
+        _restore(state, snapshot)
+        return
     raise TypeError(f"not a pattern: {pattern!r}")
+
+
+def _argument_matches(patterns, args, index, producers, state):
+    if index == len(patterns):
+        yield
+        return
+    for _ in _matches(patterns[index], args[index], producers, state):
+        yield from _argument_matches(patterns, args, index + 1, producers, state)

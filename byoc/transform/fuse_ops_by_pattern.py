@@ -20,14 +20,20 @@ is refused, with the reason kept for the partition report, when a node in it is 
 claimed, when an intermediate is used outside the match (fusing would duplicate work or
 lose a value), when a node of it reaches one of its own inputs through an outside node (a
 cycle: checked first, since no amount of duplication could fuse it), or when the
-pattern's check says no. Leaves alone: everything no pattern takes,
-and functions other than main.
+pattern's check says no. A refused match gives way to the pattern's next match at the same
+root, if any (MobileNetV2's `x + conv(x)` where x is itself a conv's output: the residual
+pattern's first argument order takes x's conv, whose output reaches the other operand, a
+cycle; the other order fuses the block's own conv). Leaves alone: everything no pattern
+takes, and functions other than main.
 """
 from __future__ import annotations
 
 from ..ir.expr import Binding, Call, Constant, Function, Var
 from ..ir.module import IRModule
-from ..pattern import match as match_pattern
+from ..pattern import matches as match_patterns
+
+# A root's matches tried before its refusal stands (each refused one costs a cycle check).
+MATCHES_PER_ROOT = 16
 
 
 def _uses(func: Function) -> dict:
@@ -91,16 +97,23 @@ def _fuse_entry(bindings, main, backend, entry, report):
         root = binding.var
         if root in claimed or root not in matcher.producers:
             continue
-        found = matcher.match(entry, root)
+        # the first of the pattern's matches here that is not refused (add(x, y) matched in
+        # the other argument order where the first would make a cycle); a refusal reported
+        # is the first match's
+        found, first_reason = None, None
+        for candidate in matcher.matches(entry, root):
+            reason = "overlaps a match already taken" if set(candidate.matched) & claimed else \
+                matcher.refusal(entry, root, candidate)
+            if reason is None:
+                found = candidate
+                break
+            first_reason = first_reason or reason
         if found is None:
+            if first_reason is not None and report is not None:
+                report.refuse(backend.name, entry.name, matcher.producers[root].op.name, first_reason,
+                              node=root.name_hint)
             continue
-        matched = set(found.matched)
-        reason = "overlaps a match already taken" if matched & claimed else matcher.refusal(entry, root, found)
-        if reason is not None:
-            if report is not None:
-                report.refuse(backend.name, entry.name, matcher.producers[root].op.name, reason, node=root.name_hint)
-            continue
-        claimed |= matched
+        claimed |= set(found.matched)
         accepted.append((root, found))
     if not accepted:
         return bindings
@@ -121,10 +134,10 @@ def _fuse_entry(bindings, main, backend, entry, report):
 
 
 class _Matcher:
-    """An entry's matches in one list of bindings: match(entry, root) is the pattern's match
-    rooted at `root` (its leaves that are matched nodes dropped), refusal(entry, root,
-    found) the reason the match cannot be a function (a cycle, an intermediate used
-    outside it, the entry's check), or None."""
+    """An entry's matches in one list of bindings: matches(entry, root) yields the pattern's
+    matches rooted at `root`, first to last (their leaves that are matched nodes dropped),
+    refusal(entry, root, found) the reason a match cannot be a function (a cycle, an
+    intermediate used outside it, the entry's check), or None."""
 
     def __init__(self, bindings, main):
         self.bindings = bindings
@@ -136,13 +149,13 @@ class _Matcher:
         self.producers = {b.var: b.value for b in bindings
                           if isinstance(b.value, Call) and not isinstance(b.value.op, (Var, Function))}
 
-    def match(self, entry, root):
-        found = match_pattern(entry.pattern, root, self.producers)
-        if found is None or not found.matched:
-            return None
-        matched = set(found.matched)
-        found.inputs = [i for i in found.inputs if not (isinstance(i, Var) and i in matched)]
-        return found
+    def matches(self, entry, root):
+        for found in match_patterns(entry.pattern, root, self.producers, limit=MATCHES_PER_ROOT):
+            if not found.matched:
+                continue
+            matched = set(found.matched)
+            found.inputs = [i for i in found.inputs if not (isinstance(i, Var) and i in matched)]
+            yield found
 
     def refusal(self, entry, root, found):
         matched = set(found.matched)

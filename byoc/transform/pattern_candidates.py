@@ -27,9 +27,9 @@ class PatternCandidate:
 
 
 def pattern_candidates(mod: IRModule, backend_names: list) -> list:
-    """Every accepted match of every entry of the backends' pattern tables in main, in
-    priority order (backends, then each table's entries, then roots from the last binding
-    to the first)."""
+    """Every accepted match of every entry of the backends' pattern tables in main (each
+    root's different matches too: add(x, y) in either argument order), in priority order
+    (backends, then each table's entries, then roots from the last binding to the first)."""
     from ..backend import get_backend
     main = mod["main"]
     bindings = list(main.bindings)
@@ -42,11 +42,13 @@ def pattern_candidates(mod: IRModule, backend_names: list) -> list:
                 root = bindings[position].var
                 if root not in matcher.producers:
                     continue
-                found = matcher.match(entry, root)
-                if found is None or matcher.refusal(entry, root, found) is not None:
-                    continue
-                nodes = frozenset(matcher.position_of[var] for var in found.matched)
-                found_all.append(PatternCandidate(backend.name, entry.name, position, nodes))
+                seen = set()
+                for found in matcher.matches(entry, root):
+                    nodes = frozenset(matcher.position_of[var] for var in found.matched)
+                    if nodes in seen or matcher.refusal(entry, root, found) is not None:
+                        continue
+                    seen.add(nodes)
+                    found_all.append(PatternCandidate(backend.name, entry.name, position, nodes))
     return found_all
 
 
