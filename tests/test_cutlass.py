@@ -1865,6 +1865,10 @@ def test_attention_kernel_compiles(sm, tile, kernel, tmp_path):
                                                     scale=("multiply", 0.125)), ""),
     ("llama_gqa_rotary_d128_separate", (1, 64, 72, 4, 128), dict(fused_qkv=False, mask=(1, 1, 64, 72),
                                                                   key_form="llama", kv_heads=1), "flash:32x64"),
+    # grouped-query at head dim 40 (no flash kernel): the attention over the heads repeat_kv
+    # materialized (the pattern's next match once the shared-heads one is refused)
+    ("llama_gqa_d40_repeated", (2, 33, 40, 4, 40), dict(fused_qkv=False, mask=(2, 1, 33, 40), key_form="llama",
+                                                         kv_heads=2), ""),
     # Swin's window attention: head dim 32, 49 keys, a relative position bias (and shift
     # mask) per window and head (rows of 49: read an element at a time)
     ("swin_window_d32", (16, 49, 49, 3, 32), dict(mask=(16, 3, 49, 49), scale=("multiply", 32 ** -0.5)), ""),
