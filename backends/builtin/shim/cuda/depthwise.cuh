@@ -188,20 +188,29 @@ __global__ void __launch_bounds__(kThreads) nhwc_kernel(const Storage* __restric
   }
 }
 
+// How many blocks of `threads` threads and `shared_bytes` of dynamic shared memory the
+// current GPU holds at once for `kernel` (at least one an SM).
+template <class Kernel>
+cudaError_t resident_blocks(Kernel kernel, int threads, size_t shared_bytes, int64_t* resident) {
+  int device = 0, sm_count = 0, blocks_per_sm = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status == cudaSuccess) status = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
+  if (status == cudaSuccess) {
+    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads, shared_bytes);
+  }
+  *resident = int64_t{sm_count} * (blocks_per_sm > 0 ? blocks_per_sm : 1);
+  return status;
+}
+
 // Launches a grid-stride kernel over `items` with as many blocks of kThreads as the GPU
 // holds at once (each copies its filters to shared memory once, then loops), at most one
 // per kThreads items.
 template <class Kernel, class... Args>
 cudaError_t launch_resident(Kernel kernel, int64_t items, size_t shared_bytes, cudaStream_t stream, Args... args) {
-  int device = 0, sm_count = 0, blocks_per_sm = 0;
-  cudaError_t status = cudaGetDevice(&device);
-  if (status == cudaSuccess) status = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
-  if (status == cudaSuccess) {
-    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kThreads, shared_bytes);
-  }
+  int64_t resident = 0;
+  const cudaError_t status = resident_blocks(kernel, kThreads, shared_bytes, &resident);
   if (status != cudaSuccess) return status;
   int64_t blocks = (items + kThreads - 1) / kThreads;
-  const int64_t resident = int64_t{sm_count} * (blocks_per_sm > 0 ? blocks_per_sm : 1);
   if (blocks > resident) blocks = resident;
   if (blocks < 1) blocks = 1;
   byoc_pdl::launch_after_previous(kernel, static_cast<unsigned int>(blocks), kThreads, shared_bytes, stream, args...);

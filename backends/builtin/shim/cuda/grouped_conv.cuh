@@ -161,17 +161,12 @@ cudaError_t launch_grouped_runtime(const Storage* in, const Storage* weight, int
       batch * static_cast<int64_t>(s.out_h) * ((static_cast<int64_t>(s.out_w) + kGroupedPixels - 1) / kGroupedPixels);
   auto kernel = reinterpret_cast<uintptr_t>(in) % 16 == 0 ? grouped_kernel<Storage, Index, true, Epilogue>
                                                            : grouped_kernel<Storage, Index, false, Epilogue>;
-  int device = 0, sm_count = 0, blocks_per_sm = 0;
-  cudaError_t status = cudaGetDevice(&device);
-  if (status == cudaSuccess) status = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
-  if (status == cudaSuccess) {
-    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads, shared_bytes);
-  }
+  int64_t resident = 0;  // blocks the GPU holds at once, shared by the slices
+  const cudaError_t status = resident_blocks(kernel, threads, shared_bytes, &resident);
   if (status != cudaSuccess) return status;
   const int64_t pixels_per_pass = threads / slices.vectors;
   int64_t blocks = (items + pixels_per_pass - 1) / pixels_per_pass;
-  const int64_t resident = int64_t{sm_count} * (blocks_per_sm > 0 ? blocks_per_sm : 1) / slices.count;
-  if (blocks > resident) blocks = resident;
+  if (blocks > resident / slices.count) blocks = resident / slices.count;
   if (blocks < 1) blocks = 1;
   byoc_pdl::launch_after_previous(kernel, dim3(static_cast<unsigned int>(blocks), static_cast<unsigned int>(slices.count)),
                                   threads, shared_bytes, stream, in, weight, s, static_cast<Index>(group_in),
