@@ -17,3 +17,4 @@ from .frontend import from_onnx
 from .build import build, Library
 from . import runtime
 from .runtime import load
+from .refit import refit, RefitError

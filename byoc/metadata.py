@@ -103,7 +103,7 @@ def execution_graph(mod, memory_plan=None, functions: dict | None = None, views=
 def metadata_json(plan, *, build_id: str, target: str, arch: str | None,
                   backends: list, functions: list, weights_location: str, cuda_graph: bool = False,
                   partition_report: dict | None = None, graph: dict | None = None,
-                  weights_bytes: int | None = None) -> str:
+                  weights_bytes: int | None = None, program_id: str = "", build: dict | None = None) -> str:
     """The metadata JSON of a host plan (codegen/host_plan.py): the caller's tensors (and
     where they live), the functions and backends, the memory, the weights, and for `byoc
     inspect` and `byoc report` the partition report and the execution graph."""
@@ -116,7 +116,8 @@ def metadata_json(plan, *, build_id: str, target: str, arch: str | None,
                 entry["device"] = "cpu" if host else "cuda"
         return entries
     metadata = {
-        "format": "byoc-model", "version": 1, "build_id": build_id, "target": target, "arch": arch,
+        "format": "byoc-model", "version": 1, "build_id": build_id, "program_id": program_id,
+        "target": target, "arch": arch,
         "inputs": placed([tensor(n, t) for n, t in plan.inputs], plan.inputs_on_host),
         "outputs": placed([tensor(n, t) for n, t in plan.outputs], plan.outputs_on_host),
         "backends": backends, "functions": functions, "cuda_graph": cuda_graph,
@@ -128,6 +129,8 @@ def metadata_json(plan, *, build_id: str, target: str, arch: str | None,
         "memory": {"arena_bytes": plan.arena_bytes, "workspace_bytes": plan.workspace_bytes,
                    **({"plan": plan.memory_plan.summary()} if plan.memory_plan else {})},
     }
+    if build is not None:  # what `byoc refit` builds the program again from (build_record)
+        metadata["build"] = build
     if partition_report is not None:  # so that `byoc inspect` can show it without the build dir
         metadata["partition_report"] = partition_report
     if graph is not None:  # the calls and the memory plan, for `byoc report` (report_page.py)
@@ -135,7 +138,21 @@ def metadata_json(plan, *, build_id: str, target: str, arch: str | None,
     return json.dumps(metadata, sort_keys=True, separators=(",", ":"))
 
 
-def library_metadata(mod, context, build_id: str, weights_bytes: int | None = None) -> str:
+def build_record(mod, context) -> dict:
+    """How the library was built, for `byoc refit` to build its program again from new
+    weights: the config (its target resolved; no workdir, output or tuning database path:
+    nothing of the building machine) with the input shapes the build was given, and the
+    model's initializers by name (dtype, shape and a checksum of each: frontend/onnx.py
+    records them at import), which new weights must match."""
+    config = context.config.to_dict()
+    config.update(target=str(context.target), workdir=None, output=None, compile_jobs=None,
+                  tuning={key: value for key, value in config["tuning"].items() if key != "tuning_db"})
+    if context.input_shapes:
+        config["input_shapes"] = {name: list(shape) for name, shape in context.input_shapes.items()}
+    return {"config": config, "initializers": mod.attrs.get("initializers")}
+
+
+def library_metadata(mod, context, build_id: str, weights_bytes: int | None = None, program_id: str = "") -> str:
     """The metadata JSON of a program's final module (the pipeline's last stage, plan_host)."""
     host = mod.attrs["host_setup"]
     plan = host.plan
@@ -150,7 +167,8 @@ def library_metadata(mod, context, build_id: str, weights_bytes: int | None = No
                          backends=sorted({f["backend"] for f in functions}), functions=functions,
                          weights_location="sidecar" if context.config.params == "sidecar" else "embedded",
                          cuda_graph=host.cuda_graph,
-                         partition_report=report.to_json() if report is not None else None, graph=graph)
+                         partition_report=report.to_json() if report is not None else None, graph=graph,
+                         program_id=program_id, build=build_record(mod, context))
 
 
 def with_variants(metadata: str, programs: list, dims: dict, padding: dict) -> str:

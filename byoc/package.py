@@ -47,12 +47,26 @@ def program_table(host, artifacts) -> bytes:
     return encode(host.plan, [s for a in artifacts for s in a.stateful_symbols])
 
 
-def link(programs: list, context, padding: dict | None = None) -> Library:
-    """Write the host tables and the embedded files of `programs`, compile every unit and
-    link the library. `padding` (shape buckets): dim -> None where run() pads sizes between
-    buckets, else why not."""
-    from .codegen.host import blob_checksum
-    from .metadata import library_metadata, with_variants
+@dataclass
+class LibraryParts:
+    """What one library is made of before anything is compiled: every backend's compile
+    units (and the backend of each), the libraries they link, the program tables, the
+    weights blob, the dims run() pads, and the program id: a hash of all of it but the
+    weights' bytes (`program_identity`). Two builds of one model whose weights differ in
+    value only have the same program id: a weights file of either fits the other's library
+    (`byoc refit`)."""
+    units: list
+    unit_backends: list
+    link_libraries: list
+    tables: list
+    weights: bytes
+    padded_dims: list
+    program_id: str
+
+
+def library_parts(programs: list, context, padding: dict | None = None) -> LibraryParts:
+    """The parts of the library of `programs` (see LibraryParts); writes only the sources
+    the backends already wrote."""
     first = programs[0]
     weights = first.host.plan.weights if len(programs) == 1 else bytes(first.context.weights.data)
     units, unit_backends = program_units(programs)
@@ -60,32 +74,69 @@ def link(programs: list, context, padding: dict | None = None) -> Library:
     for program in programs:
         for artifact in program.artifacts:
             link_libraries += [library for library in artifact.link_libraries if library not in link_libraries]
+    tables = [program_table(program.host, program.artifacts) for program in programs]
+    padded_dims = sorted(name for name, problem in (padding or {}).items() if problem is None)
+    parts = LibraryParts(units, unit_backends, link_libraries, tables, weights, padded_dims, "")
+    parts.program_id = program_identity(programs, context, parts)
+    return parts
+
+
+def program_identity(programs: list, context, parts: LibraryParts) -> str:
+    """The program id: a hash of the target, where the weights live, every compile unit
+    (its source, language, flags but paths, and object name), the program tables, the host code
+    rendered without the build's identity, and the weights' size and how they were
+    placed, but not their bytes. A weight the build compiled into code (a scalar constant,
+    a constant a pass simplified by its values) is in a unit's source, so weights that
+    change it change the program id."""
+    content = hashlib.sha256()
+    content.update(f"{context.target}\0{context.config.params}\0{len(parts.weights)}\0".encode())
+    for unit in parts.units:
+        # flags without paths (include directories differ between machines; what they
+        # hold does not change the weights' layout the program reads)
+        flags = " ".join(str(flag) for flag in unit.flags if "/" not in str(flag))
+        content.update(f"{unit.language}\0{unit.output}\0{flags}\0".encode())
+        content.update(Path(unit.source).read_bytes())
+    for table in parts.tables:
+        content.update(table)
+    content.update(render_host_source(programs, context, "", parts.tables, len(parts.weights), 0,
+                                      parts.padded_dims, "").encode())
+    return content.hexdigest()[:16]
+
+
+def link(programs: list, context, padding: dict | None = None) -> Library:
+    """Write the host tables and the embedded files of `programs`, compile every unit and
+    link the library. `padding` (shape buckets): dim -> None where run() pads sizes between
+    buckets, else why not."""
+    from .codegen.host import blob_checksum
+    from .metadata import library_metadata, with_variants
+    first = programs[0]
+    parts = library_parts(programs, context, padding)
+    weights, units = parts.weights, list(parts.units)
     with ThreadPoolExecutor(max_workers=1) as pool:
         # The runtime's checksum of the weights and their sha256 are two passes over them
         # (220 MB for a BERT-base): NumPy and hashlib let go of the GIL, so they overlap.
         weights_checksum = pool.submit(blob_checksum, weights)
         content = hashlib.sha256()
-        content.update(str(context.target).encode())
-        for unit in units:
-            content.update(Path(unit.source).read_bytes())
+        content.update(parts.program_id.encode())
         weights_digest = hashlib.sha256(weights).hexdigest()  # once: it keys the weights' object too
         content.update(weights_digest.encode())
         weights_checksum = weights_checksum.result()
     build_id = content.hexdigest()[:16]
-    metadata = library_metadata(first.mod, first.context, build_id, weights_bytes=len(weights))
+    metadata = library_metadata(first.mod, first.context, build_id, weights_bytes=len(weights),
+                                program_id=parts.program_id)
     if len(programs) > 1:
         metadata = with_variants(metadata, programs, context.config.dims, padding or {})
-    tables = [program_table(program.host, program.artifacts) for program in programs]
-    padded_dims = sorted(name for name, problem in (padding or {}).items() if problem is None)
-    units += host_units(programs, context, build_id, tables, weights, weights_checksum, padded_dims)
-    embedded, sidecar = embedded_units(context, weights, metadata, build_id, tables, weights_digest)
+    units += host_units(programs, context, build_id, parts.tables, weights, weights_checksum, parts.padded_dims,
+                        parts.program_id)
+    embedded, sidecar = embedded_units(context, weights, metadata, build_id, parts.tables, weights_digest,
+                                       program_id=parts.program_id, weights_checksum=weights_checksum)
     units += embedded
-    output, compiled = compile_and_link(context, units, link_libraries, build_id)
+    output, compiled = compile_and_link(context, units, parts.link_libraries, build_id)
     plan = first.host.plan
     library = Library(path=output, workdir=context.workdir, metadata=json.loads(metadata),
                       report=first.mod.attrs.get("partition_report"), sidecar=sidecar,
                       memory=plan.memory_plan.summary() if plan.memory_plan else {},
-                      build_stats=compile_stats(compiled, unit_backends),
+                      build_stats=compile_stats(compiled, parts.unit_backends),
                       file_states={str(path): file_state(path) for path in (output, sidecar) if path})
     context.write("metadata.json", json.dumps(library.metadata, indent=2, sort_keys=True))
     from .report_page import render_page
@@ -124,14 +175,11 @@ def program_units(programs: list) -> tuple:
     return units, unit_backends
 
 
-def host_units(programs: list, context, build_id: str, tables: list, weights: bytes, weights_checksum: int,
-               padded_dims: list) -> list:
-    """host.cc (the model's tables: a variant per program, `tables` their program tables)
-    and the static model runtime they drive, which is compiled once per flavor (and
-    flags) into the object cache."""
+def render_host_source(programs: list, context, build_id: str, tables: list, weights_bytes: int,
+                       weights_checksum: int, padded_dims: list, program_id: str) -> str:
+    """host.cc's text: the model's tables, a variant per program (`tables`: their program
+    tables)."""
     from .codegen.host import HostVariant, render_host
-    from .runtime import C_ABI_HEADER, model_runtime_sources
-    from .toolchain import CompileUnit
     variants = [HostVariant(program.host.plan, table, program_symbol=program_symbol(number),
                             stateful=[s for a in program.artifacts for s in a.stateful_symbols],
                             cuda_graph=program.host.cuda_graph, graph_io=program.host.graph_io,
@@ -140,10 +188,22 @@ def host_units(programs: list, context, build_id: str, tables: list, weights: by
                             axis_dims=program.axis_dims, dims=program.dims)
                 for number, (program, table) in enumerate(zip(programs, tables, strict=True))]
     target = context.target
-    host_source = render_host(variants, cuda=context.cuda, build_id=build_id, padded_dims=padded_dims,
-                              arch_number=target.arch_number() if context.cuda else None,
-                              weights_embedded=context.config.params != "sidecar", weights_bytes=len(weights),
-                              weights_checksum=weights_checksum)
+    return render_host(variants, cuda=context.cuda, build_id=build_id, padded_dims=padded_dims,
+                       arch_number=target.arch_number() if context.cuda else None,
+                       weights_embedded=context.config.params != "sidecar", weights_bytes=weights_bytes,
+                       weights_checksum=weights_checksum, program_id=program_id)
+
+
+def host_units(programs: list, context, build_id: str, tables: list, weights: bytes, weights_checksum: int,
+               padded_dims: list, program_id: str = "") -> list:
+    """host.cc (the model's tables: a variant per program, `tables` their program tables)
+    and the static model runtime they drive, which is compiled once per flavor (and
+    flags) into the object cache."""
+    from .runtime import C_ABI_HEADER, model_runtime_sources
+    from .toolchain import CompileUnit
+    target = context.target
+    host_source = render_host_source(programs, context, build_id, tables, len(weights), weights_checksum,
+                                     padded_dims, program_id)
     host_path = context.workdir / "host.cc"
     host_path.write_text(host_source)
     host_flags = target.cxx_flags() + [f"-I{C_ABI_HEADER.parent}"]
@@ -157,7 +217,7 @@ def host_units(programs: list, context, build_id: str, tables: list, weights: by
 
 
 def embedded_units(context, weights: bytes, metadata: str, build_id: str, tables: list,
-                   weights_digest: str = "") -> tuple:
+                   weights_digest: str = "", *, program_id: str = "", weights_checksum: int = 0) -> tuple:
     """The weights (embedded, or a .safetensors sidecar), the metadata JSON and the program
     tables, each embedded by an assembler file with .incbin: a C array of them would
     compile for seconds (BERT-base's weights, its partition report and execution graph).
@@ -171,7 +231,7 @@ def embedded_units(context, weights: bytes, metadata: str, build_id: str, tables
     sidecar = None
     if context.config.params == "sidecar":
         sidecar = workdir / "model.safetensors"
-        write_safetensors(sidecar, weights, build_id)
+        write_safetensors(sidecar, weights, build_id, program_id, weights_checksum)
     else:
         files.insert(0, (workdir / "weights.bin", "byoc_weights_blob", "The model's weights", weights))
     units = []

@@ -12,6 +12,8 @@ what belongs to one call is an attribute of the call (PlanMemory's storage, the
 cuda_graph stage's graph_region):
 
     output_names         import        the model's output names
+    initializers         import        the model's initializers by name, dtype, shape and
+                                       checksum (the library's build record: byoc refit)
     partition_report     partition     which backend took what, and every refusal's reason
     artifacts            codegen       each backend's Artifact (sources, symbols, kernels)
     function_summaries   codegen       each backend function's ops (the report's boxes)

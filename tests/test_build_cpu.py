@@ -421,8 +421,8 @@ def test_out_for_several_outputs_must_be_a_list(tmp_path):
 
 
 def test_export_library_paths_and_weights_path_for_embedded_weights(tmp_path, built_models):
-    """export_library wants a file path it can write; weights_path= is only for a library
-    whose weights live in a sidecar (an embedded build would ignore it)."""
+    """export_library wants a file path it can write; weights_path= for a library that
+    embeds its weights replaces them, so it must be a weights file of its program (test_refit.py)."""
     from byoc.errors import BuildError
     from byoc.runtime import ByocRuntimeError
     library = byoc.build(FIXTURES / "mlp.onnx", config="cpu", workdir=str(tmp_path / "w"))
@@ -432,8 +432,10 @@ def test_export_library_paths_and_weights_path_for_embedded_weights(tmp_path, bu
                           (tmp_path / "a_file" / "mlp.so", "cannot write")):
         with pytest.raises(BuildError, match=message):
             library.export_library(path)
-    with pytest.raises(ByocRuntimeError, match="embeds its weights; weights_path="):
+    with pytest.raises(ByocRuntimeError, match="weights file .*w.safetensors' cannot be read"):
         byoc.runtime.load(built_models["mlp"], weights_path=tmp_path / "w.safetensors")
+    with pytest.raises(ByocRuntimeError, match="is not a byoc .safetensors weights file"):
+        byoc.runtime.load(built_models["mlp"], weights_path=FIXTURES / "mlp.onnx")
 
 
 

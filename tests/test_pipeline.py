@@ -70,7 +70,7 @@ def test_an_unknown_stage_to_dump_names_the_stages(tmp_path):
 def test_lower_stops_after_a_stage_and_starts_from_one(tmp_path):
     """The public door tests use instead of the builder's insides."""
     partitioned = pipeline.lower(FIXTURES / "mlp.onnx", "cpu", until="partition", workdir=tmp_path)
-    assert set(partitioned.attrs) == {"output_names", "partition_report"}
+    assert set(partitioned.attrs) == {"output_names", "initializers", "partition_report"}
     generated = pipeline.lower(partitioned, "cpu", start="codegen", until="codegen", workdir=tmp_path)
     assert [artifact.backend for artifact in generated.attrs["artifacts"]] == ["builtin"]
     assert "artifacts" not in partitioned.attrs  # a stage returns a new module; its input is left alone

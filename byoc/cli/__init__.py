@@ -5,6 +5,7 @@ messages.
     byoc ops
     byoc run MODEL.onnx --inputs INPUTS.npz [--input-shape ...] [--save OUT.npz]
     byoc report model.so|WORKDIR [-o report.html]
+    byoc refit model.so NEW.onnx -o NEW.safetensors [--weights W.safetensors|W.npz] [--config C]
     byoc tuning show|merge|export [DB.json ...] [-o OUT.json]
 
 A user error (any byoc.ByocError, a missing or unreadable file, a bad YAML file) prints
@@ -13,7 +14,7 @@ in byoc: it prints a one-line message and exits 1; `--debug` adds the traceback.
 
 A new subcommand is one more row in SUBCOMMANDS: a name, a help line, a function that
 adds its arguments and a function that runs it and returns the exit code. Each group of
-subcommands is a module of this package (model, run, build, inspect, tuning); what they
+subcommands is a module of this package (model, run, build, inspect, refit, tuning); what they
 share is in common.py.
 """
 from __future__ import annotations
@@ -30,6 +31,7 @@ from .build import build_arguments, build_command
 from .common import EXIT_INTERNAL_ERROR, EXIT_OK, EXIT_USER_ERROR, UsageError, parse_input_shapes  # noqa: F401
 from .inspect import inspect_arguments, inspect_command, report_arguments, report_command
 from .model import import_arguments, import_command, ops_arguments, ops_command
+from .refit import refit_arguments, refit_command
 from .run import run_arguments, run_command
 from .tuning import tuning_arguments, tuning_command
 
@@ -59,6 +61,8 @@ SUBCOMMANDS = [
                inspect_arguments, inspect_command),
     Subcommand("report", "draw a build as one HTML page: what runs where, refused patterns and why, the memory plan",
                report_arguments, report_command),
+    Subcommand("refit", "new weights for a built library without compiling it again: writes a weights file "
+               "it runs with", refit_arguments, refit_command),
     Subcommand("tuning", "the CUTLASS tuning databases: show their entries, merge them, export yours to share",
                tuning_arguments, tuning_command),
 ]

@@ -19,6 +19,9 @@ def run_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--repeat", type=count_argument, default=100, metavar="N",
                         help="a built library: time N runs, each waited for, and print latency percentiles "
                              "(default 100)")
+    parser.add_argument("--weights", metavar="W.safetensors",
+                        help="a built library: run with this weights file (its sidecar elsewhere, or one "
+                             "`byoc refit` wrote)")
 
 
 def _load_input_arrays(path: str) -> dict:
@@ -79,6 +82,8 @@ def run_command(args: argparse.Namespace) -> int:
             raise UsageError(f"--input-shape and --dim are for an .onnx model; {args.model!r} is a built library "
                              f"whose input shapes were fixed when it was built")
         return _run_library(args, arrays)
+    if args.weights:
+        raise UsageError(f"--weights is for a built library; {args.model!r} is an ONNX model (its weights are in it)")
     interface = model_interface(args.model)
     input_names = [entry["name"] for entry in interface["inputs"]] if interface else None
     output_names = [entry["name"] for entry in interface["outputs"]] if interface else None
@@ -125,7 +130,7 @@ def _run_library(args: argparse.Namespace, arrays: dict) -> int:
     import numpy as np
 
     from ..runtime import load
-    module = load(args.model)
+    module = load(args.model, weights_path=args.weights)
     if module.device == "cuda":
         import cupy
         arrays = {name: cupy.asarray(value) for name, value in arrays.items()}

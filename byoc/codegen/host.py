@@ -119,6 +119,7 @@ class HostVariant:
 
 def render_host(variants: list, *, cuda: bool, build_id: str, arch_number: int | None,
                 weights_embedded: bool, weights_bytes: int, weights_checksum: int = 0, padded_dims: list = (),
+                program_id: str = "",
                 weights_symbol: str = "byoc_weights_blob", metadata_symbol: str = "byoc_metadata_json") -> str:
     """The model's tables for the static runtime (byoc/runtime/model_runtime.cc): per
     HostVariant the caller's tensors, the extern functions and the program table, and the
@@ -156,7 +157,7 @@ def render_host(variants: list, *, cuda: bool, build_id: str, arch_number: int |
         }
     data = [variant_data(variant) for variant in variants]
     return render_template("host/model.cc.j2", {
-        "build_id": build_id, "metadata_symbol": metadata_symbol,
+        "build_id": build_id, "program_id": program_id, "metadata_symbol": metadata_symbol,
         "weights": {"embedded": weights_embedded, "bytes": weights_bytes, "symbol": weights_symbol},
         "variants": data, "arch_number": arch_number or 0, "weights_checksum": weights_checksum,
         "padded_dims": [c_string_literal_body(name) for name in padded_dims],
@@ -173,10 +174,13 @@ def render_blob_assembly(blob_path_literal: str, symbol: str, what: str) -> str:
     return render_template("host/blob.S.j2", {"symbol": symbol, "path": blob_path_literal, "what": what})
 
 
-def write_safetensors(path, blob: bytes, build_id: str):
-    """The sidecar: one uint8 tensor 'byoc_weights' holding the blob, and the build id in
-    __metadata__ (the library refuses a sidecar of another build)."""
-    header = {"__metadata__": {"build_id": build_id, "format": "byoc"},
+def write_safetensors(path, blob: bytes, build_id: str, program_id: str, checksum: int):
+    """A weights file (the sidecar, or new weights from `byoc refit`): one uint8 tensor
+    'byoc_weights' holding the blob; in __metadata__ the program id (the library refuses
+    weights of another program), the blob's checksum (the runtime checks the bytes against
+    it) and the build that wrote it."""
+    header = {"__metadata__": {"build_id": build_id, "checksum": str(checksum), "format": "byoc",
+                               "program_id": program_id},
               "byoc_weights": {"dtype": "U8", "shape": [len(blob)], "data_offsets": [0, len(blob)]}}
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)

@@ -88,6 +88,23 @@ def from_onnx(model, input_shapes: dict | None = None, dims: dict | None = None)
     return _Importer(proto, checked_input_shapes(input_shapes), checked_dims(dims), raw_data, external).run()
 
 
+class InitializerRecords(list):
+    """The model's initializers as the build record keeps them (initializer_record each)."""
+
+    def ir_summary(self) -> str:
+        return f"{len(self)} initializers by name (dtype, shape, checksum)"
+
+
+def initializer_record(name: str, value: np.ndarray) -> dict:
+    """An initializer as a library's build record keeps it: name, dtype, shape and the
+    checksum of its bytes (byoc.codegen.host.blob_checksum, 16 hex digits)."""
+    from ..codegen.host import blob_checksum
+    from ..ir.types import dtype_of_numpy
+    data = np.ascontiguousarray(value)
+    return {"name": name, "dtype": dtype_of_numpy(data.dtype), "shape": list(data.shape),
+            "checksum": f"{blob_checksum(data.reshape(-1).view(np.uint8)):016x}"}
+
+
 class _Importer:
     def __init__(self, proto: onnx.ModelProto, input_shapes: dict, dims: dict | None = None,
                  raw_data: dict | None = None, external: ExternalData | None = None):
@@ -204,6 +221,10 @@ class _Importer:
         mod = self.builder.module()
         # The graph's output names, for the built library's metadata (main returns a tuple).
         mod.attrs["output_names"] = [output.name for output in self.graph.output]
+        # The initializers by name, for the library's build record (metadata.build_record):
+        # the weights `byoc refit` may replace, and what each must stay.
+        mod.attrs["initializers"] = InitializerRecords(
+            initializer_record(name, self.values[name]) for name in dict.fromkeys(t.name for t in self.graph.initializer))
         return mod
 
     @staticmethod

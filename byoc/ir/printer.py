@@ -88,7 +88,7 @@ def print_module(mod, show_types: bool = False, elide_data_over: int | None = No
 
 # The module attributes the build's stages record (byoc/pipeline.py), which are objects,
 # not attribute values: a dump lists them as comments.
-BUILD_STATE = frozenset({"partition_report", "artifacts", "function_summaries", "declared_devices", "host_setup"})
+BUILD_STATE = frozenset({"initializers", "partition_report", "artifacts", "function_summaries", "declared_devices", "host_setup"})
 
 
 def _printable(value) -> bool:

@@ -78,10 +78,12 @@ class Module:
         self.metadata = _read_metadata(lib, self.path)
         if weights_path is None and self.metadata["weights"]["location"] == "sidecar":
             weights_path = os.path.splitext(self.path)[0] + ".safetensors"
-        elif weights_path is not None and self.metadata["weights"]["location"] != "sidecar":
-            # the library would ignore it: say so rather than run with other weights than asked
-            raise ByocRuntimeError(f"{os.path.basename(self.path)} embeds its weights; weights_path="
-                                   f"{str(weights_path)!r} is only for a library built with a .safetensors sidecar")
+        # A weights file given for a library that embeds its weights replaces them (new
+        # weights of the same program, from `byoc refit`); a library built before weights
+        # files carried a program id would ignore it: say so rather than run other weights.
+        elif weights_path is not None and not self.metadata.get("program_id"):
+            raise ByocRuntimeError(f"{os.path.basename(self.path)} embeds its weights and was built before libraries "
+                                   f"took new weights; weights_path={str(weights_path)!r} would be ignored: rebuild it")
         if weights_path is not None:
             weights_path = _checked_weights_path(weights_path)
         handle = ctypes.c_void_p()
@@ -138,6 +140,23 @@ class Module:
     @staticmethod
     def _declared_shapes(variant: dict) -> tuple:
         return [t["shape"] for t in variant["inputs"]], [t["shape"] for t in variant["outputs"]]
+
+    def load_weights(self, weights_path):
+        """Run with the weights in `weights_path` from now on: a weights file of this
+        library's program (`byoc refit` writes one from new weights; another build of the
+        same model and config writes one as its sidecar). The model is created anew with
+        them (both sets of weights are in memory for that moment), then the old one freed;
+        a file the library refuses (another program, a wrong checksum) raises and leaves the
+        module running with its weights."""
+        weights_path = _checked_weights_path(weights_path)
+        with self._run_lock:
+            if self._handle is None:
+                raise ByocRuntimeError("this module was closed")
+            handle = ctypes.c_void_p()
+            if self._lib.byoc_model_create(ctypes.byref(handle), str(weights_path).encode()) != 0:
+                raise ByocRuntimeError(f"{os.path.basename(self.path)}: {self._error()}")
+            old, self._handle = self._handle, handle
+            self._lib.byoc_model_destroy(old)
 
     def _error(self) -> str:
         message = self._lib.byoc_last_error()
@@ -335,7 +354,9 @@ def _torch_cpu_tensor(array) -> bool:
 
 
 def load(path, weights_path=None) -> Module:
-    """Load a model library built by byoc."""
+    """Load a model library built by byoc. `weights_path`: a weights file of its program
+    (default: the library's own weights; its .safetensors sidecar beside it when it was
+    built with params: sidecar), e.g. one `byoc refit` wrote."""
     return Module(path, weights_path)
 
 

@@ -47,7 +47,10 @@ typedef struct byoc_model byoc_model;
 /* Loads weights (from inside the library, or, when the model was built with params:
  * sidecar, from `weights_path`, its .safetensors sidecar: required then, since the runtime
  * does not know where its library lies; Python's byoc.load finds the sidecar beside the
- * library) and allocates all memory the model will ever use. */
+ * library) and allocates all memory the model will ever use. A `weights_path` given to a
+ * library that embeds its weights replaces them: any weights file of the library's program
+ * (`byoc refit` writes one from new weights) is taken, one of another program or whose bytes
+ * do not match its checksum is refused. */
 int byoc_model_create(byoc_model** model, const char* weights_path);
 int byoc_model_run(byoc_model* model, const byoc_dl_tensor* inputs, int32_t num_inputs,
                    const byoc_dl_tensor* outputs, int32_t num_outputs, void* stream);

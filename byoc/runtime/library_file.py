@@ -218,8 +218,8 @@ def _checked_weights_path(path) -> str:
     except OSError as error:
         raise ByocRuntimeError(f"weights file {text!r} cannot be read: {error.strerror or error}") from None
     if not stat_module.S_ISREG(info.st_mode):
-        raise ByocRuntimeError(f"weights file {text!r} is not a regular file; expected the library's "
-                               f".safetensors sidecar")
+        raise ByocRuntimeError(f"weights file {text!r} is not a regular file; expected a .safetensors weights "
+                               f"file of the library (its sidecar, or one `byoc refit` wrote)")
     return text
 
 

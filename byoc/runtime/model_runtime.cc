@@ -97,16 +97,19 @@ __attribute__((visibility("hidden"))) uint64_t byoc_blob_checksum(const void* da
 
 namespace {
 
-// Reads the .safetensors sidecar: one uint8 tensor "byoc_weights" whose __metadata__
-// carries the build id this library expects.
-int read_sidecar(const char* path, unsigned char** host_out) {
+// Reads a weights file (the .safetensors sidecar, or one `byoc refit` wrote): one uint8
+// tensor "byoc_weights" whose __metadata__ carries the program id this library expects
+// (its code without the weights: another build of the same program, or a refit, has it
+// too) and the checksum of the bytes that follow, which the caller checks.
+int read_sidecar(const char* path, unsigned char** host_out, uint64_t* checksum_out) {
   // Opened without blocking and checked to be a regular file: a FIFO would block here.
   const int descriptor = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (descriptor < 0) return fail(std::string("cannot open weights file '") + path + "': " + std::strerror(errno));
   struct stat info;
   if (fstat(descriptor, &info) != 0 || !S_ISREG(info.st_mode)) {
     close(descriptor);
-    return fail(std::string("weights file '") + path + "' is not a regular file; expected the .safetensors sidecar");
+    return fail(std::string("weights file '") + path + "' is not a regular file; expected a byoc .safetensors "
+                "weights file");
   }
   FILE* file = fdopen(descriptor, "rb");
   if (file == nullptr) {
@@ -122,13 +125,28 @@ int read_sidecar(const char* path, unsigned char** host_out) {
   }
   if (!ok || header.find("\"byoc_weights\"") == std::string::npos) {
     std::fclose(file);
-    return fail(std::string("weights file '") + path + "' is not a byoc .safetensors sidecar");
+    return fail(std::string("weights file '") + path + "' is not a byoc .safetensors weights file");
   }
-  if (header.find(std::string("\"build_id\":\"") + spec.build_id + "\"") == std::string::npos) {
+  if (header.find(std::string("\"program_id\":\"") + spec.program_id + "\"") == std::string::npos) {
     std::fclose(file);
-    return fail(std::string("weights file '") + path + "' belongs to another build (expected build id " +
-                spec.build_id + ")");
+    return fail(std::string("weights file '") + path + "' belongs to another program (expected program id " +
+                spec.program_id + ": weights written by this library's build or by `byoc refit` of it)");
   }
+  // "checksum":"<decimal digits>", as byoc.codegen.host.write_safetensors writes it
+  const std::string key = "\"checksum\":\"";
+  const size_t at = header.find(key);
+  uint64_t checksum = 0;
+  size_t digits = 0;
+  for (size_t i = at == std::string::npos ? header.size() : at + key.size();
+       i < header.size() && header[i] >= '0' && header[i] <= '9' && digits < 20; ++i, ++digits) {
+    checksum = checksum * 10 + static_cast<uint64_t>(header[i] - '0');
+  }
+  if (digits == 0 || at + key.size() + digits >= header.size() || header[at + key.size() + digits] != '"') {
+    std::fclose(file);
+    return fail(std::string("weights file '") + path + "' has no checksum in its header; expected a byoc "
+                ".safetensors weights file");
+  }
+  *checksum_out = checksum;
   const uint64_t bytes = spec.weights_bytes;
   unsigned char* host = static_cast<unsigned char*>(std::malloc(bytes ? bytes : 1));
   if (host == nullptr) {
@@ -192,26 +210,30 @@ BYOC_EXPORT void byoc_model_destroy(byoc_model* model) {
 
 namespace {
 
-// The weights in host memory (inside the library, or read from the sidecar into
-// `*sidecar`, which the caller frees), checked against their checksum.
+// The weights in host memory (inside the library, or read from a weights file into
+// `*sidecar`, which the caller frees), checked against their checksum. A weights file
+// given for a library that embeds its weights replaces them (new weights of the same
+// program, from `byoc refit`).
 int host_weights_of(const char* weights_path, const unsigned char** host_weights, unsigned char** sidecar) {
   *sidecar = nullptr;
-  if (spec.embedded_weights != nullptr) {
+  uint64_t expected = spec.weights_checksum;
+  if (weights_path != nullptr) {
+    if (read_sidecar(weights_path, sidecar, &expected)) return 1;
+    *host_weights = *sidecar;
+  } else if (spec.embedded_weights != nullptr) {
     *host_weights = spec.embedded_weights;
   } else {
-    if (weights_path == nullptr) return fail("this model keeps its weights in a .safetensors sidecar; pass its path");
-    if (read_sidecar(weights_path, sidecar)) return 1;
-    *host_weights = *sidecar;
+    return fail("this model keeps its weights in a .safetensors sidecar; pass its path");
   }
-  if (byoc_blob_checksum(*host_weights, spec.weights_bytes) != spec.weights_checksum) {
+  if (byoc_blob_checksum(*host_weights, spec.weights_bytes) != expected) {
     std::free(*sidecar);
     *sidecar = nullptr;
-    if (spec.embedded_weights != nullptr) {
+    if (weights_path == nullptr) {
       return fail("the weights embedded in the library do not match their checksum: the library file is corrupted "
                   "or was changed after the build; rebuild it");
     }
     return fail(std::string("the weights in '") + weights_path + "' do not match their checksum: the file is "
-                "corrupted or was changed after the build; rebuild it");
+                "corrupted or was changed after it was written; write it again (rebuild, or `byoc refit`)");
   }
   return 0;
 }

@@ -147,6 +147,9 @@ struct VariantSpec {
 struct ModelSpec {
   const char* metadata;  // the metadata JSON
   const char* build_id;
+  // The build's identity without its weights (byoc.package.program_identity): a weights
+  // file of this program, written by this build or by `byoc refit`, carries it.
+  const char* program_id;
   int32_t arch_number;   // cuda: the sm the kernels were compiled for
   const unsigned char* embedded_weights;  // nullptr: a .safetensors sidecar holds them
   uint64_t weights_bytes;

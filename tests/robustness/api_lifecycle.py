@@ -293,17 +293,30 @@ def _sidecar_beside(ctx):
     ctx.check(byoc.load(copy).run(**ctx.good_inputs()))
 
 
-@scenario("sidecar of another build", kinds=("sidecar",), group="weights_path")
+@scenario("sidecar of another program", kinds=("sidecar",), group="weights_path")
 def _sidecar_other(ctx):
-    """A .safetensors whose build id differs (the header's id edited, same length)."""
+    """A .safetensors whose program id differs (the header's id edited, same length): the
+    weights of another model, or of this one built another way."""
     data = bytearray(Path(ctx.library["sidecar"]).read_bytes())
-    build_id = ctx.library["metadata"]["build_id"].encode()
-    position = data.find(build_id)
-    data[position:position + len(build_id)] = bytes(reversed(build_id))
+    program_id = ctx.library["metadata"]["program_id"].encode()
+    position = data.find(program_id)
+    data[position:position + len(program_id)] = bytes(reversed(program_id))
     other = case_dir() / "other.safetensors"
     other.write_bytes(bytes(data))
     ctx.load(weights_path=other)
-    raise Wrong("loaded weights of another build")
+    raise Wrong("loaded weights of another program")
+
+
+@scenario("sidecar checksum edited", kinds=("sidecar",), group="weights_path")
+def _sidecar_checksum(ctx):
+    """A .safetensors whose header's checksum is changed (same length): the bytes no longer match it."""
+    data = bytearray(Path(ctx.library["sidecar"]).read_bytes())
+    position = data.find(b'"checksum":"') + len(b'"checksum":"')
+    data[position] = ord("1") if data[position] != ord("1") else ord("2")
+    other = case_dir() / "checksum.safetensors"
+    other.write_bytes(bytes(data))
+    ctx.load(weights_path=other)
+    raise Wrong("loaded weights whose checksum does not match")
 
 
 # ---- cuda only ---------------------------------------------------------------------------
