@@ -6,6 +6,7 @@ the object cache (toolchain/), then one link that exports only the C ABI."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from concurrent.futures import ThreadPoolExecutor
@@ -81,21 +82,51 @@ def library_parts(programs: list, context, padding: dict | None = None) -> Libra
     return parts
 
 
+# byoc's own code: what transforms the weights (Python) and what reads them (the runtime,
+# the shim's and backends' headers, the templates)
+CODE_SUFFIXES = (".py", ".h", ".hpp", ".cc", ".cu", ".cuh", ".j2", ".S")
+
+
+@functools.lru_cache(maxsize=None)
+def byoc_code_digest() -> str:
+    """sha256 of byoc's code (CODE_SUFFIXES under the package, its backends and templates;
+    in a checkout those lie beside it), once a process."""
+    import byoc
+    folders = []
+    for root in map(Path, byoc.__path__):
+        for folder in (root if (root / "__init__.py").is_file() else None, root / "backends", root / "templates"):
+            if folder is not None and folder.is_dir() and folder.resolve() not in folders:
+                folders.append(folder.resolve())
+    digest = hashlib.sha256()
+    for folder in folders:
+        for path in sorted(folder.rglob("*")):
+            if path.suffix in CODE_SUFFIXES and "__pycache__" not in path.parts and path.is_file():
+                digest.update(f"{path.relative_to(folder)}\0".encode())
+                digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
 def program_identity(programs: list, context, parts: LibraryParts) -> str:
-    """The program id: a hash of the target, where the weights live, every compile unit
-    (its source, language, flags but paths, and object name), the program tables, the host code
-    rendered without the build's identity, and the weights' size and how they were
-    placed, but not their bytes. A weight the build compiled into code (a scalar constant,
-    a constant a pass simplified by its values) is in a unit's source, so weights that
-    change it change the program id."""
+    """The program id: a hash of byoc's code (byoc_code_digest: the passes that transform
+    the weights and the headers of the kernels that read them), the target, where the
+    weights live, every compile unit (its source, what it depends on, language, flags but
+    paths, and object name), the libraries linked, the program tables, the host code
+    rendered without the build's identity, and the weights' size and how they were placed,
+    but not their bytes. A weight the build compiled into code (a scalar constant, a
+    constant a pass simplified by its values) is in a unit's source, so weights that change
+    it change the program id."""
     content = hashlib.sha256()
-    content.update(f"{context.target}\0{context.config.params}\0{len(parts.weights)}\0".encode())
+    content.update(f"{byoc_code_digest()}\0{context.target}\0{context.config.params}\0{len(parts.weights)}\0"
+                   f"{' '.join(parts.link_libraries)}\0".encode())
     for unit in parts.units:
-        # flags without paths (include directories differ between machines; what they
-        # hold does not change the weights' layout the program reads)
+        # flags without paths (include directories differ between machines; byoc's own
+        # headers are in its code digest)
         flags = " ".join(str(flag) for flag in unit.flags if "/" not in str(flag))
         content.update(f"{unit.language}\0{unit.output}\0{flags}\0".encode())
         content.update(Path(unit.source).read_bytes())
+        for dependency in unit.dependencies:
+            if Path(dependency).is_file():
+                content.update(Path(dependency).read_bytes())
     for table in parts.tables:
         content.update(table)
     content.update(render_host_source(programs, context, "", parts.tables, len(parts.weights), 0,

@@ -24,6 +24,7 @@ the initializers that changed: that model needs a rebuild.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +76,7 @@ def refit(library, model, *, output, weights=None, config=None, progress=None) -
     if not record or not program_id:
         raise RefitError(f"{library_path.name} has no build record (built before byoc could refit, or from an "
                          f"IRModule): rebuild it to refit it later")
+    _check_record(record, library_path)
     if not record.get("initializers"):
         raise RefitError(f"{library_path.name} was built from a model without initializers by name (an IRModule); "
                          f"refit takes ONNX initializers: rebuild it instead")
@@ -119,8 +121,22 @@ def refit(library, model, *, output, weights=None, config=None, progress=None) -
     return RefitResult(output, program_id, changed, len(built))
 
 
+def _check_record(record, library_path: Path):
+    """The library's build record has the form build_record writes (metadata.py)."""
+    def entry_ok(entry):
+        return (isinstance(entry, dict) and isinstance(entry.get("name"), str) and isinstance(entry.get("dtype"), str)
+                and isinstance(entry.get("shape"), list) and all(isinstance(d, int) for d in entry["shape"])
+                and isinstance(entry.get("checksum"), str))
+    initializers = record.get("initializers") if isinstance(record, dict) else None
+    if not (isinstance(record, dict) and isinstance(record.get("config"), dict)
+            and (initializers is None or (isinstance(initializers, list) and all(map(entry_ok, initializers))))):
+        raise RefitError(f"{library_path.name}: its metadata's build record is malformed (expected a config and "
+                         f"initializers with name, dtype, shape and checksum): the library was changed after its "
+                         f"build; rebuild it")
+
+
 def _checked_output(output, library_path: Path) -> Path:
-    if output is None or not isinstance(output, (str, os.PathLike)):
+    if output is None or not isinstance(output, (str, os.PathLike)) or "\0" in os.fsdecode(output):
         raise RefitError(f"output={output!r}: expected the path of the weights file to write (e.g. "
                          f"'{library_path.stem}.refit.safetensors')")
     path = Path(output).resolve()
@@ -169,12 +185,13 @@ def _declared_initializers(model) -> dict:
 def _check_initializers(declared: dict, recorded: list):
     """Every recorded initializer present with its dtype and shape, and no other."""
     names = [entry["name"] for entry in recorded]
+    known = set(names)
     missing = [name for name in names if name not in declared]
     if missing:
         raise RefitError(f"initializer {missing[0]!r} of the built model is not in the new model"
                          f"{f' ({len(missing)} missing)' if len(missing) > 1 else ''}; expected the same initializers "
                          f"by name (the model the library was built from, with new values)")
-    extra = [name for name in declared if name not in set(names)]
+    extra = [name for name in declared if name not in known]
     if extra:
         raise RefitError(f"initializer {extra[0]!r} of the new model is not one of the built model's"
                          f"{f' ({len(extra)} such)' if len(extra) > 1 else ''}; expected the same initializers by name")
@@ -220,9 +237,7 @@ def _read_weights(weights) -> dict:
         for name, value in weights.items():
             if not isinstance(name, str):
                 raise RefitError(f"weights: expected tensor names (str) as keys, got {type(name).__name__}")
-            if hasattr(value, "detach"):  # a torch tensor (state_dict)
-                value = value.detach().cpu().numpy()
-            arrays[name] = np.asarray(value)
+            arrays[name] = _host_array(name, value)
         return arrays
     if not isinstance(weights, (str, os.PathLike)):
         raise RefitError(f"weights: expected a mapping of name to array, or a path to an .npz or .safetensors file; "
@@ -231,14 +246,39 @@ def _read_weights(weights) -> dict:
     if not path.is_file():
         raise RefitError(f"weights file {path} does not exist or is not a regular file")
     if path.suffix == ".npz":
+        import zipfile
         try:
-            with np.load(path, allow_pickle=False) as data:
+            data = np.load(path, allow_pickle=False)
+            if not isinstance(data, np.lib.npyio.NpzFile):
+                raise ValueError("it holds one array, not named ones (an .npy)")
+            with data:
                 return {name: data[name] for name in data.files}
-        except (OSError, ValueError) as error:
-            raise RefitError(f"weights file {path} is not a readable .npz: {error}") from None
+        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as error:
+            raise RefitError(f"weights file {path} is not a readable .npz of named arrays: {error}") from None
     if path.suffix == ".safetensors":
         return read_safetensors(path)
     raise RefitError(f"weights file {path}: expected an .npz or .safetensors file")
+
+
+def _host_array(name: str, value) -> np.ndarray:
+    """A weight given by name as a NumPy array: NumPy's, torch's (bfloat16 through float32,
+    exactly), CuPy's (copied to the host), or anything np.asarray takes."""
+    try:
+        if hasattr(value, "detach"):  # a torch tensor (a state dict's)
+            import torch
+            tensor = value.detach().cpu()
+            if tensor.dtype == torch.bfloat16:
+                import ml_dtypes
+                return tensor.float().numpy().astype(ml_dtypes.bfloat16)
+            return tensor.numpy()
+        if hasattr(value, "get") and hasattr(value, "__cuda_array_interface__"):  # a CuPy array
+            return value.get()
+        array = np.asarray(value)
+    except Exception as error:  # noqa: BLE001 - whatever the caller's object raised, named
+        raise RefitError(f"weights {name!r}: cannot be read as an array ({type(error).__name__}: {error})") from None
+    if array.dtype == object:
+        raise RefitError(f"weights {name!r}: expected an array of numbers, got {type(value).__name__}")
+    return array
 
 
 def read_safetensors(path) -> dict:
@@ -254,7 +294,7 @@ def read_safetensors(path) -> dict:
             raise RefitError(f"weights file {path} is not a .safetensors file (its header length is wrong)")
         try:
             header = json.loads(file.read(header_bytes))
-        except (ValueError, UnicodeDecodeError) as error:
+        except (ValueError, UnicodeDecodeError, RecursionError) as error:
             raise RefitError(f"weights file {path}: its .safetensors header is not JSON ({error})") from None
         if not isinstance(header, dict):
             raise RefitError(f"weights file {path}: its .safetensors header is not a JSON object")
@@ -274,7 +314,7 @@ def read_safetensors(path) -> dict:
             raise RefitError(f"{where} has shape {shape!r} and data_offsets {offsets!r}; expected dims >= 0 and "
                              f"offsets within the file's {len(data)} bytes of data")
         dtype = numpy_dtype(SAFETENSORS_DTYPES[entry["dtype"]])
-        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        count = math.prod(shape)  # Python ints: no overflow to wrap a huge shape to a small size
         if count * dtype.itemsize != offsets[1] - offsets[0]:
             raise RefitError(f"{where}: shape {shape} of {entry['dtype']} needs {count * dtype.itemsize} bytes; "
                              f"its data_offsets span {offsets[1] - offsets[0]}")

@@ -78,12 +78,8 @@ class Module:
         self.metadata = _read_metadata(lib, self.path)
         if weights_path is None and self.metadata["weights"]["location"] == "sidecar":
             weights_path = os.path.splitext(self.path)[0] + ".safetensors"
-        # A weights file given for a library that embeds its weights replaces them (new
-        # weights of the same program, from `byoc refit`); a library built before weights
-        # files carried a program id would ignore it: say so rather than run other weights.
-        elif weights_path is not None and not self.metadata.get("program_id"):
-            raise ByocRuntimeError(f"{os.path.basename(self.path)} embeds its weights and was built before libraries "
-                                   f"took new weights; weights_path={str(weights_path)!r} would be ignored: rebuild it")
+        if weights_path is not None:
+            self._check_weights_honored(weights_path)
         if weights_path is not None:
             weights_path = _checked_weights_path(weights_path)
         handle = ctypes.c_void_p()
@@ -141,13 +137,23 @@ class Module:
     def _declared_shapes(variant: dict) -> tuple:
         return [t["shape"] for t in variant["inputs"]], [t["shape"] for t in variant["outputs"]]
 
+    def _check_weights_honored(self, weights_path):
+        """A weights file given for a library that embeds its weights replaces them (new
+        weights of the same program, from `byoc refit`); a library built before weights
+        files carried a program id would ignore it: say so rather than run other weights."""
+        if not self.metadata.get("program_id") and self.metadata["weights"]["location"] != "sidecar":
+            raise ByocRuntimeError(f"{os.path.basename(self.path)} embeds its weights and was built before libraries "
+                                   f"took new weights; weights_path={str(weights_path)!r} would be ignored: rebuild it")
+
     def load_weights(self, weights_path):
         """Run with the weights in `weights_path` from now on: a weights file of this
         library's program (`byoc refit` writes one from new weights; another build of the
         same model and config writes one as its sidecar). The model is created anew with
         them (both sets of weights are in memory for that moment), then the old one freed;
         a file the library refuses (another program, a wrong checksum) raises and leaves the
-        module running with its weights."""
+        module running with its weights. Runs queued on the GPU are finished first (they read
+        the old weights and memory)."""
+        self._check_weights_honored(weights_path)
         weights_path = _checked_weights_path(weights_path)
         with self._run_lock:
             if self._handle is None:

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -137,16 +138,28 @@ int read_sidecar(const char* path, unsigned char** host_out, uint64_t* checksum_
   const size_t at = header.find(key);
   uint64_t checksum = 0;
   size_t digits = 0;
+  bool overflow = false;
   for (size_t i = at == std::string::npos ? header.size() : at + key.size();
-       i < header.size() && header[i] >= '0' && header[i] <= '9' && digits < 20; ++i, ++digits) {
-    checksum = checksum * 10 + static_cast<uint64_t>(header[i] - '0');
+       i < header.size() && header[i] >= '0' && header[i] <= '9' && digits < 21; ++i, ++digits) {
+    const uint64_t digit = static_cast<uint64_t>(header[i] - '0');
+    overflow = overflow || checksum > (UINT64_MAX - digit) / 10;
+    checksum = checksum * 10 + digit;
   }
-  if (digits == 0 || at + key.size() + digits >= header.size() || header[at + key.size() + digits] != '"') {
+  if (digits == 0 || overflow || at + key.size() + digits >= header.size() || header[at + key.size() + digits] != '"') {
     std::fclose(file);
     return fail(std::string("weights file '") + path + "' has no checksum in its header; expected a byoc "
                 ".safetensors weights file");
   }
   *checksum_out = checksum;
+  // exactly the header and the weights: a file cut short or with more after them is not one
+  // this library's build or refit wrote
+  if (static_cast<uint64_t>(info.st_size) != 8 + header_bytes + spec.weights_bytes) {
+    std::fclose(file);
+    return fail(std::string("weights file '") + path + "' holds " + std::to_string(info.st_size - 8 - header_bytes) +
+                " bytes of weights; this library's are " + std::to_string(spec.weights_bytes) + " (the file is " +
+                (static_cast<uint64_t>(info.st_size) < 8 + header_bytes + spec.weights_bytes ? "truncated)" :
+                 "longer than a weights file of this program)"));
+  }
   const uint64_t bytes = spec.weights_bytes;
   unsigned char* host = static_cast<unsigned char*>(std::malloc(bytes ? bytes : 1));
   if (host == nullptr) {
@@ -171,6 +184,11 @@ BYOC_EXPORT const char* byoc_last_error(void) { return last_error; }
 
 BYOC_EXPORT void byoc_model_destroy(byoc_model* model) {
   if (model == nullptr) return;
+#if BYOC_RUNTIME_CUDA
+  // Work still queued may read the memory and engines freed below (a module replaced by
+  // load_weights right after a run): let it finish.
+  cudaDeviceSynchronize();
+#endif
   for (int32_t v = 0; model->variants != nullptr && v < spec.num_variants; ++v) {
     const VariantSpec& variant = spec.variants[v];
     byoc_variant_instance& instance = model->variants[v];
