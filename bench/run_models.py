@@ -87,6 +87,8 @@ def load_config(spec, tuning_db=None, profile="auto"):
                  # (with a fresh BYOC_CACHE_DIR, the persistent one is empty too)
                  "measure": {"backends": [{"cutlass": {"sm": 90, "shipped_tuning": False}}, "cublaslt", "builtin"],
                              "tuning": {"profile": "auto", "tuning_db": None}},
+                 # the backends chosen per subgraph by measured cost (partition: measured)
+                 "measured": {"partition": "measured"},
                  "": {}}[variant]
     if tuning_db:
         overrides["tuning"] = {"profile": {"false": False, "true": True}.get(profile, profile), "tuning_db": tuning_db}

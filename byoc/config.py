@@ -10,6 +10,10 @@ Every key is optional; the values shown are the defaults unless noted.
                             #   - cublaslt
                             # builtin takes every op nobody claimed and is always last
                             # (listing it is allowed, but only in the last place)
+    partition: priority     # priority: each backend's pattern matches in the order above |
+                            # measured: every backend's matches are candidates, each one's
+                            # run time measured (or read from the cost store), the cheapest
+                            # cover of the model chosen (byoc/costs.py, transform/measured_partition.py)
     precision: float32      # float32 | float16 | bfloat16
     cuda_graph: false       # true | false: capture static regions into CUDA graphs (true
                             # needs target cuda or auto; auto without a GPU builds without)
@@ -63,8 +67,9 @@ import yaml
 from .errors import ConfigError
 from .ir.types import is_static_shape
 
-KEYS = ("target", "backends", "precision", "cuda_graph", "cuda_graph_io", "workdir", "params", "tuning", "input_shapes",
-        "dims", "compile_jobs", "output", "devices")
+KEYS = ("target", "backends", "partition", "precision", "cuda_graph", "cuda_graph_io", "workdir", "params", "tuning",
+        "input_shapes", "dims", "compile_jobs", "output", "devices")
+PARTITIONS = ("priority", "measured")
 PRECISIONS = ("float32", "float16", "bfloat16")
 PARAMS = ("embedded", "sidecar")
 TUNING_KEYS = ("profile", "tuning_db")
@@ -119,6 +124,7 @@ def _check_bucket_count(source, dims: dict):
 class BuildConfig:
     target: object = "auto"  # "auto" or a device Target
     backends: list = field(default_factory=list)  # [(name, {options})] in priority order
+    partition: str = "priority"  # priority | measured
     precision: str = "float32"
     cuda_graph: bool = False
     cuda_graph_io: str = "copy"
@@ -158,7 +164,7 @@ class BuildConfig:
         """The config as plain data (what `validate` accepts back)."""
         return {"target": self.target if isinstance(self.target, str) else str(self.target),
                 "backends": [{name: dict(options)} if options else name for name, options in self.backends],
-                "precision": self.precision, "cuda_graph": self.cuda_graph, "cuda_graph_io": self.cuda_graph_io,
+                "partition": self.partition, "precision": self.precision, "cuda_graph": self.cuda_graph, "cuda_graph_io": self.cuda_graph_io,
                 "workdir": self.workdir,
                 "params": self.params, "tuning": dict(self.tuning),
                 "input_shapes": {name: list(dims) for name, dims in self.input_shapes.items()},
@@ -311,6 +317,7 @@ def validate(data: dict, source: str = "<dict>", known_backends=None) -> BuildCo
     config = BuildConfig(source=source)
     config.target = _validate_target(source, data.get("target", "auto"))
     config.backends = _validate_backends(source, data.get("backends"), known_backends)
+    config.partition = _one_of(source, "partition", data.get("partition", "priority"), PARTITIONS)
     config.precision = _one_of(source, "precision", data.get("precision", "float32"), PRECISIONS)
     config.cuda_graph = _one_of(source, "cuda_graph", data.get("cuda_graph", False), (True, False), "true, false")
     # A CUDA graph captures GPU work: on the cpu target it would be dropped without a word.

@@ -36,6 +36,33 @@ class PartitionReport:
         self.functions = {}  # backend -> {"unique": n, "call_sites": n}
         self.calls_per_run = 0  # calls of backend functions in main, views left out
         self.copies = Counter()  # copy composite (COPY_COMPOSITES) -> calls per run
+        # partition: measured: what was said about it, and each placement of the chosen
+        # cover with the alternatives weighed there (record_cover)
+        self.measured = None
+
+    def note_measurement(self, text: str):
+        self.measured = self.measured or {"notes": [], "decisions": [], "cost_us": None}
+        self.measured["notes"].append(text)
+
+    def record_cover(self, cover, names: list):
+        """The chosen cover (cheapest_cover.Cover) as the report keeps it: per placement, the
+        node's name, the candidate chosen and its cost, and the alternatives with the cost of
+        the cheapest whole cover that places each (or why none does); `names`: the name
+        of each node (main's bindings)."""
+        self.measured = self.measured or {"notes": [], "decisions": [], "cost_us": None}
+        self.measured["cost_us"] = round(cover.cost_us, 3)
+
+        def label(candidate):
+            return f"{candidate.backend}.{candidate.name}" if candidate.name else candidate.backend
+        for decision in cover.decisions:
+            if not decision.alternatives:
+                continue  # an op only the built-in backend runs: nothing was chosen there
+            self.measured["decisions"].append({
+                "node": names[decision.node], "chosen": label(decision.chosen),
+                "cost_us": round(decision.chosen.cost_us, 3), "cover_us": round(decision.cost_us, 3),
+                "alternatives": [{"candidate": label(a.candidate), "cost_us": round(a.candidate.cost_us, 3),
+                                  "cover_us": None if a.cost_us is None else round(a.cost_us, 3),
+                                  **({"why_not": a.why_not} if a.why_not else {})} for a in decision.alternatives]})
 
     def accept(self, backend: str, pattern: str, ops: list):
         self.accepted[backend][pattern] += 1
@@ -86,6 +113,7 @@ class PartitionReport:
             "refused": self.refused,
             "calls_per_run": self.calls_per_run,
             "copies_per_run": {name.split(".", 1)[1]: n for name, n in sorted(self.copies.items())},
+            **({"measured": self.measured} if self.measured is not None else {}),
         }
 
     @staticmethod
@@ -100,6 +128,7 @@ class PartitionReport:
         report.refused = [dict(r) for r in data.get("refused", [])]
         report.calls_per_run = int(data.get("calls_per_run", 0))
         report.copies = Counter({f"builtin.{name}": n for name, n in data.get("copies_per_run", {}).items()})
+        report.measured = data.get("measured") if isinstance(data.get("measured"), dict) else None
         return report
 
     def to_text(self) -> str:
@@ -115,6 +144,18 @@ class PartitionReport:
                                                                    key=lambda item: (-item[1], item[0])))
             lines += ["", f"calls per run: {self.calls_per_run}, of which {copies} only move data"
                       + (f" ({kinds})" if kinds else "")]
+        if self.measured is not None:
+            lines += [""] + list(self.measured.get("notes", []))
+            decisions = self.measured.get("decisions", [])
+            if decisions:
+                lines.append(f"chosen by measurement (whole model {self.measured.get('cost_us')} us of the "
+                             f"candidates' time), each against the cheapest cover with another choice there:")
+            for decision in decisions:
+                others = "; ".join(f"{a['candidate']} {a['cost_us']:g} us (cover {a['cover_us']:g} us)"
+                                   if a["cover_us"] is not None else f"{a['candidate']}: {a.get('why_not', '')}"
+                                   for a in decision["alternatives"])
+                lines.append(f"  %{decision['node']}: {decision['chosen']} {decision['cost_us']:g} us "
+                             f"(cover {decision['cover_us']:g} us) over {others}")
         if self.refused:
             lines += ["", "refused matches:"]
             counted = Counter((r["backend"], r["pattern"], r["reason"]) for r in self.refused)

@@ -188,7 +188,7 @@ def test_config_from_yaml_path_dict_and_overrides(tmp_path):
 @pytest.mark.parametrize("data, pattern", [
     # unknown keys say which keys exist
     ({"precison": "float16"}, r"<dict>: unknown key\(s\) \['precison'\]; allowed keys: target, backends, "
-                              r"precision.*did you mean 'precision'"),
+                              r"partition, precision.*did you mean 'precision'"),
     ({"tuning": {"profil": True}}, r"tuning\.profil: unknown key; allowed: profile, tuning_db"),
     # bad values: the key path, the value, the allowed ones
     ({"precision": "fp8"}, r"precision: 'fp8' is not allowed; allowed: float32, float16, bfloat16"),

@@ -115,15 +115,20 @@ def _fuse_entry(bindings, main, backend, entry, report):
             continue
         claimed |= set(found.matched)
         accepted.append((root, found))
-    if not accepted:
-        return bindings
-    replacement = {}
-    for root, found in accepted:
-        replacement[root] = _composite_bindings(root, found, bindings, composite)
-        if report is not None:
+    if report is not None:
+        for root, found in accepted:
             report.accept(backend.name, entry.name, [bindings[_position(bindings, v)].value.op.name
                                                    for v in found.matched])
-    removed = set().union(*(set(found.matched) for _, found in accepted))
+    return _wrap_matches(bindings, [(root, found, composite) for root, found in accepted])
+
+
+def _wrap_matches(bindings, accepted):
+    """`bindings` with each accepted (root, match, composite name), matches that do not
+    overlap, made a composite function written where its root was bound."""
+    if not accepted:
+        return bindings
+    replacement = {root: _composite_bindings(root, found, bindings, composite) for root, found, composite in accepted}
+    removed = set().union(*(set(found.matched) for _, found, _ in accepted))
     result = []
     for binding in bindings:
         if binding.var in replacement:

@@ -1,7 +1,8 @@
 """partition_for: the whole partitioning pipeline for a list of backends.
 
 `claims_first` (the blocks a backend runs as one kernel and no other offers) ->
-FuseOpsByPattern (backends in priority order) -> MergeCompositeFunctions -> `finalize`
+FuseOpsByPattern (backends in priority order), or MeasuredPartition (the cheapest cover by
+the candidates' costs: partition: measured) -> MergeCompositeFunctions -> `finalize`
 (the built-in backend's partitioning of every op left) -> OutlineCompilerFunctions ->
 DeadCodeElimination, with a PartitionReport filled in on the way.
 """
@@ -11,16 +12,20 @@ from ..ir.module import IRModule
 from ..report import PartitionReport
 from .dead_code_elimination import dead_code_elimination
 from .fuse_ops_by_pattern import fuse_ops_by_pattern
+from .measured_partition import measured_partition
 from .merge_composite_functions import merge_composite_functions
 from .outline_compiler_functions import outline_compiler_functions
 
 
 def partition_for(mod: IRModule, backend_names: list, finalize=None,
-                  symbol_suffix: str = "", claims_first=()) -> tuple[IRModule, PartitionReport]:
+                  symbol_suffix: str = "", claims_first=(), cost_of=None) -> tuple[IRModule, PartitionReport]:
+    """`cost_of` (partition: measured; see MeasuredPartition): the backends' matches are
+    chosen by cost, not taken in priority order, unless no cover can be chosen."""
     report = PartitionReport()
     for claim in claims_first:
         mod = claim(mod, report)
-    mod = fuse_ops_by_pattern(mod, backend_names, report)
+    chosen = measured_partition(mod, backend_names, cost_of, report) if cost_of is not None else None
+    mod = chosen if chosen is not None else fuse_ops_by_pattern(mod, backend_names, report)
     mod = merge_composite_functions(mod)
     if finalize is not None:
         mod = finalize(mod)

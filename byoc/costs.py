@@ -1,0 +1,301 @@
+"""What partitioning by measurement (`partition: measured`) knows a candidate costs: the cost
+store, and the measurement of a candidate on this machine's device.
+
+A candidate is some of main's ops run by one backend (a pattern match, or the built-in
+backend's ops). Its cost is measured by building those ops alone into a library with that
+backend only (candidate_module: the ops on parameters, names made canonical, weights kept)
+and timing the library's run on random inputs: the same pipeline, kernels and tuning a
+build would use, so the number is what the candidate costs in the model. Each cost is
+kept in the store under the device, byoc's code and the candidate's key (its IR text,
+backend and build settings), so that a later build of any model with the same candidate
+measures nothing:
+
+    {"format": "byoc-costs", "version": 1,
+     "entries": {"<device>": {"<candidate key>": {"us": 12.3, "backend": "cutlass", "ops": "matmul, add",
+                                                  "date": "2026-11-28"}}}}
+
+The store lives beside the object cache ($BYOC_CACHE_DIR/costs/costs.json, default
+~/.cache/byoc/costs/costs.json). A build that cannot measure (a cuda target without a
+visible GPU of its arch, or without CuPy) uses what any GPU measured for its target.
+"""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ByocError, ByocWarning
+
+FORMAT = "byoc-costs"
+MAX_STORE_BYTES = 64 << 20
+
+
+def default_store_path() -> Path:
+    root = os.environ.get("BYOC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "byoc")
+    return Path(root) / "costs" / "costs.json"
+
+
+class CostStore:
+    """Measured candidate costs by device and candidate key (see the module docstring)."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = Path(path) if path is not None else default_store_path()
+        self.entries = self._read()
+
+    def _read(self, quiet: bool = False) -> dict:
+        """The file's entries; one that cannot be read is a warning (unless `quiet`: save()
+        replaces it) and no entries."""
+        from .json_files import read_json
+        if not self.path.is_file():
+            return {}
+        try:
+            data = read_json(self.path, max_bytes=MAX_STORE_BYTES, what="the cost store")
+        except ByocError as error:
+            if not quiet:
+                warnings.warn(f"{error}; measuring again", ByocWarning, stacklevel=3)
+            return {}
+        if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), dict):
+            if not quiet:
+                warnings.warn(f"{self.path} is not a byoc cost store; measuring again", ByocWarning, stacklevel=3)
+            return {}
+        return {device: entries for device, entries in data["entries"].items() if isinstance(entries, dict)}
+
+    def entry(self, device: str, key: str) -> dict | None:
+        """The candidate's entry measured on `device`; a device ending in ":*<target>" is any
+        device of that target (a build that cannot measure takes what one measured)."""
+        if device.startswith("*"):
+            for name, entries in self.entries.items():
+                if name.endswith(device[1:]) and isinstance(entries.get(key), dict):
+                    return entries[key]
+            return None
+        entry = self.entries.get(device, {}).get(key)
+        return entry if isinstance(entry, dict) else None
+
+    def lookup(self, device: str, key: str) -> float | None:
+        entry = self.entry(device, key)
+        us = entry.get("us") if entry is not None else None
+        return float(us) if isinstance(us, (int, float)) and not isinstance(us, bool) and us >= 0 else None
+
+    def failed(self, device: str, key: str) -> str | None:
+        """Why measuring the candidate failed here, or None."""
+        entry = self.entry(device, key)
+        return str(entry["failed"]) if entry is not None and "failed" in entry else None
+
+    def record(self, device: str, key: str, us: float, backend: str, ops: str):
+        self.entries.setdefault(device, {})[key] = {"us": round(float(us), 3), "backend": backend, "ops": ops,
+                                                    "date": datetime.date.today().isoformat()}
+
+    def record_failed(self, device: str, key: str, reason: str, backend: str, ops: str):
+        self.entries.setdefault(device, {})[key] = {"failed": reason[:300] or "no reason given", "backend": backend,
+                                                    "ops": ops, "date": datetime.date.today().isoformat()}
+
+    def save(self):
+        """Merged into what the file holds now (another build may have written it since) and
+        written through a temporary file of this process; a store that cannot be written is
+        a warning."""
+        merged = {device: dict(entries) for device, entries in self._read(quiet=True).items()}
+        for device, entries in self.entries.items():
+            merged.setdefault(device, {}).update(entries)
+        self.entries = merged
+        text = json.dumps({"format": FORMAT, "version": 1, "entries": self.entries}, indent=1, sort_keys=True)
+        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            temporary.write_text(text + "\n")
+            os.replace(temporary, self.path)
+        except OSError as error:
+            temporary.unlink(missing_ok=True)
+            warnings.warn(f"cannot write the cost store {self.path} ({error.strerror or error}): this build's "
+                          f"measurements are not kept", ByocWarning, stacklevel=2)
+
+
+def device_fingerprint(target) -> str:
+    """What a cost is a cost on: the GPU's name and the target, or the CPU's model; a cuda
+    target that cannot be measured here: "*:<target>", any GPU that measured for it."""
+    if target.kind == "cuda":
+        from .target import visible_gpu_name
+        if not can_measure(target):
+            return f"*:{target}"
+        return f"cuda:{visible_gpu_name()}:{target}"
+    model = "unknown cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"cpu:{model}:{os.cpu_count()} cpus"
+
+
+def can_measure(target) -> bool:
+    """Whether candidates can be timed here: always on the cpu, with a GPU of the target's arch on cuda."""
+    if target.kind != "cuda":
+        return True
+    import importlib.util
+    from .target import visible_gpu_arch
+    return visible_gpu_arch() == target.attrs.get("arch") and importlib.util.find_spec("cupy") is not None
+
+
+def candidate_module(main, nodes) -> tuple:
+    """(an IRModule whose main runs main's bindings at positions `nodes` alone, the names of
+    main's values it reads, in parameter order): what the candidate reads becomes
+    parameters, what main uses of it outside becomes its results, every name canonical
+    (p0.., v0..) so that the same ops on the same types print the same text."""
+    from .ir.expr import Binding, Call, Function, Tuple, Var
+    from .ir.module import IRModule
+    from .transform.fuse_ops_by_pattern import _uses
+    bindings = list(main.bindings)
+    positions = sorted(nodes)
+    inside = {bindings[i].var for i in positions}
+    substitution, params, read = {}, [], []
+    body = []
+
+    def rewritten(expr):
+        if isinstance(expr, Var):
+            if expr not in substitution:
+                param = Var(f"p{len(params)}", expr.type)
+                params.append(param)
+                read.append(expr.name_hint)
+                substitution[expr] = param
+            return substitution[expr]
+        if isinstance(expr, Call):
+            return Call(expr.op, [rewritten(a) for a in expr.args], expr.attrs, type_=expr.type)
+        if isinstance(expr, Tuple):
+            return Tuple([rewritten(f) for f in expr.fields])
+        return expr  # constants, and what no candidate holds
+    for number, position in enumerate(positions):
+        binding = bindings[position]
+        value = rewritten(binding.value)
+        var = Var(f"v{number}", binding.var.type)
+        substitution[binding.var] = var
+        body.append(Binding(var, value))
+    uses = _uses(main)
+    outputs = [bindings[i].var for i in positions
+               if any(u == len(bindings) or bindings[u].var not in inside for u in uses.get(bindings[i].var, []))]
+    if not outputs:  # (a candidate's root is always used; a dead one measures its last value)
+        outputs = [bindings[positions[-1]].var]
+    results = [substitution[v] for v in outputs]
+    result = results[0] if len(results) == 1 else Tuple(results)
+    return IRModule({"main": Function(params, body, result, result.type)}), read
+
+
+def candidate_key(module, backend: str, config) -> str:
+    """The store's key of a candidate: byoc's code, the backend and its options, the
+    precision, and the candidate's IR text (weights by type, not value)."""
+    from .package import byoc_code_digest
+    options = dict(config.backends).get(backend) or {}
+    text = module.script(elide_data_over=16)
+    settings = json.dumps([options, config.tuning, config.cuda_graph], sort_keys=True, default=str)
+    digest = hashlib.sha256(f"{byoc_code_digest()}\0{backend}\0{settings}\0{config.precision}\0{text}".encode())
+    return digest.hexdigest()[:24]
+
+
+# A measured library runs its candidate this many times a run (fewer where their outputs
+# would take more than COPIES_BYTES): one run() from Python costs more than a small kernel,
+# and it is paid once for all the copies, in one CUDA graph on the GPU.
+COPIES = 16
+COPIES_BYTES = 64 << 20
+
+
+def repeated(module, copies: int):
+    """`module` whose main runs its body `copies` times, each copy on parameters of its own
+    (so that no pass merges the copies: CombineParallelMatmul would make one wide GEMM of
+    matmuls that read one input) with the weights shared, returning every copy's results:
+    one run times the candidate `copies` times."""
+    from .ir.expr import Binding, Call, Function, Tuple, TupleGetItem, Var
+    from .ir.module import IRModule
+    main = module["main"]
+    results, bindings, params = [], [], []
+    for copy in range(copies):
+        substitution = {param: Var(f"c{copy}_{param.name_hint}", param.type) for param in main.params}
+        params += list(substitution.values())
+
+        def rewritten(expr):
+            if isinstance(expr, Var):
+                return substitution.get(expr, expr)
+            if isinstance(expr, Call):
+                return Call(expr.op, [rewritten(a) for a in expr.args], expr.attrs, type_=expr.type)
+            if isinstance(expr, Tuple):
+                return Tuple([rewritten(f) for f in expr.fields])
+            if isinstance(expr, TupleGetItem):
+                return TupleGetItem(rewritten(expr.tuple_value), expr.index)
+            return expr
+        for binding in main.bindings:
+            var = Var(f"c{copy}_{binding.var.name_hint}", binding.var.type)
+            bindings.append(Binding(var, rewritten(binding.value)))
+            substitution[binding.var] = var
+        result = rewritten(main.result)
+        results += list(result.fields) if isinstance(result, Tuple) else [result]
+    result = Tuple(results)
+    return IRModule({"main": Function(params, bindings, result, result.type)})
+
+
+def measure_candidate(module, backend: str, context, repeat: int = 20) -> float:
+    """Microseconds one run of `module` takes built with `backend` alone (the built-in
+    backend for builtin) on the context's device, on random inputs (COPIES of it a run, on
+    the GPU in one CUDA graph). Raises a ByocError where the candidate does not build or run."""
+    import logging
+    import threading
+    from .build import build
+    from .config import BUILTIN_BACKEND
+    from .ir.types import TupleType
+    config = context.config
+    options = dict(config.backends).get(backend)
+    backends = [] if backend == BUILTIN_BACKEND else [{backend: dict(options)} if options else backend]
+    tuning = {key: value for key, value in config.tuning.items() if value is not None}
+    main = module["main"]
+    result_type = main.ret_type
+    copy_bytes = sum(t.nbytes for t in (result_type.fields if isinstance(result_type, TupleType) else [result_type]))
+    copy_bytes += sum(param.type.nbytes for param in main.params)
+    copies = max(1, min(COPIES, COPIES_BYTES // max(copy_bytes, 1)))
+    # the candidate's own build is not the user's: its progress lines (and its heartbeat's)
+    # are left out; the build's own heartbeat, a thread from before, still says what is going on
+    quiet = _OnlyThreads({thread.ident for thread in threading.enumerate()} - {threading.get_ident()})
+    logger = logging.getLogger("byoc.build")
+    logger.addFilter(quiet)
+    try:
+        with tempfile.TemporaryDirectory(prefix="byoc-candidate-") as workdir:
+            library = build(repeated(module, copies), workdir=workdir, config={
+                "target": str(context.target), "backends": backends, "tuning": tuning,
+                "precision": "float32",  # the candidate's types are the build's already
+                "cuda_graph": bool(config.cuda_graph and context.cuda)})
+            loaded = library.load()
+            try:
+                inputs = [_random_input(t, context.cuda) for t in loaded.metadata["inputs"]]
+                milliseconds = loaded.benchmark(*inputs, repeat=repeat, warmup=3)
+            finally:
+                loaded.close()
+    finally:
+        logger.removeFilter(quiet)
+    return milliseconds * 1e3 / copies
+
+
+class _OnlyThreads:
+    """A logging filter that keeps the records of some threads only."""
+
+    def __init__(self, threads: set):
+        self.threads = threads
+
+    def filter(self, record) -> bool:
+        return record.thread in self.threads
+
+
+def _random_input(tensor: dict, cuda: bool):
+    from .ir.types import numpy_dtype
+    dtype = numpy_dtype(tensor["dtype"])
+    rng = np.random.default_rng(0)
+    if dtype.kind == "f" or tensor["dtype"] == "bfloat16":
+        array = rng.standard_normal(tensor["shape"]).astype(np.float32).astype(dtype)
+    else:
+        array = np.zeros(tensor["shape"], dtype)
+    if cuda:
+        from .runtime.arrays import _cupy
+        return _cupy("timing a candidate on the GPU").asarray(array)
+    return array

@@ -1,0 +1,93 @@
+"""MeasuredPartition: wrap the cheapest cover of main by every backend's pattern matches
+into composite functions (the `partition: measured` counterpart of FuseOpsByPattern).
+
+The candidates are every accepted match of every backend's patterns, overlapping ones
+included (pattern_candidates.py), and the built-in backend's: for each match, the same
+ops run by the built-in backend, and each op a match holds alone. Each costs what
+`cost_of` answers (byoc/costs.py measures it, or its store knows it); an op no match holds
+runs on the built-in backend whatever is chosen, at no cost to the choice. The cheapest
+cover of main's bindings by those candidates (cheapest_cover.py, Collage's search) is
+chosen, and each chosen match becomes a composite function exactly as FuseOpsByPattern
+would have made it; the built-in backend's choices stay ops of main for its own
+partitioning (`finalize`).
+
+    %matmul_bias = fn (%p0, %p1, %p2) [Composite="cublaslt.dense_bias", Primitive=1] {...}
+    %y = %matmul_bias(%x, meta[0], meta[1])      (cublaslt: 41.0 us; builtin 57.3 us)
+
+Returns None, main left alone, where a cover cannot be chosen: a candidate whose cost
+cannot be had (`cost_of` answers None: no GPU to measure on and nothing stored) or a
+search past its state limit; the report says why, and the caller partitions by priority.
+"""
+from __future__ import annotations
+
+from ..ir.expr import Function
+from ..ir.module import IRModule
+from .cheapest_cover import Candidate, CoverError, cheapest_cover
+from .fuse_ops_by_pattern import _Matcher, _wrap_matches
+from .pattern_candidates import dataflow_edges, pattern_candidates
+
+BUILTIN = "builtin"
+
+
+def measured_partition(mod: IRModule, backend_names: list, cost_of, report, max_states: int = 200_000):
+    """`cost_of(mod, requests)`: requests are (backend, name, nodes) triples (nodes: binding
+    positions of main); answers a list of microseconds, None where the cost cannot be had,
+    or a str saying why the candidate cannot run (it is then left out)."""
+    from ..backend import get_backend
+    main = mod["main"]
+    bindings = list(main.bindings)
+    matches = pattern_candidates(mod, backend_names)
+    contested = sorted({node for match in matches for node in match.nodes})
+    requests = [(m.backend, m.pattern, m.nodes) for m in matches]
+    requests += [(BUILTIN, "ops of " + m.pattern, m.nodes) for m in matches]
+    requests += [(BUILTIN, "op", frozenset([node])) for node in contested]
+    answers = cost_of(mod, requests)
+    missing = [request for request, answer in zip(requests, answers) if answer is None]
+    if missing:
+        report.note_measurement(f"partition: measured fell back to the priority order: {len(missing)} of "
+                                f"{len(requests)} candidates have no cost (nothing stored for the target, and "
+                                f"no GPU of its arch, or no CuPy, to measure them on)")
+        return None
+    candidates, failed = [], []
+    for request, answer in zip(requests, answers):
+        backend, name, nodes = request
+        if isinstance(answer, str):
+            failed.append((request, answer))
+            continue
+        candidates.append(Candidate(backend, frozenset(nodes), float(answer), name))
+    free = set(range(len(bindings))) - set(contested)
+    candidates += [Candidate(BUILTIN, frozenset([node]), 0.0, "uncontested") for node in sorted(free)]
+    try:
+        cover = cheapest_cover(len(bindings), dataflow_edges(mod), candidates, max_states=max_states)
+    except CoverError as error:
+        report.note_measurement(f"partition: measured fell back to the priority order: {error}")
+        return None
+    # each chosen match wrapped as FuseOpsByPattern wraps one
+    matcher = _Matcher(bindings, main)
+    entries = {(b, e.name): e for b in backend_names for e in get_backend(b).patterns}
+    by_nodes = {(m.backend, m.pattern, m.nodes): m for m in matches}
+    chosen = []
+    for candidate in cover.candidates:
+        match = by_nodes.get((candidate.backend, candidate.name, candidate.nodes))
+        if match is None:
+            continue  # the built-in backend's: its ops stay in main
+        entry = entries[(match.backend, match.pattern)]
+        root = bindings[match.root].var
+        found = next((found for found in matcher.matches(entry, root)
+                      if frozenset(matcher.position_of[v] for v in found.matched) == match.nodes
+                      and matcher.refusal(entry, root, found) is None), None)
+        if found is None:  # (pattern_candidates listed it from the same matcher: never)
+            report.note_measurement(f"partition: measured fell back to the priority order: the match "
+                                    f"{match.backend}.{match.pattern} at %{root.name_hint} was not found again")
+            return None
+        chosen.append((root, found, f"{match.backend}.{match.pattern}"))
+    for root, found, composite in chosen:
+        backend, pattern = composite.split(".", 1)
+        report.accept(backend, pattern, [bindings[matcher.position_of[v]].value.op.name for v in found.matched])
+    for (backend, name, nodes), reason in failed:
+        root = bindings[max(nodes)]
+        report.refuse(backend, name, root.value.op.name, f"measuring it failed: {reason}", node=root.var.name_hint)
+    report.record_cover(cover, [b.var.name_hint for b in bindings])
+    result = mod.copy()
+    result["main"] = Function(main.params, _wrap_matches(bindings, chosen), main.result, main.ret_type, main.attrs)
+    return result

@@ -1,0 +1,178 @@
+"""partition: measured (#43): every backend's matches and the built-in backend's ops are
+candidates, each timed built alone (here on the cpu target: cuBLASLt's JSON engine and the
+built-in backend both run there) or read from the cost store; the cheapest cover is built
+and explained. The store decides a later build, whatever the costs say; without a way to
+measure and nothing stored, the build falls back to the priority order and says so."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import byoc
+from byoc import pipeline
+from byoc.costs import CostStore, candidate_module, device_fingerprint
+from byoc.target import Target
+
+FIXTURES = Path(__file__).parent / "fixtures"
+MEASURED = {"target": "cpu", "backends": ["cublaslt", "builtin"], "partition": "measured"}
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def mlp_case():
+    data = np.load(FIXTURES / "mlp.npz")
+    return ({k[3:]: data[k] for k in data if k.startswith("in_")},
+            next(data[k] for k in data if k.startswith("out_")))
+
+
+def test_a_measured_build_times_each_candidate_once_and_explains_its_choice(cache, tmp_path):
+    inputs, want = mlp_case()
+    library = byoc.build(FIXTURES / "mlp.onnx", config=MEASURED, workdir=str(tmp_path / "first"))
+    assert np.max(np.abs(library.load().run(**inputs) - want)) <= 1e-4 * np.max(np.abs(want))
+    measured = library.report.to_json()["measured"]
+    assert measured["cost_us"] > 0 and len(measured["decisions"]) == 3  # the three dense layers
+    for decision in measured["decisions"]:
+        names = {a["candidate"] for a in decision["alternatives"]} | {decision["chosen"]}
+        assert {"cublaslt.dense_bias", "builtin.ops of dense_bias"} <= names or \
+            {"cublaslt.dense", "builtin.op"} <= names, decision
+        assert all(a["cover_us"] is None or a["cover_us"] >= decision["cover_us"] for a in decision["alternatives"])
+    text = (tmp_path / "first" / "partition_report.txt").read_text()
+    assert "chosen by measurement" in text and " us (cover " in text
+    store = json.loads((cache / "costs" / "costs.json").read_text())
+    device = device_fingerprint(Target("cpu"))
+    entries = store["entries"][device]
+    assert len(entries) >= 10 and all(e["us"] > 0 for e in entries.values())
+    assert {e["backend"] for e in entries.values()} == {"cublaslt", "builtin"}
+    # the same build again: everything from the store, nothing built for measuring
+    again = byoc.build(FIXTURES / "mlp.onnx", config=MEASURED, workdir=str(tmp_path / "second"))
+    assert again.report.to_json()["measured"]["cost_us"] == measured["cost_us"]
+    assert json.loads((cache / "costs" / "costs.json").read_text()) == store
+
+
+@pytest.mark.parametrize("cheap", ["cublaslt", "builtin"])
+def test_the_stored_costs_decide_the_partition(cheap, cache, tmp_path):
+    """With the store's costs rewritten so that one backend is 100x cheaper, every dense
+    layer goes to it (a whole model's worth of alternatives weighed, not a priority)."""
+    byoc.build(FIXTURES / "mlp.onnx", config=MEASURED, workdir=str(tmp_path / "measure"))
+    path = cache / "costs" / "costs.json"
+    store = json.loads(path.read_text())
+    for entries in store["entries"].values():
+        for entry in entries.values():
+            entry["us"] = 1.0 if entry["backend"] == cheap else 100.0
+    path.write_text(json.dumps(store))
+    library = byoc.build(FIXTURES / "mlp.onnx", config=MEASURED, workdir=str(tmp_path / "chosen"))
+    measured = library.report.to_json()["measured"]
+    assert measured["decisions"] and not measured["notes"]  # chosen by the costs, no fallback
+    backends = library.report.to_json()["backends"]
+    if cheap == "cublaslt":
+        assert backends["cublaslt"]["ops_covered"]["matmul"] == 3
+    else:
+        assert "cublaslt" not in backends or backends["cublaslt"]["partitions"] == 0
+    inputs, want = mlp_case()
+    assert np.max(np.abs(library.load().run(**inputs) - want)) <= 1e-4 * np.max(np.abs(want))
+
+
+def test_without_a_way_to_measure_and_nothing_stored_the_priority_order_is_used_and_said(cache, tmp_path):
+    """A cuda build on a machine whose GPU (if any) is not the target's arch cannot time
+    candidates: with an empty store it partitions as priority would, and the report says so."""
+    config = {**MEASURED, "target": "cuda -arch=sm_80"}
+    measured = pipeline.lower(FIXTURES / "mlp.onnx", config, until="partition", workdir=tmp_path / "m")
+    priority = pipeline.lower(FIXTURES / "mlp.onnx", {**config, "partition": "priority"}, until="partition",
+                              workdir=tmp_path / "p")
+    report = measured.attrs["partition_report"]
+    assert any("fell back to the priority order" in note and "no GPU of its arch" in note
+               for note in report.to_json()["measured"]["notes"])
+    assert measured.script(elide_data_over=16) == priority.script(elide_data_over=16)
+    assert not (cache / "costs" / "costs.json").exists()
+
+
+def test_a_candidate_module_is_the_ops_alone_with_canonical_names():
+    """The same ops of two layers are one candidate (one key, measured once); a scalar of
+    another value is another; repeated() copies are not merged by the candidate's build."""
+    from byoc.config import load_config
+    from byoc.costs import candidate_key, repeated
+    data = np.load(FIXTURES / "bert2.npz")
+    shapes = {k[3:]: data[k].shape for k in data if k.startswith("in_")}
+    main = pipeline.lower(FIXTURES / "bert2.onnx", "cpu", until="simplify", input_shapes=shapes)["main"]
+    config = load_config("cpu")
+    signatures = {}
+    for position, binding in enumerate(main.bindings):
+        if binding.value.op.name == "matmul":
+            signatures.setdefault(tuple(str(a.type) for a in binding.value.args), []).append(position)
+    positions = next(p for p in signatures.values() if len(p) >= 2)
+    first, reads = candidate_module(main, frozenset([positions[0]]))
+    second, _ = candidate_module(main, frozenset([positions[1]]))
+    text = first.script(elide_data_over=16)
+    assert text == second.script(elide_data_over=16) and "%v0 = matmul(%p0" in text and len(reads) >= 1
+    assert candidate_key(first, "builtin", config) == candidate_key(second, "builtin", config)
+    assert candidate_key(first, "builtin", config) != candidate_key(first, "cublaslt", config)
+    keys = []
+    for scale in (2.0, 3.0):
+        scaled = pipeline.lower(scaled_model(scale), "cpu", until="simplify")["main"]
+        module, _ = candidate_module(scaled, frozenset(range(len(scaled.bindings))))
+        keys.append(candidate_key(module, "builtin", config))
+    assert keys[0] != keys[1]
+    copies = pipeline.lower(repeated(first, 4), "cpu", until="simplify")["main"]
+    assert sum(1 for b in copies.bindings if b.value.op.name == "matmul") == 4 and len(copies.params) == 4 * len(reads)
+
+
+def scaled_model(scale: float):
+    """y = relu(x @ w) * s, s an initializer of one element."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w")
+    s = numpy_helper.from_array(np.array([scale], np.float32), "s")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Mul", ["r", "s"], ["y"])]
+    graph = helper.make_graph(nodes, "scaled", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])], [w, s])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_a_candidate_that_fails_is_left_out_remembered_and_not_measured_again(cache, tmp_path, monkeypatch):
+    """Whatever a candidate's build raises (not only a ByocError), the build goes on without
+    it, the report says why, and the store keeps the failure so that it is not retried."""
+    from byoc import costs
+    real, calls = costs.measure_candidate, []
+
+    def flaky(module, backend, context, **options):
+        calls.append(backend)
+        if backend == "cublaslt":
+            raise RuntimeError("the engine fell over")
+        return real(module, backend, context, **options)
+    monkeypatch.setattr(costs, "measure_candidate", flaky)
+    inputs, want = mlp_case()
+    library = byoc.build(FIXTURES / "mlp.onnx", config=MEASURED, workdir=str(tmp_path / "first"))
+    assert np.max(np.abs(library.load().run(**inputs) - want)) <= 1e-4 * np.max(np.abs(want))
+    report = library.report.to_json()
+    assert "cublaslt" not in report["backends"] or report["backends"]["cublaslt"]["partitions"] == 0
+    assert any(r["backend"] == "cublaslt" and "measuring it failed: RuntimeError: the engine fell over" in r["reason"]
+               for r in report["refused"])
+    count = len(calls)
+    byoc.build(FIXTURES / "mlp.onnx", config=MEASURED, workdir=str(tmp_path / "second"))
+    assert len(calls) == count  # nothing measured again, the failures included
+
+
+def test_partition_is_a_config_key_with_two_values():
+    from byoc.config import load_config
+    from byoc.errors import ConfigError
+    assert load_config("cpu").partition == "priority"
+    assert load_config({"partition": "measured"}).to_dict()["partition"] == "measured"
+    with pytest.raises(ConfigError, match="partition"):
+        load_config({"partition": "fastest"})
+
+
+def test_an_unreadable_store_is_a_warning_and_measuring_goes_on(tmp_path):
+    path = tmp_path / "costs.json"
+    path.write_text("{not json")
+    with pytest.warns(byoc.ByocWarning):
+        store = CostStore(path)
+    assert store.entries == {}
+    store.record("cpu:x", "key", 12.0, "builtin", "matmul")
+    store.save()
+    assert CostStore(path).lookup("cpu:x", "key") == 12.0
