@@ -13,6 +13,7 @@ import byoc
 from byoc import pipeline
 from byoc.costs import CostStore, candidate_module, device_fingerprint
 from byoc.target import Target
+from test_refit import scaled_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MEASURED = {"target": "cpu", "backends": ["cublaslt", "builtin"], "partition": "measured"}
@@ -91,7 +92,7 @@ def test_without_a_way_to_measure_and_nothing_stored_the_priority_order_is_used_
     assert not (cache / "costs" / "costs.json").exists()
 
 
-def test_a_candidate_module_is_the_ops_alone_with_canonical_names():
+def test_a_candidate_module_is_the_ops_alone_with_canonical_names(tmp_path):
     """The same ops of two layers are one candidate (one key, measured once); a scalar of
     another value is another; repeated() copies are not merged by the candidate's build."""
     from byoc.config import load_config
@@ -113,25 +114,13 @@ def test_a_candidate_module_is_the_ops_alone_with_canonical_names():
     assert candidate_key(first, "builtin", config) != candidate_key(first, "cublaslt", config)
     keys = []
     for scale in (2.0, 3.0):
-        scaled = pipeline.lower(scaled_model(scale), "cpu", until="simplify")["main"]
+        scaled_model(scale, tmp_path / f"scaled{scale}.onnx")  # a weight of one element, compiled into the kernel
+        scaled = pipeline.lower(tmp_path / f"scaled{scale}.onnx", "cpu", until="simplify")["main"]
         module, _ = candidate_module(scaled, frozenset(range(len(scaled.bindings))))
         keys.append(candidate_key(module, "builtin", config))
     assert keys[0] != keys[1]
     copies = pipeline.lower(repeated(first, 4), "cpu", until="simplify")["main"]
     assert sum(1 for b in copies.bindings if b.value.op.name == "matmul") == 4 and len(copies.params) == 4 * len(reads)
-
-
-def scaled_model(scale: float):
-    """y = relu(x @ w) * s, s an initializer of one element."""
-    from onnx import TensorProto, helper, numpy_helper
-    rng = np.random.default_rng(0)
-    w = numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "w")
-    s = numpy_helper.from_array(np.array([scale], np.float32), "s")
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
-             helper.make_node("Mul", ["r", "s"], ["y"])]
-    graph = helper.make_graph(nodes, "scaled", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])], [w, s])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
 
 
 def test_a_candidate_that_fails_is_left_out_remembered_and_not_measured_again(cache, tmp_path, monkeypatch):
