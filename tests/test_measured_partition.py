@@ -165,3 +165,13 @@ def test_an_unreadable_store_is_a_warning_and_measuring_goes_on(tmp_path):
     store.record("cpu:x", "key", 12.0, "builtin", "matmul")
     store.save()
     assert CostStore(path).lookup("cpu:x", "key") == 12.0
+
+
+def test_the_search_runs_over_the_contested_ops_with_their_reach_through_the_others():
+    """a(0) -> x(1) -> b(2), c(3) -> d(4) with x uncontested: a reaches b through x (a cycle
+    a later choice could close passes there), c reaches d directly, nothing else."""
+    from byoc.transform.measured_partition import contested_edges
+    edges = [(0, 1), (1, 2), (3, 4), (2, 5)]
+    assert contested_edges(6, edges, {0: 0, 2: 1, 3: 2, 4: 3}) == [(0, 1), (2, 3)]
+    assert contested_edges(6, edges, {0: 0, 5: 1}) == [(0, 1)]  # through two of the others
+    assert contested_edges(6, edges, {}) == []

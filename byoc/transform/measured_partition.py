@@ -38,6 +38,9 @@ def measured_partition(mod: IRModule, backend_names: list, cost_of, report, max_
     bindings = list(main.bindings)
     matches = pattern_candidates(mod, backend_names)
     contested = sorted({node for match in matches for node in match.nodes})
+    if not contested:
+        report.note_measurement("partition: measured: no backend's pattern matches any op; nothing to choose")
+        return mod
     requests = [(m.backend, m.pattern, m.nodes) for m in matches]
     requests += [(BUILTIN, "ops of " + m.pattern, m.nodes) for m in matches]
     requests += [(BUILTIN, "op", frozenset([node])) for node in contested]
@@ -48,17 +51,20 @@ def measured_partition(mod: IRModule, backend_names: list, cost_of, report, max_
                                 f"{len(requests)} candidates have no cost (nothing stored for the target, and "
                                 f"no GPU of its arch, or no CuPy, to measure them on)")
         return None
+    # The search runs over the contested ops only (an op no match holds is the built-in
+    # backend's whatever is chosen): their positions renumbered 0.., an edge wherever one
+    # reaches another directly or through uncontested ops (what a cycle could pass through).
+    index = {node: number for number, node in enumerate(contested)}
     candidates, failed = [], []
     for request, answer in zip(requests, answers):
         backend, name, nodes = request
         if isinstance(answer, str):
             failed.append((request, answer))
             continue
-        candidates.append(Candidate(backend, frozenset(nodes), float(answer), name))
-    free = set(range(len(bindings))) - set(contested)
-    candidates += [Candidate(BUILTIN, frozenset([node]), 0.0, "uncontested") for node in sorted(free)]
+        candidates.append(Candidate(backend, frozenset(index[n] for n in nodes), float(answer), name))
     try:
-        cover = cheapest_cover(len(bindings), dataflow_edges(mod), candidates, max_states=max_states)
+        cover = cheapest_cover(len(contested), contested_edges(len(bindings), dataflow_edges(mod), index),
+                               candidates, max_states=max_states)
     except CoverError as error:
         report.note_measurement(f"partition: measured fell back to the priority order: {error}")
         return None
@@ -68,7 +74,7 @@ def measured_partition(mod: IRModule, backend_names: list, cost_of, report, max_
     by_nodes = {(m.backend, m.pattern, m.nodes): m for m in matches}
     chosen = []
     for candidate in cover.candidates:
-        match = by_nodes.get((candidate.backend, candidate.name, candidate.nodes))
+        match = by_nodes.get((candidate.backend, candidate.name, frozenset(contested[n] for n in candidate.nodes)))
         if match is None:
             continue  # the built-in backend's: its ops stay in main
         entry = entries[(match.backend, match.pattern)]
@@ -87,7 +93,28 @@ def measured_partition(mod: IRModule, backend_names: list, cost_of, report, max_
     for (backend, name, nodes), reason in failed:
         root = bindings[max(nodes)]
         report.refuse(backend, name, root.value.op.name, f"measuring it failed: {reason}", node=root.var.name_hint)
-    report.record_cover(cover, [b.var.name_hint for b in bindings])
+    report.record_cover(cover, [bindings[node].var.name_hint for node in contested])
     result = mod.copy()
     result["main"] = Function(main.params, _wrap_matches(bindings, chosen), main.result, main.ret_type, main.attrs)
     return result
+
+
+def contested_edges(num_nodes: int, edges: list, index: dict) -> list:
+    """The edges between the nodes `index` renumbers (node -> its number): one from a to b
+    wherever a reaches b directly or through nodes `index` leaves out only."""
+    successors = [[] for _ in range(num_nodes)]
+    for producer, consumer in edges:
+        successors[producer].append(consumer)
+    contracted = set()
+    for node, number in index.items():
+        stack, seen = list(successors[node]), set()
+        while stack:
+            other = stack.pop()
+            if other in seen:
+                continue
+            seen.add(other)
+            if other in index:
+                contracted.add((number, index[other]))
+            else:
+                stack.extend(successors[other])
+    return sorted(contracted)
