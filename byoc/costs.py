@@ -95,14 +95,15 @@ class CostStore:
         self.entries.setdefault(device, {})[key] = {"failed": reason[:300] or "no reason given", "backend": backend,
                                                     "ops": ops, "date": datetime.date.today().isoformat()}
 
-    def save(self):
-        """Merged into what the file holds now (another build may have written it since) and
-        written through a temporary file of this process; a store that cannot be written is
-        a warning."""
-        merged = {device: dict(entries) for device, entries in self._read(quiet=True).items()}
-        for device, entries in self.entries.items():
-            merged.setdefault(device, {}).update(entries)
-        self.entries = merged
+    def save(self, merge: bool = True):
+        """Merged into what the file holds now (another build may have written it since;
+        not with `merge` off: the file becomes these entries) and written through a
+        temporary file of this process; a store that cannot be written is a warning."""
+        if merge:
+            merged = {device: dict(entries) for device, entries in self._read(quiet=True).items()}
+            for device, entries in self.entries.items():
+                merged.setdefault(device, {}).update(entries)
+            self.entries = merged
         text = json.dumps({"format": FORMAT, "version": 1, "entries": self.entries}, indent=1, sort_keys=True)
         temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
@@ -113,6 +114,25 @@ class CostStore:
             temporary.unlink(missing_ok=True)
             warnings.warn(f"cannot write the cost store {self.path} ({error.strerror or error}): this build's "
                           f"measurements are not kept", ByocWarning, stacklevel=2)
+
+
+def merge_cost_entries(stores: list) -> tuple:
+    """The entries of `stores` together, and how many candidates two of them both hold: for
+    such a candidate the later store's entry, unless it records a failure where an earlier
+    one has a time (a failure may be of that machine's own making)."""
+    merged, conflicts = {}, 0
+    for store in stores:
+        for device, entries in store.entries.items():
+            into = merged.setdefault(device, {})
+            for key, entry in entries.items():
+                if not isinstance(entry, dict):
+                    continue
+                if key in into:
+                    conflicts += 1
+                    if "failed" in entry and "us" in into[key]:
+                        continue
+                into[key] = entry
+    return merged, conflicts
 
 
 def device_fingerprint(target) -> str:

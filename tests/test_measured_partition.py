@@ -175,3 +175,30 @@ def test_the_search_runs_over_the_contested_ops_with_their_reach_through_the_oth
     assert contested_edges(6, edges, {0: 0, 2: 1, 3: 2, 4: 3}) == [(0, 1), (2, 3)]
     assert contested_edges(6, edges, {0: 0, 5: 1}) == [(0, 1)]  # through two of the others
     assert contested_edges(6, edges, {}) == []
+
+
+def test_byoc_tuning_shows_exports_and_merges_cost_stores(cache, tmp_path, capsys):
+    from byoc.cli import main
+    from byoc.costs import default_store_path
+    store = CostStore(default_store_path())
+    store.record("cpu:a", "k1", 10.0, "builtin", "matmul, add")
+    store.record("cpu:a", "k2", 20.0, "cublaslt", "matmul")
+    store.save()
+    assert main(["tuning", "show"]) == 0
+    shown = capsys.readouterr().out
+    assert "2 candidate costs (partition: measured)" in shown and "cublaslt: matmul  20.00 us" in shown
+    assert main(["tuning", "export", "--costs", "-o", str(tmp_path / "mine.json")]) == 0
+    other = CostStore(tmp_path / "team.json")
+    other.record("cpu:a", "k2", 15.0, "cublaslt", "matmul")
+    other.record_failed("cpu:a", "k1", "RuntimeError: no", "builtin", "matmul, add")
+    other.record("cuda:H100:cuda -arch=sm_90", "k3", 3.0, "cutlass", "matmul")
+    other.save()
+    assert main(["tuning", "merge", str(tmp_path / "team.json")]) == 0
+    merged = CostStore(default_store_path())
+    assert merged.lookup("cpu:a", "k2") == 15.0  # the later store's
+    assert merged.lookup("cpu:a", "k1") == 10.0  # a failure elsewhere does not replace a time
+    assert merged.lookup("*:cuda -arch=sm_90", "k3") == 3.0  # any GPU's, for a build that cannot measure
+    assert CostStore(tmp_path / "mine.json").lookup("cpu:a", "k2") == 20.0
+    from byoc.backends.cutlass.tuning import SHIPPED_DATABASE
+    assert main(["tuning", "merge", str(tmp_path / "team.json"), str(SHIPPED_DATABASE)]) == 2
+    assert "not all of one kind" in capsys.readouterr().err
