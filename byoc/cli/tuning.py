@@ -84,9 +84,11 @@ def tuning_command(args: argparse.Namespace) -> int:
 def _is_cost_store(path: Path) -> bool:
     """Whether the file is a cost store (its format, read from its first bytes)."""
     from ..costs import FORMAT
+    if not path.is_file():  # (a FIFO would block the open; the guarded reader names what it is)
+        return False
     try:
         with open(path, "rb") as file:
-            head = file.read(4096) if path.is_file() else b""
+            head = file.read(4096)
     except OSError:
         return False
     return f'"format": "{FORMAT}"'.encode() in head or f'"format":"{FORMAT}"'.encode() in head
