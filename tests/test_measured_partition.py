@@ -86,7 +86,7 @@ def test_without_a_way_to_measure_and_nothing_stored_the_priority_order_is_used_
     priority = pipeline.lower(FIXTURES / "mlp.onnx", {**config, "partition": "priority"}, until="partition",
                               workdir=tmp_path / "p")
     report = measured.attrs["partition_report"]
-    assert any("fell back to the priority order" in note and "no GPU of its arch" in note
+    assert any("3 of 3 regions" in note and "no GPU of its arch" in note and "the priority order there" in note
                for note in report.to_json()["measured"]["notes"])
     assert measured.script(elide_data_over=16) == priority.script(elide_data_over=16)
     assert not (cache / "costs" / "costs.json").exists()
@@ -202,3 +202,61 @@ def test_byoc_tuning_shows_exports_and_merges_cost_stores(cache, tmp_path, capsy
     from byoc.backends.cutlass.tuning import SHIPPED_DATABASE
     assert main(["tuning", "merge", str(tmp_path / "team.json"), str(SHIPPED_DATABASE)]) == 2
     assert "not all of one kind" in capsys.readouterr().err
+
+
+def test_regions_without_a_cost_take_the_priority_order_and_the_rest_is_chosen_by_cost(cache, tmp_path, monkeypatch):
+    """A store that knows every candidate but those of the last dense layer, on a machine that
+    cannot measure: that layer goes to cuBLASLt (first in the priority order), the others to
+    the backend the store says is cheaper (the built-in one), and the report says which."""
+    from byoc import costs
+    byoc.build(FIXTURES / "mlp.onnx", config=MEASURED, workdir=str(tmp_path / "measure"))
+    path = cache / "costs" / "costs.json"
+    store = json.loads(path.read_text())
+    for entries in store["entries"].values():
+        for entry in entries.values():
+            entry["us"] = 1.0 if entry["backend"] == "builtin" else 100.0
+    path.write_text(json.dumps(store))
+    mod = pipeline.lower(FIXTURES / "mlp.onnx", {**MEASURED, "partition": "priority"}, until="pin_devices")
+    from byoc.costs import candidate_key
+    from byoc.config import load_config
+    from byoc.transform.pattern_candidates import pattern_candidates
+    main = mod["main"]
+    last_layer = max(pattern_candidates(mod, ["cublaslt"]), key=lambda m: m.root).nodes
+    forget = set()
+    for nodes in [last_layer] + [frozenset([n]) for n in last_layer]:
+        module, _ = candidate_module(main, nodes)
+        forget |= {candidate_key(module, b, load_config(MEASURED)) for b in ("cublaslt", "builtin")}
+    for entries in store["entries"].values():
+        for key in forget:
+            entries.pop(key, None)
+    path.write_text(json.dumps(store))
+    monkeypatch.setattr(costs, "can_measure", lambda target: False)
+    library = byoc.build(FIXTURES / "mlp.onnx", config=MEASURED, workdir=str(tmp_path / "chosen"))
+    report = library.report.to_json()
+    assert any("1 of 3 regions" in note and "the priority order there" in note for note in report["measured"]["notes"])
+    assert report["backends"]["cublaslt"]["partitions"] == 1  # the last layer only
+    inputs, want = mlp_case()
+    assert np.max(np.abs(library.load().run(**inputs) - want)) <= 1e-4 * np.max(np.abs(want))
+
+
+@pytest.mark.parametrize("name", ["bert", "resnet50", "mobilenet_v2"])
+def test_with_no_cost_anywhere_the_choice_is_the_priority_orders_exactly(name):
+    """Every region forced (no cost known): the composites are FuseOpsByPattern's, op for
+    op, on corpus models for the cuda backends (CUTLASS's NHWC convs included)."""
+    from byoc.backend import get_backend
+    from byoc.report import PartitionReport
+    from byoc.transform.fuse_ops_by_pattern import fuse_ops_by_pattern
+    from byoc.transform.lower_split import lower_split
+    from byoc.transform.measured_partition import measured_partition
+    corpus = Path(__file__).parent / "corpus" / name
+    data = np.load(corpus / "inputs.npz")
+    config = {"target": "cuda -arch=sm_90", "backends": ["cutlass", "cublaslt", "builtin"], "precision": "float16"}
+    mod = pipeline.lower(corpus / "torchscript.onnx", config, until="pin_devices",
+                         input_shapes={k: data[k].shape for k in data})
+    cutlass = Target("cutlass", sm=90)
+    cutlass.device = Target("cuda -arch=sm_90")
+    mod = lower_split(get_backend("cutlass").pre_partition(mod, cutlass, "cuda"))
+    forced = measured_partition(mod, ["cutlass", "cublaslt"], lambda m, requests: [None] * len(requests),
+                                PartitionReport())
+    priority = fuse_ops_by_pattern(mod, ["cutlass", "cublaslt"], PartitionReport())
+    assert forced is not None and forced.script(elide_data_over=16) == priority.script(elide_data_over=16)

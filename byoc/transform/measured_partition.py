@@ -14,9 +14,12 @@ partitioning (`finalize`).
     %matmul_bias = fn (%p0, %p1, %p2) [Composite="cublaslt.dense_bias", Primitive=1] {...}
     %y = %matmul_bias(%x, meta[0], meta[1])      (cublaslt: 41.0 us; builtin 57.3 us)
 
-Returns None, main left alone, where a cover cannot be chosen: a candidate whose cost
-cannot be had (`cost_of` answers None: no GPU to measure on and nothing stored) or a
-search past its state limit; the report says why, and the caller partitions by priority.
+Where a candidate's cost cannot be had (`cost_of` answers None: no GPU to measure on and
+nothing stored), its region (the ops it and the matches overlapping it hold) takes the
+choice of the priority order (FuseOpsByPattern's matches, reproduced from the candidate
+list), and the rest is chosen by cost. Returns None, main left alone, where no cover can
+be chosen (a search past its state limit, a cycle); the report says why, and the caller
+partitions by priority.
 """
 from __future__ import annotations
 
@@ -45,12 +48,18 @@ def measured_partition(mod: IRModule, backend_names: list, cost_of, report, max_
     requests += [(BUILTIN, "ops of " + m.pattern, m.nodes) for m in matches]
     requests += [(BUILTIN, "op", frozenset([node])) for node in contested]
     answers = cost_of(mod, requests)
-    missing = [request for request, answer in zip(requests, answers) if answer is None]
-    if missing:
-        report.note_measurement(f"partition: measured fell back to the priority order: {len(missing)} of "
-                                f"{len(requests)} candidates have no cost (nothing stored for the target, and "
-                                f"no GPU of its arch, or no CuPy, to measure them on)")
-        return None
+    # Where a candidate has no cost (nothing stored, nothing to measure on), its region (the
+    # ops its and overlapping matches hold) takes the priority order's choice; the rest is
+    # chosen by cost.
+    region_of = _regions(contested, matches)
+    unknown = {region_of[min(nodes)] for (_, _, nodes), answer in zip(requests, answers) if answer is None}
+    if unknown:
+        forced = _priority_choice(matches)
+        requests, answers = _forced(requests, answers, region_of, unknown, forced, contested)
+        ops = sum(1 for node in contested if region_of[node] in unknown)
+        report.note_measurement(f"partition: measured: {len(unknown)} of {len(set(region_of.values()))} regions "
+                                f"({ops} ops) have candidates without a cost (nothing stored for the target, and "
+                                f"no GPU of its arch, or no CuPy, to measure them on): the priority order there")
     # The search runs over the contested ops only (an op no match holds is the built-in
     # backend's whatever is chosen): their positions renumbered 0.., an edge wherever one
     # reaches another directly or through uncontested ops (what a cycle could pass through).
@@ -118,3 +127,47 @@ def contested_edges(num_nodes: int, edges: list, index: dict) -> list:
             else:
                 stack.extend(successors[other])
     return sorted(contracted)
+
+
+def _regions(contested: list, matches: list) -> dict:
+    """node -> its region: the contested ops joined by the matches that hold them together."""
+    parent = {node: node for node in contested}
+
+    def root(node):
+        while parent[node] != node:
+            parent[node] = parent[parent[node]]
+            node = parent[node]
+        return node
+    for match in matches:
+        first, *rest = sorted(match.nodes)
+        for node in rest:
+            parent[root(node)] = root(first)
+    return {node: root(node) for node in contested}
+
+
+def _priority_choice(matches: list) -> list:
+    """The matches FuseOpsByPattern takes, from pattern_candidates' list (which is in its
+    order: backends, their entries, roots from the last binding): each that overlaps none
+    taken before it."""
+    taken, claimed = [], set()
+    for match in matches:
+        if not match.nodes & claimed:
+            taken.append(match)
+            claimed |= match.nodes
+    return taken
+
+
+def _forced(requests: list, answers: list, region_of: dict, unknown: set, forced: list, contested: list):
+    """The requests and answers with the regions in `unknown` reduced to the priority
+    order's choice there (`forced` matches, and each op they leave alone on the built-in
+    backend), at no cost: nothing else can be placed there."""
+    kept = [(request, answer) for request, answer in zip(requests, answers)
+            if region_of[min(request[2])] not in unknown]
+    covered = set()
+    for match in forced:
+        if region_of[min(match.nodes)] in unknown:
+            kept.append(((match.backend, match.pattern, match.nodes), 0.0))
+            covered |= match.nodes
+    kept += [((BUILTIN, "op", frozenset([node])), 0.0) for node in contested
+             if region_of[node] in unknown and node not in covered]
+    return [request for request, _ in kept], [answer for _, answer in kept]
