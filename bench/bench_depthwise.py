@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from shim_kernels import compile_library, timed
+from shim_kernels import BIAS_STORE, compile_library, timed
 WINDOWS = [(3, 1), (3, 2), (5, 1), (5, 2), (7, 1)]
 VARIANTS = {"rows": 0, "tiled1": 1, "tiled2": 2, "tiled4": 4}
 
@@ -58,15 +58,7 @@ def source():
         dispatch.append("  }")
     return "\n".join([
         '#include "depthwise.cuh"',
-        "struct Store {",
-        "  __half* out; const __half* bias; int vectors;",
-        "  __device__ void operator()(int vector, const float (&sum)[8]) const {",
-        "    alignas(16) __half y[8];",
-        "    const int channel = (vector % vectors) * 8;",
-        "    for (int j = 0; j < 8; ++j) y[j] = __float2half(sum[j] + __half2float(bias[channel + j]));",
-        "    *reinterpret_cast<uint4*>(out + static_cast<int64_t>(vector) * 8) = *reinterpret_cast<const uint4*>(y);",
-        "  }",
-        "};",
+        *BIAS_STORE,
         'extern "C" int depthwise(int variant, const __half* x, const __half* w, const __half* b, __half* y,',
         "                         int n, int h, int wd, int c, int k, int stride, int pad, int oh, int ow) {",
         "  const byoc_depthwise::Geometry<int> s{h, wd, c, k, k, oh, ow, stride, stride, pad, pad, 1, 1};",

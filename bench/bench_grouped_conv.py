@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from shim_kernels import compile_library, timed
+from shim_kernels import BIAS_STORE, compile_library, timed
 
 # (network, height, width, channels, group width, stride): the input of each distinct grouped conv
 CASES = [
@@ -35,15 +35,7 @@ def source():
     """A .cu with one C entry point: grouped_conv.cuh's kernel storing sum + bias."""
     return "\n".join([
         '#include "grouped_conv.cuh"',
-        "struct Store {",
-        "  __half* out; const __half* bias; int vectors;",
-        "  __device__ void operator()(int vector, const float (&sum)[8]) const {",
-        "    alignas(16) __half y[8];",
-        "    const int channel = (vector % vectors) * 8;",
-        "    for (int j = 0; j < 8; ++j) y[j] = __float2half(sum[j] + __half2float(bias[channel + j]));",
-        "    *reinterpret_cast<uint4*>(out + static_cast<int64_t>(vector) * 8) = *reinterpret_cast<const uint4*>(y);",
-        "  }",
-        "};",
+        *BIAS_STORE,
         'extern "C" int grouped(const __half* x, const __half* w, const __half* b, __half* y, int n, int h, int wd,',
         "                       int c, int group, int stride, int oh, int ow) {",
         "  const byoc_depthwise::Geometry<int> s{h, wd, c, 3, 3, oh, ow, stride, stride, 1, 1, 1, 1};",

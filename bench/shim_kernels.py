@@ -10,6 +10,19 @@ import torch
 
 SHIM_CUDA = Path(__file__).resolve().parent.parent / "backends" / "builtin" / "shim" / "cuda"
 
+# The epilogue the benches' kernels store through: sum + bias into fp16 NHWC, 8 channels a call.
+BIAS_STORE = [
+    "struct Store {",
+    "  __half* out; const __half* bias; int vectors;",
+    "  __device__ void operator()(int vector, const float (&sum)[8]) const {",
+    "    alignas(16) __half y[8];",
+    "    const int channel = (vector % vectors) * 8;",
+    "    for (int j = 0; j < 8; ++j) y[j] = __float2half(sum[j] + __half2float(bias[channel + j]));",
+    "    *reinterpret_cast<uint4*>(out + static_cast<int64_t>(vector) * 8) = *reinterpret_cast<const uint4*>(y);",
+    "  }",
+    "};",
+]
+
 
 def compile_library(source: str, name: str, workdir) -> ctypes.CDLL:
     """`source` written to WORKDIR/NAME.cu, compiled for sm_90 with the shim's CUDA headers
