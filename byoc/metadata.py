@@ -149,7 +149,8 @@ def build_record(mod, context) -> dict:
                   tuning={key: value for key, value in config["tuning"].items() if key != "tuning_db"})
     if context.input_shapes:
         config["input_shapes"] = {name: list(shape) for name, shape in context.input_shapes.items()}
-    return {"config": config, "initializers": mod.attrs.get("initializers")}
+    initializers = mod.attrs.get("initializers")
+    return {"config": config, "initializers": initializers.complete() if initializers is not None else None}
 
 
 def library_metadata(mod, context, build_id: str, weights_bytes: int | None = None, program_id: str = "") -> str:

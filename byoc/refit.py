@@ -99,7 +99,8 @@ def refit(library, model, *, output, weights=None, config=None, progress=None) -
         if temporary:
             import shutil
             shutil.rmtree(workdir, ignore_errors=True)
-    built = programs[0].mod.attrs.get("initializers") or []
+    built = programs[0].mod.attrs.get("initializers")
+    built = built.complete() if built is not None else []
     before = {entry["name"]: entry["checksum"] for entry in record["initializers"]}
     changed = [entry["name"] for entry in built if before.get(entry["name"]) != entry["checksum"]]
     if parts.program_id != program_id:

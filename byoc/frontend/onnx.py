@@ -89,20 +89,32 @@ def from_onnx(model, input_shapes: dict | None = None, dims: dict | None = None)
 
 
 class InitializerRecords(list):
-    """The model's initializers as the build record keeps them (initializer_record each)."""
+    """The model's initializers as the build record keeps them: name, dtype, shape and the
+    checksum of their bytes (byoc.codegen.host.blob_checksum, 16 hex digits). The checksums
+    are summed on a thread of their own while the build goes on (a BERT-base's 440 MB take
+    a few tenths of a second, NumPy letting go of the GIL): complete() waits for them."""
+
+    def __init__(self, values: dict):
+        import threading
+        from ..ir.types import dtype_of_numpy
+        arrays = {name: np.ascontiguousarray(value) for name, value in values.items()}
+        super().__init__({"name": name, "dtype": dtype_of_numpy(array.dtype), "shape": list(array.shape)}
+                         for name, array in arrays.items())
+        self._summing = threading.Thread(target=self._sum, args=(list(arrays.values()),), daemon=True,
+                                         name="byoc-initializer-checksums")
+        self._summing.start()
+
+    def _sum(self, arrays: list):
+        from ..codegen.host import blob_checksum
+        for record, array in zip(self, arrays):
+            record["checksum"] = f"{blob_checksum(array.reshape(-1).view(np.uint8)):016x}"
+
+    def complete(self) -> "InitializerRecords":
+        self._summing.join()
+        return self
 
     def ir_summary(self) -> str:
         return f"{len(self)} initializers by name (dtype, shape, checksum)"
-
-
-def initializer_record(name: str, value: np.ndarray) -> dict:
-    """An initializer as a library's build record keeps it: name, dtype, shape and the
-    checksum of its bytes (byoc.codegen.host.blob_checksum, 16 hex digits)."""
-    from ..codegen.host import blob_checksum
-    from ..ir.types import dtype_of_numpy
-    data = np.ascontiguousarray(value)
-    return {"name": name, "dtype": dtype_of_numpy(data.dtype), "shape": list(data.shape),
-            "checksum": f"{blob_checksum(data.reshape(-1).view(np.uint8)):016x}"}
 
 
 class _Importer:
@@ -224,7 +236,7 @@ class _Importer:
         # The initializers by name, for the library's build record (metadata.build_record):
         # the weights `byoc refit` may replace, and what each must stay.
         mod.attrs["initializers"] = InitializerRecords(
-            initializer_record(name, self.values[name]) for name in dict.fromkeys(t.name for t in self.graph.initializer))
+            {name: self.values[name] for name in dict.fromkeys(t.name for t in self.graph.initializer)})
         return mod
 
     @staticmethod
