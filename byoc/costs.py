@@ -1,5 +1,6 @@
 """What partitioning by measurement (`partition: measured`) knows a candidate costs: the cost
-store, and the measurement of a candidate on this machine's device.
+store, the measurement of a candidate on this machine's device, and candidate_costs, the
+two together as the partition stage asks for them.
 
 A candidate is some of main's ops run by one backend (a pattern match, or the built-in
 backend's ops). Its cost is measured by building those ops alone into a library with that
@@ -319,3 +320,41 @@ def _random_input(tensor: dict, cuda: bool):
         from .runtime.arrays import _cupy
         return _cupy("timing a candidate on the GPU").asarray(array)
     return array
+
+
+def candidate_costs(context):
+    """MeasuredPartition's cost_of for this build: each candidate's cost from the cost store,
+    else measured here (measure_candidate) and stored as it is taken, else None (no GPU of the
+    target's arch to measure on); a candidate that does not build or run is remembered as
+    failed, with why, and not measured again."""
+    store = CostStore()
+    device = device_fingerprint(context.target)
+    measurable = can_measure(context.target)
+
+    def cost_of(mod, requests):
+        main = mod["main"]
+        keyed, key_of, modules = {}, [], {}
+        for backend, _, nodes in requests:
+            if nodes not in modules:
+                modules[nodes] = candidate_module(main, nodes)[0]
+            key = candidate_key(modules[nodes], backend, context.config)
+            keyed.setdefault(key, (modules[nodes], backend))
+            key_of.append(key)
+        to_measure = [key for key in keyed if store.entry(device, key) is None] if measurable else []
+        for number, key in enumerate(to_measure):
+            module, backend = keyed[key]
+            ops = ", ".join(b.value.op.name for b in module["main"].bindings)
+            context.progress.stage(f"partition: measured: timing candidate {number + 1}/{len(to_measure)}: "
+                                   f"{backend} running {ops}")
+            try:
+                store.record(device, key, measure_candidate(module, backend, context), backend, ops)
+            except Exception as error:  # noqa: BLE001 - whatever stops it, the candidate is left out, not the build
+                first_line = (str(error).strip().splitlines() or [""])[0]
+                store.record_failed(device, key, f"{type(error).__name__}: {first_line}", backend, ops)
+            store.save()  # each as it is taken: an interrupted build keeps what it measured
+        stored = sum(1 for key in keyed if store.lookup(device, key) is not None) - \
+            sum(1 for key in to_measure if store.lookup(device, key) is not None)
+        context.progress.stage(f"partition: measured: {len(keyed)} distinct candidates: {len(to_measure)} timed "
+                               f"now, {stored} costs from the cost store ({store.path})")
+        return [store.failed(device, key) or store.lookup(device, key) for key in key_of]
+    return cost_of

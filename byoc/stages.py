@@ -130,6 +130,7 @@ def partition(mod, context):
     # backend's squeeze-and-excitation), claimed before the priority order applies.
     claims = [b.claims_first for b in [*backends, get_backend(FALLBACK)] if b.claims_first is not None]
     # Slices instead of splits before any backend looks: patterns see one op per piece.
+    from .costs import candidate_costs
     cost_of = candidate_costs(context) if context.config.partition == "measured" else None
     mod, report = partition_for(lower_split(mod), names, finalize=get_backend(FALLBACK).takes_the_rest,
                                 symbol_suffix=context.symbol_suffix, claims_first=claims, cost_of=cost_of)
@@ -141,45 +142,6 @@ def partition(mod, context):
                            f"{', '.join(context.config.backend_names)} (report in "
                            f"{context.workdir / 'partition_report.txt'})")
     return mod.with_attrs(partition_report=report)
-
-
-def candidate_costs(context):
-    """MeasuredPartition's cost_of for this build: each candidate's cost from the cost store,
-    else measured here (byoc/costs.py) and stored as it is taken, else None (no GPU of the
-    target's arch to measure on); a candidate that does not build or run is remembered as
-    failed, with why, and not measured again."""
-    from .costs import CostStore, can_measure, candidate_key, candidate_module, device_fingerprint, measure_candidate
-    store = CostStore()
-    device = device_fingerprint(context.target)
-    measurable = can_measure(context.target)
-
-    def cost_of(mod, requests):
-        main = mod["main"]
-        keyed, key_of, modules = {}, [], {}
-        for backend, _, nodes in requests:
-            if nodes not in modules:
-                modules[nodes] = candidate_module(main, nodes)[0]
-            key = candidate_key(modules[nodes], backend, context.config)
-            keyed.setdefault(key, (modules[nodes], backend))
-            key_of.append(key)
-        to_measure = [key for key in keyed if store.entry(device, key) is None] if measurable else []
-        for number, key in enumerate(to_measure):
-            module, backend = keyed[key]
-            ops = ", ".join(b.value.op.name for b in module["main"].bindings)
-            context.progress.stage(f"partition: measured: timing candidate {number + 1}/{len(to_measure)}: "
-                                   f"{backend} running {ops}")
-            try:
-                store.record(device, key, measure_candidate(module, backend, context), backend, ops)
-            except Exception as error:  # noqa: BLE001 - whatever stops it, the candidate is left out, not the build
-                first_line = (str(error).strip().splitlines() or [""])[0]
-                store.record_failed(device, key, f"{type(error).__name__}: {first_line}", backend, ops)
-            store.save()  # each as it is taken: an interrupted build keeps what it measured
-        stored = sum(1 for key in keyed if store.lookup(device, key) is not None) - \
-            sum(1 for key in to_measure if store.lookup(device, key) is not None)
-        context.progress.stage(f"partition: measured: {len(keyed)} distinct candidates: {len(to_measure)} timed "
-                               f"now, {stored} costs from the cost store ({store.path})")
-        return [store.failed(device, key) or store.lookup(device, key) for key in key_of]
-    return cost_of
 
 
 def codegen(mod, context):
