@@ -260,3 +260,19 @@ def test_with_no_cost_anywhere_the_choice_is_the_priority_orders_exactly(name):
                                 PartitionReport())
     priority = fuse_ops_by_pattern(mod, ["cutlass", "cublaslt"], PartitionReport())
     assert forced is not None and forced.script(elide_data_over=16) == priority.script(elide_data_over=16)
+
+
+def test_a_shared_store_of_odd_entries_is_shown_and_merged_without_a_crash(cache, tmp_path, capsys):
+    from byoc.cli import main
+    odd = tmp_path / "odd.json"
+    odd.write_text(json.dumps({"format": "byoc-costs", "version": 1, "entries": {
+        "cpu:a": {"k1": "not an entry", "k2": {"us": "fast", "backend": 3, "ops": None},
+                  "k3": {"us": 1.5, "backend": "builtin", "ops": "add\u001b[2J"}},
+        "cpu:b": ["not", "a", "table"]}}))
+    assert main(["tuning", "show", str(odd)]) == 0
+    shown = capsys.readouterr().out
+    assert "- us" in shown and "1.50 us" in shown and "\x1b" not in shown  # escape sequences escaped
+    assert main(["tuning", "merge", str(odd)]) == 0
+    merged = CostStore(cache / "costs" / "costs.json")
+    assert merged.lookup("cpu:a", "k3") == 1.5 and merged.lookup("cpu:a", "k2") is None
+    assert merged.lookup("cpu:a", "k1") is None

@@ -100,9 +100,9 @@ def _show_costs(path: Path):
     count = sum(len(entries) for entries in store.entries.values())
     print(f"{printable(path)}: {count} candidate costs (partition: measured)")
     for device, entries in sorted(store.entries.items()):
-        for key, entry in sorted(entries.items(), key=lambda item: str(item[1].get("ops", ""))):
-            if not isinstance(entry, dict):
-                continue
+        # a shared store is someone else's text: entries of another form are left out
+        shown = [(key, entry) for key, entry in entries.items() if isinstance(entry, dict)]
+        for key, entry in sorted(shown, key=lambda item: str(item[1].get("ops", ""))):
             timing = f"failed: {entry['failed']}" if "failed" in entry else \
                 f"{entry['us']:.2f} us" if isinstance(entry.get("us"), (int, float)) else "- us"
             print(printable(f"  {device}  {entry.get('backend', '?')}: {entry.get('ops', '?')}  {timing}  "
