@@ -125,6 +125,25 @@ case "$stage" in
       --out /tmp/build-times/measure --workdir build/byoc-real-measure --configs cuda_sm90:measure --torch-modes none \
       --cases "$measure" >/tmp/build-times/timing-measure.log 2>&1
     tar -czf "$OUT/build_times.tar.gz" -C /tmp/build-times . ;;
+  proxy_ab)
+    # Tuning with the epilogue proxy against each problem's own epilogue: per case, a cold
+    # build (empty object cache and tuning database, the shipped one not read) with every
+    # CUTLASS kernel measured each way, then both libraries timed in one process, e.g.
+    #   bash bench/gpu_session.sh proxy_ab bert_base:1 resnet50:32
+    [ $# -eq 0 ] && set -- bert_base:1 resnet50:32
+    for case in "$@"; do
+      for variant in measure measure_own; do
+        rm -rf "/tmp/cache-$variant"
+        BYOC_CACHE_DIR="/tmp/cache-$variant" timeout "${MEASURE_S:-250}" python3 bench/real_models.py --prebuild \
+          --workdir "build/byoc-$variant" --configs "cuda_sm90:$variant" --tuning-db "" --profile auto --cases "$case" \
+          >"$OUT/proxy_ab.$variant.${case%%:*}.log" 2>&1
+        echo "$(date +%T) $case $variant: $(grep -h 'built in\|FAILED' "$OUT/proxy_ab.$variant.${case%%:*}.log" | tail -n 1)"
+      done
+    done
+    for variant in measure measure_own; do
+      PYTHONUNBUFFERED=1 python3 bench/real_models.py --prebuilt --out "$OUT/$variant" --workdir "build/byoc-$variant" \
+        --configs "cuda_sm90:$variant" --torch-modes none --cases "$@" 2>&1 | grep -E "byoc [0-9.]+ ms" ;
+    done ;;
   attention)
     python3 bench/bench_attention.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench_attention.log" | tail -n 60 ;;
   gemm)

@@ -87,6 +87,10 @@ def load_config(spec, tuning_db=None, profile="auto"):
                  # (with a fresh BYOC_CACHE_DIR, the persistent one is empty too)
                  "measure": {"backends": [{"cutlass": {"sm": 90, "shipped_tuning": False}}, "cublaslt", "builtin"],
                              "tuning": {"profile": "auto", "tuning_db": None}},
+                 # the same, each candidate timed with its problem's own epilogue (not the proxy)
+                 "measure_own": {"backends": [{"cutlass": {"sm": 90, "shipped_tuning": False, "tuned_epilogue": "own"}},
+                                              "cublaslt", "builtin"],
+                                 "tuning": {"profile": "auto", "tuning_db": None}},
                  # the backends chosen per subgraph by measured cost (partition: measured)
                  "measured": {"partition": "measured"},
                  "": {}}[variant]

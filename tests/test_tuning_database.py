@@ -32,7 +32,8 @@ def measured(monkeypatch):
     records which problems were measured."""
     calls = []
 
-    def fake_profile(problems, sm, workdir, compile_flags, jobs, allowed=None, kernels_of=None, progress=None):
+    def fake_profile(problems, sm, workdir, compile_flags, jobs, allowed=None, kernels_of=None, progress=None,
+                     proxy=False):
         calls.extend(problems)
         results = {}
         for problem in problems:
@@ -176,7 +177,8 @@ def test_a_problem_no_candidate_ran_for_is_remembered_and_not_measured_at_every_
     show lists it."""
     calls = []
 
-    def failing_profile(problems, sm, workdir, compile_flags, jobs, allowed=None, kernels_of=None, progress=None):
+    def failing_profile(problems, sm, workdir, compile_flags, jobs, allowed=None, kernels_of=None, progress=None,
+                        proxy=False):
         calls.extend(problems)
         return {problem: {k.name(problem): None for k in usable_candidates(sm, problem, allowed)}
                 for problem in problems}
@@ -224,3 +226,43 @@ def test_a_problem_no_candidate_ran_for_is_remembered_and_not_measured_at_every_
     shown = subprocess.run([sys.executable, "-m", "byoc", "tuning", "show", str(tmp_path / "failed.json")],
                            capture_output=True, text=True, env={**os.environ, "BYOC_CACHE_DIR": str(cache)})
     assert shown.returncode == 0 and f"{PROBLEM.key}  no candidate ran" in shown.stdout, shown.stderr
+
+
+def test_candidates_are_timed_on_the_epilogue_proxy(tmp_path, monkeypatch):
+    """Problems that differ only in activation and residual time the same candidate units
+    (their epilogue proxy: the bias kept): one set compiled for all of them; the times come
+    back under each kernel's name for the problem itself, and the database says which
+    epilogue was timed. time_kernels (the chosen kernel's own time) times the real one."""
+    from byoc.backends.cutlass.tuning import epilogue_proxy, timed_problem
+    shapes = dict(m=512, n=768, k=768, batch=1, dtype="float16", b_transposed=True, has_bias=True)
+    problems = [GemmProblem(**shapes), GemmProblem(**shapes, activation="gelu"),
+                GemmProblem(**shapes, has_residual=True), GemmProblem(**shapes, activation="relu", has_residual=True,
+                                                                       residual_in_activation=True)]
+    assert {epilogue_proxy(p).epilogue_name for p in problems} == {"bias"}
+    assert epilogue_proxy(GemmProblem(512, 768, 768, 4, "float16", True)).epilogue_name == "plain"
+    compiled, real_unit = [], tuning.kernel_unit
+
+    def fake_unit(kernel, problem, flags):
+        compiled.append((kernel.name(problem), problem.epilogue_name))
+        return real_unit(kernel, problem, flags)
+    monkeypatch.setattr(tuning, "kernel_unit", fake_unit)
+    monkeypatch.setattr("byoc.toolchain.compile_units", lambda *a, **k: None)  # nothing built: nothing timed
+    results = tuning._profile(problems, 90, tmp_path / "tuning", [], jobs=1, proxy=True)
+    assert results == {problem: {} for problem in problems}
+    assert {epilogue for _, epilogue in compiled} == {"bias"}
+    assert len({name for name, _ in compiled}) == len(usable_candidates(90, problems[0]))
+    compiled.clear()
+    tuning._profile(problems[1:2], 90, tmp_path / "real", [], jobs=1)  # proxy off: the problem's own epilogue
+    assert {epilogue for _, epilogue in compiled} == {"bias_gelu"}
+    # the profiler's names (the proxy's) are mapped back to the problem's
+    kernels = usable_candidates(90, problems[1])
+    assert timed_problem(problems[1], kernels, True) == epilogue_proxy(problems[1])
+    assert timed_problem(problems[1], kernels, False) == problems[1]
+
+
+def test_the_database_says_which_epilogue_was_timed(cache, measured, tmp_path):
+    problem = GemmProblem(320, 768, 768, 1, "float16", True, "gelu", True, False)
+    database = TuningDatabase(tmp_path / "db.json")
+    choose_kernels([problem], 90, database, profile=True, workdir=tmp_path / "w", compile_flags=[])
+    entry = TuningDatabase(tmp_path / "db.json").entry(90, problem)
+    assert entry["timed_epilogue"] == "bias" and entry["name"].endswith("bias_gelu")

@@ -78,6 +78,9 @@ register_target_kind("cutlass", {
     "tuning_candidates": AttrSchema(int, 5, None, "candidate GEMM kernels tuning compiles and times per problem: "
                                     "the heuristic's and those a cost model ranks first (0: every candidate)",
                                     check=at_least(0)),
+    "tuned_epilogue": AttrSchema(str, "proxy", ("proxy", "own"), "what candidates are timed with: proxy (the "
+                                 "problem's bias, no activation or residual: problems differing only there share "
+                                 "their candidates' compiles) or own (each problem's epilogue)"),
     "compile_threads": AttrSchema(int, 0, None, "parallel nvcc jobs while tuning (0: one per CPU)",
                                     check=at_least(0)),
     # On by default since the GPU tests that build CUTLASS kernels (test_cutlass.py, every

@@ -2,11 +2,16 @@
 winner in a tuning database, fall back to the documented heuristic otherwise.
 
 Tuning problems (GEMMs or convs: both are measured the same way, each against the candidates
-of its family, kernels.usable_candidates) = compile every candidate kernel once (its compile
-unit is the one a build links, whatever the problem: kernels.kernel_unit; one ninja edge
-each, through the object cache, so the build after tuning compiles no kernel again), link
-them with one generated profiler (templates/cutlass/profiler.cu.j2), run it once for all the
-problems, keep each problem's fastest.
+of its family, kernels.usable_candidates) = compile every candidate kernel once (one ninja
+edge each, through the object cache), link them with one generated profiler
+(templates/cutlass/profiler.cu.j2), run it once for all the problems, keep each problem's
+fastest. A candidate is timed with its problem's epilogue proxy (epilogue_proxy: the bias
+kept, no activation, no residual), so every problem of one dtype and layout times the same
+few kernel units whatever its epilogue: BERT's four GEMMs of a layer share one set, and the
+next model's tuning finds them in the object cache. The build then compiles the winner with
+the problem's own epilogue (one unit per distinct kernel), which the profiler's timing of
+the proxy ranks as it ranks the real kernels: an epilogue is elementwise work on the
+output tile, the same for every candidate of a problem.
 
 The database is one JSON file, shareable between machines of the same arch:
 
@@ -219,15 +224,37 @@ def open_database(tuning_db, shipped: bool = True) -> tuple[TuningDatabase, bool
         return database, True
 
 
+def epilogue_proxy(problem):
+    """The problem a candidate is timed on: `problem` with its bias (an operand read once
+    per column) but no activation and no residual, so that problems differing only there
+    share their candidates' compile units."""
+    import dataclasses
+    changes = {"activation": None, "has_residual": False}
+    if any(field.name == "residual_in_activation" for field in dataclasses.fields(problem)):
+        changes["residual_in_activation"] = False
+    return dataclasses.replace(problem, **changes)
+
+
+def timed_problem(problem, kernels: list, proxy: bool):
+    """What `kernels` are timed on for `problem`: its epilogue proxy where `proxy` and
+    every one of them runs it, else the problem itself."""
+    if not proxy:
+        return problem
+    stand_in = epilogue_proxy(problem)
+    return stand_in if all(kernel.supports(stand_in) is None for kernel in kernels) else problem
+
+
 def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile: bool, workdir: Path,
                    compile_flags: list, jobs: int | None = None, allowed: CandidateFilter = NO_FILTER,
-                   remeasure_on: str | None = None, optional_save: bool = False, progress=None) -> dict:
+                   remeasure_on: str | None = None, optional_save: bool = False, progress=None,
+                   proxy_epilogue: bool = True) -> dict:
     """problem -> kernel for every problem (GemmProblem or ConvProblem): from the
     database (when the target allows that kernel), else measured among the allowed
     candidates (when `profile`), else the database's kernel for the same shape with another
     epilogue, else the heuristic. `remeasure_on`: the visible GPU's name where the user
     asked for tuning; an entry measured on a GPU of another name is then measured again.
-    `progress`: the build's BuildProgress, told each phase of tuning and ninja's [n/m] lines."""
+    `progress`: the build's BuildProgress, told each phase of tuning and ninja's [n/m] lines.
+    `proxy_epilogue`: candidates are timed on the problem's epilogue proxy (timed_problem)."""
     chosen = {}
     to_tune = []
     import logging
@@ -258,7 +285,8 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
         log.info("cutlass: tuning %d problems the databases lack (%d candidate kernels "
                                              "to compile and time; tuning_db remembers the winners)",
                                              len(to_tune), count)
-        measured = _profile(to_tune, sm, workdir / "tuning", compile_flags, jobs, allowed, progress=progress)
+        measured = _profile(to_tune, sm, workdir / "tuning", compile_flags, jobs, allowed, progress=progress,
+                            proxy=proxy_epilogue)
         provenance = measurement_provenance(0)  # one GPU, one toolchain for the whole run
         for problem in to_tune:
             times = measured.get(problem, {})
@@ -274,7 +302,10 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
             by_name = {k.name(problem): k for k in usable_candidates(sm, problem, allowed)}
             best = min(valid, key=valid.get)
             chosen[problem] = by_name[best]
-            database.record(sm, problem, by_name[best], valid[best], times, {**provenance, "candidates": len(times)})
+            stand_in = timed_problem(problem, list(by_name.values()), proxy_epilogue)
+            database.record(sm, problem, by_name[best], valid[best], times,
+                            {**provenance, "candidates": len(times),
+                             "timed_epilogue": stand_in.epilogue_name if stand_in != problem else None})
         database.save(optional=optional_save)
     return chosen
 
@@ -288,11 +319,12 @@ def time_kernels(chosen: dict, sm: int, workdir: Path, compile_flags: list, jobs
 
 
 def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
-             allowed: CandidateFilter = NO_FILTER, kernels_of=None, progress=None) -> dict:
-    """problem -> {candidate kernel name: microseconds, or None where it failed or disagreed
-    with the problem's first candidate}: every candidate's kernel unit compiled once (the
-    units a build links: kernels.kernel_unit), one profiler for all the problems
-    (templates/cutlass/profiler.cu.j2), run once."""
+             allowed: CandidateFilter = NO_FILTER, kernels_of=None, progress=None, proxy: bool = False) -> dict:
+    """problem -> {candidate kernel name (as it runs the problem): microseconds, or None
+    where it failed or disagreed with the problem's first candidate}: every candidate's
+    kernel unit compiled once (kernels.kernel_unit; with `proxy`, of the problem's epilogue
+    proxy: timed_problem), one profiler for all the problems (templates/cutlass/profiler.cu.j2),
+    run once."""
     from byoc.toolchain import CompileUnit, compile_units
 
     from .codegen import kernel_compile_units
@@ -301,19 +333,20 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
     for index, problem in enumerate(problems):
         # the heuristic's kernel first: the reference the others are checked against
         usable = kernels_of(problem) if kernels_of else usable_candidates(sm, problem, allowed)
+        timed_as = timed_problem(problem, usable, proxy)
         indices, slots = {"a": 0, "b": 1}, [0, 1]
-        if problem.has_bias:
+        if timed_as.has_bias:
             indices["bias"] = len(slots)
             slots.append(2)
-        if problem.has_residual:
+        if timed_as.has_residual:
             indices["residual"] = len(slots)
             slots.append(3)
         calls = []
         for number, kernel in enumerate(usable):
-            unit = kernel_unit(kernel, problem, compile_flags)
+            unit = kernel_unit(kernel, timed_as, compile_flags)
             kernel_units.setdefault(unit.entry, unit)
-            calls.append(partition_call(f"candidate_{index}_{number}", unit, kernel, problem, indices))
-        programs.append((problem, usable, calls, slots))
+            calls.append(partition_call(f"candidate_{index}_{number}", unit, kernel, timed_as, indices))
+        programs.append((problem, timed_as, usable, calls, slots))
     # A candidate serves every problem of its types: compiled once, timed on each. One that
     # does not compile is left out (and reported), not fatal: the others are still measured,
     # and the heuristic's kernel is what the build used before tuning.
@@ -331,16 +364,18 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
     built = {entry for entry, unit in kernel_units.items()
              if all((workdir / "obj" / name).is_file() for name in unit.objects)}
     timed = []  # (problem, profiler data) of the problems with a candidate to time
-    for problem, usable, calls, slots in programs:
+    names = {}  # problem -> {name a candidate is timed under: its name as it runs the problem}
+    for problem, timed_as, usable, calls, slots in programs:
+        names[problem] = {kernel.name(timed_as): kernel.name(problem) for kernel in usable}
         kept = [call for call in calls if call["kernel"] in built]
         if not kept:
             continue
-        *sizes, out_size = operand_sizes(problem)
+        *sizes, out_size = operand_sizes(timed_as)
         fp16 = problem.dtype == "float16"
         timed.append((problem, {
             "key": problem.key, "candidates": kept, "sizes": sizes, "out_size": out_size, "slots": slots,
             "bfloat16": problem.dtype == "bfloat16",
-            "workspace_bytes": max([64 << 20] + [kernel_workspace_bytes(k, problem) for k in usable]),
+            "workspace_bytes": max([64 << 20] + [kernel_workspace_bytes(k, timed_as) for k in usable]),
             "fill_base": "0x3000u" if fp16 else "0x3E00u", "fill_mask": "0x03FFu" if fp16 else "0x007Fu"}))
     results = {problem: {} for problem in problems}
     if not timed:
@@ -365,7 +400,8 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
                        f"(at most {PROBLEM_SECONDS} s a problem)")
         progress.last_what = timing_now(keys, 0)
     for position, times in run_profiler(executable, len(timed), on_problem=tuning_reporter(progress, keys)).items():
-        results[timed[position][0]] = times
+        problem = timed[position][0]
+        results[problem] = {names[problem].get(name, name): us for name, us in times.items()}
     return results
 
 
