@@ -75,10 +75,11 @@ class Library:
             raise BuildError(f"export_library: cannot write {str(destination)!r}: {error.strerror or error}") from None
         return destination
 
-    def load(self):
+    def load(self, device=None):
+        """The library loaded (byoc.load), on CUDA device `device` (None: the current one)."""
         from .runtime import load
         self.check_current()
-        return load(self.path, self.sidecar)
+        return load(self.path, self.sidecar, device)
 
 
 def _replace_with_copy(source, destination: Path, mode: int | None = None):

@@ -102,8 +102,8 @@ def test_metadata_and_exports(built_models):
     symbols = subprocess.run(["nm", "-D", "--defined-only", str(built_models["bert2"])],
                              capture_output=True, text=True).stdout
     exported = sorted(line.split()[-1] for line in symbols.splitlines() if " T " in line)
-    assert exported == ["byoc_last_error", "byoc_model_create", "byoc_model_destroy", "byoc_model_metadata",
-                        "byoc_model_run", "byoc_model_status"]
+    assert exported == ["byoc_last_error", "byoc_model_create", "byoc_model_create_on_device", "byoc_model_destroy",
+                        "byoc_model_metadata", "byoc_model_run", "byoc_model_status"]
 
 
 def test_bad_inputs_are_named_and_the_module_keeps_working(built_models):
@@ -1019,3 +1019,18 @@ def test_a_module_runs_ten_thousand_times_with_the_same_answer(tmp_path):
         module.run(**feeds, out=out)
     np.testing.assert_array_equal(out, first)
     np.testing.assert_array_equal(module.run(**feeds), first)
+
+
+def test_device_argument_of_a_cpu_library(built_models):
+    """A cpu library runs on device 0 (or None); any other device, or not a device number,
+    is refused with the value named."""
+    from byoc.runtime import ByocRuntimeError
+    inputs, expected = fixture_inputs("mlp")
+    module = byoc.load(built_models["mlp"], device=0)
+    assert module.device_id == 0
+    assert np.max(np.abs(module.run(**inputs) - next(iter(expected.values())))) <= 1e-3
+    with pytest.raises(ByocRuntimeError, match="device 1: this model runs on the cpu; expected -1 or 0"):
+        byoc.load(built_models["mlp"], device=1)
+    for device in (-1, True, 1.5, "0"):
+        with pytest.raises(ByocRuntimeError, match=re.escape(f"device={device!r}: expected a CUDA device number >= 0")):
+            byoc.load(built_models["mlp"], device=device)

@@ -239,3 +239,87 @@ def test_cuda_arrays_in_and_out_as_themselves_and_as_dlpack_only_wrappers(librar
     wrapped = module.run(_DLPackOnly(given))
     assert isinstance(wrapped, _DLPackOnly)
     np.testing.assert_array_equal(as_numpy(wrapped.array), want)
+
+
+def _device_count() -> int:
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # noqa: BLE001 - no CuPy or no driver: the gpu tests skip anyway
+        return 0
+
+
+@pytest.mark.gpu
+@gpu
+def test_a_module_on_a_named_device(tmp_path):
+    """device=: the model's memory and runs on that device, whatever the thread's current
+    one; a device that does not exist, a tensor or a stream of another device are refused
+    with both devices named; device=None keeps the current device (as before)."""
+    import cupy
+    data = np.load(FIXTURES / "mlp.npz")
+    want = next(data[k] for k in data if k.startswith("out_"))
+    library = byoc.build(FIXTURES / "mlp.onnx", target="cuda -arch=sm_90",
+                         config={"backends": ["cublaslt", "builtin"], "cuda_graph": True}, workdir=str(tmp_path / "w"))
+    count = _device_count()
+    last = count - 1
+    with cupy.cuda.Device(last):
+        inputs = {k[3:]: cupy.asarray(data[k]) for k in data if k.startswith("in_")}
+    with cupy.cuda.Device(0):  # the thread's current device is another one (with two GPUs)
+        module = library.load(device=last)
+        for _ in range(3):  # direct, captured, replayed
+            got = module.run(**inputs)
+            assert got.device.id == last
+            assert np.max(np.abs(cupy.asnumpy(got) - want)) <= 1e-3 * np.max(np.abs(want))
+        module.synchronize()
+        assert cupy.cuda.runtime.getDevice() == 0  # the runtime put the thread's device back
+    with pytest.raises(byoc.RuntimeError, match=f"device {count}: expected a CUDA device from 0 to {last} "
+                                                f"\\(this process sees {count}"):
+        library.load(device=count)
+    if count < 2:
+        return
+    with cupy.cuda.Device(0):
+        elsewhere = {k[3:]: cupy.asarray(data[k]) for k in data if k.startswith("in_")}
+        stream = cupy.cuda.Stream(non_blocking=True)
+    with pytest.raises(byoc.RuntimeError, match=f"is on CUDA device 0; this model runs on device {last}"):
+        module.run(**elsewhere)
+    with pytest.raises(byoc.RuntimeError, match=f"the stream given is on CUDA device 0; this model runs on device {last}"):
+        module.run(**inputs, stream=stream)
+    assert np.max(np.abs(cupy.asnumpy(module.run(**inputs)) - want)) <= 1e-3 * np.max(np.abs(want))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.skipif(_device_count() < 2, reason="needs two GPUs")
+def test_two_modules_of_one_library_on_two_devices_at_once(tmp_path):
+    """One module per GPU, each run from its own thread over fresh inputs, outputs checked
+    against the float32 reference: each on its device (its outputs' pointers are there)."""
+    import cupy
+    data = np.load(FIXTURES / "bert2.npz")
+    host_inputs = {k[3:]: data[k] for k in data if k.startswith("in_")}
+    wants = [data[k] for k in data if k.startswith("out_")]
+    library = byoc.build(FIXTURES / "bert2.onnx", target="cuda -arch=sm_90",
+                         config={"backends": ["cutlass", "cublaslt", "builtin"], "cuda_graph": True,
+                                 "precision": "float16"},
+                         workdir=str(tmp_path / "w"), input_shapes={k: v.shape for k, v in host_inputs.items()})
+    modules = [library.load(device=device) for device in (0, 1)]
+    errors = []
+
+    def work(device):
+        try:
+            with cupy.cuda.Device(device):
+                device_inputs = {k: cupy.asarray(v) for k, v in host_inputs.items()}
+                for _ in range(50):
+                    got = modules[device].run(**device_inputs)
+                    got = got if isinstance(got, tuple) else (got,)
+                    assert all(array.device.id == device for array in got)
+                    assert cupy.cuda.runtime.pointerGetAttributes(got[0].data.ptr).device == device
+                for array, want in zip(got, wants):
+                    assert np.max(np.abs(cupy.asnumpy(array) - want)) <= 2e-2 * np.max(np.abs(want)), device
+        except BaseException as error:  # noqa: BLE001 - reported by the main thread
+            errors.append((device, error))
+    threads = [threading.Thread(target=work, args=(device,)) for device in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors

@@ -54,10 +54,16 @@ class Module:
     target run() returns once the work is queued on its stream: runs queued on different
     streams must be ordered by the caller (or use one Module per stream)."""
 
-    def __init__(self, path, weights_path=None):
+    def __init__(self, path, weights_path=None, device=None):
         self._run_lock = threading.Lock()
         self.path = _resolved(_check_path(path))
         self._handle = None
+        if device is not None and (not isinstance(device, numbers.Integral) or isinstance(device, (bool, np.bool_))
+                                   or device < 0):
+            raise ByocRuntimeError(f"device={device!r}: expected a CUDA device number >= 0, or None for the "
+                                   f"current device")
+        # the CUDA device the model runs on (None: the calling thread's current one at load)
+        self.device_id = None if device is None else int(device)
         self._lib = _open_library(self.path)
         try:
             self._create(weights_path)
@@ -65,11 +71,32 @@ class Module:
             _close_library(self._lib)  # a refused library stays mapped in no process
             raise
 
+    def _create_model(self, weights_path) -> ctypes.c_void_p:
+        """A new native model with the weights of `weights_path` (None: the library's own) on
+        this module's device; a byoc.RuntimeError with the library's reason when it refuses."""
+        lib = self._lib
+        handle = ctypes.c_void_p()
+        path_arg = str(weights_path).encode() if weights_path is not None else None
+        if hasattr(lib, "byoc_model_create_on_device"):
+            status = lib.byoc_model_create_on_device(ctypes.byref(handle), path_arg,
+                                                     -1 if self.device_id is None else self.device_id)
+        elif self.device_id is not None:
+            raise ByocRuntimeError(f"{os.path.basename(self.path)} was built before libraries took a device; "
+                                   f"device={self.device_id} cannot be honored: rebuild it (or load it without device=)")
+        else:
+            status = lib.byoc_model_create(ctypes.byref(handle), path_arg)
+        if status != 0:
+            raise ByocRuntimeError(f"{os.path.basename(self.path)}: {self._error()}")
+        return handle
+
     def _create(self, weights_path):
         lib = self._lib
         lib.byoc_model_metadata.restype = ctypes.c_char_p
         lib.byoc_last_error.restype = ctypes.c_char_p
         lib.byoc_model_create.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p]
+        if hasattr(lib, "byoc_model_create_on_device"):  # libraries built before it lack it
+            lib.byoc_model_create_on_device.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p,
+                                                        ctypes.c_int32]
         lib.byoc_model_run.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DLTensor), ctypes.c_int32,
                                        ctypes.POINTER(_DLTensor), ctypes.c_int32, ctypes.c_void_p]
         lib.byoc_model_destroy.argtypes = [ctypes.c_void_p]
@@ -82,12 +109,12 @@ class Module:
             self._check_weights_honored(weights_path)
         if weights_path is not None:
             weights_path = _checked_weights_path(weights_path)
-        handle = ctypes.c_void_p()
-        path_arg = str(weights_path).encode() if weights_path is not None else None
-        if lib.byoc_model_create(ctypes.byref(handle), path_arg) != 0:
-            raise ByocRuntimeError(f"{os.path.basename(self.path)}: {self._error()}")
-        self._handle = handle
+        self._handle = self._create_model(weights_path)
         self.device = "cuda" if self.metadata["target"].startswith("cuda") else "cpu"
+        if self.device_id is None and self.device == "cuda":
+            # the model lives on the device that was current at load: runs launch there
+            # (the runtime's), and so do its outputs, default stream and load_weights
+            self.device_id = _current_cuda_device()
         self.input_names = [t["name"] for t in self.metadata["inputs"]]
         self.output_names = [t["name"] for t in self.metadata["outputs"]]
         self._input_dtypes = [t["dtype"] for t in self.metadata["inputs"]]
@@ -158,9 +185,7 @@ class Module:
         with self._run_lock:
             if self._handle is None:
                 raise ByocRuntimeError("this module was closed")
-            handle = ctypes.c_void_p()
-            if self._lib.byoc_model_create(ctypes.byref(handle), str(weights_path).encode()) != 0:
-                raise ByocRuntimeError(f"{os.path.basename(self.path)}: {self._error()}")
+            handle = self._create_model(weights_path)
             old, self._handle = self._handle, handle
             self._lib.byoc_model_destroy(old)
 
@@ -209,7 +234,11 @@ class Module:
         if type(like).__module__.startswith("torch"):
             import torch
             return torch.empty(spec["shape"], dtype=getattr(torch, spec["dtype"]), device=like.device)
-        return _cupy("allocating the outputs (pass torch tensors, or out= arrays)").empty(spec["shape"], dtype=dtype)
+        cupy = _cupy("allocating the outputs (pass torch tensors, or out= arrays)")
+        if self.device_id is None:
+            return cupy.empty(spec["shape"], dtype=dtype)
+        with cupy.cuda.Device(self.device_id):
+            return cupy.empty(spec["shape"], dtype=dtype)
 
     def run(self, *args, out=None, stream=None, **kwargs):
         """Run once. Returns one array, or a tuple when the model has several outputs."""
@@ -269,15 +298,19 @@ class Module:
             return None
         if stream is not None:
             return _stream_handle(stream)
+        # the current stream of the model's device (each device has its own)
         first = inputs[0] if inputs else None
         if first is not None and type(first).__module__.startswith("torch"):
             import torch
-            return torch.cuda.current_stream().cuda_stream
+            return torch.cuda.current_stream(self.device_id).cuda_stream
         try:
             import cupy
-            return cupy.cuda.get_current_stream().ptr
         except ImportError:
             return None
+        if self.device_id is None:
+            return cupy.cuda.get_current_stream().ptr
+        with cupy.cuda.Device(self.device_id):
+            return cupy.cuda.get_current_stream().ptr
 
     def _warmed_up(self, method: str, args, kwargs, repeat, warmup) -> list:
         """The outputs a timing loop reuses, after `warmup` runs into them (the device
@@ -320,13 +353,18 @@ class Module:
         if self.device == "cuda":
             try:
                 import cupy
-                cupy.cuda.runtime.deviceSynchronize()
             except ImportError:
                 try:
                     import torch
                 except ImportError:
                     raise ByocRuntimeError("synchronizing the GPU needs CuPy or torch; install byoc[cuda]") from None
-                torch.cuda.synchronize()
+                torch.cuda.synchronize(self.device_id)
+                return
+            if self.device_id is None:
+                cupy.cuda.runtime.deviceSynchronize()
+            else:
+                with cupy.cuda.Device(self.device_id):
+                    cupy.cuda.runtime.deviceSynchronize()
 
     def synchronize(self):
         """Wait for the GPU work queued so far, then raise a byoc.RuntimeError if one of the
@@ -355,15 +393,31 @@ class Module:
             pass
 
 
+def _current_cuda_device():
+    """The calling thread's current CUDA device as CuPy or torch (if loaded) sees it, else None."""
+    try:
+        import cupy
+        return int(cupy.cuda.runtime.getDevice())
+    except Exception:  # noqa: BLE001 - no CuPy: torch's view, if torch is in use
+        import sys
+        torch = sys.modules.get("torch")
+        try:
+            return int(torch.cuda.current_device()) if torch is not None else None
+        except Exception:  # noqa: BLE001
+            return None
+
+
 def _torch_cpu_tensor(array) -> bool:
     return type(array).__module__.startswith("torch") and not getattr(array, "is_cuda", True)
 
 
-def load(path, weights_path=None) -> Module:
+def load(path, weights_path=None, device=None) -> Module:
     """Load a model library built by byoc. `weights_path`: a weights file of its program
     (default: the library's own weights; its .safetensors sidecar beside it when it was
-    built with params: sidecar), e.g. one `byoc refit` wrote."""
-    return Module(path, weights_path)
+    built with params: sidecar), e.g. one `byoc refit` wrote. `device`: the CUDA device it
+    runs on (None: the calling thread's current device); its inputs, outputs and stream
+    must be that device's."""
+    return Module(path, weights_path, device)
 
 
 def _padded_sizes(variant: dict, shapes: list) -> dict | None:

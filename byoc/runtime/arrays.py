@@ -193,8 +193,9 @@ class _Prepared:
                 raise ByocRuntimeError(f"{what}: strides {tuple(strides)} (bytes) are not multiples of the "
                                        f"element size {itemsize}; expected a contiguous array")
             self.strides = (ctypes.c_int64 * max(len(shape), 1))(*[int(s) // itemsize for s in strides])
+        device_id = _cuda_device_id(array, data) if device == _DEVICE_CUDA else 0
         self.tensor = _DLTensor(
-            data=data, device=_DLDevice(device, 0), ndim=len(shape), dtype=_DLDataType(code, bits, 1),
+            data=data, device=_DLDevice(device, device_id), ndim=len(shape), dtype=_DLDataType(code, bits, 1),
             shape=self.shape, strides=self.strides, byte_offset=0)
 
 
@@ -213,6 +214,23 @@ class _Prepared:
         self.tensor = _DLTensor(
             data=tensor.data_ptr(), device=_DLDevice(_DEVICE_CUDA, tensor.get_device()), ndim=rank,
             dtype=_DLDataType(code, bits, 1), shape=self.shape, strides=self.strides, byte_offset=0)
+
+
+def _cuda_device_id(array, pointer: int) -> int:
+    """The CUDA device an array with __cuda_array_interface__ lives on (the interface does
+    not say): a CuPy array's (its MemoryPointer's device_id), else what the driver says of
+    its pointer (through CuPy), else 0. The runtime refuses a tensor of another device than
+    the model's."""
+    device_id = getattr(getattr(array, "data", None), "device_id", None)
+    if isinstance(device_id, int):
+        return device_id
+    if pointer:
+        try:
+            import cupy
+            return int(cupy.cuda.runtime.pointerGetAttributes(pointer).device)
+        except Exception:  # noqa: BLE001 - no CuPy, or a pointer the driver does not know
+            pass
+    return 0
 
 
 def _cupy(purpose: str):

@@ -52,6 +52,11 @@ typedef struct byoc_model byoc_model;
  * (`byoc refit` writes one from new weights) is taken, one of another program or whose bytes
  * do not match its checksum is refused. */
 int byoc_model_create(byoc_model** model, const char* weights_path);
+/* The same on CUDA device `device` (-1: the calling thread's current device, as
+ * byoc_model_create): the model's memory, streams and engines live there, and each run
+ * launches there whatever device the calling thread has current; inputs and outputs
+ * (DLTensor device_id) and the stream must be that device's. A cpu model takes -1 or 0. */
+int byoc_model_create_on_device(byoc_model** model, const char* weights_path, int32_t device);
 int byoc_model_run(byoc_model* model, const byoc_dl_tensor* inputs, int32_t num_inputs,
                    const byoc_dl_tensor* outputs, int32_t num_outputs, void* stream);
 void byoc_model_destroy(byoc_model* model);

@@ -41,7 +41,7 @@ std::string dtype_text(uint8_t code, uint8_t bits, uint16_t lanes) {
 
 // Checks one caller tensor against its spec; returns its data pointer or sets the error.
 void* checked_data(const char* role, int32_t index, const TensorSpec& tensor_spec, const byoc_dl_tensor& t,
-                   bool on_host) {
+                   bool on_host, int device) {
   // the tensor's name for a message, built only when one is needed (run() allocates nothing)
   auto who = [&] { return std::string(role) + " '" + tensor_spec.name + "' (#" + std::to_string(index) + ")"; };
   if (t.ndim != tensor_spec.ndim || (t.ndim > 0 && t.shape == nullptr) ||
@@ -65,9 +65,14 @@ void* checked_data(const char* role, int32_t index, const TensorSpec& tensor_spe
     fail(who() + ": expected a CUDA device tensor, got device type " + std::to_string(t.device.device_type) +
          (t.device.device_type == BYOC_DL_CPU ? " (cpu)" : ""));
     return nullptr;
+  } else if (t.device.device_id != device) {
+    fail(who() + ": is on CUDA device " + std::to_string(t.device.device_id) + "; this model runs on device " +
+         std::to_string(device));
+    return nullptr;
   }
 #else
   (void)on_host;
+  (void)device;
   if (t.device.device_type != BYOC_DL_CPU && t.device.device_type != BYOC_DL_CUDA_HOST) {
     fail(who() + ": expected a cpu tensor, got device type " + std::to_string(t.device.device_type) +
          (t.device.device_type == BYOC_DL_CUDA ? " (cuda)" : ""));
@@ -211,7 +216,7 @@ int check_no_overlap(const VariantSpec& variant, void* const* in, void* const* o
 
 // The caller's tensors checked against the spec, as data pointers in `in` and `out`.
 int checked_tensors(const VariantSpec& variant, const byoc_dl_tensor* inputs, int32_t num_inputs,
-                    const byoc_dl_tensor* outputs, int32_t num_outputs, void** in, void** out) {
+                    const byoc_dl_tensor* outputs, int32_t num_outputs, void** in, void** out, int device) {
   if (num_inputs != variant.num_inputs) {
     return fail("expected " + std::to_string(variant.num_inputs) + " inputs, got " + std::to_string(num_inputs));
   }
@@ -222,11 +227,13 @@ int checked_tensors(const VariantSpec& variant, const byoc_dl_tensor* inputs, in
     return fail("byoc_model_run: the input or output array is NULL");
   }
   for (int32_t i = 0; i < variant.num_inputs; ++i) {
-    in[i] = checked_data("input", i, variant.inputs[i], inputs[i], variant.input_on_host && variant.input_on_host[i]);
+    in[i] = checked_data("input", i, variant.inputs[i], inputs[i], variant.input_on_host && variant.input_on_host[i],
+                         device);
     if (in[i] == nullptr && variant.inputs[i].bytes != 0) return 1;
   }
   for (int32_t i = 0; i < variant.num_outputs; ++i) {
-    out[i] = checked_data("output", i, variant.outputs[i], outputs[i], variant.output_on_host && variant.output_on_host[i]);
+    out[i] = checked_data("output", i, variant.outputs[i], outputs[i],
+                          variant.output_on_host && variant.output_on_host[i], device);
     if (out[i] == nullptr && variant.outputs[i].bytes != 0) return 1;
   }
   return check_no_overlap(variant, in, out);
@@ -305,6 +312,20 @@ BYOC_EXPORT int byoc_model_run(byoc_model* model, const byoc_dl_tensor* inputs, 
   if (model == nullptr) return fail("byoc_model_run: the model is NULL (create failed or was destroyed)");
 #if BYOC_RUNTIME_CUDA
   if (take_reported_error(model)) return 1;
+  const int device = model->device;
+  DeviceScope on_device(device);  // the kernels launch on the model's device, whatever the thread's current one
+#if CUDART_VERSION >= 12080
+  if (stream != nullptr) {  // a stream belongs to one device: launching on another's fails late and obscurely
+    int stream_device = device;
+    if (cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &stream_device) == cudaSuccess &&
+        stream_device != device) {
+      return fail("the stream given is on CUDA device " + std::to_string(stream_device) +
+                  "; this model runs on device " + std::to_string(device) + ": pass a stream of that device");
+    }
+  }
+#endif
+#else
+  const int device = 0;
 #endif
   // on the stack: run() never allocates
   int64_t* sizes = static_cast<int64_t*>(__builtin_alloca(sizeof(int64_t) * (spec.num_padded_dims + 1)));
@@ -328,7 +349,7 @@ BYOC_EXPORT int byoc_model_run(byoc_model* model, const byoc_dl_tensor* inputs, 
     caller.inputs = views;
     caller.outputs = views + v.num_inputs;
   }
-  if (checked_tensors(caller, inputs, num_inputs, outputs, num_outputs, in, out)) return 1;
+  if (checked_tensors(caller, inputs, num_inputs, outputs, num_outputs, in, out, device)) return 1;
 #if BYOC_RUNTIME_CUDA
   current_status_word = model->status_word;
   struct ClearStatusWord {  // on every return: no other code of this thread reports into it

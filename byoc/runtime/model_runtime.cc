@@ -185,6 +185,7 @@ BYOC_EXPORT const char* byoc_last_error(void) { return last_error; }
 BYOC_EXPORT void byoc_model_destroy(byoc_model* model) {
   if (model == nullptr) return;
 #if BYOC_RUNTIME_CUDA
+  DeviceScope on_device(model->device);  // its memory, graphs and engines are that device's
   // Work still queued may read the memory and engines freed below (a module replaced by
   // load_weights right after a run): let it finish.
   cudaDeviceSynchronize();
@@ -258,15 +259,24 @@ int host_weights_of(const char* weights_path, const unsigned char** host_weights
 
 }  // namespace
 
-BYOC_EXPORT int byoc_model_create(byoc_model** out, const char* weights_path) {
+BYOC_EXPORT int byoc_model_create_on_device(byoc_model** out, const char* weights_path, int32_t device) {
   if (out == nullptr) return fail("byoc_model_create: the output pointer is NULL");
   *out = nullptr;
   if (load_programs()) return 1;
 #if BYOC_RUNTIME_CUDA
-  if (check_device()) return 1;
+  int model_device = 0;
+  if (check_device(device, &model_device)) return 1;
+  DeviceScope on_device(model_device);  // memory, streams and the engines' state on that device
+#else
+  if (device != -1 && device != 0) {
+    return fail("device " + std::to_string(device) + ": this model runs on the cpu; expected -1 or 0");
+  }
 #endif
   byoc_model* model = new (std::nothrow) byoc_model();
   if (model == nullptr) return fail("out of host memory");
+#if BYOC_RUNTIME_CUDA
+  model->device = model_device;
+#endif
   model->variants = new (std::nothrow) byoc_variant_instance[spec.num_variants]();
   bool allocated_states = model->variants != nullptr;
   for (int32_t v = 0; allocated_states && v < spec.num_variants; ++v) {
@@ -317,4 +327,8 @@ BYOC_EXPORT int byoc_model_create(byoc_model** out, const char* weights_path) {
   }
   *out = model;
   return 0;
+}
+
+BYOC_EXPORT int byoc_model_create(byoc_model** out, const char* weights_path) {
+  return byoc_model_create_on_device(out, weights_path, -1);
 }

@@ -66,18 +66,28 @@ void device_free(unsigned char* p) {
   if (p) cudaFree(p);
 }
 
-// The device this process runs on must be the arch the kernels were compiled for.
-int check_device() {
-  int device = 0;
-  cudaError_t queried = cudaGetDevice(&device);
-  if (queried != cudaSuccess) return device_unavailable(queried, "cudaGetDevice");
+// The device a model is created on must exist and be the arch the kernels were compiled for.
+int check_device(int32_t requested, int* device) {
+  int count = 0;
+  cudaError_t queried = cudaGetDeviceCount(&count);
+  if (queried != cudaSuccess) return device_unavailable(queried, "cudaGetDeviceCount");
+  if (requested < -1 || requested >= count) {
+    return fail("device " + std::to_string(requested) + ": expected a CUDA device from 0 to " +
+                std::to_string(count - 1) + " (this process sees " + std::to_string(count) + "; CUDA_VISIBLE_DEVICES " +
+                "chooses which), or -1 for the calling thread's current device");
+  }
+  *device = requested;
+  if (requested == -1) {
+    queried = cudaGetDevice(device);
+    if (queried != cudaSuccess) return device_unavailable(queried, "cudaGetDevice");
+  }
   cudaDeviceProp props;
-  queried = cudaGetDeviceProperties(&props, device);
+  queried = cudaGetDeviceProperties(&props, *device);
   if (queried != cudaSuccess) return device_unavailable(queried, "cudaGetDeviceProperties");
   const int arch = props.major * 10 + props.minor;
   if (arch != spec.arch_number) {
     return fail("this model was built for sm_" + std::to_string(spec.arch_number) + ", but CUDA device " +
-                std::to_string(device) + " (" + props.name + ") is sm_" + std::to_string(arch) +
+                std::to_string(*device) + " (" + props.name + ") is sm_" + std::to_string(arch) +
                 "; rebuild it with target 'cuda -arch=sm_" + std::to_string(arch) + "'");
   }
   return 0;

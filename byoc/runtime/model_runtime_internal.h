@@ -48,6 +48,7 @@ struct byoc_model {
   unsigned char* staging_memory = nullptr;
   unsigned char* host_staging_memory = nullptr;
 #if BYOC_RUNTIME_CUDA
+  int device = 0;  // the CUDA device the model's memory, streams and runs are on
   unsigned int* status_word = nullptr;  // mapped host memory; see byoc_current_run_status
   // The stream the calls are captured on: the model's own and non-blocking, so that work
   // other threads put on the legacy default stream meanwhile neither joins the capture nor
@@ -133,7 +134,30 @@ extern thread_local unsigned int current_call;
 
 int cuda_failed(cudaError_t status, const char* what);
 // The device this process runs on must be the arch the kernels were compiled for.
-int check_device();
+// The device a model is created on: `requested` (-1: the calling thread's current one),
+// which must exist and be of the arch the kernels were compiled for.
+int check_device(int32_t requested, int* device);
+
+// While alive, the calling thread's current CUDA device is `device`; the one before is
+// restored after (create, run and destroy work on the model's device, whatever the
+// caller's thread had current).
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device) {
+      changed_ = cudaSetDevice(device) == cudaSuccess;
+    }
+  }
+  ~DeviceScope() {
+    if (changed_) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool changed_ = false;
+};
 // Device memory, the status word, the capture stream and the host-side buffers.
 int allocate_cuda(byoc_model* model, const unsigned char* host_weights, unsigned char** sidecar);
 // An error a kernel of an earlier run reported into the status word: once, then cleared.
