@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -33,7 +34,7 @@ def measured(monkeypatch):
     calls = []
 
     def fake_profile(problems, sm, workdir, compile_flags, jobs, allowed=None, kernels_of=None, progress=None,
-                     proxy=False):
+                     **options):
         calls.extend(problems)
         results = {}
         for problem in problems:
@@ -178,7 +179,7 @@ def test_a_problem_no_candidate_ran_for_is_remembered_and_not_measured_at_every_
     calls = []
 
     def failing_profile(problems, sm, workdir, compile_flags, jobs, allowed=None, kernels_of=None, progress=None,
-                        proxy=False):
+                        **options):
         calls.extend(problems)
         return {problem: {k.name(problem): None for k in usable_candidates(sm, problem, allowed)}
                 for problem in problems}
@@ -266,3 +267,118 @@ def test_the_database_says_which_epilogue_was_timed(cache, measured, tmp_path):
     choose_kernels([problem], 90, database, profile=True, workdir=tmp_path / "w", compile_flags=[])
     entry = TuningDatabase(tmp_path / "db.json").entry(90, problem)
     assert entry["timed_epilogue"] == "bias" and entry["name"].endswith("bias_gelu")
+
+
+FAKE_PROFILER = """#!{python}
+# Stands in for the CUTLASS profiler: problems argv[1]..argv[2]-1, one JSON line each after
+# `delays[p]` seconds; problem {fault} faults (exits without its line); each line also goes
+# to the log with the CUDA_VISIBLE_DEVICES it ran under.
+import json, os, sys, time
+first, end = int(sys.argv[1]), int(sys.argv[2])
+delays = {delays}
+for position in range(first, end):
+    time.sleep(delays.get(position, 0.0))
+    if position == {fault}:
+        sys.exit(1)
+    line = json.dumps({{"problem": position, "times": {{"k": float(position)}}}})
+    with open({log!r}, "a") as log:
+        log.write(os.environ.get("CUDA_VISIBLE_DEVICES", "-") + " " + line + chr(10))
+    print(line, flush=True)
+"""
+
+
+def fake_profiler(tmp_path, fault=-1, delays=None):
+    path = tmp_path / "profiler"
+    path.write_text(FAKE_PROFILER.format(python=sys.executable, fault=fault, delays=delays or {},
+                                         log=str(tmp_path / "profiler.log")))
+    path.chmod(0o755)
+    return path
+
+
+def test_profiler_shares_are_contiguous_and_balanced_by_candidates():
+    from byoc.backends.cutlass.tuning import profiler_shares
+    assert profiler_shares(10, 1) == [(0, 10)]
+    assert profiler_shares(10, 2) == [(0, 5), (5, 10)]
+    assert sorted(end - first for first, end in profiler_shares(3, 4)) == [0, 1, 1, 1]
+    # the first problems have many candidates: the first share takes fewer problems
+    assert profiler_shares(6, 2, weights=[10, 10, 1, 1, 1, 1]) == [(0, 1), (1, 6)]
+    for count, parts in ((24, 2), (24, 3), (7, 4), (0, 2)):
+        shares = profiler_shares(count, parts, weights=list(range(1, count + 1)))
+        assert len(shares) == parts and shares[0][0] == 0 and shares[-1][1] == count
+        assert all(a[1] == b[0] for a, b in zip(shares, shares[1:]))
+
+
+def test_problems_are_timed_on_every_gpu_at_once_and_a_fault_costs_its_problem(tmp_path):
+    from byoc.backends.cutlass.tuning import run_profiler
+    reported = []
+    measured = run_profiler(fake_profiler(tmp_path, fault=5), 8, on_problem=lambda p, n, t: reported.append(p),
+                            gpus=["0", "1"], weights=[1] * 8)
+    assert sorted(measured) == [0, 1, 2, 3, 4, 6, 7] and sorted(reported) == sorted(measured)
+    assert all(measured[p] == {"k": float(p)} for p in measured)
+    runs = [line.split(" ", 1) for line in (tmp_path / "profiler.log").read_text().splitlines()]
+    by_gpu = {}
+    for gpu, line in runs:
+        by_gpu.setdefault(gpu, []).append(json.loads(line)["problem"])
+    assert by_gpu == {"0": [0, 1, 2, 3], "1": [4, 6, 7]}  # each problem once, the fault's share went on after it
+    # one process, the environment's own GPU
+    (tmp_path / "profiler.log").unlink()
+    assert sorted(run_profiler(fake_profiler(tmp_path), 3)) == [0, 1, 2]
+    assert {line.split(" ", 1)[0] for line in (tmp_path / "profiler.log").read_text().splitlines()} == {"-"}
+
+
+def test_the_gpus_tuning_times_on_are_those_of_the_first_ones_model():
+    from byoc.backends.cutlass.tuning import same_model_gpus
+    rows = [["0", "GPU-a", "NVIDIA H100 80GB HBM3"], ["1", "GPU-b", "NVIDIA H100 80GB HBM3"],
+            ["2", "GPU-c", "NVIDIA A100-SXM4-80GB"]]
+    assert same_model_gpus(rows, None) == ["0", "1"]
+    assert same_model_gpus(rows, None, limit=1) == ["0"]
+    assert same_model_gpus(rows, "2,0") == ["2"]
+    assert same_model_gpus(rows, "GPU-b,0,2") == ["GPU-b", "0"]
+    assert same_model_gpus(rows, "MIG-1234") == [None]  # what nvidia-smi does not list: the process's own
+    assert same_model_gpus([], None) == [None] and same_model_gpus(rows, "") == [None]
+
+
+def test_a_terminal_sees_a_line_per_tuning_problem_and_what_is_being_timed(tmp_path):
+    """Under a pseudo-terminal, as a person sees a build that tunes: each problem's line as
+    the profiler finishes it, and while one takes long, a heartbeat naming that problem
+    (not the one before it) at most every 5 s; no line repeats unchanged for longer."""
+    import pty
+    import re
+    import time
+    profiler = fake_profiler(tmp_path, delays={2: 7.0})
+    script = tmp_path / "tune.py"
+    script.write_text(textwrap.dedent(f"""
+        import logging, sys
+        from byoc.progress import BuildProgress
+        from byoc.backends.cutlass.tuning import run_profiler, timing_now, tuning_reporter
+        logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
+        keys = ["float16:m{{}}:n768:k768".format(m) for m in (128, 256, 384, 512)]
+        progress = BuildProgress()
+        with progress.heartbeat():
+            progress.last_what = timing_now(keys, 0)
+            run_profiler({str(profiler)!r}, 4, on_problem=tuning_reporter(progress, keys))
+        """))
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: its stderr is the terminal
+        os.execv(sys.executable, [sys.executable, str(script)])
+    lines, buffer, deadline = [], b"", time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        buffer += chunk
+        *complete, buffer = buffer.split(b"\n")
+        lines += [(time.monotonic(), line.decode().strip()) for line in complete if line.strip()]
+    os.waitpid(pid, 0)
+    texts = [text for _, text in lines]
+    for number in range(1, 5):
+        assert any(f"[tune {number}/4]" in text and ": 1 candidate, best" in text for text in texts), texts
+    heartbeats = [text for text in texts if "still working" in text]
+    assert heartbeats and all("timing [tune 3/4] float16:m384" in text for text in heartbeats), texts
+    # what a person reads changes at least every 5 s (plus the heartbeat's half-second tick)
+    stamps = [stamp for stamp, _ in lines]
+    assert max(b - a for a, b in zip(stamps, stamps[1:])) < 6.0, lines
+    assert all(re.search(r"\[\s*\d+\.\d s\]", text) for text in texts)

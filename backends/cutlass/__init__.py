@@ -81,6 +81,9 @@ register_target_kind("cutlass", {
     "tuned_epilogue": AttrSchema(str, "proxy", ("proxy", "own"), "what candidates are timed with: proxy (the "
                                  "problem's bias, no activation or residual: problems differing only there share "
                                  "their candidates' compiles) or own (each problem's epilogue)"),
+    "tuning_gpus": AttrSchema(int, 0, None, "GPUs tuning times candidates on at once, each a profiler process over "
+                              "a share of the problems (0: every visible GPU of the first one's model)",
+                              check=at_least(0)),
     "compile_threads": AttrSchema(int, 0, None, "parallel nvcc jobs while tuning (0: one per CPU)",
                                     check=at_least(0)),
     # On by default since the GPU tests that build CUTLASS kernels (test_cutlass.py, every

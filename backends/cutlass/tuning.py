@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import warnings
 from pathlib import Path
@@ -247,14 +248,15 @@ def timed_problem(problem, kernels: list, proxy: bool):
 def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile: bool, workdir: Path,
                    compile_flags: list, jobs: int | None = None, allowed: CandidateFilter = NO_FILTER,
                    remeasure_on: str | None = None, optional_save: bool = False, progress=None,
-                   proxy_epilogue: bool = True) -> dict:
+                   proxy_epilogue: bool = True, gpu_limit: int = 0) -> dict:
     """problem -> kernel for every problem (GemmProblem or ConvProblem): from the
     database (when the target allows that kernel), else measured among the allowed
     candidates (when `profile`), else the database's kernel for the same shape with another
     epilogue, else the heuristic. `remeasure_on`: the visible GPU's name where the user
     asked for tuning; an entry measured on a GPU of another name is then measured again.
     `progress`: the build's BuildProgress, told each phase of tuning and ninja's [n/m] lines.
-    `proxy_epilogue`: candidates are timed on the problem's epilogue proxy (timed_problem)."""
+    `proxy_epilogue`: candidates are timed on the problem's epilogue proxy (timed_problem).
+    `gpu_limit`: the most GPUs timing runs on at once (0: every one of the first's model)."""
     chosen = {}
     to_tune = []
     import logging
@@ -286,7 +288,7 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
                                              "to compile and time; tuning_db remembers the winners)",
                                              len(to_tune), count)
         measured = _profile(to_tune, sm, workdir / "tuning", compile_flags, jobs, allowed, progress=progress,
-                            proxy=proxy_epilogue)
+                            proxy=proxy_epilogue, gpu_limit=gpu_limit)
         provenance = measurement_provenance(0)  # one GPU, one toolchain for the whole run
         for problem in to_tune:
             times = measured.get(problem, {})
@@ -319,12 +321,13 @@ def time_kernels(chosen: dict, sm: int, workdir: Path, compile_flags: list, jobs
 
 
 def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
-             allowed: CandidateFilter = NO_FILTER, kernels_of=None, progress=None, proxy: bool = False) -> dict:
+             allowed: CandidateFilter = NO_FILTER, kernels_of=None, progress=None, proxy: bool = False,
+             gpu_limit: int = 0) -> dict:
     """problem -> {candidate kernel name (as it runs the problem): microseconds, or None
     where it failed or disagreed with the problem's first candidate}: every candidate's
     kernel unit compiled once (kernels.kernel_unit; with `proxy`, of the problem's epilogue
     proxy: timed_problem), one profiler for all the problems (templates/cutlass/profiler.cu.j2),
-    run once."""
+    run once, on every visible GPU of one model at once (at most `gpu_limit`; 0: all)."""
     from byoc.toolchain import CompileUnit, compile_units
 
     from .codegen import kernel_compile_units
@@ -395,11 +398,15 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
     if link.returncode != 0:
         raise BuildError(f"linking the cutlass profiler {executable} failed:\n{link.stderr[-2000:]}")
     keys = [problem.key for problem, _ in timed]
+    gpus = profiling_gpus(gpu_limit)
     if progress is not None:
-        progress.stage(f"cutlass tuning: timing {len(linked)} kernels on {len(timed)} problems on the GPU "
+        where = "the GPU" if len(gpus) == 1 else f"{len(gpus)} GPUs at once"
+        progress.stage(f"cutlass tuning: timing {len(linked)} kernels on {len(timed)} problems on {where} "
                        f"(at most {PROBLEM_SECONDS} s a problem)")
         progress.last_what = timing_now(keys, 0)
-    for position, times in run_profiler(executable, len(timed), on_problem=tuning_reporter(progress, keys)).items():
+    weights = [len(data["candidates"]) for _, data in timed]
+    for position, times in run_profiler(executable, len(timed), on_problem=tuning_reporter(progress, keys),
+                                        gpus=gpus, weights=weights).items():
         problem = timed[position][0]
         results[problem] = {names[problem].get(name, name): us for name, us in times.items()}
     return results
@@ -439,22 +446,64 @@ def tuning_summary(times: dict) -> str:
 PROBLEM_SECONDS = 120
 
 
-def run_profiler(executable, count: int, on_problem=None) -> dict:
-    """{problem position: its times} from the profiler, which times problems 0..count-1 in
-    order, one JSON line each. A candidate that faults leaves the CUDA context unusable: the
-    profiler then exits without that problem's line (or the process dies, or hangs past its
-    time), which costs that problem only: it is run again from the problem after it.
-    `on_problem(position, count, times)` is called as each problem's line arrives (the lines
-    are read as the profiler prints them: the build's progress says which problem it timed
-    and what it measured)."""
+def run_profiler(executable, count: int, on_problem=None, gpus=(None,), weights=None) -> dict:
+    """{problem position: its times} from the profiler, which times problems in order, one
+    JSON line each: on several GPUs at once (`gpus`: a CUDA_VISIBLE_DEVICES entry each, None
+    for the process's own), each a profiler process over a contiguous share of the problems
+    with about as many candidates (`weights`: each problem's count) as the others. A
+    candidate that faults leaves the CUDA context unusable: the profiler then exits without
+    that problem's line (or the process dies, or hangs past its time), which costs that
+    problem only: its share is run again from the problem after it. `on_problem(position,
+    count, times)` is called as each problem's line arrives (the lines are read as the
+    profilers print them: the build's progress says which problem was timed and what it
+    measured), from one thread at a time."""
     import threading
-    measured, first = {}, 0
-    while first < count:
+    gpus = list(gpus) or [None]
+    shares = profiler_shares(count, len(gpus), weights)
+    measured, lock = {}, threading.Lock()
+
+    def report(position, times):
+        with lock:
+            measured[position] = times
+            if on_problem is not None:
+                on_problem(position, count, times)
+    workers = [threading.Thread(target=_run_share, args=(executable, first, end, gpu, report), daemon=True)
+               for gpu, (first, end) in zip(gpus, shares) if end > first]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return measured
+
+
+def profiler_shares(count: int, parts: int, weights=None) -> list:
+    """[first, end) ranges of problems 0..count-1, `parts` of them (some empty when there are
+    fewer problems), contiguous and in order, each with about the same total weight (a
+    problem's weight: its candidates to time; 1 each without `weights`)."""
+    weights = [max(1, int(w)) for w in weights] if weights is not None else [1] * count
+    total, shares, first, taken = sum(weights), [], 0, 0
+    for part in range(parts):
+        target = total * (part + 1) / parts
+        end = first
+        while end < count and (part == parts - 1 or taken + weights[end] / 2 <= target):
+            taken += weights[end]
+            end += 1
+        shares.append((first, end))
+        first = end
+    return shares
+
+
+def _run_share(executable, first: int, end: int, gpu, report):
+    """Problems first..end-1 in profiler processes on `gpu` (a CUDA_VISIBLE_DEVICES entry,
+    or None), each problem's times to `report(position, times)`."""
+    import threading
+    environment = None if gpu is None else {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu)}
+    while first < end:
         finished = first
         # the profiler stops itself after PROBLEM_SECONDS on one problem; this is a backstop
-        process = subprocess.Popen([str(executable), str(first)], stdout=subprocess.PIPE,
-                                   stderr=subprocess.DEVNULL, text=True, errors="replace")
-        backstop = threading.Timer(max(600, (PROBLEM_SECONDS + 10) * (count - first)), process.kill)
+        process = subprocess.Popen([str(executable), str(first), str(end)], stdout=subprocess.PIPE,
+                                   stderr=subprocess.DEVNULL, text=True, errors="replace", env=environment)
+        backstop = threading.Timer(max(600, (PROBLEM_SECONDS + 10) * (end - first)), process.kill)
         backstop.start()
         try:
             for line in process.stdout:
@@ -463,15 +512,45 @@ def run_profiler(executable, count: int, on_problem=None) -> dict:
                     position, times = int(record["problem"]), record["times"]
                 except (ValueError, KeyError, TypeError):
                     continue
-                if first <= position < count and isinstance(times, dict):
-                    measured[position] = times
+                if first <= position < end and isinstance(times, dict):
+                    report(position, times)
                     finished = max(finished, position + 1)
-                    if on_problem is not None:
-                        on_problem(position, count, times)
         finally:
             backstop.cancel()
             process.stdout.close()
             failed = process.wait() != 0
         # a run that stopped early stopped in problem `finished`: it keeps no times
         first = finished + 1 if failed or finished == first else finished
-    return measured
+
+
+def profiling_gpus(limit: int = 0) -> list:
+    """The CUDA_VISIBLE_DEVICES entries of the GPUs tuning times on at once: every visible
+    GPU of the first one's model (candidates timed on another model would be compared with
+    the wrong ones), at most `limit` of them (0: all); [None] (the process's own) where
+    nvidia-smi cannot say."""
+    if not shutil.which("nvidia-smi"):
+        return [None]
+    try:
+        run = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid,name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return [None]
+    rows = [[field.strip() for field in line.split(",", 2)] for line in run.stdout.splitlines()
+            if run.returncode == 0 and line.count(",") >= 2]
+    return same_model_gpus(rows, os.environ.get("CUDA_VISIBLE_DEVICES"), limit)
+
+
+def same_model_gpus(rows: list, visible: str | None, limit: int = 0) -> list:
+    """profiling_gpus from nvidia-smi's [index, uuid, name] rows and CUDA_VISIBLE_DEVICES
+    (None: unset; its entries are indices or UUIDs, in CUDA's order): the entries of the GPUs
+    of the first visible one's model; [None] where they cannot be matched to rows."""
+    if visible is None:
+        entries = [row[0] for row in rows]
+    else:
+        entries = [entry.strip() for entry in visible.split(",") if entry.strip()]
+    by_entry = {key: row for row in rows for key in (row[0], row[1])}
+    if not entries or any(entry not in by_entry for entry in entries):
+        return [None]  # a MIG instance, a GPU nvidia-smi does not list: one process, as the build's
+    first_model = by_entry[entries[0]][2]
+    chosen = [entry for entry in entries if by_entry[entry][2] == first_model]
+    return chosen[:limit] if limit > 0 else chosen
