@@ -330,8 +330,8 @@ def test_the_gpus_tuning_times_on_are_those_of_the_first_ones_model():
     from byoc.backends.cutlass.tuning import same_model_gpus
     rows = [["0", "GPU-a", "NVIDIA H100 80GB HBM3"], ["1", "GPU-b", "NVIDIA H100 80GB HBM3"],
             ["2", "GPU-c", "NVIDIA A100-SXM4-80GB"]]
-    assert same_model_gpus(rows, None) == ["0", "1"]
-    assert same_model_gpus(rows, None, limit=1) == ["0"]
+    assert same_model_gpus(rows, None) == ["GPU-a", "GPU-b"]
+    assert same_model_gpus(rows, None, limit=1) == ["GPU-a"]
     assert same_model_gpus(rows, "2,0") == ["2"]
     assert same_model_gpus(rows, "GPU-b,0,2") == ["GPU-b", "0"]
     assert same_model_gpus(rows, "MIG-1234") == [None]  # what nvidia-smi does not list: the process's own

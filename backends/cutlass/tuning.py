@@ -545,7 +545,9 @@ def same_model_gpus(rows: list, visible: str | None, limit: int = 0) -> list:
     (None: unset; its entries are indices or UUIDs, in CUDA's order): the entries of the GPUs
     of the first visible one's model; [None] where they cannot be matched to rows."""
     if visible is None:
-        entries = [row[0] for row in rows]
+        # by UUID: CUDA_VISIBLE_DEVICES's indices follow CUDA's order, which need not be
+        # nvidia-smi's (fastest first, unless CUDA_DEVICE_ORDER=PCI_BUS_ID)
+        entries = [row[1] for row in rows]
     else:
         entries = [entry.strip() for entry in visible.split(",") if entry.strip()]
     by_entry = {key: row for row in rows for key in (row[0], row[1])}
