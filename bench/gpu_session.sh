@@ -130,9 +130,10 @@ case "$stage" in
     # build (empty object cache and tuning database, the shipped one not read) with every
     # CUTLASS kernel measured each way, then both libraries timed in one process, e.g.
     #   bash bench/gpu_session.sh proxy_ab bert_base:1 resnet50:32
+    # VARIANTS="measure measure_1gpu" compares tuning on every GPU of the host with one.
     [ $# -eq 0 ] && set -- bert_base:1 resnet50:32
     for case in "$@"; do
-      for variant in measure measure_own; do
+      for variant in ${VARIANTS:-measure measure_own}; do
         rm -rf "/tmp/cache-$variant"
         BYOC_CACHE_DIR="/tmp/cache-$variant" timeout "${MEASURE_S:-250}" python3 bench/real_models.py --prebuild \
           --workdir "build/byoc-$variant" --configs "cuda_sm90:$variant" --tuning-db "" --profile auto --cases "$case" \
@@ -140,7 +141,7 @@ case "$stage" in
         echo "$(date +%T) $case $variant: $(grep -h 'built in\|FAILED' "$OUT/proxy_ab.$variant.${case%%:*}.log" | tail -n 1)"
       done
     done
-    for variant in measure measure_own; do
+    for variant in ${VARIANTS:-measure measure_own}; do
       PYTHONUNBUFFERED=1 python3 bench/real_models.py --prebuilt --out "$OUT/$variant" --workdir "build/byoc-$variant" \
         --configs "cuda_sm90:$variant" --torch-modes none --cases "$@" 2>&1 | grep -E "byoc [0-9.]+ ms" ;
     done ;;

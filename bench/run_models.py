@@ -91,6 +91,10 @@ def load_config(spec, tuning_db=None, profile="auto"):
                  "measure_own": {"backends": [{"cutlass": {"sm": 90, "shipped_tuning": False, "tuned_epilogue": "own"}},
                                               "cublaslt", "builtin"],
                                  "tuning": {"profile": "auto", "tuning_db": None}},
+                 # measure, timed on one GPU of the host only (tuning_gpus: 1)
+                 "measure_1gpu": {"backends": [{"cutlass": {"sm": 90, "shipped_tuning": False, "tuning_gpus": 1}},
+                                               "cublaslt", "builtin"],
+                                  "tuning": {"profile": "auto", "tuning_db": None}},
                  # the backends chosen per subgraph by measured cost (partition: measured)
                  "measured": {"partition": "measured"},
                  "": {}}[variant]

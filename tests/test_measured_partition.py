@@ -276,3 +276,33 @@ def test_a_shared_store_of_odd_entries_is_shown_and_merged_without_a_crash(cache
     merged = CostStore(cache / "costs" / "costs.json")
     assert merged.lookup("cpu:a", "k3") == 1.5 and merged.lookup("cpu:a", "k2") is None
     assert merged.lookup("cpu:a", "k1") is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("gpu_probe").gpu_present(), reason="no GPU visible")
+def test_a_measured_cuda_build_times_its_candidates_on_the_gpu(cache, tmp_path):
+    """On the GPU: CUTLASS, cuBLASLt and the built-in backend's candidates for BERT's ops
+    are timed on the device of the target's arch, the store keys them by that GPU, the
+    cheapest cover runs right and a second build measures nothing."""
+    import cupy
+    data = np.load(FIXTURES / "bert2.npz")
+    inputs = {k[3:]: data[k] for k in data if k.startswith("in_")}
+    want = next(data[k] for k in data if k.startswith("out_"))
+    config = {"target": "cuda -arch=sm_90", "backends": [{"cutlass": {"sm": 90}}, "cublaslt", "builtin"],
+              "precision": "float16", "partition": "measured"}
+    library = byoc.build(FIXTURES / "bert2.onnx", config=config, workdir=str(tmp_path / "first"))
+    measured = library.report.to_json()["measured"]
+    assert measured["decisions"] and measured["cost_us"] > 0
+    assert not any("priority order" in note for note in measured["notes"]), measured["notes"]
+    store = json.loads((cache / "costs" / "costs.json").read_text())
+    device = device_fingerprint(Target("cuda -arch=sm_90"))
+    assert device.startswith("cuda:") and device.endswith("sm_90"), device
+    entries = store["entries"][device]
+    assert {e["backend"] for e in entries.values()} >= {"cutlass", "builtin"}
+    assert all(e["us"] > 0 for e in entries.values() if "us" in e)
+    got = library.load().run(**{k: cupy.asarray(v) for k, v in inputs.items()})
+    got = cupy.asnumpy(got[0] if isinstance(got, tuple) else got)
+    assert np.max(np.abs(got.astype(np.float32) - want)) <= 2e-2 * max(1.0, float(np.max(np.abs(want))))
+    again = byoc.build(FIXTURES / "bert2.onnx", config=config, workdir=str(tmp_path / "second"))
+    assert again.report.to_json()["measured"]["cost_us"] == measured["cost_us"]
+    assert json.loads((cache / "costs" / "costs.json").read_text()) == store
