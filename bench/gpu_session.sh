@@ -133,7 +133,7 @@ case "$stage" in
     # VARIANTS="measure measure_1gpu" compares tuning on every GPU of the host with one.
     [ $# -eq 0 ] && set -- bert_base:1 resnet50:32
     for case in "$@"; do
-      for variant in ${VARIANTS:-measure measure_own}; do
+      for variant in ${VARIANTS:-measure measure_proxy}; do
         rm -rf "/tmp/cache-$variant"
         BYOC_CACHE_DIR="/tmp/cache-$variant" timeout "${MEASURE_S:-250}" python3 bench/real_models.py --prebuild \
           --workdir "build/byoc-$variant" --configs "cuda_sm90:$variant" --tuning-db "" --profile auto --cases "$case" \
@@ -141,7 +141,7 @@ case "$stage" in
         echo "$(date +%T) $case $variant: $(grep -h 'built in\|FAILED' "$OUT/proxy_ab.$variant.${case%%:*}.log" | tail -n 1)"
       done
     done
-    for variant in ${VARIANTS:-measure measure_own}; do
+    for variant in ${VARIANTS:-measure measure_proxy}; do
       PYTHONUNBUFFERED=1 python3 bench/real_models.py --prebuilt --out "$OUT/$variant" --workdir "build/byoc-$variant" \
         --configs "cuda_sm90:$variant" --torch-modes none --cases "$@" 2>&1 | grep -E "byoc [0-9.]+ ms" ;
     done ;;

@@ -87,10 +87,10 @@ def load_config(spec, tuning_db=None, profile="auto"):
                  # (with a fresh BYOC_CACHE_DIR, the persistent one is empty too)
                  "measure": {"backends": [{"cutlass": {"sm": 90, "shipped_tuning": False}}, "cublaslt", "builtin"],
                              "tuning": {"profile": "auto", "tuning_db": None}},
-                 # the same, each candidate timed with its problem's own epilogue (not the proxy)
-                 "measure_own": {"backends": [{"cutlass": {"sm": 90, "shipped_tuning": False, "tuned_epilogue": "own"}},
-                                              "cublaslt", "builtin"],
-                                 "tuning": {"profile": "auto", "tuning_db": None}},
+                 # the same, each candidate timed with its problem's epilogue proxy
+                 "measure_proxy": {"backends": [{"cutlass": {"sm": 90, "shipped_tuning": False,
+                                                             "tuned_epilogue": "proxy"}}, "cublaslt", "builtin"],
+                                   "tuning": {"profile": "auto", "tuning_db": None}},
                  # measure, timed on one GPU of the host only (tuning_gpus: 1)
                  "measure_1gpu": {"backends": [{"cutlass": {"sm": 90, "shipped_tuning": False, "tuning_gpus": 1}},
                                                "cublaslt", "builtin"],

@@ -21,11 +21,13 @@ visible GPU of its arch, or without CuPy) uses what any GPU measured for its tar
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
 import os
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 
@@ -34,6 +36,9 @@ import numpy as np
 from .errors import ByocError, ByocWarning
 
 FORMAT = "byoc-costs"
+# Held while anything in this process times kernels on the GPU (a candidate's run, a
+# tuning profiler): builds side by side must not time at once.
+DEVICE_TIMING = threading.Lock()
 MAX_STORE_BYTES = 64 << 20
 
 
@@ -112,7 +117,8 @@ class CostStore:
             temporary.write_text(text + "\n")
             os.replace(temporary, self.path)
         except OSError as error:
-            temporary.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # (a path through a file cannot be removed either)
+                temporary.unlink(missing_ok=True)
             warnings.warn(f"cannot write the cost store {self.path} ({error.strerror or error}): this build's "
                           f"measurements are not kept", ByocWarning, stacklevel=2)
 
@@ -258,12 +264,12 @@ def repeated(module, copies: int):
     return IRModule({"main": Function(params, bindings, result, result.type)})
 
 
-def measure_candidate(module, backend: str, context, repeat: int = 20) -> float:
-    """Microseconds one run of `module` takes built with `backend` alone (the built-in
-    backend for builtin) on the context's device, on random inputs (COPIES of it a run, on
-    the GPU in one CUDA graph). Raises a ByocError where the candidate does not build or run."""
-    import logging
-    import threading
+def build_candidate(module, backend: str, context, workdir: str, compile_jobs: int | None = None) -> tuple:
+    """(the Library of `module` built with `backend` alone (the built-in backend for builtin)
+    for the context's target into `workdir`, the copies of the candidate one run of it runs):
+    COPIES of it a run (fewer where their operands would pass COPIES_BYTES), in one CUDA
+    graph on the GPU. Raises what the build raises. Safe beside other candidates' builds in
+    threads of one process: tuning in them times on the GPU one at a time (DEVICE_TIMING)."""
     from .build import build
     from .config import BUILTIN_BACKEND
     from .ir.types import TupleType
@@ -276,26 +282,42 @@ def measure_candidate(module, backend: str, context, repeat: int = 20) -> float:
     copy_bytes = sum(t.nbytes for t in (result_type.fields if isinstance(result_type, TupleType) else [result_type]))
     copy_bytes += sum(param.type.nbytes for param in main.params)
     copies = max(1, min(COPIES, COPIES_BYTES // max(copy_bytes, 1)))
-    # the candidate's own build is not the user's: its progress lines (and its heartbeat's)
-    # are left out; the build's own heartbeat, a thread from before, still says what is going on
-    quiet = _OnlyThreads({thread.ident for thread in threading.enumerate()} - {threading.get_ident()})
-    logger = logging.getLogger("byoc.build")
-    logger.addFilter(quiet)
-    try:
-        with tempfile.TemporaryDirectory(prefix="byoc-candidate-") as workdir:
-            library = build(repeated(module, copies), workdir=workdir, config={
-                "target": str(context.target), "backends": backends, "tuning": tuning,
-                "precision": "float32",  # the candidate's types are the build's already
-                "cuda_graph": bool(config.cuda_graph and context.cuda)})
-            loaded = library.load()
-            try:
-                inputs = [_random_input(t, context.cuda) for t in loaded.metadata["inputs"]]
-                milliseconds = loaded.benchmark(*inputs, repeat=repeat, warmup=3)
-            finally:
-                loaded.close()
-    finally:
-        logger.removeFilter(quiet)
+    library = build(repeated(module, copies), workdir=workdir, config={
+        "target": str(context.target), "backends": backends, "tuning": tuning, "compile_jobs": compile_jobs,
+        "precision": "float32",  # the candidate's types are the build's already
+        "cuda_graph": bool(config.cuda_graph and context.cuda)})
+    return library, copies
+
+
+def time_candidate(library, copies: int, cuda: bool, repeat: int = 20) -> float:
+    """Microseconds one copy of the candidate takes in a run of its `library` (build_candidate's),
+    on random inputs, with nothing else timing on the GPU."""
+    with DEVICE_TIMING:
+        loaded = library.load()
+        try:
+            inputs = [_random_input(t, cuda) for t in loaded.metadata["inputs"]]
+            milliseconds = loaded.benchmark(*inputs, repeat=repeat, warmup=3)
+        finally:
+            loaded.close()
     return milliseconds * 1e3 / copies
+
+
+def measure_candidate(module, backend: str, context, repeat: int = 20) -> float:
+    """Microseconds one run of `module` takes built with `backend` alone on the context's
+    device (build_candidate, then time_candidate). Raises a ByocError where the candidate
+    does not build or run."""
+    with tempfile.TemporaryDirectory(prefix="byoc-candidate-") as workdir:
+        library, copies = build_candidate(module, backend, context, workdir)
+        return time_candidate(library, copies, context.cuda, repeat)
+
+
+def candidate_build_slots(count: int, compile_jobs: int | None) -> tuple:
+    """(candidate builds side by side, compile jobs each) for `count` candidates: the
+    build's compile jobs (default one per CPU) shared, two a build (a candidate has about
+    one heavy unit, and its host code)."""
+    jobs = compile_jobs or os.cpu_count() or 1
+    workers = max(1, min(count, jobs // 2))
+    return workers, max(1, jobs // workers)
 
 
 class _OnlyThreads:
@@ -341,20 +363,64 @@ def candidate_costs(context):
             keyed.setdefault(key, (modules[nodes], backend))
             key_of.append(key)
         to_measure = [key for key in keyed if store.entry(device, key) is None] if measurable else []
-        for number, key in enumerate(to_measure):
-            module, backend = keyed[key]
-            ops = ", ".join(b.value.op.name for b in module["main"].bindings)
-            context.progress.stage(f"partition: measured: timing candidate {number + 1}/{len(to_measure)}: "
-                                   f"{backend} running {ops}")
-            try:
-                store.record(device, key, measure_candidate(module, backend, context), backend, ops)
-            except Exception as error:  # noqa: BLE001 - whatever stops it, the candidate is left out, not the build
-                first_line = (str(error).strip().splitlines() or [""])[0]
-                store.record_failed(device, key, f"{type(error).__name__}: {first_line}", backend, ops)
-            store.save()  # each as it is taken: an interrupted build keeps what it measured
+        if to_measure:
+            _measure_all(to_measure, keyed, store, device, context)
         stored = sum(1 for key in keyed if store.lookup(device, key) is not None) - \
             sum(1 for key in to_measure if store.lookup(device, key) is not None)
         context.progress.stage(f"partition: measured: {len(keyed)} distinct candidates: {len(to_measure)} timed "
                                f"now, {stored} costs from the cost store ({store.path})")
         return [store.failed(device, key) or store.lookup(device, key) for key in key_of]
     return cost_of
+
+
+def _measure_all(keys: list, keyed: dict, store: CostStore, device: str, context):
+    """Each candidate of `keys` built (side by side in threads: the builds are mostly nvcc
+    and ninja, processes of their own), then timed one at a time on the device, each cost
+    stored as it is taken: an interrupted build keeps what it measured. A candidate that
+    does not build or run, whatever it raises, is stored as failed, with why."""
+    import concurrent.futures
+    import logging
+    import threading
+
+    def ops_of(key):
+        return ", ".join(b.value.op.name for b in keyed[key][0]["main"].bindings)
+
+    def failed(key, error):
+        first_line = (str(error).strip().splitlines() or [""])[0]
+        store.record_failed(device, key, f"{type(error).__name__}: {first_line}", keyed[key][1], ops_of(key))
+        store.save()
+
+    workers, jobs = candidate_build_slots(len(keys), context.config.compile_jobs)
+    # the candidates' own builds are not the user's: their progress lines (and heartbeats)
+    # are left out; this thread's say how far the measuring is
+    quiet = _OnlyThreads({thread.ident for thread in threading.enumerate()})
+    logger = logging.getLogger("byoc.build")
+    logger.addFilter(quiet)
+    try:
+        with tempfile.TemporaryDirectory(prefix="byoc-candidates-") as root, \
+                concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="byoc-candidate") as pool:
+            futures = {pool.submit(build_candidate, *keyed[key], context, os.path.join(root, str(number)),
+                                   jobs): key for number, key in enumerate(keys)}
+            built = {}
+            context.progress.stage(f"partition: measured: building {len(keys)} candidates ({workers} at a time)")
+            for done, future in enumerate(concurrent.futures.as_completed(futures)):
+                key = futures[future]
+                try:
+                    built[key] = future.result()
+                except Exception as error:  # noqa: BLE001 - whatever stops it, the candidate is left out, not the build
+                    failed(key, error)
+                context.progress.stage(f"partition: measured: built {done + 1}/{len(keys)} candidates "
+                                       f"(the last: {keyed[key][1]} running {ops_of(key)})")
+            for number, key in enumerate(keys):
+                if key not in built:
+                    continue
+                context.progress.stage(f"partition: measured: timing candidate {number + 1}/{len(keys)}: "
+                                       f"{keyed[key][1]} running {ops_of(key)}")
+                try:
+                    store.record(device, key, time_candidate(*built.pop(key), context.cuda), keyed[key][1],
+                                 ops_of(key))
+                    store.save()
+                except Exception as error:  # noqa: BLE001
+                    failed(key, error)
+    finally:
+        logger.removeFilter(quiet)

@@ -127,14 +127,14 @@ def test_a_candidate_that_fails_is_left_out_remembered_and_not_measured_again(ca
     """Whatever a candidate's build raises (not only a ByocError), the build goes on without
     it, the report says why, and the store keeps the failure so that it is not retried."""
     from byoc import costs
-    real, calls = costs.measure_candidate, []
+    real, calls = costs.build_candidate, []
 
-    def flaky(module, backend, context, **options):
+    def flaky(module, backend, context, *args):
         calls.append(backend)
         if backend == "cublaslt":
             raise RuntimeError("the engine fell over")
-        return real(module, backend, context, **options)
-    monkeypatch.setattr(costs, "measure_candidate", flaky)
+        return real(module, backend, context, *args)
+    monkeypatch.setattr(costs, "build_candidate", flaky)
     inputs, want = mlp_case()
     library = byoc.build(FIXTURES / "mlp.onnx", config=MEASURED, workdir=str(tmp_path / "first"))
     assert np.max(np.abs(library.load().run(**inputs) - want)) <= 1e-4 * np.max(np.abs(want))
@@ -290,7 +290,8 @@ def test_a_measured_cuda_build_times_its_candidates_on_the_gpu(cache, tmp_path):
     want = next(data[k] for k in data if k.startswith("out_"))
     config = {"target": "cuda -arch=sm_90", "backends": [{"cutlass": {"sm": 90}}, "cublaslt", "builtin"],
               "precision": "float16", "partition": "measured"}
-    library = byoc.build(FIXTURES / "bert2.onnx", config=config, workdir=str(tmp_path / "first"))
+    shapes = {name: value.shape for name, value in inputs.items()}
+    library = byoc.build(FIXTURES / "bert2.onnx", config=config, workdir=str(tmp_path / "first"), input_shapes=shapes)
     measured = library.report.to_json()["measured"]
     assert measured["decisions"] and measured["cost_us"] > 0
     assert not any("priority order" in note for note in measured["notes"]), measured["notes"]
@@ -303,6 +304,40 @@ def test_a_measured_cuda_build_times_its_candidates_on_the_gpu(cache, tmp_path):
     got = library.load().run(**{k: cupy.asarray(v) for k, v in inputs.items()})
     got = cupy.asnumpy(got[0] if isinstance(got, tuple) else got)
     assert np.max(np.abs(got.astype(np.float32) - want)) <= 2e-2 * max(1.0, float(np.max(np.abs(want))))
-    again = byoc.build(FIXTURES / "bert2.onnx", config=config, workdir=str(tmp_path / "second"))
+    again = byoc.build(FIXTURES / "bert2.onnx", config=config, workdir=str(tmp_path / "second"), input_shapes=shapes)
     assert again.report.to_json()["measured"]["cost_us"] == measured["cost_us"]
     assert json.loads((cache / "costs" / "costs.json").read_text()) == store
+
+
+def test_candidates_are_built_side_by_side_and_timed_one_at_a_time(cache, tmp_path, monkeypatch):
+    """With four compile jobs, two candidate builds run at once (threads), while timing
+    (DEVICE_TIMING) is never entered by two; the choice is the one-at-a-time build's."""
+    import threading
+    from byoc import costs
+    assert costs.candidate_build_slots(40, 32) == (16, 2) and costs.candidate_build_slots(3, None)[0] >= 1
+    assert costs.candidate_build_slots(1, 8) == (1, 8)
+    real_build, real_time = costs.build_candidate, costs.time_candidate
+    lock, building, most, timing = threading.Lock(), [0], [0], []
+
+    def build(*args):
+        with lock:
+            building[0] += 1
+            most[0] = max(most[0], building[0])
+        try:
+            return real_build(*args)
+        finally:
+            with lock:
+                building[0] -= 1
+
+    def time(*args):
+        assert costs.DEVICE_TIMING.acquire(blocking=False)  # nothing else times now
+        costs.DEVICE_TIMING.release()
+        timing.append(building[0])
+        return real_time(*args)
+    monkeypatch.setattr(costs, "build_candidate", build)
+    monkeypatch.setattr(costs, "time_candidate", time)
+    library = byoc.build(FIXTURES / "mlp.onnx", config={**MEASURED, "compile_jobs": 4}, workdir=str(tmp_path / "m"))
+    assert most[0] == 2 and timing and not any(timing)  # every build done before the first timing
+    inputs, want = mlp_case()
+    assert np.max(np.abs(library.load().run(**inputs) - want)) <= 1e-4 * np.max(np.abs(want))
+    assert len(library.report.to_json()["measured"]["decisions"]) == 3

@@ -264,9 +264,13 @@ def test_candidates_are_timed_on_the_epilogue_proxy(tmp_path, monkeypatch):
 def test_the_database_says_which_epilogue_was_timed(cache, measured, tmp_path):
     problem = GemmProblem(320, 768, 768, 1, "float16", True, "gelu", True, False)
     database = TuningDatabase(tmp_path / "db.json")
-    choose_kernels([problem], 90, database, profile=True, workdir=tmp_path / "w", compile_flags=[])
+    choose_kernels([problem], 90, database, profile=True, workdir=tmp_path / "w", compile_flags=[],
+                   proxy_epilogue=True)
     entry = TuningDatabase(tmp_path / "db.json").entry(90, problem)
     assert entry["timed_epilogue"] == "bias" and entry["name"].endswith("bias_gelu")
+    choose_kernels([problem], 90, TuningDatabase(tmp_path / "own.json"), profile=True, workdir=tmp_path / "o",
+                   compile_flags=[])  # the default: its own epilogue
+    assert "timed_epilogue" not in TuningDatabase(tmp_path / "own.json").entry(90, problem)
 
 
 FAKE_PROFILER = """#!{python}
@@ -382,3 +386,19 @@ def test_a_terminal_sees_a_line_per_tuning_problem_and_what_is_being_timed(tmp_p
     stamps = [stamp for stamp, _ in lines]
     assert max(b - a for a, b in zip(stamps, stamps[1:])) < 6.0, lines
     assert all(re.search(r"\[\s*\d+\.\d s\]", text) for text in texts)
+
+
+def test_builds_tuning_at_once_keep_each_others_entries(tmp_path):
+    """Two builds that read the database before either measured (candidate builds side by
+    side under partition: measured) each save what they measured: neither loses the other's."""
+    path = tmp_path / "db.json"
+    first, second = TuningDatabase(path), TuningDatabase(path)
+    other = GemmProblem(640, 512, 256, 1, "float16", False, None, True, False)
+    kernel = default_kernel(90, PROBLEM)
+    first.record(90, PROBLEM, kernel, 10.0, {kernel.name(PROBLEM): 10.0})
+    second.record(90, other, kernel, 20.0, {kernel.name(other): 20.0})
+    first.save()
+    second.save()
+    entries = TuningDatabase(path).entries["sm90"]
+    assert entries[PROBLEM.key]["us"] == 10.0 and entries[other.key]["us"] == 20.0
+    assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))

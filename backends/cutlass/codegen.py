@@ -246,7 +246,7 @@ def codegen(functions: dict, target) -> list:
                                 jobs=target.attrs.get("compile_threads") or None, allowed=allowed,
                                 remeasure_on=remeasure_on, optional_save=optional_save,
                                 progress=getattr(target, "progress", None),
-                                proxy_epilogue=target.attrs.get("tuned_epilogue", "proxy") == "proxy",
+                                proxy_epilogue=target.attrs.get("tuned_epilogue", "own") == "proxy",
                                 gpu_limit=target.attrs.get("tuning_gpus") or 0)
     except ValueError as error:  # the target's tiles/clusters/stages leave no kernel for a problem
         raise BuildError(str(error)) from None

@@ -5,13 +5,16 @@ Tuning problems (GEMMs or convs: both are measured the same way, each against th
 of its family, kernels.usable_candidates) = compile every candidate kernel once (one ninja
 edge each, through the object cache), link them with one generated profiler
 (templates/cutlass/profiler.cu.j2), run it once for all the problems, keep each problem's
-fastest. A candidate is timed with its problem's epilogue proxy (epilogue_proxy: the bias
-kept, no activation, no residual), so every problem of one dtype and layout times the same
-few kernel units whatever its epilogue: BERT's four GEMMs of a layer share one set, and the
-next model's tuning finds them in the object cache. The build then compiles the winner with
-the problem's own epilogue (one unit per distinct kernel), which the profiler's timing of
-the proxy ranks as it ranks the real kernels: an epilogue is elementwise work on the
-output tile, the same for every candidate of a problem.
+fastest. A candidate is timed with its problem's own epilogue, so the winner's object is
+the one timed and the build finds it in the object cache. With the cutlass target's
+`tuned_epilogue: proxy`, it is timed with the problem's epilogue proxy instead
+(epilogue_proxy: the bias kept, no activation, no residual), so every problem of one dtype
+and layout times the same few kernel units whatever its epilogue (BERT's four GEMMs of a
+layer share one set), and the build then compiles the winner with the problem's own
+epilogue, which the proxy ranks as it ranks the real kernels (an epilogue is elementwise
+work on the output tile, the same for every candidate of a problem). That second wave of
+compiles after timing made BERT-base's cold tuning slower on a 32-core H100 host (88-90 s
+against 62 s), so it is not the default.
 
 The database is one JSON file, shareable between machines of the same arch:
 
@@ -31,13 +34,16 @@ when `profile: true` asks for tuning on a GPU of another name. `byoc tuning show
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
+import threading
 import warnings
 from pathlib import Path
 
+from byoc.costs import DEVICE_TIMING
 from byoc.errors import BuildError, ByocWarning
 from byoc.json_files import read_json
 from byoc.codegen.templates import render_template
@@ -89,6 +95,7 @@ class TuningDatabase:
         self.path = Path(path) if path else None
         self.fallback = fallback
         self.entries: dict = {}
+        self.recorded: set = set()  # (arch, problem key) this instance measured: what save() merges in
         if self.path and self.path.exists():
             data = self._read()
             if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != 1:
@@ -153,10 +160,12 @@ class TuningDatabase:
         """Remember that measuring `problem` here found no candidate that runs: later builds on
         this GPU take the heuristic's kernel instead of measuring it again (and again) each
         time; delete the entry (byoc tuning) to measure it once more."""
+        self.recorded.add((f"sm{sm}", problem.key))
         self.entries.setdefault(f"sm{sm}", {})[problem.key] = {
             "failed": True, "measured": measured, **{k: v for k, v in (provenance or {}).items() if v is not None}}
 
     def record(self, sm: int, problem, kernel, microseconds: float, measured: dict, provenance: dict | None = None):
+        self.recorded.add((f"sm{sm}", problem.key))
         self.entries.setdefault(f"sm{sm}", {})[problem.key] = {
             "kernel": kernel.to_json(), "name": kernel.name(problem), "us": microseconds, "measured": measured,
             **{k: v for k, v in (provenance or {}).items() if v is not None}}
@@ -166,17 +175,41 @@ class TuningDatabase:
         one the user named): a failure is a warning, and the build goes on."""
         if self.path is None:
             return
+        if self.recorded:
+            self.entries = self._merged_with_file()
         text = json.dumps({"format": FORMAT, "version": 1, "entries": self.entries}, indent=1, sort_keys=True)
-        temporary = self.path.with_suffix(".tmp")
+        # a temporary file of this process and thread: builds side by side (partition:
+        # measured builds its candidates so) each write whole files
+        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             temporary.write_text(text + "\n")
             os.replace(temporary, self.path)
         except OSError as error:
+            with contextlib.suppress(OSError):  # (a path through a file cannot be removed either)
+                temporary.unlink(missing_ok=True)
             message = f"cannot write the tuning database {self.path} ({error.strerror or error})"
             if not optional:
                 raise BuildError(f"{message}; expected a writable file (the cutlass target's tuning_db)") from None
             warnings.warn(f"{message}: this build's tuning results are not kept", ByocWarning)
+
+
+    def _merged_with_file(self) -> dict:
+        """What the file holds now (another build may have written it since this one read it)
+        with this instance's measurements over it: builds that tune at once lose nothing."""
+        try:
+            data = self._read() if self.path.is_file() else {}
+        except BuildError:
+            data = {}  # unreadable: replaced by this build's entries
+        current = data.get("entries") if isinstance(data, dict) and data.get("format") == FORMAT else None
+        if not isinstance(current, dict) or not all(isinstance(v, dict) for v in current.values()):
+            return self.entries
+        merged = {arch: dict(entries) for arch, entries in current.items()}
+        for arch, entries in self.entries.items():
+            for key, entry in entries.items():
+                if (arch, key) in self.recorded or key not in merged.get(arch, {}):
+                    merged.setdefault(arch, {})[key] = entry
+        return merged
 
 
 def merge_entries(databases: list) -> tuple[dict, int]:
@@ -248,7 +281,7 @@ def timed_problem(problem, kernels: list, proxy: bool):
 def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile: bool, workdir: Path,
                    compile_flags: list, jobs: int | None = None, allowed: CandidateFilter = NO_FILTER,
                    remeasure_on: str | None = None, optional_save: bool = False, progress=None,
-                   proxy_epilogue: bool = True, gpu_limit: int = 0) -> dict:
+                   proxy_epilogue: bool = False, gpu_limit: int = 0) -> dict:
     """problem -> kernel for every problem (GemmProblem or ConvProblem): from the
     database (when the target allows that kernel), else measured among the allowed
     candidates (when `profile`), else the database's kernel for the same shape with another
@@ -405,8 +438,10 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
                        f"(at most {PROBLEM_SECONDS} s a problem)")
         progress.last_what = timing_now(keys, 0)
     weights = [len(data["candidates"]) for _, data in timed]
-    for position, times in run_profiler(executable, len(timed), on_problem=tuning_reporter(progress, keys),
-                                        gpus=gpus, weights=weights).items():
+    with DEVICE_TIMING:  # alone on the GPU: builds side by side (partition: measured's) time one at a time
+        measured = run_profiler(executable, len(timed), on_problem=tuning_reporter(progress, keys), gpus=gpus,
+                                weights=weights)
+    for position, times in measured.items():
         problem = timed[position][0]
         results[problem] = {names[problem].get(name, name): us for name, us in times.items()}
     return results
