@@ -267,9 +267,10 @@ def repeated(module, copies: int):
 def build_candidate(module, backend: str, context, workdir: str, compile_jobs: int | None = None) -> tuple:
     """(the Library of `module` built with `backend` alone (the built-in backend for builtin)
     for the context's target into `workdir`, the copies of the candidate one run of it runs):
-    COPIES of it a run (fewer where their operands would pass COPIES_BYTES), in one CUDA
-    graph on the GPU. Raises what the build raises. Safe beside other candidates' builds in
-    threads of one process: tuning in them times on the GPU one at a time (DEVICE_TIMING)."""
+    COPIES of it a run (fewer where their operands would pass COPIES_BYTES), on the GPU in
+    one CUDA graph that reads the caller's tensors in place. Raises what the build raises.
+    Safe beside other candidates' builds in threads of one process: tuning in them times on
+    the GPU one at a time (DEVICE_TIMING)."""
     from .build import build
     from .config import BUILTIN_BACKEND
     from .ir.types import TupleType
@@ -285,7 +286,10 @@ def build_candidate(module, backend: str, context, workdir: str, compile_jobs: i
     library = build(repeated(module, copies), workdir=workdir, config={
         "target": str(context.target), "backends": backends, "tuning": tuning, "compile_jobs": compile_jobs,
         "precision": "float32",  # the candidate's types are the build's already
-        "cuda_graph": bool(config.cuda_graph and context.cuda)})
+        # on the GPU one graph that reads and writes the caller's tensors: copies of the
+        # inputs and outputs around each replay (cuda_graph_io: copy) would be timed with
+        # the kernels, and cost a large op several times its kernel's time
+        "cuda_graph": bool(config.cuda_graph and context.cuda), "cuda_graph_io": "update"})
     return library, copies
 
 

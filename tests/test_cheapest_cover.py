@@ -229,3 +229,43 @@ def test_the_search_finds_what_a_brute_force_finds(seed):
     for decision in cover.decisions:
         assert decision.cost_us == pytest.approx(cover.cost_us)
         assert all(a.cost_us is None or a.cost_us >= cover.cost_us - 1e-6 for a in decision.alternatives)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_without_boundary_costs_the_parts_no_candidate_joins_are_chosen_apart(seed):
+    """Random DAGs of 9 nodes whose fused candidates join only nearby nodes (several parts,
+    cycles through parts possible): the cover chosen part by part costs what the brute
+    force and the whole-graph search find, covers every node once, and every decision's
+    cost is the whole cover's."""
+    rng = random.Random(seed)
+    n = 9
+    edges = sorted({(p, c) for c in range(1, n) for p in rng.sample(range(c), rng.randint(1, min(2, c)))})
+    candidates = [op(backend, node, rng.uniform(2, 10)) for node in range(n) for backend in ("builtin", "cutlass")]
+    for _ in range(5):
+        start = rng.randrange(n - 1)
+        nodes = frozenset(range(start, min(n, start + rng.randint(2, 3))))
+        candidates.append(Candidate("cutlass", nodes, rng.uniform(1, 12), "fused"))
+    cover = cheapest_cover(n, edges, candidates)
+    whole = cheapest_cover(n, edges, candidates, lambda *_: 0.0)  # a boundary cost: one search of all
+    assert cover.cost_us == pytest.approx(whole.cost_us)
+    assert cover.cost_us == pytest.approx(_brute_force(n, edges, candidates, lambda *_: 0.0))
+    assert sorted(node for c in cover.candidates for node in c.nodes) == list(range(n))
+    assert [d.node for d in cover.decisions] == sorted(min(c.nodes) for c in cover.candidates)
+    for decision in cover.decisions:
+        assert decision.cost_us == pytest.approx(cover.cost_us)
+        assert all(a.cost_us is None or a.cost_us >= cover.cost_us - 1e-6 for a in decision.alternatives)
+
+
+def test_ops_whose_results_are_read_much_later_are_chosen_one_by_one():
+    """Twenty ops, each on two backends, whose results only the last op reads (as a skip
+    connection's or a concatenation's inputs are): searched whole, each finished op's choice
+    stays in the state until the last op is placed (2**20 states); op by op, the search is
+    small, and chooses the cheaper backend of each."""
+    n = 20
+    candidates = [op("builtin", node, 2.0 + node % 3) for node in range(n)] + \
+        [op("cutlass", node, 1.0 + node % 2 * 3) for node in range(n)] + [op("builtin", n, 1.0)]
+    edges = [(node, n) for node in range(n)]
+    with pytest.raises(CoverError, match="passed 2000 states"):
+        cheapest_cover(n + 1, edges, candidates, lambda *_: 0.0, max_states=2000)
+    cover = cheapest_cover(n + 1, edges, candidates, max_states=2000)
+    assert cover.cost_us == pytest.approx(1.0 + sum(min(2.0 + node % 3, 1.0 + node % 2 * 3) for node in range(n)))

@@ -134,6 +134,13 @@ def cheapest_cover(num_nodes: int, edges: Iterable, candidates: Sequence[Candida
     for node, covered in enumerate(covering):
         if not covered:
             raise CoverError(f"cheapest cover: no candidate covers node {node}")
+    if boundary_cost is None:
+        # Without boundary costs, the parts of the graph no candidate joins are chosen on
+        # their own: a whole-graph state would carry every finished part's frontier choices
+        # into the next (ConvNeXt-T's residual blocks passed 200,000 states that way).
+        cover = _cover_by_components(num_nodes, successors, candidates, max_states)
+        if cover is not None:
+            return cover
     # a candidate can be placed when its first node is the first uncovered one: index the
     # candidates by every node they hold, tried in the order given (the priority order)
     holding: list[list[int]] = [[] for _ in range(num_nodes)]
@@ -159,6 +166,65 @@ def cheapest_cover(num_nodes: int, edges: Iterable, candidates: Sequence[Candida
         raise CoverError("cheapest cover: the chosen candidates need each other (a cycle): "
                          + "; ".join(c.describe() for c in chosen))
     return Cover(chosen, _boundaries(chosen, successors, search.boundary_cost), cost, search.decisions(choices))
+
+
+def _cover_by_components(num_nodes: int, successors: list, candidates: Sequence[Candidate],
+                         max_states: int) -> Cover | None:
+    """The cheapest cover chosen component by component (nodes joined by candidates that
+    hold them together; edges between a component's nodes wherever one reaches another
+    through nodes outside it), or None where there is one component, or where the covers
+    chosen so need each other (a cycle through several components): the whole search then."""
+    parent = list(range(num_nodes))
+
+    def root(node):
+        while parent[node] != node:
+            parent[node] = parent[parent[node]]
+            node = parent[node]
+        return node
+    for candidate in candidates:
+        first, *rest = sorted(candidate.nodes)
+        for node in rest:
+            parent[root(node)] = root(first)
+    components: dict = {}
+    for node in range(num_nodes):
+        components.setdefault(root(node), []).append(node)
+    if len(components) < 2:
+        return None
+    covers = []
+    for nodes in components.values():
+        number = {node: position for position, node in enumerate(nodes)}
+        edges = set()
+        for node in nodes:  # reach to the component's next nodes, through the others
+            stack, seen = list(successors[node]), set()
+            while stack:
+                other = stack.pop()
+                if other in seen:
+                    continue
+                seen.add(other)
+                if other in number:
+                    edges.add((number[node], number[other]))
+                else:
+                    stack.extend(successors[other])
+        own = [c for c in candidates if min(c.nodes) in number]
+        local = [Candidate(c.backend, frozenset(number[n] for n in c.nodes), c.cost_us, c.name) for c in own]
+        original = dict(zip(local, own))
+        cover = cheapest_cover(len(nodes), sorted(edges), local, max_states=max_states)
+        covers.append((nodes, original, cover))
+    chosen = [original[c] for _, original, cover in covers for c in cover.candidates]
+    if _has_cycle(chosen, num_nodes, successors):
+        return None
+    total = sum(cover.cost_us for _, _, cover in covers)
+    decisions = []
+    for nodes, original, cover in covers:
+        others = total - cover.cost_us  # a decision's costs are whole covers': the other parts' added
+        for decision in cover.decisions:
+            alternatives = tuple(Alternative(original[a.candidate], None if a.cost_us is None else a.cost_us + others,
+                                             a.why_not) for a in decision.alternatives)
+            decisions.append(Decision(nodes[decision.node], original[decision.chosen], decision.cost_us + others,
+                                      alternatives))
+    decisions.sort(key=lambda decision: decision.node)
+    chosen.sort(key=lambda candidate: min(candidate.nodes))
+    return Cover(chosen, _boundaries(chosen, successors, lambda *_: 0.0), total, decisions)
 
 
 def _check_candidate(candidate: Candidate, num_nodes: int) -> None:
