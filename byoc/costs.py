@@ -53,6 +53,7 @@ class CostStore:
     def __init__(self, path: Path | None = None):
         self.path = Path(path) if path is not None else default_store_path()
         self.entries = self._read()
+        self.recorded: set = set()  # (device, key) measured through this instance: what save() merges in
 
     def _read(self, quiet: bool = False) -> dict:
         """The file's entries; one that cannot be read is a warning (unless `quiet`: save()
@@ -94,10 +95,12 @@ class CostStore:
         return str(entry["failed"]) if entry is not None and "failed" in entry else None
 
     def record(self, device: str, key: str, us: float, backend: str, ops: str):
+        self.recorded.add((device, key))
         self.entries.setdefault(device, {})[key] = {"us": round(float(us), 3), "backend": backend, "ops": ops,
                                                     "date": datetime.date.today().isoformat()}
 
     def record_failed(self, device: str, key: str, reason: str, backend: str, ops: str):
+        self.recorded.add((device, key))
         self.entries.setdefault(device, {})[key] = {"failed": reason[:300] or "no reason given", "backend": backend,
                                                     "ops": ops, "date": datetime.date.today().isoformat()}
 
@@ -105,10 +108,10 @@ class CostStore:
         """Merged into what the file holds now (another build may have written it since;
         not with `merge` off: the file becomes these entries) and written through a
         temporary file of this process; a store that cannot be written is a warning."""
-        if merge:
+        if merge:  # what this instance measured over what the file holds now (newer than what was read)
             merged = {device: dict(entries) for device, entries in self._read(quiet=True).items()}
-            for device, entries in self.entries.items():
-                merged.setdefault(device, {}).update(entries)
+            for device, key in self.recorded:
+                merged.setdefault(device, {})[key] = self.entries[device][key]
             self.entries = merged
         text = json.dumps({"format": FORMAT, "version": 1, "entries": self.entries}, indent=1, sort_keys=True)
         temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")

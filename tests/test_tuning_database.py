@@ -402,3 +402,20 @@ def test_builds_tuning_at_once_keep_each_others_entries(tmp_path):
     entries = TuningDatabase(path).entries["sm90"]
     assert entries[PROBLEM.key]["us"] == 10.0 and entries[other.key]["us"] == 20.0
     assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_a_save_merges_only_what_this_build_measured(tmp_path):
+    """An entry deleted from the file after a build read it stays deleted when that build
+    saves what it measured."""
+    path = tmp_path / "db.json"
+    other = GemmProblem(640, 512, 256, 1, "float16", False, None, True, False)
+    kernel = default_kernel(90, PROBLEM)
+    seed = TuningDatabase(path)
+    seed.record(90, PROBLEM, kernel, 10.0, {})
+    seed.save()
+    reader = TuningDatabase(path)  # reads PROBLEM's entry
+    path.write_text(json.dumps({"format": "byoc-cutlass-tuning", "version": 1, "entries": {"sm90": {}}}))  # deleted
+    reader.record(90, other, kernel, 20.0, {})
+    reader.save()
+    entries = TuningDatabase(path).entries["sm90"]
+    assert other.key in entries and PROBLEM.key not in entries

@@ -207,7 +207,7 @@ class TuningDatabase:
         merged = {arch: dict(entries) for arch, entries in current.items()}
         for arch, entries in self.entries.items():
             for key, entry in entries.items():
-                if (arch, key) in self.recorded or key not in merged.get(arch, {}):
+                if (arch, key) in self.recorded:  # (an entry deleted from the file since stays deleted)
                     merged.setdefault(arch, {})[key] = entry
         return merged
 
@@ -341,7 +341,8 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
             database.record(sm, problem, by_name[best], valid[best], times,
                             {**provenance, "candidates": len(times),
                              "timed_epilogue": stand_in.epilogue_name if stand_in != problem else None})
-        database.save(optional=optional_save)
+        if database.recorded:  # nothing measured: the file is left as it is (another build may have written it)
+            database.save(optional=optional_save)
     return chosen
 
 
