@@ -174,41 +174,19 @@ def _cover_by_components(num_nodes: int, successors: list, candidates: Sequence[
     hold them together; edges between a component's nodes wherever one reaches another
     through nodes outside it), or None where there is one component, or where the covers
     chosen so need each other (a cycle through several components): the whole search then."""
-    parent = list(range(num_nodes))
-
-    def root(node):
-        while parent[node] != node:
-            parent[node] = parent[parent[node]]
-            node = parent[node]
-        return node
-    for candidate in candidates:
-        first, *rest = sorted(candidate.nodes)
-        for node in rest:
-            parent[root(node)] = root(first)
+    group_of = joined_groups(range(num_nodes), [candidate.nodes for candidate in candidates])
     components: dict = {}
     for node in range(num_nodes):
-        components.setdefault(root(node), []).append(node)
+        components.setdefault(group_of[node], []).append(node)
     if len(components) < 2:
         return None
     covers = []
     for nodes in components.values():
         number = {node: position for position, node in enumerate(nodes)}
-        edges = set()
-        for node in nodes:  # reach to the component's next nodes, through the others
-            stack, seen = list(successors[node]), set()
-            while stack:
-                other = stack.pop()
-                if other in seen:
-                    continue
-                seen.add(other)
-                if other in number:
-                    edges.add((number[node], number[other]))
-                else:
-                    stack.extend(successors[other])
         own = [c for c in candidates if min(c.nodes) in number]
         local = [Candidate(c.backend, frozenset(number[n] for n in c.nodes), c.cost_us, c.name) for c in own]
         original = dict(zip(local, own))
-        cover = cheapest_cover(len(nodes), sorted(edges), local, max_states=max_states)
+        cover = cheapest_cover(len(nodes), reach_edges(successors, number), local, max_states=max_states)
         covers.append((nodes, original, cover))
     chosen = [original[c] for _, original, cover in covers for c in cover.candidates]
     if _has_cycle(chosen, num_nodes, successors):
@@ -225,6 +203,42 @@ def _cover_by_components(num_nodes: int, successors: list, candidates: Sequence[
     decisions.sort(key=lambda decision: decision.node)
     chosen.sort(key=lambda candidate: min(candidate.nodes))
     return Cover(chosen, _boundaries(chosen, successors, lambda *_: 0.0), total, decisions)
+
+
+def joined_groups(nodes, node_sets) -> dict:
+    """node -> its group: `nodes` joined wherever one of `node_sets` holds two of them
+    together (a union-find; each group named by one of its nodes)."""
+    parent = {node: node for node in nodes}
+
+    def root(node):
+        while parent[node] != node:
+            parent[node] = parent[parent[node]]
+            node = parent[node]
+        return node
+    for held in node_sets:
+        first, *rest = sorted(held)
+        for node in rest:
+            parent[root(node)] = root(first)
+    return {node: root(node) for node in parent}
+
+
+def reach_edges(successors, index: dict) -> list:
+    """The edges between the nodes `index` renumbers (node -> its number), sorted: one from
+    a to b wherever a reaches b directly or through nodes `index` leaves out only
+    (`successors[node]`: the nodes it feeds)."""
+    contracted = set()
+    for node, number in index.items():
+        stack, seen = list(successors[node]), set()
+        while stack:
+            other = stack.pop()
+            if other in seen:
+                continue
+            seen.add(other)
+            if other in index:
+                contracted.add((number, index[other]))
+            else:
+                stack.extend(successors[other])
+    return sorted(contracted)
 
 
 def _check_candidate(candidate: Candidate, num_nodes: int) -> None:

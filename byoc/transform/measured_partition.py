@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from ..ir.expr import Function
 from ..ir.module import IRModule
-from .cheapest_cover import Candidate, CoverError, cheapest_cover
+from .cheapest_cover import Candidate, CoverError, cheapest_cover, joined_groups, reach_edges
 from .fuse_ops_by_pattern import _Matcher, _wrap_matches
 from .pattern_candidates import dataflow_edges, pattern_candidates
 
@@ -114,35 +114,12 @@ def contested_edges(num_nodes: int, edges: list, index: dict) -> list:
     successors = [[] for _ in range(num_nodes)]
     for producer, consumer in edges:
         successors[producer].append(consumer)
-    contracted = set()
-    for node, number in index.items():
-        stack, seen = list(successors[node]), set()
-        while stack:
-            other = stack.pop()
-            if other in seen:
-                continue
-            seen.add(other)
-            if other in index:
-                contracted.add((number, index[other]))
-            else:
-                stack.extend(successors[other])
-    return sorted(contracted)
+    return reach_edges(successors, index)
 
 
 def _regions(contested: list, matches: list) -> dict:
     """node -> its region: the contested ops joined by the matches that hold them together."""
-    parent = {node: node for node in contested}
-
-    def root(node):
-        while parent[node] != node:
-            parent[node] = parent[parent[node]]
-            node = parent[node]
-        return node
-    for match in matches:
-        first, *rest = sorted(match.nodes)
-        for node in rest:
-            parent[root(node)] = root(first)
-    return {node: root(node) for node in contested}
+    return joined_groups(contested, [match.nodes for match in matches])
 
 
 def _priority_choice(matches: list) -> list:
