@@ -21,7 +21,6 @@ visible GPU of its arch, or without CuPy) uses what any GPU measured for its tar
 """
 from __future__ import annotations
 
-import contextlib
 import datetime
 import hashlib
 import json
@@ -113,15 +112,10 @@ class CostStore:
             for device, key in self.recorded:
                 merged.setdefault(device, {})[key] = self.entries[device][key]
             self.entries = merged
-        text = json.dumps({"format": FORMAT, "version": 1, "entries": self.entries}, indent=1, sort_keys=True)
-        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        from .json_files import write_json_whole
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            temporary.write_text(text + "\n")
-            os.replace(temporary, self.path)
+            write_json_whole(self.path, {"format": FORMAT, "version": 1, "entries": self.entries})
         except OSError as error:
-            with contextlib.suppress(OSError):  # (a path through a file cannot be removed either)
-                temporary.unlink(missing_ok=True)
             warnings.warn(f"cannot write the cost store {self.path} ({error.strerror or error}): this build's "
                           f"measurements are not kept", ByocWarning, stacklevel=2)
 

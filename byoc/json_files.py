@@ -143,3 +143,24 @@ def read_json(path, what: str, error: type[ByocError] = ConfigError, advice: str
     finally:
         os.close(descriptor)
     return parse_json(b"".join(chunks), where, what, error, advice, max_depth)
+
+
+def write_json_whole(path, document) -> None:
+    """Write `document` to `path` as indented JSON through a temporary file of this process
+    and thread beside it, replaced into place: a reader (or another build saving the same
+    file at once) sees the old file or the new one, never part of one. Raises OSError, the
+    temporary file removed."""
+    import contextlib
+    import threading
+    from pathlib import Path
+    path = Path(path)
+    text = json.dumps(document, indent=1, sort_keys=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary.write_text(text + "\n")
+        os.replace(temporary, path)
+    except OSError:
+        with contextlib.suppress(OSError):  # (a path through a file cannot be removed either)
+            temporary.unlink(missing_ok=True)
+        raise

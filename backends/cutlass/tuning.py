@@ -34,18 +34,16 @@ when `profile: true` asks for tuning on a GPU of another name. `byoc tuning show
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 import subprocess
-import threading
 import warnings
 from pathlib import Path
 
 from byoc.costs import DEVICE_TIMING
 from byoc.errors import BuildError, ByocWarning
-from byoc.json_files import read_json
+from byoc.json_files import read_json, write_json_whole
 from byoc.codegen.templates import render_template
 
 from .kernels import (INCLUDE_DIR, NO_FILTER, PDL_FLAG, CandidateFilter, default_kernel, kernel_from_json,
@@ -177,17 +175,9 @@ class TuningDatabase:
             return
         if self.recorded:
             self.entries = self._merged_with_file()
-        text = json.dumps({"format": FORMAT, "version": 1, "entries": self.entries}, indent=1, sort_keys=True)
-        # a temporary file of this process and thread: builds side by side (partition:
-        # measured builds its candidates so) each write whole files
-        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            temporary.write_text(text + "\n")
-            os.replace(temporary, self.path)
+        try:  # builds side by side (partition: measured builds its candidates so) each write whole files
+            write_json_whole(self.path, {"format": FORMAT, "version": 1, "entries": self.entries})
         except OSError as error:
-            with contextlib.suppress(OSError):  # (a path through a file cannot be removed either)
-                temporary.unlink(missing_ok=True)
             message = f"cannot write the tuning database {self.path} ({error.strerror or error})"
             if not optional:
                 raise BuildError(f"{message}; expected a writable file (the cutlass target's tuning_db)") from None
