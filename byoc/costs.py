@@ -222,10 +222,14 @@ def candidate_key(module, backend: str, config) -> str:
 
 
 # A measured library runs its candidate this many times a run (fewer where their outputs
-# would take more than COPIES_BYTES): one run() from Python costs more than a small kernel,
-# and it is paid once for all the copies, in one CUDA graph on the GPU.
-COPIES = 16
-COPIES_BYTES = 64 << 20
+# would take more than OUTPUT_BYTES): one run() from Python costs more than a small kernel
+# (on the H100, a single add of 6-20 MB timed with 3 copies a run took 25-72 us, its kernel
+# 2-7 us), and it is paid once for all the copies, in one CUDA graph on the GPU. The copies
+# read OPERAND_BYTES or more of distinct operands a run (sets of random inputs taken in
+# turn), more than the L2 cache holds, as a model's activations and weights arrive.
+COPIES = 32
+OUTPUT_BYTES = 2 << 30
+OPERAND_BYTES = 64 << 20
 
 
 def repeated(module, copies: int):
@@ -263,11 +267,11 @@ def repeated(module, copies: int):
 
 def build_candidate(module, backend: str, context, workdir: str, compile_jobs: int | None = None) -> tuple:
     """(the Library of `module` built with `backend` alone (the built-in backend for builtin)
-    for the context's target into `workdir`, the copies of the candidate one run of it runs):
-    COPIES of it a run (fewer where their operands would pass COPIES_BYTES), on the GPU in
-    one CUDA graph that reads the caller's tensors in place. Raises what the build raises.
-    Safe beside other candidates' builds in threads of one process: tuning in them times on
-    the GPU one at a time (DEVICE_TIMING)."""
+    for the context's target into `workdir`, the copies of the candidate one run of it runs,
+    the sets of operands they take in turn): COPIES of it a run (fewer where their outputs
+    would pass OUTPUT_BYTES), on the GPU in one CUDA graph that reads the caller's tensors in
+    place. Raises what the build raises. Safe beside other candidates' builds in threads of
+    one process: tuning in them times on the GPU one at a time (DEVICE_TIMING)."""
     from .build import build
     from .config import BUILTIN_BACKEND
     from .ir.types import TupleType
@@ -277,9 +281,11 @@ def build_candidate(module, backend: str, context, workdir: str, compile_jobs: i
     tuning = {key: value for key, value in config.tuning.items() if value is not None}
     main = module["main"]
     result_type = main.ret_type
-    copy_bytes = sum(t.nbytes for t in (result_type.fields if isinstance(result_type, TupleType) else [result_type]))
-    copy_bytes += sum(param.type.nbytes for param in main.params)
-    copies = max(1, min(COPIES, COPIES_BYTES // max(copy_bytes, 1)))
+    result_bytes = sum(t.nbytes for t in (result_type.fields if isinstance(result_type, TupleType)
+                                          else [result_type]))
+    copies = max(1, min(COPIES, OUTPUT_BYTES // max(result_bytes, 1)))
+    copy_bytes = result_bytes + sum(param.type.nbytes for param in main.params)
+    operand_sets = max(1, min(copies, -(-OPERAND_BYTES // max(copy_bytes, 1))))
     library = build(repeated(module, copies), workdir=workdir, config={
         "target": str(context.target), "backends": backends, "tuning": tuning, "compile_jobs": compile_jobs,
         "precision": "float32",  # the candidate's types are the build's already
@@ -287,16 +293,17 @@ def build_candidate(module, backend: str, context, workdir: str, compile_jobs: i
         # inputs and outputs around each replay (cuda_graph_io: copy) would be timed with
         # the kernels, and cost a large op several times its kernel's time
         "cuda_graph": bool(config.cuda_graph and context.cuda), "cuda_graph_io": "update"})
-    return library, copies
+    return library, copies, operand_sets
 
 
-def time_candidate(library, copies: int, cuda: bool, repeat: int = 20) -> float:
+def time_candidate(library, copies: int, operand_sets: int, cuda: bool, repeat: int = 20) -> float:
     """Microseconds one copy of the candidate takes in a run of its `library` (build_candidate's),
-    on random inputs, with nothing else timing on the GPU."""
+    on random inputs (`operand_sets` sets of them, copy i reading set i % operand_sets),
+    with nothing else timing on the GPU."""
     with DEVICE_TIMING:
         loaded = library.load()
         try:
-            inputs = [_random_input(t, cuda) for t in loaded.metadata["inputs"]]
+            inputs = candidate_inputs(loaded.metadata["inputs"], copies, operand_sets, cuda)
             milliseconds = loaded.benchmark(*inputs, repeat=repeat, warmup=3)
         finally:
             loaded.close()
@@ -308,8 +315,7 @@ def measure_candidate(module, backend: str, context, repeat: int = 20) -> float:
     device (build_candidate, then time_candidate). Raises a ByocError where the candidate
     does not build or run."""
     with tempfile.TemporaryDirectory(prefix="byoc-candidate-") as workdir:
-        library, copies = build_candidate(module, backend, context, workdir)
-        return time_candidate(library, copies, context.cuda, repeat)
+        return time_candidate(*build_candidate(module, backend, context, workdir), context.cuda, repeat)
 
 
 def candidate_build_slots(count: int, compile_jobs: int | None) -> tuple:
@@ -319,6 +325,19 @@ def candidate_build_slots(count: int, compile_jobs: int | None) -> tuple:
     jobs = compile_jobs or os.cpu_count() or 1
     workers = max(1, min(count, jobs // 2))
     return workers, max(1, jobs // workers)
+
+
+def candidate_inputs(tensors: list, copies: int, operand_sets: int, cuda: bool) -> list:
+    """Random arrays for a repeated() candidate's inputs (`tensors`: its metadata's, copy by
+    copy): the first `operand_sets` copies' of their own, each later copy's those of copy
+    (its number % operand_sets): one array passed for several inputs, which only read it."""
+    per_copy = len(tensors) // copies
+    arrays = []
+    for position, tensor in enumerate(tensors):
+        copy = position // per_copy if per_copy else 0
+        arrays.append(_random_input(tensor, cuda) if copy < operand_sets else
+                      arrays[(copy % operand_sets) * per_copy + position % per_copy])
+    return arrays
 
 
 class _OnlyThreads:

@@ -341,3 +341,16 @@ def test_candidates_are_built_side_by_side_and_timed_one_at_a_time(cache, tmp_pa
     inputs, want = mlp_case()
     assert np.max(np.abs(library.load().run(**inputs) - want)) <= 1e-4 * np.max(np.abs(want))
     assert len(library.report.to_json()["measured"]["decisions"]) == 3
+
+
+def test_a_candidates_copies_take_the_operand_sets_in_turn():
+    """32 copies of a candidate of two inputs over 3 operand sets: copies 0-2 get arrays of
+    their own, every later copy those of copy (its number % 3), the same objects."""
+    from byoc.costs import candidate_inputs
+    tensors = [{"shape": [4, 8], "dtype": "float32"}, {"shape": [8], "dtype": "float16"}] * 32
+    arrays = candidate_inputs(tensors, 32, 3, cuda=False)
+    assert len(arrays) == 64 and len({id(a) for a in arrays}) == 6
+    for copy in range(32):
+        assert arrays[2 * copy] is arrays[2 * (copy % 3)] and arrays[2 * copy + 1] is arrays[2 * (copy % 3) + 1]
+    assert arrays[0].shape == (4, 8) and arrays[1].dtype == np.float16
+    assert len({id(a) for a in candidate_inputs(tensors[:6], 3, 3, cuda=False)}) == 6
