@@ -6,8 +6,10 @@ EfficientNet-B0 at batch 32 (squeeze widths as PadConvChannels widens them). Bot
 captured in a CUDA graph of 20 blocks, so launch overhead counts as it does in a model.
 Each output is checked against torch's; times are CUDA-event medians.
 
-    python bench/bench_squeeze_excitation.py --out DIR
-Writes DIR/squeeze_excitation.json and prints a table (us per block).
+    python bench/bench_squeeze_excitation.py --out DIR [--source OTHER.cu]
+Writes DIR/squeeze_excitation.json and prints a table (us per block). --source times
+another version of the kernel's file (e.g. `git show main:<path> > /tmp/se_main.cu`) in
+place of the tree's.
 """
 import argparse
 import ctypes
@@ -38,11 +40,12 @@ TORCH = {"relu": F.relu, "silu": F.silu, "sigmoid": torch.sigmoid, "hard_sigmoid
 REPEATS = 20
 
 
-def build(workdir):
+def build(workdir, source=None):
     library = Path(workdir) / "bench_se.so"
     started = time.time()
     subprocess.run(["nvcc", "-O3", "-std=c++17", "--expt-relaxed-constexpr", "-arch=sm_90", "--shared",
-                    "-Xcompiler", "-fPIC", str(SHIM / "cuda" / "squeeze_excitation.cu"), str(SHIM / "cuda" / "common.cu"),
+                    "-Xcompiler", "-fPIC", f"-I{SHIM / 'cuda'}", f"-I{SHIM}",
+                    str(source or SHIM / "cuda" / "squeeze_excitation.cu"), str(SHIM / "cuda" / "common.cu"),
                     "-o", str(library)], check=True)
     print(f"compiled in {time.time() - started:.1f} s", flush=True)
     lib = ctypes.CDLL(str(library))
@@ -82,10 +85,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--source", help="the kernel's .cu file to time (default: the tree's)")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as workdir:
-        lib = build(workdir)
+        lib = build(workdir, args.source)
         for network, size, channels, squeeze, activation, gate in CASES:
             n = args.batch
             x = torch.randn(n, size, size, channels, device="cuda", dtype=torch.half)

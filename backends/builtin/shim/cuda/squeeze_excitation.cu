@@ -231,15 +231,25 @@ __global__ void __launch_bounds__(kSeThreads)
   float* gates = block_sums;
   for (int c = threadIdx.x; c < channels; c += kSeThreads) gates[c] = cluster_shared<kCluster>(partial, c / per_block)[c];
   sync_cluster<kCluster>();  // (no block leaves while another reads its gates)
+  // As the pool walks them: a thread keeps one channel vector (its 8 gates in registers)
+  // and strides over the block's pixels, so that no 64-bit division is left in the loop
+  // and the loads of several pixels are in flight at once (the loop was the kernel's
+  // slowest part: a division and a gate reload per 16 bytes).
   Storage* scaled = out + sample * se.pixels * channels;
-  const int64_t items = (end > first ? end - first : 0) * vectors;
-  for (int64_t item = threadIdx.x; item < items; item += kSeThreads) {
-    const int64_t offset = (first + item / vectors) * channels + item % vectors * kVector;
-    float x[kVector];
-    load_eight(pixels + offset, x);
+  for (int slot = threadIdx.x; slot < lanes * vectors; slot += kSeThreads) {
+    const int vector = slot % vectors;
+    float gate[kVector];
 #pragma unroll
-    for (int j = 0; j < kVector; ++j) x[j] *= gates[item % vectors * kVector + j];
-    store_eight(scaled + offset, x);
+    for (int j = 0; j < kVector; ++j) gate[j] = gates[vector * kVector + j];
+#pragma unroll 4
+    for (int64_t p = first + slot / vectors; p < end; p += lanes) {
+      const int64_t offset = p * channels + vector * kVector;
+      float x[kVector];
+      load_eight(pixels + offset, x);
+#pragma unroll
+      for (int j = 0; j < kVector; ++j) x[j] *= gate[j];
+      store_eight(scaled + offset, x);
+    }
   }
 }
 
