@@ -36,6 +36,7 @@ sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH.parent))
 from real_model_zoo import Wrapper, model_spec  # noqa: E402
 from real_models import export_onnx  # noqa: E402
+from profile_kernels import exposed  # noqa: E402
 from run_models import load_config, time_cuda  # noqa: E402
 
 START = time.time()
@@ -77,16 +78,6 @@ def family(name: str) -> str:
     if stem.startswith("triton_"):  # Inductor numbers its kernels: one family per fused pattern
         stem = re.sub(r"_\d+$", "", stem)
     return re.sub(r"_[0-9a-f]{10,12}(?=_|$)", "", stem)[:90]
-
-
-def exposed(kernels) -> list[float]:
-    """Each kernel's exposed time (see the module docstring)."""
-    times, latest_end = [], None
-    for start, duration, _ in kernels:
-        end = start + duration
-        times.append(max(0.0, end - max(start, latest_end if latest_end is not None else start)))
-        latest_end = end if latest_end is None else max(latest_end, end)
-    return times
 
 
 def report(label: str, kernels) -> tuple[str, str]:

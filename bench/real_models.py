@@ -146,10 +146,14 @@ def profile_text(case, spec, entry) -> str:
              f"{profile['gpu_us_per_run']:.1f} us per run ({profile['kernels_per_run']:.0f} launches per run, "
              f"{profile['distinct_kernels']} distinct kernels). With programmatic dependent launch a kernel "
              "starts while the one before it drains and waits for it: its time includes that wait, so the "
-             "kernel times overlap and their sum can exceed the wall time.", "",
-             "| per run | total us | mean us | kernel |", "|---|---|---|---|"]
+             "kernel times overlap and their sum can exceed the wall time. Exposed: what a kernel adds to the "
+             "run (its end minus the latest end before it; they add up to the run's busy time"
+             + (f", {profile['busy_us_per_run']:.1f} us" if "busy_us_per_run" in profile else "")
+             + "); kernels by exposed time.", "",
+             "| per run | exposed us | total us | mean us | kernel |", "|---|---|---|---|---|"]
     for k in profile["top"]:
-        lines.append(f"| {k['per_run']:g} | {k['total_us']:.1f} | {k['mean_us']:.2f} | {k['name'][:150]} |")
+        exposed = f"{k['exposed_us']:.1f}" if "exposed_us" in k else "-"
+        lines.append(f"| {k['per_run']:g} | {exposed} | {k['total_us']:.1f} | {k['mean_us']:.2f} | {k['name'][:150]} |")
     return "\n".join(lines) + "\n"
 
 
@@ -529,9 +533,14 @@ def _row_label(row: dict) -> str:
 
 def _miss_note(case: str, spec: str, ratio: float, profile: dict, kernels: int = 3) -> str:
     """One line for a row under SPEED_TARGET: its top kernels a run, each with its share of
-    the run's GPU time (kernel times include programmatic-launch waits: shares are rough)."""
-    total = profile.get("gpu_us_per_run") or sum(k["total_us"] for k in profile["top"]) or 1.0
-    tops = [f"`{_kernel_name(k['name'])}` x{k['per_run']:.0f}, {k['total_us']:.0f} us ({100 * k['total_us'] / total:.0f}%)"
+    the run: exposed time where the profile has it (what the kernel adds to the run), else
+    GPU time (which includes programmatic-launch waits: shares are rough)."""
+    if "busy_us_per_run" in profile:
+        total, key, what = profile["busy_us_per_run"] or 1.0, "exposed_us", "exposed"
+    else:
+        total, key, what = profile.get("gpu_us_per_run") or sum(k["total_us"] for k in profile["top"]) or 1.0, \
+            "total_us", "GPU time"
+    tops = [f"`{_kernel_name(k['name'])}` x{k['per_run']:.0f}, {k[key]:.0f} us {what} ({100 * k[key] / total:.0f}%)"
             for k in profile["top"][:kernels]]
     return f"- {case} {spec}: {ratio:.2f}x; " + "; ".join(tops)
 
