@@ -60,6 +60,12 @@ class Backend:
     # offers, outlined into its functions before any backend's patterns look (the built-in
     # backend: squeeze-and-excitation), with refusals in the report
     claims_first: Callable | None = None
+    # (functions: dict[symbol, Function], target) -> microseconds or None: what one run of
+    # these functions costs on the visible GPU as the backend has measured it already (the
+    # cutlass backend: its tuning database's times for the kernels it would choose), so
+    # that partition: measured need not build and time a candidate of this backend's; None
+    # where it does not know them all
+    known_cost: Callable | None = None
 
     def virtual_device(self, build_device: str):
         """The VirtualDevice of this backend's functions' parameters and results in a build
@@ -112,7 +118,7 @@ def register_backend(name: str, flavor: str, patterns: list, codegen: Callable, 
                      memory_scope: str = "global", one_composite_per_function: bool = False,
                      capturable: bool = True, float32_statistics=(), pre_partition: Callable | None = None,
                      takes_the_rest: Callable | None = None, outline_op: Callable | None = None,
-                     claims_first: Callable | None = None) -> Backend:
+                     claims_first: Callable | None = None, known_cost: Callable | None = None) -> Backend:
     from .ir.op import OP_REGISTRY, get_op
     from .pattern import ops_named
     if flavor not in FLAVORS:
@@ -131,7 +137,7 @@ def register_backend(name: str, flavor: str, patterns: list, codegen: Callable, 
             raise ConfigError(f"backend {name!r}: float32_statistics names unknown op {op_name!r}")
     backend = Backend(name, flavor, list(patterns), codegen, device, memory_scope, one_composite_per_function,
                       capturable, frozenset(float32_statistics), pre_partition, takes_the_rest, outline_op,
-                      claims_first)
+                      claims_first, known_cost)
     BACKENDS[name] = backend
     return backend
 

@@ -364,6 +364,34 @@ def _random_input(tensor: dict, cuda: bool):
     return array
 
 
+def known_cost(module, backend: str, context) -> float | None:
+    """Microseconds the candidate costs by what `backend` measured already (its known_cost:
+    the cutlass tuning database on this GPU), or None: the candidate partitioned for that
+    backend alone as its build would be, every op of it in the backend's functions."""
+    from .backend import get_backend
+    from .config import BUILTIN_BACKEND
+    from .ir.expr import Call, Function
+    from .pipeline import lower
+    if backend == BUILTIN_BACKEND or get_backend(backend).known_cost is None:
+        return None
+    targets = context.backend_targets
+    options = dict(context.config.backends).get(backend)
+    try:
+        with tempfile.TemporaryDirectory(prefix="byoc-candidate-") as workdir:
+            partitioned = lower(module, {"target": str(context.target), "precision": "float32",
+                                         "backends": [{backend: dict(options)} if options else backend]},
+                                until="partition", workdir=workdir)
+    except ByocError:
+        return None
+    functions = {name: function for name, function in partitioned.functions.items()
+                 if isinstance(function, Function) and function.attrs.get("Compiler") == backend}
+    main = partitioned["main"]
+    if any(not (isinstance(b.value, Call) and getattr(b.value.op, "name", None) in functions)
+           for b in main.bindings):
+        return None  # an op the backend left to another: only a build times the whole candidate
+    return get_backend(backend).known_cost(functions, targets[backend])
+
+
 def candidate_costs(context):
     """MeasuredPartition's cost_of for this build: each candidate's cost from the cost store,
     else measured here (measure_candidate) and stored as it is taken, else None (no GPU of the
@@ -382,14 +410,20 @@ def candidate_costs(context):
             key = candidate_key(modules[nodes], backend, context.config)
             keyed.setdefault(key, (modules[nodes], backend))
             key_of.append(key)
-        to_measure = [key for key in keyed if store.entry(device, key) is None] if measurable else []
+        unknown = [key for key in keyed if store.entry(device, key) is None] if measurable else []
+        # what a backend measured already (the cutlass tuning database) is not built again;
+        # such costs are read afresh each build, not stored: the database may learn better
+        known = {key: us for key in unknown if (us := known_cost(*keyed[key], context)) is not None}
+        to_measure = [key for key in unknown if key not in known]
         if to_measure:
             _measure_all(to_measure, keyed, store, device, context)
         stored = sum(1 for key in keyed if store.lookup(device, key) is not None) - \
             sum(1 for key in to_measure if store.lookup(device, key) is not None)
         context.progress.stage(f"partition: measured: {len(keyed)} distinct candidates: {len(to_measure)} timed "
-                               f"now, {stored} costs from the cost store ({store.path})")
-        return [store.failed(device, key) or store.lookup(device, key) for key in key_of]
+                               f"now, {len(known)} known to their backend (a tuning database), {stored} costs "
+                               f"from the cost store ({store.path})")
+        return [known[key] if key in known else store.failed(device, key) or store.lookup(device, key)
+                for key in key_of]
     return cost_of
 
 

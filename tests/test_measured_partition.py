@@ -354,3 +354,57 @@ def test_a_candidates_copies_take_the_operand_sets_in_turn():
         assert arrays[2 * copy] is arrays[2 * (copy % 3)] and arrays[2 * copy + 1] is arrays[2 * (copy % 3) + 1]
     assert arrays[0].shape == (4, 8) and arrays[1].dtype == np.float16
     assert len({id(a) for a in candidate_inputs(tensors[:6], 3, 3, cuda=False)}) == 6
+
+
+def test_a_cutlass_candidate_the_tuning_database_knows_costs_its_time_there_unbuilt(tmp_path, monkeypatch):
+    """A CUTLASS candidate whose GEMMs the tuning database timed on this GPU's model costs
+    the sum of their times without a build; one timed on another GPU, one with an op the
+    backend leaves to another, and any without a GPU are built and timed (None here)."""
+    import importlib
+    import types
+    from byoc.backends.cutlass.kernels import default_kernel, kernel_problem
+    from byoc.backends.cutlass.tuning import TuningDatabase
+    from byoc.config import load_config
+    from byoc.costs import known_cost
+    from byoc.ir.expr import Function
+    import byoc.target as target_module
+    cutlass_codegen = importlib.import_module("byoc.backends.cutlass.codegen")
+    monkeypatch.setattr(target_module, "visible_gpu_name", lambda: "NVIDIA H100 80GB HBM3")
+    database_path = tmp_path / "db.json"
+    config = load_config({"target": "cuda -arch=sm_90", "backends": [{"cutlass": {"sm": 90, "tuning_db":
+                          str(database_path), "shipped_tuning": False}}], "precision": "float16"})
+    context = types.SimpleNamespace(config=config, target=Target("cuda -arch=sm_90"), backend_targets={})
+    for name, options in config.backends:
+        context.backend_targets[name] = Target(name, **options)
+        context.backend_targets[name].device, context.backend_targets[name].workdir = context.target, tmp_path
+    target = context.backend_targets["cutlass"]
+
+    def cutlass_functions(module_or_path, workdir):
+        partitioned = pipeline.lower(module_or_path, config, until="partition", workdir=workdir)
+        return {name: f for name, f in partitioned.functions.items()
+                if isinstance(f, Function) and f.attrs.get("Compiler") == "cutlass"}
+    functions = cutlass_functions(FIXTURES / "mlp.onnx", tmp_path / "p")
+    # one dense layer (matmul, add, gelu) as the measured partition cuts it out of main
+    main = pipeline.lower(FIXTURES / "mlp.onnx", config, until="pin_devices", workdir=tmp_path / "s")["main"]
+    layer, _ = candidate_module(main, frozenset([1, 2, 3]))
+    layer_function, = cutlass_functions(layer, tmp_path / "l").values()
+    assert len(functions) == 3
+    database, us = TuningDatabase(database_path), {}
+    problems = {name: kernel_problem(90, cutlass_codegen.partition_problem(f)[0]) for name, f in functions.items()}
+    layer_problem = kernel_problem(90, cutlass_codegen.partition_problem(layer_function)[0])
+    elsewhere = next(name for name, problem in problems.items() if problem != layer_problem)
+    for number, (name, problem) in enumerate(problems.items()):
+        us[name] = 10.0 + number
+        database.record(90, problem, default_kernel(90, problem), us[name], {},
+                        {"device": "NVIDIA H200" if name == elsewhere else "NVIDIA H100 80GB HBM3"})
+    database.save()
+    here = {name: f for name, f in functions.items() if name != elsewhere}
+    assert cutlass_codegen.known_cost(here, target) == pytest.approx(sum(us[name] for name in here))
+    assert cutlass_codegen.known_cost({elsewhere: functions[elsewhere]}, target) is None  # an H200's time
+    assert known_cost(layer, "cutlass", context) == pytest.approx(
+        next(us[name] for name, problem in problems.items() if problem == layer_problem))  # unbuilt
+    whole, _ = candidate_module(main, frozenset(range(len(main.bindings))))
+    assert known_cost(whole, "cutlass", context) is None  # its casts go to the built-in backend
+    assert known_cost(layer, "builtin", context) is None
+    monkeypatch.setattr(target_module, "visible_gpu_name", lambda: None)
+    assert cutlass_codegen.known_cost(here, target) is None  # no GPU: nothing is this GPU's

@@ -8,7 +8,7 @@ from byoc.backend import register_backend
 from byoc.target import AttrSchema, at_least, each, register_target_kind
 
 from .attention import EXAMPLE_TILES, FLASH_TILES
-from .codegen import codegen
+from .codegen import codegen, known_cost
 from .kernels import parse_shape
 from .patterns import pattern_table
 
@@ -118,4 +118,4 @@ def prepare_for_partition(mod, target, build_device: str):
 # float16 scores, not a cast pair around a float32 softmax (which would break the pattern).
 register_backend("cutlass", flavor="csource", patterns=pattern_table(), codegen=codegen, device="cuda",
                  one_composite_per_function=True, float32_statistics=("softmax",),
-                 pre_partition=prepare_for_partition)
+                 pre_partition=prepare_for_partition, known_cost=known_cost)

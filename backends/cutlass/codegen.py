@@ -279,6 +279,44 @@ def codegen(functions: dict, target) -> list:
                      compile_units=units, workspace_bytes=workspace, kernels=kernels)]
 
 
+def known_cost(functions: dict, target) -> float | None:
+    """Microseconds a run of `functions` costs on the visible GPU by the tuning database:
+    each function's GEMM or conv with the kernel a build would choose, as tuning timed it
+    on a GPU of this name (the profiler's operands rotated through more memory than L2
+    holds, as a candidate's own timing does). None where one of them is not such an entry
+    (a fused attention, a problem not tuned here, a kernel the target's filters refuse):
+    the candidate is then built and timed."""
+    from byoc.target import visible_gpu_name
+
+    from .attention import Attention
+    from .tuning import open_database
+    device = target.device
+    if device is None or device.kind != "cuda" or not functions:
+        return None
+    gpu = visible_gpu_name()
+    if gpu is None:
+        return None
+    sm = int(target.attrs.get("sm") or device.arch_number())
+    try:
+        database, _ = open_database(target.attrs.get("tuning_db"), target.attrs.get("shipped_tuning", True))
+        allowed = CandidateFilter.from_target(target.attrs)
+        total = 0.0
+        for func in functions.values():
+            problem, _ = partition_problem(func)
+            if isinstance(problem, Attention):
+                return None
+            problem = kernel_problem(sm, problem)
+            entry, kernel = database.entry(sm, problem), database.lookup(sm, problem)
+            us = entry.get("us") if entry is not None else None
+            if kernel is None or entry.get("device") != gpu or not isinstance(us, (int, float)) or us <= 0 or \
+                    kernel.supports(problem) is not None or not allowed.admits(kernel, measured=True):
+                return None
+            total += float(us)
+    except (BuildError, ValueError):
+        return None  # whatever the database or a problem says, the candidate is timed instead
+    return total
+
+
 def _kernel_label(kernel, problem) -> str:
     """The kernel's name for the problem, or its JSON where it is of the other family (its
     name would not spell)."""
