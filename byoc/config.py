@@ -4,6 +4,8 @@ Every key is optional; the values shown are the defaults unless noted.
 
     target: auto            # the device: auto (cuda for the visible GPU, else cpu) | cpu
                             # | "cuda -arch=sm_90" | {kind: cuda, arch: sm_90}
+    arch: []                # cuda: several archs in one library, e.g. [sm_80, sm_90] (a
+                            # program per arch; the runtime runs the one the device suits)
     backends: []            # priority order: each item a name, or {name: {options}} where
                             # the options are that backend's Target attributes, e.g.
                             #   - cutlass: {sm: 90, use_fast_math: true}
@@ -67,8 +69,8 @@ import yaml
 from .errors import ConfigError
 from .ir.types import is_static_shape
 
-KEYS = ("target", "backends", "partition", "precision", "cuda_graph", "cuda_graph_io", "workdir", "params", "tuning",
-        "input_shapes", "dims", "compile_jobs", "output", "devices")
+KEYS = ("target", "arch", "backends", "partition", "precision", "cuda_graph", "cuda_graph_io", "workdir", "params",
+        "tuning", "input_shapes", "dims", "compile_jobs", "output", "devices")
 PARTITIONS = ("priority", "measured")
 PRECISIONS = ("float32", "float16", "bfloat16")
 PARAMS = ("embedded", "sidecar")
@@ -123,6 +125,7 @@ def _check_bucket_count(source, dims: dict):
 @dataclass
 class BuildConfig:
     target: object = "auto"  # "auto" or a device Target
+    arch: list = field(default_factory=list)  # cuda: several archs in one library (empty: the target's)
     backends: list = field(default_factory=list)  # [(name, {options})] in priority order
     partition: str = "priority"  # priority | measured
     precision: str = "float32"
@@ -162,7 +165,7 @@ class BuildConfig:
 
     def to_dict(self) -> dict:
         """The config as plain data (what `validate` accepts back)."""
-        return {"target": self.target if isinstance(self.target, str) else str(self.target),
+        return {"target": self.target if isinstance(self.target, str) else str(self.target), "arch": list(self.arch),
                 "backends": [{name: dict(options)} if options else name for name, options in self.backends],
                 "partition": self.partition, "precision": self.precision, "cuda_graph": self.cuda_graph, "cuda_graph_io": self.cuda_graph_io,
                 "workdir": self.workdir,
@@ -316,6 +319,7 @@ def validate(data: dict, source: str = "<dict>", known_backends=None) -> BuildCo
                           f"{_did_you_mean(unknown[0], KEYS)}")
     config = BuildConfig(source=source)
     config.target = _validate_target(source, data.get("target", "auto"))
+    config.arch = _validate_arch(source, data.get("arch"), config.target)
     config.backends = _validate_backends(source, data.get("backends"), known_backends)
     config.partition = _one_of(source, "partition", data.get("partition", "priority"), PARTITIONS)
     config.precision = _one_of(source, "precision", data.get("precision", "float32"), PRECISIONS)
@@ -338,6 +342,30 @@ def validate(data: dict, source: str = "<dict>", known_backends=None) -> BuildCo
     config.output = _optional_path(source, "output", data.get("output"))
     config.devices = _validate_devices(source, data.get("devices"))
     return config
+
+
+def _validate_arch(source, arch, target) -> list:
+    """`arch`: CUDA archs a cuda library holds kernels for, each a program of its own that
+    the runtime picks by the device (null or []: the target's arch alone)."""
+    from .target import CUDA_ARCHES
+    if arch is None:
+        return []
+    if isinstance(arch, str):
+        arch = [arch]
+    if not isinstance(arch, list) or not all(isinstance(a, str) for a in arch):
+        _fail(source, "arch", f"{arch!r} is not allowed; allowed: a list of CUDA archs ({', '.join(CUDA_ARCHES)}), "
+                              f"e.g. [sm_80, sm_90]")
+    for entry in arch:
+        if entry not in CUDA_ARCHES:
+            _fail(source, "arch", f"{entry!r} is not a CUDA arch byoc builds for; allowed: {', '.join(CUDA_ARCHES)}"
+                                  f"{_did_you_mean(entry, CUDA_ARCHES)}")
+    repeated = sorted({a for a in arch if arch.count(a) > 1})
+    if repeated:
+        _fail(source, "arch", f"{', '.join(repeated)} listed more than once; expected each arch once")
+    if arch and getattr(target, "kind", None) == "cpu":
+        _fail(source, "arch", f"{arch} needs a cuda target, but target is 'cpu'; allowed: arch with target cuda "
+                              f"or auto, or no arch")
+    return sorted(arch, key=lambda a: (int("".join(c for c in a if c.isdigit())), a))
 
 
 def _validate_target(source, target):

@@ -188,12 +188,17 @@ def with_variants(metadata: str, programs: list, dims: dict, padding: dict) -> s
                      **({"axis_dims": axes} if any(axes) else {})}
                     for (name, type_), place, axes in zip(entries, top, axis_dims, strict=True)]
         axis_dims = program.axis_dims or [[None] * len(t.shape) for _, t in plan.inputs + plan.outputs]
-        variants.append({"dims": program.dims,
+        arch = program.context.target.attrs.get("arch") if program.context.cuda else None
+        several = len({p.context.target.attrs.get("arch") for p in programs}) > 1
+        variants.append({"dims": program.dims, **({"arch": arch} if several else {}),
                          "inputs": tensors(plan.inputs, data["inputs"], axis_dims[:len(plan.inputs)]),
                          "outputs": tensors(plan.outputs, data["outputs"], axis_dims[len(plan.inputs):]),
                          "memory": {"arena_bytes": plan.arena_bytes, "workspace_bytes": plan.workspace_bytes,
                                     **({"plan": plan.memory_plan.summary()} if plan.memory_plan else {})}})
     data["variants"] = variants
+    archs = list(dict.fromkeys(variant["arch"] for variant in variants if "arch" in variant))
+    if archs:  # a library for several archs: the runtime runs one's variants, chosen by the device
+        data["archs"] = archs
     data["dims"] = {name: {"sizes": sorted(sizes) if isinstance(sizes, list) else [sizes],
                            **({"paddable": padding[name] is None} if name in padding else {}),
                            **({"range": [1, max(sizes)]} if name in padding and padding[name] is None else {}),

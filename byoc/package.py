@@ -183,15 +183,28 @@ def program_units(programs: list) -> tuple:
     object of the same name is renamed b<N>_<name>. Any other such pair (a library source
     compiled two ways) would define its symbols twice: a BuildError. Returns (units, the
     backend of each)."""
-    units, unit_backends, written = [], [], {}
+    units, unit_backends, written, by_source = [], [], {}, {}
     for number, program in enumerate(programs):
         for artifact in program.artifacts:
             for unit in artifact.compile_units:
+                # a source of byoc's that programs of several archs compile (the shim, an engine),
+                # each into an object named for its arch: one object with the code of both
+                earlier = by_source.get((unit.language, str(unit.source)))
+                merged = fat_unit(earlier, unit) if earlier is not None and earlier.output != unit.output else None
+                if merged is not None:
+                    units[units.index(earlier)] = written[earlier.output] = by_source[(unit.language,
+                                                                                       str(unit.source))] = merged
+                    continue
                 same = written.get(unit.output)
                 if same is not None:
                     if (same.language, list(same.flags), list(map(str, same.dependencies))) == \
                             (unit.language, list(unit.flags), list(map(str, unit.dependencies))) and \
                             Path(same.source).read_bytes() == Path(unit.source).read_bytes():
+                        continue
+                    merged = fat_unit(same, unit)
+                    if merged is not None:  # a source of byoc's compiled for two archs: one object for both
+                        units[units.index(same)] = written[unit.output] = \
+                            by_source[(unit.language, str(unit.source))] = merged
                         continue
                     generated = Path(unit.source).resolve().is_relative_to(program.context.workdir.resolve())
                     if not generated or unit.language == "cubin":  # a cubin's name is its symbol's
@@ -201,9 +214,27 @@ def program_units(programs: list) -> tuple:
                             f"hold both: build these buckets as separate libraries")
                     unit = dataclasses.replace(unit, output=f"b{number}_{unit.output}")
                 written[unit.output] = unit
+                by_source.setdefault((unit.language, str(unit.source)), unit)
                 units.append(unit)
                 unit_backends.append(artifact.backend)
     return units, unit_backends
+
+
+def fat_unit(first, second):
+    """One cuda unit of byoc's (not a program's generated source) that two programs of a
+    library for several archs compile for their archs, as one object with the code of both
+    (each -gencode of either), or None where they differ otherwise. Without BYOC_PDL: the
+    object's host code launches for every arch, and only sm_90 and later take PDL."""
+    def split(unit):
+        gencodes = [f for f in unit.flags if str(f).startswith("-gencode=")]
+        return gencodes, [f for f in unit.flags if not str(f).startswith("-gencode=") and f != "-DBYOC_PDL"]
+    if first.language != "cuda" or second.language != "cuda" or first.source != second.source or \
+            list(map(str, first.dependencies)) != list(map(str, second.dependencies)):
+        return None
+    (first_codes, first_rest), (second_codes, second_rest) = split(first), split(second)
+    if first_rest != second_rest or not first_codes or not second_codes:
+        return None
+    return dataclasses.replace(first, flags=list(dict.fromkeys(first_codes + second_codes)) + first_rest)
 
 
 def render_host_source(programs: list, context, build_id: str, tables: list, weights_bytes: int,
@@ -211,16 +242,21 @@ def render_host_source(programs: list, context, build_id: str, tables: list, wei
     """host.cc's text: the model's tables, a variant per program (`tables`: their program
     tables)."""
     from .codegen.host import HostVariant, render_host
+    archs = {program.context.target.attrs.get("arch") for program in programs} if context.cuda else set()
+    several = len(archs) > 1  # a library for several archs: each variant says its own
     variants = [HostVariant(program.host.plan, table, program_symbol=program_symbol(number),
                             stateful=[s for a in program.artifacts for s in a.stateful_symbols],
                             cuda_graph=program.host.cuda_graph, graph_io=program.host.graph_io,
                             devices=program.host.devices,
-                            description=", ".join(f"{name}={size}" for name, size in program.dims.items()),
-                            axis_dims=program.axis_dims, dims=program.dims)
+                            description=", ".join([f"{name}={size}" for name, size in program.dims.items()] +
+                                                  ([program.context.target.attrs["arch"]] if several else [])),
+                            axis_dims=program.axis_dims, dims=program.dims,
+                            arch_number=program.context.target.arch_number() if several else 0,
+                            arch_ptx=several and bool(program.context.target.attrs.get("ptx")))
                 for number, (program, table) in enumerate(zip(programs, tables, strict=True))]
-    target = context.target
+    arch_number = max(program.context.target.arch_number() for program in programs) if context.cuda else None
     return render_host(variants, cuda=context.cuda, build_id=build_id, padded_dims=padded_dims,
-                       arch_number=target.arch_number() if context.cuda else None,
+                       arch_number=arch_number,
                        weights_embedded=context.config.params != "sidecar", weights_bytes=weights_bytes,
                        weights_checksum=weights_checksum, program_id=program_id)
 

@@ -2,7 +2,11 @@
 for a named dim (config `dims: {batch: [1, 8, 32]}`), once per shape bucket, each in its
 own bucket<N>/ of the work directory (its function symbols ending in _b<N>), the
 constants of all in one weights blob. Then which dims run() may pad: the programs as
-simplify left them are compared (analysis/padding.py)."""
+simplify left them are compared (analysis/padding.py). With several CUDA archs (config
+`arch: [sm_80, sm_90]`), once per arch, each in its own <arch>/ (symbols ending in
+_sm<NN>), for a device target of that arch with PTX beside its machine code (not for an
+sm_XXa), backends' `sm` options left to it; the runtime runs one arch's, chosen by the
+device at create."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,6 +22,12 @@ from .pipeline import run_pipeline
 
 def lower_programs(context) -> tuple[list, dict]:
     """(the programs, dim -> None where run() pads sizes between buckets else why not)."""
+    archs = context.config.arch
+    if archs and context.target.kind != "cuda":
+        raise ConfigError(f"arch {archs}: several CUDA archs need a cuda target, but this build's is "
+                          f"{context.target} (target: auto found no GPU?); expected target: cuda -arch=... or no arch")
+    if len(archs) > 1 or (archs and archs[0] != context.target.attrs["arch"]):
+        return arch_programs(context, archs), {}
     buckets = context.config.shape_buckets()
     if len(buckets) == 1:
         context = dataclasses.replace(context, dims=buckets[0])
@@ -71,6 +81,32 @@ def lower_programs(context) -> tuple[list, dict]:
                               f"dims the inputs declare (input_shapes fixes an input's dims)")
         shapes[key] = program.dims
     return programs, padding
+
+
+def arch_programs(context, archs: list) -> list:
+    """A program per arch of `archs` (see the module docstring), their constants in one
+    weights blob."""
+    from .codegen.host_plan import WeightsBlob
+    from .target import Target
+    buckets = context.config.shape_buckets()
+    if len(buckets) > 1:
+        raise ConfigError(f"arch {archs} with dims {context.config.dims}: a library holds several archs or several "
+                          f"shape buckets, not both yet; build one library per arch")
+    weights = WeightsBlob(share_equal=True)
+    programs, model = [], context.model
+    for number, arch in enumerate(archs):
+        context.progress.stage(f"arch {number + 1}/{len(archs)}: {arch}")
+        target = Target("cuda", **{**context.target.attrs, "arch": arch, "ptx": not arch.endswith("a")})
+        workdir, _ = make_workdir(str(context.workdir / arch))
+        backends = [(name, {key: value for key, value in options.items() if key != "sm"} if options else options)
+                    for name, options in context.config.backends]
+        config = dataclasses.replace(context.config, workdir=str(workdir), backends=backends)
+        program = dataclasses.replace(context, config=config, target=target, workdir=workdir, model=model,
+                                      dims=buckets[0], weights=weights, symbol_suffix="_" + arch.replace("_", ""))
+        programs.append(Program(program, buckets[0], run_pipeline(program)))
+        if number == 0 and isinstance(model, (str, os.PathLike)):
+            model = Path(model).read_bytes()  # the file once more, for the other archs
+    return programs
 
 
 def padding_pairs(dims: dict, buckets: list) -> dict:

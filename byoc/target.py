@@ -48,6 +48,8 @@ TARGET_KINDS: dict[str, dict[str, AttrSchema]] = {
         "debug": AttrSchema(bool, False, None, "-g -lineinfo"),
         "pdl": AttrSchema(bool, True, None, "sm_90 and later: the built-in kernels launch with programmatic "
                           "dependent launch (start while the previous kernel drains, wait before touching memory)"),
+        "ptx": AttrSchema(bool, False, None, "PTX beside the machine code (not for sm_XXa): a GPU of a later arch "
+                          "compiles it when it loads the library"),
     },
     "cpu": {
         "march": AttrSchema(str, "", None, "-march= for g++ (empty: the compiler's default)"),
@@ -257,7 +259,8 @@ class Target:
         arch = self.attrs["arch"]
         number = self.arch_number()
         suffix = "a" if arch.endswith("a") else ""  # sm_90a: the arch-specific features (wgmma, TMA)
-        flags = [f"-gencode=arch=compute_{number}{suffix},code=sm_{number}{suffix}",
+        code = f"[sm_{number},compute_{number}]" if self.attrs.get("ptx") and not suffix else f"sm_{number}{suffix}"
+        flags = [f"-gencode=arch=compute_{number}{suffix},code={code}",
                  f"-O{self.attrs['opt_level']}", "-std=c++17", "--expt-relaxed-constexpr",
                  # The objects go into a shared library whose only exports are the C ABI.
                  "-Xcompiler=-fPIC", "-Xcompiler=-fvisibility=hidden"]

@@ -90,7 +90,7 @@ def test_target_flags_come_from_attributes():
 
 def test_target_errors_name_kind_attribute_and_allowed_values():
     with pytest.raises(byoc.ConfigError, match=r"target cuda: unknown attribute 'sm'; "
-                                               r"allowed: arch, debug, opt_level, pdl, use_fast_math"):
+                                               r"allowed: arch, debug, opt_level, pdl, ptx, use_fast_math"):
         Target("cuda -sm=90")
     with pytest.raises(byoc.ConfigError, match=r"unknown attribute 'archh'.*did you mean 'arch'"):
         Target("cuda", archh="sm_90")
@@ -187,7 +187,7 @@ def test_config_from_yaml_path_dict_and_overrides(tmp_path):
 
 @pytest.mark.parametrize("data, pattern", [
     # unknown keys say which keys exist
-    ({"precison": "float16"}, r"<dict>: unknown key\(s\) \['precison'\]; allowed keys: target, backends, "
+    ({"precison": "float16"}, r"<dict>: unknown key\(s\) \['precison'\]; allowed keys: target, arch, backends, "
                               r"partition, precision.*did you mean 'precision'"),
     ({"tuning": {"profil": True}}, r"tuning\.profil: unknown key; allowed: profile, tuning_db"),
     # bad values: the key path, the value, the allowed ones

@@ -379,7 +379,11 @@ def cutlass_flags(target, sm: int) -> list:
     """nvcc flags from the cutlass Target alone (sm_90a: the wgmma/TMA kernels need it)."""
     from byoc.toolchain import cuda_include_dirs, cutlass_include_dirs
     arch = f"{sm}a" if sm == 90 else str(sm)
-    flags = [f"-gencode=arch=compute_{arch},code=sm_{arch}", "-O3", "-std=c++17", "--expt-relaxed-constexpr",
+    device = getattr(target, "device", None)
+    # PTX beside the machine code where the device target asks for it (a library for several
+    # archs: a later GPU compiles it); sm_90a's kernels use features no later arch has
+    ptx = device is not None and device.attrs.get("ptx") and not arch.endswith("a")
+    flags = [f"-gencode=arch=compute_{arch},code={f'[sm_{arch},compute_{arch}]' if ptx else f'sm_{arch}'}", "-O3", "-std=c++17", "--expt-relaxed-constexpr",
              "-Xcompiler=-fPIC", "-Xcompiler=-fvisibility=hidden", "-DNDEBUG"]
     if target.attrs.get("use_fast_math"):
         flags.append("--use_fast_math")

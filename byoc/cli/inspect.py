@@ -117,8 +117,9 @@ def describe_library(path, metadata: dict) -> str:
     partition report, from the metadata it carries."""
     from ..report import PartitionReport
     mib = 1 << 20
+    archs = metadata.get("archs")
     lines = [f"{path}: build {metadata.get('build_id')}, target {metadata.get('target')}"
-             f"{', ' + metadata['arch'] if metadata.get('arch') else ''}, "
+             f"{', ' + ', '.join(archs) if archs else ', ' + metadata['arch'] if metadata.get('arch') else ''}, "
              f"cuda graph {'on' if metadata.get('cuda_graph') else 'off'}"]
     variants = metadata.get("variants") or []
     for kind in ("inputs", "outputs"):
@@ -126,10 +127,13 @@ def describe_library(path, metadata: dict) -> str:
             where = f" on {tensor['device']}" if "device" in tensor else ""
             shape = _bucketed_shape(kind, position, variants, metadata.get("dims") or {}) or tuple(tensor["shape"])
             lines.append(f"  {kind[:-1]:<6} {tensor['name']}: {tensor['dtype']} {shape}{where}")
-    if variants:  # shape buckets: a program each, over the one set of weights
-        lines.append(f"  {len(variants)} shape buckets (run() takes the one the inputs' shapes fit):")
+    if variants:  # shape buckets or archs: a program each, over the one set of weights
+        lines.append(f"  {len(variants)} archs (create takes the highest the GPU runs; BYOC_ARCH=sm_NN asks for "
+                     f"one):" if archs else
+                     f"  {len(variants)} shape buckets (run() takes the one the inputs' shapes fit):")
         for variant in variants:
-            dims = ", ".join(f"{name}={size}" for name, size in variant.get("dims", {}).items())
+            dims = ", ".join([f"{name}={size}" for name, size in variant.get("dims", {}).items()] +
+                             ([variant["arch"]] if "arch" in variant else []))
             shapes = ", ".join(f"{t['name']} {tuple(t['shape'])}" for t in variant.get("inputs", []))
             arena = variant.get("memory", {}).get("arena_bytes", 0)
             lines.append(f"    {dims}: {shapes}; arena {arena / mib:.2f} MiB")

@@ -115,6 +115,10 @@ class HostVariant:
     # carries (None: a fixed axis), and the bucket's size of each dim
     axis_dims: list | None = None
     dims: dict = field(default_factory=dict)
+    # cuda, a build for several archs: the sm this variant's kernels are for (0: the
+    # model's), and whether they carry PTX a later GPU compiles
+    arch_number: int = 0
+    arch_ptx: bool = False
 
 
 def render_host(variants: list, *, cuda: bool, build_id: str, arch_number: int | None,
@@ -147,6 +151,7 @@ def render_host(variants: list, *, cuda: bool, build_id: str, arch_number: int |
             "arena_bytes": plan.arena_bytes, "workspace_bytes": plan.workspace_bytes,
             "inputs": entries[:len(plan.inputs)], "outputs": entries[len(plan.inputs):],
             "padded_dim_values": ", ".join(str(variant.dims[d]) for d in padded_dims),
+            "arch_number": variant.arch_number, "arch_ptx": variant.arch_ptx,
             "functions": [symbol for symbol in plan.extern_symbols if symbol not in stateful],
             "stateful": stateful, "cuda_graph": variant.cuda_graph and cuda, "graph_io": variant.graph_io or "copy",
             "devices": {"inputs_on_host": [str(v).lower() for v in plan.inputs_on_host],

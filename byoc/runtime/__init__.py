@@ -102,6 +102,8 @@ class Module:
         lib.byoc_model_destroy.argtypes = [ctypes.c_void_p]
         if hasattr(lib, "byoc_model_status"):  # libraries built before it lack it
             lib.byoc_model_status.argtypes = [ctypes.c_void_p]
+        if hasattr(lib, "byoc_model_arch"):  # libraries built before it lack it
+            lib.byoc_model_arch.argtypes = [ctypes.c_void_p]
         self.metadata = _read_metadata(lib, self.path)
         if weights_path is None and self.metadata["weights"]["location"] == "sidecar":
             weights_path = os.path.splitext(self.path)[0] + ".safetensors"
@@ -365,6 +367,16 @@ class Module:
             else:
                 with cupy.cuda.Device(self.device_id):
                     cupy.cuda.runtime.deviceSynchronize()
+
+    @property
+    def arch(self) -> str | None:
+        """The arch whose kernels this module runs ("sm_90"): of a library built for several
+        (config `arch`), the one chosen for its device; None on the cpu."""
+        if self.device != "cuda":
+            return None
+        if not hasattr(self._lib, "byoc_model_arch"):
+            return self.metadata.get("arch")
+        return f"sm_{self._lib.byoc_model_arch(self._handle)}"
 
     def synchronize(self):
         """Wait for the GPU work queued so far, then raise a byoc.RuntimeError if one of the

@@ -66,6 +66,10 @@ void byoc_model_destroy(byoc_model* model);
  * once, by this or by the next byoc_model_run; call it after synchronizing the stream to
  * know about the runs before. Does not wait for queued work. */
 int byoc_model_status(byoc_model* model);
+/* The sm (90 for sm_90) whose kernels this instance runs: a library built for several archs
+ * (config `arch`) holds each one's, and create takes the highest the device runs (machine
+ * code of its major version, else PTX; $BYOC_ARCH=sm_NN asks for one). 0 on the cpu. */
+int byoc_model_arch(const byoc_model* model);
 /* JSON: format, version, build_id, target, arch, inputs, outputs, backends, functions, weights. */
 const char* byoc_model_metadata(void);
 const char* byoc_last_error(void);

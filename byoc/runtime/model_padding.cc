@@ -209,7 +209,7 @@ void free_staging(byoc_model* model) {
   std::free(model->host_staging_memory);
 }
 
-int32_t padded_variant(const byoc_dl_tensor* inputs, int32_t num_inputs, int64_t* sizes) {
+int32_t padded_variant(const byoc_model* model, const byoc_dl_tensor* inputs, int32_t num_inputs, int64_t* sizes) {
   if (spec.num_padded_dims == 0 || spec.num_padded_dims > kMaxPaddedDims || (num_inputs && inputs == nullptr)) {
     return -1;
   }
@@ -218,7 +218,7 @@ int32_t padded_variant(const byoc_dl_tensor* inputs, int32_t num_inputs, int64_t
   int64_t trial[kMaxPaddedDims];
   for (int32_t v = 0; v < spec.num_variants; ++v) {
     const VariantSpec& variant = spec.variants[v];
-    if (variant.num_inputs != num_inputs || !fits(variant, inputs, trial)) continue;
+    if (!runs_variant(model, v) || variant.num_inputs != num_inputs || !fits(variant, inputs, trial)) continue;
     uint64_t bytes = 0;  // the smallest bucket that holds the inputs: least to pad
     for (int32_t i = 0; i < num_inputs; ++i) bytes += variant.inputs[i].bytes;
     if (best < 0 || bytes < best_bytes) {

@@ -259,16 +259,25 @@ bool same_shape(const byoc_dl_tensor& t, const TensorSpec& tensor_spec) {
 // The variant whose inputs have the shapes of the caller's, else (padded dims) the smallest
 // one they fit padded, with `*padded` set and the dims' sizes in `sizes`; or -1 with the
 // error set. A model of one variant takes it, and run()'s checks say what does not fit.
-int32_t matching_variant(const byoc_dl_tensor* inputs, int32_t num_inputs, bool* padded, int64_t* sizes) {
+int32_t matching_variant(const byoc_model* model, const byoc_dl_tensor* inputs, int32_t num_inputs, bool* padded,
+                         int64_t* sizes) {
   *padded = false;
   if (spec.num_variants == 1) return 0;
+  int32_t first_run = -1, runs = 0;  // the instance's variants (those of its arch)
   for (int32_t v = 0; v < spec.num_variants; ++v) {
+    if (!runs_variant(model, v)) continue;
+    runs += 1;
+    if (first_run < 0) first_run = v;
+  }
+  if (runs == 1) return first_run;
+  for (int32_t v = 0; v < spec.num_variants; ++v) {
+    if (!runs_variant(model, v)) continue;
     const VariantSpec& variant = spec.variants[v];
     bool fits = num_inputs == variant.num_inputs && (num_inputs == 0 || inputs != nullptr);
     for (int32_t i = 0; fits && i < num_inputs; ++i) fits = same_shape(inputs[i], variant.inputs[i]);
     if (fits) return v;
   }
-  const int32_t padded_number = padded_variant(inputs, num_inputs, sizes);
+  const int32_t padded_number = padded_variant(model, inputs, num_inputs, sizes);
   if (padded_number >= 0) {
     *padded = true;
     return padded_number;
@@ -290,7 +299,8 @@ int32_t matching_variant(const byoc_dl_tensor* inputs, int32_t num_inputs, bool*
                                                                : shape_text(inputs[i].ndim, inputs[i].shape));
   }
   for (int32_t v = 0; v < spec.num_variants; ++v) {
-    buckets += v ? "; " : "";
+    if (!runs_variant(model, v)) continue;
+    buckets += buckets.empty() ? "" : "; ";
     for (int32_t i = 0; i < num_inputs; ++i) {
       const TensorSpec& tensor = spec.variants[v].inputs[i];
       buckets += std::string(i ? ", " : "") + tensor.name + " " + shape_text(tensor.ndim, tensor.shape);
@@ -330,7 +340,7 @@ BYOC_EXPORT int byoc_model_run(byoc_model* model, const byoc_dl_tensor* inputs, 
   // on the stack: run() never allocates
   int64_t* sizes = static_cast<int64_t*>(__builtin_alloca(sizeof(int64_t) * (spec.num_padded_dims + 1)));
   bool padded = false;
-  const int32_t number = matching_variant(inputs, num_inputs, &padded, sizes);
+  const int32_t number = matching_variant(model, inputs, num_inputs, &padded, sizes);
   if (number < 0) return 1;
   const Variant variant = variant_of(model, number);
   const VariantSpec& v = variant.spec;

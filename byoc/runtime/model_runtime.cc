@@ -182,6 +182,16 @@ BYOC_EXPORT const char* byoc_model_metadata(void) { return spec.metadata; }
 
 BYOC_EXPORT const char* byoc_last_error(void) { return last_error; }
 
+BYOC_EXPORT int byoc_model_arch(const byoc_model* model) {
+#if BYOC_RUNTIME_CUDA
+  if (model == nullptr) return 0;
+  return model->arch != 0 ? model->arch : spec.arch_number;
+#else
+  (void)model;
+  return 0;
+#endif
+}
+
 BYOC_EXPORT void byoc_model_destroy(byoc_model* model) {
   if (model == nullptr) return;
 #if BYOC_RUNTIME_CUDA
@@ -265,7 +275,8 @@ BYOC_EXPORT int byoc_model_create_on_device(byoc_model** out, const char* weight
   if (load_programs()) return 1;
 #if BYOC_RUNTIME_CUDA
   int model_device = 0;
-  if (check_device(device, &model_device)) return 1;
+  int32_t model_arch = 0;
+  if (check_device(device, &model_device, &model_arch)) return 1;
   DeviceScope on_device(model_device);  // memory, streams and the engines' state on that device
 #else
   if (device != -1 && device != 0) {
@@ -276,6 +287,7 @@ BYOC_EXPORT int byoc_model_create_on_device(byoc_model** out, const char* weight
   if (model == nullptr) return fail("out of host memory");
 #if BYOC_RUNTIME_CUDA
   model->device = model_device;
+  model->arch = model_arch;
 #endif
   model->variants = new (std::nothrow) byoc_variant_instance[spec.num_variants]();
   bool allocated_states = model->variants != nullptr;
@@ -316,6 +328,7 @@ BYOC_EXPORT int byoc_model_create_on_device(byoc_model** out, const char* weight
   }
   // Backends that set themselves up at load (JSON engines: parse, plan, choose algorithms).
   for (int32_t v = 0; v < spec.num_variants; ++v) {
+    if (!runs_variant(model, v)) continue;  // another arch's: its engines never set up
     const VariantSpec& variant = spec.variants[v];
     for (int32_t i = 0; i < variant.num_states; ++i) {
       if (variant.states[i].init(model->weights, spec.weights_bytes, &model->variants[v].states[i]) != 0) {

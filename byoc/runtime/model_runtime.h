@@ -142,6 +142,12 @@ struct VariantSpec {
   uint64_t program_bytes;
   uint64_t program_checksum;  // byoc_blob_checksum of the program table
   const int64_t* padded_dim_values;  // the variant's size of each padded dim
+  // cuda: the sm its kernels were compiled for (0: the model's arch_number), and whether
+  // they carry PTX too, which a GPU of a later arch compiles when it loads them. A build
+  // for several archs (config `arch`) has a variant per arch and bucket; an instance runs
+  // those of one arch, chosen at create for its device.
+  int32_t arch_number;
+  bool arch_ptx;
 };
 
 struct ModelSpec {
@@ -150,7 +156,7 @@ struct ModelSpec {
   // The build's identity without its weights (byoc.package.program_identity): a weights
   // file of this program, written by this build or by `byoc refit`, carries it.
   const char* program_id;
-  int32_t arch_number;   // cuda: the sm the kernels were compiled for
+  int32_t arch_number;   // cuda: the sm the kernels were compiled for (several: the highest)
   const unsigned char* embedded_weights;  // nullptr: a .safetensors sidecar holds them
   uint64_t weights_bytes;
   uint64_t weights_checksum;  // byoc_blob_checksum of the weights

@@ -2,6 +2,7 @@
 // streams, the kernels' status word, and running the calls as a CUDA graph.
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 #include <string>
 
@@ -66,8 +67,60 @@ void device_free(unsigned char* p) {
   if (p) cudaFree(p);
 }
 
-// The device a model is created on must exist and be the arch the kernels were compiled for.
-int check_device(int32_t requested, int* device) {
+// The variants' archs as "sm_80 (and PTX), sm_90", for messages.
+std::string built_archs() {
+  std::string text;
+  for (int32_t v = 0; v < spec.num_variants; ++v) {
+    const int32_t arch = spec.variants[v].arch_number ? spec.variants[v].arch_number : spec.arch_number;
+    const std::string entry = "sm_" + std::to_string(arch) + (spec.variants[v].arch_ptx ? " (and PTX)" : "");
+    if (text.find(entry) == std::string::npos) text += (text.empty() ? "" : ", ") + entry;
+  }
+  return text;
+}
+
+// The arch of the variants a model created on a device of arch `device_arch` runs: the
+// highest whose machine code the device runs (same major version, minor not above the
+// device's), else the highest whose PTX it compiles (not above the device's arch); or the
+// one $BYOC_ARCH names ("sm_80"), which a test sets to run an older arch's kernels on a
+// newer GPU. 0 with the error set where none can run.
+int32_t chosen_arch(int device_arch, int device, const char* device_name) {
+  const char* forced = std::getenv("BYOC_ARCH");
+  int32_t wanted = 0;
+  if (forced != nullptr && *forced != '\0') {
+    const char* digits = std::strncmp(forced, "sm_", 3) == 0 ? forced + 3 : forced;
+    wanted = static_cast<int32_t>(std::strtol(digits, nullptr, 10));
+    if (wanted <= 0) {
+      fail(std::string("BYOC_ARCH is '") + forced + "'; expected an arch like sm_80 (this model has " +
+           built_archs() + ")");
+      return 0;
+    }
+  }
+  int32_t native = 0, compiled = 0;
+  for (int32_t v = 0; v < spec.num_variants; ++v) {
+    const VariantSpec& variant = spec.variants[v];
+    const int32_t arch = variant.arch_number ? variant.arch_number : spec.arch_number;
+    if (wanted != 0 && arch != wanted) continue;
+    if (arch / 10 == device_arch / 10 && arch % 10 <= device_arch % 10 && arch > native) native = arch;
+    if (variant.arch_ptx && arch <= device_arch && arch > compiled) compiled = arch;
+  }
+  if (native != 0) return native;
+  if (compiled != 0) return compiled;
+  const std::string device_text = "CUDA device " + std::to_string(device) + " (" + device_name + ") is sm_" +
+                                  std::to_string(device_arch);
+  if (wanted != 0) {
+    fail("BYOC_ARCH asks for sm_" + std::to_string(wanted) + ", but this model has " + built_archs() + " and " +
+         device_text + ": none of that arch runs there");
+  } else {
+    fail("this model was built for " + built_archs() + ", but " + device_text + "; rebuild it with target 'cuda "
+         "-arch=sm_" + std::to_string(device_arch) + "' (or list sm_" + std::to_string(device_arch) +
+         " in the config's arch)");
+  }
+  return 0;
+}
+
+// The device a model is created on must exist and run the kernels of one of the archs the
+// model was compiled for (`*arch`: which).
+int check_device(int32_t requested, int* device, int32_t* arch) {
   int count = 0;
   cudaError_t queried = cudaGetDeviceCount(&count);
   if (queried != cudaSuccess) return device_unavailable(queried, "cudaGetDeviceCount");
@@ -84,13 +137,8 @@ int check_device(int32_t requested, int* device) {
   cudaDeviceProp props;
   queried = cudaGetDeviceProperties(&props, *device);
   if (queried != cudaSuccess) return device_unavailable(queried, "cudaGetDeviceProperties");
-  const int arch = props.major * 10 + props.minor;
-  if (arch != spec.arch_number) {
-    return fail("this model was built for sm_" + std::to_string(spec.arch_number) + ", but CUDA device " +
-                std::to_string(*device) + " (" + props.name + ") is sm_" + std::to_string(arch) +
-                "; rebuild it with target 'cuda -arch=sm_" + std::to_string(arch) + "'");
-  }
-  return 0;
+  *arch = chosen_arch(props.major * 10 + props.minor, *device, props.name);
+  return *arch == 0 ? 1 : 0;
 }
 
 // Device memory, the status word, the capture stream and the host-side buffers.

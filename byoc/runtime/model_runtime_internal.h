@@ -40,6 +40,7 @@ struct byoc_model {
   unsigned char* workspace = nullptr;
   uint64_t workspace_bytes = 0;
   byoc_variant_instance* variants = nullptr;  // spec.num_variants of them
+  int32_t arch = 0;  // cuda: the arch of the variants this instance runs (0: every variant)
   // Padded dims (model_padding.cc): per caller tensor (inputs, then outputs) that a variant
   // pads, a buffer as large as its largest variant's (else null), in staging_memory (the
   // device's; the cpu target's host memory) or, for a tensor in host memory, in
@@ -111,7 +112,14 @@ int allocate_staging(byoc_model* model);
 void free_staging(byoc_model* model);
 // The smallest variant the caller's inputs fit with padding, its padded dims' sizes in
 // `sizes` (spec.num_padded_dims of them); -1 when none.
-int32_t padded_variant(const byoc_dl_tensor* inputs, int32_t num_inputs, int64_t* sizes);
+int32_t padded_variant(const byoc_model* model, const byoc_dl_tensor* inputs, int32_t num_inputs, int64_t* sizes);
+
+// Whether `model` runs variant `v`: a variant of another arch than the instance's is left
+// alone (its kernels may not run on this device; its states are never made).
+inline bool runs_variant(const byoc_model* model, int32_t v) {
+  const int32_t arch = byoc_model_spec.variants[v].arch_number;
+  return model->arch == 0 || arch == 0 || arch == model->arch;
+}
 // "batch from 1 to 32, ...": the sizes run() takes by padding, for messages.
 std::string padded_dims_text();
 // `tensor` as the caller gives it in a run with padded dims of `sizes` (`values`: the
@@ -136,7 +144,7 @@ int cuda_failed(cudaError_t status, const char* what);
 // The device this process runs on must be the arch the kernels were compiled for.
 // The device a model is created on: `requested` (-1: the calling thread's current one),
 // which must exist and be of the arch the kernels were compiled for.
-int check_device(int32_t requested, int* device);
+int check_device(int32_t requested, int* device, int32_t* arch);
 
 // While alive, the calling thread's current CUDA device is `device`; the one before is
 // restored after (create, run and destroy work on the model's device, whatever the
