@@ -102,8 +102,8 @@ def test_metadata_and_exports(built_models):
     symbols = subprocess.run(["nm", "-D", "--defined-only", str(built_models["bert2"])],
                              capture_output=True, text=True).stdout
     exported = sorted(line.split()[-1] for line in symbols.splitlines() if " T " in line)
-    assert exported == ["byoc_last_error", "byoc_model_create", "byoc_model_create_on_device", "byoc_model_destroy",
-                        "byoc_model_metadata", "byoc_model_run", "byoc_model_status"]
+    assert exported == ["byoc_last_error", "byoc_model_arch", "byoc_model_create", "byoc_model_create_on_device",
+                        "byoc_model_destroy", "byoc_model_metadata", "byoc_model_run", "byoc_model_status"]
 
 
 def test_bad_inputs_are_named_and_the_module_keeps_working(built_models):
