@@ -128,8 +128,8 @@ def describe_library(path, metadata: dict) -> str:
             shape = _bucketed_shape(kind, position, variants, metadata.get("dims") or {}) or tuple(tensor["shape"])
             lines.append(f"  {kind[:-1]:<6} {tensor['name']}: {tensor['dtype']} {shape}{where}")
     if variants:  # shape buckets or archs: a program each, over the one set of weights
-        lines.append(f"  {len(variants)} archs (create takes the highest the GPU runs; BYOC_ARCH=sm_NN asks for "
-                     f"one):" if archs else
+        lines.append(f"  {len(variants)} archs (create takes the GPU's own, else the highest PTX it compiles; BYOC_ARCH=sm_NN "
+                     f"asks for one):" if archs else
                      f"  {len(variants)} shape buckets (run() takes the one the inputs' shapes fit):")
         for variant in variants:
             dims = ", ".join([f"{name}={size}" for name, size in variant.get("dims", {}).items()] +

@@ -79,10 +79,11 @@ std::string built_archs() {
 }
 
 // The arch of the variants a model created on a device of arch `device_arch` runs: the
-// highest whose machine code the device runs (same major version, minor not above the
-// device's), else the highest whose PTX it compiles (not above the device's arch); or the
-// one $BYOC_ARCH names ("sm_80"), which a test sets to run an older arch's kernels on a
-// newer GPU. 0 with the error set where none can run.
+// device's own where a variant has its machine code, else the highest whose PTX the device
+// compiles (not above its arch); or the one $BYOC_ARCH names ("sm_80"), which a test sets
+// to run an older arch's kernels on a newer GPU. Machine code of an earlier minor version
+// (sm_80 on an sm_86) is not taken: CUTLASS's kernels for sm_80 may ask for more shared
+// memory than such a GPU has. 0 with the error set where none can run.
 int32_t chosen_arch(int device_arch, int device, const char* device_name) {
   const char* forced = std::getenv("BYOC_ARCH");
   int32_t wanted = 0;
@@ -100,7 +101,7 @@ int32_t chosen_arch(int device_arch, int device, const char* device_name) {
     const VariantSpec& variant = spec.variants[v];
     const int32_t arch = variant.arch_number ? variant.arch_number : spec.arch_number;
     if (wanted != 0 && arch != wanted) continue;
-    if (arch / 10 == device_arch / 10 && arch % 10 <= device_arch % 10 && arch > native) native = arch;
+    if (arch == device_arch) native = arch;
     if (variant.arch_ptx && arch <= device_arch && arch > compiled) compiled = arch;
   }
   if (native != 0) return native;
