@@ -125,3 +125,40 @@ def test_the_device_runs_its_own_archs_kernels_and_the_older_ones_when_asked(nam
     monkeypatch.setenv("BYOC_ARCH", "sm_86")
     with pytest.raises(byoc.RuntimeError, match="BYOC_ARCH asks for sm_86, but this model has sm_80 \\(and PTX\\), sm_90"):
         library.load()
+
+
+HARNESS = r"""
+#include <cstdio>
+#include "model_runtime_internal.h"
+using byoc_runtime::internal::choose_arch;
+int main() {
+  const int32_t archs[] = {80, 90};
+  const bool ptx[] = {true, true};
+  const int32_t specific[] = {80, 90};  // sm_90a: machine code only
+  const bool specific_ptx[] = {true, false};
+  std::printf("%d %d %d %d %d %d %d %d %d\n",
+              choose_arch(archs, ptx, 2, 90, 0),       // H100: its own machine code
+              choose_arch(archs, ptx, 2, 90, 80),      // BYOC_ARCH=sm_80 on it: the sm_80 PTX
+              choose_arch(archs, ptx, 2, 100, 0),      // Blackwell: the newest PTX
+              choose_arch(archs, ptx, 2, 86, 0),       // sm_86: sm_80's PTX, not its machine code
+              choose_arch(archs, ptx, 2, 75, 0),       // Turing: nothing
+              choose_arch(archs, ptx, 2, 90, 86),      // an arch the library lacks
+              choose_arch(specific, specific_ptx, 2, 100, 0),  // sm_90a has no PTX: sm_80's
+              choose_arch(specific, specific_ptx, 1, 90, 0),   // sm_80 alone on an H100: PTX
+              choose_arch(specific + 1, specific_ptx + 1, 1, 100, 0));  // sm_90a alone on Blackwell
+  return 0;
+}
+"""
+
+
+def test_which_arch_a_device_runs(tmp_path):
+    """The runtime's choice (choose_arch, model_runtime_internal.h) compiled on its own: the
+    device's machine code first, else the newest PTX not above it, BYOC_ARCH's arch only."""
+    import subprocess
+    import byoc.runtime as runtime
+    source = tmp_path / "harness.cc"
+    source.write_text(HARNESS)
+    subprocess.run(["g++", "-std=c++17", "-DBYOC_RUNTIME_CUDA=0", f"-I{runtime.INCLUDE_DIR}", str(source), "-o",
+                    str(tmp_path / "harness")], check=True)
+    chosen = subprocess.run([str(tmp_path / "harness")], capture_output=True, text=True, check=True).stdout.split()
+    assert chosen == ["90", "80", "90", "80", "0", "0", "80", "80", "0"]

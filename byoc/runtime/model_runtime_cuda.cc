@@ -78,12 +78,9 @@ std::string built_archs() {
   return text;
 }
 
-// The arch of the variants a model created on a device of arch `device_arch` runs: the
-// device's own where a variant has its machine code, else the highest whose PTX the device
-// compiles (not above its arch); or the one $BYOC_ARCH names ("sm_80"), which a test sets
-// to run an older arch's kernels on a newer GPU. Machine code of an earlier minor version
-// (sm_80 on an sm_86) is not taken: CUTLASS's kernels for sm_80 may ask for more shared
-// memory than such a GPU has. 0 with the error set where none can run.
+// The arch of the variants a model created on a device of arch `device_arch` runs
+// (choose_arch), or the one $BYOC_ARCH names ("sm_80"), which a test sets to run an older
+// arch's kernels on a newer GPU. 0 with the error set where none can run.
 int32_t chosen_arch(int device_arch, int device, const char* device_name) {
   const char* forced = std::getenv("BYOC_ARCH");
   int32_t wanted = 0;
@@ -96,16 +93,14 @@ int32_t chosen_arch(int device_arch, int device, const char* device_name) {
       return 0;
     }
   }
-  int32_t native = 0, compiled = 0;
-  for (int32_t v = 0; v < spec.num_variants; ++v) {
-    const VariantSpec& variant = spec.variants[v];
-    const int32_t arch = variant.arch_number ? variant.arch_number : spec.arch_number;
-    if (wanted != 0 && arch != wanted) continue;
-    if (arch == device_arch) native = arch;
-    if (variant.arch_ptx && arch <= device_arch && arch > compiled) compiled = arch;
+  int32_t archs[64], count = 0;
+  bool ptx[64];
+  for (int32_t v = 0; v < spec.num_variants && count < 64; ++v, ++count) {
+    archs[count] = spec.variants[v].arch_number ? spec.variants[v].arch_number : spec.arch_number;
+    ptx[count] = spec.variants[v].arch_ptx;
   }
-  if (native != 0) return native;
-  if (compiled != 0) return compiled;
+  const int32_t chosen = choose_arch(archs, ptx, count, device_arch, wanted);
+  if (chosen != 0) return chosen;
   const std::string device_text = "CUDA device " + std::to_string(device) + " (" + device_name + ") is sm_" +
                                   std::to_string(device_arch);
   if (wanted != 0) {

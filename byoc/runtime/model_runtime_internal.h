@@ -114,6 +114,22 @@ void free_staging(byoc_model* model);
 // `sizes` (spec.num_padded_dims of them); -1 when none.
 int32_t padded_variant(const byoc_model* model, const byoc_dl_tensor* inputs, int32_t num_inputs, int64_t* sizes);
 
+// Which of a library's archs (`archs[i]`, with PTX where `ptx[i]`) a device of arch
+// `device_arch` runs: its own where a variant has that machine code, else the highest
+// whose PTX it compiles (not above its arch); only `wanted` where that is not 0 ($BYOC_ARCH).
+// Machine code of an earlier minor version (sm_80 on an sm_86) is not taken: CUTLASS's
+// kernels for sm_80 may ask for more shared memory than such a GPU has. 0: none runs.
+inline int32_t choose_arch(const int32_t* archs, const bool* ptx, int32_t count, int32_t device_arch,
+                           int32_t wanted) {
+  int32_t native = 0, compiled = 0;
+  for (int32_t i = 0; i < count; ++i) {
+    if (wanted != 0 && archs[i] != wanted) continue;
+    if (archs[i] == device_arch) native = archs[i];
+    if (ptx[i] && archs[i] <= device_arch && archs[i] > compiled) compiled = archs[i];
+  }
+  return native != 0 ? native : compiled;
+}
+
 // Whether `model` runs variant `v`: a variant of another arch than the instance's is left
 // alone (its kernels may not run on this device; its states are never made).
 inline bool runs_variant(const byoc_model* model, int32_t v) {
