@@ -29,19 +29,21 @@ from .progress import BuildProgress
 
 def build(model, target=None, config=None, *, input_shapes: dict | None = None, workdir=None,
           params: str | None = None, precision: str | None = None, dims: dict | None = None,
-          dump_after=()) -> Library:
+          arch: list | None = None, dump_after=()) -> Library:
     """Build `model` (an IRModule, an ONNX path/bytes/ModelProto) into a shared library.
 
     `config` is a build config (a name from build_configs/, a YAML path or a dict;
-    default "default"); `target`, `workdir`, `params`, `precision` and `dims` (sizes of
-    named dims, e.g. {"batch": 1}) override its keys. `dump_after`: names of pipeline
+    default "default"); `target`, `workdir`, `params`, `precision`, `dims` (sizes of
+    named dims, e.g. {"batch": 1}) and `arch` (CUDA archs, e.g. ["sm_80", "sm_90"]: one
+    library for all of them) override its keys. `dump_after`: names of pipeline
     stages (`byoc build --print-pipeline` lists them) whose output IR is written to the
     work directory's ir/ (a shape bucket's to bucket<N>/ir/).
     """
     from .config import _validate_input_shapes, load_config
     from .target import resolve_device_target
     overrides = {key: value for key, value in (("target", target), ("workdir", workdir), ("params", params),
-                                                ("precision", precision), ("dims", dims)) if value is not None}
+                                                ("precision", precision), ("dims", dims), ("arch", arch))
+                 if value is not None}
     cfg = load_config(config if config is not None else "default", overrides=overrides)
     if input_shapes is not None:  # it replaces the config's input_shapes: check it the same way
         input_shapes = _validate_input_shapes("build()", input_shapes)

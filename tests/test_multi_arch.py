@@ -162,3 +162,13 @@ def test_which_arch_a_device_runs(tmp_path):
                     str(tmp_path / "harness")], check=True)
     chosen = subprocess.run([str(tmp_path / "harness")], capture_output=True, text=True, check=True).stdout.split()
     assert chosen == ["90", "80", "90", "80", "0", "0", "80", "80", "0"]
+
+
+def test_byoc_build_takes_the_archs_and_names_a_wrong_one(tmp_path):
+    import subprocess
+    import sys
+    for arch, says in (("sm_80", "arch: ['sm_80'] needs a cuda target, but target is 'cpu'"),
+                       ("sm_8", "arch: 'sm_8' is not a CUDA arch byoc builds for")):
+        result = subprocess.run([sys.executable, "-m", "byoc", "build", str(FIXTURES / "mlp.onnx"), "--target", "cpu",
+                                 "--arch", arch, "-o", str(tmp_path / "m.so"), "-q"], capture_output=True, text=True)
+        assert result.returncode == 2 and says in result.stderr and "Traceback" not in result.stderr, result.stderr

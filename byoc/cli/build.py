@@ -27,6 +27,8 @@ def build_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("-o", "--output", metavar="MODEL.so",
                         help="where to write the library (default: the config's output, else model.so)")
     parser.add_argument("--target", help="override the config's device target, e.g. 'cpu' or 'cuda -arch=sm_90'")
+    parser.add_argument("--arch", metavar="SM,SM", help="CUDA archs one library holds kernels for, e.g. sm_80,sm_90 "
+                                                        "(the config's arch; the runtime takes the GPU's)")
     parser.add_argument("--workdir", help="keep generated sources, build.ninja and the partition report here")
     add_input_shape_option(parser)
     parser.add_argument("--print-pipeline", action="store_true",
@@ -86,7 +88,8 @@ def build_command(args: argparse.Namespace) -> int:
         for name in args.dump_after:
             stage_named(name)  # an unknown stage before the build starts, naming the stages
     with _ProgressLines(args.quiet):
-        library = build(args.model, target=args.target, config=args.config, workdir=args.workdir,
+        arch = [a.strip() for a in args.arch.split(",") if a.strip()] if args.arch is not None else None
+        library = build(args.model, target=args.target, config=args.config, workdir=args.workdir, arch=arch,
                         input_shapes=parse_input_shapes(args.input_shape) or None,
                         dims=parse_dims(args.dim, several=True) or None, dump_after=args.dump_after)
     from ..config import load_config
