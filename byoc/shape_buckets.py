@@ -3,10 +3,10 @@ for a named dim (config `dims: {batch: [1, 8, 32]}`), once per shape bucket, eac
 own bucket<N>/ of the work directory (its function symbols ending in _b<N>), the
 constants of all in one weights blob. Then which dims run() may pad: the programs as
 simplify left them are compared (analysis/padding.py). With several CUDA archs (config
-`arch: [sm_80, sm_90]`), once per arch, each in its own <arch>/ (symbols ending in
-_sm<NN>), for a device target of that arch with PTX beside its machine code (not for an
-sm_XXa), backends' `sm` options left to it; the runtime runs one arch's, chosen by the
-device at create."""
+`arch: [sm_80, sm_90]`), all that once per arch, each in its own <arch>/ (symbols ending
+in _sm<NN>), for a device target of that arch with PTX beside its machine code (not for
+an sm_XXa), backends' `sm` options left to it; the runtime runs one arch's programs,
+chosen by the device at create."""
 from __future__ import annotations
 
 import dataclasses
@@ -26,29 +26,59 @@ def lower_programs(context) -> tuple[list, dict]:
     if archs and context.target.kind != "cuda":
         raise ConfigError(f"arch {archs}: several CUDA archs need a cuda target, but this build's is "
                           f"{context.target} (target: auto found no GPU?); expected target: cuda -arch=... or no arch")
-    if len(archs) > 1 or (archs and archs[0] != context.target.attrs["arch"]):
-        return arch_programs(context, archs), {}
     buckets = context.config.shape_buckets()
-    if len(buckets) == 1:
+    several = len(archs) > 1 or (archs and archs[0] != context.target.attrs["arch"])
+    if len(buckets) == 1 and not several:
         context = dataclasses.replace(context, dims=buckets[0])
         return [Program(context, buckets[0], run_pipeline(context))], {}
-    if isinstance(context.model, IRModule):
+    if len(buckets) > 1 and isinstance(context.model, IRModule):
         raise ConfigError(f"dims {context.config.dims}: shape buckets are for ONNX models (their named dims); "
                           f"an IRModule has static shapes already")
     from .codegen.host_plan import WeightsBlob
     weights = WeightsBlob(share_equal=True)
-    pairs = padding_pairs(context.config.dims, buckets)
+    if not several:
+        return bucket_programs(context, buckets, weights)[:2]
+    programs, padding, model = [], {}, context.model
+    for number, arch in enumerate(archs):
+        context.progress.stage(f"arch {number + 1}/{len(archs)}: {arch}")
+        group, group_padding, model = bucket_programs(arch_context(context, arch, model), buckets, weights)
+        programs += group
+        padding = padding if number else group_padding  # the same ops in every arch's programs
+    return programs, padding
+
+
+def arch_context(context, arch: str, model):
+    """The context of `arch`'s programs (see the module docstring): in <arch>/ of the work
+    directory, their symbols ending in _sm<NN>."""
+    from .target import Target
+    target = Target("cuda", **{**context.target.attrs, "arch": arch, "ptx": not arch.endswith("a")})
+    workdir, _ = make_workdir(str(context.workdir / arch))
+    backends = [(name, {key: value for key, value in options.items() if key != "sm"} if options else options)
+                for name, options in context.config.backends]
+    return dataclasses.replace(context, config=dataclasses.replace(context.config, workdir=str(workdir),
+                                                                   backends=backends),
+                               target=target, workdir=workdir, model=model,
+                               symbol_suffix="_" + arch.replace("_", ""))
+
+
+def bucket_programs(context, buckets: list, weights) -> tuple[list, dict, object]:
+    """(a program per bucket of `buckets` in `context`, the padding of their dims, the model
+    as the next group of programs reads it: the file's bytes once read)."""
+    pairs = padding_pairs(context.config.dims, buckets) if len(buckets) > 1 else {}
     compared = {index for pair in pairs.values() for index in pair}
     programs, simplified = [], {}
     model = context.model
     for number, dims in enumerate(buckets):
-        label = ", ".join(f"{name}={size}" for name, size in dims.items())
-        context.progress.stage(f"shape bucket {number + 1}/{len(buckets)}: {label}")
-        workdir, _ = make_workdir(str(context.workdir / f"bucket{number}"))
+        if len(buckets) > 1:
+            label = ", ".join(f"{name}={size}" for name, size in dims.items())
+            context.progress.stage(f"shape bucket {number + 1}/{len(buckets)}: {label}")
+            workdir, _ = make_workdir(str(context.workdir / f"bucket{number}"))
+        else:
+            workdir = context.workdir
         bucket = dataclasses.replace(context, config=dataclasses.replace(context.config, workdir=str(workdir),
                                                                          dims=dims),
                                      workdir=workdir, model=model, dims=dims, weights=weights,
-                                     symbol_suffix=f"_b{number}" if number else "")
+                                     symbol_suffix=context.symbol_suffix + (f"_b{number}" if number else ""))
         def record(mod, number=number):  # the module the padding analysis compares
             simplified[number] = mod
         programs.append(Program(bucket, dims, run_pipeline(bucket, after={"simplify": record}
@@ -57,6 +87,8 @@ def lower_programs(context) -> tuple[list, dict]:
             # the file once more, for all the other buckets: their weights view these bytes
             # (the first bucket's import named the file in any error, and read it whole)
             model = Path(model).read_bytes()
+    if len(buckets) == 1:
+        return programs, {}, model
     from .analysis.padding import padded_axes, padding_problem
     padding = {}
     for name, (small, large) in pairs.items():
@@ -80,33 +112,7 @@ def lower_programs(context) -> tuple[list, dict]:
                               f"the same shapes ({', '.join(f'{n} {s}' for n, s in key)}); expected sizes of "
                               f"dims the inputs declare (input_shapes fixes an input's dims)")
         shapes[key] = program.dims
-    return programs, padding
-
-
-def arch_programs(context, archs: list) -> list:
-    """A program per arch of `archs` (see the module docstring), their constants in one
-    weights blob."""
-    from .codegen.host_plan import WeightsBlob
-    from .target import Target
-    buckets = context.config.shape_buckets()
-    if len(buckets) > 1:
-        raise ConfigError(f"arch {archs} with dims {context.config.dims}: a library holds several archs or several "
-                          f"shape buckets, not both yet; build one library per arch")
-    weights = WeightsBlob(share_equal=True)
-    programs, model = [], context.model
-    for number, arch in enumerate(archs):
-        context.progress.stage(f"arch {number + 1}/{len(archs)}: {arch}")
-        target = Target("cuda", **{**context.target.attrs, "arch": arch, "ptx": not arch.endswith("a")})
-        workdir, _ = make_workdir(str(context.workdir / arch))
-        backends = [(name, {key: value for key, value in options.items() if key != "sm"} if options else options)
-                    for name, options in context.config.backends]
-        config = dataclasses.replace(context.config, workdir=str(workdir), backends=backends)
-        program = dataclasses.replace(context, config=config, target=target, workdir=workdir, model=model,
-                                      dims=buckets[0], weights=weights, symbol_suffix="_" + arch.replace("_", ""))
-        programs.append(Program(program, buckets[0], run_pipeline(program)))
-        if number == 0 and isinstance(model, (str, os.PathLike)):
-            model = Path(model).read_bytes()  # the file once more, for the other archs
-    return programs
+    return programs, padding, model
 
 
 def padding_pairs(dims: dict, buckets: list) -> dict:

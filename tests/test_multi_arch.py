@@ -82,10 +82,18 @@ def test_cutlass_kernels_of_each_arch_compile_and_link_into_one_library(tmp_path
 
 
 @pytest.mark.nvcc
-def test_shape_buckets_with_several_archs_are_refused_by_name(tmp_path):
-    with pytest.raises(ConfigError, match="several archs or several shape buckets, not both"):
-        byoc.build(FIXTURES / "gpt2_2l_dynamic.onnx", config={**MULTI, "dims": {"batch": [1, 2], "sequence": 8}},
-                   workdir=str(tmp_path / "w"))
+def test_shape_buckets_of_each_arch(tmp_path):
+    """dims with two batch sizes and two archs: four programs, each bucket once per arch,
+    the padding analysis the same for both."""
+    library = byoc.build(FIXTURES / "gpt2_2l_dynamic.onnx", config={**MULTI, "dims": {"batch": [1, 2], "sequence": 8}},
+                         workdir=str(tmp_path / "w"))
+    variants = library.metadata["variants"]
+    assert [(v["arch"], v["dims"]["batch"]) for v in variants] == [("sm_80", 1), ("sm_80", 2), ("sm_90", 1),
+                                                                    ("sm_90", 2)]
+    assert library.metadata["archs"] == ["sm_80", "sm_90"] and "batch" in library.metadata["dims"]
+    assert (tmp_path / "w" / "sm_90" / "bucket1").is_dir()
+    host = (tmp_path / "w" / "host.cc").read_text()
+    assert host.count("80, true,") == 2 and host.count("90, true,") == 2
 
 
 def _fixture(name):
