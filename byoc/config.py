@@ -359,13 +359,16 @@ def _validate_arch(source, arch, target) -> list:
         if entry not in CUDA_ARCHES:
             _fail(source, "arch", f"{entry!r} is not a CUDA arch byoc builds for; allowed: {', '.join(CUDA_ARCHES)}"
                                   f"{_did_you_mean(entry, CUDA_ARCHES)}")
-    repeated = sorted({a for a in arch if arch.count(a) > 1})
+    def number(name):
+        return int("".join(c for c in name if c.isdigit()))
+    repeated = sorted({a for a in arch if sum(number(b) == number(a) for b in arch) > 1})
     if repeated:
-        _fail(source, "arch", f"{', '.join(repeated)} listed more than once; expected each arch once")
+        _fail(source, "arch", f"{', '.join(repeated)}: the same arch listed more than once (sm_90 and sm_90a are "
+                              f"one, the runtime tells them by number); expected each arch once")
     if arch and getattr(target, "kind", None) == "cpu":
         _fail(source, "arch", f"{arch} needs a cuda target, but target is 'cpu'; allowed: arch with target cuda "
                               f"or auto, or no arch")
-    return sorted(arch, key=lambda a: (int("".join(c for c in a if c.isdigit())), a))
+    return sorted(arch, key=number)
 
 
 def _validate_target(source, target):

@@ -374,8 +374,11 @@ def known_cost(module, backend: str, context) -> float | None:
     from .pipeline import lower
     if backend == BUILTIN_BACKEND or get_backend(backend).known_cost is None:
         return None
+    import logging
     targets = context.backend_targets
     options = dict(context.config.backends).get(backend)
+    logger, quiet = logging.getLogger("byoc.build"), _OnlyThreads(set())  # the candidate's stages are not the build's
+    logger.addFilter(quiet)
     try:
         with tempfile.TemporaryDirectory(prefix="byoc-candidate-") as workdir:
             partitioned = lower(module, {"target": str(context.target), "precision": "float32",
@@ -383,6 +386,8 @@ def known_cost(module, backend: str, context) -> float | None:
                                 until="partition", workdir=workdir)
     except ByocError:
         return None
+    finally:
+        logger.removeFilter(quiet)
     functions = {name: function for name, function in partitioned.functions.items()
                  if isinstance(function, Function) and function.attrs.get("Compiler") == backend}
     main = partitioned["main"]
@@ -457,14 +462,18 @@ def _measure_all(keys: list, keyed: dict, store: CostStore, device: str, context
                                    jobs): key for number, key in enumerate(keys)}
             built = {}
             context.progress.stage(f"partition: measured: building {len(keys)} candidates ({workers} at a time)")
-            for done, future in enumerate(concurrent.futures.as_completed(futures)):
-                key = futures[future]
-                try:
-                    built[key] = future.result()
-                except Exception as error:  # noqa: BLE001 - whatever stops it, the candidate is left out, not the build
-                    failed(key, error)
-                context.progress.stage(f"partition: measured: built {done + 1}/{len(keys)} candidates "
-                                       f"(the last: {keyed[key][1]} running {ops_of(key)})")
+            try:
+                for done, future in enumerate(concurrent.futures.as_completed(futures)):
+                    key = futures[future]
+                    try:
+                        built[key] = future.result()
+                    except Exception as error:  # noqa: BLE001 - whatever stops it, the candidate is left out
+                        failed(key, error)
+                    context.progress.stage(f"partition: measured: built {done + 1}/{len(keys)} candidates "
+                                           f"(the last: {keyed[key][1]} running {ops_of(key)})")
+            except BaseException:  # an interrupt: the builds not started yet are not waited for
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
             for number, key in enumerate(keys):
                 if key not in built:
                     continue

@@ -243,7 +243,7 @@ def render_host_source(programs: list, context, build_id: str, tables: list, wei
     tables)."""
     from .codegen.host import HostVariant, render_host
     archs = {program.context.target.attrs.get("arch") for program in programs} if context.cuda else set()
-    several = len(archs) > 1  # a library for several archs: each variant says its own
+    several = len(archs) > 1  # a library for several archs: each variant's description says its own
     variants = [HostVariant(program.host.plan, table, program_symbol=program_symbol(number),
                             stateful=[s for a in program.artifacts for s in a.stateful_symbols],
                             cuda_graph=program.host.cuda_graph, graph_io=program.host.graph_io,
@@ -251,8 +251,8 @@ def render_host_source(programs: list, context, build_id: str, tables: list, wei
                             description=", ".join([f"{name}={size}" for name, size in program.dims.items()] +
                                                   ([program.context.target.attrs["arch"]] if several else [])),
                             axis_dims=program.axis_dims, dims=program.dims,
-                            arch_number=program.context.target.arch_number() if several else 0,
-                            arch_ptx=several and bool(program.context.target.attrs.get("ptx")))
+                            arch_number=program.context.target.arch_number() if context.cuda else 0,
+                            arch_ptx=context.cuda and bool(program.context.target.attrs.get("ptx")))
                 for number, (program, table) in enumerate(zip(programs, tables, strict=True))]
     arch_number = max(program.context.target.arch_number() for program in programs) if context.cuda else None
     return render_host(variants, cuda=context.cuda, build_id=build_id, padded_dims=padded_dims,

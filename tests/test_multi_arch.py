@@ -28,7 +28,8 @@ def gpu_present():
 
 @pytest.mark.parametrize("arch, says", [
     (["sm_81"], "'sm_81' is not a CUDA arch byoc builds for"),
-    (["sm_80", "sm_80"], "sm_80 listed more than once"),
+    (["sm_80", "sm_80"], "sm_80: the same arch listed more than once"),
+    (["sm_90", "sm_90a"], "sm_90, sm_90a: the same arch listed more than once"),
     ([80], "allowed: a list of CUDA archs"),
 ])
 def test_arch_is_a_list_of_cuda_archs(arch, says):
@@ -148,7 +149,7 @@ int main() {
               choose_arch(archs, ptx, 2, 90, 0),       // H100: its own machine code
               choose_arch(archs, ptx, 2, 90, 80),      // BYOC_ARCH=sm_80 on it: the sm_80 PTX
               choose_arch(archs, ptx, 2, 100, 0),      // Blackwell: the newest PTX
-              choose_arch(archs, ptx, 2, 86, 0),       // sm_86: sm_80's PTX, not its machine code
+              choose_arch(archs, ptx, 2, 86, 0),       // sm_86: sm_80's machine code (the driver runs it)
               choose_arch(archs, ptx, 2, 75, 0),       // Turing: nothing
               choose_arch(archs, ptx, 2, 90, 86),      // an arch the library lacks
               choose_arch(specific, specific_ptx, 2, 100, 0),  // sm_90a has no PTX: sm_80's
@@ -161,7 +162,7 @@ int main() {
 
 def test_which_arch_a_device_runs(tmp_path):
     """The runtime's choice (choose_arch, model_runtime_internal.h) compiled on its own: the
-    device's machine code first, else the newest PTX not above it, BYOC_ARCH's arch only."""
+    machine code the device runs first, else the newest PTX not above it, BYOC_ARCH's only."""
     import subprocess
     import byoc.runtime as runtime
     source = tmp_path / "harness.cc"

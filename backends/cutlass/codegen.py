@@ -284,8 +284,8 @@ def known_cost(functions: dict, target) -> float | None:
     each function's GEMM or conv with the kernel a build would choose, as tuning timed it
     on a GPU of this name (the profiler's operands rotated through more memory than L2
     holds, as a candidate's own timing does). None where one of them is not such an entry
-    (a fused attention, a problem not tuned here, a kernel the target's filters refuse):
-    the candidate is then built and timed."""
+    (a fused attention, a problem not tuned here or timed with the epilogue proxy, a kernel
+    the target's filters refuse): the candidate is then built and timed."""
     from byoc.target import visible_gpu_name
 
     from .attention import Attention
@@ -308,7 +308,9 @@ def known_cost(functions: dict, target) -> float | None:
             problem = kernel_problem(sm, problem)
             entry, kernel = database.entry(sm, problem), database.lookup(sm, problem)
             us = entry.get("us") if entry is not None else None
-            if kernel is None or entry.get("device") != gpu or not isinstance(us, (int, float)) or us <= 0 or \
+            # an entry timed with the epilogue proxy left the activation and residual out
+            if kernel is None or entry.get("device") != gpu or entry.get("timed_epilogue") or \
+                    not isinstance(us, (int, float)) or us <= 0 or \
                     kernel.supports(problem) is not None or not allowed.admits(kernel, measured=True):
                 return None
             total += float(us)

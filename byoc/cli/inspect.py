@@ -128,7 +128,7 @@ def describe_library(path, metadata: dict) -> str:
             shape = _bucketed_shape(kind, position, variants, metadata.get("dims") or {}) or tuple(tensor["shape"])
             lines.append(f"  {kind[:-1]:<6} {tensor['name']}: {tensor['dtype']} {shape}{where}")
     if variants:  # shape buckets or archs: a program each, over the one set of weights
-        lines.append(f"  {len(variants)} archs (create takes the GPU's own, else the highest PTX it compiles; BYOC_ARCH=sm_NN "
+        lines.append(f"  {len(variants)} archs (create takes the highest the GPU runs, else the highest PTX it compiles; BYOC_ARCH=sm_NN "
                      f"asks for one):" if archs else
                      f"  {len(variants)} shape buckets (run() takes the one the inputs' shapes fit):")
         for variant in variants:

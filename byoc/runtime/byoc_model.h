@@ -67,8 +67,9 @@ void byoc_model_destroy(byoc_model* model);
  * know about the runs before. Does not wait for queued work. */
 int byoc_model_status(byoc_model* model);
 /* The sm (90 for sm_90) whose kernels this instance runs: a library built for several archs
- * (config `arch`) holds each one's, and create takes the device's own (machine code), else
- * the highest whose PTX the device compiles; $BYOC_ARCH=sm_NN asks for one. 0 on the cpu. */
+ * (config `arch`) holds each one's, and create takes the highest whose machine code the
+ * device runs, else the highest whose PTX it compiles; $BYOC_ARCH=sm_NN asks for one. 0 on
+ * the cpu. */
 int byoc_model_arch(const byoc_model* model);
 /* JSON: format, version, build_id, target, arch, inputs, outputs, backends, functions, weights. */
 const char* byoc_model_metadata(void);

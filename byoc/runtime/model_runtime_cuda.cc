@@ -80,7 +80,7 @@ std::string built_archs() {
 
 // The arch of the variants a model created on a device of arch `device_arch` runs
 // (choose_arch), or the one $BYOC_ARCH names ("sm_80"), which a test sets to run an older
-// arch's kernels on a newer GPU. 0 with the error set where none can run.
+// arch's kernels (their PTX) on a newer GPU. 0 with the error set where none can run.
 int32_t chosen_arch(int device_arch, int device, const char* device_name) {
   const char* forced = std::getenv("BYOC_ARCH");
   int32_t wanted = 0;
@@ -93,11 +93,15 @@ int32_t chosen_arch(int device_arch, int device, const char* device_name) {
       return 0;
     }
   }
-  int32_t archs[64], count = 0;
-  bool ptx[64];
-  for (int32_t v = 0; v < spec.num_variants && count < 64; ++v, ++count) {
-    archs[count] = spec.variants[v].arch_number ? spec.variants[v].arch_number : spec.arch_number;
-    ptx[count] = spec.variants[v].arch_ptx;
+  int32_t archs[32], count = 0;  // the distinct (arch, PTX) pairs of the variants
+  bool ptx[32];
+  for (int32_t v = 0; v < spec.num_variants; ++v) {
+    const int32_t arch = spec.variants[v].arch_number ? spec.variants[v].arch_number : spec.arch_number;
+    bool seen = false;
+    for (int32_t i = 0; i < count && !seen; ++i) seen = archs[i] == arch && ptx[i] == spec.variants[v].arch_ptx;
+    if (seen || count == 32) continue;
+    archs[count] = arch;
+    ptx[count++] = spec.variants[v].arch_ptx;
   }
   const int32_t chosen = choose_arch(archs, ptx, count, device_arch, wanted);
   if (chosen != 0) return chosen;

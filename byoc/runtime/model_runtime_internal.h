@@ -115,16 +115,18 @@ void free_staging(byoc_model* model);
 int32_t padded_variant(const byoc_model* model, const byoc_dl_tensor* inputs, int32_t num_inputs, int64_t* sizes);
 
 // Which of a library's archs (`archs[i]`, with PTX where `ptx[i]`) a device of arch
-// `device_arch` runs: its own where a variant has that machine code, else the highest
-// whose PTX it compiles (not above its arch); only `wanted` where that is not 0 ($BYOC_ARCH).
-// Machine code of an earlier minor version (sm_80 on an sm_86) is not taken: CUTLASS's
-// kernels for sm_80 may ask for more shared memory than such a GPU has. 0: none runs.
+// `device_arch` runs: the highest whose machine code it runs (its major version, a minor
+// not above its own: the driver runs sm_80 code on an sm_86), else the highest whose PTX
+// it compiles (not above its arch); only `wanted` where that is not 0 ($BYOC_ARCH). 0:
+// none runs. (A kernel built for a larger GPU's shared memory fails at its launch.)
 inline int32_t choose_arch(const int32_t* archs, const bool* ptx, int32_t count, int32_t device_arch,
                            int32_t wanted) {
   int32_t native = 0, compiled = 0;
   for (int32_t i = 0; i < count; ++i) {
     if (wanted != 0 && archs[i] != wanted) continue;
-    if (archs[i] == device_arch) native = archs[i];
+    if (archs[i] / 10 == device_arch / 10 && archs[i] % 10 <= device_arch % 10 && archs[i] > native) {
+      native = archs[i];
+    }
     if (ptx[i] && archs[i] <= device_arch && archs[i] > compiled) compiled = archs[i];
   }
   return native != 0 ? native : compiled;

@@ -275,6 +275,21 @@ bool device_has_clusters() {
   return major[device] >= 9;
 }
 
+// Whether the code the device loaded for `kernel` was compiled for sm_90 or later (PTX of
+// an earlier arch, which a library for several archs may run on a newer GPU, has no
+// cluster code: its sync_cluster traps). Asked once per device and kernel.
+template <class Kernel>
+bool has_cluster_code(Kernel kernel) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return false;
+  static int known[64] = {};  // 0: not asked yet, 1: yes, 2: no
+  if (known[device] == 0) {
+    cudaFuncAttributes attributes;
+    known[device] = cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess && attributes.ptxVersion >= 90 ? 1 : 2;
+  }
+  return known[device] == 1;
+}
+
 template <class Storage, int kCluster>
 int launch_squeeze_excitation(const char* function, const void* in, const void* w1, const void* b1, const void* w2, const void* b2,
            void* out, int64_t batch, const SqueezeExcitation& se, cudaStream_t stream) {
@@ -330,12 +345,13 @@ extern "C" int byoc_shim_squeeze_excitation(const void* in, const void* w1, cons
   const SqueezeExcitation se{pixels, static_cast<int>(channels), static_cast<int>(squeeze),
                              {activation, activation_alpha, activation_beta}, {gate, gate_alpha, gate_beta},
                              excitation_lanes(squeeze, vector_rows), vector_rows, scale != 0};
-  const bool clusters = device_has_clusters();
+  const bool device_clusters = device_has_clusters();
   return dispatch<DtypeSet::kFloats>(kFunction, dtype, [&](auto tag) {
     using Storage = decltype(tag);
     if constexpr (std::is_same_v<Storage, double>) {
       return fail(kUnsupportedDtype, kFunction, "float64 is not supported (float32, float16, bfloat16 are)");
     } else {
+      const bool clusters = device_clusters && has_cluster_code(squeeze_excitation_kernel<Storage, kSeCluster>);
       return clusters ? launch_squeeze_excitation<Storage, kSeCluster>(kFunction, in, w1, b1, w2, b2, out, batch, se, as_stream(stream))
                       : launch_squeeze_excitation<Storage, 1>(kFunction, in, w1, b1, w2, b2, out, batch, se, as_stream(stream));
     }
