@@ -145,6 +145,13 @@ case "$stage" in
       PYTHONUNBUFFERED=1 python3 bench/real_models.py --prebuilt --out "$OUT/$variant" --workdir "build/byoc-$variant" \
         --configs "cuda_sm90:$variant" --torch-modes none --cases "$@" 2>&1 | grep -E "byoc [0-9.]+ ms" ;
     done ;;
+  se_ab)
+    # The squeeze-and-excitation kernel of the tree against another version of its file
+    # (SE_BASELINE, default .gpu_extra/se_main.cu: main's, carried in a git-excluded folder)
+    baseline="${SE_BASELINE:-.gpu_extra/se_main.cu}"
+    python3 bench/bench_squeeze_excitation.py --out "$OUT/se_tree" 2>&1 | tee "$OUT/se_tree.log" | tail -n 20
+    [ -f "$baseline" ] && python3 bench/bench_squeeze_excitation.py --out "$OUT/se_baseline" --source "$baseline" \
+      2>&1 | tee "$OUT/se_baseline.log" | tail -n 20 ;;
   attention)
     python3 bench/bench_attention.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench_attention.log" | tail -n 60 ;;
   gemm)
