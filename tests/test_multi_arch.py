@@ -131,6 +131,10 @@ def test_the_device_runs_its_own_archs_kernels_and_the_older_ones_when_asked(nam
     older = library.load()
     assert older.arch == "sm_80"
     assert np.max(np.abs(run(older) - run(native))) <= 2e-2 * scale
+    for junk in ("sm_80abc", "eighty", "sm_"):
+        monkeypatch.setenv("BYOC_ARCH", junk)
+        with pytest.raises(byoc.RuntimeError, match=f"BYOC_ARCH is '{junk}'; expected an arch like sm_80"):
+            library.load()
     monkeypatch.setenv("BYOC_ARCH", "sm_86")
     with pytest.raises(byoc.RuntimeError, match="BYOC_ARCH asks for sm_86, but this model has sm_80 \\(and PTX\\), sm_90"):
         library.load()

@@ -86,7 +86,11 @@ int32_t chosen_arch(int device_arch, int device, const char* device_name) {
   int32_t wanted = 0;
   if (forced != nullptr && *forced != '\0') {
     const char* digits = std::strncmp(forced, "sm_", 3) == 0 ? forced + 3 : forced;
-    wanted = static_cast<int32_t>(std::strtol(digits, nullptr, 10));
+    char* end = nullptr;
+    const long number = std::strtol(digits, &end, 10);
+    // sm_80, sm_90a or 80: two or three digits, an "a" at most after them
+    const bool whole = end != digits && (*end == '\0' || (end[0] == 'a' && end[1] == '\0'));
+    wanted = whole && number >= 10 && number <= 999 ? static_cast<int32_t>(number) : 0;
     if (wanted <= 0) {
       fail(std::string("BYOC_ARCH is '") + forced + "'; expected an arch like sm_80 (this model has " +
            built_archs() + ")");
