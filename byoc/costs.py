@@ -273,12 +273,7 @@ def build_candidate(module, backend: str, context, workdir: str, compile_jobs: i
     place. Raises what the build raises. Safe beside other candidates' builds in threads of
     one process: tuning in them times on the GPU one at a time (DEVICE_TIMING)."""
     from .build import build
-    from .config import BUILTIN_BACKEND
     from .ir.types import TupleType
-    config = context.config
-    options = dict(config.backends).get(backend)
-    backends = [] if backend == BUILTIN_BACKEND else [{backend: dict(options)} if options else backend]
-    tuning = {key: value for key, value in config.tuning.items() if value is not None}
     main = module["main"]
     result_type = main.ret_type
     result_bytes = sum(t.nbytes for t in (result_type.fields if isinstance(result_type, TupleType)
@@ -287,13 +282,23 @@ def build_candidate(module, backend: str, context, workdir: str, compile_jobs: i
     copy_bytes = result_bytes + sum(param.type.nbytes for param in main.params)
     operand_sets = max(1, min(copies, -(-OPERAND_BYTES // max(copy_bytes, 1))))
     library = build(repeated(module, copies), workdir=workdir, config={
-        "target": str(context.target), "backends": backends, "tuning": tuning, "compile_jobs": compile_jobs,
-        "precision": "float32",  # the candidate's types are the build's already
+        **candidate_config(backend, context), "compile_jobs": compile_jobs,
         # on the GPU one graph that reads and writes the caller's tensors: copies of the
         # inputs and outputs around each replay (cuda_graph_io: copy) would be timed with
         # the kernels, and cost a large op several times its kernel's time
-        "cuda_graph": bool(config.cuda_graph and context.cuda), "cuda_graph_io": "update"})
+        "cuda_graph": bool(context.config.cuda_graph and context.cuda), "cuda_graph_io": "update"})
     return library, copies, operand_sets
+
+
+def candidate_config(backend: str, context) -> dict:
+    """The config a candidate is built (or partitioned) with: the build's target, tuning and
+    options of `backend` alone (none for the built-in backend), float32 (the candidate's
+    types are the build's already)."""
+    from .config import BUILTIN_BACKEND
+    options = dict(context.config.backends).get(backend)
+    return {"target": str(context.target), "precision": "float32",
+            "backends": [] if backend == BUILTIN_BACKEND else [{backend: dict(options)} if options else backend],
+            "tuning": {key: value for key, value in context.config.tuning.items() if value is not None}}
 
 
 def time_candidate(library, copies: int, operand_sets: int, cuda: bool, repeat: int = 20) -> float:
@@ -375,15 +380,11 @@ def known_cost(module, backend: str, context) -> float | None:
     if backend == BUILTIN_BACKEND or get_backend(backend).known_cost is None:
         return None
     import logging
-    targets = context.backend_targets
-    options = dict(context.config.backends).get(backend)
     logger, quiet = logging.getLogger("byoc.build"), _OnlyThreads(set())  # the candidate's stages are not the build's
     logger.addFilter(quiet)
     try:
         with tempfile.TemporaryDirectory(prefix="byoc-candidate-") as workdir:
-            partitioned = lower(module, {"target": str(context.target), "precision": "float32",
-                                         "backends": [{backend: dict(options)} if options else backend]},
-                                until="partition", workdir=workdir)
+            partitioned = lower(module, candidate_config(backend, context), until="partition", workdir=workdir)
     except ByocError:
         return None
     finally:
@@ -394,7 +395,7 @@ def known_cost(module, backend: str, context) -> float | None:
     if any(not (isinstance(b.value, Call) and getattr(b.value.op, "name", None) in functions)
            for b in main.bindings):
         return None  # an op the backend left to another: only a build times the whole candidate
-    return get_backend(backend).known_cost(functions, targets[backend])
+    return get_backend(backend).known_cost(functions, context.backend_targets[backend])
 
 
 def candidate_costs(context):
