@@ -97,6 +97,9 @@ def load_config(spec, tuning_db=None, profile="auto"):
                                   "tuning": {"profile": "auto", "tuning_db": None}},
                  # the backends chosen per subgraph by measured cost (partition: measured)
                  "measured": {"partition": "measured"},
+                 # the same with the cudnn backend's convs among the candidates
+                 "measured_cudnn": {"partition": "measured",
+                                    "backends": [{"cutlass": {"sm": 90}}, "cudnn", "cublaslt", "builtin"]},
                  "": {}}[variant]
     if tuning_db:
         overrides["tuning"] = {"profile": {"false": False, "true": True}.get(profile, profile), "tuning_db": tuning_db}

@@ -84,7 +84,7 @@ BUILTIN_BACKEND = "builtin"
 
 # Backends a config may name although they are not registered yet: those shipped in
 # backends/ (each registers itself when byoc.backends.<name> is imported).
-KNOWN_BACKENDS = ["cutlass", "cublaslt", "builtin"]
+KNOWN_BACKENDS = ["cutlass", "cudnn", "cublaslt", "builtin"]
 
 
 def register_known_backend(name: str):

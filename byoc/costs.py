@@ -93,10 +93,12 @@ class CostStore:
         entry = self.entry(device, key)
         return str(entry["failed"]) if entry is not None and "failed" in entry else None
 
-    def record(self, device: str, key: str, us: float, backend: str, ops: str):
+    def record(self, device: str, key: str, us: float, backend: str, ops: str, details: dict | None = None):
+        """A measured cost; `details` (JSON values) are kept beside it (a backend's choice
+        that the time is of: the cudnn backend's engine)."""
         self.recorded.add((device, key))
-        self.entries.setdefault(device, {})[key] = {"us": round(float(us), 3), "backend": backend, "ops": ops,
-                                                    "date": datetime.date.today().isoformat()}
+        self.entries.setdefault(device, {})[key] = {**(details or {}), "us": round(float(us), 3), "backend": backend,
+                                                    "ops": ops, "date": datetime.date.today().isoformat()}
 
     def record_failed(self, device: str, key: str, reason: str, backend: str, ops: str):
         self.recorded.add((device, key))

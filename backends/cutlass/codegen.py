@@ -24,54 +24,21 @@ import math
 import numpy as np
 from pathlib import Path
 
+from byoc.codegen import op_chain
+from byoc.codegen.op_chain import ACTIVATION_OPS
 from byoc.errors import BuildError
-from byoc.ir.expr import Call, Constant, Function, Var
-from byoc.ir.op import Op
+from byoc.ir.expr import Constant, Function
 
 from .kernels import (INCLUDE_DIR, PDL_FLAG, SM_COUNT, CandidateFilter, ConvKernel, ConvProblem, GemmProblem,
                       kernel_problem, kernel_unit, kernel_workspace_bytes, partition_call)
 
 # the partitions' entry points (cutlass_entries.cc): plain C++, no CUTLASS
 ENTRIES_FLAGS = ["-O2", "-fPIC", "-fvisibility=hidden", f"-I{INCLUDE_DIR}"]
-ACTIVATION_OPS = {"relu": "relu", "silu": "silu", "sigmoid": "sigmoid", "hard_swish": "hard_swish"}
 
 
 def flatten(func: Function) -> tuple[list, dict]:
-    """The op calls of `func` with local composite functions inlined: a list of
-    (var, op_name, args, attrs) where args are function params or earlier vars."""
-    steps = []
-    local_functions = {}
-
-    def walk(function: Function, substitution: dict):
-        for binding in function.bindings:
-            value = binding.value
-            if isinstance(value, Function):
-                local_functions[binding.var] = value
-                continue
-            if not isinstance(value, Call):
-                raise BuildError(f"cutlass: unexpected {type(value).__name__} in a partition")
-            args = [substitution.get(a, a) if isinstance(a, Var) else a for a in value.args]
-            if isinstance(value.op, Var) and value.op in local_functions:
-                inner = local_functions[value.op]
-                inner_substitution = dict(zip(inner.params, args))
-                walk(inner, inner_substitution)
-                substitution[binding.var] = inner_substitution[inner.result]
-                continue
-            if isinstance(value.op, Function):
-                inner_substitution = dict(zip(value.op.params, args))
-                walk(value.op, inner_substitution)
-                substitution[binding.var] = inner_substitution[value.op.result]
-                continue
-            if not isinstance(value.op, Op):
-                raise BuildError("cutlass: a partition may only call ops and its own composites")
-            steps.append((binding.var, value.op.name, args, value.attrs))
-            substitution[binding.var] = binding.var
-        result = function.result
-        substitution[result] = substitution.get(result, result)
-
-    top = {p: p for p in func.params}
-    walk(func, top)
-    return steps, top
+    """op_chain.flatten for this backend's errors."""
+    return op_chain.flatten(func, "cutlass")
 
 
 def gemm_problem(func: Function) -> tuple[GemmProblem, dict]:
@@ -140,46 +107,16 @@ def gemm_problem(func: Function) -> tuple[GemmProblem, dict]:
 
 def conv_problem(func: Function) -> tuple[ConvProblem, dict]:
     """The ConvProblem a conv partition computes and where its operands are among the params."""
-    steps, _ = flatten(func)
-    index_of = {p: i for i, p in enumerate(func.params)}
-
-    def param_index(value, role):
-        if value not in index_of:
-            raise BuildError(f"cutlass: the {role} operand of a conv must be a parameter of the partition")
-        return index_of[value]
-
-    convs = [s for s in steps if s[1] == "conv2d"]
-    if len(convs) != 1:
-        raise BuildError(f"cutlass: a conv partition holds exactly one conv2d, found {len(convs)}")
-    conv_var, _, (data, weight), attrs = convs[0]
-    if attrs["data_layout"] != "NHWC" or attrs["groups"] != 1:
+    chain = op_chain.read_conv_epilogue(func, "cutlass")
+    if chain.attrs["data_layout"] != "NHWC" or chain.attrs["groups"] != 1:
         raise BuildError("cutlass: convs must be NHWC with groups=1")
-    batch, height, width, in_channels = data.type.shape
-    out_channels, kernel_h, kernel_w, _ = weight.type.shape
-    _, out_h, out_w, _ = conv_var.type.shape
-    indices = {"a": param_index(data, "data"), "b": param_index(weight, "weight")}
-    activation, has_bias, has_residual = None, False, False
-    current = conv_var
-    for var, op, args, op_attrs in steps:
-        if var is conv_var:
-            continue
-        if current not in args or activation is not None:
-            raise BuildError(f"cutlass: {op} does not continue the conv epilogue act(conv + bias + residual)")
-        other = [x for x in args if x is not current]
-        if op == "add" and not has_bias and not has_residual and other and len(other[0].type.shape) == 1:
-            has_bias, indices["bias"] = True, param_index(other[0], "bias")
-        elif op == "add" and not has_residual and other and other[0].type.shape == var.type.shape:
-            has_residual, indices["residual"] = True, param_index(other[0], "residual")
-        elif op == "gelu":
-            activation = "gelu" if op_attrs.get("approximate", "none") == "none" else "gelu_tanh"
-        elif op in ACTIVATION_OPS:
-            activation = ACTIVATION_OPS[op]
-        else:
-            raise BuildError(f"cutlass: {op} is not a fusable conv epilogue")
-        current = var
+    batch, height, width, in_channels = chain.data.type.shape
+    out_channels, kernel_h, kernel_w, _ = chain.weight.type.shape
+    _, out_h, out_w, _ = chain.conv.type.shape
+    indices = {{"data": "a", "weight": "b"}.get(role, role): index for role, index in chain.indices.items()}
     problem = ConvProblem(batch, height, width, in_channels, out_channels, kernel_h, kernel_w, out_h, out_w,
-                          tuple(attrs["strides"]), tuple(attrs["pads"]), tuple(attrs["dilations"]),
-                          conv_var.type.dtype, activation, has_bias, has_residual)
+                          tuple(chain.attrs["strides"]), tuple(chain.attrs["pads"]), tuple(chain.attrs["dilations"]),
+                          chain.conv.type.dtype, chain.activation, chain.has_bias, chain.has_residual)
     return problem, indices
 
 

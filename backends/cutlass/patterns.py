@@ -15,37 +15,17 @@ import math
 
 from byoc.backend import PatternEntry
 from byoc.pattern import is_const, is_op, wildcard
+from byoc.pattern.epilogues import add_either_order, with_activation, with_bias, with_residual
 
 from .conv_kernels import filter_size_flaw, im2col_flaw, tensor_bytes_flaw
 from .kernels import ELEMENTS, ConvProblem, GemmProblem, unsupported_reason
 
 FLOAT_TYPES = tuple(ELEMENTS)
-ACTIVATIONS = ("gelu", "relu", "silu", "sigmoid", "hard_swish")  # hard_swish: MobileNetV3's
-
-
-def _add(x, y):
-    """add(x, y) in either argument order."""
-    return is_op("add")(x, y) | is_op("add")(y, x)
+_add = add_either_order
 
 
 def dense():
     return is_op("matmul")(wildcard().named("a"), wildcard().named("b")).named("matmul")
-
-
-def with_bias(core):
-    return _add(core, wildcard().has_rank(1).named("bias"))
-
-
-def with_activation(core):
-    options = [is_op(name)(core).named("activation") for name in ACTIVATIONS]
-    pattern = options[0]
-    for option in options[1:]:
-        pattern = pattern | option
-    return pattern
-
-
-def with_residual(core):
-    return _add(core, wildcard().named("residual"))
 
 
 def with_scale(core):

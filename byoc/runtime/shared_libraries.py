@@ -1,6 +1,6 @@
 """The NVIDIA libraries a byoc library needs, found the standard ways before it is loaded.
 
-A cuda library names cuBLASLt by its soname only (`NEEDED libcublasLt.so.13`, no RUNPATH:
+A cuda library names cuBLASLt (and cuDNN, with the cudnn backend) by its soname only (`NEEDED libcublasLt.so.13`, no RUNPATH:
 a run path would point into the build machine's toolkit or virtual environment, which the
 deploy host does not have, or has with someone else's files in it). The dynamic loader
 finds it where the system puts libraries (LD_LIBRARY_PATH, ld.so.cache): that is all a C
@@ -23,7 +23,8 @@ from pathlib import Path
 from ..errors import RuntimeError as ByocRuntimeError
 
 # soname prefix -> the pip package that ships it (named in the error where none is found)
-NVIDIA_LIBRARIES = {"libcublasLt.so": "nvidia-cublas", "libcublas.so": "nvidia-cublas"}
+NVIDIA_LIBRARIES = {"libcublasLt.so": "nvidia-cublas", "libcublas.so": "nvidia-cublas",
+                    "libcudnn.so": "nvidia-cudnn-cu13"}
 
 _loaded: dict = {}  # soname -> the CDLL that keeps it loaded
 _lock = threading.Lock()

@@ -1,8 +1,8 @@
 """The toolchain: compilers found, build.ninja written (one edge per compile unit, one
 link edge) and run by ninja, a content-addressed object cache, and the final link."""
-from .compiler import (CompileUnit, compile_units, cuda_include_dirs, cuda_link_flags, cutlass_example_dir,
-                       cutlass_include_dirs, find_cxx, find_nvcc, link_shared)
+from .compiler import (CompileUnit, compile_units, cuda_include_dirs, cuda_link_flags, cudnn_include_dirs,
+                       cutlass_example_dir, cutlass_include_dirs, find_cxx, find_nvcc, link_shared)
 from .ninja import find_ninja
 
 __all__ = ["CompileUnit", "compile_units", "link_shared", "find_nvcc", "find_cxx", "find_ninja",
-           "cuda_include_dirs", "cuda_link_flags", "cutlass_example_dir", "cutlass_include_dirs"]
+           "cuda_include_dirs", "cuda_link_flags", "cudnn_include_dirs", "cutlass_example_dir", "cutlass_include_dirs"]

@@ -121,11 +121,11 @@ def find_cxx() -> str:
 
 
 def _pip_cuda_library_dir(header: str) -> tuple[Path, Path] | None:
-    """(include, lib) of NVIDIA's pip CUDA packages (nvidia/cu13, nvidia/cu12, nvidia/cublas)
-    holding `header`, the newest CUDA first."""
+    """(include, lib) of NVIDIA's pip CUDA packages (nvidia/cu13, nvidia/cu12, nvidia/cublas,
+    nvidia/cudnn) holding `header`, the newest CUDA first."""
     from ..runtime.shared_libraries import nvidia_package_dirs
     packages = nvidia_package_dirs()
-    for name in ("cu13", "cu12", "cublas"):
+    for name in ("cu13", "cu12", "cublas", "cudnn"):
         for base in packages:
             if base.name == name and (base / "include" / header).is_file():
                 return base / "include", base / "lib"
@@ -146,27 +146,52 @@ def cuda_include_dirs() -> list[Path]:
     return dirs
 
 
+# The NVIDIA libraries an artifact may link (Artifact.link_libraries): each one's header,
+# the pip package that ships it where the toolkit does not, and its file name stem.
+NVIDIA_LINKED = {"cublasLt": ("cublasLt.h", "nvidia-cublas", "libcublasLt"),
+                 "cudnn": ("cudnn.h", "nvidia-cudnn-cu13", "libcudnn")}
+
+
+def cudnn_include_dirs() -> list[Path]:
+    """cuDNN's include directory (the toolkit's, else the nvidia-cudnn-cu13 package's); a
+    BuildError naming the package where neither has cudnn.h: a config that lists the cudnn
+    backend needs it to build."""
+    home = cuda_home()
+    if home and (home / "include" / "cudnn_graph.h").is_file():
+        return [home / "include"]
+    pip = _pip_cuda_library_dir("cudnn_graph.h")
+    if pip is None:
+        raise BuildError("the cudnn backend needs cuDNN 9's headers and library: pip install nvidia-cudnn-cu13 "
+                         "(or install cuDNN into the CUDA toolkit); a config without cudnn does not need them")
+    return [pip[0]]
+
+
 def cuda_link_flags(extra: list | None = None) -> list[str]:
-    """Static cudart, and cuBLASLt from the toolkit (or NVIDIA's pip package), recorded by
-    soname with no run path: a path on this machine means nothing on the deploy host
-    (runtime/shared_libraries.py finds it at load)."""
+    """Static cudart, and each NVIDIA library the artifacts link (cuBLASLt, cuDNN) from the
+    toolkit or NVIDIA's pip package, recorded by soname with no run path: a path on this
+    machine means nothing on the deploy host (runtime/shared_libraries.py finds it at load)."""
     home = cuda_home()
     if home is None:
         raise BuildError("the CUDA toolkit is needed to link a cuda model (nvcc not found)")
     lib = home / "lib64"
     flags = [f"-L{lib}", "-lcudart_static", "-lrt", "-ldl", "-lpthread"]
-    wants_cublaslt = any("cublasLt" in str(f) for f in (extra or []))
-    if wants_cublaslt:
-        if (lib / "libcublasLt.so").exists():
-            flags += ["-lcublasLt"]
-        else:
-            pip = _pip_cuda_library_dir("cublasLt.h")
-            if pip is None:
-                raise BuildError("cuBLASLt not found: neither the CUDA toolkit nor the nvidia-cublas pip "
-                                 "package provides libcublasLt")
-            names = sorted(p.name for p in pip[1].glob("libcublasLt.so*"))
-            flags += [f"-L{pip[1]}", f"-l:{names[0]}" if names else "-lcublasLt"]
-    return flags + [f for f in (extra or []) if "cublasLt" not in str(f)]
+    rest = []
+    for library in extra or []:
+        name = str(library)[2:] if str(library).startswith("-l") else str(library)  # "cudnn" or "-lcudnn"
+        if name not in NVIDIA_LINKED:
+            rest.append(library)
+            continue
+        header, package, stem = NVIDIA_LINKED[name]
+        if (lib / f"{stem}.so").exists():
+            flags += [f"-l{name}"]
+            continue
+        pip = _pip_cuda_library_dir(header)
+        names = sorted(p.name for p in pip[1].glob(f"{stem}.so*")) if pip else []
+        if not names:
+            raise BuildError(f"{stem}.so not found: neither the CUDA toolkit nor the {package} pip package "
+                             f"provides it (pip install {package})")
+        flags += [f"-L{pip[1]}", f"-l:{names[0]}"]
+    return flags + rest
 
 
 def _cutlass_roots() -> list[Path]:

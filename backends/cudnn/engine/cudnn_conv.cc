@@ -1,0 +1,543 @@
+// The cudnn backend's engine (byoc_cudnn.h): a conv2d and its epilogue as one cuDNN
+// operation graph, built with the backend API of cudnn_graph.h (no frontend library: the
+// descriptors below are all a conv with pointwise ops needs).
+//
+//   x [N,C,H,W] (NHWC strides) --conv--> t0 (virtual, float32)
+//        --add bias [1,K,1,1]--> t1 --add residual--> t2 --activation--> y (the dtype)
+//
+// The last op writes y; the ops before it write virtual float32 tensors, so cuDNN's fusion
+// engines keep them in registers. A plan is chosen once, at create: the engine the build
+// timed fastest on this GPU model when there is one, else the heuristic's first plan that
+// builds within the workspace limit (mode A, then the fallback list).
+#include "byoc_cudnn.h"
+
+#include <cudnn.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+thread_local std::string g_last_error;
+
+struct Failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+std::string status_text(cudnnStatus_t status) {
+  std::string text = cudnnGetErrorString(status);
+  char detail[512] = {0};
+  cudnnGetLastErrorString(detail, sizeof(detail));
+  if (detail[0] != '\0') text += std::string(" (") + detail + ")";
+  return text;
+}
+
+void check(cudnnStatus_t status, const char* what) {
+  if (status != CUDNN_STATUS_SUCCESS) throw Failure(std::string(what) + ": " + status_text(status));
+}
+
+void check_cuda(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) throw Failure(std::string(what) + ": " + cudaGetErrorString(status));
+}
+
+// One backend descriptor, destroyed with its owner.
+class Descriptor {
+ public:
+  explicit Descriptor(cudnnBackendDescriptorType_t type) {
+    check(cudnnBackendCreateDescriptor(type, &handle_), "cudnnBackendCreateDescriptor");
+  }
+  ~Descriptor() {
+    if (handle_ != nullptr) cudnnBackendDestroyDescriptor(handle_);
+  }
+  Descriptor(const Descriptor&) = delete;
+  Descriptor& operator=(const Descriptor&) = delete;
+  cudnnBackendDescriptor_t get() const { return handle_; }
+
+  template <typename T>
+  Descriptor& set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t count,
+                  const T* values, const char* what) {
+    check(cudnnBackendSetAttribute(handle_, name, type, count, values), what);
+    return *this;
+  }
+  Descriptor& set(cudnnBackendAttributeName_t name, const Descriptor& other, const char* what) {
+    cudnnBackendDescriptor_t value = other.get();
+    return set(name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &value, what);
+  }
+  void finalize(const char* what) { check(cudnnBackendFinalize(handle_), what); }
+
+ private:
+  cudnnBackendDescriptor_t handle_ = nullptr;
+};
+
+using Owned = std::unique_ptr<Descriptor>;
+
+cudnnDataType_t data_type(int32_t dtype) {
+  switch (dtype) {
+    case BYOC_CUDNN_FLOAT32: return CUDNN_DATA_FLOAT;
+    case BYOC_CUDNN_FLOAT16: return CUDNN_DATA_HALF;
+    case BYOC_CUDNN_BFLOAT16: return CUDNN_DATA_BFLOAT16;
+  }
+  throw Failure("unknown dtype code " + std::to_string(dtype));
+}
+
+size_t element_bytes(int32_t dtype) { return dtype == BYOC_CUDNN_FLOAT32 ? 4 : 2; }
+
+// Tensor unique ids in the variant pack.
+enum Uid : int64_t { kData = 1, kWeight = 2, kBias = 3, kResidual = 4, kOutput = 5, kVirtual = 100 };
+
+// The byte alignment every tensor is declared with; run() checks the pointers have it.
+constexpr int64_t kAlignment = 16;
+
+Owned tensor(int64_t uid, cudnnDataType_t type, const std::array<int64_t, 4>& dims,
+             const std::array<int64_t, 4>& strides, bool is_virtual) {
+  Owned t(new Descriptor(CUDNN_BACKEND_TENSOR_DESCRIPTOR));
+  int64_t alignment = kAlignment;
+  t->set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type, "tensor dtype")
+      .set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data(), "tensor dimensions")
+      .set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data(), "tensor strides")
+      .set(CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid, "tensor id")
+      .set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment, "tensor alignment")
+      .set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual, "tensor virtual flag");
+  t->finalize("a tensor descriptor");
+  return t;
+}
+
+// dims in cuDNN's order [N, C, H, W], strides of the NHWC layout
+Owned image(int64_t uid, cudnnDataType_t type, int64_t n, int64_t c, int64_t h, int64_t w, bool is_virtual) {
+  return tensor(uid, type, {n, c, h, w}, {h * w * c, 1, w * c, c}, is_virtual);
+}
+
+Owned pointwise(cudnnPointwiseMode_t mode, const Descriptor& x, const Descriptor* b, const Descriptor& y) {
+  Descriptor math(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+  cudnnDataType_t precision = CUDNN_DATA_FLOAT;
+  math.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode, "pointwise mode")
+      .set(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &precision, "pointwise precision");
+  if (mode == CUDNN_POINTWISE_SWISH_FWD) {
+    float beta = 1.0f;  // silu
+    math.set(CUDNN_ATTR_POINTWISE_SWISH_BETA, CUDNN_TYPE_FLOAT, 1, &beta, "swish beta");
+  }
+  math.finalize("a pointwise descriptor");
+  Owned op(new Descriptor(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR));
+  op->set(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, math, "pointwise op")
+      .set(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x, "pointwise x");
+  if (b != nullptr) op->set(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b, "pointwise b");
+  op->set(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y, "pointwise y");
+  op->finalize("a pointwise operation");
+  return op;
+}
+
+cudnnPointwiseMode_t activation_mode(int32_t activation) {
+  switch (activation) {
+    case BYOC_CUDNN_RELU: return CUDNN_POINTWISE_RELU_FWD;
+    case BYOC_CUDNN_GELU: return CUDNN_POINTWISE_GELU_FWD;
+    case BYOC_CUDNN_GELU_TANH: return CUDNN_POINTWISE_GELU_APPROX_TANH_FWD;
+    case BYOC_CUDNN_SILU: return CUDNN_POINTWISE_SWISH_FWD;
+    case BYOC_CUDNN_SIGMOID: return CUDNN_POINTWISE_SIGMOID_FWD;
+  }
+  throw Failure("unknown activation code " + std::to_string(activation));
+}
+
+void check_shape(const ByocCudnnConv& c) {
+  const int64_t values[] = {c.batch, c.height, c.width, c.channels, c.out_channels, c.kernel_h, c.kernel_w,
+                            c.groups, c.out_h, c.out_w, c.strides[0], c.strides[1], c.dilations[0], c.dilations[1]};
+  for (int64_t value : values) {
+    if (value < 1) throw Failure("a conv dimension, stride or dilation below 1");
+  }
+  for (int64_t pad : c.pads) {
+    if (pad < 0) throw Failure("a negative conv padding");
+  }
+  if (c.channels % c.groups != 0 || c.out_channels % c.groups != 0) {
+    throw Failure("groups does not divide the conv's channels");
+  }
+  if (c.workspace_limit < 0) throw Failure("a negative workspace limit");
+}
+
+// The conv's operation graph on `handle`: its tensors and ops stay alive with it.
+struct Graph {
+  std::vector<Owned> parts;
+  Owned graph;
+};
+
+Graph build_graph(const ByocCudnnConv& c, cudnnHandle_t handle) {
+  check_shape(c);
+  const cudnnDataType_t type = data_type(c.dtype);
+  const cudnnDataType_t accumulate = CUDNN_DATA_FLOAT;
+  Graph g;
+  auto keep = [&](Owned d) -> Descriptor& {
+    g.parts.push_back(std::move(d));
+    return *g.parts.back();
+  };
+  const int64_t group_channels = c.channels / c.groups;
+  Descriptor& x = keep(image(kData, type, c.batch, c.channels, c.height, c.width, false));
+  // the filter [K, C/G, R, S] in KRSC order: cuDNN reads the groups from C / (C/G)
+  Descriptor& w = keep(tensor(kWeight, type, {c.out_channels, group_channels, c.kernel_h, c.kernel_w},
+                              {c.kernel_h * c.kernel_w * group_channels, 1, c.kernel_w * group_channels,
+                               group_channels}, false));
+  std::vector<cudnnBackendDescriptor_t> ops;
+  // Each step writes the output when it is the last one, else a virtual float32 tensor.
+  const int steps = 1 + (c.has_bias ? 1 : 0) + (c.has_residual ? 1 : 0) +
+                    (c.activation != BYOC_CUDNN_NO_ACTIVATION ? 1 : 0);
+  int step = 0;
+  int64_t next_virtual = kVirtual;
+  auto result = [&]() -> Descriptor& {
+    ++step;
+    if (step == steps) return keep(image(kOutput, type, c.batch, c.out_channels, c.out_h, c.out_w, false));
+    return keep(image(next_virtual++, accumulate, c.batch, c.out_channels, c.out_h, c.out_w, true));
+  };
+
+  Descriptor& conv = keep(Owned(new Descriptor(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR)));
+  cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+  int64_t spatial = 2;
+  int64_t pre[2] = {c.pads[0], c.pads[1]}, post[2] = {c.pads[2], c.pads[3]};
+  conv.set(CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &accumulate, "conv compute type")
+      .set(CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode, "conv mode")
+      .set(CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &spatial, "conv spatial dims")
+      .set(CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, c.dilations, "conv dilations")
+      .set(CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, c.strides, "conv strides")
+      .set(CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pre, "conv pre-paddings")
+      .set(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, post, "conv post-paddings");
+  conv.finalize("the convolution descriptor");
+
+  Descriptor* current = &result();
+  Descriptor& conv_op = keep(Owned(new Descriptor(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR)));
+  float alpha = 1.0f, beta = 0.0f;
+  conv_op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, x, "conv x")
+      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, w, "conv w")
+      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, *current, "conv y")
+      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv, "conv descriptor")
+      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha, "conv alpha")
+      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta, "conv beta");
+  conv_op.finalize("the convolution operation");
+  ops.push_back(conv_op.get());
+
+  if (c.has_bias) {
+    Descriptor& bias = keep(tensor(kBias, type, {1, c.out_channels, 1, 1}, {c.out_channels, 1, c.out_channels,
+                                                                            c.out_channels}, false));
+    Descriptor* sum = &result();
+    ops.push_back(keep(pointwise(CUDNN_POINTWISE_ADD, *current, &bias, *sum)).get());
+    current = sum;
+  }
+  if (c.has_residual) {
+    Descriptor& residual = keep(image(kResidual, type, c.batch, c.out_channels, c.out_h, c.out_w, false));
+    Descriptor* sum = &result();
+    ops.push_back(keep(pointwise(CUDNN_POINTWISE_ADD, *current, &residual, *sum)).get());
+    current = sum;
+  }
+  if (c.activation != BYOC_CUDNN_NO_ACTIVATION) {
+    Descriptor* activated = &result();
+    ops.push_back(keep(pointwise(activation_mode(c.activation), *current, nullptr, *activated)).get());
+  }
+
+  g.graph.reset(new Descriptor(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR));
+  g.graph->set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(ops.size()),
+               ops.data(), "graph ops")
+      .set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle, "graph handle");
+  g.graph->finalize("the operation graph");
+  return g;
+}
+
+// One engine configuration the heuristics proposed, and its engine's global index.
+struct Config {
+  Owned config;
+  int64_t engine = -1;
+};
+
+std::vector<Config> heuristic_configs(const Graph& g, cudnnBackendHeurMode_t mode) {
+  Descriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+  heuristics.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, *g.graph, "heuristics graph")
+      .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristics mode");
+  if (cudnnBackendFinalize(heuristics.get()) != CUDNN_STATUS_SUCCESS) return {};
+  int64_t count = 0;
+  check(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
+                                 &count, nullptr), "counting the heuristics' results");
+  std::vector<Config> configs(static_cast<size_t>(std::max<int64_t>(count, 0)));
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (Config& config : configs) {
+    config.config.reset(new Descriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
+    raw.push_back(config.config->get());
+  }
+  int64_t got = 0;
+  if (count > 0) {
+    check(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                   count, &got, raw.data()), "reading the heuristics' results");
+  }
+  configs.resize(static_cast<size_t>(std::min(got, count)));
+  for (Config& config : configs) {
+    Descriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+    cudnnBackendDescriptor_t engine_handle = engine.get();
+    int64_t n = 0;
+    if (cudnnBackendGetAttribute(config.config->get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                                 &n, &engine_handle) == CUDNN_STATUS_SUCCESS) {
+      cudnnBackendGetAttribute(engine_handle, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n,
+                               &config.engine);
+    }
+  }
+  return configs;
+}
+
+// Every configuration the heuristics propose, mode A's first, then the fallback list's
+// engines mode A did not name.
+std::vector<Config> all_configs(const Graph& g) {
+  std::vector<Config> configs = heuristic_configs(g, CUDNN_HEUR_MODE_A);
+  for (Config& config : heuristic_configs(g, CUDNN_HEUR_MODE_FALLBACK)) {
+    bool seen = std::any_of(configs.begin(), configs.end(),
+                            [&](const Config& other) { return other.engine == config.engine; });
+    if (!seen) configs.push_back(std::move(config));
+  }
+  return configs;
+}
+
+struct Plan {
+  Owned plan;
+  int64_t engine = -1;
+  int64_t workspace = 0;
+};
+
+// The plan of `config`, or no plan where it does not build or needs more workspace.
+Plan make_plan(const Config& config, cudnnHandle_t handle, int64_t workspace_limit) {
+  Plan plan;
+  Owned candidate(new Descriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR));
+  cudnnBackendDescriptor_t config_handle = config.config->get();
+  if (cudnnBackendSetAttribute(candidate->get(), CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle) !=
+          CUDNN_STATUS_SUCCESS ||
+      cudnnBackendSetAttribute(candidate->get(), CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
+                               CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &config_handle) != CUDNN_STATUS_SUCCESS ||
+      cudnnBackendFinalize(candidate->get()) != CUDNN_STATUS_SUCCESS) {
+    return plan;
+  }
+  int64_t workspace = 0, n = 0;
+  if (cudnnBackendGetAttribute(candidate->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n,
+                               &workspace) != CUDNN_STATUS_SUCCESS ||
+      workspace < 0 || workspace > workspace_limit) {
+    return plan;
+  }
+  plan.plan = std::move(candidate);
+  plan.engine = config.engine;
+  plan.workspace = workspace;
+  return plan;
+}
+
+std::string describe(const ByocCudnnConv& c) {
+  char text[320];
+  static const char* const kDtypes[] = {"float32", "float16", "bfloat16"};
+  static const char* const kActivations[] = {"", " -> relu", " -> gelu", " -> gelu_tanh", " -> silu", " -> sigmoid"};
+  std::snprintf(text, sizeof(text),
+                "conv2d %s [%lld,%lld,%lld,%lld] * [%lld,%lld,%lld,%lld] groups %lld stride %lldx%lld%s%s%s",
+                c.dtype >= 0 && c.dtype <= 2 ? kDtypes[c.dtype] : "?", (long long)c.batch, (long long)c.height,
+                (long long)c.width, (long long)c.channels, (long long)c.out_channels, (long long)c.kernel_h,
+                (long long)c.kernel_w, (long long)(c.channels / std::max<int64_t>(c.groups, 1)),
+                (long long)c.groups, (long long)c.strides[0], (long long)c.strides[1], c.has_bias ? " + bias" : "",
+                c.has_residual ? " + residual" : "",
+                c.activation >= 0 && c.activation <= 5 ? kActivations[c.activation] : " -> ?");
+  return text;
+}
+
+struct Conv {
+  ByocCudnnConv shape{};
+  cudnnHandle_t handle = nullptr;
+  Graph graph;
+  Plan plan;
+  // the variant pack of the last run's pointers: rebuilt only when they change
+  Owned pack;
+  std::array<void*, 6> pack_pointers{};
+
+  ~Conv() {
+    pack.reset();
+    plan.plan.reset();
+    graph.graph.reset();
+    graph.parts.clear();
+    if (handle != nullptr) cudnnDestroy(handle);
+  }
+};
+
+Plan choose_plan(const ByocCudnnConv& c, const Graph& g, cudnnHandle_t handle) {
+  std::vector<Config> configs = all_configs(g);
+  if (c.engine >= 0) {  // the build's measured choice first
+    for (const Config& config : configs) {
+      if (config.engine == c.engine) {
+        Plan plan = make_plan(config, handle, c.workspace_limit);
+        if (plan.plan) return plan;
+      }
+    }
+  }
+  for (const Config& config : configs) {
+    Plan plan = make_plan(config, handle, c.workspace_limit);
+    if (plan.plan) return plan;
+  }
+  throw Failure("cuDNN " + std::to_string(cudnnGetVersion()) + " has no engine for " + describe(c) +
+                " on this GPU within a workspace of " + std::to_string(c.workspace_limit) + " bytes (" +
+                std::to_string(configs.size()) + " configurations proposed)");
+}
+
+void execute(Conv& conv, void* const pointers[6], void* workspace, cudaStream_t stream) {
+  std::array<void*, 6> key{};
+  std::copy(pointers, pointers + 6, key.begin());
+  if (!conv.pack || key != conv.pack_pointers) {
+    int64_t uids[5];
+    void* data[5];
+    int64_t n = 0;
+    const int64_t ids[5] = {kData, kWeight, kBias, kResidual, kOutput};
+    for (int i = 0; i < 5; ++i) {
+      if (pointers[i] == nullptr) continue;
+      uids[n] = ids[i];
+      data[n] = pointers[i];
+      ++n;
+    }
+    Owned pack(new Descriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR));
+    pack->set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids, "variant pack ids")
+        .set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, data, "variant pack pointers")
+        .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace, "variant pack workspace");
+    pack->finalize("the variant pack");
+    conv.pack = std::move(pack);
+    conv.pack_pointers = key;
+  }
+  check(cudnnSetStream(conv.handle, stream), "cudnnSetStream");
+  check(cudnnBackendExecute(conv.handle, conv.plan.plan->get(), conv.pack->get()), "cudnnBackendExecute");
+}
+
+int fail(const std::string& message) {
+  g_last_error = message;
+  return 1;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* byoc_cudnn_last_error(void) { return g_last_error.c_str(); }
+
+size_t byoc_cudnn_version(void) { return cudnnGetVersion(); }
+
+int byoc_cudnn_conv_create(const ByocCudnnConv* shape, void** state) {
+  *state = nullptr;
+  try {
+    std::unique_ptr<Conv> conv(new Conv);
+    conv->shape = *shape;
+    check(cudnnCreate(&conv->handle), "cudnnCreate");
+    conv->graph = build_graph(conv->shape, conv->handle);
+    conv->plan = choose_plan(conv->shape, conv->graph, conv->handle);
+    *state = conv.release();
+    return 0;
+  } catch (const std::exception& error) {
+    return fail(describe(*shape) + ": " + error.what());
+  }
+}
+
+void byoc_cudnn_conv_destroy(void* state) { delete static_cast<Conv*>(state); }
+
+size_t byoc_cudnn_conv_workspace(const void* state) {
+  return static_cast<size_t>(static_cast<const Conv*>(state)->plan.workspace);
+}
+
+int64_t byoc_cudnn_conv_engine(const void* state) { return static_cast<const Conv*>(state)->plan.engine; }
+
+int byoc_cudnn_conv_run(void* state, const void* data, const void* weight, const void* bias, const void* residual,
+                        void* output, void* workspace, size_t workspace_bytes, void* stream) {
+  Conv& conv = *static_cast<Conv*>(state);
+  const ByocCudnnConv& c = conv.shape;
+  void* const pointers[6] = {const_cast<void*>(data), const_cast<void*>(weight),
+                             c.has_bias ? const_cast<void*>(bias) : nullptr,
+                             c.has_residual ? const_cast<void*>(residual) : nullptr, output, workspace};
+  static const char* const kNames[5] = {"data", "weight", "bias", "residual", "output"};
+  const bool needed[5] = {true, true, c.has_bias != 0, c.has_residual != 0, true};
+  for (int i = 0; i < 5; ++i) {
+    if (!needed[i]) continue;
+    if (pointers[i] == nullptr) return fail(describe(c) + ": the " + kNames[i] + " pointer is null");
+    if (reinterpret_cast<uintptr_t>(pointers[i]) % kAlignment != 0) {
+      return fail(describe(c) + ": the " + kNames[i] + " pointer is not aligned to " + std::to_string(kAlignment) +
+                  " bytes, as the plan was built for");
+    }
+  }
+  if (workspace_bytes < static_cast<size_t>(conv.plan.workspace)) {
+    return fail(describe(c) + ": the workspace of " + std::to_string(workspace_bytes) + " bytes is smaller than the " +
+                std::to_string(conv.plan.workspace) + " its plan needs");
+  }
+  try {
+    execute(conv, pointers, conv.plan.workspace > 0 ? workspace : nullptr, static_cast<cudaStream_t>(stream));
+    return 0;
+  } catch (const std::exception& error) {
+    return fail(describe(c) + ": " + error.what());
+  }
+}
+
+int byoc_cudnn_conv_time_plans(const ByocCudnnConv* shape, int max_plans, int runs, int64_t* engines,
+                               double* microseconds, int* count) {
+  *count = 0;
+  std::vector<void*> buffers;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  int status = 0;
+  try {
+    const ByocCudnnConv& c = *shape;
+    Conv conv;  // owns the handle, the graph and the plan being timed
+    conv.shape = c;
+    check(cudnnCreate(&conv.handle), "cudnnCreate");
+    conv.graph = build_graph(c, conv.handle);
+    check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_cuda(cudaEventCreate(&start), "cudaEventCreate");
+    check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
+    const size_t element = element_bytes(c.dtype);
+    const size_t sizes[6] = {
+        static_cast<size_t>(c.batch * c.height * c.width * c.channels) * element,
+        static_cast<size_t>(c.out_channels * c.kernel_h * c.kernel_w * (c.channels / c.groups)) * element,
+        static_cast<size_t>(c.out_channels) * element,
+        static_cast<size_t>(c.batch * c.out_h * c.out_w * c.out_channels) * element,
+        static_cast<size_t>(c.batch * c.out_h * c.out_w * c.out_channels) * element,
+        static_cast<size_t>(std::max<int64_t>(c.workspace_limit, 256))};
+    for (size_t bytes : sizes) {
+      void* buffer = nullptr;
+      check_cuda(cudaMalloc(&buffer, bytes), "cudaMalloc of a scratch operand");
+      buffers.push_back(buffer);
+      // small values (0x3c3c is 1.06 in float16): a conv of zeros may take another path
+      check_cuda(cudaMemsetAsync(buffer, 0x3c, bytes, stream), "cudaMemset");
+    }
+    for (const Config& config : all_configs(conv.graph)) {
+      if (*count >= max_plans) break;
+      Plan plan = make_plan(config, conv.handle, c.workspace_limit);
+      if (!plan.plan) continue;
+      conv.pack.reset();
+      conv.plan = std::move(plan);
+      void* pointers[6] = {buffers[0], buffers[1], c.has_bias ? buffers[2] : nullptr,
+                           c.has_residual ? buffers[3] : nullptr, buffers[4], buffers[5]};
+      std::vector<float> times;
+      bool ran = true;
+      for (int i = 0; i < 3 + runs; ++i) {
+        try {
+          check_cuda(cudaEventRecord(start, stream), "cudaEventRecord");
+          execute(conv, pointers, buffers[5], stream);
+          check_cuda(cudaEventRecord(stop, stream), "cudaEventRecord");
+          check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
+        } catch (const Failure&) {
+          ran = false;  // a plan that builds and does not run is not a candidate
+          cudaGetLastError();
+          break;
+        }
+        float ms = 0;
+        check_cuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+        if (i >= 3) times.push_back(ms);
+      }
+      if (!ran || times.empty()) continue;
+      std::sort(times.begin(), times.end());
+      engines[*count] = conv.plan.engine;
+      microseconds[*count] = 1000.0 * times[times.size() / 2];
+      ++*count;
+    }
+  } catch (const std::exception& error) {
+    status = fail(describe(*shape) + ": " + error.what());
+  }
+  for (void* buffer : buffers) cudaFree(buffer);
+  if (start != nullptr) cudaEventDestroy(start);
+  if (stop != nullptr) cudaEventDestroy(stop);
+  if (stream != nullptr) cudaStreamDestroy(stream);
+  return status;
+}
+
+}  // extern "C"

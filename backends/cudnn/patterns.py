@@ -1,0 +1,64 @@
+"""The cudnn pattern table: NHWC 2-D convolutions of any window, stride, dilation and
+grouping (dense, grouped, depthwise) with their epilogue act(conv + bias + residual), each
+one cuDNN operation graph (engine/cudnn_conv.cc). Larger patterns first; every check
+returns None or why cuDNN's graph cannot take the match (the partition report shows it).
+
+Whether cuDNN has an engine for a conv is known only on a GPU: a build that can measure
+times every plan the heuristics propose (plans.py) and a conv none of them runs fails
+there, which `partition: measured` reads as the candidate's failure."""
+from __future__ import annotations
+
+import math
+
+from byoc.backend import PatternEntry
+from byoc.pattern import is_op, wildcard
+from byoc.pattern.epilogues import with_activation, with_bias, with_residual
+
+DTYPES = ("float32", "float16", "bfloat16")
+# cuDNN's pointwise modes for byoc's activations (hard_swish has none)
+ACTIVATIONS = ("relu", "gelu", "silu", "sigmoid")
+# cuDNN indexes a tensor with 32-bit integers
+MAX_ELEMENTS = (1 << 31) - 1
+
+
+def conv2d():
+    return is_op("conv2d")(wildcard().named("data"), wildcard().named("weight")).named("conv2d")
+
+
+def check_conv2d(match) -> str | None:
+    data, weight, out = match["data"], match["weight"], match.output
+    attrs = match.call_of("conv2d").attrs
+    dtype = out.type.dtype
+    if dtype not in DTYPES:
+        return f"dtype {dtype} (cuDNN's graph here takes {', '.join(DTYPES)})"
+    if attrs["data_layout"] != "NHWC":
+        return f"data_layout {attrs['data_layout']} (the cudnn backend takes NHWC; ConvertConvLayout rewrites NCHW chains)"
+    for name, tensor in (("data", data), ("weight", weight), ("output", out)):
+        if math.prod(tensor.type.shape) > MAX_ELEMENTS:
+            return f"the {name} has {math.prod(tensor.type.shape)} elements (cuDNN indexes at most {MAX_ELEMENTS})"
+    out_channels = weight.type.shape[0]
+    named = match.named
+    if "bias" in named and tuple(named["bias"].type.shape) != (out_channels,):
+        return f"bias of shape {named['bias'].type.shape} is not a vector of K={out_channels} channels"
+    if "residual" in named:
+        residual = named["residual"].type
+        if tuple(residual.shape) != tuple(out.type.shape) or residual.dtype != dtype:
+            return "residual does not have the output's shape and dtype (no broadcasting in the epilogue)"
+    return None
+
+
+def pattern_table() -> list:
+    plain = conv2d()
+
+    def activated(core):
+        return with_activation(core, ACTIVATIONS)
+
+    return [
+        PatternEntry("conv2d_bias_residual_activation", activated(with_residual(with_bias(plain))), check_conv2d),
+        PatternEntry("conv2d_bias_residual", with_residual(with_bias(plain)), check_conv2d),
+        PatternEntry("conv2d_bias_activation", activated(with_bias(plain)), check_conv2d),
+        PatternEntry("conv2d_bias", with_bias(plain), check_conv2d),
+        PatternEntry("conv2d_residual_activation", activated(with_residual(plain)), check_conv2d),
+        PatternEntry("conv2d_activation", activated(plain), check_conv2d),
+        PatternEntry("conv2d", plain, check_conv2d),
+    ]

@@ -1,0 +1,240 @@
+"""The cudnn backend (backends/cudnn/): NHWC convs of any window and grouping with their
+bias, residual and activation epilogue, each one cuDNN operation graph. On the cpu: the
+pattern table and its refusals, the entry points it generates, the error without cuDNN;
+with nvcc: a model built and linked against cuDNN by soname; on the GPU (marked gpu):
+every pattern against a float32 reference on shapes that are not tile multiples, the plan
+the build timed kept in the cost store."""
+from __future__ import annotations
+
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+import byoc
+from byoc.errors import BuildError, ConfigError
+from byoc.interpreter import interpret
+from byoc.ir import FunctionBuilder
+from byoc.ir.types import numpy_dtype
+from byoc.toolchain.compiler import _pip_cuda_library_dir, cuda_home
+from gpu_probe import gpu_present
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+
+
+def _have_cudnn() -> bool:
+    home = cuda_home()
+    return bool(home and (home / "include" / "cudnn_graph.h").is_file()) or \
+        _pip_cuda_library_dir("cudnn_graph.h") is not None
+
+
+# CI installs the cudnn extra and sets BYOC_REQUIRE_CUDNN: there a missing cuDNN fails, not skips
+needs_cudnn = pytest.mark.skipif(not _have_cudnn() and not os.environ.get("BYOC_REQUIRE_CUDNN"),
+                                 reason="cuDNN 9 is not installed (pip install nvidia-cudnn-cu13)")
+
+
+def _conv_model(dtype="float16", batch=3, size=(13, 11), channels=24, out_channels=40, kernel=(3, 3),
+                strides=(1, 1), pads=(1, 1, 1, 1), dilations=(1, 1), groups=1, bias=True, residual=False,
+                activation=None, seed=0, weights_in=None):
+    """act(conv(x, w) + bias + residual) on NHWC float32 inputs cast to `dtype`, the result
+    cast back: the residual is a second input of the output's shape. The weights are drawn
+    in `weights_in` (default: dtype): a float32 model with float16 weights is the float16
+    model's reference."""
+    rng = np.random.default_rng(seed)
+    rounded = numpy_dtype(weights_in or dtype)
+
+    def np_dtype_of(values):
+        return values.astype(rounded).astype(numpy_dtype(dtype))
+    weight = np_dtype_of(rng.standard_normal((out_channels, *kernel, channels // groups)) /
+                         np.sqrt(kernel[0] * kernel[1] * channels // groups))
+    out_h = (size[0] + pads[0] + pads[2] - dilations[0] * (kernel[0] - 1) - 1) // strides[0] + 1
+    out_w = (size[1] + pads[1] + pads[3] - dilations[1] * (kernel[1] - 1) - 1) // strides[1] + 1
+    with FunctionBuilder("main") as fb:
+        x = fb.call("cast", fb.param("x", (batch, *size, channels), "float32"), dtype=dtype)
+        y = fb.call("conv2d", x, weight, strides=list(strides), pads=list(pads), dilations=list(dilations),
+                    groups=groups, data_layout="NHWC", kernel_layout="OHWI")
+        if bias:
+            y = fb.call("add", y, np_dtype_of(rng.standard_normal(out_channels)))
+        if residual:
+            r = fb.call("cast", fb.param("r", (batch, out_h, out_w, out_channels), "float32"), dtype=dtype)
+            y = fb.call("add", y, r)
+        if activation is not None:
+            y = fb.call(activation, y, **({"approximate": "tanh"} if activation == "gelu_tanh" else {}))
+        fb.ret(fb.call("cast", y, dtype="float32"))
+    return fb.module(), (batch, out_h, out_w, out_channels)
+
+
+CUDNN_CONFIG = {"target": "cuda -arch=sm_90", "backends": ["cudnn", "builtin"], "cuda_graph": True}
+
+
+def _partition(mod):
+    from byoc.backends.builtin.partition import partition_builtin
+    from byoc.transform.partition import partition_for
+    return partition_for(mod, ["cudnn"], finalize=partition_builtin)
+
+
+# ---------------------------------------------------------------- patterns (cpu)
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "gelu", "gelu_tanh", "silu", "sigmoid"])
+def test_each_conv_chain_is_one_cudnn_function(activation):
+    mod, _ = _conv_model(groups=4, residual=True, activation="gelu" if activation == "gelu_tanh" else activation)
+    partitioned, report = _partition(mod)
+    composites = report.to_json()["backends"]["cudnn"]["patterns"]
+    name = "conv2d_bias_residual" + ("_activation" if activation else "")
+    assert composites == {name: 1}, composites
+    text = str(partitioned)
+    assert f'Composite="cudnn.{name}"' in text
+
+
+def test_hard_swish_is_left_to_the_builtin_backend_with_the_conv_taken():
+    """cuDNN has no hard-swish mode: the conv and its bias are cudnn's, the activation not."""
+    mod, _ = _conv_model(activation="hard_swish")
+    partitioned, report = _partition(mod)
+    backends = report.to_json()["backends"]
+    assert backends["cudnn"]["patterns"] == {"conv2d_bias": 1}
+    assert backends["builtin"]["ops_covered"].get("hard_swish") == 1, backends["builtin"]
+
+
+def test_a_bias_that_is_not_per_channel_is_refused_with_its_reason():
+    from byoc.backends.cudnn.patterns import check_conv2d
+
+    class FakeMatch:
+        def __init__(self, bias_shape):
+            from byoc.ir.types import TensorType
+
+            class V:
+                def __init__(self, shape, dtype="float16"):
+                    self.type = TensorType(shape, dtype)
+            self.named = {"data": V((1, 8, 8, 16)), "weight": V((32, 3, 3, 16)), "bias": V(bias_shape)}
+            self.output = V((1, 8, 8, 32))
+
+        def __getitem__(self, key):
+            return self.named[key]
+
+        def call_of(self, name):
+            class C:
+                attrs = {"data_layout": "NHWC"}
+            return C()
+
+    assert check_conv2d(FakeMatch((32,))) is None
+    assert "not a vector of K=32" in check_conv2d(FakeMatch((16,)))
+
+
+def test_a_bad_plan_option_is_a_config_error():
+    with pytest.raises(ConfigError, match="plan"):
+        byoc.build(_conv_model()[0], config={**CUDNN_CONFIG, "backends": [{"cudnn": {"plan": "fastest"}}, "builtin"]})
+
+
+def test_a_build_without_cudnn_names_the_package(monkeypatch, tmp_path):
+    import byoc.toolchain.compiler as compiler
+    monkeypatch.setattr(compiler, "_pip_cuda_library_dir", lambda header: None)
+    monkeypatch.setattr(compiler, "cuda_home", lambda: None)
+    with pytest.raises(BuildError, match="pip install nvidia-cudnn-cu13"):
+        byoc.build(_conv_model()[0], config=CUDNN_CONFIG, workdir=str(tmp_path / "w"))
+
+
+def test_the_entry_points_describe_each_conv_as_data(tmp_path, monkeypatch):
+    """Codegen alone (no compiler): the generated source holds each conv's shape, padding,
+    groups and epilogue as a constant, with its operands' parameter positions."""
+    import importlib
+    cudnn_codegen = importlib.import_module("byoc.backends.cudnn.codegen")
+    monkeypatch.setattr(cudnn_codegen, "engine_units", lambda target: [])
+    mod, _ = _conv_model(kernel=(7, 7), pads=(3, 3, 3, 3), channels=96, out_channels=96, groups=96,
+                         residual=True, activation="silu")
+    partitioned, _ = _partition(mod)
+    from byoc.target import Target
+    functions = {name: f for name, f in partitioned.items() if f.attrs.get("Compiler") == "cudnn"}
+    target = Target("cudnn")
+    target.device = Target("cuda -arch=sm_90")
+    target.workdir = str(tmp_path)
+    (artifact,) = cudnn_codegen.codegen(functions, target)
+    source = (tmp_path / "cudnn_entries.cc").read_text()
+    assert artifact.link_libraries == ["cudnn"] and artifact.stateful_symbols == list(functions)
+    assert "96x7x7x1 groups 96" in source and "+ bias + residual -> silu" in source
+    assert "{ 3, 3, 3, 3 }" in source and "the heuristic's plan, chosen at create" in source
+
+
+# ---------------------------------------------------------------- compiled (nvcc)
+
+
+@pytest.mark.nvcc
+@needs_cudnn
+def test_a_cuda_build_links_cudnn_by_soname(tmp_path):
+    library = byoc.build(os.path.join(FIXTURES, "resnet_small.onnx"), config={**CUDNN_CONFIG, "precision": "float16"},
+                         workdir=str(tmp_path / "w"))
+    backends = library.report.to_json()["backends"]
+    assert backends["cudnn"]["ops_covered"]["conv2d"] == 15, backends
+    dynamic = subprocess.run(["readelf", "-d", str(library.path)], capture_output=True, text=True).stdout
+    assert "libcudnn.so.9" in dynamic
+    assert "RUNPATH" not in dynamic and "RPATH" not in dynamic
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(library.path)], capture_output=True, text=True).stdout
+    assert "byoc_cudnn" not in symbols  # the engine stays inside the library
+
+
+# ---------------------------------------------------------------- on the GPU
+
+
+GPU_CASES = [
+    # dtype, conv (keyword arguments of _conv_model)
+    ("float16", dict(kernel=(3, 3), activation="relu")),
+    ("float16", dict(kernel=(1, 1), pads=(0, 0, 0, 0), strides=(2, 2), bias=True)),
+    ("float16", dict(kernel=(3, 3), groups=4, residual=True, activation="relu")),
+    ("float16", dict(channels=96, out_channels=96, groups=96, kernel=(7, 7), pads=(3, 3, 3, 3))),  # ConvNeXt
+    ("float16", dict(channels=40, out_channels=40, groups=40, kernel=(5, 5), pads=(2, 2, 2, 2), strides=(2, 2),
+                     activation="silu")),  # EfficientNet
+    ("float16", dict(kernel=(3, 3), dilations=(2, 2), pads=(2, 2, 2, 2), activation="gelu")),
+    ("float16", dict(kernel=(3, 3), residual=True, activation="sigmoid", bias=False)),
+    ("float16", dict(kernel=(3, 3), pads=(0, 1, 2, 1), activation="gelu_tanh")),
+    ("bfloat16", dict(kernel=(3, 3), residual=True, activation="relu")),
+    ("float32", dict(channels=3, out_channels=16, kernel=(3, 3), strides=(2, 2), activation="silu")),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_present(), reason="no GPU visible")
+@pytest.mark.parametrize("dtype, conv", GPU_CASES, ids=[f"{d}-{i}" for i, (d, _) in enumerate(GPU_CASES)])
+def test_every_pattern_matches_a_float32_reference_on_the_gpu(dtype, conv, tmp_path, monkeypatch):
+    import cupy
+    monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "cache"))
+    mod, out_shape = _conv_model(dtype, **conv)
+    library = byoc.build(mod, config=CUDNN_CONFIG, workdir=str(tmp_path / "w"))
+    assert library.report.to_json()["backends"]["cudnn"]["ops_covered"]["conv2d"] == 1
+    source = (tmp_path / "w" / "cudnn_entries.cc").read_text()
+    assert "when the build timed it" in source, source  # the plan plans.py timed on this GPU
+    reference, _ = _conv_model("float32", weights_in=dtype, **conv)  # the same weights, computed in float32
+    rng = np.random.default_rng(1)
+    inputs = {"x": rng.standard_normal((3, 13, 11, conv.get("channels", 24))).astype(np.float32)}
+    if conv.get("residual"):
+        inputs["r"] = rng.standard_normal(out_shape).astype(np.float32)
+    rounded = {name: value.astype(numpy_dtype(dtype)).astype(np.float32) for name, value in inputs.items()}
+    want = np.asarray(interpret(reference, **rounded), np.float64)
+    module = library.load()
+    for _ in range(2):  # the second run replays the CUDA graph
+        got = cupy.asnumpy(module.run(**{k: cupy.asarray(v) for k, v in inputs.items()})).astype(np.float64)
+    scale = max(1.0, float(np.max(np.abs(want))))
+    tolerance = {"float32": 2e-3, "float16": 1e-2, "bfloat16": 4e-2}[dtype]  # float32 convs may take TF32
+    assert np.max(np.abs(got - want)) <= tolerance * scale, np.max(np.abs(got - want))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_present(), reason="no GPU visible")
+def test_resnet_small_through_cudnn_matches_onnxruntime_and_keeps_its_plans(tmp_path, monkeypatch):
+    import cupy
+    import onnxruntime
+    monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "cache"))
+    path = os.path.join(FIXTURES, "resnet_small.onnx")
+    library = byoc.build(path, config={**CUDNN_CONFIG, "precision": "float16"}, workdir=str(tmp_path / "w"))
+    x = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    want = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    got = cupy.asnumpy(library.load().run(input=cupy.asarray(x)))
+    np.testing.assert_allclose(got, want, atol=5e-2, rtol=5e-2)
+    from byoc.costs import CostStore
+    entries = CostStore(tmp_path / "cache" / "costs" / "costs.json").entries
+    plans = [entry for device in entries.values() for key, entry in device.items() if key.startswith("cudnn.conv:")]
+    assert len(plans) == 12 and all(isinstance(entry.get("engine"), int) for entry in plans), plans
+    # a second build measures nothing: every plan comes from the store
+    again = byoc.build(path, config={**CUDNN_CONFIG, "precision": "float16"}, workdir=str(tmp_path / "w2"))
+    assert "timing cuDNN plans" not in "\n".join(getattr(again, "log", []) or [])
+    assert (tmp_path / "w2" / "cudnn_entries.cc").read_text().count("when the build timed it") == 12
