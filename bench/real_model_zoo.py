@@ -141,6 +141,8 @@ def model_spec(name):
         # own fp16 is 4.3e-2 off float32 (H100, 2026-11-24), and no fp16 build can be checked
         # at 2e-2. Same ops and shapes either way: the timing does not change.
         return (*_torchvision(name, model_kwargs={"zero_init_residual": True}), None)
+    if name == "resnext50_32x4d":  # grouped 3x3 convs of 4 channels a group; residual BN as resnet50's
+        return (*_torchvision(name, model_kwargs={"zero_init_residual": True}), None)
     if name == "llama":
         # the speed issue's LLaMA-style decoder: TinyLlama-1.1B's widths (grouped-query attention,
         # 32 query and 4 key/value heads, RoPE, RMSNorm, SwiGLU) cut to 8 layers; causal, no padding
@@ -149,10 +151,11 @@ def model_spec(name):
                           num_key_value_heads=4, intermediate_size=5632, vocab_size=32000),
                      dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                           intermediate_size=128, vocab_size=512), padded=False), "last_hidden_state")
-    if name in ("mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "swin_t", "regnet_y_400mf"):
+    if name in ("mobilenet_v3_large", "efficientnet_b0", "convnext_tiny", "swin_t", "regnet_y_400mf", "regnet_y_800mf"):
         return (*_torchvision(name), None)
     raise ValueError(f"unknown model {name!r}; known: bert_base, roberta, distilbert, gpt2, gpt2_ids, t5_encoder, vit_b16, "
-                     f"llama, resnet50, mobilenet_v3_large, efficientnet_b0, convnext_tiny, swin_t, regnet_y_400mf")
+                     f"llama, resnet50, resnext50_32x4d, mobilenet_v3_large, efficientnet_b0, convnext_tiny, swin_t, "
+                     f"regnet_y_400mf, regnet_y_800mf")
 
 
 class Wrapper(torch.nn.Module):

@@ -60,7 +60,7 @@ def _conv_model(dtype="float16", batch=3, size=(13, 11), channels=24, out_channe
             r = fb.call("cast", fb.param("r", (batch, out_h, out_w, out_channels), "float32"), dtype=dtype)
             y = fb.call("add", y, r)
         if activation is not None:
-            y = fb.call(activation, y, **({"approximate": "tanh"} if activation == "gelu_tanh" else {}))
+            y = fb.call("gelu", y, approximate="tanh") if activation == "gelu_tanh" else fb.call(activation, y)
         fb.ret(fb.call("cast", y, dtype="float32"))
     return fb.module(), (batch, out_h, out_w, out_channels)
 
