@@ -66,6 +66,10 @@ class Backend:
     # that partition: measured need not build and time a candidate of this backend's; None
     # where it does not know them all
     known_cost: Callable | None = None
+    # (candidates: list[dict[symbol, Function]], target) -> None: measures at once what
+    # known_cost will be asked of these candidates (the cudnn backend: every conv's plans in
+    # one process), before it is asked
+    learn_costs: Callable | None = None
 
     def virtual_device(self, build_device: str):
         """The VirtualDevice of this backend's functions' parameters and results in a build
@@ -118,7 +122,8 @@ def register_backend(name: str, flavor: str, patterns: list, codegen: Callable, 
                      memory_scope: str = "global", one_composite_per_function: bool = False,
                      capturable: bool = True, float32_statistics=(), pre_partition: Callable | None = None,
                      takes_the_rest: Callable | None = None, outline_op: Callable | None = None,
-                     claims_first: Callable | None = None, known_cost: Callable | None = None) -> Backend:
+                     claims_first: Callable | None = None, known_cost: Callable | None = None,
+                     learn_costs: Callable | None = None) -> Backend:
     from .ir.op import OP_REGISTRY, get_op
     from .pattern import ops_named
     if flavor not in FLAVORS:
@@ -137,7 +142,7 @@ def register_backend(name: str, flavor: str, patterns: list, codegen: Callable, 
             raise ConfigError(f"backend {name!r}: float32_statistics names unknown op {op_name!r}")
     backend = Backend(name, flavor, list(patterns), codegen, device, memory_scope, one_composite_per_function,
                       capturable, frozenset(float32_statistics), pre_partition, takes_the_rest, outline_op,
-                      claims_first, known_cost)
+                      claims_first, known_cost, learn_costs)
     BACKENDS[name] = backend
     return backend
 

@@ -371,10 +371,10 @@ def _random_input(tensor: dict, cuda: bool):
     return array
 
 
-def known_cost(module, backend: str, context) -> float | None:
-    """Microseconds the candidate costs by what `backend` measured already (its known_cost:
-    the cutlass tuning database on this GPU), or None: the candidate partitioned for that
-    backend alone as its build would be, every op of it in the backend's functions."""
+def candidate_functions(module, backend: str, context) -> dict | None:
+    """The candidate partitioned for `backend` alone as its build would be: the backend's
+    functions by symbol, or None where it has no known_cost hook, the partition fails, or
+    an op of the candidate goes to another backend (only a build times the whole candidate)."""
     from .backend import get_backend
     from .config import BUILTIN_BACKEND
     from .ir.expr import Call, Function
@@ -396,8 +396,42 @@ def known_cost(module, backend: str, context) -> float | None:
     main = partitioned["main"]
     if any(not (isinstance(b.value, Call) and getattr(b.value.op, "name", None) in functions)
            for b in main.bindings):
-        return None  # an op the backend left to another: only a build times the whole candidate
+        return None
+    return functions
+
+
+def known_cost(module, backend: str, context) -> float | None:
+    """Microseconds the candidate costs by what `backend` measured already (its known_cost:
+    the cutlass tuning database on this GPU, the cudnn plans in the cost store), or None:
+    the candidate partitioned for that backend alone as its build would be, every op of it
+    in the backend's functions."""
+    from .backend import get_backend
+    functions = candidate_functions(module, backend, context)
+    if functions is None:
+        return None
     return get_backend(backend).known_cost(functions, context.backend_targets[backend])
+
+
+def known_costs(candidates: dict, context) -> dict:
+    """known_cost of each candidate (key -> (module, backend)) that its backend knows: a
+    backend with a learn_costs hook first measures what all of its candidates need at once
+    (cudnn: every conv's plans in one process). key -> microseconds."""
+    from .backend import get_backend
+    by_backend = {}
+    for key, (module, backend) in candidates.items():
+        functions = candidate_functions(module, backend, context)
+        if functions is not None:
+            by_backend.setdefault(backend, []).append((key, functions))
+    known = {}
+    for backend, items in by_backend.items():
+        hooks, target = get_backend(backend), context.backend_targets[backend]
+        if hooks.learn_costs is not None:
+            hooks.learn_costs([functions for _, functions in items], target)
+        for key, functions in items:
+            us = hooks.known_cost(functions, target)
+            if us is not None:
+                known[key] = us
+    return known
 
 
 def candidate_costs(context):
@@ -419,16 +453,16 @@ def candidate_costs(context):
             keyed.setdefault(key, (modules[nodes], backend))
             key_of.append(key)
         unknown = [key for key in keyed if store.entry(device, key) is None] if measurable else []
-        # what a backend measured already (the cutlass tuning database) is not built again;
-        # such costs are read afresh each build, not stored: the database may learn better
-        known = {key: us for key in unknown if (us := known_cost(*keyed[key], context)) is not None}
+        # what a backend measured already (the cutlass tuning database, cuDNN's plans) is not
+        # built again; such costs are read afresh each build, not stored: they may get better
+        known = known_costs({key: keyed[key] for key in unknown}, context)
         to_measure = [key for key in unknown if key not in known]
         if to_measure:
             _measure_all(to_measure, keyed, store, device, context)
         stored = sum(1 for key in keyed if store.lookup(device, key) is not None) - \
             sum(1 for key in to_measure if store.lookup(device, key) is not None)
         context.progress.stage(f"partition: measured: {len(keyed)} distinct candidates: {len(to_measure)} timed "
-                               f"now, {len(known)} known to their backend (a tuning database), {stored} costs "
+                               f"now, {len(known)} known to their backend (a tuning database, cuDNN's plans), {stored} costs "
                                f"from the cost store ({store.path})")
         return [known[key] if key in known else store.failed(device, key) or store.lookup(device, key)
                 for key in key_of]

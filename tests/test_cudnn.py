@@ -156,6 +156,38 @@ def test_the_entry_points_describe_each_conv_as_data(tmp_path, monkeypatch):
     assert "{ 3, 3, 3, 3 }" in source and "the heuristic's plan, chosen at create" in source
 
 
+def test_known_cost_is_the_stored_plans_of_the_visible_gpu(tmp_path, monkeypatch):
+    """partition: measured builds no cudnn candidate whose convs' plans the cost store holds
+    for this GPU: known_cost is their sum; learn_costs times only the convs it lacks."""
+    import importlib
+
+    import byoc.target as target_module
+    from byoc.costs import CostStore
+    from byoc.target import Target
+    plans = importlib.import_module("byoc.backends.cudnn.plans")
+    codegen = importlib.import_module("byoc.backends.cudnn.codegen")
+    monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(target_module, "visible_gpu_name", lambda: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(target_module, "visible_gpu_arch", lambda: "sm_90")
+    partitioned, _ = _partition(_conv_model(groups=4, activation="relu")[0])
+    functions = {name: f for name, f in partitioned.items() if f.attrs.get("Compiler") == "cudnn"}
+    target = Target("cudnn")
+    target.device = Target("cuda -arch=sm_90")
+    assert codegen.known_cost(functions, target) is None  # nothing stored yet
+    asked = []
+    monkeypatch.setattr(plans, "measure", lambda convs, target: asked.append(len(convs)) or [[(7, 12.5), (3, 20.0)]])
+    codegen.learn_costs([functions, functions], target)  # the same conv twice: timed once
+    assert asked == [1]
+    assert codegen.known_cost(functions, target) == pytest.approx(12.5)
+    (entry,) = [e for device in CostStore().entries.values() for e in device.values()]
+    assert entry["engine"] == 7 and entry["timed"] == {"7": 12.5, "3": 20.0}
+    codegen.learn_costs([functions], target)  # stored: nothing measured again
+    assert asked == [1]
+    heuristic = Target("cudnn", plan="heuristic")
+    heuristic.device = target.device
+    assert codegen.known_cost(functions, heuristic) is None
+
+
 # ---------------------------------------------------------------- compiled (nvcc)
 
 
@@ -238,3 +270,27 @@ def test_resnet_small_through_cudnn_matches_onnxruntime_and_keeps_its_plans(tmp_
     again = byoc.build(path, config={**CUDNN_CONFIG, "precision": "float16"}, workdir=str(tmp_path / "w2"))
     assert "timing cuDNN plans" not in "\n".join(getattr(again, "log", []) or [])
     assert (tmp_path / "w2" / "cudnn_entries.cc").read_text().count("when the build timed it") == 12
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_present(), reason="no GPU visible")
+def test_a_measured_partition_costs_cudnn_candidates_by_their_plans_without_building_them(tmp_path, monkeypatch):
+    """partition: measured with cudnn among the backends: every cudnn candidate's cost is its
+    convs' plans (timed in one process, kept in the cost store as plans), none is built as a
+    library of its own; the chosen cover runs and matches onnxruntime."""
+    import cupy
+    import onnxruntime
+    from byoc.costs import CostStore
+    monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "cache"))
+    path = os.path.join(FIXTURES, "resnet_small.onnx")
+    library = byoc.build(path, config={**CUDNN_CONFIG, "precision": "float16", "partition": "measured"},
+                         workdir=str(tmp_path / "w"))
+    entries = [(key, entry) for device in CostStore(tmp_path / "cache" / "costs" / "costs.json").entries.values()
+               for key, entry in device.items()]
+    assert any(key.startswith("cudnn.conv:") for key, _ in entries)
+    assert not [key for key, entry in entries if entry.get("backend") == "cudnn" and not key.startswith("cudnn.conv:")]
+    assert library.report.to_json()["backends"]["cudnn"]["ops_covered"].get("conv2d", 0) >= 1
+    x = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    want = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    got = cupy.asnumpy(library.load().run(input=cupy.asarray(x)))
+    np.testing.assert_allclose(got, want, atol=5e-2, rtol=5e-2)

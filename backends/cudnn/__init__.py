@@ -11,7 +11,7 @@ from __future__ import annotations
 from byoc.backend import register_backend
 from byoc.target import AttrSchema, at_least, register_target_kind
 
-from .codegen import codegen
+from .codegen import codegen, known_cost, learn_costs
 from .patterns import pattern_table
 
 register_target_kind("cudnn", {
@@ -34,4 +34,5 @@ def prepare_for_partition(mod, target, build_device: str):
 
 
 register_backend("cudnn", flavor="csource", patterns=pattern_table(), codegen=codegen, device="cuda",
-                 one_composite_per_function=True, pre_partition=prepare_for_partition)
+                 one_composite_per_function=True, pre_partition=prepare_for_partition, known_cost=known_cost,
+                 learn_costs=learn_costs)

@@ -57,6 +57,37 @@ def _summary(dtype: str, chain) -> str:
     return text + (f" -> {chain.activation}" if chain.activation else "")
 
 
+def known_cost(functions: dict, target) -> float | None:
+    """Microseconds a run of these cudnn functions costs on the visible GPU: the sum of
+    their convs' fastest plans as the cost store has them (plans.py); None where one is not
+    stored (its candidate is then built and timed)."""
+    from .plans import stored_engines
+    try:
+        limit = int(target.attrs["workspace_limit"])
+        convs = [conv_description(symbol, func, limit) for symbol, func in functions.items()]
+    except BuildError:
+        return None
+    choices = stored_engines(convs, target)
+    if not convs or any(engine < 0 for engine, _ in choices):
+        return None
+    return sum(us for _, us in choices)
+
+
+def learn_costs(candidates: list, target) -> None:
+    """Times the plans of every conv of these candidates not yet in the cost store, all in
+    one process (plans.choose_engines): known_cost then reads them."""
+    from .plans import choose_engines
+    limit = int(target.attrs["workspace_limit"])
+    convs = []
+    for functions in candidates:
+        for symbol, func in functions.items():
+            try:
+                convs.append(conv_description(symbol, func, limit))
+            except BuildError:
+                continue
+    choose_engines(convs, target)
+
+
 def engine_units(target) -> list:
     """The engine's compile unit for `target`'s device (host C++ against cuDNN's and the
     CUDA runtime's headers)."""

@@ -5,6 +5,10 @@ later build measures it again.
 
     choose_engines(convs, target) -> [(engine global index or -1, microseconds), ...]
 
+The same times are what a candidate of the cudnn backend costs under `partition: measured`
+(known_cost): its convs' plans, all of a build's candidates timed in one process
+(learn_costs), with no candidate library built.
+
 Timing runs in a child process (`python -m byoc.backends.cudnn.plans`): a library of the
 engine alone (engine/cudnn_conv.cc, byoc_cudnn_conv_time_plans) loaded there, so that a
 fault in a driver or cuDNN costs the measurement, not the build. Where the build cannot
@@ -70,32 +74,51 @@ def header_version() -> str:
     return "unknown"
 
 
-def choose_engines(convs: list, target) -> list:
-    """(engine, microseconds) per conv: the stored or measured fastest on the visible GPU,
-    (-1, 0.0) where there is none to measure on or the target says `plan: heuristic`."""
+def _measurable_store(target):
+    """(cost store, device key, cuDNN version) where this build can time plans: a GPU of
+    the target's arch visible and `plan: auto`; else None."""
     from byoc.target import visible_gpu_arch, visible_gpu_name
-    choices = [(-1, 0.0)] * len(convs)
-    if not convs or target.attrs.get("plan", "auto") == "heuristic":
-        return choices
+    if target.attrs.get("plan", "auto") == "heuristic":
+        return None
     gpu = visible_gpu_name()
     if gpu is None or visible_gpu_arch() != target.device.attrs.get("arch"):
-        return choices
+        return None
     from byoc.costs import CostStore
-    store, device, version = CostStore(), f"cuda:{gpu}", header_version()
-    keys = [plan_key(conv, version) for conv in convs]
-    missing = {}
-    for index, key in enumerate(keys):
-        entry = store.entry(device, key)
-        if entry is None:
-            missing.setdefault(key, index)
-        elif isinstance(entry.get("engine"), int) and isinstance(entry.get("us"), (int, float)):
+    return CostStore(), f"cuda:{gpu}", header_version()
+
+
+def stored_engines(convs: list, target, where=None) -> list:
+    """(engine, microseconds) per conv as the cost store has it for the visible GPU, (-1,
+    0.0) where it has none (or the build cannot measure)."""
+    where = where or _measurable_store(target)
+    choices = [(-1, 0.0)] * len(convs)
+    if where is None:
+        return choices
+    store, device, version = where
+    for index, conv in enumerate(convs):
+        entry = store.entry(device, plan_key(conv, version)) or {}
+        if isinstance(entry.get("engine"), int) and isinstance(entry.get("us"), (int, float)):
             choices[index] = (entry["engine"], float(entry["us"]))
+    return choices
+
+
+def choose_engines(convs: list, target) -> list:
+    """(engine, microseconds) per conv: the stored or, timed now, the fastest on the visible
+    GPU; (-1, 0.0) where there is none to measure on or the target says `plan: heuristic`."""
+    where = _measurable_store(target)
+    if not convs or where is None:
+        return [(-1, 0.0)] * len(convs)
+    store, device, version = where
+    missing = {}
+    for conv in convs:
+        key = plan_key(conv, version)
+        if store.entry(device, key) is None:
+            missing.setdefault(key, conv)
     if missing:
         progress = getattr(target, "progress", None)
         if progress is not None:
-            progress.stage(f"timing cuDNN plans of {len(missing)} convs on {gpu}")
-        measured = measure([convs[index] for index in missing.values()], target)
-        for key, timings in zip(missing, measured):
+            progress.stage(f"timing cuDNN plans of {len(missing)} convs on {device[5:]}")
+        for key, timings in zip(missing, measure(list(missing.values()), target)):
             if timings:
                 engine, us = min(timings, key=lambda timing: timing[1])
                 store.record(device, key, us, "cudnn", f"conv2d plan: engine {engine} of {len(timings)} timed",
@@ -103,11 +126,7 @@ def choose_engines(convs: list, target) -> list:
             else:
                 store.record_failed(device, key, "no cuDNN plan ran", "cudnn", "conv2d plan")
         store.save()
-        for index, key in enumerate(keys):
-            entry = store.entry(device, key) or {}
-            if isinstance(entry.get("engine"), int):
-                choices[index] = (entry["engine"], float(entry["us"]))
-    return choices
+    return stored_engines(convs, target, where)
 
 
 def probe_library(target) -> Path:

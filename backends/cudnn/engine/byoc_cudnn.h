@@ -53,13 +53,16 @@ BYOC_CUDNN_API size_t byoc_cudnn_conv_workspace(const void* state);
 // The global index of the engine create() chose.
 BYOC_CUDNN_API int64_t byoc_cudnn_conv_engine(const void* state);
 // One conv on `stream`; bias and residual are null where the conv has none.
-BYOC_CUDNN_API int byoc_cudnn_conv_run(void* state, const void* data, const void* weight, const void* bias, const void* residual,
-                        void* output, void* workspace, size_t workspace_bytes, void* stream);
+BYOC_CUDNN_API int byoc_cudnn_conv_run(void* state, const void* data, const void* weight, const void* bias,
+                                       const void* residual, void* output, void* workspace, size_t workspace_bytes,
+                                       void* stream);
 // Times the heuristic's plans (at most max_plans, each within workspace_limit) on scratch
-// operands of the conv's shapes: engines[i] ran in microseconds[i] (the median of `runs`
-// launches). *count is how many were timed. The build's measurement (backends/cudnn/plans.py).
-BYOC_CUDNN_API int byoc_cudnn_conv_time_plans(const ByocCudnnConv* conv, int max_plans, int runs, int64_t* engines,
-                               double* microseconds, int* count);
+// operands of the conv's shapes, taken in turn through more memory than L2 holds:
+// engines[i] ran in microseconds[i] (a launch's share of at least `runs` back to back, the
+// median of three rounds). *count is how many were timed. The build's measurement
+// (backends/cudnn/plans.py).
+BYOC_CUDNN_API int byoc_cudnn_conv_time_plans(const ByocCudnnConv* conv, int max_plans, int runs,
+                                              int64_t* engines, double* microseconds, int* count);
 // The last error of this thread.
 BYOC_CUDNN_API const char* byoc_cudnn_last_error(void);
 // cudnnGetVersion() of the library loaded.
