@@ -227,7 +227,7 @@ def test_config_from_yaml_path_dict_and_overrides(tmp_path):
     ({"target": "cutlass"}, r"target: 'cutlass' is not a device target; allowed: auto, cpu, cuda -arch=sm_XX"),
     # backends
     ({"backends": "cutlass"}, r"backends: 'cutlass' is not a list"),
-    ({"backends": ["tensorrt"]}, r"backends\[0\]: unknown backend 'tensorrt'; allowed: cutlass, cublaslt, builtin"),
+    ({"backends": ["tensorrt"]}, r"backends\[0\]: unknown backend 'tensorrt'; allowed: cutlass, cudnn, cublaslt, builtin"),
     ({"backends": ["cublaslt", "cutlas"]}, r"backends\[1\]: unknown backend 'cutlas'.*did you mean 'cutlass'"),
     ({"backends": ["cublaslt", "cublaslt"]}, r"backends\[1\]: backend 'cublaslt' is listed twice"),
     ({"backends": ["builtin", "cublaslt"]}, r"backends\[0\]: 'builtin' must be last"),
