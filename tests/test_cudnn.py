@@ -294,3 +294,31 @@ def test_a_measured_partition_costs_cudnn_candidates_by_their_plans_without_buil
     want = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
     got = cupy.asnumpy(library.load().run(input=cupy.asarray(x)))
     np.testing.assert_allclose(got, want, atol=5e-2, rtol=5e-2)
+
+
+def test_the_shipped_measured_config_offers_cudnn_among_the_candidates():
+    from byoc.config import load_config
+    config = load_config("cuda_sm90_measured")
+    assert config.backend_order == ["cutlass", "cudnn", "cublaslt", "builtin"]
+    assert config.partition == "measured" and config.precision == "float16"
+
+
+def test_two_backends_matching_the_same_ops_ask_for_one_builtin_alternative():
+    """cutlass and cudnn both match the conv chain: each is a candidate, and the built-in
+    backend's alternative over the same ops is asked for once (not once per match), as is an
+    op alone that a match also covers."""
+    from byoc.report import PartitionReport
+    from byoc.transform.measured_partition import measured_partition
+    mod, _ = _conv_model(activation="relu")
+    asked = []
+
+    def cost_of(module, requests):
+        asked.extend(requests)
+        return [10.0 if backend == "cudnn" else 20.0 for backend, _, _ in requests]
+
+    report = PartitionReport()
+    chosen = measured_partition(mod, ["cutlass", "cudnn"], cost_of, report)
+    builtin = [nodes for backend, _, nodes in asked if backend == "builtin"]
+    assert len(builtin) == len(set(builtin)), asked
+    assert {backend for backend, _, _ in asked} == {"cutlass", "cudnn", "builtin"}
+    assert 'Composite="cudnn.conv2d_bias_activation"' in str(chosen)

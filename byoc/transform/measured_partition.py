@@ -45,8 +45,14 @@ def measured_partition(mod: IRModule, backend_names: list, cost_of, report, max_
         report.note_measurement("partition: measured: no backend's pattern matches any op; nothing to choose")
         return mod
     requests = [(m.backend, m.pattern, m.nodes) for m in matches]
-    requests += [(BUILTIN, "ops of " + m.pattern, m.nodes) for m in matches]
-    requests += [(BUILTIN, "op", frozenset([node])) for node in contested]
+    # the built-in backend's alternative to each match: its ops, once per set of ops (two
+    # backends' matches of the same ops, or a match of one op, ask for the same candidate)
+    builtin = {}
+    for m in matches:
+        builtin.setdefault(m.nodes, (BUILTIN, "ops of " + m.pattern, m.nodes))
+    for node in contested:
+        builtin.setdefault(frozenset([node]), (BUILTIN, "op", frozenset([node])))
+    requests += list(builtin.values())
     answers = cost_of(mod, requests)
     # Where a candidate has no cost (nothing stored, nothing to measure on), its region (the
     # ops its and overlapping matches hold) takes the priority order's choice; the rest is
