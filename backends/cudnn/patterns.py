@@ -11,18 +11,13 @@ from __future__ import annotations
 import math
 
 from byoc.backend import PatternEntry
-from byoc.pattern import is_op, wildcard
-from byoc.pattern.epilogues import with_activation, with_bias, with_residual
+from byoc.pattern.epilogues import conv2d_epilogue_patterns, conv_epilogue_flaw
 
 DTYPES = ("float32", "float16", "bfloat16")
 # cuDNN's pointwise modes for byoc's activations (hard_swish has none)
 ACTIVATIONS = ("relu", "gelu", "silu", "sigmoid")
 # cuDNN indexes a tensor with 32-bit integers
 MAX_ELEMENTS = (1 << 31) - 1
-
-
-def conv2d():
-    return is_op("conv2d")(wildcard().named("data"), wildcard().named("weight")).named("conv2d")
 
 
 def check_conv2d(match) -> str | None:
@@ -36,29 +31,8 @@ def check_conv2d(match) -> str | None:
     for name, tensor in (("data", data), ("weight", weight), ("output", out)):
         if math.prod(tensor.type.shape) > MAX_ELEMENTS:
             return f"the {name} has {math.prod(tensor.type.shape)} elements (cuDNN indexes at most {MAX_ELEMENTS})"
-    out_channels = weight.type.shape[0]
-    named = match.named
-    if "bias" in named and tuple(named["bias"].type.shape) != (out_channels,):
-        return f"bias of shape {named['bias'].type.shape} is not a vector of K={out_channels} channels"
-    if "residual" in named:
-        residual = named["residual"].type
-        if tuple(residual.shape) != tuple(out.type.shape) or residual.dtype != dtype:
-            return "residual does not have the output's shape and dtype (no broadcasting in the epilogue)"
-    return None
+    return conv_epilogue_flaw(match, weight.type.shape[0])
 
 
 def pattern_table() -> list:
-    plain = conv2d()
-
-    def activated(core):
-        return with_activation(core, ACTIVATIONS)
-
-    return [
-        PatternEntry("conv2d_bias_residual_activation", activated(with_residual(with_bias(plain))), check_conv2d),
-        PatternEntry("conv2d_bias_residual", with_residual(with_bias(plain)), check_conv2d),
-        PatternEntry("conv2d_bias_activation", activated(with_bias(plain)), check_conv2d),
-        PatternEntry("conv2d_bias", with_bias(plain), check_conv2d),
-        PatternEntry("conv2d_residual_activation", activated(with_residual(plain)), check_conv2d),
-        PatternEntry("conv2d_activation", activated(plain), check_conv2d),
-        PatternEntry("conv2d", plain, check_conv2d),
-    ]
+    return [PatternEntry(*entry) for entry in conv2d_epilogue_patterns(check_conv2d, ACTIVATIONS)]

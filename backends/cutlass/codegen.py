@@ -25,7 +25,6 @@ import numpy as np
 from pathlib import Path
 
 from byoc.codegen import op_chain
-from byoc.codegen.op_chain import ACTIVATION_OPS
 from byoc.errors import BuildError
 from byoc.ir.expr import Constant, Function
 
@@ -93,10 +92,8 @@ def gemm_problem(func: Function) -> tuple[GemmProblem, dict]:
             has_bias, indices["bias"] = True, param_index(other[0], "bias")
         elif op == "add" and other and other[0].type.shape == var.type.shape:
             has_residual, indices["residual"] = True, param_index(other[0], "residual")
-        elif op == "gelu":
-            activation = "gelu" if attrs.get("approximate", "none") == "none" else "gelu_tanh"
-        elif op in ACTIVATION_OPS:
-            activation = ACTIVATION_OPS[op]
+        elif op_chain.activation_name(op, attrs) is not None:
+            activation = op_chain.activation_name(op, attrs)
         else:
             raise BuildError(f"cutlass: {op} is not a fusable epilogue")
         current = var

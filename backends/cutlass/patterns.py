@@ -15,7 +15,8 @@ import math
 
 from byoc.backend import PatternEntry
 from byoc.pattern import is_const, is_op, wildcard
-from byoc.pattern.epilogues import add_either_order, with_activation, with_bias, with_residual
+from byoc.pattern.epilogues import (add_either_order, conv2d_epilogue_patterns, conv_epilogue_flaw, with_activation,
+                                    with_bias, with_residual)
 
 from .conv_kernels import filter_size_flaw, im2col_flaw, tensor_bytes_flaw
 from .kernels import ELEMENTS, ConvProblem, GemmProblem, unsupported_reason
@@ -189,10 +190,6 @@ def check_attention(match) -> str | None:
 DIRECT_STEM_MAX_MACS = 2048
 
 
-def conv2d():
-    return is_op("conv2d")(wildcard().named("data"), wildcard().named("weight")).named("conv2d")
-
-
 def check_conv2d(match) -> str | None:
     data, weight, out = match["data"], match["weight"], match.output
     attrs = match.call_of("conv2d").attrs
@@ -214,7 +211,7 @@ def check_conv2d(match) -> str | None:
     # stem PadConvChannels padded) is the fixed-channel kernels', other C and every K must
     # be multiples of 8.
     flaw = filter_size_flaw(problem) or im2col_flaw(problem) or tensor_bytes_flaw(problem) or \
-        _check_conv_epilogue(match, out_channels) or unsupported_reason(problem)
+        conv_epilogue_flaw(match, out_channels) or unsupported_reason(problem)
     macs = weight.type.shape[1] * weight.type.shape[2] * channels * out_channels
     if flaw is None and channels == 4 and macs <= DIRECT_STEM_MAX_MACS:
         return (f"4 input channels and {macs} multiply-adds a pixel (at most {DIRECT_STEM_MAX_MACS}): the built-in "
@@ -223,34 +220,9 @@ def check_conv2d(match) -> str | None:
     return flaw
 
 
-def _check_conv_epilogue(match, out_channels) -> str | None:
-    named = match.named
-    if "bias" in named and tuple(named["bias"].type.shape) != (out_channels,):
-        return f"bias of shape {named['bias'].type.shape} is not a vector of K={out_channels} channels"
-    if "residual" in named:
-        residual = named["residual"].type
-        if tuple(residual.shape) != tuple(match.output.type.shape) or residual.dtype != match.output.type.dtype:
-            return "residual does not have the output's shape and dtype (no broadcasting in the epilogue)"
-    if "activation" in named and match.call_of("activation").attrs.get("approximate", "none") not in ("none", "tanh"):
-        return "unknown gelu approximation"
-    return None
-
-
 def conv2d_patterns() -> list:
-    """conv2d [+ bias] [+ residual] [-> activation]: the epilogue computes
-    act(conv + bias + residual), ResNet's `relu(bn(conv(x)) + shortcut)` once batch norm is
-    folded into the bias."""
-    plain = conv2d()
-    return [
-        PatternEntry("conv2d_bias_residual_activation", with_activation(with_residual(with_bias(plain))),
-                     check_conv2d),
-        PatternEntry("conv2d_bias_residual", with_residual(with_bias(plain)), check_conv2d),
-        PatternEntry("conv2d_bias_activation", with_activation(with_bias(plain)), check_conv2d),
-        PatternEntry("conv2d_bias", with_bias(plain), check_conv2d),
-        PatternEntry("conv2d_residual_activation", with_activation(with_residual(plain)), check_conv2d),
-        PatternEntry("conv2d_activation", with_activation(plain), check_conv2d),
-        PatternEntry("conv2d", plain, check_conv2d),
-    ]
+    """conv2d [+ bias] [+ residual] [-> activation] (pattern/epilogues.py)."""
+    return [PatternEntry(*entry) for entry in conv2d_epilogue_patterns(check_conv2d)]
 
 
 def pattern_table() -> list:

@@ -17,6 +17,13 @@ from ..ir.op import Op
 ACTIVATION_OPS = {"relu": "relu", "silu": "silu", "sigmoid": "sigmoid", "hard_swish": "hard_swish"}
 
 
+def activation_name(op: str, attrs) -> str | None:
+    """The epilogue activation an op call is (gelu by its approximation), or None."""
+    if op == "gelu":
+        return "gelu" if attrs.get("approximate", "none") == "none" else "gelu_tanh"
+    return ACTIVATION_OPS.get(op)
+
+
 def flatten(func: Function, who: str) -> tuple[list, dict]:
     """The op calls of `func` with local composite functions inlined: a list of
     (var, op_name, args, attrs) where args are function params or earlier vars, and the
@@ -102,14 +109,12 @@ def read_conv_epilogue(func: Function, who: str) -> ConvEpilogue:
             indices["bias"] = param_index(other[0], "bias")
         elif op == "add" and "residual" not in indices and other and other[0].type.shape == var.type.shape:
             indices["residual"] = param_index(other[0], "residual")
-        elif op == "gelu":
-            activation = "gelu" if op_attrs.get("approximate", "none") == "none" else "gelu_tanh"
-        elif op in ACTIVATION_OPS:
-            activation = ACTIVATION_OPS[op]
+        elif activation_name(op, op_attrs) is not None:
+            activation = activation_name(op, op_attrs)
         else:
             raise BuildError(f"{who}: {op} is not a fusable conv epilogue")
         current = var
     return ConvEpilogue(conv_var, dict(attrs), data, weight, indices, activation)
 
 
-__all__ = ["ACTIVATION_OPS", "ConvEpilogue", "flatten", "read_conv_epilogue"]
+__all__ = ["ACTIVATION_OPS", "ConvEpilogue", "activation_name", "flatten", "read_conv_epilogue"]
