@@ -94,16 +94,17 @@ class CostStore:
         return str(entry["failed"]) if entry is not None and "failed" in entry else None
 
     def record(self, device: str, key: str, us: float, backend: str, ops: str, details: dict | None = None):
-        """A measured cost; `details` (JSON values) are kept beside it (a backend's choice
-        that the time is of: the cudnn backend's engine)."""
+        """A measured cost; `details` (JSON values) are kept beside it (where it was measured:
+        provenance(); a backend's choice that the time is of: the cudnn backend's engine)."""
         self.recorded.add((device, key))
         self.entries.setdefault(device, {})[key] = {**(details or {}), "us": round(float(us), 3), "backend": backend,
                                                     "ops": ops, "date": datetime.date.today().isoformat()}
 
-    def record_failed(self, device: str, key: str, reason: str, backend: str, ops: str):
+    def record_failed(self, device: str, key: str, reason: str, backend: str, ops: str, details: dict | None = None):
         self.recorded.add((device, key))
-        self.entries.setdefault(device, {})[key] = {"failed": reason[:300] or "no reason given", "backend": backend,
-                                                    "ops": ops, "date": datetime.date.today().isoformat()}
+        self.entries.setdefault(device, {})[key] = {**(details or {}), "failed": reason[:300] or "no reason given",
+                                                    "backend": backend, "ops": ops,
+                                                    "date": datetime.date.today().isoformat()}
 
     def save(self, merge: bool = True):
         """Merged into what the file holds now (another build may have written it since;
@@ -212,15 +213,35 @@ def candidate_module(main, nodes) -> tuple:
     return IRModule({"main": Function(params, body, result, result.type)}), read
 
 
-def candidate_key(module, backend: str, config) -> str:
-    """The store's key of a candidate: byoc's code, the backend and its options, the
-    precision, and the candidate's IR text (weights by type, not value)."""
+def candidate_key(module, backend: str, config, target=None) -> str:
+    """The store's key of a candidate: byoc's code, the CUDA toolkit and libraries of a cuda
+    build (toolchain_versions of `target`, default the config's), the backend and its
+    options, the precision, and the candidate's IR text (weights by type, not value)."""
     from .package import byoc_code_digest
     options = dict(config.backends).get(backend) or {}
     text = module.script(elide_data_over=16)
     settings = json.dumps([options, config.tuning, config.cuda_graph], sort_keys=True, default=str)
-    digest = hashlib.sha256(f"{byoc_code_digest()}\0{backend}\0{settings}\0{config.precision}\0{text}".encode())
+    versions = toolchain_versions(target if target is not None else config.target)
+    digest = hashlib.sha256(f"{byoc_code_digest()}\0{versions}\0{backend}\0{settings}\0{config.precision}\0"
+                            f"{text}".encode())
     return digest.hexdigest()[:24]
+
+
+def toolchain_versions(target) -> str:
+    """What a measured cost depends on besides the device and byoc's code: for a cuda target
+    nvcc's release and the cuBLAS and cuDNN versions the build compiles and links against;
+    for the cpu, nothing more (the compiler's flags are the target's)."""
+    if not str(target).startswith("cuda"):
+        return ""
+    from .toolchain.compiler import cuda_library_versions
+    return cuda_library_versions()
+
+
+def provenance(target) -> dict:
+    """What an entry records of where it was measured: byoc's code and the toolchain."""
+    from .package import byoc_code_digest
+    versions = toolchain_versions(target)
+    return {"byoc": byoc_code_digest()[:12], **({"toolchain": versions} if versions else {})}
 
 
 # A measured library runs its candidate this many times a run (fewer where their outputs
@@ -449,7 +470,7 @@ def candidate_costs(context):
         for backend, _, nodes in requests:
             if nodes not in modules:
                 modules[nodes] = candidate_module(main, nodes)[0]
-            key = candidate_key(modules[nodes], backend, context.config)
+            key = candidate_key(modules[nodes], backend, context.config, context.target)
             keyed.setdefault(key, (modules[nodes], backend))
             key_of.append(key)
         unknown = [key for key in keyed if store.entry(device, key) is None] if measurable else []
@@ -483,7 +504,8 @@ def _measure_all(keys: list, keyed: dict, store: CostStore, device: str, context
 
     def failed(key, error):
         first_line = (str(error).strip().splitlines() or [""])[0]
-        store.record_failed(device, key, f"{type(error).__name__}: {first_line}", keyed[key][1], ops_of(key))
+        store.record_failed(device, key, f"{type(error).__name__}: {first_line}", keyed[key][1], ops_of(key),
+                            provenance(context.target))
         store.save()
 
     workers, jobs = candidate_build_slots(len(keys), context.config.compile_jobs)
@@ -518,7 +540,7 @@ def _measure_all(keys: list, keyed: dict, store: CostStore, device: str, context
                                        f"{keyed[key][1]} running {ops_of(key)}")
                 try:
                     store.record(device, key, time_candidate(*built.pop(key), context.cuda), keyed[key][1],
-                                 ops_of(key))
+                                 ops_of(key), provenance(context.target))
                     store.save()
                 except Exception as error:  # noqa: BLE001
                     failed(key, error)

@@ -108,6 +108,7 @@ def choose_engines(convs: list, target) -> list:
     where = _measurable_store(target)
     if not convs or where is None:
         return [(-1, 0.0)] * len(convs)
+    from byoc.costs import provenance
     store, device, version = where
     missing = {}
     for conv in convs:
@@ -122,9 +123,10 @@ def choose_engines(convs: list, target) -> list:
             if timings:
                 engine, us = min(timings, key=lambda timing: timing[1])
                 store.record(device, key, us, "cudnn", f"conv2d plan: engine {engine} of {len(timings)} timed",
-                             details={"engine": engine, "timed": {str(e): round(t, 3) for e, t in timings}})
+                             details={**provenance(target.device), "engine": engine,
+                                      "timed": {str(e): round(t, 3) for e, t in timings}})
             else:
-                store.record_failed(device, key, "no cuDNN plan ran", "cudnn", "conv2d plan")
+                store.record_failed(device, key, "no cuDNN plan ran", "cudnn", "conv2d plan", provenance(target.device))
         store.save()
     return stored_engines(convs, target, where)
 

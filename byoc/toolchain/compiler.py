@@ -245,6 +245,44 @@ def compiler_version(compiler: str) -> str:
         return compiler
 
 
+def _header_version(header: str, prefix: str, names=("MAJOR", "MINOR", "PATCHLEVEL")) -> str | None:
+    """MAJOR.MINOR.PATCH from a library's version header (cudnn_version.h, cublas_api.h) in
+    the toolkit or NVIDIA's pip packages; None where there is none."""
+    import re
+    home = cuda_home()
+    candidates = [home / "include" / header] if home else []
+    pip = _pip_cuda_library_dir(header)
+    if pip is not None:
+        candidates.append(pip[0] / header)
+    for path in candidates:
+        if path.is_file():
+            text = path.read_text(errors="replace")
+            found = [re.search(rf"#define\s+{prefix}{name}\s+(\d+)", text) for name in names]
+            if all(found):
+                return ".".join(match.group(1) for match in found)
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_library_versions() -> str:
+    """What a cuda build's kernels and libraries come from, as a measured cost depends on
+    them: nvcc's release and the cuBLAS and cuDNN headers the build compiles against (the
+    libraries it links), e.g. "cuda 13.0.88, cublas 13.10.0, cudnn 9.28.1"; those missing are
+    left out."""
+    import re
+    parts = []
+    home = cuda_home()
+    if home is not None:
+        release = re.search(r"release [\d.]+, V([\d.]+)", compiler_version(str(home / "bin" / "nvcc")))
+        parts.append(f"cuda {release.group(1) if release else 'unknown'}")
+    for name, header, prefix, fields in (("cublas", "cublas_api.h", "CUBLAS_VER_", ("MAJOR", "MINOR", "PATCH")),
+                                         ("cudnn", "cudnn_version.h", "CUDNN_", ("MAJOR", "MINOR", "PATCHLEVEL"))):
+        version = _header_version(header, prefix, fields)
+        if version is not None:
+            parts.append(f"{name} {version}")
+    return ", ".join(parts)
+
+
 # ---- compiling ------------------------------------------------------------------------------
 
 def compiler_launcher() -> list[str]:
