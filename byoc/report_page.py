@@ -18,8 +18,8 @@ from collections import Counter, defaultdict
 
 
 # backend -> fill colour; others take the palette in order of appearance
-BACKEND_COLORS = {"cutlass": "#76b900", "cublaslt": "#f28e2b", "builtin": "#4e79a7"}
-PALETTE = ["#b07aa1", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#9c755f", "#ff9da7", "#bab0ac"]
+BACKEND_COLORS = {"cutlass": "#76b900", "cudnn": "#b07aa1", "cublaslt": "#f28e2b", "builtin": "#4e79a7"}
+PALETTE = ["#59a14f", "#e15759", "#76b7b2", "#edc948", "#9c755f", "#ff9da7", "#bab0ac"]
 LANE_WIDTH, BOX_WIDTH, ROW_HEIGHT, TOP = 300, 270, 30, 56
 TIMELINE_WIDTH, TIMELINE_HEIGHT = 900, 320
 

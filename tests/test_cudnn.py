@@ -188,6 +188,36 @@ def test_known_cost_is_the_stored_plans_of_the_visible_gpu(tmp_path, monkeypatch
     assert codegen.known_cost(functions, heuristic) is None
 
 
+def test_a_conv_no_cudnn_plan_runs_on_the_visible_gpu_fails_the_build_not_the_load(tmp_path, monkeypatch):
+    """Timing found no plan that runs the conv: the build says so, naming it (a load on the
+    deploy host would have failed at create). A timing process that failed stores nothing:
+    the build goes on with the heuristic's plan and the next build times again."""
+    import importlib
+
+    import byoc.target as target_module
+    from byoc.costs import CostStore
+    from byoc.target import Target
+    plans = importlib.import_module("byoc.backends.cudnn.plans")
+    codegen = importlib.import_module("byoc.backends.cudnn.codegen")
+    monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(target_module, "visible_gpu_name", lambda: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(target_module, "visible_gpu_arch", lambda: "sm_90")
+    monkeypatch.setattr(codegen, "engine_units", lambda target: [])
+    partitioned, _ = _partition(_conv_model(kernel=(5, 3), pads=(2, 1, 2, 1))[0])
+    functions = {name: f for name, f in partitioned.items() if f.attrs.get("Compiler") == "cudnn"}
+    target = Target("cudnn")
+    target.device = Target("cuda -arch=sm_90")
+    target.workdir = str(tmp_path)
+    with pytest.warns(byoc.errors.ByocWarning, match="timing cuDNN's plans failed"):
+        monkeypatch.setattr(plans, "probe_library", lambda target: tmp_path / "missing.so")
+        codegen.codegen(functions, target)
+    assert "the heuristic's plan" in (tmp_path / "cudnn_entries.cc").read_text()
+    assert not CostStore().entries
+    monkeypatch.setattr(plans, "measure", lambda convs, target: [[] for _ in convs])
+    with pytest.raises(BuildError, match=r"conv2d float16 3x13x11x24 \* 40x5x3x24 .*no cuDNN plan ran on this GPU"):
+        codegen.codegen(functions, target)
+
+
 # ---------------------------------------------------------------- compiled (nvcc)
 
 

@@ -102,14 +102,19 @@ def codegen(functions: dict, target) -> list:
     from byoc.codegen.templates import render_template
     from byoc.toolchain import CompileUnit
 
-    from .plans import choose_engines
+    from .plans import choose_engines, failed_plans
     device = target.device
     if device is None or device.kind != "cuda":
         raise BuildError("the cudnn backend needs a cuda device target")
     limit = int(target.attrs["workspace_limit"])
     convs = [conv_description(symbol, func, limit) for symbol, func in functions.items()]
     units = engine_units(target)  # first: it names the package cuDNN comes from where it is missing
-    for conv, (engine, us) in zip(convs, choose_engines(convs, target)):
+    chosen = choose_engines(convs, target)
+    for conv, reason in zip(convs, failed_plans(convs, target)):
+        if reason is not None:  # known here, not at the model's create on the deploy host
+            raise BuildError(f"cudnn: @{conv['symbol']} ({conv['summary']}): {reason} on this GPU; leave the conv "
+                             f"to another backend (list cudnn after it, or partition: measured)")
+    for conv, (engine, us) in zip(convs, chosen):
         conv["engine"] = engine
         conv["plan_note"] = (f"engine {engine}, {us:.2f} us when the build timed it" if engine >= 0 else
                              "the heuristic's plan, chosen at create")

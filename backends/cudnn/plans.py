@@ -102,6 +102,16 @@ def stored_engines(convs: list, target, where=None) -> list:
     return choices
 
 
+def failed_plans(convs: list, target) -> list:
+    """Per conv, why none of cuDNN's plans ran it on the visible GPU as the cost store has
+    it, or None."""
+    where = _measurable_store(target)
+    if where is None:
+        return [None] * len(convs)
+    store, device, version = where
+    return [store.failed(device, plan_key(conv, version)) for conv in convs]
+
+
 def choose_engines(convs: list, target) -> list:
     """(engine, microseconds) per conv: the stored or, timed now, the fastest on the visible
     GPU; (-1, 0.0) where there is none to measure on or the target says `plan: heuristic`."""
@@ -120,6 +130,8 @@ def choose_engines(convs: list, target) -> list:
         if progress is not None:
             progress.stage(f"timing cuDNN plans of {len(missing)} convs on {device[5:]}")
         for key, timings in zip(missing, measure(list(missing.values()), target)):
+            if timings is None:
+                continue  # the timing process failed (warned): nothing learned, nothing stored
             if timings:
                 engine, us = min(timings, key=lambda timing: timing[1])
                 store.record(device, key, us, "cudnn", f"conv2d plan: engine {engine} of {len(timings)} timed",
@@ -145,8 +157,8 @@ def probe_library(target) -> Path:
 
 def measure(convs: list, target) -> list:
     """Each conv's [(engine, microseconds)] timed in a child process; [] for a conv none of
-    whose plans ran, and for every conv where the child failed (the build goes on with the
-    heuristic's plans, warned)."""
+    whose plans ran; None for every conv where the child failed (the build goes on with the
+    heuristic's plans, warned, and stores nothing: the next build tries again)."""
     import warnings
 
     from byoc.costs import DEVICE_TIMING
@@ -165,7 +177,7 @@ def measure(convs: list, target) -> list:
             detail = "timed out" if done is None else (done.stderr.strip().splitlines() or ["no output"])[-1]
             warnings.warn(f"timing cuDNN's plans failed ({detail}); the model's convs take the heuristic's plans",
                           ByocWarning, stacklevel=2)
-            return [[] for _ in convs]
+            return [None for _ in convs]
         timings = json.loads(answer.read_text())
     return [[(int(engine), float(us)) for engine, us in conv] for conv in timings]
 
