@@ -357,3 +357,81 @@ def test_elementwise_kernels_reading_views_compile_and_run(precision, tmp_path):
     tolerance = 2e-3 if precision == "float16" else 1e-6
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=tolerance, atol=tolerance)
+
+
+# A C++ program that runs a library as a deploy host would (#45): dlopen, the C ABI, host
+# tensors in and out; the driver's cuCtxSynchronize (libcuda, dlopened) before reading the
+# output, so that it needs nothing of CUDA's but the driver.
+DEPLOY_HARNESS = r"""
+#include <dlfcn.h>
+#include <cstdio>
+#include <vector>
+#include "byoc_model.h"
+
+template <typename F> F symbol(void* library, const char* name) { return reinterpret_cast<F>(dlsym(library, name)); }
+
+int main(int argc, char** argv) {
+  if (argc != 4) return 1;
+  void* library = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+  if (library == nullptr) { std::fprintf(stderr, "dlopen: %s\n", dlerror()); return 2; }
+  auto create = symbol<int (*)(byoc_model**, const char*)>(library, "byoc_model_create");
+  auto run = symbol<int (*)(byoc_model*, const byoc_dl_tensor*, int32_t, const byoc_dl_tensor*, int32_t, void*)>(
+      library, "byoc_model_run");
+  auto destroy = symbol<void (*)(byoc_model*)>(library, "byoc_model_destroy");
+  auto last_error = symbol<const char* (*)()>(library, "byoc_last_error");
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  auto synchronize = driver ? symbol<int (*)()>(driver, "cuCtxSynchronize") : nullptr;
+  std::vector<float> x(4 * 64), y(4 * 32, -1.0f);
+  FILE* in = std::fopen(argv[2], "rb");
+  if (in == nullptr || std::fread(x.data(), sizeof(float), x.size(), in) != x.size()) return 5;
+  std::fclose(in);
+  byoc_model* model = nullptr;
+  if (create(&model, nullptr) != 0) { std::fprintf(stderr, "create: %s\n", last_error()); return 3; }
+  int64_t x_shape[2] = {4, 64}, y_shape[2] = {4, 32};
+  byoc_dl_tensor input = {x.data(), {BYOC_DL_CPU, 0}, 2, {BYOC_DL_FLOAT, 32, 1}, x_shape, nullptr, 0};
+  byoc_dl_tensor output = {y.data(), {BYOC_DL_CPU, 0}, 2, {BYOC_DL_FLOAT, 32, 1}, y_shape, nullptr, 0};
+  if (run(model, &input, 1, &output, 1, nullptr) != 0) { std::fprintf(stderr, "run: %s\n", last_error()); return 4; }
+  if (synchronize == nullptr || synchronize() != 0) return 6;
+  FILE* out = std::fopen(argv[3], "wb");
+  std::fwrite(y.data(), sizeof(float), y.size(), out);
+  std::fclose(out);
+  destroy(model);
+  return 0;
+}
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_visible(), reason="no GPU visible")
+def test_a_library_runs_where_only_the_driver_and_the_deploy_packages_are(tmp_path):
+    """#45's deploy host: the mlp built for the GPU (its matmuls on cuBLASLt), exported, its
+    build directory deleted, then run by a C++ program in an environment holding nothing
+    but the system's directories and the one library directory deployment.md names for it
+    (nvidia-cublas's): no venv, no toolkit, no build path on the library search path."""
+    from byoc.runtime import INCLUDE_DIR
+    from byoc.toolchain.compiler import _pip_cuda_library_dir, find_cxx
+    inputs, expected = fixture("mlp")
+    library = byoc.build(FIXTURES / "mlp.onnx", config={"target": "auto", "devices": {"inputs": "host", "outputs": "host"}},
+                         workdir=str(tmp_path / "w"))
+    deployed = library.export_library(tmp_path / "deploy" / "mlp.so")
+    shutil.rmtree(tmp_path / "w")
+    dynamic = subprocess.run(["readelf", "-d", str(deployed)], capture_output=True, text=True).stdout
+    needed = [line.split("[")[1].split("]")[0] for line in dynamic.splitlines() if "(NEEDED)" in line]
+    assert "RUNPATH" not in dynamic and "RPATH" not in dynamic
+    source = tmp_path / "harness.cc"
+    source.write_text(DEPLOY_HARNESS)
+    subprocess.run([find_cxx(), "-O1", "-std=c++17", f"-I{INCLUDE_DIR}", str(source), "-ldl", "-o",
+                    str(tmp_path / "harness")], check=True)
+    (tmp_path / "x.bin").write_bytes(np.ascontiguousarray(inputs["x"], np.float32).tobytes())
+    library_path = []
+    if any(name.startswith("libcublasLt") for name in needed):
+        cublas = _pip_cuda_library_dir("cublasLt.h")
+        assert cublas is not None, "nvidia-cublas (the deploy package deployment.md names) is not installed"
+        library_path.append(str(cublas[1]))
+    environment = {"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": ":".join(library_path), "HOME": str(tmp_path)}
+    done = subprocess.run([str(tmp_path / "harness"), str(deployed), str(tmp_path / "x.bin"), str(tmp_path / "y.bin")],
+                          env=environment, cwd=tmp_path / "deploy", capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    got = np.frombuffer((tmp_path / "y.bin").read_bytes(), np.float32).reshape(4, 32)
+    want = expected["y"]
+    assert np.max(np.abs(got - want)) <= 1e-3 * np.max(np.abs(want))

@@ -251,6 +251,10 @@ GPU_CASES = [
     ("float16", dict(kernel=(3, 3), pads=(0, 1, 2, 1), activation="gelu_tanh")),
     ("bfloat16", dict(kernel=(3, 3), residual=True, activation="relu")),
     ("float32", dict(channels=3, out_channels=16, kernel=(3, 3), strides=(2, 2), activation="silu")),
+    # the patterns the cases above leave out: bias + residual, an activation alone, the conv alone
+    ("float16", dict(kernel=(3, 3), strides=(2, 2), residual=True)),
+    ("bfloat16", dict(kernel=(1, 1), pads=(0, 0, 0, 0), bias=False, activation="relu")),
+    ("float16", dict(channels=24, out_channels=24, groups=24, kernel=(3, 3), bias=False)),
 ]
 
 
@@ -262,7 +266,11 @@ def test_every_pattern_matches_a_float32_reference_on_the_gpu(dtype, conv, tmp_p
     monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "cache"))
     mod, out_shape = _conv_model(dtype, **conv)
     library = byoc.build(mod, config=CUDNN_CONFIG, workdir=str(tmp_path / "w"))
-    assert library.report.to_json()["backends"]["cudnn"]["ops_covered"]["conv2d"] == 1
+    cudnn = library.report.to_json()["backends"]["cudnn"]
+    assert cudnn["ops_covered"]["conv2d"] == 1
+    expected_pattern = "conv2d" + "_bias" * conv.get("bias", True) + "_residual" * conv.get("residual", False) + \
+        "_activation" * (conv.get("activation") is not None)
+    assert cudnn["patterns"] == {expected_pattern: 1}
     source = (tmp_path / "w" / "cudnn_entries.cc").read_text()
     assert "when the build timed it" in source, source  # the plan plans.py timed on this GPU
     reference, _ = _conv_model("float32", weights_in=dtype, **conv)  # the same weights, computed in float32
