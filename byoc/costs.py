@@ -221,26 +221,28 @@ def candidate_key(module, backend: str, config, target=None) -> str:
     options = dict(config.backends).get(backend) or {}
     text = module.script(elide_data_over=16)
     settings = json.dumps([options, config.tuning, config.cuda_graph], sort_keys=True, default=str)
-    versions = toolchain_versions(target if target is not None else config.target)
+    versions = toolchain_versions(target if target is not None else config.target, backend)
     digest = hashlib.sha256(f"{byoc_code_digest()}\0{versions}\0{backend}\0{settings}\0{config.precision}\0"
                             f"{text}".encode())
     return digest.hexdigest()[:24]
 
 
-def toolchain_versions(target) -> str:
+def toolchain_versions(target, backend: str | None = None) -> str:
     """What a measured cost depends on besides the device and byoc's code: for a cuda target
-    nvcc's release and the cuBLAS and cuDNN versions the build compiles and links against;
-    for the cpu, nothing more (the compiler's flags are the target's)."""
+    nvcc's release and the cuBLAS version the build compiles and links against, and cuDNN's
+    for the cudnn backend's candidates (or any backend's, `backend` None); for the cpu,
+    nothing more (the compiler's flags are the target's)."""
     if not str(target).startswith("cuda"):
         return ""
     from .toolchain.compiler import cuda_library_versions
-    return cuda_library_versions()
+    return ", ".join(part for part in cuda_library_versions().split(", ")
+                     if part and (backend in (None, "cudnn") or not part.startswith("cudnn ")))
 
 
-def provenance(target) -> dict:
+def provenance(target, backend: str | None = None) -> dict:
     """What an entry records of where it was measured: byoc's code and the toolchain."""
     from .package import byoc_code_digest
-    versions = toolchain_versions(target)
+    versions = toolchain_versions(target, backend)
     return {"byoc": byoc_code_digest()[:12], **({"toolchain": versions} if versions else {})}
 
 
@@ -505,7 +507,7 @@ def _measure_all(keys: list, keyed: dict, store: CostStore, device: str, context
     def failed(key, error):
         first_line = (str(error).strip().splitlines() or [""])[0]
         store.record_failed(device, key, f"{type(error).__name__}: {first_line}", keyed[key][1], ops_of(key),
-                            provenance(context.target))
+                            provenance(context.target, keyed[key][1]))
         store.save()
 
     workers, jobs = candidate_build_slots(len(keys), context.config.compile_jobs)
@@ -540,7 +542,7 @@ def _measure_all(keys: list, keyed: dict, store: CostStore, device: str, context
                                        f"{keyed[key][1]} running {ops_of(key)}")
                 try:
                     store.record(device, key, time_candidate(*built.pop(key), context.cuda), keyed[key][1],
-                                 ops_of(key), provenance(context.target))
+                                 ops_of(key), provenance(context.target, keyed[key][1]))
                     store.save()
                 except Exception as error:  # noqa: BLE001
                     failed(key, error)

@@ -149,24 +149,28 @@ def test_a_candidate_that_fails_is_left_out_remembered_and_not_measured_again(ca
 
 def test_a_cuda_candidates_key_holds_the_toolkit_and_libraries_and_its_entry_says_where_it_was_measured(
         tmp_path, monkeypatch):
-    """The cost store is keyed by what a cost depends on: another cuDNN (or cuBLAS, or CUDA)
-    version is another key, so a cost measured with the old libraries is not taken; the
-    cpu's keys do not depend on them. Each entry records byoc's code and the toolchain."""
+    """The cost store is keyed by what a cost depends on: another cuDNN version is another
+    key for the cudnn backend's candidates (another CUDA or cuBLAS for every cuda one), so a
+    cost measured with the old libraries is not taken; the cpu's keys do not depend on them.
+    Each entry records byoc's code and the toolchain."""
     import byoc.toolchain.compiler as compiler
     from byoc.config import load_config
     from byoc.costs import CostStore, candidate_key, provenance, toolchain_versions
     main = pipeline.lower(FIXTURES / "mlp.onnx", "cpu", until="simplify")["main"]
     module, _ = candidate_module(main, frozenset([0]))
     cuda, cpu = load_config("cuda_sm90"), load_config("cpu")
-    keys = []
+    keys = {"cudnn": [], "builtin": []}
     for cudnn in ("9.28.1", "9.29.0"):
         compiler.cuda_library_versions.cache_clear()
         monkeypatch.setattr(compiler, "_header_version",
                             lambda header, prefix, names, cudnn=cudnn: cudnn if header == "cudnn_version.h" else "13.10.0")
-        keys.append(candidate_key(module, "builtin", cuda, Target("cuda -arch=sm_90")))
-        assert f"cublas 13.10.0, cudnn {cudnn}" in provenance(Target("cuda -arch=sm_90"))["toolchain"]
+        for backend in keys:
+            keys[backend].append(candidate_key(module, backend, cuda, Target("cuda -arch=sm_90")))
+        assert f"cublas 13.10.0, cudnn {cudnn}" in provenance(Target("cuda -arch=sm_90"), "cudnn")["toolchain"]
+        assert "cudnn" not in provenance(Target("cuda -arch=sm_90"), "builtin")["toolchain"]
     compiler.cuda_library_versions.cache_clear()
-    assert keys[0] != keys[1]
+    assert keys["cudnn"][0] != keys["cudnn"][1]  # another cuDNN: the cudnn candidate is measured again
+    assert keys["builtin"][0] == keys["builtin"][1]  # the other backends' costs are kept
     assert toolchain_versions(Target("cpu")) == "" and "toolchain" not in provenance(Target("cpu"))
     assert candidate_key(module, "builtin", cpu) == candidate_key(module, "builtin", cpu, Target("cpu"))
     store = CostStore(tmp_path / "costs.json")

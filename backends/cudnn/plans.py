@@ -17,11 +17,13 @@ measure (no GPU of the target's arch, `plan: heuristic`) or a conv has no stored
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import re
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from byoc.errors import BuildError
@@ -54,12 +56,19 @@ class ConvShape(ctypes.Structure):
         return shape
 
 
+# The engine's graph and its timing as the stored plans were made: a change to either
+# (engine/cudnn_conv.cc) bumps it, and plans timed before are timed again.
+PLAN_FORMAT = 2
+
+
 def plan_key(conv: dict, version: str) -> str:
-    """The store's key of a conv's plan: cuDNN's version and every field a plan depends on."""
+    """The store's key of a conv's plan: the plans' format, cuDNN's version and every field
+    a plan depends on."""
     fields = {name: conv[name] for name in _SHAPE_FIELDS if name != "engine"}
-    return f"cudnn.conv:{version}:" + json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    return f"cudnn.conv:v{PLAN_FORMAT}:{version}:" + json.dumps(fields, sort_keys=True, separators=(",", ":"))
 
 
+@functools.lru_cache(maxsize=None)
 def header_version() -> str:
     """cuDNN's version by the headers the build compiles against (cudnn_version.h), e.g.
     "9.28.1": the library the build links and times."""
@@ -74,7 +83,29 @@ def header_version() -> str:
     return "unknown"
 
 
-def _measurable_store(target):
+# path -> (the file's mtime and size when read, the CostStore read): the lookups of a
+# measured build's candidates (one known_cost a candidate) read the store once, not once each
+_READ_STORES: dict = {}
+_READ_LOCK = threading.Lock()
+
+
+def _read_store(path):
+    """The cost store at `path` as the file is now, read again only when it changed; for
+    lookups only (choose_engines records into a CostStore of its own)."""
+    from byoc.costs import CostStore
+    try:
+        stat = path.stat()
+        signature = (stat.st_mtime_ns, stat.st_size)
+    except OSError:
+        signature = None
+    with _READ_LOCK:
+        cached = _READ_STORES.get(path)
+        if cached is None or signature is None or cached[0] != signature:
+            cached = _READ_STORES[path] = (signature, CostStore(path))
+        return cached[1]
+
+
+def _measurable_store(target, for_lookup: bool = False):
     """(cost store, device key, cuDNN version) where this build can time plans: a GPU of
     the target's arch visible and `plan: auto`; else None."""
     from byoc.target import visible_gpu_arch, visible_gpu_name
@@ -83,14 +114,15 @@ def _measurable_store(target):
     gpu = visible_gpu_name()
     if gpu is None or visible_gpu_arch() != target.device.attrs.get("arch"):
         return None
-    from byoc.costs import CostStore
-    return CostStore(), f"cuda:{gpu}", header_version()
+    from byoc.costs import CostStore, default_store_path
+    store = _read_store(default_store_path()) if for_lookup else CostStore()
+    return store, f"cuda:{gpu}", header_version()
 
 
 def stored_engines(convs: list, target, where=None) -> list:
     """(engine, microseconds) per conv as the cost store has it for the visible GPU, (-1,
     0.0) where it has none (or the build cannot measure)."""
-    where = where or _measurable_store(target)
+    where = where or _measurable_store(target, for_lookup=True)
     choices = [(-1, 0.0)] * len(convs)
     if where is None:
         return choices
@@ -105,7 +137,7 @@ def stored_engines(convs: list, target, where=None) -> list:
 def failed_plans(convs: list, target) -> list:
     """Per conv, why none of cuDNN's plans ran it on the visible GPU as the cost store has
     it, or None."""
-    where = _measurable_store(target)
+    where = _measurable_store(target, for_lookup=True)
     if where is None:
         return [None] * len(convs)
     store, device, version = where
@@ -135,10 +167,11 @@ def choose_engines(convs: list, target) -> list:
             if timings:
                 engine, us = min(timings, key=lambda timing: timing[1])
                 store.record(device, key, us, "cudnn", f"conv2d plan: engine {engine} of {len(timings)} timed",
-                             details={**provenance(target.device), "engine": engine,
+                             details={**provenance(target.device, "cudnn"), "engine": engine,
                                       "timed": {str(e): round(t, 3) for e, t in timings}})
             else:
-                store.record_failed(device, key, "no cuDNN plan ran", "cudnn", "conv2d plan", provenance(target.device))
+                store.record_failed(device, key, "no cuDNN plan ran", "cudnn", "conv2d plan",
+                                    provenance(target.device, "cudnn"))
         store.save()
     return stored_engines(convs, target, where)
 
@@ -157,29 +190,44 @@ def probe_library(target) -> Path:
 
 def measure(convs: list, target) -> list:
     """Each conv's [(engine, microseconds)] timed in a child process; [] for a conv none of
-    whose plans ran; None for every conv where the child failed (the build goes on with the
-    heuristic's plans, warned, and stores nothing: the next build tries again)."""
+    whose plans ran; None for a conv the child did not time (it failed there, or earlier:
+    crashed, timed out), warned: the build takes the heuristic's plan for it and stores
+    nothing, so the next build tries again. The child writes a line per conv as it goes, so
+    what it timed before failing is kept."""
+    import os
     import warnings
 
+    import byoc
     from byoc.costs import DEVICE_TIMING
     from byoc.errors import ByocWarning
     library = probe_library(target)
+    # byoc importable in the child as here (a checkout on sys.path need not be installed)
+    roots = [str(Path(path).parent) for path in byoc.__path__]
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(roots + [os.environ.get("PYTHONPATH", "")]).rstrip(
+        os.pathsep)}
     with tempfile.TemporaryDirectory(prefix="byoc-cudnn-plans-") as scratch:
-        request, answer = Path(scratch) / "convs.json", Path(scratch) / "timings.json"
+        request, answer = Path(scratch) / "convs.json", Path(scratch) / "timings.jsonl"
         request.write_text(json.dumps([{name: conv[name] for name in _SHAPE_FIELDS} for conv in convs]))
         with DEVICE_TIMING:
             try:
                 done = subprocess.run([sys.executable, "-m", __name__, str(library), str(request), str(answer)],
-                                      capture_output=True, text=True, timeout=120 + 10 * len(convs))
+                                      capture_output=True, text=True, timeout=120 + 30 * len(convs), env=environment)
             except subprocess.TimeoutExpired:
                 done = None
-        if done is None or done.returncode != 0 or not answer.is_file():
-            detail = "timed out" if done is None else (done.stderr.strip().splitlines() or ["no output"])[-1]
-            warnings.warn(f"timing cuDNN's plans failed ({detail}); the model's convs take the heuristic's plans",
-                          ByocWarning, stacklevel=2)
-            return [None for _ in convs]
-        timings = json.loads(answer.read_text())
-    return [[(int(engine), float(us)) for engine, us in conv] for conv in timings]
+        timings = [None] * len(convs)
+        for line in answer.read_text().splitlines() if answer.is_file() else []:
+            try:
+                index, timed = json.loads(line)
+                timings[index] = None if timed is None else [(int(engine), float(us)) for engine, us in timed]
+            except (ValueError, TypeError, IndexError):
+                break  # a line cut short by a crash: the ones before it stand
+        if done is None or done.returncode != 0 or None in timings:
+            detail = "timed out" if done is None else \
+                (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+            untimed = sum(1 for timing in timings if timing is None)
+            warnings.warn(f"timing cuDNN's plans failed for {untimed} of {len(convs)} convs ({detail}); they take "
+                          f"the heuristic's plans", ByocWarning, stacklevel=2)
+    return timings
 
 
 def _time_in_this_process(library: str, request: str, answer: str) -> None:
@@ -190,20 +238,21 @@ def _time_in_this_process(library: str, request: str, answer: str) -> None:
                                                   ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_double),
                                                   ctypes.POINTER(ctypes.c_int)]
     engine.byoc_cudnn_last_error.restype = ctypes.c_char_p
-    results = []
-    for conv in json.loads(Path(request).read_text()):
-        engines, times, count = (ctypes.c_int64 * MAX_PLANS)(), (ctypes.c_double * MAX_PLANS)(), ctypes.c_int(0)
-        status = engine.byoc_cudnn_conv_time_plans(ctypes.byref(ConvShape.of(conv)), MAX_PLANS, RUNS, engines, times,
-                                                   ctypes.byref(count))
-        if status != 0:
-            print(f"cudnn plans: {engine.byoc_cudnn_last_error().decode(errors='replace')}", file=sys.stderr)
-        results.append([(engines[i], times[i]) for i in range(count.value)])
-    Path(answer).write_text(json.dumps(results))
+    with open(answer, "w") as out:
+        for index, conv in enumerate(json.loads(Path(request).read_text())):
+            engines, times, count = (ctypes.c_int64 * MAX_PLANS)(), (ctypes.c_double * MAX_PLANS)(), ctypes.c_int(0)
+            status = engine.byoc_cudnn_conv_time_plans(ctypes.byref(ConvShape.of(conv)), MAX_PLANS, RUNS, engines,
+                                                       times, ctypes.byref(count))
+            if status != 0:  # not "no plan ran": the timing itself failed, and says why
+                print(f"cudnn plans: {engine.byoc_cudnn_last_error().decode(errors='replace')}", file=sys.stderr)
+            timed = None if status != 0 else [(engines[i], times[i]) for i in range(count.value)]
+            out.write(json.dumps([index, timed]) + "\n")
+            out.flush()
 
 
 if __name__ == "__main__":
     if len(sys.argv) != 4:
-        raise SystemExit("usage: python -m byoc.backends.cudnn.plans LIBRARY CONVS.json TIMINGS.json")
+        raise SystemExit("usage: python -m byoc.backends.cudnn.plans LIBRARY CONVS.json TIMINGS.jsonl")
     try:
         _time_in_this_process(*sys.argv[1:])
     except (OSError, BuildError) as error:

@@ -149,7 +149,7 @@ def cuda_include_dirs() -> list[Path]:
 # The NVIDIA libraries an artifact may link (Artifact.link_libraries): each one's header,
 # the pip package that ships it where the toolkit does not, and its file name stem.
 NVIDIA_LINKED = {"cublasLt": ("cublasLt.h", "nvidia-cublas", "libcublasLt"),
-                 "cudnn": ("cudnn.h", "nvidia-cudnn-cu13", "libcudnn")}
+                 "cudnn": ("cudnn_graph.h", "nvidia-cudnn-cu13", "libcudnn")}  # cudnn_graph.h: cuDNN 9
 
 
 def cudnn_include_dirs() -> list[Path]:
@@ -182,7 +182,9 @@ def cuda_link_flags(extra: list | None = None) -> list[str]:
             rest.append(library)
             continue
         header, package, stem = NVIDIA_LINKED[name]
-        if (lib / f"{stem}.so").exists():
+        # the library from where its headers were taken (cuda_include_dirs, cudnn_include_dirs):
+        # the toolkit's where it has both, else the pip package's
+        if (lib / f"{stem}.so").exists() and (home / "include" / header).is_file():
             flags += [f"-l{name}"]
             continue
         pip = _pip_cuda_library_dir(header)

@@ -27,6 +27,8 @@
 namespace {
 
 thread_local std::string g_last_error;
+// why the last heuristics query proposed nothing (create's error says it)
+thread_local std::string g_heuristics_note;
 
 struct Failure : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -254,7 +256,12 @@ std::vector<Config> heuristic_configs(const Graph& g, cudnnBackendHeurMode_t mod
   Descriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
   heuristics.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, *g.graph, "heuristics graph")
       .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "heuristics mode");
-  if (cudnnBackendFinalize(heuristics.get()) != CUDNN_STATUS_SUCCESS) return {};
+  const cudnnStatus_t finalized = cudnnBackendFinalize(heuristics.get());
+  if (finalized != CUDNN_STATUS_SUCCESS) {  // no configuration: the reason goes into create's error
+    g_heuristics_note = (mode == CUDNN_HEUR_MODE_A ? "heuristics mode A: " : "the fallback list: ") +
+                        status_text(finalized);
+    return {};
+  }
   int64_t count = 0;
   check(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
                                  &count, nullptr), "counting the heuristics' results");
@@ -359,6 +366,7 @@ struct Conv {
 };
 
 Plan choose_plan(const ByocCudnnConv& c, const Graph& g, cudnnHandle_t handle) {
+  g_heuristics_note.clear();
   std::vector<Config> configs = all_configs(g);
   if (c.engine >= 0) {  // the build's measured choice first
     for (const Config& config : configs) {
@@ -374,7 +382,8 @@ Plan choose_plan(const ByocCudnnConv& c, const Graph& g, cudnnHandle_t handle) {
   }
   throw Failure("cuDNN " + std::to_string(cudnnGetVersion()) + " has no engine for " + describe(c) +
                 " on this GPU within a workspace of " + std::to_string(c.workspace_limit) + " bytes (" +
-                std::to_string(configs.size()) + " configurations proposed)");
+                std::to_string(configs.size()) + " configurations proposed" +
+                (g_heuristics_note.empty() ? std::string() : "; " + g_heuristics_note) + ")");
 }
 
 void execute(Conv& conv, void* const pointers[6], void* workspace, cudaStream_t stream) {
@@ -544,9 +553,14 @@ int byoc_cudnn_conv_time_plans(const ByocCudnnConv* shape, int max_plans, int ru
           times.push_back(1000.0 * ms / launches);
         }
       } catch (const Failure&) {
-        cudaStreamSynchronize(stream);
-        cudaGetLastError();
-        continue;  // a plan that builds and does not run is not a candidate
+        // A plan that builds and does not run is not a candidate, unless it broke the
+        // context (a sticky error: every later call would fail too): then the timing
+        // fails, and the build stores nothing of it.
+        const cudaError_t sticky = cudaStreamSynchronize(stream);
+        if (sticky != cudaSuccess && cudaGetLastError() != cudaSuccess && cudaDeviceSynchronize() != cudaSuccess) {
+          throw Failure(std::string("a plan left the CUDA context broken: ") + cudaGetErrorString(sticky));
+        }
+        continue;
       }
       std::sort(times.begin(), times.end());
       engines[*count] = conv.plan.engine;
