@@ -180,6 +180,20 @@ case "$stage" in
       --tuning-db "${TUNING_DB:-backends/cutlass/tuning_sm90.json}" --profile "${PROFILE:-false}" \
       --torch-modes "${TORCH_MODES:-eager,default,reduce-overhead,max-autotune-no-cudagraphs}" \
       --budget-s "${BUDGET_S:-540}" "${merge[@]}" --cases "$@" 2>&1 | tee "$OUT/real_models.log" | tail -n 40 ;;
+  measured)
+    # partition: measured against the priority order (#43), e.g.
+    #   bash bench/gpu_session.sh measured resnext50_32x4d:32 convnext_tiny:32
+    # `real` with CONFIGS (default: the priority build and the measured one with cudnn among
+    # the candidates) and no torch modes; each measured build's partition report (its choices
+    # against their alternatives) comes back as $OUT/report_<case>_<config>.txt.
+    CONFIGS="${CONFIGS:-cuda_sm90 cuda_sm90:measured_cudnn}" TORCH_MODES="${TORCH_MODES:-none}" \
+      MERGE_FROM="${MERGE_FROM:-/nonexistent}" bash "$0" real "$@"
+    for report in $(find /tmp/byoc-real -name partition_report.txt 2>/dev/null); do
+      case "$report" in *measured*)
+        name=$(echo "${report#/tmp/byoc-real/}" | sed 's|/partition_report.txt||; s|/|_|g')
+        cp "$report" "$OUT/report_${name}.txt" ;;
+      esac
+    done ;;
   suite)
     # The whole table timed in one process: every case exported and built first
     # (real_models.py --prebuild), then one process checks and times each case with nothing
