@@ -218,6 +218,61 @@ def test_a_conv_no_cudnn_plan_runs_on_the_visible_gpu_fails_the_build_not_the_lo
         codegen.codegen(functions, target)
 
 
+FAKE_TIMING = r"""
+#include <cstdint>
+#include <cstdlib>
+// The timing child's library with byoc_cudnn.h's timing entry points, no cuDNN: the conv
+// with 1 output channel has two plans, with 2 none runs, with 3 the timing fails, with 4
+// the process dies.
+extern "C" {
+struct Shape { int32_t dtype; int64_t batch, height, width, channels, out_channels; };
+const char* byoc_cudnn_last_error(void) { return "an injected failure"; }
+int byoc_cudnn_conv_time_plans(const Shape* shape, int, int, int64_t* engines, double* us, int* count) {
+  *count = 0;
+  switch (shape->out_channels) {
+    case 1: engines[0] = 7; us[0] = 12.5; engines[1] = 3; us[1] = 20.0; *count = 2; return 0;
+    case 2: return 0;
+    case 3: return 1;
+    default: std::abort();
+  }
+}
+}
+"""
+
+
+def test_the_timing_child_keeps_what_it_timed_and_stores_no_failure_of_its_own(tmp_path, monkeypatch):
+    """The child process reports conv by conv: a conv none of whose plans ran is stored as
+    such; a timing that failed, and every conv after the child died, is stored as nothing
+    (the next build times it again), with a warning; what was timed before is kept."""
+    import importlib
+
+    import byoc.target as target_module
+    from byoc.costs import CostStore
+    from byoc.target import Target
+    from byoc.toolchain.compiler import find_cxx
+    plans = importlib.import_module("byoc.backends.cudnn.plans")
+    monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(target_module, "visible_gpu_name", lambda: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(target_module, "visible_gpu_arch", lambda: "sm_90")
+    (tmp_path / "fake.cc").write_text(FAKE_TIMING)
+    subprocess.run([find_cxx(), "-shared", "-fPIC", str(tmp_path / "fake.cc"), "-o", str(tmp_path / "fake.so")],
+                   check=True)
+    monkeypatch.setattr(plans, "probe_library", lambda target: tmp_path / "fake.so")
+    target = Target("cudnn")
+    target.device = Target("cuda -arch=sm_90")
+    base = dict(dtype=1, batch=1, height=8, width=8, channels=8, kernel_h=3, kernel_w=3, groups=1, out_h=8, out_w=8,
+                strides=[1, 1], pads=[1, 1, 1, 1], dilations=[1, 1], has_bias=0, has_residual=0, activation=0,
+                engine=-1, workspace_limit=1 << 20)
+    convs = [dict(base, out_channels=k) for k in (1, 2, 3, 4, 5)]
+    with pytest.warns(byoc.errors.ByocWarning, match=r"failed for 3 of 5 convs"):
+        chosen = plans.choose_engines(convs, target)
+    assert chosen == [(7, 12.5), (-1, 0.0), (-1, 0.0), (-1, 0.0), (-1, 0.0)]
+    entries = list(CostStore().entries["cuda:NVIDIA H100 80GB HBM3"].values())
+    assert len(entries) == 2  # conv 1's plans and conv 2's "no plan ran"; nothing of 3, 4, 5
+    assert sorted(entry.get("failed", "") for entry in entries) == ["", "no cuDNN plan ran"]
+    assert plans.failed_plans(convs, target) == [None, "no cuDNN plan ran", None, None, None]
+
+
 # ---------------------------------------------------------------- compiled (nvcc)
 
 
