@@ -348,6 +348,23 @@ def measure_candidate(module, backend: str, context, repeat: int = 20) -> float:
         return time_candidate(*build_candidate(module, backend, context, workdir), context.cuda, repeat)
 
 
+# What says a failure is this machine's of the moment (memory, time, a busy device), not
+# the candidate's: such a failure is not remembered.
+TRANSIENT_MESSAGES = ("out of memory", "cudaerrormemoryallocation", "cuda_error_out_of_memory", "timed out",
+                      "resource temporarily unavailable", "no space left on device", "device or resource busy")
+
+
+def transient_failure(error: BaseException) -> bool:
+    """Whether a candidate's failure is likely to pass (memory or disk exhausted, a timeout,
+    a busy device) rather than the candidate's own (it does not compile, a backend refuses
+    it, its kernel faults)."""
+    import subprocess
+    if isinstance(error, (MemoryError, TimeoutError, subprocess.TimeoutExpired, ConnectionError)):
+        return True
+    text = str(error).lower()
+    return any(message in text for message in TRANSIENT_MESSAGES)
+
+
 def candidate_build_slots(count: int, compile_jobs: int | None) -> tuple:
     """(candidate builds side by side, compile jobs each) for `count` candidates: the
     build's compile jobs (default one per CPU) shared, two a build (a candidate has about
@@ -496,7 +513,8 @@ def _measure_all(keys: list, keyed: dict, store: CostStore, device: str, context
     """Each candidate of `keys` built (side by side in threads: the builds are mostly nvcc
     and ninja, processes of their own), then timed one at a time on the device, each cost
     stored as it is taken: an interrupted build keeps what it measured. A candidate that
-    does not build or run, whatever it raises, is stored as failed, with why."""
+    does not build or run, whatever it raises, is stored as failed, with why, unless the
+    failure is the machine's of the moment (transient_failure): then nothing is stored."""
     import concurrent.futures
     import logging
     import threading
@@ -506,6 +524,10 @@ def _measure_all(keys: list, keyed: dict, store: CostStore, device: str, context
 
     def failed(key, error):
         first_line = (str(error).strip().splitlines() or [""])[0]
+        if transient_failure(error):  # this machine's state, not the candidate's: the next build tries again
+            context.progress.stage(f"partition: measured: a {keyed[key][1]} candidate ({ops_of(key)}) could not be "
+                                   f"measured now ({type(error).__name__}: {first_line}); the priority order there")
+            return
         store.record_failed(device, key, f"{type(error).__name__}: {first_line}", keyed[key][1], ops_of(key),
                             provenance(context.target, keyed[key][1]))
         store.save()

@@ -147,6 +147,29 @@ def test_a_candidate_that_fails_is_left_out_remembered_and_not_measured_again(ca
     assert len(calls) == count  # nothing measured again, the failures included
 
 
+def test_a_failure_of_the_moment_is_not_remembered(cache, tmp_path, monkeypatch):
+    """A candidate that fails for the machine's state (out of memory, a timeout) is left to
+    the priority order in this build and measured again in the next; one that fails for
+    itself is remembered (the test above)."""
+    from byoc import costs
+    real, calls = costs.build_candidate, []
+
+    def exhausted(module, backend, context, *args):
+        calls.append(backend)
+        if backend == "cublaslt" and len([c for c in calls if c == "cublaslt"]) == 1:
+            raise RuntimeError("CUDA error: out of memory (cudaErrorMemoryAllocation)")
+        return real(module, backend, context, *args)
+    monkeypatch.setattr(costs, "build_candidate", exhausted)
+    inputs, want = mlp_case()
+    library = byoc.build(FIXTURES / "mlp.onnx", config=MEASURED, workdir=str(tmp_path / "first"))
+    assert np.max(np.abs(library.load().run(**inputs) - want)) <= 1e-4 * np.max(np.abs(want))
+    assert not [e for device in costs.CostStore().entries.values() for e in device.values() if "failed" in e]
+    first = calls.count("cublaslt")
+    byoc.build(FIXTURES / "mlp.onnx", config=MEASURED, workdir=str(tmp_path / "second"))
+    assert calls.count("cublaslt") == first + 1  # measured again, this time for good
+    assert costs.transient_failure(MemoryError()) and not costs.transient_failure(RuntimeError("illegal address"))
+
+
 def test_a_cuda_candidates_key_holds_the_toolkit_and_libraries_and_its_entry_says_where_it_was_measured(
         tmp_path, monkeypatch):
     """The cost store is keyed by what a cost depends on: another cuDNN version is another
