@@ -269,3 +269,15 @@ def test_ops_whose_results_are_read_much_later_are_chosen_one_by_one():
         cheapest_cover(n + 1, edges, candidates, lambda *_: 0.0, max_states=2000)
     cover = cheapest_cover(n + 1, edges, candidates, max_states=2000)
     assert cover.cost_us == pytest.approx(1.0 + sum(min(2.0 + node % 3, 1.0 + node % 2 * 3) for node in range(n)))
+
+
+def test_an_alternative_that_would_need_another_part_in_a_cycle_has_no_cost_in_the_report():
+    """Searched part by part, X = {0, 2} is weighed in its own part, where 0 reaches 2
+    through node 1 of another part: the chosen cover is the singles, and X is reported as
+    closing a cycle through that part, not with the cost of a cover that cannot run."""
+    candidates = [Candidate("a", frozenset([0]), 1.0, "s0"), Candidate("a", frozenset([1]), 1.0, "s1"),
+                  Candidate("a", frozenset([2]), 1.0, "s2"), Candidate("b", frozenset([0, 2]), 5.0, "X")]
+    cover = cheapest_cover(3, [(0, 1), (1, 2)], candidates)
+    assert [c.name for c in cover.candidates] == ["s0", "s1", "s2"] and cover.cost_us == 3.0
+    (x,) = cover.decisions[0].alternatives
+    assert x.candidate.name == "X" and x.cost_us is None and x.why_not == "would close a cycle through another part"

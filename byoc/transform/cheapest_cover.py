@@ -74,10 +74,12 @@ class Candidate:
 @dataclass(frozen=True)
 class Alternative:
     """A candidate the search weighed for a node: the cost of the cheapest whole cover that
-    places it there, or None with the reason there is none."""
+    places it there, or None with the reason there is none; `cover`: that cover's candidates
+    (where it has a cost), which a search by parts checks against the other parts'."""
     candidate: Candidate
     cost_us: float | None
     why_not: str = ""
+    cover: tuple = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -195,9 +197,20 @@ def _cover_by_components(num_nodes: int, successors: list, candidates: Sequence[
     decisions = []
     for nodes, original, cover in covers:
         others = total - cover.cost_us  # a decision's costs are whole covers': the other parts' added
+        chosen_elsewhere = [c for _, other_original, other in covers if other is not cover
+                            for c in (other_original[local] for local in other.candidates)]
+
+        def whole(alternative):
+            """The alternative in the whole graph: its part's cover with it beside the other
+            parts' chosen covers, which it may need in a cycle (then it has no cost here)."""
+            if alternative.cost_us is None:
+                return Alternative(original[alternative.candidate], None, alternative.why_not)
+            if _has_cycle(chosen_elsewhere + [original[c] for c in alternative.cover], num_nodes, successors):
+                return Alternative(original[alternative.candidate], None, "would close a cycle through another part")
+            return Alternative(original[alternative.candidate], alternative.cost_us + others)
         for decision in cover.decisions:
-            alternatives = tuple(Alternative(original[a.candidate], None if a.cost_us is None else a.cost_us + others,
-                                             a.why_not) for a in decision.alternatives)
+            alternatives = tuple(sorted((whole(a) for a in decision.alternatives),
+                                        key=lambda a: (a.cost_us is None, a.cost_us or 0.0)))
             decisions.append(Decision(nodes[decision.node], original[decision.chosen], decision.cost_us + others,
                                       alternatives))
     decisions.sort(key=lambda decision: decision.node)
@@ -321,7 +334,8 @@ class _Search:
                 step = self.candidates[other].cost_us + self._boundaries_with(other, owner)
                 rest_cost, rest = self.best(covered | self.masks[other], self._frontier(
                     covered | self.masks[other], owner, other), placed + (other,))
-                alternatives.append(Alternative(self.candidates[other], spent + step + rest_cost, "")
+                alternatives.append(Alternative(self.candidates[other], spent + step + rest_cost, "",
+                                                tuple(self.candidates[i] for i in placed + (other,) + rest))
                                     if rest is not None else
                                     Alternative(self.candidates[other], None, "leaves no schedulable cover"))
             step = self.candidates[index].cost_us + self._boundaries_with(index, owner)
