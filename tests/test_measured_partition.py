@@ -123,18 +123,26 @@ def test_a_candidate_module_is_the_ops_alone_with_canonical_names(tmp_path):
     assert sum(1 for b in copies.bindings if b.value.op.name == "matmul") == 4 and len(copies.params) == 4 * len(reads)
 
 
-def test_a_candidate_that_fails_is_left_out_remembered_and_not_measured_again(cache, tmp_path, monkeypatch):
-    """Whatever a candidate's build raises (not only a ByocError), the build goes on without
-    it, the report says why, and the store keeps the failure so that it is not retried."""
+def failing_cublaslt_builds(monkeypatch, error: Exception, first_only: bool = False) -> list:
+    """costs.build_candidate raising `error` for cublaslt candidates (only the first one
+    built, with `first_only`), the others built as usual; the backends of every candidate
+    build asked for, in order."""
     from byoc import costs
     real, calls = costs.build_candidate, []
 
-    def flaky(module, backend, context, *args):
+    def build(module, backend, context, *args):
         calls.append(backend)
-        if backend == "cublaslt":
-            raise RuntimeError("the engine fell over")
+        if backend == "cublaslt" and (not first_only or calls.count("cublaslt") == 1):
+            raise error
         return real(module, backend, context, *args)
-    monkeypatch.setattr(costs, "build_candidate", flaky)
+    monkeypatch.setattr(costs, "build_candidate", build)
+    return calls
+
+
+def test_a_candidate_that_fails_is_left_out_remembered_and_not_measured_again(cache, tmp_path, monkeypatch):
+    """Whatever a candidate's build raises (not only a ByocError), the build goes on without
+    it, the report says why, and the store keeps the failure so that it is not retried."""
+    calls = failing_cublaslt_builds(monkeypatch, RuntimeError("the engine fell over"))
     inputs, want = mlp_case()
     library = byoc.build(FIXTURES / "mlp.onnx", config=MEASURED, workdir=str(tmp_path / "first"))
     assert np.max(np.abs(library.load().run(**inputs) - want)) <= 1e-4 * np.max(np.abs(want))
@@ -152,14 +160,8 @@ def test_a_failure_of_the_moment_is_not_remembered(cache, tmp_path, monkeypatch)
     the priority order in this build and measured again in the next; one that fails for
     itself is remembered (the test above)."""
     from byoc import costs
-    real, calls = costs.build_candidate, []
-
-    def exhausted(module, backend, context, *args):
-        calls.append(backend)
-        if backend == "cublaslt" and len([c for c in calls if c == "cublaslt"]) == 1:
-            raise RuntimeError("CUDA error: out of memory (cudaErrorMemoryAllocation)")
-        return real(module, backend, context, *args)
-    monkeypatch.setattr(costs, "build_candidate", exhausted)
+    calls = failing_cublaslt_builds(monkeypatch, RuntimeError("CUDA error: out of memory (cudaErrorMemoryAllocation)"),
+                                    first_only=True)
     inputs, want = mlp_case()
     library = byoc.build(FIXTURES / "mlp.onnx", config=MEASURED, workdir=str(tmp_path / "first"))
     assert np.max(np.abs(library.load().run(**inputs) - want)) <= 1e-4 * np.max(np.abs(want))
