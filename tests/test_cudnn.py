@@ -273,6 +273,26 @@ def test_the_timing_child_keeps_what_it_timed_and_stores_no_failure_of_its_own(t
     assert plans.failed_plans(convs, target) == [None, "no cuDNN plan ran", None, None, None]
 
 
+def test_a_float32_nchw_model_goes_nhwc_for_cudnn_and_computes_the_same():
+    """cuDNN runs float32 convs: in a cuda build with cudnn, float32 NCHW conv chains go NHWC
+    too (ConvertConvLayout), the result unchanged, so that cudnn's patterns take them."""
+    from byoc import pipeline
+    from byoc.backend import get_backend
+    from byoc.target import Target
+    mod = pipeline.lower(os.path.join(FIXTURES, "resnet_small.onnx"), "cpu", until="simplify")
+    target = Target("cudnn")
+    target.device = Target("cuda -arch=sm_90")
+    converted = get_backend("cudnn").pre_partition(mod, target, "cuda")
+    convs = [b.value for b in converted["main"].bindings if getattr(b.value.op, "name", None) == "conv2d"]
+    assert len(convs) == 15 and all(c.attrs["data_layout"] == "NHWC" and c.type.dtype == "float32" for c in convs)
+    assert get_backend("cudnn").pre_partition(mod, target, "cpu") is mod
+    x = np.load(os.path.join(FIXTURES, "resnet_small.npz"))["in_input"]
+    np.testing.assert_allclose(np.asarray(interpret(converted, input=x)), np.asarray(interpret(mod, input=x)),
+                               rtol=1e-5, atol=1e-6)
+    _, report = _partition(converted)
+    assert report.to_json()["backends"]["cudnn"]["ops_covered"]["conv2d"] == 15
+
+
 # ---------------------------------------------------------------- compiled (nvcc)
 
 
@@ -345,12 +365,14 @@ def test_every_pattern_matches_a_float32_reference_on_the_gpu(dtype, conv, tmp_p
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_present(), reason="no GPU visible")
-def test_resnet_small_through_cudnn_matches_onnxruntime_and_keeps_its_plans(tmp_path, monkeypatch):
+@pytest.mark.parametrize("precision", ["float16", "float32"])
+def test_resnet_small_through_cudnn_matches_onnxruntime_and_keeps_its_plans(precision, tmp_path, monkeypatch):
     import cupy
     import onnxruntime
     monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "cache"))
     path = os.path.join(FIXTURES, "resnet_small.onnx")
-    library = byoc.build(path, config={**CUDNN_CONFIG, "precision": "float16"}, workdir=str(tmp_path / "w"))
+    library = byoc.build(path, config={**CUDNN_CONFIG, "precision": precision}, workdir=str(tmp_path / "w"))
+    assert library.report.to_json()["backends"]["cudnn"]["ops_covered"]["conv2d"] == 15
     x = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)
     want = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
     got = cupy.asnumpy(library.load().run(input=cupy.asarray(x)))
@@ -360,7 +382,7 @@ def test_resnet_small_through_cudnn_matches_onnxruntime_and_keeps_its_plans(tmp_
     plans = [entry for device in entries.values() for key, entry in device.items() if key.startswith("cudnn.conv:")]
     assert len(plans) == 12 and all(isinstance(entry.get("engine"), int) for entry in plans), plans
     # a second build measures nothing: every plan comes from the store
-    again = byoc.build(path, config={**CUDNN_CONFIG, "precision": "float16"}, workdir=str(tmp_path / "w2"))
+    again = byoc.build(path, config={**CUDNN_CONFIG, "precision": precision}, workdir=str(tmp_path / "w2"))
     assert "timing cuDNN plans" not in "\n".join(getattr(again, "log", []) or [])
     assert (tmp_path / "w2" / "cudnn_entries.cc").read_text().count("when the build timed it") == 12
 

@@ -26,11 +26,11 @@ register_target_kind("cudnn", {
 
 def prepare_for_partition(mod, target, build_device: str):
     """The cudnn backend runs NHWC convs: conv chains go NHWC once (ConvertConvLayout), in a
-    cuda build."""
+    cuda build, float32 ones too (cuDNN runs those, with TF32 where it times faster)."""
     if build_device != "cuda":
         return mod
     from byoc.transform.convert_conv_layout import convert_conv_layout
-    return convert_conv_layout(mod)
+    return convert_conv_layout(mod, dtypes=("float32", "float16", "bfloat16"))
 
 
 register_backend("cudnn", flavor="csource", patterns=pattern_table(), codegen=codegen, device="cuda",
