@@ -234,7 +234,7 @@ def toolchain_versions(target, backend: str | None = None) -> str:
     nothing more (the compiler's flags are the target's)."""
     if not str(target).startswith("cuda"):
         return ""
-    from .toolchain.compiler import cuda_library_versions
+    from .toolchain.locate import cuda_library_versions
     return ", ".join(part for part in cuda_library_versions().split(", ")
                      if part and (backend in (None, "cudnn") or not part.startswith("cudnn ")))
 

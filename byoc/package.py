@@ -275,7 +275,7 @@ def host_units(programs: list, context, build_id: str, tables: list, weights: by
     host_path.write_text(host_source)
     host_flags = target.cxx_flags() + [f"-I{C_ABI_HEADER.parent}"]
     if context.cuda:
-        from .toolchain.compiler import cuda_include_dirs
+        from .toolchain.locate import cuda_include_dirs
         host_flags += [f"-I{d}" for d in cuda_include_dirs()]
     runtime_flags = host_flags + [f"-DBYOC_RUNTIME_CUDA={int(context.cuda)}"]
     return [CompileUnit(source=host_path, language="cxx", flags=host_flags, output="host.o")] + \
@@ -333,7 +333,7 @@ def compile_and_link(context, units: list, link_libraries: list, build_id: str =
         link_flags.append(f"-Wl,--build-id=0x{build_id}")
     libraries = list(link_libraries)
     if context.cuda:
-        from .toolchain.compiler import cuda_link_flags
+        from .toolchain.locate import cuda_link_flags
         libraries = cuda_link_flags(libraries)
     output = workdir / "model.so"
     link_shared(objects, output, link_flags, libraries, workdir=workdir)

@@ -11,7 +11,7 @@ import pytest
 
 import byoc
 from byoc.codegen.program_table import read_program_table
-from byoc.toolchain.compiler import cuda_home
+from byoc.toolchain.locate import cuda_home
 from gpu_probe import gpu_present
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -409,7 +409,7 @@ def test_a_library_runs_where_only_the_driver_and_the_deploy_packages_are(tmp_pa
     but the system's directories and the one library directory deployment.md names for it
     (nvidia-cublas's): no venv, no toolkit, no build path on the library search path."""
     from byoc.runtime import INCLUDE_DIR
-    from byoc.toolchain.compiler import _pip_cuda_library_dir, find_cxx
+    from byoc.toolchain.locate import _pip_cuda_library_dir, find_cxx
     inputs, expected = fixture("mlp")
     library = byoc.build(FIXTURES / "mlp.onnx", config={"target": "auto", "devices": {"inputs": "host", "outputs": "host"}},
                          workdir=str(tmp_path / "w"))

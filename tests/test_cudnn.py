@@ -17,7 +17,7 @@ from byoc.errors import BuildError, ConfigError
 from byoc.interpreter import interpret
 from byoc.ir import FunctionBuilder
 from byoc.ir.types import numpy_dtype
-from byoc.toolchain.compiler import _pip_cuda_library_dir, cuda_home
+from byoc.toolchain.locate import _pip_cuda_library_dir, cuda_home
 from gpu_probe import gpu_present
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -128,9 +128,9 @@ def test_a_bad_plan_option_is_a_config_error():
 
 
 def test_a_build_without_cudnn_names_the_package(monkeypatch, tmp_path):
-    import byoc.toolchain.compiler as compiler
-    monkeypatch.setattr(compiler, "_pip_cuda_library_dir", lambda header: None)
-    monkeypatch.setattr(compiler, "cuda_home", lambda: None)
+    import byoc.toolchain.locate as locate
+    monkeypatch.setattr(locate, "_pip_cuda_library_dir", lambda header: None)
+    monkeypatch.setattr(locate, "cuda_home", lambda: None)
     with pytest.raises(BuildError, match="pip install nvidia-cudnn-cu13"):
         byoc.build(_conv_model()[0], config=CUDNN_CONFIG, workdir=str(tmp_path / "w"))
 
@@ -249,7 +249,7 @@ def test_the_timing_child_keeps_what_it_timed_and_stores_no_failure_of_its_own(t
     import byoc.target as target_module
     from byoc.costs import CostStore
     from byoc.target import Target
-    from byoc.toolchain.compiler import find_cxx
+    from byoc.toolchain.locate import find_cxx
     plans = importlib.import_module("byoc.backends.cudnn.plans")
     monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(target_module, "visible_gpu_name", lambda: "NVIDIA H100 80GB HBM3")

@@ -12,7 +12,7 @@ import pytest
 
 import byoc
 from byoc.ir import FunctionBuilder
-from byoc.toolchain.compiler import cuda_home
+from byoc.toolchain.locate import cuda_home
 from gpu_probe import gpu_present
 
 

@@ -178,7 +178,7 @@ def test_a_cuda_candidates_key_holds_the_toolkit_and_libraries_and_its_entry_say
     key for the cudnn backend's candidates (another CUDA or cuBLAS for every cuda one), so a
     cost measured with the old libraries is not taken; the cpu's keys do not depend on them.
     Each entry records byoc's code and the toolchain."""
-    import byoc.toolchain.compiler as compiler
+    import byoc.toolchain.locate as locate
     from byoc.config import load_config
     from byoc.costs import CostStore, candidate_key, provenance, toolchain_versions
     main = pipeline.lower(FIXTURES / "mlp.onnx", "cpu", until="simplify")["main"]
@@ -186,14 +186,14 @@ def test_a_cuda_candidates_key_holds_the_toolkit_and_libraries_and_its_entry_say
     cuda, cpu = load_config("cuda_sm90"), load_config("cpu")
     keys = {"cudnn": [], "builtin": []}
     for cudnn in ("9.28.1", "9.29.0"):
-        compiler.cuda_library_versions.cache_clear()
-        monkeypatch.setattr(compiler, "_header_version",
+        locate.cuda_library_versions.cache_clear()
+        monkeypatch.setattr(locate, "_header_version",
                             lambda header, prefix, names, cudnn=cudnn: cudnn if header == "cudnn_version.h" else "13.10.0")
         for backend in keys:
             keys[backend].append(candidate_key(module, backend, cuda, Target("cuda -arch=sm_90")))
         assert f"cublas 13.10.0, cudnn {cudnn}" in provenance(Target("cuda -arch=sm_90"), "cudnn")["toolchain"]
         assert "cudnn" not in provenance(Target("cuda -arch=sm_90"), "builtin")["toolchain"]
-    compiler.cuda_library_versions.cache_clear()
+    locate.cuda_library_versions.cache_clear()
     assert keys["cudnn"][0] != keys["cudnn"][1]  # another cuDNN: the cudnn candidate is measured again
     assert keys["builtin"][0] == keys["builtin"][1]  # the other backends' costs are kept
     assert toolchain_versions(Target("cpu")) == "" and "toolchain" not in provenance(Target("cpu"))

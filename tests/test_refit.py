@@ -249,7 +249,7 @@ def build_cuda_pair(tmp_path):
 
 
 @pytest.mark.nvcc
-@pytest.mark.skipif(__import__("byoc.toolchain.compiler", fromlist=["cuda_home"]).cuda_home() is None,
+@pytest.mark.skipif(__import__("byoc.toolchain.locate", fromlist=["cuda_home"]).cuda_home() is None,
                     reason="nvcc not installed")
 def test_refit_of_a_cuda_library_without_a_gpu(tmp_path):
     inputs, old, new, result = build_cuda_pair(tmp_path)

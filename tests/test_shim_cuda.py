@@ -19,7 +19,7 @@ import pytest
 
 import byoc  # noqa: F401  (registers the ops)
 from byoc.ir import get_op
-from byoc.toolchain.compiler import cuda_home, cuda_include_dirs, cuda_link_flags, find_cxx
+from byoc.toolchain.locate import cuda_home, cuda_include_dirs, cuda_link_flags, find_cxx
 from shim_abi import BF16, DTYPE_CODES, FLOATS, I64, INT, SIZE, TOLERANCES  # the shim ABI (tests/shim_abi.py)
 from shim_abi import SIGNATURES as CPU_SIGNATURES
 from shim_abi import (ACTIVATIONS, SQUEEZE_EXCITATION_CASES, squeeze_excitation_inputs,

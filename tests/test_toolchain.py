@@ -15,9 +15,10 @@ import pytest
 import byoc
 import byoc.toolchain.cache as cache_module
 import byoc.toolchain.compiler as compiler
+import byoc.toolchain.locate as locate
 from byoc.target import Target
 from byoc.toolchain import CompileUnit, compile_units, cutlass_include_dirs, find_ninja, find_nvcc, link_shared
-from byoc.toolchain.compiler import cuda_home
+from byoc.toolchain.locate import cuda_home
 
 HAS_NVCC = cuda_home() is not None
 
@@ -198,10 +199,10 @@ def test_relinking_replaces_the_link_edge(tmp_path):
 
 
 def test_missing_compilers_and_cutlass_are_clear_errors(monkeypatch):
-    monkeypatch.setattr(compiler, "cuda_home", lambda: None)
+    monkeypatch.setattr(locate, "cuda_home", lambda: None)
     with pytest.raises(byoc.BuildError, match="nvcc not found: install the CUDA toolkit and set CUDA_HOME"):
         find_nvcc()
-    monkeypatch.setattr(compiler, "_cutlass_roots", lambda: [])
+    monkeypatch.setattr(locate, "_cutlass_roots", lambda: [])
     with pytest.raises(byoc.BuildError, match="pip install nvidia-cutlass"):
         cutlass_include_dirs()
 
@@ -582,7 +583,7 @@ def test_cutlass_and_nvidia_packages_and_the_compiler_key_the_cache(tmp_path, mo
     if importlib.util.find_spec("cutlass_library") is not None:
         versions = cache_module.package_versions(cutlass_include_dirs())
         assert f"nvidia-cutlass=={importlib.metadata.version('nvidia-cutlass')}" in versions.splitlines()
-    pip_cuda = compiler._pip_cuda_library_dir("cublasLt.h")
+    pip_cuda = locate._pip_cuda_library_dir("cublasLt.h")
     if pip_cuda is not None:
         assert "nvidia-cublas==" in cache_module.package_versions([pip_cuda[0]])
     assert cache_module.package_versions([tmp_path, "/nonexistent/include"]) == ""
@@ -708,7 +709,7 @@ def test_a_fast_linker_that_fails_gives_way_to_the_systems(tmp_path, monkeypatch
     that the system's ld makes (a compiler whose libstdc++.so is a linker script gold cannot
     read), the link is made again without it, and build.ninja's link edge says so."""
     from byoc.toolchain import compiler
-    cxx = compiler.find_cxx()
+    cxx = locate.find_cxx()
     # as if the probe had found a linker the link then cannot use (the memory stays in this test)
     monkeypatch.setattr(compiler, "_FAST_LINKER", {cxx: ("-fuse-ld=byoc-no-such-linker",)})
     source = tmp_path / "a.cc"

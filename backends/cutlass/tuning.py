@@ -75,7 +75,8 @@ def measurement_provenance(candidates: int) -> dict:
     import re
     from importlib import metadata
     from byoc.target import visible_gpu_name
-    from byoc.toolchain.compiler import compiler_version, find_nvcc
+    from byoc.toolchain.compiler import compiler_version
+    from byoc.toolchain.locate import find_nvcc
     try:
         release = re.search(r"release (\d+\.\d+)", compiler_version(str(find_nvcc())))
     except Exception:  # noqa: BLE001 - no nvcc: provenance says unknown, tuning itself reports it
@@ -414,7 +415,7 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
         "problem_seconds": PROBLEM_SECONDS}))
     flags = [flag for flag in compile_flags if flag != PDL_FLAG] + [f"-I{INCLUDE_DIR}"]
     compile_units([CompileUnit(source=profiler, language="cuda", flags=flags, output="profiler.o")], workdir, jobs=jobs)
-    from byoc.toolchain.compiler import find_nvcc
+    from byoc.toolchain.locate import find_nvcc
     executable = workdir / "profiler"
     command = [str(find_nvcc()), "-o", str(executable), str(workdir / "obj" / "profiler.o")] + \
         [str(workdir / "obj" / name) for entry in linked for name in kernel_units[entry].objects] + ["-lcudart"]

@@ -139,7 +139,7 @@ def _library_directories() -> list[Path]:
 def nvidia_package_dirs() -> list[Path]:
     """The folders of NVIDIA's pip packages (site-packages/nvidia/<package>: cu13, cublas,
     ...), in the interpreter's search-path order: the `nvidia` namespace package may be
-    split over several site directories. The build (toolchain/compiler.py: headers) and the
+    split over several site directories. The build (toolchain/locate.py: headers) and the
     load (here: libraries) look in the same places."""
     packages = []
     for entry in sys.path:
