@@ -160,6 +160,22 @@ def test_out_overlapping_an_input_is_refused(add_library):
     np.testing.assert_array_equal(module.run(x), expected)  # still usable
 
 
+def test_a_tensor_between_element_boundaries_is_refused_by_name(add_library):
+    """A float32 view that starts one byte into a buffer: reading it as floats is undefined
+    behaviour, so run() names the tensor instead."""
+    module = byoc.load(add_library)
+    raw = np.zeros(32 * 4 + 1, dtype=np.uint8)
+    misaligned = raw[1:].view(np.float32).reshape(4, 8)
+    assert not misaligned.flags.aligned
+    with pytest.raises(byoc.RuntimeError, match=r"input 'x' \(#0\).*not a multiple of its element size \(4 bytes\)"):
+        module.run(misaligned)
+    out_raw = np.zeros(32 * 4 + 2, dtype=np.uint8)
+    with pytest.raises(byoc.RuntimeError, match=r"output 'y' \(#0\).*element size"):
+        module.run(np.ones((4, 8), np.float32), out=out_raw[2:].view(np.float32).reshape(4, 8))
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    np.testing.assert_array_equal(module.run(x), x + x + np.arange(8, dtype=np.float32))  # still usable
+
+
 def test_stream_on_the_cpu_target_is_refused(add_library):
     module = byoc.load(add_library)
     with pytest.raises(byoc.RuntimeError, match="runs on the cpu"):

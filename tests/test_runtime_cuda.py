@@ -241,6 +241,26 @@ def test_cuda_arrays_in_and_out_as_themselves_and_as_dlpack_only_wrappers(librar
     np.testing.assert_array_equal(as_numpy(wrapped.array), want)
 
 
+@pytest.mark.gpu
+@gpu
+def test_a_device_tensor_the_kernels_would_read_misaligned_is_refused_by_name(tmp_path):
+    """Without CUDA graphs the kernels write the caller's output in place: one that starts
+    4 bytes past a 16-byte boundary (a view into another array) is refused by name before
+    any kernel runs, not left to fault the process's CUDA context; the module goes on."""
+    import cupy
+    model, table = embedding_model()
+    module = byoc.build(model, target="cuda -arch=sm_90", config={"backends": ["builtin"], "cuda_graph": False},
+                        workdir=str(tmp_path / "w")).load()
+    ids = np.arange(TOKENS, dtype=np.int64) * 3
+    misaligned = cupy.zeros(TOKENS * WIDTH + 1, cupy.float32)[1:].reshape(TOKENS, WIDTH)
+    assert misaligned.data.ptr % 16 == 4
+    with pytest.raises(byoc.RuntimeError, match=r"output 'y' \(#0\): its data starts 4 bytes past a 16-byte "
+                                                r"boundary; expected a 16-byte aligned device tensor"):
+        module.run(cupy.asarray(ids), out=misaligned)
+    module.synchronize()
+    np.testing.assert_array_equal(cupy.asnumpy(module.run(cupy.asarray(ids))), table[ids] * 2)
+
+
 def _device_count() -> int:
     try:
         import cupy

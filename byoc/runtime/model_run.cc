@@ -94,8 +94,44 @@ void* checked_data(const char* role, int32_t index, const TensorSpec& tensor_spe
     fail(who() + ": data pointer is NULL");
     return nullptr;
   }
-  return static_cast<char*>(t.data) + t.byte_offset;
+  char* data = static_cast<char*>(t.data) + t.byte_offset;
+  // every kernel reads its elements as their type: an address between elements is undefined
+  // behaviour in C++ and a misaligned-address fault on the GPU
+  const uint64_t element_bytes = tensor_spec.bits >= 8 ? tensor_spec.bits / 8 : 1;
+  if (reinterpret_cast<uintptr_t>(data) % element_bytes != 0) {
+    fail(who() + ": its data starts at an address that is not a multiple of its element size (" +
+         std::to_string(element_bytes) + " bytes); expected an aligned tensor (a copy of it is one)");
+    return nullptr;
+  }
+  return data;
 }
+
+#if BYOC_RUNTIME_CUDA
+// The alignment the kernels that read and write a caller's device tensor in place may
+// assume: the vector loads of the built-in, CUTLASS and cuDNN kernels take floating-point
+// tensors 16 bytes at a time (the generated code declares them so), and a misaligned one
+// would fault and leave the process's CUDA context unusable. Allocators give far more; a
+// view that starts inside another tensor (x[1:]) may not.
+constexpr uint64_t kInPlaceAlignment = 16;
+
+int check_in_place_alignment(const char* role, int32_t count, const TensorSpec* tensors, void* const* data,
+                             const bool* on_host) {
+  for (int32_t i = 0; i < count; ++i) {
+    const TensorSpec& tensor = tensors[i];
+    if ((on_host && on_host[i]) || tensor.bytes == 0) continue;  // host tensors are copied
+    if (tensor.code != BYOC_DL_FLOAT && tensor.code != BYOC_DL_BFLOAT) continue;
+    const uint64_t misaligned = reinterpret_cast<uintptr_t>(data[i]) % kInPlaceAlignment;
+    if (misaligned != 0) {
+      return fail(std::string(role) + " '" + tensor.name + "' (#" + std::to_string(i) + "): its data starts " +
+                  std::to_string(misaligned) + " bytes past a " + std::to_string(kInPlaceAlignment) +
+                  "-byte boundary; expected a " + std::to_string(kInPlaceAlignment) +
+                  "-byte aligned device tensor (the model's kernels read and write it in place; "
+                  "a view that starts inside another tensor may not be one, a copy of it is)");
+    }
+  }
+  return 0;
+}
+#endif
 
 }  // namespace
 
@@ -369,6 +405,13 @@ BYOC_EXPORT int byoc_model_run(byoc_model* model, const byoc_dl_tensor* inputs, 
     }
   } clear_status_word;
   cudaStream_t run_stream = static_cast<cudaStream_t>(stream);
+  // a padded run, or CUDA graphs of planned pointers ("copy"), copy the caller's tensors;
+  // otherwise the kernels use them in place
+  if (!padded && (!v.cuda_graph || v.graph_io_update) &&
+      (check_in_place_alignment("input", v.num_inputs, caller.inputs, in, v.input_on_host) ||
+       check_in_place_alignment("output", v.num_outputs, caller.outputs, out, v.output_on_host))) {
+    return 1;
+  }
   if (padded && stage_inputs(model, variant, caller, in, out, caller_out, stream)) return 1;
   if (v.cuda_graph ? run_graph(model, variant, in, out, run_stream)
                    : run_calls(model, variant, in, out, stream, 0, program.num_calls)) {

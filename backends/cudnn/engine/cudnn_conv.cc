@@ -290,15 +290,22 @@ std::vector<Config> heuristic_configs(const Graph& g, cudnnBackendHeurMode_t mod
   return configs;
 }
 
+// The fallback list's configurations whose engines `named` does not hold already.
+std::vector<Config> fallback_configs(const Graph& g, const std::vector<Config>& named) {
+  std::vector<Config> configs;
+  for (Config& config : heuristic_configs(g, CUDNN_HEUR_MODE_FALLBACK)) {
+    bool seen = std::any_of(named.begin(), named.end(),
+                            [&](const Config& other) { return other.engine == config.engine; });
+    if (!seen) configs.push_back(std::move(config));
+  }
+  return configs;
+}
+
 // Every configuration the heuristics propose, mode A's first, then the fallback list's
 // engines mode A did not name.
 std::vector<Config> all_configs(const Graph& g) {
   std::vector<Config> configs = heuristic_configs(g, CUDNN_HEUR_MODE_A);
-  for (Config& config : heuristic_configs(g, CUDNN_HEUR_MODE_FALLBACK)) {
-    bool seen = std::any_of(configs.begin(), configs.end(),
-                            [&](const Config& other) { return other.engine == config.engine; });
-    if (!seen) configs.push_back(std::move(config));
-  }
+  for (Config& config : fallback_configs(g, configs)) configs.push_back(std::move(config));
   return configs;
 }
 
@@ -365,24 +372,35 @@ struct Conv {
   }
 };
 
-Plan choose_plan(const ByocCudnnConv& c, const Graph& g, cudnnHandle_t handle) {
-  g_heuristics_note.clear();
-  std::vector<Config> configs = all_configs(g);
-  if (c.engine >= 0) {  // the build's measured choice first
-    for (const Config& config : configs) {
-      if (config.engine == c.engine) {
-        Plan plan = make_plan(config, handle, c.workspace_limit);
-        if (plan.plan) return plan;
-      }
-    }
-  }
+// The first of `configs` (of engine `engine` only, where that is not negative) whose plan
+// builds within the workspace limit; no plan where none does.
+Plan first_plan(const std::vector<Config>& configs, int64_t engine, const ByocCudnnConv& c, cudnnHandle_t handle) {
   for (const Config& config : configs) {
+    if (engine >= 0 && config.engine != engine) continue;
     Plan plan = make_plan(config, handle, c.workspace_limit);
     if (plan.plan) return plan;
   }
+  return Plan();
+}
+
+// The build's measured engine, else the heuristics' first plan that builds. The fallback
+// list is asked only when mode A's proposals do not serve: each query costs create time,
+// once per conv of the model.
+Plan choose_plan(const ByocCudnnConv& c, const Graph& g, cudnnHandle_t handle) {
+  g_heuristics_note.clear();
+  const std::vector<Config> mode_a = heuristic_configs(g, CUDNN_HEUR_MODE_A);
+  Plan plan = first_plan(mode_a, c.engine >= 0 ? c.engine : -1, c, handle);
+  if (plan.plan) return plan;
+  const std::vector<Config> fallback = fallback_configs(g, mode_a);
+  if (c.engine >= 0) {
+    plan = first_plan(fallback, c.engine, c, handle);
+    if (!plan.plan) plan = first_plan(mode_a, -1, c, handle);
+  }
+  if (!plan.plan) plan = first_plan(fallback, -1, c, handle);
+  if (plan.plan) return plan;
   throw Failure("cuDNN " + std::to_string(cudnnGetVersion()) + " has no engine for " + describe(c) +
                 " on this GPU within a workspace of " + std::to_string(c.workspace_limit) + " bytes (" +
-                std::to_string(configs.size()) + " configurations proposed" +
+                std::to_string(mode_a.size() + fallback.size()) + " configurations proposed" +
                 (g_heuristics_note.empty() ? std::string() : "; " + g_heuristics_note) + ")");
 }
 
