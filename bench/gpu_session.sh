@@ -36,12 +36,20 @@ stage="${1:-tests}"; shift || true
 case "$stage" in
   tests)
     files=("$@"); [ ${#files[@]} -eq 0 ] && files=(tests/test_build_cuda.py tests/test_cutlass.py tests/test_json_engine.py tests/test_shim_cuda.py tests/test_builtin_codegen.py tests/test_plan_devices.py tests/test_runtime_cuda.py tests/test_squeeze_excitation.py tests/test_refit.py tests/test_multi_arch.py tests/test_measured_partition.py tests/test_cudnn.py)
-    # One process per GPU test of test_cutlass.py (each compiles its own kernels: run one
-    # after another they outlast a 10-minute device command), one per file for the rest;
-    # at most 12 at a time, and one log per file (the device returns 8 files).
+    # One process per GPU test of the files that build a library per test (test_cutlass.py,
+    # test_build_cuda.py, test_cudnn.py: run one after another they outlast a 10-minute device
+    # command), one per file for the rest; at most 12 at a time, and one log per file (the
+    # device returns 8 files). A command cut off by `timeout` still brings back the logs.
+    copy_logs() {
+      for f in "${files[@]}"; do
+        name=$(basename "${f%%::*}" .py)
+        cat /tmp/byoc-test-logs/"$name".*.log >"$OUT/$name.log" 2>/dev/null
+      done
+    }
+    trap 'copy_logs; grep -hE "^== |passed|failed|^FAILED|^ERROR" "$OUT"/test_*.log; exit 124' TERM
     ids=()
     for f in "${files[@]}"; do
-      if [ "$(basename "$f")" = test_cutlass.py ]; then
+      if [[ " ${SPLIT_FILES:-test_cutlass.py test_build_cuda.py test_cudnn.py} " == *" $(basename "$f") "* ]]; then
         while read -r id; do ids+=("$id"); done < <(python3 -m pytest -q --collect-only -m gpu -p no:cacheprovider "$f" 2>/dev/null | grep '::')
       else
         ids+=("$f")
@@ -55,10 +63,7 @@ case "$stage" in
       while [ "$(jobs -rp | wc -l)" -ge 12 ]; do sleep 1; done
     done
     wait
-    for f in "${files[@]}"; do
-      name=$(basename "$f" .py)
-      cat /tmp/byoc-test-logs/"$name".*.log >"$OUT/$name.log" 2>/dev/null
-    done
+    copy_logs
     # the tests that compare with torch (installed here, not in CI): every GPU session runs them
     (echo "== torch interop"; python3 -m pytest -q -p no:cacheprovider tests/test_ops_nn_layout.py -k torch 2>&1) \
       >"$OUT/test_torch_interop.log"
@@ -179,7 +184,7 @@ case "$stage" in
       --profile-dir /tmp/byoc-real-profiles --configs ${CONFIGS:-cuda_sm90} --exporter "${EXPORTER:-auto}" \
       --tuning-db "${TUNING_DB:-backends/cutlass/tuning_sm90.json}" --profile "${PROFILE:-false}" \
       --torch-modes "${TORCH_MODES:-eager,default,reduce-overhead,max-autotune-no-cudagraphs}" \
-      --budget-s "${BUDGET_S:-540}" "${merge[@]}" --cases "$@" 2>&1 | tee "$OUT/real_models.log" | tail -n 40 ;;
+      --budget-s "${BUDGET_S:-540}" --build-log "$OUT/build_progress.log" "${merge[@]}" --cases "$@" 2>&1 | tee "$OUT/real_models.log" | tail -n 40 ;;
   measured)
     # partition: measured against the priority order (#43), e.g.
     #   bash bench/gpu_session.sh measured resnext50_32x4d:32 convnext_tiny:32

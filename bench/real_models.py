@@ -585,6 +585,7 @@ def parse_args():
                         help="take the exports and libraries an earlier --prebuild left, where there are any")
     parser.add_argument("--compile-jobs", type=int, help="the build config's compile_jobs (parallel nvcc jobs)")
     parser.add_argument("--debug", action="store_true", help="print tracebacks of failures")
+    parser.add_argument("--build-log", help="append the builds' progress (the byoc.build logger) to this file")
     return parser.parse_args()
 
 
@@ -594,6 +595,12 @@ def main():
     args.tuning_db = args.tuning_db or None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.build_log:  # where a long build's time goes, kept if the command is cut off
+        import logging
+        handler = logging.FileHandler(args.build_log)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        logging.getLogger("byoc.build").addHandler(handler)
+        logging.getLogger("byoc.build").setLevel(logging.INFO)
     header = {"device": device_name(), "date": datetime.date.today().isoformat(), "versions": versions(),
               "tolerance": TOLERANCE}
     log("device", header["device"], "versions", header["versions"])
