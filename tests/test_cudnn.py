@@ -222,17 +222,23 @@ FAKE_TIMING = r"""
 #include <cstdint>
 #include <cstdlib>
 // The timing child's library with byoc_cudnn.h's timing entry points, no cuDNN: the conv
-// with 1 output channel has two plans, with 2 none runs, with 3 the timing fails, with 4
-// the process dies.
+// with 1 output channel has two plans, with 2 none runs, with 3 preparing its plans fails,
+// with 4 the process dies in the timing.
 extern "C" {
 struct Shape { int32_t dtype; int64_t batch, height, width, channels, out_channels; };
 const char* byoc_cudnn_last_error(void) { return "an injected failure"; }
-int byoc_cudnn_conv_time_plans(const Shape* shape, int, int, int64_t* engines, double* us, int* count) {
+int byoc_cudnn_conv_prepare_plans(const Shape* shape, int, void** prepared) {
+  *prepared = nullptr;
+  if (shape->out_channels == 3) return 1;
+  *prepared = new int64_t(shape->out_channels);
+  return 0;
+}
+void byoc_cudnn_conv_release_plans(void* prepared) { delete static_cast<int64_t*>(prepared); }
+int byoc_cudnn_conv_time_prepared(void* prepared, int, int64_t* engines, double* us, int* count) {
   *count = 0;
-  switch (shape->out_channels) {
+  switch (*static_cast<int64_t*>(prepared)) {
     case 1: engines[0] = 7; us[0] = 12.5; engines[1] = 3; us[1] = 20.0; *count = 2; return 0;
     case 2: return 0;
-    case 3: return 1;
     default: std::abort();
   }
 }

@@ -10,8 +10,9 @@ The same times are what a candidate of the cudnn backend costs under `partition:
 (learn_costs), with no candidate library built.
 
 Timing runs in a child process (`python -m byoc.backends.cudnn.plans`): a library of the
-engine alone (engine/cudnn_conv.cc, byoc_cudnn_conv_time_plans) loaded there, so that a
-fault in a driver or cuDNN costs the measurement, not the build. Where the build cannot
+engine alone (engine/cudnn_conv.cc) loaded there, so that a fault in a driver or cuDNN
+costs the measurement, not the build. Up to PREPARING_THREADS convs' plans are built at
+once, in threads; then each conv's are timed alone, and its line written. Where the build cannot
 measure (no GPU of the target's arch, `plan: heuristic`) or a conv has no stored entry,
 -1: the model's create takes the heuristic's first plan that builds."""
 from __future__ import annotations
@@ -230,24 +231,61 @@ def measure(convs: list, target) -> list:
     return timings
 
 
+# Convs whose plans are built side by side in the timing child (each in a thread of its own,
+# with its own cuDNN handle): building a plan is where the time goes (cuDNN compiles its
+# runtime-fusion kernels), while the timing that follows runs one conv at a time, nothing
+# else on the GPU or the CPU beside it.
+PREPARING_THREADS = 16
+
+
 def _time_in_this_process(library: str, request: str, answer: str) -> None:
+    import concurrent.futures
+    import os
+
     from byoc.runtime.shared_libraries import preload_needed
     preload_needed(library)
-    engine = ctypes.CDLL(library)
-    engine.byoc_cudnn_conv_time_plans.argtypes = [ctypes.POINTER(ConvShape), ctypes.c_int, ctypes.c_int,
-                                                  ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_double),
-                                                  ctypes.POINTER(ctypes.c_int)]
+    engine = ctypes.CDLL(library)  # a CDLL's calls release the GIL: the threads build plans at once
+    engine.byoc_cudnn_conv_prepare_plans.argtypes = [ctypes.POINTER(ConvShape), ctypes.c_int,
+                                                     ctypes.POINTER(ctypes.c_void_p)]
+    engine.byoc_cudnn_conv_time_prepared.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int64),
+                                                     ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_int)]
+    engine.byoc_cudnn_conv_release_plans.argtypes = [ctypes.c_void_p]
     engine.byoc_cudnn_last_error.restype = ctypes.c_char_p
-    with open(answer, "w") as out:
-        for index, conv in enumerate(json.loads(Path(request).read_text())):
-            engines, times, count = (ctypes.c_int64 * MAX_PLANS)(), (ctypes.c_double * MAX_PLANS)(), ctypes.c_int(0)
-            status = engine.byoc_cudnn_conv_time_plans(ctypes.byref(ConvShape.of(conv)), MAX_PLANS, RUNS, engines,
-                                                       times, ctypes.byref(count))
-            if status != 0:  # not "no plan ran": the timing itself failed, and says why
-                print(f"cudnn plans: {engine.byoc_cudnn_last_error().decode(errors='replace')}", file=sys.stderr)
-            timed = None if status != 0 else [(engines[i], times[i]) for i in range(count.value)]
-            out.write(json.dumps([index, timed]) + "\n")
-            out.flush()
+
+    def last_error() -> str:  # the calling thread's
+        return engine.byoc_cudnn_last_error().decode(errors="replace")
+
+    def prepare(conv: dict) -> tuple:
+        prepared = ctypes.c_void_p()
+        status = engine.byoc_cudnn_conv_prepare_plans(ctypes.byref(ConvShape.of(conv)), MAX_PLANS,
+                                                      ctypes.byref(prepared))
+        return (prepared, None) if status == 0 else (None, last_error())
+
+    def timed(prepared) -> tuple:
+        engines, times, count = (ctypes.c_int64 * MAX_PLANS)(), (ctypes.c_double * MAX_PLANS)(), ctypes.c_int(0)
+        try:
+            status = engine.byoc_cudnn_conv_time_prepared(prepared, RUNS, engines, times, ctypes.byref(count))
+        finally:
+            engine.byoc_cudnn_conv_release_plans(prepared)
+        if status != 0:
+            return None, last_error()
+        return [(engines[i], times[i]) for i in range(count.value)], None
+
+    convs = json.loads(Path(request).read_text())
+    # BYOC_CUDNN_PLAN_THREADS: another count, to measure what the threads gain (bench/cudnn_plan_timing.py)
+    wanted = int(os.environ.get("BYOC_CUDNN_PLAN_THREADS") or PREPARING_THREADS)
+    threads = max(1, min(wanted, os.cpu_count() or 1, len(convs)))
+    with open(answer, "w") as out, concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        for first in range(0, len(convs), threads):
+            chunk = list(pool.map(prepare, convs[first:first + threads]))
+            for index, (prepared, error) in enumerate(chunk, start=first):
+                timings = None
+                if error is None:
+                    timings, error = timed(prepared)
+                if error is not None:  # not "no plan ran": the timing itself failed, and says why
+                    print(f"cudnn plans: {error}", file=sys.stderr)
+                out.write(json.dumps([index, timings]) + "\n")
+                out.flush()
 
 
 if __name__ == "__main__":

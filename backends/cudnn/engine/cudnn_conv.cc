@@ -372,6 +372,15 @@ struct Conv {
   }
 };
 
+// A conv's graph and the plans its timing will try, built ahead of the timing
+// (byoc_cudnn_conv_prepare_plans): building them is the slow part (cuDNN compiles its
+// runtime-fusion kernels), and convs' plans build side by side in threads, each conv with
+// its own handle, while their timing runs one conv at a time.
+struct PreparedPlans {
+  Conv conv;
+  std::vector<Plan> plans;
+};
+
 // The first of `configs` (of engine `engine` only, where that is not negative) whose plan
 // builds within the workspace limit; no plan where none does.
 Plan first_plan(const std::vector<Config>& configs, int64_t engine, const ByocCudnnConv& c, cudnnHandle_t handle) {
@@ -495,19 +504,38 @@ int byoc_cudnn_conv_run(void* state, const void* data, const void* weight, const
   }
 }
 
-int byoc_cudnn_conv_time_plans(const ByocCudnnConv* shape, int max_plans, int runs, int64_t* engines,
-                               double* microseconds, int* count) {
+int byoc_cudnn_conv_prepare_plans(const ByocCudnnConv* shape, int max_plans, void** prepared) {
+  *prepared = nullptr;
+  try {
+    std::unique_ptr<PreparedPlans> plans(new PreparedPlans);
+    Conv& conv = plans->conv;
+    conv.shape = *shape;
+    check(cudnnCreate(&conv.handle), "cudnnCreate");
+    conv.graph = build_graph(conv.shape, conv.handle);
+    for (const Config& config : all_configs(conv.graph)) {
+      if (static_cast<int>(plans->plans.size()) >= max_plans) break;
+      Plan plan = make_plan(config, conv.handle, conv.shape.workspace_limit);
+      if (plan.plan) plans->plans.push_back(std::move(plan));
+    }
+    *prepared = plans.release();
+    return 0;
+  } catch (const std::exception& error) {
+    return fail(describe(*shape) + ": " + error.what());
+  }
+}
+
+void byoc_cudnn_conv_release_plans(void* prepared) { delete static_cast<PreparedPlans*>(prepared); }
+
+int byoc_cudnn_conv_time_prepared(void* prepared, int runs, int64_t* engines, double* microseconds, int* count) {
   *count = 0;
+  PreparedPlans& plans = *static_cast<PreparedPlans*>(prepared);
+  Conv& conv = plans.conv;
+  const ByocCudnnConv& c = conv.shape;
   std::vector<void*> buffers;
   cudaStream_t stream = nullptr;
   cudaEvent_t start = nullptr, stop = nullptr;
   int status = 0;
   try {
-    const ByocCudnnConv& c = *shape;
-    Conv conv;  // owns the handle, the graph and the plan being timed
-    conv.shape = c;
-    check(cudnnCreate(&conv.handle), "cudnnCreate");
-    conv.graph = build_graph(c, conv.handle);
     check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
     check_cuda(cudaEventCreate(&start), "cudaEventCreate");
     check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
@@ -543,10 +571,7 @@ int byoc_cudnn_conv_time_plans(const ByocCudnnConv* shape, int max_plans, int ru
       set[5] = workspace;
     }
     const int launches = std::max(runs, sets);
-    for (const Config& config : all_configs(conv.graph)) {
-      if (*count >= max_plans) break;
-      Plan plan = make_plan(config, conv.handle, c.workspace_limit);
-      if (!plan.plan) continue;
+    for (Plan& plan : plans.plans) {
       conv.plan = std::move(plan);
       std::vector<Owned> packs;  // one variant pack per operand set, made before the timing
       std::vector<double> times;
@@ -586,8 +611,11 @@ int byoc_cudnn_conv_time_plans(const ByocCudnnConv* shape, int max_plans, int ru
       ++*count;
     }
   } catch (const std::exception& error) {
-    status = fail(describe(*shape) + ": " + error.what());
+    status = fail(describe(c) + ": " + error.what());
   }
+  conv.pack.reset();
+  conv.plan = Plan();
+  plans.plans.clear();  // timed once: the plans' memory goes back now
   if (stream != nullptr) cudaStreamSynchronize(stream);
   for (void* buffer : buffers) cudaFree(buffer);
   if (start != nullptr) cudaEventDestroy(start);
