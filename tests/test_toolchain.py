@@ -631,6 +631,30 @@ def test_an_unusable_cache_directory_warns_once_and_builds(kind, tmp_path, monke
     assert re.search(r"Not a directory|No such file|Permission denied|Read-only", messages[0])
 
 
+def test_builds_side_by_side_compile_a_unit_they_share_once(tmp_path, monkeypatch, cache):
+    """Two builds in threads of one process (a measured partition's candidates) that need
+    the same units at the same moment: each unit is compiled once, the other build waits
+    for it and takes its object from the cache; both libraries work."""
+    import concurrent.futures
+    import threading
+    launcher = tmp_path / "slow-counting-launcher"
+    launches = tmp_path / "launches.txt"
+    launcher.write_text(f'#!/bin/sh\necho "$@" >> {launches}\nsleep 1\nexec "$@"\n')
+    launcher.chmod(0o755)
+    monkeypatch.setenv("BYOC_COMPILER_LAUNCHER", str(launcher))
+    units = _write_sources(tmp_path / "src")
+    together = threading.Barrier(2)
+
+    def build(name):
+        together.wait()
+        return _build(tmp_path / name, units)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        libraries = list(pool.map(build, ["one", "two"]))
+    assert len(launches.read_text().splitlines()) == 2  # a.cc and b.cc, once each
+    assert [ctypes.CDLL(str(library)).twice() for library in libraries] == [84, 84]
+    assert not compiler._COMPILING  # nothing left claimed
+
+
 def test_a_compiler_launcher_runs_every_compile_and_keys_nothing(tmp_path, monkeypatch, cache):
     """$BYOC_COMPILER_LAUNCHER (sccache, ccache, ...) goes in front of every compile command
     in build.ninja and runs it; objects it made are keyed as without it, so a build without

@@ -21,6 +21,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -218,114 +219,152 @@ def compile_units(units: list, workdir, jobs: int | None = None,
             # see header changes): remove it, so what is built and cached is fresh.
             (workdir / output).unlink(missing_ok=True)
             missing.append(unit)
-    groups = unity_groups(missing)
-    grouped = {id(unit) for members in groups for unit in members}
-    to_build = [output_of[id(unit)] for unit in missing if id(unit) not in grouped]
-    # Members that the cache handed one group's object (the same bytes): that group again,
-    # linked once, and in build.ninja as the group's edge, so that ninja rerun by hand
-    # rebuilds an object with all of them.
-    missed = {id(unit) for unit in missing}
-    fetched_groups = _fetched_groups([unit for unit in units if id(unit) not in missed], workdir, output_of)
-    group_edges, shared_object, built_by = [], {}, {}
-    for members in groups + fetched_groups:
-        name = unity_name(members)
-        # the source beside the others the build generated (the suffix: the compiler's
-        # language), the object with the others
-        unity_source = workdir / "unity" / f"{name}{Path(members[0].source).suffix}"
-        unity_source.parent.mkdir(parents=True, exist_ok=True)
-        unity_source.write_text(unity_source_text(members, unity_source.parent))
-        source = ninja_path(workdir, unity_source)
-        output = ninja_path(workdir, objects_dir / "unity" / f"{name}.o")
-        (objects_dir / "unity").mkdir(exist_ok=True)
-        if output in keys or _cubin_path(output) in keys:
-            raise BuildError(f"a compile unit writes {workdir / output}, where a unity group's object goes; "
-                             f"expected unit outputs outside {objects_dir / 'unity'}")
-        command = _command(members[0], source, output)
-        member_outputs = [output_of[id(unit)] for unit in members]
-        what = f"{unity_source} (together: {', '.join(str(sources[o]) for o in member_outputs)})"
-        if members[0].language == "cubin":
-            # one cubin, then each member's object: that cubin under the member's symbol
-            cubin = _cubin_path(output)
-            (workdir / cubin).unlink(missing_ok=True)
-            group_edges.append(NinjaEdge("cubin_compile", cubin, [source], launcher + command))
-            sources[cubin] = what
-            for member_output in member_outputs:
-                group_edges.append(NinjaEdge("embed_cubin", member_output, [cubin],
-                                             _embed_command(member_output, cubin)))
-                to_build.append(member_output)
-                built_by[member_output] = cubin
-        else:
-            group_edges.append(NinjaEdge(_RULE_OF_LANGUAGE[members[0].language], output, [source],
-                                         launcher + command))
-            sources[output] = what
-            for member_output in member_outputs:
-                shared_object[member_output] = output
-            if id(members[0]) in missed:
+    # a unit another build of this process is compiling now is waited for, then fetched
+    missing, claimed = _claim(missing, lambda unit: keys[output_of[id(unit)]],
+                              lambda unit: cache.fetch(keys[output_of[id(unit)]], workdir / output_of[id(unit)]))
+    try:
+        groups = unity_groups(missing)
+        grouped = {id(unit) for members in groups for unit in members}
+        to_build = [output_of[id(unit)] for unit in missing if id(unit) not in grouped]
+        # Members that the cache handed one group's object (the same bytes): that group again,
+        # linked once, and in build.ninja as the group's edge, so that ninja rerun by hand
+        # rebuilds an object with all of them.
+        missed = {id(unit) for unit in missing}
+        fetched_groups = _fetched_groups([unit for unit in units if id(unit) not in missed], workdir, output_of)
+        group_edges, shared_object, built_by = [], {}, {}
+        for members in groups + fetched_groups:
+            name = unity_name(members)
+            # the source beside the others the build generated (the suffix: the compiler's
+            # language), the object with the others
+            unity_source = workdir / "unity" / f"{name}{Path(members[0].source).suffix}"
+            unity_source.parent.mkdir(parents=True, exist_ok=True)
+            unity_source.write_text(unity_source_text(members, unity_source.parent))
+            source = ninja_path(workdir, unity_source)
+            output = ninja_path(workdir, objects_dir / "unity" / f"{name}.o")
+            (objects_dir / "unity").mkdir(exist_ok=True)
+            if output in keys or _cubin_path(output) in keys:
+                raise BuildError(f"a compile unit writes {workdir / output}, where a unity group's object goes; "
+                                 f"expected unit outputs outside {objects_dir / 'unity'}")
+            command = _command(members[0], source, output)
+            member_outputs = [output_of[id(unit)] for unit in members]
+            what = f"{unity_source} (together: {', '.join(str(sources[o]) for o in member_outputs)})"
+            if members[0].language == "cubin":
+                # one cubin, then each member's object: that cubin under the member's symbol
+                cubin = _cubin_path(output)
+                (workdir / cubin).unlink(missing_ok=True)
+                group_edges.append(NinjaEdge("cubin_compile", cubin, [source], launcher + command))
+                sources[cubin] = what
+                for member_output in member_outputs:
+                    group_edges.append(NinjaEdge("embed_cubin", member_output, [cubin],
+                                                 _embed_command(member_output, cubin)))
+                    to_build.append(member_output)
+                    built_by[member_output] = cubin
+            else:
+                group_edges.append(NinjaEdge(_RULE_OF_LANGUAGE[members[0].language], output, [source],
+                                             launcher + command))
+                sources[output] = what
+                for member_output in member_outputs:
+                    shared_object[member_output] = output
+                if id(members[0]) in missed:
+                    (workdir / output).unlink(missing_ok=True)
+                    to_build.append(output)
+                else:  # from the cache
+                    shutil.copyfile(workdir / member_outputs[0], workdir / output)
+        # ninja starts ready edges in the order build.ninja lists them (with no log of earlier
+        # runs): the longest compiles first, so that the short ones fill the gaps at the end
+        # instead of a long one starting last (nvcc's device code, then its other units; a unity
+        # group before single units of its kind). A grouped unit's own edge is left out.
+        own_edges = [edge for output, edge in edges_of.items() if output not in built_by and output not in shared_object]
+        edges = sorted(group_edges + own_edges, key=lambda edge: _EDGE_ORDER.index(edge.rule))
+        build_file = write_build_ninja(workdir, edges)
+        if stats is not None:
+            index_of = {output_of[id(unit)]: i for i, unit in enumerate(units)}
+            built_members = {o for o in index_of if built_by.get(o) or shared_object.get(o) in to_build}
+            compiled = {index_of[o] for o in to_build if o in index_of} | {index_of[o] for o in built_members}
+            stats.update(units=len(units), compiled=sorted(compiled), compile_seconds=0.0)
+        if to_build:
+            returncode, output_text = run_ninja(workdir, to_build, jobs, progress)
+            cubins = sorted(set(built_by.values()))
+            failed = failed_outputs(output_text, to_build + cubins)
+            headline = "compiling {} failed"
+            if returncode != 0 and not failed:
+                # ninja failed without naming an edge (interrupted, or its own error): no object
+                # of this run can be trusted.
+                failed = set(to_build) | set(cubins)
+                headline = f"ninja failed (exit code {returncode}) while compiling {{}}"
+            # a group's members fail with its cubin
+            failed |= {member for member, cubin in built_by.items() if cubin in failed}
+            # A failed compiler may leave half an object behind, and ninja does not always
+            # delete it: remove it, so that neither the cache, the link nor a later ninja run
+            # takes it for a built object.
+            for output in failed:
                 (workdir / output).unlink(missing_ok=True)
-                to_build.append(output)
-            else:  # from the cache
-                shutil.copyfile(workdir / member_outputs[0], workdir / output)
-    # ninja starts ready edges in the order build.ninja lists them (with no log of earlier
-    # runs): the longest compiles first, so that the short ones fill the gaps at the end
-    # instead of a long one starting last (nvcc's device code, then its other units; a unity
-    # group before single units of its kind). A grouped unit's own edge is left out.
-    own_edges = [edge for output, edge in edges_of.items() if output not in built_by and output not in shared_object]
-    edges = sorted(group_edges + own_edges, key=lambda edge: _EDGE_ORDER.index(edge.rule))
-    build_file = write_build_ninja(workdir, edges)
-    if stats is not None:
-        index_of = {output_of[id(unit)]: i for i, unit in enumerate(units)}
-        built_members = {o for o in index_of if built_by.get(o) or shared_object.get(o) in to_build}
-        compiled = {index_of[o] for o in to_build if o in index_of} | {index_of[o] for o in built_members}
-        stats.update(units=len(units), compiled=sorted(compiled), compile_seconds=0.0)
-    if to_build:
-        returncode, output_text = run_ninja(workdir, to_build, jobs, progress)
-        cubins = sorted(set(built_by.values()))
-        failed = failed_outputs(output_text, to_build + cubins)
-        headline = "compiling {} failed"
-        if returncode != 0 and not failed:
-            # ninja failed without naming an edge (interrupted, or its own error): no object
-            # of this run can be trusted.
-            failed = set(to_build) | set(cubins)
-            headline = f"ninja failed (exit code {returncode}) while compiling {{}}"
-        # a group's members fail with its cubin
-        failed |= {member for member, cubin in built_by.items() if cubin in failed}
-        # A failed compiler may leave half an object behind, and ninja does not always
-        # delete it: remove it, so that neither the cache, the link nor a later ninja run
-        # takes it for a built object.
-        for output in failed:
-            (workdir / output).unlink(missing_ok=True)
-        built = [output for output in to_build if output not in failed and (workdir / output).is_file()]
-        members_of = {}
-        for member, output in shared_object.items():
-            members_of.setdefault(output, []).append(member)
-        for output in built:  # keep what did compile, even when another unit failed
-            # a group's object under each member's key: a later build that needs one of them
-            # takes it (and links it once however many of its members it needs)
-            for key in [keys[member] for member in members_of.get(output, [])] or [keys[output]]:
-                cache.store(key, workdir / output)
-        commands = [edge.command_line() for edge in edges]
-        if failed:
-            # each failure once: a group's by its cubin, not by every member
-            reported = list(dict.fromkeys(built_by.get(o, o) for o in to_build if o in failed))
-            rerun = f"ninja -C {shlex.quote(str(workdir))} {' '.join(map(shlex.quote, reported))}"
-            what = ", ".join(str(sources[output]) for output in reported)
-            raise CompileError(f"{headline.format(what)}{_launcher_note(launcher)} (commands in {build_file}; "
-                               f"rerun: {rerun}):\n{first_error_lines(output_text, commands)}")
-        missing_objects = [output for output in to_build if output not in built]
-        if missing_objects:
-            raise CompileError(f"compiling {', '.join(str(sources[output]) for output in missing_objects)} "
-                               f"succeeded but wrote no object "
-                               f"({', '.join(str(workdir / output) for output in missing_objects)})"
-                               f"{_launcher_note(launcher)}; commands in {build_file}")
-    if stats is not None:
-        stats["compile_seconds"] = round(time.perf_counter() - started, 2)
-        # each compiled unit's own time (the slowest bound a parallel build), a group's
-        # under its unity source's name
-        timed = edge_seconds(workdir, list(to_build) + sorted(set(built_by.values())))
-        stats["unit_seconds"] = {Path(edge.inputs[0]).name: timed[edge.output] for edge in edges
-                                 if edge.output in timed and edge.rule != "embed_cubin"}
-    return list(dict.fromkeys(workdir / shared_object.get(output_of[id(unit)], output_of[id(unit)])
-                              for unit in units))
+            built = [output for output in to_build if output not in failed and (workdir / output).is_file()]
+            members_of = {}
+            for member, output in shared_object.items():
+                members_of.setdefault(output, []).append(member)
+            for output in built:  # keep what did compile, even when another unit failed
+                # a group's object under each member's key: a later build that needs one of them
+                # takes it (and links it once however many of its members it needs)
+                for key in [keys[member] for member in members_of.get(output, [])] or [keys[output]]:
+                    cache.store(key, workdir / output)
+            commands = [edge.command_line() for edge in edges]
+            if failed:
+                # each failure once: a group's by its cubin, not by every member
+                reported = list(dict.fromkeys(built_by.get(o, o) for o in to_build if o in failed))
+                rerun = f"ninja -C {shlex.quote(str(workdir))} {' '.join(map(shlex.quote, reported))}"
+                what = ", ".join(str(sources[output]) for output in reported)
+                raise CompileError(f"{headline.format(what)}{_launcher_note(launcher)} (commands in {build_file}; "
+                                   f"rerun: {rerun}):\n{first_error_lines(output_text, commands)}")
+            missing_objects = [output for output in to_build if output not in built]
+            if missing_objects:
+                raise CompileError(f"compiling {', '.join(str(sources[output]) for output in missing_objects)} "
+                                   f"succeeded but wrote no object "
+                                   f"({', '.join(str(workdir / output) for output in missing_objects)})"
+                                   f"{_launcher_note(launcher)}; commands in {build_file}")
+        if stats is not None:
+            stats["compile_seconds"] = round(time.perf_counter() - started, 2)
+            # each compiled unit's own time (the slowest bound a parallel build), a group's
+            # under its unity source's name
+            timed = edge_seconds(workdir, list(to_build) + sorted(set(built_by.values())))
+            stats["unit_seconds"] = {Path(edge.inputs[0]).name: timed[edge.output] for edge in edges
+                                     if edge.output in timed and edge.rule != "embed_cubin"}
+        return list(dict.fromkeys(workdir / shared_object.get(output_of[id(unit)], output_of[id(unit)])
+                                  for unit in units))
+    finally:
+        _release(claimed)
+
+
+# The cache keys this process is compiling now, each with the event its waiters wait on:
+# builds side by side in threads (a measured partition's candidates, eight at a time)
+# that need one unit (a CUTLASS kernel, a shim source) compile it once; the others take
+# its object from the cache when that compile ends.
+_COMPILING: dict = {}
+_COMPILING_LOCK = threading.Lock()
+
+
+def _claim(missing: list, key_of, fetch) -> tuple:
+    """(the units of `missing` this build compiles, their claimed keys): first each one that
+    another thread of this process is compiling is waited for and fetched from the cache
+    (compiled here only where that compile failed); then the rest are claimed, until
+    _release. Waits happen holding no claim, so builds cannot wait on each other in a ring."""
+    while True:
+        with _COMPILING_LOCK:
+            busy = [_COMPILING[key_of(unit)] for unit in missing if key_of(unit) in _COMPILING]
+            if not busy:
+                claimed = {key_of(unit) for unit in missing}
+                for key in claimed:
+                    _COMPILING[key] = threading.Event()
+                return missing, claimed
+        for event in busy:
+            event.wait()
+        missing = [unit for unit in missing if not fetch(unit)]
+
+
+def _release(claimed: set) -> None:
+    with _COMPILING_LOCK:
+        for key in claimed:
+            _COMPILING.pop(key).set()
 
 
 def _fetched_groups(fetched: list, workdir: Path, output_of: dict) -> list:
