@@ -70,6 +70,10 @@ class Backend:
     # known_cost will be asked of these candidates (the cudnn backend: every conv's plans in
     # one process), before it is asked
     learn_costs: Callable | None = None
+    # () -> str or None: what this machine lacks to build the backend's functions (the
+    # package to install), None where it has everything; `backends: auto` (config.py)
+    # leaves out a backend that lacks something, and says so
+    unavailable: Callable | None = None
 
     def virtual_device(self, build_device: str):
         """The VirtualDevice of this backend's functions' parameters and results in a build
@@ -123,7 +127,7 @@ def register_backend(name: str, flavor: str, patterns: list, codegen: Callable, 
                      capturable: bool = True, float32_statistics=(), pre_partition: Callable | None = None,
                      takes_the_rest: Callable | None = None, outline_op: Callable | None = None,
                      claims_first: Callable | None = None, known_cost: Callable | None = None,
-                     learn_costs: Callable | None = None) -> Backend:
+                     learn_costs: Callable | None = None, unavailable: Callable | None = None) -> Backend:
     from .ir.op import OP_REGISTRY, get_op
     from .pattern import ops_named
     if flavor not in FLAVORS:
@@ -142,7 +146,7 @@ def register_backend(name: str, flavor: str, patterns: list, codegen: Callable, 
             raise ConfigError(f"backend {name!r}: float32_statistics names unknown op {op_name!r}")
     backend = Backend(name, flavor, list(patterns), codegen, device, memory_scope, one_composite_per_function,
                       capturable, frozenset(float32_statistics), pre_partition, takes_the_rest, outline_op,
-                      claims_first, known_cost, learn_costs)
+                      claims_first, known_cost, learn_costs, unavailable)
     BACKENDS[name] = backend
     return backend
 

@@ -39,7 +39,7 @@ def build(model, target=None, config=None, *, input_shapes: dict | None = None, 
     stages (`byoc build --print-pipeline` lists them) whose output IR is written to the
     work directory's ir/ (a shape bucket's to bucket<N>/ir/).
     """
-    from .config import _validate_input_shapes, load_config
+    from .config import _validate_input_shapes, for_device, load_config
     from .target import resolve_device_target
     overrides = {key: value for key, value in (("target", target), ("workdir", workdir), ("params", params),
                                                 ("precision", precision), ("dims", dims), ("arch", arch))
@@ -48,6 +48,7 @@ def build(model, target=None, config=None, *, input_shapes: dict | None = None, 
     if input_shapes is not None:  # it replaces the config's input_shapes: check it the same way
         input_shapes = _validate_input_shapes("build()", input_shapes)
     device = resolve_device_target(cfg.target)
+    cfg, notes = for_device(cfg, device)
     dump_after = (dump_after,) if isinstance(dump_after, str) else dump_after or ()
     if not isinstance(dump_after, (list, tuple, set, frozenset)) or not all(isinstance(n, str) for n in dump_after):
         raise ConfigError(f"dump_after={dump_after!r}: expected a stage name or a list of them "
@@ -56,6 +57,8 @@ def build(model, target=None, config=None, *, input_shapes: dict | None = None, 
     try:
         context = BuildContext(config=cfg, target=device, workdir=workdir, model=model, input_shapes=input_shapes,
                                progress=BuildProgress(), dump_after=frozenset(dump_after))
+        for note in notes:
+            context.progress.stage(note)
         return _build(context, temporary)
     except CompileError:
         raise  # a compiler or link error points into the workdir (its sources, its rerun command): keep it

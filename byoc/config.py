@@ -6,7 +6,10 @@ Every key is optional; the values shown are the defaults unless noted.
                             # | "cuda -arch=sm_90" | {kind: cuda, arch: sm_90}
     arch: []                # cuda: several archs in one library, e.g. [sm_80, sm_90] (a
                             # program per arch; the runtime runs the one the device suits)
-    backends: []            # priority order: each item a name, or {name: {options}} where
+    backends: []            # auto: on a GPU the tuned backends this machine can build
+                            # (cutlass, cudnn, cublaslt, in that order; one whose package
+                            # is missing is left out, and the build says so), on the CPU
+                            # builtin alone | a list in priority order: each item a name, or {name: {options}} where
                             # the options are that backend's Target attributes, e.g.
                             #   - cutlass: {sm: 90, use_fast_math: true}
                             #   - cublaslt
@@ -17,6 +20,8 @@ Every key is optional; the values shown are the defaults unless noted.
                             # run time measured (or read from the cost store), the cheapest
                             # cover of the model chosen (byoc/costs.py, transform/measured_partition.py)
     precision: float32      # float32 | float16 | bfloat16
+    tf32: false             # true: float32 matmuls (cublaslt) and convs (cudnn) may run on TF32
+                            # tensor cores, as torch's cuDNN convs and TensorRT do by default
     cuda_graph: false       # true | false: capture static regions into CUDA graphs (true
                             # needs target cuda or auto; auto without a GPU builds without)
     cuda_graph_io: copy     # copy: caller tensors are copied into planned buffers around
@@ -69,8 +74,8 @@ import yaml
 from .errors import ConfigError
 from .ir.types import is_static_shape
 
-KEYS = ("target", "arch", "backends", "partition", "precision", "cuda_graph", "cuda_graph_io", "workdir", "params",
-        "tuning", "input_shapes", "dims", "compile_jobs", "output", "devices")
+KEYS = ("target", "arch", "backends", "partition", "precision", "tf32", "cuda_graph", "cuda_graph_io", "workdir",
+        "params", "tuning", "input_shapes", "dims", "compile_jobs", "output", "devices")
 PARTITIONS = ("priority", "measured")
 PRECISIONS = ("float32", "float16", "bfloat16")
 PARAMS = ("embedded", "sidecar")
@@ -85,6 +90,9 @@ BUILTIN_BACKEND = "builtin"
 # Backends a config may name although they are not registered yet: those shipped in
 # backends/ (each registers itself when byoc.backends.<name> is imported).
 KNOWN_BACKENDS = ["cutlass", "cudnn", "cublaslt", "builtin"]
+# What `backends: auto` is on a cuda device, in priority order: those of them this machine
+# can build (each backend's `unavailable` says what it lacks); on the cpu, none (builtin).
+AUTO_CUDA_BACKENDS = ("cutlass", "cudnn", "cublaslt")
 
 
 def register_known_backend(name: str):
@@ -127,8 +135,10 @@ class BuildConfig:
     target: object = "auto"  # "auto" or a device Target
     arch: list = field(default_factory=list)  # cuda: several archs in one library (empty: the target's)
     backends: list = field(default_factory=list)  # [(name, {options})] in priority order
+    backends_auto: bool = False  # `backends: auto`: the list is the device's (for_device)
     partition: str = "priority"  # priority | measured
     precision: str = "float32"
+    tf32: bool = False  # float32 matmuls and convs may run on TF32 tensor cores
     cuda_graph: bool = False
     cuda_graph_io: str = "copy"
     workdir: str | None = None
@@ -166,8 +176,10 @@ class BuildConfig:
     def to_dict(self) -> dict:
         """The config as plain data (what `validate` accepts back)."""
         return {"target": self.target if isinstance(self.target, str) else str(self.target), "arch": list(self.arch),
-                "backends": [{name: dict(options)} if options else name for name, options in self.backends],
-                "partition": self.partition, "precision": self.precision, "cuda_graph": self.cuda_graph, "cuda_graph_io": self.cuda_graph_io,
+                "backends": "auto" if self.backends_auto else
+                [{name: dict(options)} if options else name for name, options in self.backends],
+                "partition": self.partition, "precision": self.precision, "tf32": self.tf32,
+                "cuda_graph": self.cuda_graph, "cuda_graph_io": self.cuda_graph_io,
                 "workdir": self.workdir,
                 "params": self.params, "tuning": dict(self.tuning),
                 "input_shapes": {name: list(dims) for name, dims in self.input_shapes.items()},
@@ -277,6 +289,26 @@ def load_config(spec="default", overrides: dict | None = None, known_backends=No
         raise
 
 
+def for_device(config: BuildConfig, device) -> tuple:
+    """(config with `backends: auto` made the list for `device`, a note for each backend it
+    left out): on a cuda device AUTO_CUDA_BACKENDS that this machine can build, in order; on
+    the cpu none (the built-in backend takes every op). A config with a list is as it was."""
+    import dataclasses
+    if not config.backends_auto:
+        return config, []
+    chosen, notes = [], []
+    if device.kind == "cuda":
+        from .backend import get_backend
+        for name in AUTO_CUDA_BACKENDS:
+            unavailable = get_backend(name).unavailable
+            lacking = unavailable() if unavailable is not None else None
+            if lacking:
+                notes.append(f"backends: auto leaves out {name}: this machine lacks {lacking}")
+            else:
+                chosen.append((name, {}))
+    return dataclasses.replace(config, backends=chosen, backends_auto=False), notes
+
+
 def _target_kind(spec) -> str | None:
     """The kind of a target override, or None when it does not parse (validate says why)."""
     from .target import Target
@@ -320,9 +352,11 @@ def validate(data: dict, source: str = "<dict>", known_backends=None) -> BuildCo
     config = BuildConfig(source=source)
     config.target = _validate_target(source, data.get("target", "auto"))
     config.arch = _validate_arch(source, data.get("arch"), config.target)
-    config.backends = _validate_backends(source, data.get("backends"), known_backends)
+    config.backends_auto = data.get("backends") == "auto"
+    config.backends = [] if config.backends_auto else _validate_backends(source, data.get("backends"), known_backends)
     config.partition = _one_of(source, "partition", data.get("partition", "priority"), PARTITIONS)
     config.precision = _one_of(source, "precision", data.get("precision", "float32"), PRECISIONS)
+    config.tf32 = _one_of(source, "tf32", data.get("tf32", False), (True, False), "true, false")
     config.cuda_graph = _one_of(source, "cuda_graph", data.get("cuda_graph", False), (True, False), "true, false")
     # A CUDA graph captures GPU work: on the cpu target it would be dropped without a word.
     # target: auto is allowed, as it may build for a GPU (without one it builds without graphs).
@@ -389,7 +423,8 @@ def _validate_backends(source, backends, known_backends) -> list:
     if backends is None:
         return []
     if not isinstance(backends, list):
-        _fail(source, "backends", f"{backends!r} is not a list of backend names or {{name: options}}")
+        _fail(source, "backends", f"{backends!r} is not allowed; allowed: a list of backend names or "
+                                  f"{{name: options}}, or auto")
     known = list(known_backends) if known_backends is not None else known_backend_names()
     result, seen = [], set()
     for index, item in enumerate(backends):

@@ -89,6 +89,8 @@ class BuildContext:
             tuning = {key: str(value).lower() if isinstance(value, bool) else str(value)
                       for key, value in self.config.tuning.items()
                       if value is not None and key in TARGET_KINDS.get(name, {})}
+            if "tf32" in TARGET_KINDS.get(name, {}):  # the config's tf32 (a backend's own option wins)
+                tuning["tf32"] = str(self.config.tf32).lower()
             options = {**tuning, **(options or {})}
             targets[name] = Target(name, **options) if options else Target(name)
         targets.setdefault(FALLBACK, Target(FALLBACK))
@@ -184,7 +186,7 @@ def lower(model, config="cpu", *, until: str | None = None, start: str | None = 
     tools use to look at one stage's result."""
     import tempfile
 
-    from .config import BuildConfig, _validate_input_shapes, load_config
+    from .config import BuildConfig, _validate_input_shapes, for_device, load_config
     from .target import resolve_device_target
     cfg = config if isinstance(config, BuildConfig) else load_config(config)
     if dims is not None:  # validated as the config's own dims are
@@ -200,9 +202,13 @@ def lower(model, config="cpu", *, until: str | None = None, start: str | None = 
                           f"got {type(model).__name__}")
     if workdir is None:
         workdir = tempfile.mkdtemp(prefix="byoc-lower-")
-    context = BuildContext(config=cfg, target=resolve_device_target(cfg.target), workdir=Path(workdir).resolve(),
+    device = resolve_device_target(cfg.target)
+    cfg, notes = for_device(cfg, device)
+    context = BuildContext(config=cfg, target=device, workdir=Path(workdir).resolve(),
                            model=model, input_shapes=input_shapes, dims=dims)
     context.workdir.mkdir(parents=True, exist_ok=True)
+    for note in notes:
+        context.progress.stage(note)
     return run_pipeline(context, PIPELINE[first:last + 1], mod=model if first else None)
 
 

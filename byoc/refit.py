@@ -63,7 +63,7 @@ def refit(library, model, *, output, weights=None, config=None, progress=None) -
     with the tuning_db the build used, which the record leaves out). Raises RefitError."""
     from .build import make_workdir
     from .codegen.host import blob_checksum, write_safetensors
-    from .config import load_config
+    from .config import for_device, load_config
     from .package import library_parts
     from .pipeline import BuildContext
     from .progress import BuildProgress
@@ -89,8 +89,9 @@ def refit(library, model, *, output, weights=None, config=None, progress=None) -
     progress = progress or BuildProgress()
     workdir, temporary = make_workdir(cfg.workdir)
     try:
-        context = BuildContext(config=cfg, target=resolve_device_target(cfg.target), workdir=workdir, model=proto,
-                               progress=progress)
+        device = resolve_device_target(cfg.target)
+        cfg, _ = for_device(cfg, device)  # a config of `backends: auto` given anew
+        context = BuildContext(config=cfg, target=device, workdir=workdir, model=proto, progress=progress)
         progress.stage(f"refit: building the program of {library_path.name} from the new weights")
         with progress.heartbeat():
             programs, padding = lower_programs(context)

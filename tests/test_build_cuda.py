@@ -41,7 +41,9 @@ def test_models_compile_and_link_for_sm90(name, tmp_path):
     assert library.metadata["arch"] == "sm_90"
     dynamic = subprocess.run(["readelf", "-d", str(library.path)], capture_output=True, text=True).stdout
     needed = [line.split("[")[1].split("]")[0] for line in dynamic.splitlines() if "(NEEDED)" in line]
-    allowed = ("libstdc++", "libm.", "libgcc_s", "libc.", "ld-linux", "libcublasLt", "libcublas", "libdl",
+    # `default` on sm_90: the tuned backends this machine can build (backends: auto), so
+    # cuBLASLt and, for resnet_small's convs where the cudnn extra is installed, cuDNN
+    allowed = ("libstdc++", "libm.", "libgcc_s", "libc.", "ld-linux", "libcublasLt", "libcublas", "libcudnn", "libdl",
                "libpthread", "librt")
     assert all(n.startswith(allowed) for n in needed), needed
     assert not any(n.startswith("libcudart") for n in needed)  # cudart is linked statically
@@ -122,11 +124,12 @@ gpu = pytest.mark.skipif(not gpu_visible(), reason="no GPU visible")
     ("mlp", "float32", 1e-3), ("bert2", "float32", 1e-3), ("resnet_small", "float32", 1e-3),
     ("bert2", "float16", 1e-2), ("resnet_small", "float16", 1e-2), ("gpt2_2l", "float16", 1e-2)])
 def test_models_run_on_gpu(name, precision, tolerance, tmp_path):
+    """The built-in backend alone runs whole models on the visible GPU (target: auto)."""
     import cupy
     inputs, expected = fixture(name)
-    library = byoc.build(FIXTURES / f"{name}.onnx", config="default", precision=precision,
+    library = byoc.build(FIXTURES / f"{name}.onnx", config={"target": "auto", "backends": []}, precision=precision,
                          workdir=str(tmp_path / "w"), input_shapes={k: v.shape for k, v in inputs.items()})
-    # `default` picks the target from the visible GPU: this test is about the cuda one
+    # target: auto picks the target from the visible GPU: this test is about the cuda one
     assert library.metadata["target"].startswith("cuda"), library.metadata["target"]
     assert {f["backend"] for f in library.metadata["functions"]} == {"builtin"}
     deployed = library.export_library(tmp_path / "deploy" / "model.so")
@@ -144,6 +147,28 @@ def test_models_run_on_gpu(name, precision, tolerance, tmp_path):
         again = module.run(**device_inputs)
         again = again if isinstance(again, tuple) else (again,)
     assert all(np.array_equal(cupy.asnumpy(a), b) for a, b in zip(again, first))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("name, backend", [("mlp", "cublaslt"), ("resnet_small", "cudnn")])
+def test_default_on_a_gpu_takes_the_tuned_backends_in_float32_with_tf32(name, backend, tmp_path):
+    """`default` with nothing else on a GPU machine: the tuned backends (here cuBLASLt's
+    TF32 matmuls, cuDNN's convs where the cudnn extra is installed) and CUDA graphs, in the
+    model's float32; the outputs within TF32's tolerance of onnxruntime's."""
+    import cupy
+    from byoc.toolchain.locate import missing_nvidia_library
+    if backend == "cudnn" and missing_nvidia_library("cudnn"):
+        pytest.skip("the cudnn extra is not installed")
+    inputs, expected = fixture(name)
+    library = byoc.build(FIXTURES / f"{name}.onnx", workdir=str(tmp_path / "w"),
+                         input_shapes={k: v.shape for k, v in inputs.items()})
+    assert library.metadata["target"].startswith("cuda") and library.metadata["cuda_graph"]
+    assert backend in {f["backend"] for f in library.metadata["functions"]}
+    results = library.load().run(**{k: cupy.asarray(v) for k, v in inputs.items()})
+    results = results if isinstance(results, tuple) else (results,)
+    for got, want in zip(results, expected.values(), strict=True):
+        assert np.max(np.abs(cupy.asnumpy(got) - want)) <= 1e-2 * np.max(np.abs(want))
 
 
 @pytest.mark.gpu

@@ -434,13 +434,23 @@ def test_the_engine_checks_its_graph_against_the_callers_interface(engine_librar
 
 @pytest.mark.parametrize("options, message", [
     ("timed_selection=2", "timed_selection"), ("candidates=0", "candidates"), ("bogus=1", "unknown option"),
-    ("workspace_limit", "key=value"), ("workspace_limit=-1", "workspace_limit")])
+    ("workspace_limit", "key=value"), ("workspace_limit=-1", "workspace_limit"), ("tf32=2", "tf32=2: expected 0 or 1")])
 def test_create_rejects_bad_options(engine_library, options, message):
     func = make_mlp()
     blob, offsets = weights_blob(func)
     code, error = engine_library.create(serialize_function(func, offsets).encode(), blob.ctypes.data, blob.size,
                                         DEVICE_CPU, options)
     assert code == 1 and message in error
+
+
+def test_tf32_is_an_option_the_cpu_engine_takes(engine_library):
+    """tf32=1 is for a GPU's float32 matmuls; the cpu engine takes it (and computes as ever)."""
+    func = make_mlp()
+    blob, offsets = weights_blob(func)
+    code, handle = engine_library.create(serialize_function(func, offsets).encode(), blob.ctypes.data, blob.size,
+                                         DEVICE_CPU, "tf32=1;workspace_limit=0")
+    assert code == 0, handle
+    engine_library.destroy(handle)
 
 
 def test_cpu_only_build_refuses_cuda(engine_library):

@@ -154,7 +154,8 @@ def test_visible_gpu_arch_reads_nvidia_smi(monkeypatch, tmp_path):
 def test_shipped_configs_load():
     assert {"default", "cpu", "cuda_sm90"} <= set(shipped_config_names())
     default = load_config("default")
-    assert default.target == "auto" and default.backend_order == ["builtin"] and default.params == "embedded"
+    assert default.target == "auto" and default.backends_auto and default.params == "embedded"
+    assert default.tf32 and default.cuda_graph and default.precision == "float32"
     cpu = load_config("cpu")
     assert cpu.target == Target("cpu") and cpu.backend_order == ["builtin"] and cpu.precision == "float32"
     cuda = load_config("cuda_sm90")
@@ -226,7 +227,8 @@ def test_config_from_yaml_path_dict_and_overrides(tmp_path):
     ({"target": "gpu"}, r"target: unknown target kind 'gpu'; known kinds: "),
     ({"target": "cutlass"}, r"target: 'cutlass' is not a device target; allowed: auto, cpu, cuda -arch=sm_XX"),
     # backends
-    ({"backends": "cutlass"}, r"backends: 'cutlass' is not a list"),
+    ({"backends": "cutlass"}, r"backends: 'cutlass' is not allowed; allowed: a list .*, or auto"),
+    ({"tf32": "yes"}, r"tf32: 'yes' is not allowed; allowed: true, false"),
     ({"backends": ["tensorrt"]}, r"backends\[0\]: unknown backend 'tensorrt'; allowed: cutlass, cudnn, cublaslt, builtin"),
     ({"backends": ["cublaslt", "cutlas"]}, r"backends\[1\]: unknown backend 'cutlas'.*did you mean 'cutlass'"),
     ({"backends": ["cublaslt", "cublaslt"]}, r"backends\[1\]: backend 'cublaslt' is listed twice"),
@@ -266,6 +268,64 @@ def test_cuda_graph_is_allowed_where_a_gpu_may_be_built_for():
     # the override is read as a target, not as text: a dict, or a cpu target with options
     for target in ({"kind": "cpu"}, "cpu -march=native"):
         assert load_config("cuda_sm90", overrides={"target": target}).cuda_graph is False
+
+
+def test_backends_auto_is_the_tuned_backends_on_a_gpu_and_none_on_the_cpu(monkeypatch):
+    """`backends: auto` (the default config's): builtin alone on the cpu; on a cuda device
+    cutlass, cudnn and cublaslt in that order, each where this machine can build it; one it
+    cannot is left out with a note naming what to install."""
+    from byoc.backend import get_backend
+    from byoc.config import for_device
+    auto = load_config({"backends": "auto"})
+    assert auto.backends_auto and auto.to_dict()["backends"] == "auto"
+    assert load_config(auto).backends_auto  # round trip
+    on_cpu, notes = for_device(auto, Target("cpu"))
+    assert on_cpu.backend_order == ["builtin"] and not on_cpu.backends_auto and notes == []
+    for name in ("cutlass", "cudnn", "cublaslt"):
+        monkeypatch.setattr(get_backend(name), "unavailable", lambda: None)
+    on_gpu, notes = for_device(auto, Target("cuda -arch=sm_90"))
+    assert on_gpu.backend_order == ["cutlass", "cudnn", "cublaslt", "builtin"] and notes == []
+    monkeypatch.setattr(get_backend("cudnn"), "unavailable", lambda: "cuDNN (pip install nvidia-cudnn-cu13)")
+    on_gpu, notes = for_device(auto, Target("cuda -arch=sm_90"))
+    assert on_gpu.backend_order == ["cutlass", "cublaslt", "builtin"]
+    assert notes == ["backends: auto leaves out cudnn: this machine lacks cuDNN (pip install nvidia-cudnn-cu13)"]
+    listed = load_config({"backends": ["cublaslt"]})
+    assert for_device(listed, Target("cuda -arch=sm_90")) == (listed, [])
+
+
+def test_tf32_reaches_the_backends_that_have_it():
+    """The config's tf32 is the cublaslt Target's unless the backend's own options say."""
+    import dataclasses
+
+    from byoc.backend import get_backend
+    from byoc.pipeline import BuildContext
+    for name in ("builtin", "cutlass", "cublaslt"):
+        get_backend(name)  # their target kinds registered, as a build's partition does first
+    cfg = load_config({"target": "cuda -arch=sm_90", "backends": ["cutlass", "cublaslt"], "tf32": True})
+    context = BuildContext(config=cfg, target=Target("cuda -arch=sm_90"), workdir=None)
+    assert context.backend_targets["cublaslt"].attrs["tf32"] is True
+    assert "tf32" not in context.backend_targets["cutlass"].attrs
+    own = dataclasses.replace(cfg, backends=[("cublaslt", {"tf32": False})])
+    assert BuildContext(config=own, target=Target("cuda -arch=sm_90"), workdir=None) \
+        .backend_targets["cublaslt"].attrs["tf32"] is False
+    exact = load_config({"target": "cuda -arch=sm_90", "backends": ["cublaslt"]})
+    assert BuildContext(config=exact, target=Target("cuda -arch=sm_90"), workdir=None) \
+        .backend_targets["cublaslt"].attrs["tf32"] is False
+
+
+def test_tf32_is_in_the_cublaslt_engines_options(tmp_path):
+    """A float32 cuda build with tf32 gives each cuBLASLt partition's engine tf32=1 (its
+    float32 matmuls on TF32 tensor cores); without, the option is absent (exact float32)."""
+    from pathlib import Path
+
+    from byoc.pipeline import lower
+    mlp = str(Path(__file__).parent / "fixtures" / "mlp.onnx")
+    for tf32 in (True, False):
+        workdir = tmp_path / str(tf32)
+        lower(mlp, {"target": "cuda -arch=sm_90", "backends": ["cublaslt"], "tf32": tf32}, until="codegen",
+              workdir=str(workdir))
+        wrappers = [path.read_text() for path in workdir.glob("cublaslt*.cc")]
+        assert wrappers and all(("tf32=1" in text) == tf32 for text in wrappers)
 
 
 def test_config_errors_name_the_file(tmp_path):

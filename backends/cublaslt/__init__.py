@@ -16,8 +16,18 @@ register_target_kind("cublaslt", {
     "timed_selection": AttrSchema(bool, False, None, "time the top algorithms at create() instead of the heuristic"),
     "candidates": AttrSchema(int, 8, None, "how many algorithms timed selection tries",
                                check=at_least(1)),
+    "tf32": AttrSchema(bool, False, None, "float32 matmuls on TF32 tensor cores (cuBLASLt's FAST_TF32 compute; "
+                                            "the config's tf32 key sets it)"),
 })
 
 __all__ = ["ENGINE_DIR", "ENGINE_SOURCES", "codegen", "pattern_table"]
 
-register_backend("cublaslt", flavor="json", patterns=pattern_table(), codegen=codegen, device="any")
+def unavailable() -> str | None:
+    """What this machine lacks to build cublaslt functions for a GPU: cuBLASLt's headers and
+    library (the cpu target's engine needs neither)."""
+    from byoc.toolchain.locate import missing_nvidia_library
+    return missing_nvidia_library("cublasLt")
+
+
+register_backend("cublaslt", flavor="json", patterns=pattern_table(), codegen=codegen, device="any",
+                 unavailable=unavailable)

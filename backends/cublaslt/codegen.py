@@ -44,6 +44,8 @@ def codegen(functions: dict, target) -> list:
     workdir = Path(target.workdir)
     options = (f"workspace_limit={target.attrs['workspace_limit']};"
                f"timed_selection={int(target.attrs['timed_selection'])};candidates={target.attrs['candidates']}")
+    if target.attrs["tf32"]:
+        options += ";tf32=1"
     units, workspace = [], {}
     if cuda:
         host_flags = device.cxx_flags() + ["-DBYOC_JSON_ENGINE_WITH_CUDA", f"-I{ENGINE_DIR}", f"-I{INCLUDE_DIR}"] + \

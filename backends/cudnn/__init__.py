@@ -33,6 +33,12 @@ def prepare_for_partition(mod, target, build_device: str):
     return convert_conv_layout(mod, dtypes=("float32", "float16", "bfloat16"))
 
 
+def unavailable() -> str | None:
+    """What this machine lacks to build cudnn functions (cuDNN 9's headers and library)."""
+    from byoc.toolchain.locate import missing_nvidia_library
+    return missing_nvidia_library("cudnn")
+
+
 register_backend("cudnn", flavor="csource", patterns=pattern_table(), codegen=codegen, device="cuda",
                  one_composite_per_function=True, pre_partition=prepare_for_partition, known_cost=known_cost,
-                 learn_costs=learn_costs)
+                 learn_costs=learn_costs, unavailable=unavailable)

@@ -114,8 +114,21 @@ def prepare_for_partition(mod, target, build_device: str):
     return pad_conv_channels(convert_conv_layout(mod))
 
 
+def unavailable() -> str | None:
+    """What this machine lacks to build cutlass functions: CUTLASS's headers, or nvcc."""
+    from byoc.errors import BuildError
+    from byoc.toolchain.locate import cuda_home, cutlass_include_dirs
+    if cuda_home() is None:
+        return "the CUDA toolkit (nvcc not found)"
+    try:
+        cutlass_include_dirs()
+    except BuildError:
+        return "CUTLASS's headers (pip install nvidia-cutlass)"
+    return None
+
+
 # The fused attention kernel's softmax runs in float32 registers: a float16 build gives it
 # float16 scores, not a cast pair around a float32 softmax (which would break the pattern).
 register_backend("cutlass", flavor="csource", patterns=pattern_table(), codegen=codegen, device="cuda",
                  one_composite_per_function=True, float32_statistics=("softmax",),
-                 pre_partition=prepare_for_partition, known_cost=known_cost)
+                 pre_partition=prepare_for_partition, known_cost=known_cost, unavailable=unavailable)

@@ -105,6 +105,22 @@ NVIDIA_LINKED = {"cublasLt": ("cublasLt.h", "nvidia-cublas", "libcublasLt"),
                  "cudnn": ("cudnn_graph.h", "nvidia-cudnn-cu13", "libcudnn")}  # cudnn_graph.h: cuDNN 9
 
 
+def missing_nvidia_library(name: str) -> str | None:
+    """What is missing to build with and link NVIDIA library `name` (a key of NVIDIA_LINKED:
+    cublasLt, cudnn), as a sentence naming the package to install; None where the CUDA
+    toolkit or that package has its header and library."""
+    header, package, stem = NVIDIA_LINKED[name]
+    home = cuda_home()
+    if home is None:
+        return "the CUDA toolkit (nvcc not found)"
+    if (home / "include" / header).is_file() and (home / "lib64" / f"{stem}.so").exists():
+        return None
+    pip = _pip_cuda_library_dir(header)
+    if pip and any(pip[1].glob(f"{stem}.so*")):
+        return None
+    return f"{stem}'s headers and library (pip install {package})"
+
+
 def cudnn_include_dirs() -> list[Path]:
     """cuDNN's include directory (the toolkit's, else the nvidia-cudnn-cu13 package's); a
     BuildError naming the package where neither has cudnn.h: a config that lists the cudnn

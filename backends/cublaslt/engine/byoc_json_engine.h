@@ -50,6 +50,8 @@ enum { BYOC_JSON_DEVICE_CPU = 1, BYOC_JSON_DEVICE_CUDA = 2 };
  *   candidates=N            1..64 (default 8)
  *   fuse_erf_gelu=0|1       1: fuse exact (erf) gelu into cuBLASLt's GELU epilogue, which
  *                           computes the tanh approximation (default 0: exact, unfused)
+ *   tf32=0|1                1: float32 matmuls on TF32 tensor cores, as torch's
+ *                           allow_tf32 and TensorRT's default (default 0: exact float32)
  * Unknown keys and malformed values are errors. */
 int byoc_json_engine_create(const char* json, size_t json_len, const void* weights_base,
                             size_t weights_bytes, int device_kind, const char* options,

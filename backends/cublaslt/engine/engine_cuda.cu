@@ -344,8 +344,11 @@ class CudaExecutor : public Executor {
     matmul.beta = step.has_residual ? 1.0f : 0.0f;
     matmul.epilogue = epilogue_for(step);
 
-    // fp32 accumulate for every dtype; CUBLAS_COMPUTE_32F (not _FAST_TF32) keeps fp32 exact.
-    check_cublas(cublasLtMatmulDescCreate(&matmul.operation, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    // fp32 accumulate for every dtype; float32 operands stay exact (CUBLAS_COMPUTE_32F)
+    // unless the options allow TF32 tensor cores (_FAST_TF32: 10-bit mantissa products).
+    const cublasComputeType_t compute =
+        dtype == DType::kFloat32 && options_.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    check_cublas(cublasLtMatmulDescCreate(&matmul.operation, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
     check_cublas(cublasLtMatmulDescSetAttribute(matmul.operation, CUBLASLT_MATMUL_DESC_EPILOGUE, &matmul.epilogue,
                                                 sizeof matmul.epilogue),
                  "set EPILOGUE");

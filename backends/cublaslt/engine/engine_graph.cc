@@ -372,9 +372,13 @@ Options parse_options(const char* text) {
     } else if (key == "fuse_erf_gelu") {
       require(number <= 1, "0 or 1");
       options.fuse_erf_gelu = number == 1;
+    } else if (key == "tf32") {
+      require(number <= 1, "0 or 1");
+      options.tf32 = number == 1;
     } else {
       throw EngineError(BYOC_JSON_ERROR_ARGUMENT, "unknown option \"" + key +
-                                                      "\"; expected workspace_limit, timed_selection, candidates or fuse_erf_gelu");
+                                                      "\"; expected workspace_limit, timed_selection, candidates, "
+                                                      "fuse_erf_gelu or tf32");
     }
   }
   return options;

@@ -102,6 +102,7 @@ struct Options {
   bool timed_selection = false;
   int candidates = 8;
   bool fuse_erf_gelu = false;
+  bool tf32 = false;  // float32 matmuls on TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32)
 };
 Options parse_options(const char* text);
 
