@@ -216,11 +216,11 @@ def candidate_module(main, nodes) -> tuple:
 def candidate_key(module, backend: str, config, target=None) -> str:
     """The store's key of a candidate: byoc's code, the CUDA toolkit and libraries of a cuda
     build (toolchain_versions of `target`, default the config's), the backend and its
-    options, the precision, and the candidate's IR text (weights by type, not value)."""
+    options, the precision and tf32, and the candidate's IR text (weights by type, not value)."""
     from .package import byoc_code_digest
     options = dict(config.backends).get(backend) or {}
     text = module.script(elide_data_over=16)
-    settings = json.dumps([options, config.tuning, config.cuda_graph], sort_keys=True, default=str)
+    settings = json.dumps([options, config.tuning, config.cuda_graph, config.tf32], sort_keys=True, default=str)
     versions = toolchain_versions(target if target is not None else config.target, backend)
     digest = hashlib.sha256(f"{byoc_code_digest()}\0{versions}\0{backend}\0{settings}\0{config.precision}\0"
                             f"{text}".encode())
@@ -316,12 +316,12 @@ def build_candidate(module, backend: str, context, workdir: str, compile_jobs: i
 
 
 def candidate_config(backend: str, context) -> dict:
-    """The config a candidate is built (or partitioned) with: the build's target, tuning and
-    options of `backend` alone (none for the built-in backend), float32 (the candidate's
+    """The config a candidate is built (or partitioned) with: the build's target, tuning, tf32
+    and options of `backend` alone (none for the built-in backend), float32 (the candidate's
     types are the build's already)."""
     from .config import BUILTIN_BACKEND
     options = dict(context.config.backends).get(backend)
-    return {"target": str(context.target), "precision": "float32",
+    return {"target": str(context.target), "precision": "float32", "tf32": context.config.tf32,
             "backends": [] if backend == BUILTIN_BACKEND else [{backend: dict(options)} if options else backend],
             "tuning": {key: value for key, value in context.config.tuning.items() if value is not None}}
 
