@@ -89,12 +89,13 @@ def learn_costs(candidates: list, target) -> None:
 
 
 def engine_units(target) -> list:
-    """The engine's compile unit for `target`'s device (host C++ against cuDNN's and the
-    CUDA runtime's headers)."""
+    """The engine's compile units for `target`'s device (host C++ against cuDNN's and the
+    CUDA runtime's headers): building and running convs, and timing their plans."""
     from byoc.toolchain import CompileUnit, cuda_include_dirs, cudnn_include_dirs
     includes = [f"-I{d}" for d in cudnn_include_dirs() + cuda_include_dirs()]
     flags = target.device.cxx_flags() + [f"-I{ENGINE_DIR}"] + includes
-    return [CompileUnit(ENGINE_DIR / "cudnn_conv.cc", "cxx", flags, "cudnn_conv.o")]
+    return [CompileUnit(ENGINE_DIR / source, "cxx", flags, f"{source[:-3]}.o")
+            for source in ("cudnn_conv.cc", "cudnn_plan_timing.cc")]
 
 
 def codegen(functions: dict, target) -> list:

@@ -273,7 +273,11 @@ def _time_in_this_process(library: str, request: str, answer: str) -> None:
 
     convs = json.loads(Path(request).read_text())
     # BYOC_CUDNN_PLAN_THREADS: another count, to measure what the threads gain (bench/cudnn_plan_timing.py)
-    wanted = int(os.environ.get("BYOC_CUDNN_PLAN_THREADS") or PREPARING_THREADS)
+    given = os.environ.get("BYOC_CUDNN_PLAN_THREADS", "")
+    wanted = int(given) if given.isdigit() and int(given) > 0 else PREPARING_THREADS
+    if given and wanted == PREPARING_THREADS and given != str(PREPARING_THREADS):
+        print(f"cudnn plans: BYOC_CUDNN_PLAN_THREADS={given!r} is not a positive integer; "
+              f"{PREPARING_THREADS} threads", file=sys.stderr)
     threads = max(1, min(wanted, os.cpu_count() or 1, len(convs)))
     with open(answer, "w") as out, concurrent.futures.ThreadPoolExecutor(threads) as pool:
         for first in range(0, len(convs), threads):

@@ -9,7 +9,7 @@
 // engines keep them in registers. A plan is chosen once, at create: the engine the build
 // timed fastest on this GPU model when there is one, else the heuristic's first plan that
 // builds within the workspace limit (mode A, then the fallback list).
-#include "byoc_cudnn.h"
+#include "cudnn_conv_internal.h"
 
 #include <cudnn.h>
 #include <cuda_runtime_api.h>
@@ -24,15 +24,16 @@
 #include <string>
 #include <vector>
 
-namespace {
+// hidden: the engine stays inside the library that links it (only byoc_cudnn.h's
+// functions are its interface)
+namespace __attribute__((visibility("hidden"))) byoc_cudnn_internal {
 
+namespace {  // this source's alone, and kept out of the library's symbols
 thread_local std::string g_last_error;
 // why the last heuristics query proposed nothing (create's error says it)
 thread_local std::string g_heuristics_note;
+}  // namespace
 
-struct Failure : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 std::string status_text(cudnnStatus_t status) {
   std::string text = cudnnGetErrorString(status);
@@ -50,36 +51,7 @@ void check_cuda(cudaError_t status, const char* what) {
   if (status != cudaSuccess) throw Failure(std::string(what) + ": " + cudaGetErrorString(status));
 }
 
-// One backend descriptor, destroyed with its owner.
-class Descriptor {
- public:
-  explicit Descriptor(cudnnBackendDescriptorType_t type) {
-    check(cudnnBackendCreateDescriptor(type, &handle_), "cudnnBackendCreateDescriptor");
-  }
-  ~Descriptor() {
-    if (handle_ != nullptr) cudnnBackendDestroyDescriptor(handle_);
-  }
-  Descriptor(const Descriptor&) = delete;
-  Descriptor& operator=(const Descriptor&) = delete;
-  cudnnBackendDescriptor_t get() const { return handle_; }
 
-  template <typename T>
-  Descriptor& set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t count,
-                  const T* values, const char* what) {
-    check(cudnnBackendSetAttribute(handle_, name, type, count, values), what);
-    return *this;
-  }
-  Descriptor& set(cudnnBackendAttributeName_t name, const Descriptor& other, const char* what) {
-    cudnnBackendDescriptor_t value = other.get();
-    return set(name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &value, what);
-  }
-  void finalize(const char* what) { check(cudnnBackendFinalize(handle_), what); }
-
- private:
-  cudnnBackendDescriptor_t handle_ = nullptr;
-};
-
-using Owned = std::unique_ptr<Descriptor>;
 
 cudnnDataType_t data_type(int32_t dtype) {
   switch (dtype) {
@@ -162,11 +134,6 @@ void check_shape(const ByocCudnnConv& c) {
   if (c.workspace_limit < 0) throw Failure("a negative workspace limit");
 }
 
-// The conv's operation graph on `handle`: its tensors and ops stay alive with it.
-struct Graph {
-  std::vector<Owned> parts;
-  Owned graph;
-};
 
 Graph build_graph(const ByocCudnnConv& c, cudnnHandle_t handle) {
   check_shape(c);
@@ -246,11 +213,6 @@ Graph build_graph(const ByocCudnnConv& c, cudnnHandle_t handle) {
   return g;
 }
 
-// One engine configuration the heuristics proposed, and its engine's global index.
-struct Config {
-  Owned config;
-  int64_t engine = -1;
-};
 
 std::vector<Config> heuristic_configs(const Graph& g, cudnnBackendHeurMode_t mode) {
   Descriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
@@ -309,11 +271,6 @@ std::vector<Config> all_configs(const Graph& g) {
   return configs;
 }
 
-struct Plan {
-  Owned plan;
-  int64_t engine = -1;
-  int64_t workspace = 0;
-};
 
 // The plan of `config`, or no plan where it does not build or needs more workspace.
 Plan make_plan(const Config& config, cudnnHandle_t handle, int64_t workspace_limit) {
@@ -354,32 +311,7 @@ std::string describe(const ByocCudnnConv& c) {
   return text;
 }
 
-struct Conv {
-  ByocCudnnConv shape{};
-  cudnnHandle_t handle = nullptr;
-  Graph graph;
-  Plan plan;
-  // the variant pack of the last run's pointers: rebuilt only when they change
-  Owned pack;
-  std::array<void*, 6> pack_pointers{};
 
-  ~Conv() {
-    pack.reset();
-    plan.plan.reset();
-    graph.graph.reset();
-    graph.parts.clear();
-    if (handle != nullptr) cudnnDestroy(handle);
-  }
-};
-
-// A conv's graph and the plans its timing will try, built ahead of the timing
-// (byoc_cudnn_conv_prepare_plans): building them is the slow part (cuDNN compiles its
-// runtime-fusion kernels), and convs' plans build side by side in threads, each conv with
-// its own handle, while their timing runs one conv at a time.
-struct PreparedPlans {
-  Conv conv;
-  std::vector<Plan> plans;
-};
 
 // The first of `configs` (of engine `engine` only, where that is not negative) whose plan
 // builds within the workspace limit; no plan where none does.
@@ -444,7 +376,9 @@ int fail(const std::string& message) {
   return 1;
 }
 
-}  // namespace
+}  // namespace byoc_cudnn_internal
+
+using namespace byoc_cudnn_internal;  // NOLINT(build/namespaces)
 
 extern "C" {
 
@@ -502,126 +436,6 @@ int byoc_cudnn_conv_run(void* state, const void* data, const void* weight, const
   } catch (const std::exception& error) {
     return fail(describe(c) + ": " + error.what());
   }
-}
-
-int byoc_cudnn_conv_prepare_plans(const ByocCudnnConv* shape, int max_plans, void** prepared) {
-  *prepared = nullptr;
-  try {
-    std::unique_ptr<PreparedPlans> plans(new PreparedPlans);
-    Conv& conv = plans->conv;
-    conv.shape = *shape;
-    check(cudnnCreate(&conv.handle), "cudnnCreate");
-    conv.graph = build_graph(conv.shape, conv.handle);
-    for (const Config& config : all_configs(conv.graph)) {
-      if (static_cast<int>(plans->plans.size()) >= max_plans) break;
-      Plan plan = make_plan(config, conv.handle, conv.shape.workspace_limit);
-      if (plan.plan) plans->plans.push_back(std::move(plan));
-    }
-    *prepared = plans.release();
-    return 0;
-  } catch (const std::exception& error) {
-    return fail(describe(*shape) + ": " + error.what());
-  }
-}
-
-void byoc_cudnn_conv_release_plans(void* prepared) { delete static_cast<PreparedPlans*>(prepared); }
-
-int byoc_cudnn_conv_time_prepared(void* prepared, int runs, int64_t* engines, double* microseconds, int* count) {
-  *count = 0;
-  PreparedPlans& plans = *static_cast<PreparedPlans*>(prepared);
-  Conv& conv = plans.conv;
-  const ByocCudnnConv& c = conv.shape;
-  std::vector<void*> buffers;
-  cudaStream_t stream = nullptr;
-  cudaEvent_t start = nullptr, stop = nullptr;
-  int status = 0;
-  try {
-    check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    check_cuda(cudaEventCreate(&start), "cudaEventCreate");
-    check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
-    const size_t element = element_bytes(c.dtype);
-    const size_t output_bytes = static_cast<size_t>(c.batch * c.out_h * c.out_w * c.out_channels) * element;
-    const size_t sizes[5] = {
-        static_cast<size_t>(c.batch * c.height * c.width * c.channels) * element,
-        static_cast<size_t>(c.out_channels * c.kernel_h * c.kernel_w * (c.channels / c.groups)) * element,
-        static_cast<size_t>(c.out_channels) * element, output_bytes, output_bytes};
-    // Operand sets taken in turn through more memory than L2 holds (64 MiB): each launch
-    // reads its operands from DRAM, as a conv in a model does and as the other backends'
-    // candidates are timed (byoc/costs.py).
-    size_t set_bytes = 0;
-    for (size_t bytes : sizes) set_bytes += bytes;
-    const int sets = static_cast<int>(std::min<size_t>(64, std::max<size_t>(1, ((64u << 20) + set_bytes - 1) /
-                                                                                    set_bytes)));
-    std::vector<std::array<void*, 6>> operand_sets(sets);
-    void* workspace = nullptr;
-    check_cuda(cudaMalloc(&workspace, static_cast<size_t>(std::max<int64_t>(c.workspace_limit, 256))),
-               "cudaMalloc of the workspace");
-    buffers.push_back(workspace);
-    for (auto& set : operand_sets) {
-      for (int i = 0; i < 5; ++i) {
-        void* buffer = nullptr;
-        check_cuda(cudaMalloc(&buffer, sizes[i]), "cudaMalloc of a scratch operand");
-        buffers.push_back(buffer);
-        // small values (0x3c3c is 1.06 in float16): a conv of zeros may take another path
-        check_cuda(cudaMemsetAsync(buffer, 0x3c, sizes[i], stream), "cudaMemset");
-        set[i] = buffer;
-      }
-      if (!c.has_bias) set[2] = nullptr;
-      if (!c.has_residual) set[3] = nullptr;
-      set[5] = workspace;
-    }
-    const int launches = std::max(runs, sets);
-    for (Plan& plan : plans.plans) {
-      conv.plan = std::move(plan);
-      std::vector<Owned> packs;  // one variant pack per operand set, made before the timing
-      std::vector<double> times;
-      try {
-        for (auto& set : operand_sets) {
-          conv.pack.reset();
-          execute(conv, set.data(), workspace, stream);  // also the warm-up
-          packs.push_back(std::move(conv.pack));
-        }
-        check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-        check(cudnnSetStream(conv.handle, stream), "cudnnSetStream");
-        for (int round = 0; round < 3; ++round) {
-          check_cuda(cudaEventRecord(start, stream), "cudaEventRecord");
-          for (int i = 0; i < launches; ++i) {
-            check(cudnnBackendExecute(conv.handle, conv.plan.plan->get(), packs[i % sets]->get()),
-                  "cudnnBackendExecute");
-          }
-          check_cuda(cudaEventRecord(stop, stream), "cudaEventRecord");
-          check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
-          float ms = 0;
-          check_cuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-          times.push_back(1000.0 * ms / launches);
-        }
-      } catch (const Failure&) {
-        // A plan that builds and does not run is not a candidate, unless it broke the
-        // context (a sticky error: every later call would fail too): then the timing
-        // fails, and the build stores nothing of it.
-        const cudaError_t sticky = cudaStreamSynchronize(stream);
-        if (sticky != cudaSuccess && cudaGetLastError() != cudaSuccess && cudaDeviceSynchronize() != cudaSuccess) {
-          throw Failure(std::string("a plan left the CUDA context broken: ") + cudaGetErrorString(sticky));
-        }
-        continue;
-      }
-      std::sort(times.begin(), times.end());
-      engines[*count] = conv.plan.engine;
-      microseconds[*count] = times[1];
-      ++*count;
-    }
-  } catch (const std::exception& error) {
-    status = fail(describe(c) + ": " + error.what());
-  }
-  conv.pack.reset();
-  conv.plan = Plan();
-  plans.plans.clear();  // timed once: the plans' memory goes back now
-  if (stream != nullptr) cudaStreamSynchronize(stream);
-  for (void* buffer : buffers) cudaFree(buffer);
-  if (start != nullptr) cudaEventDestroy(start);
-  if (stop != nullptr) cudaEventDestroy(stop);
-  if (stream != nullptr) cudaStreamDestroy(stream);
-  return status;
 }
 
 }  // extern "C"
