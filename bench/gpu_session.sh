@@ -4,7 +4,7 @@
 #   bench/gpu_session.sh tests    GPU tests of every file that has them, files in parallel, and the torch interop tests
 #   bench/gpu_session.sh gemm     bench/bench_gemm.py (CUTLASS tuned, cuBLASLt engine, cuBLAS)
 #   bench/gpu_session.sh attention [ARGS...]  bench/bench_attention.py (every fused attention kernel and tile)
-#   bench/gpu_session.sh build_times [CASES...]  cold/warm/measure-all build times (bench/build_times.py tables them)
+#   bench/gpu_session.sh build_times [CASES...]  cold/warm/measure-all build times (bench/build_times.py tables them; LIBRARY=1: with the kernel library)
 #   bench/gpu_session.sh models CASES...   bench/run_models.py over the shipped CUDA configs
 #   bench/gpu_session.sh release 1|2  the model cases the open issues ask for, in two calls
 #   bench/gpu_session.sh profile [CASES...]  per-kernel GPU time (bench/profile_kernels.py)
@@ -103,12 +103,25 @@ case "$stage" in
     # then BERT-base b1 cold with every CUTLASS kernel measured here (cuda_sm90:measure, at
     # most MEASURE_S seconds), then the libraries timed; the records come back as
     # $OUT/build_times.tar.gz for bench/build_times.py.
+    # With LIBRARY=1 the kernel library comes first (byoc kernels build: its one-time cost and
+    # size in $OUT/kernel_library.json), kept across the cold builds, which then tune on this
+    # GPU as the shipped config does (profile auto, an empty user database: every problem
+    # the shipped database lacks is measured), e.g.
+    #   LIBRARY=1 MEASURE= bash bench/gpu_session.sh build_times bert_base:1 convnext_tiny:32
     [ $# -eq 0 ] && set -- bert_base:1 gpt2:1 resnet50:32
     mkdir -p /tmp/build-times
+    cold_profile=false
+    if [ -n "${LIBRARY:-}" ]; then
+      export BYOC_KERNEL_LIBRARY=/tmp/kernel-library TUNING_DB_ARG=""
+      cold_profile=auto
+      echo "$(date +%T) kernel library: building into $BYOC_KERNEL_LIBRARY"
+      python3 -m byoc kernels build --json >"$OUT/kernel_library.json" 2>/tmp/build-times/kernel_library.log
+      echo "$(date +%T) kernel library: $(tr -d '\n ' <"$OUT/kernel_library.json")"
+    fi
     prebuild() {  # CACHE WORKDIR TAG CONFIG PROFILE CASE [timeout]
       BYOC_CACHE_DIR="$1" timeout "${7:-500}" python3 bench/real_models.py --prebuild --workdir "$2" \
         --configs "$4" --tuning-db "${TUNING_DB_ARG-backends/cutlass/tuning_sm90.json}" --profile "$5" --cases "$6" \
-        >"/tmp/build-times/$3.log" 2>&1
+        --build-log "/tmp/build-times/$3.progress" >"/tmp/build-times/$3.log" 2>&1
       echo "$(date +%T) $3: $(grep -h 'built in\|FAILED' "/tmp/build-times/$3.log" | tail -n 1)"
       for record in "$2"/prebuilt/*.json; do cp "$record" "/tmp/build-times/$3.$(basename "$record")"; done
     }
@@ -116,8 +129,8 @@ case "$stage" in
     # building the same model again elsewhere
     for case in "$@"; do
       name="${case%%:*}"
-      prebuild "/tmp/cache-$name" build/byoc-real "$name.cold" cuda_sm90 false "$case"
-      prebuild "/tmp/cache-$name" build/byoc-real-warm "$name.warm" cuda_sm90 false "$case"
+      prebuild "/tmp/cache-$name" build/byoc-real "$name.cold" cuda_sm90 "$cold_profile" "$case"
+      prebuild "/tmp/cache-$name" build/byoc-real-warm "$name.warm" cuda_sm90 "$cold_profile" "$case"
     done
     # MEASURE= (empty) leaves the measure-all build out
     measure="${MEASURE-bert_base:1}"

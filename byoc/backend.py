@@ -74,6 +74,11 @@ class Backend:
     # package to install), None where it has everything; `backends: auto` (config.py)
     # leaves out a backend that lacks something, and says so
     unavailable: Callable | None = None
+    # (target, workdir, dtypes, epilogues) -> list[CompileUnit]: the units a kernel library
+    # holds for this backend (byoc/kernel_library.py: compiled once per machine, found
+    # behind the object cache), their sources written under workdir (the cutlass backend:
+    # every tuning candidate with its epilogue proxies)
+    kernel_library: Callable | None = None
 
     def virtual_device(self, build_device: str):
         """The VirtualDevice of this backend's functions' parameters and results in a build
@@ -127,7 +132,8 @@ def register_backend(name: str, flavor: str, patterns: list, codegen: Callable, 
                      capturable: bool = True, float32_statistics=(), pre_partition: Callable | None = None,
                      takes_the_rest: Callable | None = None, outline_op: Callable | None = None,
                      claims_first: Callable | None = None, known_cost: Callable | None = None,
-                     learn_costs: Callable | None = None, unavailable: Callable | None = None) -> Backend:
+                     learn_costs: Callable | None = None, unavailable: Callable | None = None,
+                     kernel_library: Callable | None = None) -> Backend:
     from .ir.op import OP_REGISTRY, get_op
     from .pattern import ops_named
     if flavor not in FLAVORS:
@@ -146,7 +152,7 @@ def register_backend(name: str, flavor: str, patterns: list, codegen: Callable, 
             raise ConfigError(f"backend {name!r}: float32_statistics names unknown op {op_name!r}")
     backend = Backend(name, flavor, list(patterns), codegen, device, memory_scope, one_composite_per_function,
                       capturable, frozenset(float32_statistics), pre_partition, takes_the_rest, outline_op,
-                      claims_first, known_cost, learn_costs, unavailable)
+                      claims_first, known_cost, learn_costs, unavailable, kernel_library)
     BACKENDS[name] = backend
     return backend
 

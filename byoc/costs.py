@@ -42,8 +42,8 @@ MAX_STORE_BYTES = 64 << 20
 
 
 def default_store_path() -> Path:
-    root = os.environ.get("BYOC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "byoc")
-    return Path(root) / "costs" / "costs.json"
+    from byoc.toolchain.cache import cache_root
+    return cache_root() / "costs" / "costs.json"
 
 
 class CostStore:

@@ -291,7 +291,8 @@ def test_tuning_says_what_it_compiles_and_how_far_it_is(tmp_path, monkeypatch):
     with pytest.warns(byoc.ByocWarning, match="did not compile"):
         choose_kernels(problems, 90, TuningDatabase(tmp_path / "db.json"), profile=True, workdir=tmp_path,
                        compile_flags=[], progress=progress)
-    assert re.match(r"cutlass tuning: compiling \d+ candidate kernels for 2 problems \(float16:m1024:n2304", lines[0]), lines
+    assert re.match(r"cutlass tuning: \d+ candidate kernels for 2 problems \(float16:m1024:n2304.*\): compiling \d+ of "
+                    r"their \d+ units", lines[0]), lines
     assert re.match(r"\[1/\d+\] compile ", lines[1]) and progress.last_what.startswith("compiling, 1 of "), lines
 
 

@@ -8,7 +8,7 @@ from byoc.backend import register_backend
 from byoc.target import AttrSchema, at_least, each, register_target_kind
 
 from .attention import EXAMPLE_TILES, FLASH_TILES
-from .codegen import codegen, known_cost
+from .codegen import codegen, kernel_library_units, known_cost
 from .kernels import parse_shape
 from .patterns import pattern_table
 
@@ -78,13 +78,16 @@ register_target_kind("cutlass", {
     "tuning_candidates": AttrSchema(int, 5, None, "candidate GEMM kernels tuning compiles and times per problem: "
                                     "the heuristic's and those a cost model ranks first (0: every candidate)",
                                     check=at_least(0)),
-    # own by default: on the H100 (32 cores), BERT-base b1 measured cold built in 62 s with
-    # own and 88-90 s with proxy (its winners compiled after timing, a second wave of CUTLASS
-    # compiles), the library as fast either way (0.398 ms)
-    "tuned_epilogue": AttrSchema(str, "own", ("proxy", "own"), "what candidates are timed with: own (each "
-                                 "problem's epilogue: the winner is the object timed) or proxy (the problem's bias, "
-                                 "no activation or residual: problems differing only there share their candidates' "
-                                 "compiles, and the winner is compiled after timing)"),
+    # auto by default: the proxy wherever the kernel library (`byoc kernels build`) holds the
+    # candidates, so that a cold build compiles winners only; own elsewhere, because on the
+    # H100 (32 cores) BERT-base b1 measured cold built in 62 s with own and 88-90 s with proxy
+    # when the proxies had to be compiled too (a second wave of CUTLASS compiles after timing)
+    "tuned_epilogue": AttrSchema(str, "auto", ("auto", "proxy", "own"), "what candidates are timed with: auto "
+                                 "(proxy for a problem whose candidates' proxy kernels are compiled already, in the "
+                                 "kernel library or the object cache: every such candidate is timed; own otherwise), "
+                                 "own (each problem's epilogue: the winner is the object timed) or proxy (the "
+                                 "problem's bias, no activation or residual: problems differing only there share "
+                                 "their candidates' compiles, and the winner is compiled after timing)"),
     "tuning_gpus": AttrSchema(int, 0, None, "GPUs tuning times candidates on at once, each a profiler process over "
                               "a share of the problems (0: every visible GPU of the first one's model)",
                               check=at_least(0)),
@@ -131,4 +134,5 @@ def unavailable() -> str | None:
 # float16 scores, not a cast pair around a float32 softmax (which would break the pattern).
 register_backend("cutlass", flavor="csource", patterns=pattern_table(), codegen=codegen, device="cuda",
                  one_composite_per_function=True, float32_statistics=("softmax",),
-                 pre_partition=prepare_for_partition, known_cost=known_cost, unavailable=unavailable)
+                 pre_partition=prepare_for_partition, known_cost=known_cost, unavailable=unavailable,
+                 kernel_library=kernel_library_units)

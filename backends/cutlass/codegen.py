@@ -180,7 +180,7 @@ def codegen(functions: dict, target) -> list:
                                 jobs=target.attrs.get("compile_threads") or None, allowed=allowed,
                                 remeasure_on=remeasure_on, optional_save=optional_save,
                                 progress=getattr(target, "progress", None),
-                                proxy_epilogue=target.attrs.get("tuned_epilogue", "own") == "proxy",
+                                tuned_epilogue=target.attrs.get("tuned_epilogue") or "auto",
                                 gpu_limit=target.attrs.get("tuning_gpus") or 0)
     except ValueError as error:  # the target's tiles/clusters/stages leave no kernel for a problem
         raise BuildError(str(error)) from None
@@ -265,6 +265,23 @@ def _kernel_label(kernel, problem) -> str:
 # templates and parse the same headers, so a few of them compile in about the time of one
 # (toolchain/unity.py).
 HOST_HALVES_UNITY = "cutlass_sm90_host_halves"
+
+
+def kernel_library_units(target, workdir: Path, dtypes=("float16",), epilogues: str = "proxy") -> list:
+    """The compile units of the kernel library's cutlass share (library.py: every candidate
+    the target allows, with its epilogue proxies), for the target's arch and flags, their
+    sources under `workdir`; device halves of one tile and schedule compile together."""
+    from .library import library_units
+    device = target.device
+    if device is None or device.kind != "cuda":
+        raise BuildError("the cutlass kernel library is for a cuda device target")
+    sm = int(target.attrs.get("sm") or device.arch_number())
+    try:
+        units = library_units(sm, cutlass_flags(target, sm), tuple(dtypes), epilogues,
+                              CandidateFilter.from_target(target.attrs))
+    except ValueError as error:
+        raise BuildError(f"cutlass kernel library: {error}") from None
+    return kernel_compile_units(units, Path(workdir))
 
 
 def kernel_compile_units(kernel_units, workdir: Path, unity: bool = True) -> list:

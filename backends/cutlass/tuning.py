@@ -5,8 +5,13 @@ Tuning problems (GEMMs or convs: both are measured the same way, each against th
 of its family, kernels.usable_candidates) = compile every candidate kernel once (one ninja
 edge each, through the object cache), link them with one generated profiler
 (templates/cutlass/profiler.cu.j2), run it once for all the problems, keep each problem's
-fastest. A candidate is timed with its problem's own epilogue, so the winner's object is
-the one timed and the build finds it in the object cache. With the cutlass target's
+fastest. With the cutlass target's `tuned_epilogue: auto` (the default), a problem whose
+candidates' proxy units (below) are compiled already, in the kernel library that `byoc
+kernels build` fills once per machine (byoc/kernel_library.py) or in the object cache, has
+every such candidate timed on its proxy, and no candidate compiled: only the winner, with
+its own epilogue, in the build; any other problem is timed as with `own`. With `own`, a
+candidate is timed with its problem's own epilogue, so the winner's object is
+the one timed and the build finds it in the object cache. With
 `tuned_epilogue: proxy`, it is timed with the problem's epilogue proxy instead
 (epilogue_proxy: the bias kept, no activation, no residual), so every problem of one dtype
 and layout times the same few kernel units whatever its epilogue (BERT's four GEMMs of a
@@ -64,8 +69,8 @@ SHIPPED_DATABASE = Path(__file__).resolve().parent / "tuning_sm90.json"
 def default_database_path() -> Path:
     """Where tuning results persist when the target names no tuning_db: beside the object
     cache ($BYOC_CACHE_DIR, else ~/.cache/byoc), so that a second build finds them."""
-    root = os.environ.get("BYOC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "byoc")
-    return Path(root) / "tuning" / "cutlass.json"
+    from byoc.toolchain.cache import cache_root
+    return cache_root() / "tuning" / "cutlass.json"
 
 
 def measurement_provenance(candidates: int) -> dict:
@@ -272,14 +277,15 @@ def timed_problem(problem, kernels: list, proxy: bool):
 def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile: bool, workdir: Path,
                    compile_flags: list, jobs: int | None = None, allowed: CandidateFilter = NO_FILTER,
                    remeasure_on: str | None = None, optional_save: bool = False, progress=None,
-                   proxy_epilogue: bool = False, gpu_limit: int = 0) -> dict:
+                   proxy_epilogue: bool = False, gpu_limit: int = 0, tuned_epilogue: str | None = None) -> dict:
     """problem -> kernel for every problem (GemmProblem or ConvProblem): from the
     database (when the target allows that kernel), else measured among the allowed
     candidates (when `profile`), else the database's kernel for the same shape with another
     epilogue, else the heuristic. `remeasure_on`: the visible GPU's name where the user
     asked for tuning; an entry measured on a GPU of another name is then measured again.
     `progress`: the build's BuildProgress, told each phase of tuning and ninja's [n/m] lines.
-    `proxy_epilogue`: candidates are timed on the problem's epilogue proxy (timed_problem).
+    `tuned_epilogue` (the cutlass target's; `proxy_epilogue` stands for "proxy", else
+    "auto"): what each problem's candidates are timed with and which are timed (tuning_plan).
     `gpu_limit`: the most GPUs timing runs on at once (0: every one of the first's model)."""
     chosen = {}
     to_tune = []
@@ -307,12 +313,17 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
             chosen[problem] = similar if similar is not None and allowed.admits(similar, measured=True) else \
                 default_kernel(sm, problem, allowed)
     if to_tune:
-        count = sum(len(usable_candidates(sm, problem, allowed)) for problem in to_tune)
-        log.info("cutlass: tuning %d problems the databases lack (%d candidate kernels "
-                                             "to compile and time; tuning_db remembers the winners)",
-                                             len(to_tune), count)
+        mode = tuned_epilogue or ("proxy" if proxy_epilogue else "auto")
+        plans = {problem: tuning_plan(problem, sm, allowed, compile_flags, workdir / "tuning", mode)
+                 for problem in to_tune}
+        count = sum(len(kernels) for kernels, _, _ in plans.values())
+        held = sum(held for _, _, held in plans.values())
+        log.info("cutlass: tuning %d problems the databases lack (%d candidate kernels to time, %d of them compiled "
+                 "already (the kernel library, the object cache); tuning_db remembers the winners)",
+                 len(to_tune), count, held)
         measured = _profile(to_tune, sm, workdir / "tuning", compile_flags, jobs, allowed, progress=progress,
-                            proxy=proxy_epilogue, gpu_limit=gpu_limit)
+                            gpu_limit=gpu_limit, kernels_of=lambda problem: plans[problem][0],
+                            proxied=frozenset(problem for problem, (_, proxy, _) in plans.items() if proxy))
         provenance = measurement_provenance(0)  # one GPU, one toolchain for the whole run
         for problem in to_tune:
             times = measured.get(problem, {})
@@ -325,16 +336,51 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
                 if times and allowed == NO_FILTER and database.entries.get(f"sm{sm}", {}).get(problem.key) is None:
                     database.record_failed(sm, problem, times, {**provenance, "candidates": len(times)})
                 continue
-            by_name = {k.name(problem): k for k in usable_candidates(sm, problem, allowed)}
+            kernels, proxy, _ = plans[problem]
+            by_name = {k.name(problem): k for k in kernels}
             best = min(valid, key=valid.get)
             chosen[problem] = by_name[best]
-            stand_in = timed_problem(problem, list(by_name.values()), proxy_epilogue)
+            stand_in = timed_problem(problem, kernels, proxy)
             database.record(sm, problem, by_name[best], valid[best], times,
                             {**provenance, "candidates": len(times),
                              "timed_epilogue": stand_in.epilogue_name if stand_in != problem else None})
         if database.recorded:  # nothing measured: the file is left as it is (another build may have written it)
             database.save(optional=optional_save)
     return chosen
+
+
+def tuning_plan(problem, sm: int, allowed: CandidateFilter, flags: list, workdir: Path, mode: str) -> tuple:
+    """(the candidates tuning times for `problem`, whether on its epilogue proxy, how many of
+    them need no compile). `mode` is the cutlass target's tuned_epilogue: own and proxy time
+    usable_candidates (the target's tuning_candidates of them) with that epilogue; auto
+    times every candidate whose proxy unit is compiled already (`byoc kernels build`'s
+    kernel library, or the object cache) where they are at least as many, the problem's own
+    epilogue's usable_candidates otherwise."""
+    chosen = usable_candidates(sm, problem, allowed)
+    if mode in ("own", "proxy"):
+        proxy = mode == "proxy"
+        return chosen, proxy, sum(_compiled(chosen, timed_problem(problem, chosen, proxy), flags, workdir))
+    import dataclasses
+    every = usable_candidates(sm, problem, dataclasses.replace(allowed, per_problem=0))
+    stand_in = timed_problem(problem, every, True)
+    held = [kernel for kernel, compiled in zip(every, _compiled(every, stand_in, flags, workdir)) if compiled]
+    if held and len(held) >= len(chosen):
+        return held, stand_in != problem, len(held)
+    return chosen, False, sum(_compiled(chosen, problem, flags, workdir))
+
+
+def _compiled(kernels: list, problem, flags: list, workdir: Path) -> list:
+    """Whether each kernel's unit for `problem` (both halves) is in the object cache or the
+    kernel library: timing it costs no compile."""
+    from byoc.toolchain.compiler import unit_cached
+
+    from .codegen import kernel_compile_units
+    workdir.mkdir(parents=True, exist_ok=True)
+    found = []
+    for kernel in kernels:
+        units = kernel_compile_units([kernel_unit(kernel, problem, flags)], workdir, unity=False)
+        found.append(all(unit_cached(units, workdir)))
+    return found
 
 
 def time_kernels(chosen: dict, sm: int, workdir: Path, compile_flags: list, jobs=None) -> dict:
@@ -347,12 +393,13 @@ def time_kernels(chosen: dict, sm: int, workdir: Path, compile_flags: list, jobs
 
 def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
              allowed: CandidateFilter = NO_FILTER, kernels_of=None, progress=None, proxy: bool = False,
-             gpu_limit: int = 0) -> dict:
+             gpu_limit: int = 0, proxied: frozenset = frozenset()) -> dict:
     """problem -> {candidate kernel name (as it runs the problem): microseconds, or None
     where it failed or disagreed with the problem's first candidate}: every candidate's
     kernel unit compiled once (kernels.kernel_unit; with `proxy`, of the problem's epilogue
-    proxy: timed_problem), one profiler for all the problems (templates/cutlass/profiler.cu.j2),
-    run once, on every visible GPU of one model at once (at most `gpu_limit`; 0: all)."""
+    proxy, or for the problems in `proxied`: timed_problem), one profiler for all the problems
+    (templates/cutlass/profiler.cu.j2), run once, on every visible GPU of one model at once
+    (at most `gpu_limit`; 0: all)."""
     from byoc.toolchain import CompileUnit, compile_units
 
     from .codegen import kernel_compile_units
@@ -361,7 +408,7 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
     for index, problem in enumerate(problems):
         # the heuristic's kernel first: the reference the others are checked against
         usable = kernels_of(problem) if kernels_of else usable_candidates(sm, problem, allowed)
-        timed_as = timed_problem(problem, usable, proxy)
+        timed_as = timed_problem(problem, usable, proxy or problem in proxied)
         indices, slots = {"a": 0, "b": 1}, [0, 1]
         if timed_as.has_bias:
             indices["bias"] = len(slots)
@@ -382,9 +429,12 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
     # compile costs no other, and a build finds each chosen kernel's in the cache
     candidate_units = kernel_compile_units(kernel_units.values(), workdir, unity=False)
     if progress is not None:  # what the build is doing for minutes, and how far it is
-        progress.stage(f"cutlass tuning: compiling {len(kernel_units)} candidate kernels for {len(problems)} "
-                       f"problems ({', '.join(problem.key for problem in problems[:3])}"
-                       f"{', ...' if len(problems) > 3 else ''})")
+        from byoc.toolchain.compiler import unit_cached
+        missing = len(candidate_units) - sum(unit_cached(candidate_units, workdir))
+        progress.stage(f"cutlass tuning: {len(kernel_units)} candidate kernels for {len(problems)} problems "
+                       f"({', '.join(problem.key for problem in problems[:3])}{', ...' if len(problems) > 3 else ''}): "
+                       + (f"compiling {missing} of their {len(candidate_units)} units" if missing else
+                          "every unit compiled already (the kernel library, the object cache)"))
     try:
         compile_units(candidate_units, workdir, jobs=jobs, progress=progress.compile_line if progress else None)
     except BuildError as error:

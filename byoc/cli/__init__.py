@@ -7,6 +7,7 @@ messages.
     byoc report model.so|WORKDIR [-o report.html]
     byoc refit model.so NEW.onnx -o NEW.safetensors [--weights W.safetensors|W.npz] [--config C]
     byoc tuning show|merge|export [DB.json ...] [-o OUT.json]
+    byoc kernels build|show|clear [-c CONFIG] [--dtype float16 ...]
 
 A user error (any byoc.ByocError, a missing or unreadable file, a bad YAML file) prints
 `byoc: error: <message>` on stderr and exits 2, with no traceback. Anything else is a bug
@@ -14,7 +15,7 @@ in byoc: it prints a one-line message and exits 1; `--debug` adds the traceback.
 
 A new subcommand is one more row in SUBCOMMANDS: a name, a help line, a function that
 adds its arguments and a function that runs it and returns the exit code. Each group of
-subcommands is a module of this package (model, run, build, inspect, refit, tuning); what they
+subcommands is a module of this package (model, run, build, inspect, refit, tuning, kernels); what they
 share is in common.py.
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .model import import_arguments, import_command, ops_arguments, ops_command
 from .refit import refit_arguments, refit_command
 from .run import run_arguments, run_command
 from .tuning import tuning_arguments, tuning_command
+from .kernels import kernels_arguments, kernels_command
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS", "UsageError", "parse_input_shapes", "EXIT_OK", "EXIT_USER_ERROR",
            "EXIT_INTERNAL_ERROR"]
@@ -65,6 +67,8 @@ SUBCOMMANDS = [
                "it runs with", refit_arguments, refit_command),
     Subcommand("tuning", "the CUTLASS tuning databases: show their entries, merge them, export yours to share",
                tuning_arguments, tuning_command),
+    Subcommand("kernels", "the kernel library: compile tuning's candidate kernels once per machine (build), "
+               "show it, clear it", kernels_arguments, kernels_command),
 ]
 
 

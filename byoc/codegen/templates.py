@@ -22,8 +22,8 @@ class _TemplateBytecodeCache(jinja2.FileSystemBytecodeCache):
 
     @property
     def directory(self) -> str:
-        from byoc.toolchain.cache import cache_dir
-        return str(cache_dir().parent / "jinja")
+        from byoc.toolchain.cache import cache_root
+        return str(cache_root() / "jinja")
 
     def load_bytecode(self, bucket):
         try:

@@ -10,6 +10,11 @@ include directories a command names enter the key through `extra_key`
 
 A cache directory that cannot be used (read-only, a file, under /proc ...) is not an
 error: builds go on without it, after one warning that names $BYOC_CACHE_DIR.
+
+Behind the object cache, read only, lies the kernel library ($BYOC_KERNEL_LIBRARY, default
+<cache root>/kernels): objects keyed the same way, compiled once per machine by `byoc kernels
+build` (byoc/kernel_library.py), so that tuning a model no database knows times candidate
+kernels without compiling them. Clearing the object cache leaves it alone.
 """
 from __future__ import annotations
 
@@ -34,9 +39,43 @@ _QUOTED_INCLUDE = re.compile(rb'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
 _SOURCE_SUFFIXES = {".c", ".cc", ".cpp", ".cxx", ".cu", ".cuh", ".h", ".hh", ".hpp", ".inc", ".S", ".s"}
 
 
+def cache_root() -> Path:
+    """$BYOC_CACHE_DIR, else ~/.cache/byoc: where the object cache, the persistent tuning
+    database and the kernel library live."""
+    return Path(os.environ.get("BYOC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "byoc"))
+
+
+# The directory `store` writes to instead of the object cache while `byoc kernels build`
+# fills the kernel library (storing_into); None: the object cache.
+_store_override: Path | None = None
+
+
 def cache_dir() -> Path:
-    root = os.environ.get("BYOC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "byoc")
-    return Path(root) / "objects"
+    return _store_override if _store_override is not None else cache_root() / "objects"
+
+
+def kernel_library_dir() -> Path:
+    """The kernel library's objects: $BYOC_KERNEL_LIBRARY, else <cache root>/kernels."""
+    return Path(os.environ.get("BYOC_KERNEL_LIBRARY") or cache_root() / "kernels")
+
+
+class storing_into:
+    """`with storing_into(directory):` objects compiled in the block are stored under
+    `directory` (keyed as the object cache keys them) instead of the object cache: how the
+    kernel library is filled. One at a time per process (a command, not a build)."""
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+
+    def __enter__(self):
+        global _store_override
+        self.previous, _store_override = _store_override, self.directory
+        return self.directory
+
+    def __exit__(self, *exc):
+        global _store_override
+        _store_override = self.previous
+        return False
 
 
 class CacheWarning(ByocWarning):
@@ -198,20 +237,40 @@ def object_key(source: Path, command: list[str], compiler_version: str, extra_fi
     return digest.hexdigest()
 
 
-def cached_object(key: str) -> Path:
-    return cache_dir() / key[:2] / f"{key}.o"
+def cached_object(key: str, directory: Path | None = None) -> Path:
+    return (directory if directory is not None else cache_dir()) / key[:2] / f"{key}.o"
+
+
+def has(key: str) -> bool:
+    """Whether `fetch` would find an object for `key` (in the object cache or the kernel
+    library)."""
+    return any(cached_object(key, directory).is_file() for directory in _lookup_dirs())
+
+
+def _lookup_dirs() -> list:
+    """Where objects are looked up, in order: the object cache, then the kernel library."""
+    first = cache_dir()
+    library = kernel_library_dir()
+    return [first] if library == first else [first, library]
 
 
 def fetch(key: str, destination: Path) -> bool:
-    """Copy the cached object for `key` to `destination`; False on a miss, or when the
-    cache cannot be read (warned about once). A copy, not a hard link: tools that rewrite
-    an object in place would otherwise change the cache."""
-    try:
-        cached = open(cached_object(key), "rb")
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        return False  # a miss (or no cache directory yet; `store` says if it cannot make one)
-    except OSError as error:
-        _cache_unusable(error, "reading an object")
+    """Copy the cached object for `key` (from the object cache, else the kernel library) to
+    `destination`; False on a miss, or when the cache cannot be read (warned about once). A
+    copy, not a hard link: tools that rewrite an object in place would otherwise change the
+    cache."""
+    cached = None
+    for directory in _lookup_dirs():
+        try:
+            cached = open(cached_object(key, directory), "rb")
+            break
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            continue  # a miss (or no such directory yet; `store` says if it cannot make one)
+        except OSError as error:
+            if directory == cache_dir():
+                _cache_unusable(error, "reading an object")
+            continue
+    if cached is None:
         return False
     # Errors writing `destination` belong to the work directory, not the cache: they propagate.
     with cached:

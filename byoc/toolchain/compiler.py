@@ -184,6 +184,20 @@ def failed_outputs(ninja_output: str, outputs: list) -> set:
     return failed
 
 
+def unit_cached(units: list, workdir) -> list[bool]:
+    """Whether each of `units` (its source written) would come from the object cache or the
+    kernel library, keyed as compile_units keys it: what tuning asks before choosing
+    candidates it need not compile."""
+    workdir = Path(workdir).resolve()
+    files_read, found = {}, []
+    for unit in units:
+        output = ninja_path(workdir, workdir / "obj" / unit.output)
+        source = ninja_path(workdir, unit.source)
+        command = _command(unit, source, output) + (_embed_command(output) if unit.language == "cubin" else [])
+        found.append(cache.has(_cache_key(unit, command, workdir, files_read, relative_source=source)))
+    return found
+
+
 def compile_units(units: list, workdir, jobs: int | None = None,
                   progress: Callable[[str], None] | None = None, stats: dict | None = None) -> list[Path]:
     """The objects to link for `units` (under <workdir>/obj, in the units' order), taken from

@@ -1,0 +1,52 @@
+"""`byoc kernels build|show|clear`: the kernel library (byoc/kernel_library.py), kernels
+compiled once per machine so that tuning a model no database knows compiles none."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from .common import EXIT_OK
+
+
+def kernels_arguments(parser: argparse.ArgumentParser):
+    parser.add_argument("action", choices=("build", "show", "clear"),
+                        help="build: compile the library for a config's GPU (once per machine and toolkit); "
+                             "show: where it is, its size and what filled it; clear: delete its objects")
+    parser.add_argument("-c", "--config", default="cuda_sm90",
+                        help="the build config whose target and backends the kernels are for (default cuda_sm90)")
+    parser.add_argument("--dtype", action="append", choices=("float16", "bfloat16"), dest="dtypes",
+                        help="element types to compile kernels for (repeatable; default float16)")
+    parser.add_argument("--epilogues", choices=("proxy", "all"), default="proxy",
+                        help="proxy: the epilogues tuning times candidates with (bias or none; the default); "
+                             "all: also the fused activations and residuals, so that builds take their winners "
+                             "from the library too (several times the size)")
+    parser.add_argument("-j", "--jobs", type=int, default=None, help="parallel compiles (default: one per CPU)")
+    parser.add_argument("--json", action="store_true", help="build: print the summary as JSON")
+    parser.add_argument("-q", "--quiet", action="store_true", help="build: no progress lines")
+
+
+def kernels_command(args: argparse.Namespace) -> int:
+    from .. import kernel_library
+    if args.action == "show":
+        print(kernel_library.describe())
+        return EXIT_OK
+    if args.action == "clear":
+        removed = kernel_library.clear_library()
+        print(f"kernel library {kernel_library.library_dir()}: {removed} objects deleted")
+        return EXIT_OK
+    from ..progress import BuildProgress
+    from .build import _ProgressLines
+    progress = BuildProgress()
+    with _ProgressLines(args.quiet):
+        progress.stage(f"kernel library: compiling {args.config}'s kernels into {kernel_library.library_dir()}")
+        with progress.heartbeat():
+            summary = kernel_library.build_library(args.config, tuple(args.dtypes or ("float16",)), args.epilogues,
+                                                   jobs=args.jobs, progress=progress.compile_line)
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        print(f"kernel library {summary['where']}: {summary['units']} units for {args.config} "
+              f"({'+'.join(summary['dtypes'])}, {summary['epilogues']} epilogues): {summary['compiled']} compiled, "
+              f"{summary['already_there']} already there, {summary['failed']} failed, in {summary['seconds']} s; "
+              f"{summary['bytes'] / 2**20:.1f} MiB")
+    return EXIT_OK

@@ -1,0 +1,186 @@
+"""The kernel library (byoc/kernel_library.py, `byoc kernels`): objects compiled once per
+machine that the object cache finds behind itself, and tuning that times what it holds
+instead of compiling candidates."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from byoc.backends.cutlass import tuning
+from byoc.backends.cutlass.codegen import cutlass_flags
+from byoc.backends.cutlass.kernels import (NO_FILTER, ConvProblem, GemmProblem, kernel_problem, kernel_unit,
+                                           usable_candidates)
+from byoc.backends.cutlass.library import library_units
+from byoc.toolchain import CompileUnit, cache, compile_units
+from byoc.toolchain.compiler import unit_cached
+
+
+@pytest.fixture
+def empty_cache(tmp_path, monkeypatch):
+    """An empty object cache and an empty kernel library (its default place, under the cache)."""
+    monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("BYOC_KERNEL_LIBRARY", raising=False)
+    return tmp_path / "cache"
+
+
+def small_unit(directory: Path, name: str = "kernel", text: str = "int byoc_library_probe() { return 7; }\n"):
+    directory.mkdir(parents=True, exist_ok=True)
+    source = directory / f"{name}.cc"
+    source.write_text(text)
+    return CompileUnit(source, "cxx", ["-O1", "-fPIC"], f"{name}.o")
+
+
+def test_objects_come_from_the_kernel_library_behind_an_empty_object_cache(empty_cache, tmp_path, monkeypatch):
+    assert cache.kernel_library_dir() == empty_cache / "kernels"
+    with cache.storing_into(cache.kernel_library_dir()):
+        compile_units([small_unit(tmp_path / "a")], tmp_path / "a")
+    assert list((empty_cache / "kernels").glob("??/*.o")) and not (empty_cache / "objects").exists()
+    # a later build elsewhere: nothing in its object cache, the object from the library
+    monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "other-cache"))
+    monkeypatch.setenv("BYOC_KERNEL_LIBRARY", str(empty_cache / "kernels"))
+    unit = small_unit(tmp_path / "b")
+    assert unit_cached([unit], tmp_path / "b") == [True]
+    stats = {}
+    objects = compile_units([unit], tmp_path / "b", stats=stats)
+    assert stats["compiled"] == [] and objects[0].is_file()
+    # another text is another object: compiled, and stored in the object cache, not the library
+    changed = small_unit(tmp_path / "c", text="int byoc_library_probe() { return 8; }\n")
+    assert unit_cached([changed], tmp_path / "c") == [False]
+    compile_units([changed], tmp_path / "c", stats=stats)
+    assert stats["compiled"] == [0]
+    assert len(list((empty_cache / "kernels").glob("??/*.o"))) == 1
+    assert len(list((tmp_path / "other-cache" / "objects").glob("??/*.o"))) == 1
+
+
+@pytest.fixture
+def small_library(monkeypatch, tmp_path):
+    """The cutlass backend's library hook replaced by two small C++ units and one that does
+    not compile (what `byoc kernels build` does with them is the subject, not CUTLASS)."""
+    from byoc.backend import get_backend
+    backend = get_backend("cutlass")
+
+    def units(target, workdir, dtypes, epilogues):
+        assert target.device.kind == "cuda" and dtypes == ("float16",) and epilogues == "proxy"
+        return [small_unit(workdir, "one"), small_unit(workdir, "two", "int byoc_two() { return 2; }\n"),
+                small_unit(workdir, "broken", "int byoc_broken( { return; }\n")]
+    monkeypatch.setattr(backend, "kernel_library", units)
+
+
+def test_byoc_kernels_build_show_and_clear(empty_cache, small_library, capsys):
+    from byoc.cli import main
+    assert main(["kernels", "show"]) == 0
+    assert "never built here" in capsys.readouterr().out
+    assert main(["kernels", "build", "-q", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["units"] == 3 and summary["compiled"] == 2 and summary["failed"] == 1
+    assert summary["where"] == str(empty_cache / "kernels") and summary["bytes"] > 0
+    manifest = json.loads((empty_cache / "kernels" / "manifest.json").read_text())
+    entry = manifest["builds"]["cuda_sm90:float16:proxy"]
+    assert entry["compiled"] == 2 and "broken.cc" in entry["first_failure"]
+    # again: what is there stays, nothing compiles twice
+    assert main(["kernels", "build", "-q", "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["already_there"] == 2 and again["compiled"] == 0
+    assert main(["kernels", "show"]) == 0
+    shown = capsys.readouterr().out
+    assert "2 objects" in shown and "cuda_sm90:float16:proxy: 3 units (0 compiled, 1 failed)" in shown
+    assert main(["kernels", "clear"]) == 0
+    assert "2 objects deleted" in capsys.readouterr().out
+    assert not list((empty_cache / "kernels").glob("??/*.o"))
+
+
+def test_byoc_kernels_refuses_a_config_that_is_not_for_a_gpu(empty_cache, capsys):
+    from byoc.cli import main
+    assert main(["kernels", "build", "-c", "cpu"]) == 2
+    error = capsys.readouterr().err
+    assert "byoc: error:" in error and "not a cuda target" in error and "cuda_sm90" in error
+
+
+def cuda_sm90_cutlass_flags(tmp_path):
+    from byoc.config import load_config
+    from byoc.pipeline import BuildContext
+    from byoc.target import resolve_device_target
+    config = load_config("cuda_sm90")
+    context = BuildContext(config=config, target=resolve_device_target(config.target), workdir=tmp_path)
+    return cutlass_flags(context.backend_targets["cutlass"], 90)
+
+
+PROBLEMS = [  # BERT's GEMMs, a ResNet 3x3 conv and its pointwise conv as a GEMM, a stem, bf16
+    GemmProblem(128, 3072, 768, 1, "float16", True, "gelu", True, False),
+    GemmProblem(128, 768, 3072, 1, "float16", False, None, True, True),
+    GemmProblem(2048, 2048, 128, 12, "float16", True),
+    ConvProblem(32, 56, 56, 64, 64, 3, 3, 56, 56, (1, 1), (1, 1, 1, 1), (1, 1), "float16", "relu", True, True),
+    kernel_problem(90, ConvProblem(32, 56, 56, 256, 64, 1, 1, 56, 56, (1, 1), (0, 0, 0, 0), (1, 1), "float16",
+                                   "relu", True)),
+    ConvProblem(32, 224, 224, 4, 64, 7, 7, 112, 112, (2, 2), (3, 3, 3, 3), (1, 1), "float16", "relu", True),
+]
+
+
+def test_the_library_holds_every_proxy_unit_tuning_asks_for(tmp_path):
+    """The library's units and tuning's are one text with one key: for each problem, every
+    candidate of the shipped config's target, on its epilogue proxy, is among the library's
+    entries (float16; bfloat16 only when asked for)."""
+    flags = cuda_sm90_cutlass_flags(tmp_path)
+    library = {unit.entry for unit in library_units(90, flags)}
+    for problem in PROBLEMS:
+        every = usable_candidates(90, problem)
+        stand_in = tuning.timed_problem(problem, every, True)
+        assert stand_in.epilogue_name in ("plain", "bias")
+        missing = [k.name(stand_in) for k in every if kernel_unit(k, stand_in, flags).entry not in library]
+        assert not missing, (problem.key, missing)
+    bf16 = GemmProblem(128, 768, 768, 1, "bfloat16", True, None, True)
+    assert kernel_unit(usable_candidates(90, bf16)[0], bf16, flags).entry not in library
+    both = {unit.entry for unit in library_units(90, flags, ("float16", "bfloat16"))}
+    assert kernel_unit(usable_candidates(90, bf16)[0], bf16, flags).entry in both
+    with pytest.raises(ValueError, match="float32"):
+        library_units(90, flags, ("float32",))
+
+
+def test_auto_times_every_candidate_the_library_holds_on_its_proxy(empty_cache, monkeypatch, tmp_path):
+    problem = PROBLEMS[0]  # bias + GELU: its proxy is the bias alone
+    allowed = tuning.CandidateFilter(per_problem=5)
+    chosen = usable_candidates(90, problem, allowed)
+    every = usable_candidates(90, problem, NO_FILTER)
+    assert len(chosen) == 5 < len(every)
+    # nothing compiled: the problem's own epilogue, the target's five
+    kernels, proxy, held = tuning.tuning_plan(problem, 90, allowed, [], tmp_path, "auto")
+    assert (kernels, proxy, held) == (chosen, False, 0)
+    # the library holds every proxy unit: each candidate is timed, on the proxy, none compiled
+    monkeypatch.setattr(tuning, "_compiled", lambda kernels, timed, flags, workdir:
+                        [timed.epilogue_name == "bias"] * len(kernels))
+    kernels, proxy, held = tuning.tuning_plan(problem, 90, allowed, [], tmp_path, "auto")
+    assert (kernels, proxy, held) == (every, True, len(every))
+    assert tuning.tuning_plan(problem, 90, allowed, [], tmp_path, "own")[:2] == (chosen, False)
+    assert tuning.tuning_plan(problem, 90, allowed, [], tmp_path, "proxy")[:2] == (chosen, True)
+    # fewer held than the target's count: as without the library
+    monkeypatch.setattr(tuning, "_compiled", lambda kernels, timed, flags, workdir:
+                        [index < 3 for index in range(len(kernels))])
+    assert tuning.tuning_plan(problem, 90, allowed, [], tmp_path, "auto")[:2] == (chosen, False)
+
+
+def test_a_build_with_the_library_times_the_proxy_and_records_it(empty_cache, monkeypatch, tmp_path):
+    """choose_kernels in auto: the profiler is handed every held candidate, on the proxy, and
+    the database says which epilogue was timed; the winner is the problem's own kernel."""
+    problem = PROBLEMS[0]
+    handed = {}
+
+    def fake_profile(problems, sm, workdir, compile_flags, jobs, allowed=None, kernels_of=None, progress=None,
+                     proxied=frozenset(), **options):
+        results = {}
+        for p in problems:
+            kernels = kernels_of(p)
+            handed[p] = (len(kernels), p in proxied)
+            results[p] = {k.name(p): 10.0 - (i == 3) for i, k in enumerate(kernels)}
+        return results
+    monkeypatch.setattr(tuning, "_profile", fake_profile)
+    monkeypatch.setattr(tuning, "_compiled", lambda kernels, timed, flags, workdir: [True] * len(kernels))
+    database = tuning.TuningDatabase(tmp_path / "db.json")
+    chosen = tuning.choose_kernels([problem], 90, database, profile=True, workdir=tmp_path / "w", compile_flags=[],
+                                   allowed=tuning.CandidateFilter(per_problem=5))
+    every = usable_candidates(90, problem)
+    assert handed[problem] == (len(every), True)
+    assert chosen[problem] == every[3]
+    entry = tuning.TuningDatabase(tmp_path / "db.json").entry(90, problem)
+    assert entry["timed_epilogue"] == "bias" and entry["name"].endswith("bias_gelu") and entry["candidates"] == len(every)
