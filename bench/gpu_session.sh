@@ -112,7 +112,7 @@ case "$stage" in
     mkdir -p /tmp/build-times
     cold_profile=false
     if [ -n "${LIBRARY:-}" ]; then
-      export BYOC_KERNEL_LIBRARY=/tmp/kernel-library TUNING_DB_ARG=""
+      export BYOC_KERNEL_LIBRARY="${BYOC_KERNEL_LIBRARY:-/tmp/kernel-library}" TUNING_DB_ARG=""
       cold_profile=auto
       echo "$(date +%T) kernel library: building into $BYOC_KERNEL_LIBRARY"
       python3 -m byoc kernels build --json >"$OUT/kernel_library.json" 2>/tmp/build-times/kernel_library.log
@@ -129,6 +129,7 @@ case "$stage" in
     # building the same model again elsewhere
     for case in "$@"; do
       name="${case%%:*}"
+      rm -rf "/tmp/cache-$name"  # cold: a machine kept warm between calls keeps /tmp
       prebuild "/tmp/cache-$name" build/byoc-real "$name.cold" cuda_sm90 "$cold_profile" "$case"
       prebuild "/tmp/cache-$name" build/byoc-real-warm "$name.warm" cuda_sm90 "$cold_profile" "$case"
     done

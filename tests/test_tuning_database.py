@@ -419,3 +419,49 @@ def test_a_save_merges_only_what_this_build_measured(tmp_path):
     reader.save()
     entries = TuningDatabase(path).entries["sm90"]
     assert other.key in entries and PROBLEM.key not in entries
+
+
+def test_tuning_takes_a_near_fastest_kernel_whose_mainloop_other_problems_share():
+    """consolidated_choice: within the tolerance, problems share mainloops (fewer distinct
+    kernels for the build to compile); outside it, or at 0, each problem's fastest."""
+    from byoc.backends.cutlass.tuning import consolidated_choice, mainloop_of
+    shapes = dict(k=768, batch=1, dtype="float16", b_transposed=True)
+    a = GemmProblem(m=1024, n=768, activation="gelu", has_bias=True, **shapes)
+    b = GemmProblem(m=1024, n=3072, has_bias=True, **shapes)
+    c = GemmProblem(m=512, n=768, has_bias=True, has_residual=True, **shapes)
+    first, second, third = usable_candidates(90, a)[:3]
+    times = {a: {first: 10.0, second: 10.19, third: 12.0},
+             b: {first: 20.1, second: 20.0, third: 25.0},
+             c: {first: 30.0, second: 33.0, third: 29.0}}
+    # 2%: a and b share `first` (b 0.5% slower than its fastest; the two near-fastest mainloops
+    # serve both, `first` in less time together); c's 3% gap is kept
+    picks = consolidated_choice(times, [], 0.02)
+    assert picks == {a: first, b: first, c: third}
+    assert consolidated_choice(times, [], 0.0) == {a: first, b: second, c: third}
+    # a kernel the build compiles anyway (another problem's, from the database) comes first
+    other = GemmProblem(m=64, n=768, has_bias=True, **shapes)
+    picks = consolidated_choice(times, [(other, second)], 0.02)
+    assert picks[a] == second and picks[b] == second and picks[c] == third
+    # wide enough, every problem takes one mainloop
+    assert set(consolidated_choice(times, [], 0.5).values()) == {first}
+    assert mainloop_of(first, a) == mainloop_of(first, b) == mainloop_of(first, c)
+    assert mainloop_of(first, a) != mainloop_of(second, a)
+
+
+def test_the_database_keeps_the_fastest_time_beside_a_consolidated_pick(cache, monkeypatch, tmp_path):
+    shapes = dict(k=768, batch=1, dtype="float16", b_transposed=True)
+    a = GemmProblem(m=1024, n=768, has_bias=True, **shapes)
+    b = GemmProblem(m=1024, n=3072, has_bias=True, **shapes)
+    fast, close = usable_candidates(90, a)[:2]
+    speeds = {a: {fast: 10.0, close: 10.15}, b: {fast: 20.1, close: 20.0}}
+
+    def fake_profile(problems, sm, workdir, compile_flags, jobs, allowed=None, kernels_of=None, **options):
+        return {p: {k.name(p): speeds[p].get(k, 50.0) for k in kernels_of(p)} for p in problems}
+    monkeypatch.setattr(tuning, "_profile", fake_profile)
+    database = TuningDatabase(tmp_path / "db.json")
+    chosen = choose_kernels([a, b], 90, database, profile=True, workdir=tmp_path / "w", compile_flags=[],
+                            tolerance=0.02)
+    assert chosen[a] == chosen[b] == fast
+    entry = TuningDatabase(tmp_path / "db.json").entry(90, b)
+    assert entry["us"] == 20.1 and entry["fastest_us"] == 20.0
+    assert "fastest_us" not in TuningDatabase(tmp_path / "db.json").entry(90, a)

@@ -181,6 +181,7 @@ def codegen(functions: dict, target) -> list:
                                 remeasure_on=remeasure_on, optional_save=optional_save,
                                 progress=getattr(target, "progress", None),
                                 tuned_epilogue=target.attrs.get("tuned_epilogue") or "auto",
+                                tolerance=float(target.attrs.get("tuning_tolerance") or 0.0),
                                 gpu_limit=target.attrs.get("tuning_gpus") or 0)
     except ValueError as error:  # the target's tiles/clusters/stages leave no kernel for a problem
         raise BuildError(str(error)) from None

@@ -277,7 +277,8 @@ def timed_problem(problem, kernels: list, proxy: bool):
 def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile: bool, workdir: Path,
                    compile_flags: list, jobs: int | None = None, allowed: CandidateFilter = NO_FILTER,
                    remeasure_on: str | None = None, optional_save: bool = False, progress=None,
-                   proxy_epilogue: bool = False, gpu_limit: int = 0, tuned_epilogue: str | None = None) -> dict:
+                   proxy_epilogue: bool = False, gpu_limit: int = 0, tuned_epilogue: str | None = None,
+                   tolerance: float = 0.0) -> dict:
     """problem -> kernel for every problem (GemmProblem or ConvProblem): from the
     database (when the target allows that kernel), else measured among the allowed
     candidates (when `profile`), else the database's kernel for the same shape with another
@@ -286,6 +287,8 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
     `progress`: the build's BuildProgress, told each phase of tuning and ninja's [n/m] lines.
     `tuned_epilogue` (the cutlass target's; `proxy_epilogue` stands for "proxy", else
     "auto"): what each problem's candidates are timed with and which are timed (tuning_plan).
+    `tolerance` (the target's tuning_tolerance): how much slower than a problem's fastest a
+    kernel it takes may be where that saves the build a compile (consolidated_choice).
     `gpu_limit`: the most GPUs timing runs on at once (0: every one of the first's model)."""
     chosen = {}
     to_tune = []
@@ -325,9 +328,15 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
                             gpu_limit=gpu_limit, kernels_of=lambda problem: plans[problem][0],
                             proxied=frozenset(problem for problem, (_, proxy, _) in plans.items() if proxy))
         provenance = measurement_provenance(0)  # one GPU, one toolchain for the whole run
+        timed = {problem: {name: us for name, us in measured.get(problem, {}).items() if us is not None}
+                 for problem in to_tune}
+        by_names = {problem: {k.name(problem): k for k in plans[problem][0]} for problem in to_tune}
+        picks = consolidated_choice({problem: {by_names[problem][name]: us for name, us in valid.items()}
+                                     for problem, valid in timed.items() if valid},
+                                    list(chosen.items()), tolerance)
         for problem in to_tune:
             times = measured.get(problem, {})
-            valid = {name: us for name, us in times.items() if us is not None}
+            valid = timed[problem]
             if not valid:
                 chosen[problem] = default_kernel(sm, problem, allowed)
                 # remembered only where candidates ran and each failed (not where none compiled
@@ -337,16 +346,57 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
                     database.record_failed(sm, problem, times, {**provenance, "candidates": len(times)})
                 continue
             kernels, proxy, _ = plans[problem]
-            by_name = {k.name(problem): k for k in kernels}
-            best = min(valid, key=valid.get)
-            chosen[problem] = by_name[best]
+            pick = picks[problem]
+            chosen[problem] = pick
             stand_in = timed_problem(problem, kernels, proxy)
-            database.record(sm, problem, by_name[best], valid[best], times,
+            fastest = min(valid.values())
+            database.record(sm, problem, pick, valid[pick.name(problem)], times,
                             {**provenance, "candidates": len(times),
-                             "timed_epilogue": stand_in.epilogue_name if stand_in != problem else None})
+                             "timed_epilogue": stand_in.epilogue_name if stand_in != problem else None,
+                             # the pick is not the fastest: it shares its mainloop with other problems' kernels
+                             "fastest_us": fastest if valid[pick.name(problem)] > fastest else None})
         if database.recorded:  # nothing measured: the file is left as it is (another build may have written it)
             database.save(optional=optional_save)
     return chosen
+
+
+def mainloop_of(kernel, problem) -> str:
+    """What kernels of one compile share (toolchain/unity.py groups their device halves): the
+    kernel's name as it runs `problem`, less the epilogue."""
+    return kernel.name(problem).removesuffix(f"_{problem.epilogue_name}")
+
+
+def consolidated_choice(times: dict, compiled_anyway: list, tolerance: float) -> dict:
+    """problem -> kernel, from `times` (problem -> {kernel: microseconds}, each problem's
+    candidates that ran): each problem's fastest, except that a problem takes a kernel
+    within `tolerance` (a fraction) of its fastest where that kernel's mainloop serves other
+    problems too, so that the build compiles fewer distinct kernels: kernels of one
+    mainloop (tile, cluster, schedule, layout) with different epilogues compile together, a
+    device compile of 30-45 s each, and a conv net's cold build is bound by their count
+    (ResNet-50 b32: 24 problems). Greedy set cover: first the mainloops of
+    `compiled_anyway` (kernels this build takes from the databases), then the mainloop that
+    is near-fastest for the most problems left (ties: the lower summed time), until every
+    problem has one. With a tolerance of 0, every problem's fastest."""
+    near = {}
+    for problem, measured in times.items():
+        fastest = min(measured.values())
+        near[problem] = {}
+        for kernel, us in sorted(measured.items(), key=lambda item: item[1]):
+            if us <= fastest * (1.0 + tolerance):
+                near[problem].setdefault(mainloop_of(kernel, problem), (kernel, us))
+    free = {mainloop_of(kernel, problem) for problem, kernel in compiled_anyway}
+    picks, left = {}, set(near)
+    while left:
+        serving = {}
+        for problem in left:
+            for mainloop, (_, us) in near[problem].items():
+                count, total = serving.get(mainloop, (0, 0.0))
+                serving[mainloop] = (count + 1, total + us)
+        best = min(serving, key=lambda m: (m not in free, -serving[m][0], serving[m][1], m))
+        for problem in [p for p in left if best in near[p]]:
+            picks[problem] = near[problem][best][0]
+            left.discard(problem)
+    return picks
 
 
 def tuning_plan(problem, sm: int, allowed: CandidateFilter, flags: list, workdir: Path, mode: str) -> tuple:
