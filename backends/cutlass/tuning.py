@@ -322,8 +322,10 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
         count = sum(len(kernels) for kernels, _, _ in plans.values())
         held = sum(held for _, _, held in plans.values())
         log.info("cutlass: tuning %d problems the databases lack (%d candidate kernels to time, %d of them compiled "
-                 "already (the kernel library, the object cache); tuning_db remembers the winners)",
-                 len(to_tune), count, held)
+                 "already (the kernel library, the object cache); tuning_db remembers the winners)%s",
+                 len(to_tune), count, held,
+                 "" if held == count else "; `byoc kernels build`, once per machine, compiles every candidate so that "
+                 "tuning compiles none")
         measured = _profile(to_tune, sm, workdir / "tuning", compile_flags, jobs, allowed, progress=progress,
                             gpu_limit=gpu_limit, kernels_of=lambda problem: plans[problem][0],
                             proxied=frozenset(problem for problem, (_, proxy, _) in plans.items() if proxy))
