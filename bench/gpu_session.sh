@@ -188,7 +188,8 @@ case "$stage" in
     # for minutes): TORCH_MODES=eager,default,reduce-overhead leaves it out. Rows of cases not
     # run now are kept from ${MERGE_FROM:-bench/results/real_models.json}: copy each call's
     # $OUT/real_models.json there before the next. BUDGET_S (default 540) stops starting cases
-    # and torch modes in time for the results to come back. Per-case kernel profiles go to
+    # and torch modes in time for the results to come back. TORCH_PRECISION=float32 times torch
+    # in float32 with TF32 allowed (beside CONFIGS=default, #44). Per-case kernel profiles go to
     # /tmp/byoc-real-profiles (all of them, merged rows too, in $OUT/real_models_profiles.txt).
     [ $# -eq 0 ] && set -- bert_base:1 gpt2:1
     merge_from="${MERGE_FROM:-bench/results/real_models.json}"
@@ -198,6 +199,7 @@ case "$stage" in
       --profile-dir /tmp/byoc-real-profiles --configs ${CONFIGS:-cuda_sm90} --exporter "${EXPORTER:-auto}" \
       --tuning-db "${TUNING_DB:-backends/cutlass/tuning_sm90.json}" --profile "${PROFILE:-false}" \
       --torch-modes "${TORCH_MODES:-eager,default,reduce-overhead,max-autotune-no-cudagraphs}" \
+      --torch-precision "${TORCH_PRECISION:-float16}" \
       --budget-s "${BUDGET_S:-540}" --build-log "$OUT/build_progress.log" "${merge[@]}" --cases "$@" 2>&1 | tee "$OUT/real_models.log" | tail -n 40 ;;
   measured)
     # partition: measured against the priority order (#43), e.g.

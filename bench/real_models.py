@@ -256,8 +256,17 @@ def run_torch_modes(args, case, wrapper, inputs, reference, repeat, row, save):
     cuda = device.type == "cuda"
     synchronize = torch.cuda.synchronize if cuda else (lambda: None)
     timer = time_cuda if cuda else (lambda fn, repeat: time_cpu(fn))
-    wrapper = wrapper.to(device).half().eval()
-    tensors = tuple(t.to(device) if not t.is_floating_point() else t.to(device).half() for t in inputs.values())
+    if args.torch_precision == "float32":
+        # float32 as torch users run it on a GPU with TF32 allowed (torch.compile's advice):
+        # TF32 tensor cores for matmuls, and cuDNN's convs (TF32 by default)
+        torch.set_float32_matmul_precision("high")
+        torch.backends.cudnn.allow_tf32 = True
+        wrapper = wrapper.to(device).float().eval()
+        tensors = tuple(t.to(device) for t in inputs.values())
+    else:
+        wrapper = wrapper.to(device).half().eval()
+        tensors = tuple(t.to(device) if not t.is_floating_point() else t.to(device).half() for t in inputs.values())
+    row["torch_precision"] = "float32 (TF32)" if args.torch_precision == "float32" else "float16"
     for mode in args.torch_modes:
         entry = row["torch_fp16"].setdefault(mode, {})
         if args.budget_s and time.perf_counter() - START > args.budget_s:
@@ -461,7 +470,7 @@ def write_results(out: Path, header: dict, rows: list, torch_modes: list) -> Non
              "",
              "Random weights (fixed seeds) from the config classes; float32 ONNX (opset 17), the reference is "
              "onnxruntime CPU on it. byoc: `module.run(**inputs)` with the same torch CUDA tensors each call "
-             "(out=: into a preallocated output); torch fp16 on the GPU, `ms (compile s)`. ms per run, median "
+             "(out=: into a preallocated output); torch " + ("float32 with TF32 allowed" if any(r.get("torch_precision", "").startswith("float32") for r in rows) else "fp16") + " on the GPU, `ms (compile s)`. ms per run, median "
              f"of 5 rounds. Error: max |byoc - ort| / max |ort| (pass <= {TOLERANCE:g}); torch eager fp16's "
              "error beside it is what fp16 alone costs this model. Best torch / byoc > 1: byoc is faster. "
              "Kernels/run: kernel launches and copies of one byoc run (real_models_profiles.txt). Build s: a "
@@ -567,6 +576,10 @@ def parse_args():
     parser.add_argument("--profile", default="false", choices=("auto", "false", "true"),
                         help="tune GEMMs missing from the database (auto/true) or take the heuristic's (false)")
     parser.add_argument("--precision", help="override the config's precision (e.g. float16 with --configs cpu)")
+    parser.add_argument("--torch-precision", default="float16", choices=("float16", "float32"),
+                        help="torch's runs: float16 (model.half()), or float32 with TF32 allowed (to compare with "
+                             "the `default` config, which builds float32 with TF32); the JSON's rows say which "
+                             "(torch_precision; the key stays torch_fp16)")
     parser.add_argument("--exporter", default="auto", choices=("auto", "torchscript", "dynamo"),
                         help="torch.onnx exporter (auto: TorchScript, dynamo where that fails or is gone)")
     parser.add_argument("--export-attn", default="eager", help="transformers attn_implementation for the export")

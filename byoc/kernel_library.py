@@ -12,19 +12,33 @@ object cache keys objects, and the object cache looks there after itself
 the winners, with their own epilogues, as part of the build.
 
 The library is a cache: deleting it costs time, never correctness (a missing object is
-compiled as before). Its manifest.json says what filled it, where and when.
+compiled as before). Its manifest.json says what filled it, where and when. Its objects'
+keys depend on nvcc's version, CUTLASS's and byoc's headers, not on the machine: `byoc
+kernels export` packs it into one archive and `byoc kernels import` unpacks one on another
+machine with the same toolkit, so that a team or a fleet pays the one-time compile once.
+An archive holds machine code that builds link: import only archives you trust.
 """
 from __future__ import annotations
 
 import datetime
+import shutil
 import tempfile
 import time
 from pathlib import Path
+
+import os
+import re
+import tarfile
 
 from .errors import BuildError, CompileError, ConfigError
 from .toolchain import cache
 
 MANIFEST = "manifest.json"
+# What an archive may hold: objects where the cache keeps them (<2 hex>/<sha256>.o), and
+# the manifest; bounds that no library comes near (one object is a few MB, 144 a few tens)
+_OBJECT_NAME = re.compile(r"^([0-9a-f]{2})/\1[0-9a-f]{62}\.o$")
+MAX_OBJECT_BYTES = 256 << 20
+MAX_ARCHIVE_BYTES = 16 << 30
 
 
 def library_dir() -> Path:
@@ -180,3 +194,107 @@ def describe() -> str:
     if not manifest.get("builds"):
         lines.append("  never built here: `byoc kernels build` compiles it once for this machine")
     return "\n".join(lines)
+
+
+def export_library(output) -> dict:
+    """Pack the library's objects and manifest into the gzip'd tar `output`; what it holds."""
+    directory = library_dir()
+    objects = sorted(directory.glob("??/*.o"))
+    if not objects:
+        raise BuildError(f"the kernel library {directory} has no objects to export (`byoc kernels build` fills it)")
+    output = Path(output)
+    temporary = output.with_name(f".{output.name}.{os.getpid()}.tmp")
+    try:
+        with tarfile.open(temporary, "w:gz") as archive:
+            for path in objects:
+                archive.add(path, arcname=f"{path.parent.name}/{path.name}", recursive=False)
+            if (directory / MANIFEST).is_file():
+                archive.add(directory / MANIFEST, arcname=MANIFEST, recursive=False)
+        os.replace(temporary, output)
+    except OSError as error:
+        temporary.unlink(missing_ok=True)
+        raise BuildError(f"cannot write {output} ({error.strerror or error}); expected a writable path") from None
+    return {"objects": len(objects), "bytes": output.stat().st_size, "archive": str(output)}
+
+
+def import_library(source) -> dict:
+    """Unpack an archive `export_library` wrote into the library (objects it has already are
+    kept); every member is checked before anything is written: an archive with anything but
+    library objects and a manifest is refused whole, naming the member."""
+    source = Path(source)
+    try:
+        archive = tarfile.open(source, "r:*")
+    except (tarfile.TarError, OSError, EOFError) as error:
+        raise BuildError(f"{source} is not a kernel library archive (`byoc kernels export` writes one): "
+                         f"{getattr(error, 'strerror', None) or error}") from None
+    directory = library_dir()
+    added = kept = 0
+    with archive:
+        try:
+            members = archive.getmembers()
+        except (tarfile.TarError, OSError, EOFError) as error:
+            raise BuildError(f"{source} is not a readable kernel library archive: {error}") from None
+        total = 0
+        for member in members:
+            if member.name == MANIFEST and member.isfile() and member.size <= 16 << 20:
+                continue
+            if not (member.isfile() and _OBJECT_NAME.match(member.name) and member.size <= MAX_OBJECT_BYTES):
+                raise BuildError(f"{source}: member {member.name!r} is not a kernel library object (expected "
+                                 f"files named <2 hex digits>/<sha256>.o of at most {MAX_OBJECT_BYTES >> 20} MB, and "
+                                 f"{MANIFEST}); nothing was imported")
+            total += member.size
+        if total > MAX_ARCHIVE_BYTES:
+            raise BuildError(f"{source}: {total >> 20} MB of objects, more than a kernel library holds "
+                             f"({MAX_ARCHIVE_BYTES >> 30} GB); nothing was imported")
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            imported_manifest = None
+            for member in members:
+                data = archive.extractfile(member)
+                if data is None:
+                    continue
+                with data:
+                    if member.name == MANIFEST:
+                        imported_manifest = data.read()
+                        continue
+                    target = directory / member.name
+                    if target.is_file():
+                        kept += 1
+                        continue
+                    target.parent.mkdir(exist_ok=True)
+                    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+                    with open(temporary, "wb") as out:
+                        shutil.copyfileobj(data, out)
+                    os.replace(temporary, target)  # a build reading the library never sees half an object
+                    added += 1
+        except (tarfile.TarError, EOFError) as error:
+            raise BuildError(f"{source}: the archive is damaged ({error}); the objects before the damage were "
+                             f"imported ({added})") from None
+        except OSError as error:
+            raise BuildError(f"cannot import into the kernel library {directory} ({error.strerror or error}); "
+                             f"expected a writable directory (set BYOC_KERNEL_LIBRARY to choose another)") from None
+    if imported_manifest is not None:
+        _merge_manifest(directory, imported_manifest, source)
+    return {"added": added, "already_there": kept, "where": str(directory)}
+
+
+def _merge_manifest(directory: Path, text: bytes, source: Path):
+    """The imported manifest's builds beside this library's, each marked with the archive it
+    came from (a manifest that is not one is ignored: the objects are what matters)."""
+    import json
+    from .json_files import write_json_whole
+    try:
+        imported = json.loads(text)
+    except (ValueError, RecursionError):
+        return
+    builds = imported.get("builds") if isinstance(imported, dict) else None
+    if not isinstance(builds, dict):
+        return
+    manifest = read_manifest(directory)
+    for key, entry in builds.items():
+        if isinstance(key, str) and isinstance(entry, dict):
+            manifest["builds"].setdefault(key, {**entry, "imported_from": source.name})
+    try:
+        write_json_whole(directory / MANIFEST, manifest)
+    except OSError:
+        pass  # the manifest describes the objects; they are in place

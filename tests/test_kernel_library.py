@@ -184,3 +184,40 @@ def test_a_build_with_the_library_times_the_proxy_and_records_it(empty_cache, mo
     assert chosen[problem] == every[3]
     entry = tuning.TuningDatabase(tmp_path / "db.json").entry(90, problem)
     assert entry["timed_epilogue"] == "bias" and entry["name"].endswith("bias_gelu") and entry["candidates"] == len(every)
+
+
+def test_a_library_exported_on_one_machine_is_imported_on_another(empty_cache, small_library, tmp_path, monkeypatch,
+                                                                    capsys):
+    """export packs the objects and the manifest; import into an empty library makes the same
+    objects available (a later build fetches them), keeps what is there, and refuses an
+    archive with anything else in it, or one that is not an archive, naming it and writing
+    nothing."""
+    import tarfile
+    from byoc.cli import main
+    assert main(["kernels", "build", "-q"]) == 0
+    assert main(["kernels", "export", "-o", str(tmp_path / "team.tar.gz")]) == 0
+    assert "2 objects" in capsys.readouterr().out
+    monkeypatch.setenv("BYOC_KERNEL_LIBRARY", str(tmp_path / "elsewhere"))
+    assert main(["kernels", "import", str(tmp_path / "team.tar.gz")]) == 0
+    assert "2 objects added, 0 already there" in capsys.readouterr().out
+    assert main(["kernels", "import", str(tmp_path / "team.tar.gz")]) == 0
+    assert "0 objects added, 2 already there" in capsys.readouterr().out
+    manifest = json.loads((tmp_path / "elsewhere" / "manifest.json").read_text())
+    assert manifest["builds"]["cuda_sm90:float16:proxy"]["imported_from"] == "team.tar.gz"
+    unit = small_unit(tmp_path / "later", "one")
+    monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "fresh-cache"))
+    assert unit_cached([unit], tmp_path / "later") == [True]
+    # an archive with something else in it: refused whole
+    (tmp_path / "evil.txt").write_text("x")
+    with tarfile.open(tmp_path / "evil.tar.gz", "w:gz") as archive:
+        archive.add(tmp_path / "evil.txt", arcname="../../outside.o")
+    monkeypatch.setenv("BYOC_KERNEL_LIBRARY", str(tmp_path / "third"))
+    assert main(["kernels", "import", str(tmp_path / "evil.tar.gz")]) == 2
+    error = capsys.readouterr().err
+    assert "'../../outside.o' is not a kernel library object" in error and "nothing was imported" in error
+    assert not (tmp_path / "third").exists() and not (tmp_path / "outside.o").exists()
+    (tmp_path / "junk.tar.gz").write_bytes(b"\x1f\x8b not really")
+    assert main(["kernels", "import", str(tmp_path / "junk.tar.gz")]) == 2
+    assert "is not a kernel library archive" in capsys.readouterr().err
+    assert main(["kernels", "export"]) == 2
+    assert "-o OUT.tar.gz" in capsys.readouterr().err

@@ -7,7 +7,7 @@ messages.
     byoc report model.so|WORKDIR [-o report.html]
     byoc refit model.so NEW.onnx -o NEW.safetensors [--weights W.safetensors|W.npz] [--config C]
     byoc tuning show|merge|export [DB.json ...] [-o OUT.json]
-    byoc kernels build|show|clear [-c CONFIG] [--dtype float16 ...]
+    byoc kernels build|show|clear|export|import [-c CONFIG] [ARCHIVE] [-o OUT]
 
 A user error (any byoc.ByocError, a missing or unreadable file, a bad YAML file) prints
 `byoc: error: <message>` on stderr and exits 2, with no traceback. Anything else is a bug

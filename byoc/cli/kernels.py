@@ -1,17 +1,21 @@
-"""`byoc kernels build|show|clear`: the kernel library (byoc/kernel_library.py), kernels
-compiled once per machine so that tuning a model no database knows compiles none."""
+"""`byoc kernels build|show|clear|export|import`: the kernel library (byoc/kernel_library.py),
+kernels compiled once per machine so that tuning a model no database knows compiles none."""
 from __future__ import annotations
 
 import argparse
 import json
 
-from .common import EXIT_OK
+from .common import EXIT_OK, UsageError
 
 
 def kernels_arguments(parser: argparse.ArgumentParser):
-    parser.add_argument("action", choices=("build", "show", "clear"),
+    parser.add_argument("action", choices=("build", "show", "clear", "export", "import"),
                         help="build: compile the library for a config's GPU (once per machine and toolkit); "
-                             "show: where it is, its size and what filled it; clear: delete its objects")
+                             "show: where it is, its size and what filled it; clear: delete its objects; "
+                             "export: pack it into one archive (-o); import: unpack an archive into it (it holds "
+                             "machine code that builds link: import only archives you trust)")
+    parser.add_argument("archive", nargs="?", metavar="ARCHIVE.tar.gz", help="import: the archive to unpack")
+    parser.add_argument("-o", "--output", metavar="OUT.tar.gz", help="export: the archive to write")
     parser.add_argument("-c", "--config", default="cuda_sm90",
                         help="the build config whose target and backends the kernels are for (default cuda_sm90)")
     parser.add_argument("--dtype", action="append", choices=("float16", "bfloat16"), dest="dtypes",
@@ -30,6 +34,20 @@ def kernels_command(args: argparse.Namespace) -> int:
     if args.action == "show":
         print(kernel_library.describe())
         return EXIT_OK
+    if args.action == "export":
+        if not args.output or args.archive:
+            raise UsageError("byoc kernels export writes the library to -o OUT.tar.gz (and takes no ARCHIVE)")
+        done = kernel_library.export_library(args.output)
+        print(f"{done['archive']}: {done['objects']} objects, {done['bytes'] / 2**20:.1f} MiB")
+        return EXIT_OK
+    if args.action == "import":
+        if not args.archive or args.output:
+            raise UsageError("byoc kernels import needs the ARCHIVE.tar.gz to unpack (and takes no -o)")
+        done = kernel_library.import_library(args.archive)
+        print(f"kernel library {done['where']}: {done['added']} objects added, {done['already_there']} already there")
+        return EXIT_OK
+    if args.archive or args.output:
+        raise UsageError(f"byoc kernels {args.action} takes no ARCHIVE or -o")
     if args.action == "clear":
         removed = kernel_library.clear_library()
         print(f"kernel library {kernel_library.library_dir()}: {removed} objects deleted")

@@ -244,7 +244,13 @@ def cached_object(key: str, directory: Path | None = None) -> Path:
 def has(key: str) -> bool:
     """Whether `fetch` would find an object for `key` (in the object cache or the kernel
     library)."""
-    return any(cached_object(key, directory).is_file() for directory in _lookup_dirs())
+    for directory in _lookup_dirs():
+        try:
+            if cached_object(key, directory).is_file():
+                return True
+        except OSError:  # a directory this process may not read: no object from it
+            continue
+    return False
 
 
 def _lookup_dirs() -> list:
