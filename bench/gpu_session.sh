@@ -35,7 +35,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$OUT/gpu.txt"
 stage="${1:-tests}"; shift || true
 case "$stage" in
   tests)
-    files=("$@"); [ ${#files[@]} -eq 0 ] && files=(tests/test_build_cuda.py tests/test_cutlass.py tests/test_json_engine.py tests/test_shim_cuda.py tests/test_builtin_codegen.py tests/test_plan_devices.py tests/test_runtime_cuda.py tests/test_squeeze_excitation.py tests/test_refit.py tests/test_multi_arch.py tests/test_measured_partition.py tests/test_cudnn.py)
+    files=("$@"); [ ${#files[@]} -eq 0 ] && files=(tests/test_build_cuda.py tests/test_cutlass.py tests/test_json_engine.py tests/test_shim_cuda.py tests/test_builtin_codegen.py tests/test_plan_devices.py tests/test_runtime_cuda.py tests/test_squeeze_excitation.py tests/test_refit.py tests/test_multi_arch.py tests/test_measured_partition.py tests/test_cudnn.py tests/test_kernel_library.py)
     # One process per GPU test of the files that build a library per test (test_cutlass.py,
     # test_build_cuda.py, test_cudnn.py: run one after another they outlast a 10-minute device
     # command), one per file for the rest; at most 12 at a time, and one log per file (the

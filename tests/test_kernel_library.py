@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from gpu_probe import gpu_present
 
 from byoc.backends.cutlass import tuning
 from byoc.backends.cutlass.codegen import cutlass_flags
@@ -221,3 +222,47 @@ def test_a_library_exported_on_one_machine_is_imported_on_another(empty_cache, s
     assert "is not a kernel library archive" in capsys.readouterr().err
     assert main(["kernels", "export"]) == 2
     assert "-o OUT.tar.gz" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_present(), reason="no GPU visible")
+def test_a_build_with_the_library_tunes_on_the_gpu_without_compiling_a_candidate(empty_cache, tmp_path, caplog):
+    """The library for a target of two tiles, then a model whose GEMMs no database knows,
+    tuned on the GPU: every candidate comes from the library (tuning compiles none), the
+    winners are compiled with their own epilogues, and the library's outputs match the
+    float32 reference."""
+    import logging
+
+    import cupy
+    import numpy as np
+
+    import byoc
+    from byoc import kernel_library
+    from byoc.ir.builder import FunctionBuilder
+    cutlass = {"sm": 90, "tiles": ["64x64x64", "128x128x64"], "clusters": ["1x1"], "shipped_tuning": False,
+               "profile": "true"}
+    config = {"target": "cuda -arch=sm_90", "backends": [{"cutlass": cutlass}, "builtin"]}
+    config_path = tmp_path / "two_tiles.yaml"
+    import yaml
+    config_path.write_text(yaml.safe_dump(config))
+    summary = kernel_library.build_library(str(config_path))
+    assert summary["failed"] == 0 and summary["compiled"] > 0, summary
+    rng = np.random.default_rng(3)
+    with FunctionBuilder("main") as fb:  # an MLP block no database knows: bias + GELU, then + x
+        x = fb.param("x", (200, 384), "float32")
+        x16 = fb.call("cast", x, dtype="float16")
+        hidden = fb.call("gelu", fb.call("add", fb.call("matmul", x16, (rng.standard_normal((384, 1000)) * 0.05)
+                                                        .astype("float16")),
+                                         (rng.standard_normal(1000) * 0.1).astype("float16")))
+        y = fb.call("add", fb.call("matmul", hidden, (rng.standard_normal((1000, 384)) * 0.05).astype("float16")), x16)
+        fb.ret(fb.call("cast", y, dtype="float32"))
+    module = fb.module()
+    with caplog.at_level(logging.INFO, logger="byoc.build"):
+        library = byoc.build(module, config=config, workdir=str(tmp_path / "w"))
+    lines = [record.getMessage() for record in caplog.records]
+    assert any("every unit compiled already" in line for line in lines), lines
+    assert not any("compiling" in line and "candidate" in line for line in lines), lines
+    feeds = {"x": rng.standard_normal((200, 384)).astype(np.float32)}
+    got = cupy.asnumpy(library.load().run(x=cupy.asarray(feeds["x"])))
+    want = byoc.interpret(module, **feeds)
+    assert np.max(np.abs(got - want)) <= 2e-2 * np.max(np.abs(want))

@@ -76,7 +76,8 @@ register_target_kind("cutlass", {
     # among the heuristic's kernel and the cost model's first four; all 23 candidates of
     # BERT's four GEMM problems took minutes to compile.
     "tuning_candidates": AttrSchema(int, 5, None, "candidate GEMM kernels tuning compiles and times per problem: "
-                                    "the heuristic's and those a cost model ranks first (0: every candidate)",
+                                    "the heuristic's and those a cost model ranks first (0: every candidate; where "
+                                    "the kernel library holds them, tuned_epilogue auto times every one it holds)",
                                     check=at_least(0)),
     # auto by default: the proxy wherever the kernel library (`byoc kernels build`) holds the
     # candidates, so that a cold build compiles winners only; own elsewhere, because on the
