@@ -12,7 +12,8 @@ The same times are what a candidate of the cudnn backend costs under `partition:
 Timing runs in a child process (`python -m byoc.backends.cudnn.plans`): a library of the
 engine alone (engine/cudnn_conv.cc) loaded there, so that a fault in a driver or cuDNN
 costs the measurement, not the build. Up to PREPARING_THREADS convs' plans are built at
-once, in threads; then each conv's are timed alone, and its line written. Where the build cannot
+once, in threads (one by default; BYOC_CUDNN_PLAN_THREADS asks for more); then each conv's
+are timed alone, and its line written. Where the build cannot
 measure (no GPU of the target's arch, `plan: heuristic`) or a conv has no stored entry,
 -1: the model's create takes the heuristic's first plan that builds."""
 from __future__ import annotations
@@ -232,10 +233,11 @@ def measure(convs: list, target) -> list:
 
 
 # Convs whose plans are built side by side in the timing child (each in a thread of its own,
-# with its own cuDNN handle): building a plan is where the time goes (cuDNN compiles its
-# runtime-fusion kernels), while the timing that follows runs one conv at a time, nothing
-# else on the GPU or the CPU beside it.
-PREPARING_THREADS = 16
+# with its own cuDNN handle), while the timing that follows runs one conv at a time, nothing
+# else on the GPU or the CPU beside it. One: on an H200 (16 cores) EfficientNet-B0 b32's first
+# 32 convs took 23.1 s with 16 threads and 13.6 s with one (the same engine for 28 of them,
+# best times alike: bench/results/cudnn_plan_timing_h200.json), so threads are opt-in.
+PREPARING_THREADS = 1
 
 
 def _time_in_this_process(library: str, request: str, answer: str) -> None:
