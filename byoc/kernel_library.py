@@ -13,10 +13,12 @@ the winners, with their own epilogues, as part of the build.
 
 The library is a cache: deleting it costs time, never correctness (a missing object is
 compiled as before). Its manifest.json says what filled it, where and when. Its objects'
-keys depend on nvcc's version, CUTLASS's and byoc's headers, not on the machine: `byoc
-kernels export` packs it into one archive and `byoc kernels import` unpacks one on another
-machine with the same toolkit, so that a team or a fleet pays the one-time compile once.
-An archive holds machine code that builds link: import only archives you trust.
+keys take in nvcc's and the host compiler's versions, the paths and versions of the CUDA
+toolkit, CUTLASS and byoc's headers, not the machine itself: `byoc kernels export` packs it
+into one archive and `byoc kernels import` unpacks one on another machine of the same image
+(the same toolkit and packages at the same paths), so that a fleet pays the one-time compile
+once; `byoc kernels show` says how many of the units a build here looks up it holds. An
+archive holds machine code that builds link: import only archives you trust.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ MANIFEST = "manifest.json"
 _OBJECT_NAME = re.compile(r"^([0-9a-f]{2})/\1[0-9a-f]{62}\.o$")
 MAX_OBJECT_BYTES = 256 << 20
 MAX_ARCHIVE_BYTES = 16 << 30
+MAX_ARCHIVE_MEMBERS = 200_000
 
 
 def library_dir() -> Path:
@@ -81,6 +84,8 @@ def build_library(config="cuda_sm90", dtypes=("float16",), epilogues: str = "pro
     bytes, where. A unit that does not compile is reported, not fatal (tuning compiles it
     when it needs it, as before)."""
     from .toolchain.compiler import compile_units, unit_cached
+    if jobs is not None and jobs < 1:
+        raise ConfigError(f"jobs={jobs}: expected at least 1 parallel compile (or none: one per CPU)")
     directory = library_dir()
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -98,6 +103,15 @@ def build_library(config="cuda_sm90", dtypes=("float16",), epilogues: str = "pro
             except CompileError as error:
                 failure = str(error)
             built = unit_cached(units, workdir)
+            if not all(built):
+                # a unity group that failed took its good members with it: those alone, once more
+                import dataclasses
+                again = [dataclasses.replace(unit, unity="") for unit, done in zip(units, built) if not done]
+                try:
+                    compile_units(again, workdir, jobs=jobs, progress=progress)
+                except CompileError as error:
+                    failure = str(error)
+                built = unit_cached(units, workdir)
     summary = {"config": config if isinstance(config, str) else "(dict)", "dtypes": list(dtypes),
                "epilogues": epilogues, "units": len(units), "by_backend": counts, "already_there": present,
                "compiled": sum(built) - present, "failed": len(units) - sum(built),
@@ -105,6 +119,18 @@ def build_library(config="cuda_sm90", dtypes=("float16",), epilogues: str = "pro
     summary["bytes"] = library_bytes(directory)
     _record(directory, summary, failure)
     return summary
+
+
+def coverage(config="cuda_sm90", dtypes=("float16",), epilogues: str = "proxy") -> tuple[int, int]:
+    """(how many of the units `config`'s kernel library has on this machine are there, how
+    many it has): what an imported archive is worth here (the objects' keys take in the
+    toolkit's and packages' versions and paths, so an archive from a machine set up
+    otherwise serves none)."""
+    from .toolchain.compiler import unit_cached
+    with tempfile.TemporaryDirectory(prefix="byoc-kernels-") as workdir:
+        units, _ = library_units(config, Path(workdir), dtypes, epilogues)
+        with cache.storing_into(library_dir()):
+            return sum(unit_cached(units, workdir)), len(units)
 
 
 def _record(directory: Path, summary: dict, failure: str | None):
@@ -193,16 +219,24 @@ def describe() -> str:
                      f"(nvcc {entry.get('nvcc')}, cutlass {entry.get('cutlass')})")
     if not manifest.get("builds"):
         lines.append("  never built here: `byoc kernels build` compiles it once for this machine")
+    try:
+        held, total = coverage()
+        lines.append(f"  holds {held} of the {total} units a cuda_sm90 build on this machine looks up")
+    except Exception as error:  # noqa: BLE001 - no CUTLASS or nvcc here: nothing to look up
+        lines.append(f"  (what a cuda_sm90 build here would find: unknown, {type(error).__name__}: {error})")
     return "\n".join(lines)
 
 
 def export_library(output) -> dict:
     """Pack the library's objects and manifest into the gzip'd tar `output`; what it holds."""
     directory = library_dir()
-    objects = sorted(directory.glob("??/*.o"))
+    objects = [path for path in sorted(directory.glob("??/*.o"))
+               if _OBJECT_NAME.fullmatch(f"{path.parent.name}/{path.name}")]
     if not objects:
         raise BuildError(f"the kernel library {directory} has no objects to export (`byoc kernels build` fills it)")
-    output = Path(output)
+    output = Path(output).resolve()
+    if output.is_dir():
+        raise BuildError(f"{output} is a directory; expected the path of the archive to write (e.g. kernels.tar.gz)")
     temporary = output.with_name(f".{output.name}.{os.getpid()}.tmp")
     try:
         with tarfile.open(temporary, "w:gz") as archive:
@@ -221,12 +255,17 @@ def import_library(source) -> dict:
     """Unpack an archive `export_library` wrote into the library (objects it has already are
     kept); every member is checked before anything is written: an archive with anything but
     library objects and a manifest is refused whole, naming the member."""
+    import gzip
+    import zlib
     source = Path(source)
-    try:
-        archive = tarfile.open(source, "r:*")
-    except (tarfile.TarError, OSError, EOFError) as error:
-        raise BuildError(f"{source} is not a kernel library archive (`byoc kernels export` writes one): "
-                         f"{getattr(error, 'strerror', None) or error}") from None
+    try:  # the whole stream first: gzip's checksum is checked at its end, which tarfile never reads
+        with gzip.open(source, "rb") as stream:
+            while stream.read(1 << 22):
+                pass
+        archive = tarfile.open(source, "r:gz")
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as error:
+        raise BuildError(f"{source} is not a kernel library archive, or is damaged (`byoc kernels export` writes "
+                         f"one): {getattr(error, 'strerror', None) or error}") from None
     directory = library_dir()
     added = kept = 0
     with archive:
@@ -234,11 +273,15 @@ def import_library(source) -> dict:
             members = archive.getmembers()
         except (tarfile.TarError, OSError, EOFError) as error:
             raise BuildError(f"{source} is not a readable kernel library archive: {error}") from None
-        total = 0
+        if len(members) > MAX_ARCHIVE_MEMBERS:
+            raise BuildError(f"{source}: {len(members)} members, more than a kernel library holds "
+                             f"({MAX_ARCHIVE_MEMBERS}); nothing was imported")
+        total, manifests = 0, 0
         for member in members:
-            if member.name == MANIFEST and member.isfile() and member.size <= 16 << 20:
+            if member.name == MANIFEST and member.isfile() and member.size <= 16 << 20 and manifests == 0:
+                manifests += 1
                 continue
-            if not (member.isfile() and _OBJECT_NAME.match(member.name) and member.size <= MAX_OBJECT_BYTES):
+            if not (member.isfile() and _OBJECT_NAME.fullmatch(member.name) and 0 < member.size <= MAX_OBJECT_BYTES):
                 raise BuildError(f"{source}: member {member.name!r} is not a kernel library object (expected "
                                  f"files named <2 hex digits>/<sha256>.o of at most {MAX_OBJECT_BYTES >> 20} MB, and "
                                  f"{MANIFEST}); nothing was imported")
@@ -261,16 +304,28 @@ def import_library(source) -> dict:
                     if target.is_file():
                         kept += 1
                         continue
+                    head = data.read(4)
+                    if head != b"\x7fELF":  # not an object file: refused before anything of it is written
+                        raise BuildError(f"{source}: member {member.name!r} is not an ELF object; the objects before "
+                                         f"it were imported ({added})")
                     target.parent.mkdir(exist_ok=True)
                     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-                    with open(temporary, "wb") as out:
-                        shutil.copyfileobj(data, out)
-                    os.replace(temporary, target)  # a build reading the library never sees half an object
+                    try:
+                        with open(temporary, "wb") as out:
+                            out.write(head)
+                            shutil.copyfileobj(data, out)
+                        os.replace(temporary, target)  # a build reading the library never sees half an object
+                    finally:
+                        temporary.unlink(missing_ok=True)
                     added += 1
         except (tarfile.TarError, EOFError) as error:
             raise BuildError(f"{source}: the archive is damaged ({error}); the objects before the damage were "
                              f"imported ({added})") from None
         except OSError as error:
+            where = Path(error.filename) if getattr(error, "filename", None) else None
+            if where is not None and directory not in where.parents and where != directory:
+                raise BuildError(f"cannot read {source} ({error.strerror or error}); the objects before were "
+                                 f"imported ({added})") from None
             raise BuildError(f"cannot import into the kernel library {directory} ({error.strerror or error}); "
                              f"expected a writable directory (set BYOC_KERNEL_LIBRARY to choose another)") from None
     if imported_manifest is not None:

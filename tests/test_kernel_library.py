@@ -266,3 +266,32 @@ def test_a_build_with_the_library_tunes_on_the_gpu_without_compiling_a_candidate
     got = cupy.asnumpy(library.load().run(x=cupy.asarray(feeds["x"])))
     want = byoc.interpret(module, **feeds)
     assert np.max(np.abs(got - want)) <= 2e-2 * np.max(np.abs(want))
+
+
+def test_a_damaged_or_foreign_archive_is_refused(empty_cache, small_library, tmp_path, monkeypatch, capsys):
+    import tarfile
+    from byoc.cli import main
+    assert main(["kernels", "build", "-q"]) == 0
+    assert main(["kernels", "export", "-o", str(tmp_path / "team.tar.gz")]) == 0
+    data = bytearray((tmp_path / "team.tar.gz").read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 50] = bytes(b ^ 0xFF for b in data[middle:middle + 50])
+    (tmp_path / "damaged.tar.gz").write_bytes(bytes(data))
+    monkeypatch.setenv("BYOC_KERNEL_LIBRARY", str(tmp_path / "elsewhere"))
+    assert main(["kernels", "import", str(tmp_path / "damaged.tar.gz")]) == 2
+    assert "damaged" in capsys.readouterr().err
+    assert not list((tmp_path / "elsewhere").glob("??/*.o"))
+    # named as an object, not one
+    (tmp_path / "text.o").write_text("not an object")
+    name = "ab/ab" + "0" * 62 + ".o"
+    with tarfile.open(tmp_path / "text.tar.gz", "w:gz") as archive:
+        archive.add(tmp_path / "text.o", arcname=name)
+    assert main(["kernels", "import", str(tmp_path / "text.tar.gz")]) == 2
+    assert "is not an ELF object" in capsys.readouterr().err
+    assert not list((tmp_path / "elsewhere").glob("??/*"))
+    # a directory for the archive, and a bad job count
+    monkeypatch.delenv("BYOC_KERNEL_LIBRARY")
+    assert main(["kernels", "export", "-o", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    assert main(["kernels", "build", "-q", "-j", "0"]) == 2
+    assert "jobs=0" in capsys.readouterr().err

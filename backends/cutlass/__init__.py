@@ -91,8 +91,9 @@ register_target_kind("cutlass", {
                                  "their candidates' compiles, and the winner is compiled after timing)"),
     # 2%: the speed acceptance of a build against one that takes every problem's fastest is 3%
     "tuning_tolerance": AttrSchema(float, 0.02, None, "how much slower than a problem's fastest candidate (a "
-                                   "fraction) the kernel tuning picks may be, where its mainloop serves other "
-                                   "problems of the build too: fewer distinct kernels to compile (0: each fastest)",
+                                   "fraction) the kernel tuning picks may be, for a problem whose winner is compiled "
+                                   "after timing (timed on the proxy), where its mainloop serves other problems of "
+                                   "the build too: fewer distinct kernels to compile (0: each fastest)",
                                    check=lambda value: None if 0.0 <= value <= 0.5 else "expected 0 to 0.5"),
     "tuning_gpus": AttrSchema(int, 0, None, "GPUs tuning times candidates on at once, each a profiler process over "
                               "a share of the problems (0: every visible GPU of the first one's model)",

@@ -333,9 +333,13 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
         timed = {problem: {name: us for name, us in measured.get(problem, {}).items() if us is not None}
                  for problem in to_tune}
         by_names = {problem: {k.name(problem): k for k in plans[problem][0]} for problem in to_tune}
+        # only where the winner is compiled after timing (timed on the proxy) does sharing a
+        # mainloop save a compile; a problem timed on its own epilogue takes its fastest
         picks = consolidated_choice({problem: {by_names[problem][name]: us for name, us in valid.items()}
-                                     for problem, valid in timed.items() if valid},
+                                     for problem, valid in timed.items() if valid and plans[problem][1]},
                                     list(chosen.items()), tolerance)
+        picks.update({problem: by_names[problem][min(valid, key=valid.get)]
+                      for problem, valid in timed.items() if valid and not plans[problem][1]})
         for problem in to_tune:
             times = measured.get(problem, {})
             valid = timed[problem]
@@ -406,8 +410,8 @@ def tuning_plan(problem, sm: int, allowed: CandidateFilter, flags: list, workdir
     them need no compile). `mode` is the cutlass target's tuned_epilogue: own and proxy time
     usable_candidates (the target's tuning_candidates of them) with that epilogue; auto
     times every candidate whose proxy unit is compiled already (`byoc kernels build`'s
-    kernel library, or the object cache) where they are at least as many, the problem's own
-    epilogue's usable_candidates otherwise."""
+    kernel library, or the object cache) where those include the target's usable_candidates,
+    the problem's own epilogue's usable_candidates otherwise."""
     chosen = usable_candidates(sm, problem, allowed)
     if mode in ("own", "proxy"):
         proxy = mode == "proxy"
@@ -416,7 +420,7 @@ def tuning_plan(problem, sm: int, allowed: CandidateFilter, flags: list, workdir
     every = usable_candidates(sm, problem, dataclasses.replace(allowed, per_problem=0))
     stand_in = timed_problem(problem, every, True)
     held = [kernel for kernel, compiled in zip(every, _compiled(every, stand_in, flags, workdir)) if compiled]
-    if held and len(held) >= len(chosen):
+    if held and set(chosen) <= set(held):
         return held, stand_in != problem, len(held)
     return chosen, False, sum(_compiled(chosen, problem, flags, workdir))
 
@@ -428,11 +432,10 @@ def _compiled(kernels: list, problem, flags: list, workdir: Path) -> list:
 
     from .codegen import kernel_compile_units
     workdir.mkdir(parents=True, exist_ok=True)
-    found = []
-    for kernel in kernels:
-        units = kernel_compile_units([kernel_unit(kernel, problem, flags)], workdir, unity=False)
-        found.append(all(unit_cached(units, workdir)))
-    return found
+    per_kernel = [kernel_compile_units([kernel_unit(kernel, problem, flags)], workdir, unity=False)
+                  for kernel in kernels]
+    cached = iter(unit_cached([unit for units in per_kernel for unit in units], workdir))  # one pass, one memo
+    return [all([next(cached) for _ in units]) for units in per_kernel]
 
 
 def time_kernels(chosen: dict, sm: int, workdir: Path, compile_flags: list, jobs=None) -> dict:

@@ -68,7 +68,7 @@ SUBCOMMANDS = [
     Subcommand("tuning", "the CUTLASS tuning databases: show their entries, merge them, export yours to share",
                tuning_arguments, tuning_command),
     Subcommand("kernels", "the kernel library: compile tuning's candidate kernels once per machine (build), "
-               "show it, clear it", kernels_arguments, kernels_command),
+               "show it, clear it, export it to an archive, import one", kernels_arguments, kernels_command),
 ]
 
 

@@ -45,6 +45,11 @@ def kernels_command(args: argparse.Namespace) -> int:
             raise UsageError("byoc kernels import needs the ARCHIVE.tar.gz to unpack (and takes no -o)")
         done = kernel_library.import_library(args.archive)
         print(f"kernel library {done['where']}: {done['added']} objects added, {done['already_there']} already there")
+        try:  # an archive from a machine set up otherwise (other paths or versions) serves nothing here
+            held, total = kernel_library.coverage(args.config)
+            print(f"  it holds {held} of the {total} units a {args.config} build on this machine looks up")
+        except Exception as error:  # noqa: BLE001 - no CUTLASS or nvcc here: nothing to look up
+            print(f"  (what a {args.config} build here would find: unknown, {type(error).__name__}: {error})")
         return EXIT_OK
     if args.archive or args.output:
         raise UsageError(f"byoc kernels {args.action} takes no ARCHIVE or -o")

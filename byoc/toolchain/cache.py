@@ -18,6 +18,7 @@ kernels without compiling them. Clearing the object cache leaves it alone.
 """
 from __future__ import annotations
 
+import contextvars
 import functools
 import hashlib
 import importlib.metadata
@@ -46,12 +47,14 @@ def cache_root() -> Path:
 
 
 # The directory `store` writes to instead of the object cache while `byoc kernels build`
-# fills the kernel library (storing_into); None: the object cache.
-_store_override: Path | None = None
+# fills the kernel library (storing_into), in this thread's context only: builds in other
+# threads of the process keep their object cache. None: the object cache.
+_store_override: contextvars.ContextVar = contextvars.ContextVar("byoc_store_override", default=None)
 
 
 def cache_dir() -> Path:
-    return _store_override if _store_override is not None else cache_root() / "objects"
+    override = _store_override.get()
+    return override if override is not None else cache_root() / "objects"
 
 
 def kernel_library_dir() -> Path:
@@ -60,21 +63,19 @@ def kernel_library_dir() -> Path:
 
 
 class storing_into:
-    """`with storing_into(directory):` objects compiled in the block are stored under
-    `directory` (keyed as the object cache keys them) instead of the object cache: how the
-    kernel library is filled. One at a time per process (a command, not a build)."""
+    """`with storing_into(directory):` objects compiled in the block (by this thread) are
+    stored under `directory`, keyed as the object cache keys them, instead of the object
+    cache, and looked up there alone: how the kernel library is filled."""
 
     def __init__(self, directory: Path):
         self.directory = Path(directory)
 
     def __enter__(self):
-        global _store_override
-        self.previous, _store_override = _store_override, self.directory
+        self.token = _store_override.set(self.directory)
         return self.directory
 
     def __exit__(self, *exc):
-        global _store_override
-        _store_override = self.previous
+        _store_override.reset(self.token)
         return False
 
 
