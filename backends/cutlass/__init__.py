@@ -89,6 +89,11 @@ register_target_kind("cutlass", {
                                  "own (each problem's epilogue: the winner is the object timed) or proxy (the "
                                  "problem's bias, no activation or residual: problems differing only there share "
                                  "their candidates' compiles, and the winner is compiled after timing)"),
+    # Off until its GPU tests and speed have run (written 2026-11-28 without a GPU to run them)
+    "runtime_epilogue": AttrSchema(bool, False, None, "sm90 GEMM and conv kernels take their bias, activation (and a "
+                                   "conv its residual) at run time: one compiled kernel per tile, dtype and layout "
+                                   "serves every epilogue, so with the kernel library a build compiles no CUTLASS "
+                                   "sm90 kernel (its tuning times the objects it links)"),
     # 2%: the speed acceptance of a build against one that takes every problem's fastest is 3%
     "tuning_tolerance": AttrSchema(float, 0.02, None, "how much slower than a problem's fastest candidate (a "
                                    "fraction) the kernel tuning picks may be, for a problem whose winner is compiled "

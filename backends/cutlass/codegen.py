@@ -182,6 +182,7 @@ def codegen(functions: dict, target) -> list:
                                 progress=getattr(target, "progress", None),
                                 tuned_epilogue=target.attrs.get("tuned_epilogue") or "auto",
                                 tolerance=float(target.attrs.get("tuning_tolerance") or 0.0),
+                                runtime_epilogue=bool(target.attrs.get("runtime_epilogue")),
                                 gpu_limit=target.attrs.get("tuning_gpus") or 0)
     except ValueError as error:  # the target's tiles/clusters/stages leave no kernel for a problem
         raise BuildError(str(error)) from None
@@ -196,7 +197,7 @@ def codegen(functions: dict, target) -> list:
             raise BuildError(f"cutlass: @{symbol}: the kernel chosen for {problem.key}, "
                              f"{_kernel_label(kernel, problem)}, cannot run it: {refusal} "
                              f"(a byoc bug in the kernel choice; please report it)")
-        unit = kernel_unit(kernel, problem, flags)
+        unit = kernel_unit(kernel, problem, flags, bool(target.attrs.get("runtime_epilogue")))
         kernel_units.setdefault(unit.entry, unit)
         calls.append(partition_call(symbol, unit, kernel, problem, indices))
         workspace[symbol] = kernel_workspace_bytes(kernel, problem)
@@ -279,7 +280,7 @@ def kernel_library_units(target, workdir: Path, dtypes=("float16",), epilogues: 
     sm = int(target.attrs.get("sm") or device.arch_number())
     try:
         units = library_units(sm, cutlass_flags(target, sm), tuple(dtypes), epilogues,
-                              CandidateFilter.from_target(target.attrs))
+                              CandidateFilter.from_target(target.attrs), bool(target.attrs.get("runtime_epilogue")))
     except ValueError as error:
         raise BuildError(f"cutlass kernel library: {error}") from None
     return kernel_compile_units(units, Path(workdir))

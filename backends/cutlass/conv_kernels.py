@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .gemm_kernels import (ACTIVATIONS, ELEMENT_BITS, ELEMENTS, GRID_YZ_MAX, NO_FILTER, CandidateFilter, GemmProblem,
+from .gemm_kernels import (ELEMENT_BITS, RUNTIME_ACTIVATION, activation_functor, ELEMENTS, GRID_YZ_MAX, NO_FILTER, CandidateFilter, GemmProblem,
                            alignment_flaw, dtype_flaw, extents_flaw, gemm_operand_flaw)
 
 
@@ -126,8 +126,9 @@ class ConvKernel:
         (not its sizes, which the kernel takes at run time)."""
         data = {
             "kernel_name": self.name(problem), "element": ELEMENTS[problem.dtype][1],
-            "tile": list(self.tile), "activation": ACTIVATIONS[problem.activation],
+            "tile": list(self.tile), "activation": activation_functor(problem.activation),
             "has_bias": problem.has_bias, "has_residual": problem.has_residual,
+            "runtime_epilogue": problem.activation == RUNTIME_ACTIVATION,
         }
         if self.sm == 90:
             data.update(cluster=list(self.cluster))

@@ -26,6 +26,17 @@ ELEMENT_BITS = {"float16": 16, "bfloat16": 16}
 # epilogue activation name in byoc -> CUTLASS activation functor
 ACTIVATIONS = {None: "Identity", "relu": "ReLu", "gelu": "GELU", "gelu_tanh": "GELU_taylor",
                "silu": "SiLu", "sigmoid": "Sigmoid", "hard_swish": "HardSwish"}
+# A runtime-epilogue kernel's problem has this activation (kernels.runtime_problem): its
+# functor (include/byoc_runtime_activation.h) applies the call's, by these codes
+RUNTIME_ACTIVATION = "runtime"
+ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4, "sigmoid": 5, "hard_swish": 6}
+
+
+def activation_functor(activation) -> str:
+    """The CUTLASS activation functor a template names for `activation`."""
+    if activation == RUNTIME_ACTIVATION:
+        return "byoc_cutlass::RuntimeActivation"
+    return f"cutlass::epilogue::thread::{ACTIVATIONS[activation]}"
 
 
 @dataclass(frozen=True)
@@ -274,8 +285,9 @@ class GemmKernel:
         data = {
             "kernel_name": self.name(problem), "element": ELEMENTS[problem.dtype][1],
             "layout_b": "ColumnMajor" if problem.b_transposed else "RowMajor",
-            "tile": list(self.tile), "activation": ACTIVATIONS[problem.activation],
+            "tile": list(self.tile), "activation": activation_functor(problem.activation),
             "has_bias": problem.has_bias, "has_residual": problem.has_residual,
+            "runtime_epilogue": problem.activation == RUNTIME_ACTIVATION,
         }
         if self.sm == 90:
             kernel_schedule, epilogue_schedule = SM90_SCHEDULES[self.schedule]

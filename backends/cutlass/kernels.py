@@ -13,7 +13,8 @@ from pathlib import Path
 from .conv_kernels import (FIXED_CHANNEL_CONV_CANDIDATES, FIXED_CHANNELS, SM80_CONV_CANDIDATES,  # noqa: F401
                            SM90_CONV_CANDIDATES, ConvKernel, ConvProblem, conv_candidates, heuristic_conv_kernel,
                            sm80_conv_flaw, sm90_conv_flaw)
-from .gemm_kernels import (ACTIVATIONS, ELEMENTS, NARROW_TILES, NO_FILTER, ONE_WAVE_TILES,  # noqa: F401
+from .gemm_kernels import (ACTIVATION_CODES, ACTIVATIONS, ELEMENTS, NARROW_TILES, NO_FILTER, ONE_WAVE_TILES,  # noqa: F401
+                           RUNTIME_ACTIVATION,
                            SM80_CANDIDATES, SM90_CANDIDATES, SM90_SCHEDULES, SM90_SPLIT_K, SM90_STREAM_K, SM_COUNT,
                            TUNING_ONLY, CandidateFilter, GemmKernel, GemmProblem, candidates, estimated_cycles,
                            gemm_operand_flaw, heuristic_kernel, parse_shape, sm80_gemm_flaw, sm90_gemm_flaw)
@@ -27,7 +28,7 @@ __all__ = [  # the families' names, so that one import serves the backend and th
     "KERNEL_ARCHS", "kernel_problem", "unsupported_reason", "usable_candidates", "default_kernel",
     "kernel_workspace_bytes", "kernel_from_json", "PDL_FLAG",
     "kernel_flags", "INCLUDE_DIR", "SPLIT_TEMPLATES", "KernelUnit", "kernel_unit", "partition_call", "kernel_template",
-    "operand_sizes"]
+    "operand_sizes", "runtime_problem", "RUNTIME_ACTIVATION", "ACTIVATION_CODES"]
 
 
 # The archs of the two kernel families: sm_90 (CUTLASS 3.x) and sm_80 (CUTLASS 2.x, which
@@ -201,16 +202,40 @@ def _include_dir_digest() -> str:
     return digest.hexdigest()
 
 
-def kernel_unit(kernel, problem, flags: list) -> KernelUnit:
-    """The compile unit of `kernel` as it runs `problem`'s dtype, layouts and epilogue; its
-    entry is named after the kernel and a hash of what it compiles: the rendered text, the
-    flags and byoc's headers. So one entry name is one code wherever it is linked: a unity
-    group's object (toolchain/unity.py) that the cache hands to one member carries the
-    others' entries into builds that may have newer ones. `flags` are the target's: the unit
-    takes kernel_flags of them, and byoc's include directory."""
+def runtime_problem(kernel, problem):
+    """The problem a runtime-epilogue unit of `kernel` is rendered for in place of `problem`
+    (the cutlass target's runtime_epilogue): its activation the call's
+    (RUNTIME_ACTIVATION) and its bias the call's, so one unit serves every epilogue of its
+    dtype and layout; a GEMM keeps whether it has a residual (the source C costs shared
+    memory and the overlap of the stores where there is none), a conv reads its source
+    anyway and takes the residual from the call too. None where the kernel has no such
+    form (the sm80 templates)."""
+    import dataclasses
+    if kernel_template(kernel) not in SPLIT_TEMPLATES:
+        return None
+    if isinstance(problem, ConvProblem):
+        rendered = dataclasses.replace(problem, activation=RUNTIME_ACTIVATION, has_bias=True, has_residual=True)
+    else:
+        rendered = dataclasses.replace(problem, activation=RUNTIME_ACTIVATION, has_bias=True,
+                                       residual_in_activation=problem.has_residual)
+    return rendered if kernel.supports(rendered) is None else None
+
+
+def kernel_unit(kernel, problem, flags: list, runtime_epilogue: bool = False) -> KernelUnit:
+    """The compile unit of `kernel` as it runs `problem`'s dtype, layouts and epilogue (with
+    `runtime_epilogue`, where the kernel has that form: every epilogue of its dtype and
+    layout, runtime_problem); its entry is named after the kernel and a hash of what it
+    compiles: the rendered text, the flags and byoc's headers. So one entry name is one code
+    wherever it is linked: a unity group's object (toolchain/unity.py) that the cache hands
+    to one member carries the others' entries into builds that may have newer ones. `flags`
+    are the target's: the unit takes kernel_flags of them, and byoc's include directory. The
+    unit's `name` is the kernel's as it runs `problem` (what tuning reports)."""
     from byoc.codegen.templates import render_template
     template = kernel_template(kernel)
     flags = kernel_flags(kernel, flags)
+    label = kernel.name(problem)
+    if runtime_epilogue:
+        problem = runtime_problem(kernel, problem) or problem
     data = {**kernel.type_data(problem), "entry": _ENTRY_PLACEHOLDER}
     split = template in SPLIT_TEMPLATES
     texts = ([render_template(template, {**data, "part": part}) for part in ("host", "device")] if split
@@ -221,9 +246,9 @@ def kernel_unit(kernel, problem, flags: list) -> KernelUnit:
     unit_flags = (*flags, f"-I{INCLUDE_DIR}")
     if split:
         mainloop = data["kernel_name"].removesuffix(f"_{problem.epilogue_name}")
-        return KernelUnit(entry, data["kernel_name"], texts[0], unit_flags, texts[1],
+        return KernelUnit(entry, label, texts[0], unit_flags, texts[1],
                           unity=f"{Path(template).name.split('.')[0]}:{mainloop}")
-    return KernelUnit(entry, data["kernel_name"], texts[0], unit_flags)
+    return KernelUnit(entry, label, texts[0], unit_flags)
 
 
 def partition_call(symbol: str, unit: KernelUnit, kernel, problem, indices: dict) -> dict:
@@ -235,7 +260,8 @@ def partition_call(symbol: str, unit: KernelUnit, kernel, problem, indices: dict
             # repr: always a valid C++ float literal (1.0f, 1e-05f)
             "alpha": f"{float(getattr(problem, 'alpha', 1.0))!r}f",
             "a": indices["a"], "b": indices["b"], "bias": indices.get("bias", -1),
-            "residual": indices.get("residual", -1)}
+            "residual": indices.get("residual", -1),
+            "activation": ACTIVATION_CODES.get(problem.activation, 0)}
 
 
 def kernel_template(kernel) -> str:

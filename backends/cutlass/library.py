@@ -25,20 +25,24 @@ EPILOGUE_SETS = {"proxy": PROXY_EPILOGUES, "all": ALL_EPILOGUES}
 
 
 def library_units(sm: int, flags: list, dtypes=("float16",), epilogues: str = "proxy",
-                  allowed: CandidateFilter = NO_FILTER) -> list:
+                  allowed: CandidateFilter = NO_FILTER, runtime_epilogue: bool = False) -> list:
     """kernels.KernelUnit of every candidate kernel of `sm` that the target allows
     (`allowed`: GEMMs, split-K and stream-K ones where it lets tuning try them, convs) for
     `dtypes`, both layouts of B and the epilogue set `epilogues`, compiled with the cutlass
-    target's `flags` (codegen.cutlass_flags): one unit per distinct entry."""
+    target's `flags` (codegen.cutlass_flags): one unit per distinct entry. With
+    `runtime_epilogue` (the target's), the sm90 kernels' units take their epilogue at run
+    time (kernels.runtime_problem): the proxies' two (no residual, and a GEMM's with one) are
+    then every epilogue's, and the library holds every sm90 kernel a build links."""
     if epilogues not in EPILOGUE_SETS:
         raise ValueError(f"epilogues {epilogues!r}: expected one of {', '.join(EPILOGUE_SETS)}")
     unknown = [dtype for dtype in dtypes if dtype not in ELEMENTS]
     if unknown:
         raise ValueError(f"dtype {', '.join(unknown)}: the cutlass kernels take {' or '.join(ELEMENTS)}")
     units = {}
+    sets = EPILOGUE_SETS[epilogues] + (((None, True, True),) if runtime_epilogue else ())
     gemms = candidates(sm, allowed)  # split-K and stream-K among them where the target lets tuning try them
     for dtype in dtypes:
-        for activation, bias, residual in EPILOGUE_SETS[epilogues]:
+        for activation, bias, residual in dict.fromkeys(sets):
             for transposed in (False, True):
                 # sizes every kernel runs (K long enough to split 8 ways): they do not enter the unit;
                 # a residual with an activation is a pointwise conv's relu(x + bias + residual)
@@ -46,12 +50,14 @@ def library_units(sm: int, flags: list, dtypes=("float16",), epilogues: str = "p
                                       has_residual=residual, residual_in_activation=bool(residual and activation))
                 for kernel in gemms:
                     if kernel.supports(problem) is None:
-                        unit = kernel_unit(kernel, problem, flags)
+                        unit = kernel_unit(kernel, problem, flags, runtime_epilogue)
                         units.setdefault(unit.entry, unit)
+            if residual and runtime_epilogue:
+                continue  # a runtime conv unit takes its residual from the call (a stem has none)
             for kernel in conv_candidates(sm, allowed):
                 problem = _conv_problem(kernel, dtype, activation, bias, residual)
                 if kernel.supports(problem) is None:
-                    unit = kernel_unit(kernel, problem, flags)
+                    unit = kernel_unit(kernel, problem, flags, runtime_epilogue)
                     units.setdefault(unit.entry, unit)
     return list(units.values())
 

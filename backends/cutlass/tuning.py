@@ -278,7 +278,7 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
                    compile_flags: list, jobs: int | None = None, allowed: CandidateFilter = NO_FILTER,
                    remeasure_on: str | None = None, optional_save: bool = False, progress=None,
                    proxy_epilogue: bool = False, gpu_limit: int = 0, tuned_epilogue: str | None = None,
-                   tolerance: float = 0.0) -> dict:
+                   tolerance: float = 0.0, runtime_epilogue: bool = False) -> dict:
     """problem -> kernel for every problem (GemmProblem or ConvProblem): from the
     database (when the target allows that kernel), else measured among the allowed
     candidates (when `profile`), else the database's kernel for the same shape with another
@@ -289,6 +289,8 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
     "auto"): what each problem's candidates are timed with and which are timed (tuning_plan).
     `tolerance` (the target's tuning_tolerance): how much slower than a problem's fastest a
     kernel it takes may be where that saves the build a compile (consolidated_choice).
+    `runtime_epilogue` (the target's): sm90 kernels are compiled with their epilogue taken at
+    run time (kernels.runtime_problem), so a candidate timed is the object the build links.
     `gpu_limit`: the most GPUs timing runs on at once (0: every one of the first's model)."""
     chosen = {}
     to_tune = []
@@ -317,7 +319,8 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
                 default_kernel(sm, problem, allowed)
     if to_tune:
         mode = tuned_epilogue or ("proxy" if proxy_epilogue else "auto")
-        plans = {problem: tuning_plan(problem, sm, allowed, compile_flags, workdir / "tuning", mode)
+        plans = {problem: tuning_plan(problem, sm, allowed, compile_flags, workdir / "tuning", mode,
+                                      runtime_epilogue)
                  for problem in to_tune}
         count = sum(len(kernels) for kernels, _, _ in plans.values())
         held = sum(held for _, _, held in plans.values())
@@ -328,7 +331,8 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
                  "tuning compiles none")
         measured = _profile(to_tune, sm, workdir / "tuning", compile_flags, jobs, allowed, progress=progress,
                             gpu_limit=gpu_limit, kernels_of=lambda problem: plans[problem][0],
-                            proxied=frozenset(problem for problem, (_, proxy, _) in plans.items() if proxy))
+                            proxied=frozenset(problem for problem, (_, proxy, _) in plans.items() if proxy),
+                            runtime_epilogue=runtime_epilogue)
         provenance = measurement_provenance(0)  # one GPU, one toolchain for the whole run
         timed = {problem: {name: us for name, us in measured.get(problem, {}).items() if us is not None}
                  for problem in to_tune}
@@ -405,14 +409,26 @@ def consolidated_choice(times: dict, compiled_anyway: list, tolerance: float) ->
     return picks
 
 
-def tuning_plan(problem, sm: int, allowed: CandidateFilter, flags: list, workdir: Path, mode: str) -> tuple:
+def tuning_plan(problem, sm: int, allowed: CandidateFilter, flags: list, workdir: Path, mode: str,
+                runtime_epilogue: bool = False) -> tuple:
     """(the candidates tuning times for `problem`, whether on its epilogue proxy, how many of
     them need no compile). `mode` is the cutlass target's tuned_epilogue: own and proxy time
     usable_candidates (the target's tuning_candidates of them) with that epilogue; auto
     times every candidate whose proxy unit is compiled already (`byoc kernels build`'s
     kernel library, or the object cache) where those include the target's usable_candidates,
-    the problem's own epilogue's usable_candidates otherwise."""
+    the problem's own epilogue's usable_candidates otherwise. With `runtime_epilogue` no proxy is
+    needed (a candidate's unit for the problem is the one for its dtype and layout): auto
+    times every candidate that is compiled where those include the target's."""
     chosen = usable_candidates(sm, problem, allowed)
+    if runtime_epilogue:
+        if mode == "auto":
+            import dataclasses
+            every = usable_candidates(sm, problem, dataclasses.replace(allowed, per_problem=0))
+            held = [kernel for kernel, compiled in zip(every, _compiled(every, problem, flags, workdir, True))
+                    if compiled]
+            if held and set(chosen) <= set(held):
+                return held, False, len(held)
+        return chosen, False, sum(_compiled(chosen, problem, flags, workdir, True))
     if mode in ("own", "proxy"):
         proxy = mode == "proxy"
         return chosen, proxy, sum(_compiled(chosen, timed_problem(problem, chosen, proxy), flags, workdir))
@@ -425,14 +441,14 @@ def tuning_plan(problem, sm: int, allowed: CandidateFilter, flags: list, workdir
     return chosen, False, sum(_compiled(chosen, problem, flags, workdir))
 
 
-def _compiled(kernels: list, problem, flags: list, workdir: Path) -> list:
+def _compiled(kernels: list, problem, flags: list, workdir: Path, runtime_epilogue: bool = False) -> list:
     """Whether each kernel's unit for `problem` (both halves) is in the object cache or the
     kernel library: timing it costs no compile."""
     from byoc.toolchain.compiler import unit_cached
 
     from .codegen import kernel_compile_units
     workdir.mkdir(parents=True, exist_ok=True)
-    per_kernel = [kernel_compile_units([kernel_unit(kernel, problem, flags)], workdir, unity=False)
+    per_kernel = [kernel_compile_units([kernel_unit(kernel, problem, flags, runtime_epilogue)], workdir, unity=False)
                   for kernel in kernels]
     cached = iter(unit_cached([unit for units in per_kernel for unit in units], workdir))  # one pass, one memo
     return [all([next(cached) for _ in units]) for units in per_kernel]
@@ -448,7 +464,7 @@ def time_kernels(chosen: dict, sm: int, workdir: Path, compile_flags: list, jobs
 
 def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
              allowed: CandidateFilter = NO_FILTER, kernels_of=None, progress=None, proxy: bool = False,
-             gpu_limit: int = 0, proxied: frozenset = frozenset()) -> dict:
+             gpu_limit: int = 0, proxied: frozenset = frozenset(), runtime_epilogue: bool = False) -> dict:
     """problem -> {candidate kernel name (as it runs the problem): microseconds, or None
     where it failed or disagreed with the problem's first candidate}: every candidate's
     kernel unit compiled once (kernels.kernel_unit; with `proxy`, of the problem's epilogue
@@ -473,7 +489,7 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
             slots.append(3)
         calls = []
         for number, kernel in enumerate(usable):
-            unit = kernel_unit(kernel, timed_as, compile_flags)
+            unit = kernel_unit(kernel, timed_as, compile_flags, runtime_epilogue)
             kernel_units.setdefault(unit.entry, unit)
             calls.append(partition_call(f"candidate_{index}_{number}", unit, kernel, timed_as, indices))
         programs.append((problem, timed_as, usable, calls, slots))

@@ -29,6 +29,8 @@ typedef struct ByocCutlassCall {
   void* workspace;
   size_t workspace_bytes;
   void* stream;               // a cudaStream_t
+  int activation;             // a runtime-epilogue kernel's activation (byoc_runtime_activation.h); others
+                              // have theirs compiled in and ignore it
 } ByocCutlassCall;
 
 #endif  // BYOC_CUTLASS_CALL_H_
