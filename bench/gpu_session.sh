@@ -35,7 +35,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$OUT/gpu.txt"
 stage="${1:-tests}"; shift || true
 case "$stage" in
   tests)
-    files=("$@"); [ ${#files[@]} -eq 0 ] && files=(tests/test_build_cuda.py tests/test_cutlass.py tests/test_json_engine.py tests/test_shim_cuda.py tests/test_builtin_codegen.py tests/test_plan_devices.py tests/test_runtime_cuda.py tests/test_squeeze_excitation.py tests/test_refit.py tests/test_multi_arch.py tests/test_measured_partition.py tests/test_cudnn.py tests/test_kernel_library.py)
+    files=("$@"); [ ${#files[@]} -eq 0 ] && files=(tests/test_build_cuda.py tests/test_cutlass.py tests/test_json_engine.py tests/test_shim_cuda.py tests/test_builtin_codegen.py tests/test_plan_devices.py tests/test_runtime_cuda.py tests/test_squeeze_excitation.py tests/test_refit.py tests/test_multi_arch.py tests/test_measured_partition.py tests/test_cudnn.py tests/test_kernel_library.py tests/test_runtime_epilogue.py)
     # One process per GPU test of the files that build a library per test (test_cutlass.py,
     # test_build_cuda.py, test_cudnn.py: run one after another they outlast a 10-minute device
     # command), one per file for the rest; at most 12 at a time, and one log per file (the
@@ -108,6 +108,8 @@ case "$stage" in
     # GPU as the shipped config does (profile auto, an empty user database: every problem
     # the shipped database lacks is measured), e.g.
     #   LIBRARY=1 MEASURE= bash bench/gpu_session.sh build_times bert_base:1 convnext_tiny:32
+    # LIBRARY_CONFIG=bench/cuda_sm90_runtime.yaml BUILD_CONFIG=cuda_sm90:runtime: the same with
+    # the cutlass runtime_epilogue (the library's config and the builds' must agree).
     [ $# -eq 0 ] && set -- bert_base:1 gpt2:1 resnet50:32
     mkdir -p /tmp/build-times
     cold_profile=false
@@ -115,7 +117,8 @@ case "$stage" in
       export BYOC_KERNEL_LIBRARY="${BYOC_KERNEL_LIBRARY:-/tmp/kernel-library}" TUNING_DB_ARG=""
       cold_profile=auto
       echo "$(date +%T) kernel library: building into $BYOC_KERNEL_LIBRARY"
-      python3 -m byoc kernels build --json >"$OUT/kernel_library.json" 2>/tmp/build-times/kernel_library.log
+      python3 -m byoc kernels build -c "${LIBRARY_CONFIG:-cuda_sm90}" --json >"$OUT/kernel_library.json" \
+        2>/tmp/build-times/kernel_library.log
       echo "$(date +%T) kernel library: $(tr -d '\n ' <"$OUT/kernel_library.json")"
     fi
     prebuild() {  # CACHE WORKDIR TAG CONFIG PROFILE CASE [timeout]
@@ -130,15 +133,15 @@ case "$stage" in
     for case in "$@"; do
       name="${case%%:*}"
       rm -rf "/tmp/cache-$name"  # cold: a machine kept warm between calls keeps /tmp
-      prebuild "/tmp/cache-$name" build/byoc-real "$name.cold" cuda_sm90 "$cold_profile" "$case"
-      prebuild "/tmp/cache-$name" build/byoc-real-warm "$name.warm" cuda_sm90 "$cold_profile" "$case"
+      prebuild "/tmp/cache-$name" build/byoc-real "$name.cold" "${BUILD_CONFIG:-cuda_sm90}" "$cold_profile" "$case"
+      prebuild "/tmp/cache-$name" build/byoc-real-warm "$name.warm" "${BUILD_CONFIG:-cuda_sm90}" "$cold_profile" "$case"
     done
     # MEASURE= (empty) leaves the measure-all build out
     measure="${MEASURE-bert_base:1}"
     [ -n "$measure" ] && TUNING_DB_ARG="" prebuild /tmp/cache-measure build/byoc-real-measure "${measure%%:*}.measure" \
       cuda_sm90:measure auto "$measure" "${MEASURE_S:-200}"
     PYTHONUNBUFFERED=1 python3 bench/real_models.py --prebuilt --out /tmp/build-times --workdir build/byoc-real \
-      --configs cuda_sm90 --torch-modes none --cases "$@" >/tmp/build-times/timing.log 2>&1
+      --configs "${BUILD_CONFIG:-cuda_sm90}" --torch-modes none --cases "$@" >/tmp/build-times/timing.log 2>&1
     # the measured build's run time beside it (what the tuning found)
     [ -n "$measure" ] && [ -d build/byoc-real-measure/prebuilt ] && PYTHONUNBUFFERED=1 python3 bench/real_models.py --prebuilt \
       --out /tmp/build-times/measure --workdir build/byoc-real-measure --configs cuda_sm90:measure --torch-modes none \

@@ -97,6 +97,9 @@ def load_config(spec, tuning_db=None, profile="auto"):
                                   "tuning": {"profile": "auto", "tuning_db": None}},
                  # the backends chosen per subgraph by measured cost (partition: measured)
                  "measured": {"partition": "measured"},
+                 # sm90 kernels with their epilogue taken at run time (one unit per tile, dtype and
+                 # layout: with the kernel library of bench/cuda_sm90_runtime.yaml a build compiles none)
+                 "runtime": {"backends": [{"cutlass": {"sm": 90, "runtime_epilogue": True}}, "cublaslt", "builtin"]},
                  # the same with the cudnn backend's convs among the candidates
                  "measured_cudnn": {"partition": "measured",
                                     "backends": [{"cutlass": {"sm": 90}}, "cudnn", "cublaslt", "builtin"]},
