@@ -243,9 +243,9 @@ def test_candidates_are_timed_on_the_epilogue_proxy(tmp_path, monkeypatch):
     assert epilogue_proxy(GemmProblem(512, 768, 768, 4, "float16", True)).epilogue_name == "plain"
     compiled, real_unit = [], tuning.kernel_unit
 
-    def fake_unit(kernel, problem, flags):
+    def fake_unit(kernel, problem, flags, runtime_epilogue=False):
         compiled.append((kernel.name(problem), problem.epilogue_name))
-        return real_unit(kernel, problem, flags)
+        return real_unit(kernel, problem, flags, runtime_epilogue)
     monkeypatch.setattr(tuning, "kernel_unit", fake_unit)
     monkeypatch.setattr("byoc.toolchain.compile_units", lambda *a, **k: None)  # nothing built: nothing timed
     results = tuning._profile(problems, 90, tmp_path / "tuning", [], jobs=1, proxy=True)
