@@ -97,8 +97,8 @@ def test_tuning_with_runtime_epilogues_times_the_objects_the_build_links(monkeyp
 
 
 def _epilogue_model(rng, m=200, k=136, n=264):
-    """A float32-in/out model of GEMMs, each with another epilogue (biases and activations,
-    a residual), on sizes that are no tile's multiple."""
+    """A float32-in/out model of GEMMs, each with another epilogue (every activation with a
+    bias, none, a residual), on sizes that are no tile's multiple; one output each."""
     with FunctionBuilder("main") as fb:
         x = fb.param("x", (m, k), "float32")
         x16 = fb.call("cast", x, dtype="float16")
@@ -111,14 +111,11 @@ def _epilogue_model(rng, m=200, k=136, n=264):
             elif activation:
                 y = fb.call(activation, y)
             outputs.append(y)
-        plain = fb.call("matmul", x16, (rng.standard_normal((k, n)) * 0.1).astype("float16"))  # no bias
-        residual = fb.call("add", fb.call("add", fb.call("matmul", x16, (rng.standard_normal((k, n)) * 0.1)
-                                                         .astype("float16")),
-                                          (rng.standard_normal(n) * 0.1).astype("float16")), outputs[0])
-        total = plain
-        for y in outputs + [residual]:
-            total = fb.call("add", total, y)
-        fb.ret(fb.call("cast", total, dtype="float32"))
+        outputs.append(fb.call("matmul", x16, (rng.standard_normal((k, n)) * 0.1).astype("float16")))  # no bias
+        outputs.append(fb.call("add", fb.call("add", fb.call("matmul", x16, (rng.standard_normal((k, n)) * 0.1)
+                                                             .astype("float16")),
+                                              (rng.standard_normal(n) * 0.1).astype("float16")), outputs[0]))
+        fb.ret(*[fb.call("cast", y, dtype="float32") for y in outputs])
     return fb.module()
 
 
@@ -143,21 +140,28 @@ def test_a_runtime_epilogue_gemm_and_conv_compile(tmp_path, monkeypatch):
 @pytest.mark.skipif(not gpu_present(), reason="no GPU visible")
 @pytest.mark.parametrize("cuda_graph", [False, True])
 def test_runtime_epilogue_gemms_match_the_float32_reference_on_the_gpu(cuda_graph, tmp_path, monkeypatch):
-    """Every activation, with and without a bias, and a residual, each a GEMM of the same
-    kernel type compiled once, on sizes that are no tile's multiple."""
+    """Every activation with a bias, none, and a residual, each a GEMM of the same kernel
+    type compiled once, on sizes that are no tile's multiple: each output against the
+    float32 reference and against the build with compiled epilogues (the same kernel's
+    arithmetic: they agree to rounding)."""
     import cupy
     monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "cache"))
     rng = np.random.default_rng(5)
     module = _epilogue_model(rng)
-    config = {"target": "cuda -arch=sm_90", "cuda_graph": cuda_graph,
-              "backends": [{"cutlass": {"sm": 90, "runtime_epilogue": True, "profile": "false"}}, "builtin"]}
-    library = byoc.build(module, config=config, workdir=str(tmp_path / "w"))
-    sources = list((tmp_path / "w").glob("byoc_cutlass_sm90_*_runtime_*_device.cu"))
-    assert sources, library.report.to_text()
     x = rng.standard_normal((200, 136)).astype(np.float32)
-    got = cupy.asnumpy(library.load().run(x=cupy.asarray(x)))
     want = byoc.interpret(module, x=x)
-    assert np.max(np.abs(got - want)) <= 2e-2 * np.max(np.abs(want)), library.report.to_text()
+    got = {}
+    for runtime in (True, False):
+        config = {"target": "cuda -arch=sm_90", "cuda_graph": cuda_graph,
+                  "backends": [{"cutlass": {"sm": 90, "runtime_epilogue": runtime, "profile": "false"}}, "builtin"]}
+        library = byoc.build(module, config=config, workdir=str(tmp_path / f"w{runtime}"))
+        runtime_sources = list((tmp_path / f"w{runtime}").glob("byoc_cutlass_sm90_*_runtime_*_device.cu"))
+        assert bool(runtime_sources) == runtime, library.report.to_text()
+        got[runtime] = [cupy.asnumpy(out) for out in library.load().run(x=cupy.asarray(x))]
+    for index, (mine, fused, reference) in enumerate(zip(got[True], got[False], want, strict=True)):
+        scale = np.max(np.abs(reference))
+        assert np.max(np.abs(mine - reference)) <= 2e-2 * scale, index
+        assert np.max(np.abs(mine - fused)) <= 1e-3 * scale, index  # gelu and its tanh form differ by more
 
 
 @pytest.mark.gpu
@@ -193,3 +197,20 @@ def test_runtime_epilogue_convs_match_the_float32_reference_on_the_gpu(tmp_path,
     got = cupy.asnumpy(library.load().run(x=cupy.asarray(feeds["x"])))
     want = byoc.interpret(module, **feeds)
     assert np.max(np.abs(got - want)) <= 2e-2 * np.max(np.abs(want)), library.report.to_text()
+
+
+def test_an_activation_without_a_runtime_code_is_refused_and_stems_keep_their_proxy(monkeypatch, tmp_path):
+    from byoc.backends.cutlass.kernels import activation_code
+    from byoc.errors import BuildError
+    assert activation_code(None) == 0 and activation_code("hard_swish") == 6
+    with pytest.raises(BuildError, match="'tanh' has no runtime code"):
+        activation_code("tanh")
+    # an RGB stem: its candidates are sm80 fixed-channel kernels, with no runtime form, so it is
+    # tuned as without runtime_epilogue (on its proxy where the library holds those)
+    stem = ConvProblem(32, 224, 224, 4, 64, 7, 7, 112, 112, (2, 2), (3, 3, 3, 3), (1, 1), "float16", "relu", True)
+    assert all(runtime_problem(kernel, stem) is None for kernel in usable_candidates(90, stem))
+    monkeypatch.setattr(tuning, "_compiled", lambda kernels, timed, flags, workdir, runtime=False:
+                        [timed.epilogue_name == "bias" and not runtime] * len(kernels))
+    kernels, proxy, _ = tuning.tuning_plan(stem, 90, tuning.CandidateFilter(), FLAGS, tmp_path, "auto",
+                                           runtime_epilogue=True)
+    assert proxy is True and kernels == usable_candidates(90, stem)

@@ -244,8 +244,10 @@ def known_cost(functions: dict, target) -> float | None:
             problem = kernel_problem(sm, problem)
             entry, kernel = database.entry(sm, problem), database.lookup(sm, problem)
             us = entry.get("us") if entry is not None else None
-            # an entry timed with the epilogue proxy left the activation and residual out
+            # an entry timed with the epilogue proxy left the activation and residual out; one
+            # timed as a runtime-epilogue unit is another object than this target builds, or the reverse
             if kernel is None or entry.get("device") != gpu or entry.get("timed_epilogue") or \
+                    bool(entry.get("runtime_epilogue")) != bool(target.attrs.get("runtime_epilogue")) or \
                     not isinstance(us, (int, float)) or us <= 0 or \
                     kernel.supports(problem) is not None or not allowed.admits(kernel, measured=True):
                 return None

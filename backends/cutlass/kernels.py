@@ -261,7 +261,17 @@ def partition_call(symbol: str, unit: KernelUnit, kernel, problem, indices: dict
             "alpha": f"{float(getattr(problem, 'alpha', 1.0))!r}f",
             "a": indices["a"], "b": indices["b"], "bias": indices.get("bias", -1),
             "residual": indices.get("residual", -1),
-            "activation": ACTIVATION_CODES.get(problem.activation, 0)}
+            "activation": activation_code(problem.activation)}
+
+
+def activation_code(activation) -> int:
+    """ByocCutlassCall.activation for `activation` (include/byoc_runtime_activation.h); an
+    activation without one is refused, not run as the identity."""
+    if activation not in ACTIVATION_CODES:
+        from byoc.errors import BuildError
+        raise BuildError(f"cutlass: activation {activation!r} has no runtime code (expected one of "
+                         f"{', '.join(str(a) for a in ACTIVATION_CODES)})")
+    return ACTIVATION_CODES[activation]
 
 
 def kernel_template(kernel) -> str:

@@ -52,7 +52,8 @@ from byoc.json_files import read_json, write_json_whole
 from byoc.codegen.templates import render_template
 
 from .kernels import (INCLUDE_DIR, NO_FILTER, PDL_FLAG, CandidateFilter, default_kernel, kernel_from_json,
-                      kernel_unit, kernel_workspace_bytes, operand_sizes, partition_call, usable_candidates)
+                      kernel_unit, kernel_workspace_bytes, operand_sizes, partition_call, runtime_problem,
+                      usable_candidates)
 
 FORMAT = "byoc-cutlass-tuning"
 MAX_DATABASE_BYTES = 256 << 20  # thousands of problems take a few MB
@@ -363,6 +364,8 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
             database.record(sm, problem, pick, valid[pick.name(problem)], times,
                             {**provenance, "candidates": len(times),
                              "timed_epilogue": stand_in.epilogue_name if stand_in != problem else None,
+                             # timed as a runtime-epilogue unit (its bias broadcast always in)
+                             "runtime_epilogue": True if runtime_epilogue and runtime_problem(pick, problem) else None,
                              # the pick is not the fastest: it shares its mainloop with other problems' kernels
                              "fastest_us": fastest if valid[pick.name(problem)] > fastest else None})
         if database.recorded:  # nothing measured: the file is left as it is (another build may have written it)
@@ -420,7 +423,9 @@ def tuning_plan(problem, sm: int, allowed: CandidateFilter, flags: list, workdir
     needed (a candidate's unit for the problem is the one for its dtype and layout): auto
     times every candidate that is compiled where those include the target's."""
     chosen = usable_candidates(sm, problem, allowed)
-    if runtime_epilogue:
+    # a kernel without a runtime form (an sm80 template: the fixed-channel stems) keeps its
+    # compiled epilogue, and the problem is tuned as without runtime_epilogue
+    if runtime_epilogue and all(runtime_problem(kernel, problem) is not None for kernel in chosen):
         if mode == "auto":
             import dataclasses
             every = usable_candidates(sm, problem, dataclasses.replace(allowed, per_problem=0))
