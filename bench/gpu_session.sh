@@ -100,7 +100,8 @@ case "$stage" in
     done ;;
   build_times)
     # Cold (empty object cache) and warm builds of each case with the shipped tuning database,
-    # then BERT-base b1 cold with every CUTLASS kernel measured here (cuda_sm90:measure, at
+    # then BERT-base b1 cold with every CUTLASS kernel measured here (cuda_sm90:measure, or
+    # MEASURE_CONFIG=cuda_sm90:measure_all: every candidate with its own epilogue; at
     # most MEASURE_S seconds), then the libraries timed; the records come back as
     # $OUT/build_times.tar.gz for bench/build_times.py.
     # With LIBRARY=1 the kernel library comes first (byoc kernels build: its one-time cost and
@@ -138,13 +139,13 @@ case "$stage" in
     done
     # MEASURE= (empty) leaves the measure-all build out
     measure="${MEASURE-bert_base:1}"
-    [ -n "$measure" ] && TUNING_DB_ARG="" prebuild /tmp/cache-measure build/byoc-real-measure "${measure%%:*}.measure" \
-      cuda_sm90:measure auto "$measure" "${MEASURE_S:-200}"
+    [ -n "$measure" ] && rm -rf /tmp/cache-measure && TUNING_DB_ARG="" prebuild /tmp/cache-measure build/byoc-real-measure "${measure%%:*}.measure" \
+      "${MEASURE_CONFIG:-cuda_sm90:measure}" auto "$measure" "${MEASURE_S:-200}"
     PYTHONUNBUFFERED=1 python3 bench/real_models.py --prebuilt --out /tmp/build-times --workdir build/byoc-real \
       --configs "${BUILD_CONFIG:-cuda_sm90}" --torch-modes none --cases "$@" >/tmp/build-times/timing.log 2>&1
     # the measured build's run time beside it (what the tuning found)
     [ -n "$measure" ] && [ -d build/byoc-real-measure/prebuilt ] && PYTHONUNBUFFERED=1 python3 bench/real_models.py --prebuilt \
-      --out /tmp/build-times/measure --workdir build/byoc-real-measure --configs cuda_sm90:measure --torch-modes none \
+      --out /tmp/build-times/measure --workdir build/byoc-real-measure --configs "${MEASURE_CONFIG:-cuda_sm90:measure}" --torch-modes none \
       --cases "$measure" >/tmp/build-times/timing-measure.log 2>&1
     tar -czf "$OUT/build_times.tar.gz" -C /tmp/build-times . ;;
   proxy_ab)

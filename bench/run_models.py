@@ -87,6 +87,11 @@ def load_config(spec, tuning_db=None, profile="auto"):
                  # (with a fresh BYOC_CACHE_DIR, the persistent one is empty too)
                  "measure": {"backends": [{"cutlass": {"sm": 90, "shipped_tuning": False}}, "cublaslt", "builtin"],
                              "tuning": {"profile": "auto", "tuning_db": None}},
+                 # every candidate of every problem compiled and timed with its own epilogue: what
+                 # #44 compares a build's run time with (the shipped and persistent databases not read)
+                 "measure_all": {"backends": [{"cutlass": {"sm": 90, "shipped_tuning": False, "tuned_epilogue": "own",
+                                                           "tuning_candidates": 0}}, "cublaslt", "builtin"],
+                                 "tuning": {"profile": "auto", "tuning_db": None}},
                  # the same, each candidate timed with its problem's epilogue proxy
                  "measure_proxy": {"backends": [{"cutlass": {"sm": 90, "shipped_tuning": False,
                                                              "tuned_epilogue": "proxy"}}, "cublaslt", "builtin"],
