@@ -49,7 +49,7 @@ case "$stage" in
     trap 'copy_logs; grep -hE "^== |passed|failed|^FAILED|^ERROR" "$OUT"/test_*.log; exit 124' TERM
     ids=()
     for f in "${files[@]}"; do
-      if [[ " ${SPLIT_FILES:-test_cutlass.py test_build_cuda.py test_cudnn.py} " == *" $(basename "$f") "* ]]; then
+      if [[ " ${SPLIT_FILES:-test_cutlass.py test_build_cuda.py test_cudnn.py test_runtime_epilogue.py} " == *" $(basename "$f") "* ]]; then
         while read -r id; do ids+=("$id"); done < <(python3 -m pytest -q --collect-only -m gpu -p no:cacheprovider "$f" 2>/dev/null | grep '::')
       else
         ids+=("$f")
