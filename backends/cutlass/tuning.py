@@ -60,10 +60,10 @@ MAX_DATABASE_BYTES = 256 << 20  # thousands of problems take a few MB
 
 
 # Kernels measured on an H100 and an H200 (sm_90) for some problems of bench/real_models.py's
-# suite (68 entries: transformers at batch 1 and 8 with 128 tokens, the pointwise-conv GEMMs and
-# stems of ConvNeXt-T, MobileNetV3 and EfficientNet-B0 at batch 32; not ResNet-50's convs) and
-# bench/bench_gemm.py's: a build of those problems needs no tuning run. The user's database (the target's tuning_db) comes
-# first; a build reads this one and never writes it. The bench/ tuning stages (gpu_session.sh
+# suite and bench/bench_gemm.py's (68 entries: transformers' GEMMs at batch 1 and 8 with 128
+# tokens; CNN GEMMs at batch 32; the stems of ResNet-50, ConvNeXt-T and MobileNetV3; not
+# ResNet-50's other convs): a build of those problems needs no tuning run. The user's
+# database (the target's tuning_db) comes first; a build reads this one and never writes it. The bench/ tuning stages (gpu_session.sh
 # tune/retune, tune_conv.py) grow a copy of it that is then committed here.
 SHIPPED_DATABASE = Path(__file__).resolve().parent / "tuning_sm90.json"
 
