@@ -149,14 +149,14 @@ def test_auto_times_every_candidate_the_library_holds_on_its_proxy(empty_cache, 
     kernels, proxy, held = tuning.tuning_plan(problem, 90, allowed, [], tmp_path, "auto")
     assert (kernels, proxy, held) == (chosen, False, 0)
     # the library holds every proxy unit: each candidate is timed, on the proxy, none compiled
-    monkeypatch.setattr(tuning, "_compiled", lambda kernels, timed, flags, workdir:
+    monkeypatch.setattr(tuning, "_compiled", lambda kernels, timed, flags, workdir, runtime=False:
                         [timed.epilogue_name == "bias"] * len(kernels))
     kernels, proxy, held = tuning.tuning_plan(problem, 90, allowed, [], tmp_path, "auto")
     assert (kernels, proxy, held) == (every, True, len(every))
     assert tuning.tuning_plan(problem, 90, allowed, [], tmp_path, "own")[:2] == (chosen, False)
     assert tuning.tuning_plan(problem, 90, allowed, [], tmp_path, "proxy")[:2] == (chosen, True)
     # fewer held than the target's count: as without the library
-    monkeypatch.setattr(tuning, "_compiled", lambda kernels, timed, flags, workdir:
+    monkeypatch.setattr(tuning, "_compiled", lambda kernels, timed, flags, workdir, runtime=False:
                         [index < 3 for index in range(len(kernels))])
     assert tuning.tuning_plan(problem, 90, allowed, [], tmp_path, "auto")[:2] == (chosen, False)
 
@@ -176,7 +176,7 @@ def test_a_build_with_the_library_times_the_proxy_and_records_it(empty_cache, mo
             results[p] = {k.name(p): 10.0 - (i == 3) for i, k in enumerate(kernels)}
         return results
     monkeypatch.setattr(tuning, "_profile", fake_profile)
-    monkeypatch.setattr(tuning, "_compiled", lambda kernels, timed, flags, workdir: [True] * len(kernels))
+    monkeypatch.setattr(tuning, "_compiled", lambda kernels, timed, flags, workdir, runtime=False: [True] * len(kernels))
     database = tuning.TuningDatabase(tmp_path / "db.json")
     chosen = tuning.choose_kernels([problem], 90, database, profile=True, workdir=tmp_path / "w", compile_flags=[],
                                    allowed=tuning.CandidateFilter(per_problem=5))

@@ -423,29 +423,22 @@ def tuning_plan(problem, sm: int, allowed: CandidateFilter, flags: list, workdir
     the problem's own epilogue's usable_candidates otherwise. With `runtime_epilogue` no proxy is
     needed (a candidate's unit for the problem is the one for its dtype and layout): auto
     times every candidate that is compiled where those include the target's."""
+    import dataclasses
     chosen = usable_candidates(sm, problem, allowed)
     # a kernel without a runtime form (an sm80 template: the fixed-channel stems) keeps its
     # compiled epilogue, and the problem is tuned as without runtime_epilogue
-    if runtime_epilogue and all(runtime_problem(kernel, problem) is not None for kernel in chosen):
-        if mode == "auto":
-            import dataclasses
-            every = usable_candidates(sm, problem, dataclasses.replace(allowed, per_problem=0))
-            held = [kernel for kernel, compiled in zip(every, _compiled(every, problem, flags, workdir, True))
-                    if compiled]
-            if held and set(chosen) <= set(held):
-                return held, False, len(held)
-        return chosen, False, sum(_compiled(chosen, problem, flags, workdir, True))
-    if mode in ("own", "proxy"):
-        proxy = mode == "proxy"
-        return chosen, proxy, sum(_compiled(chosen, timed_problem(problem, chosen, proxy), flags, workdir))
-    import dataclasses
-    every = usable_candidates(sm, problem, dataclasses.replace(allowed, per_problem=0))
-    stand_in = timed_problem(problem, every, True)
-    held = [kernel for kernel, compiled in zip(every, _compiled(every, stand_in, flags, workdir)) if compiled]
-    if held and set(chosen) <= set(held):
-        return held, stand_in != problem, len(held)
-    return chosen, False, sum(_compiled(chosen, problem, flags, workdir))
-
+    runtime = runtime_epilogue and all(runtime_problem(kernel, problem) is not None for kernel in chosen)
+    if mode == "auto":
+        every = usable_candidates(sm, problem, dataclasses.replace(allowed, per_problem=0))
+        # what the library holds: a runtime unit serves the problem itself, else its proxy's
+        stand_in = problem if runtime else timed_problem(problem, every, True)
+        held = [kernel for kernel, compiled in zip(every, _compiled(every, stand_in, flags, workdir, runtime))
+                if compiled]
+        if held and set(chosen) <= set(held):
+            return held, stand_in != problem, len(held)
+        mode = "own"
+    proxy = mode == "proxy" and not runtime
+    return chosen, proxy, sum(_compiled(chosen, timed_problem(problem, chosen, proxy), flags, workdir, runtime))
 
 def _compiled(kernels: list, problem, flags: list, workdir: Path, runtime_epilogue: bool = False) -> list:
     """Whether each kernel's unit for `problem` (both halves) is in the object cache or the
