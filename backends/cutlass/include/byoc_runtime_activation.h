@@ -23,6 +23,7 @@ struct RuntimeActivationArguments {
   int kind = kByocIdentity;
 };
 
+// T: a scalar or a cutlass::Array fragment; CUTLASS's functors have both forms.
 template <class T>
 struct RuntimeActivation {
   using Arguments = RuntimeActivationArguments;
@@ -35,25 +36,6 @@ struct RuntimeActivation {
       case kByocSilu: return SiLu<T>{}(value);
       case kByocSigmoid: return Sigmoid<T>{}(value);
       case kByocHardSwish: return HardSwish<T>{}(value);
-      default: return value;
-    }
-  }
-};
-
-template <class T, int N>
-struct RuntimeActivation<cutlass::Array<T, N>> {
-  using Arguments = RuntimeActivationArguments;
-  CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& value,
-                                                      Arguments const& args) const {
-    using namespace cutlass::epilogue::thread;
-    using Fragment = cutlass::Array<T, N>;
-    switch (args.kind) {
-      case kByocRelu: return ReLu<Fragment>{}(value);
-      case kByocGelu: return GELU<Fragment>{}(value);
-      case kByocGeluTanh: return GELU_taylor<Fragment>{}(value);
-      case kByocSilu: return SiLu<Fragment>{}(value);
-      case kByocSigmoid: return Sigmoid<Fragment>{}(value);
-      case kByocHardSwish: return HardSwish<Fragment>{}(value);
       default: return value;
     }
   }
