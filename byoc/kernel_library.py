@@ -150,11 +150,20 @@ def _record(directory: Path, summary: dict, failure: str | None):
 
 
 def _provenance() -> dict:
-    """Where and with what the library was compiled: the toolkit's CUDA release, CUTLASS's
-    version and the visible GPU, as tuning records its measurements."""
-    from .backends.cutlass.tuning import measurement_provenance
-    made = measurement_provenance(0)
-    return {"nvcc": made["cuda"], "cutlass": made["cutlass"], "gpu": made["device"]}
+    from .target import visible_gpu_name
+    from .toolchain.compiler import compiler_version
+    from .toolchain.locate import find_nvcc
+    try:
+        nvcc = compiler_version(str(find_nvcc())).strip().splitlines()[-1]
+    except Exception:  # noqa: BLE001 - provenance only
+        nvcc = None
+    try:
+        from importlib import metadata
+        cutlass = metadata.version("nvidia-cutlass")
+    except Exception:  # noqa: BLE001
+        cutlass = None
+    return {"nvcc": nvcc, "cutlass": cutlass, "gpu": visible_gpu_name()}
+
 
 def read_manifest(directory: Path | None = None) -> dict:
     """The library's manifest ({"format", "builds": {...}}); an empty one where there is none
