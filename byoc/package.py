@@ -149,7 +149,7 @@ def link(programs: list, context, padding: dict | None = None) -> Library:
         weights_checksum = pool.submit(blob_checksum, weights)
         content = hashlib.sha256()
         content.update(parts.program_id.encode())
-        weights_digest = hashlib.sha256(weights).hexdigest()  # once: it keys the weights' object too
+        weights_digest = hashlib.sha256(weights).hexdigest()
         content.update(weights_digest.encode())
         weights_checksum = weights_checksum.result()
     build_id = content.hexdigest()[:16]
@@ -159,10 +159,11 @@ def link(programs: list, context, padding: dict | None = None) -> Library:
         metadata = with_variants(metadata, programs, context.config.dims, padding or {})
     units += host_units(programs, context, build_id, parts.tables, weights, weights_checksum, parts.padded_dims,
                         parts.program_id)
-    embedded, sidecar = embedded_units(context, weights, metadata, build_id, parts.tables, weights_digest,
+    embedded, sidecar = embedded_units(context, weights, metadata, build_id, parts.tables,
                                        program_id=parts.program_id, weights_checksum=weights_checksum)
     units += embedded
-    output, compiled = compile_and_link(context, units, parts.link_libraries, build_id)
+    output, compiled = compile_and_link(context, units, parts.link_libraries, build_id,
+                                        appended_weights=weights if sidecar is None else None)
     plan = first.host.plan
     library = Library(path=output, workdir=context.workdir, metadata=json.loads(metadata),
                       report=first.mod.attrs.get("partition_report"), sidecar=sidecar,
@@ -284,11 +285,12 @@ def host_units(programs: list, context, build_id: str, tables: list, weights: by
 
 
 def embedded_units(context, weights: bytes, metadata: str, build_id: str, tables: list,
-                   weights_digest: str = "", *, program_id: str = "", weights_checksum: int = 0) -> tuple:
-    """The weights (embedded, or a .safetensors sidecar), the metadata JSON and the program
-    tables, each embedded by an assembler file with .incbin: a C array of them would
-    compile for seconds (BERT-base's weights, its partition report and execution graph).
-    Returns (the compile units, the sidecar's path or None)."""
+                   *, program_id: str = "", weights_checksum: int = 0) -> tuple:
+    """The metadata JSON and the program tables, each embedded by an assembler file with
+    .incbin: a C array of them would compile for seconds (BERT-base's partition report and
+    execution graph). The weights are not linked in: embedded ones are appended after the
+    link (compile_and_link; runtime/library_file.py says why), a sidecar is written here as
+    .safetensors. Returns (the compile units, the sidecar's path or None)."""
     from .codegen.host import render_blob_assembly, write_safetensors
     from .toolchain import CompileUnit
     workdir = context.workdir
@@ -299,8 +301,6 @@ def embedded_units(context, weights: bytes, metadata: str, build_id: str, tables
     if context.config.params == "sidecar":
         sidecar = workdir / "model.safetensors"
         write_safetensors(sidecar, weights, build_id, program_id, weights_checksum)
-    else:
-        files.insert(0, (workdir / "weights.bin", "byoc_weights_blob", "The model's weights", weights))
     units = []
     for path, symbol, what, data in files:
         path.write_bytes(data)
@@ -309,16 +309,16 @@ def embedded_units(context, weights: bytes, metadata: str, build_id: str, tables
         # (and its cache key) does not depend on where the build happens.
         assembly.write_text(render_blob_assembly(path.name, symbol, what))
         units.append(CompileUnit(source=assembly, language="asm", flags=[f"-Wa,-I,{workdir}"],
-                                 output=f"{path.stem}.o", dependencies=[path],
-                                 dependencies_digest=weights_digest if data is weights else ""))
+                                 output=f"{path.stem}.o", dependencies=[path]))
     return units, sidecar
 
 
-def compile_and_link(context, units: list, link_libraries: list, build_id: str = "") -> tuple:
+def compile_and_link(context, units: list, link_libraries: list, build_id: str = "",
+                     appended_weights=None) -> tuple:
     """Every unit through ninja and the object cache, then the sealed model.so, which
-    exports only the C ABI. Returns (its path, the compile statistics). The library's
-    ELF build-id is `build_id` (hex), not a hash the linker computes over the whole file:
-    with the weights embedded that hash was half of ld's time (0.2 of 0.37 s here)."""
+    exports only the C ABI, with `appended_weights` (embedded weights) after its ELF image.
+    Returns (its path, the compile statistics). The library's ELF build-id is `build_id`
+    (hex), not a hash the linker computes over the whole file."""
     from .runtime import seal_library
     from .toolchain import compile_units, link_shared
     compiled = {}
@@ -337,7 +337,8 @@ def compile_and_link(context, units: list, link_libraries: list, build_id: str =
         libraries = cuda_link_flags(libraries)
     output = workdir / "model.so"
     link_shared(objects, output, link_flags, libraries, workdir=workdir)
-    seal_library(output)  # load() checks every byte against it before the dynamic loader maps the file
+    # load() checks every byte against the seal before the dynamic loader maps the file
+    seal_library(output, weights=appended_weights)
     return output, compiled
 
 

@@ -212,7 +212,7 @@ def test_corrupted_embedded_blobs_are_refused_at_create(tmp_path):
     library = byoc.build(FIXTURES / "mlp.onnx", config={"target": "cpu", "backends": ["cublaslt", "builtin"]},
                          workdir=str(tmp_path / "w"))
     data = Path(library.path).read_bytes()
-    weights = (tmp_path / "w" / "weights.bin").read_bytes()
+    weights = byoc.runtime.embedded_weights(library.path)
     wrapper = next(path for path in (tmp_path / "w").glob("*.cc") if "kGraph" in path.read_text())
     listed = re.search(r"kGraph\[\] = \{(.*?)\};", wrapper.read_text(), re.S).group(1)
     graph = bytes(int(b) for b in listed.replace("\n", "").split(","))
@@ -234,6 +234,55 @@ def test_corrupted_embedded_blobs_are_refused_at_create(tmp_path):
         byoc.runtime.seal_library(path)
         with pytest.raises(byoc.RuntimeError, match=message):
             byoc.load(path)
+
+
+def test_embedded_weights_follow_the_elf_image_and_a_damaged_trailer_is_refused_at_create(tmp_path):
+    """Embedded weights are appended after the link (not passed through the assembler, the
+    object cache and the linker): the library's bytes after its ELF image, page-aligned,
+    then their trailer and the seal. A trailer that no longer says where they are (sealed
+    again, as a C host that checks no seal would load it) is refused at create, naming it."""
+    from byoc.runtime.library_file import WEIGHTS_ALIGNMENT, WEIGHTS_TRAILER_BYTES
+    inputs, expected = fixture_inputs("mlp")
+    library = byoc.build(FIXTURES / "mlp.onnx", config="cpu", workdir=str(tmp_path / "w"))
+    weights = byoc.runtime.embedded_weights(library.path)
+    assert len(weights) == library.metadata["weights"]["bytes"] > 0
+    data = Path(library.path).read_bytes()
+    at = len(data) - byoc.runtime.SEAL_BYTES - WEIGHTS_TRAILER_BYTES - len(weights)
+    assert at % WEIGHTS_ALIGNMENT == 0 and data[at:at + len(weights)] == weights
+    assert not list((tmp_path / "w").glob("weights.*"))  # nothing of them in the object cache's way
+    np.testing.assert_allclose(library.load().run(**inputs), expected["y"], rtol=1e-4, atol=1e-5)
+    for field, change, message in ((8, 1, r"weights trailer \(\d+ bytes at offset \d+\) does not match"),
+                                   (0, 1, "does not end in byoc's weights trailer and seal")):
+        edited = bytearray(data[:-byoc.runtime.SEAL_BYTES])
+        edited[len(edited) - WEIGHTS_TRAILER_BYTES + field] ^= change
+        path = tmp_path / f"trailer_{field}.so"
+        path.write_bytes(bytes(edited))
+        byoc.runtime.seal_library(path)
+        with pytest.raises(byoc.RuntimeError, match="cannot map the weights embedded in .*" + message):
+            byoc.load(path)
+
+
+def test_a_library_loaded_from_a_private_copy_maps_its_own_weights(tmp_path):
+    """A second library built at a path this process has loaded is loaded from a private copy
+    that is unlinked once the dynamic loader has it: its weights are mapped at load, so a
+    model created afterwards runs with the new weights, not the first library's."""
+    import onnx
+    from onnx import numpy_helper
+    inputs, expected = fixture_inputs("mlp")
+    workdir = str(tmp_path / "w")
+    first = byoc.build(FIXTURES / "mlp.onnx", config="cpu", workdir=workdir).load()
+    model = onnx.load(FIXTURES / "mlp.onnx")
+    for tensor in model.graph.initializer:
+        array = numpy_helper.to_array(tensor)
+        if array.dtype.kind == "f" and array.size > 1:
+            tensor.CopyFrom(numpy_helper.from_array((array * 2).astype(array.dtype), tensor.name))
+    onnx.save(model, tmp_path / "doubled.onnx")
+    second = byoc.build(tmp_path / "doubled.onnx", config="cpu", workdir=workdir)
+    import onnxruntime as ort
+    want = ort.InferenceSession(str(tmp_path / "doubled.onnx"), providers=["CPUExecutionProvider"]).run(None, inputs)[0]
+    np.testing.assert_allclose(second.load().run(**inputs), want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(first.run(**inputs), expected["y"], rtol=1e-4, atol=1e-5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["doubled.onnx", "w"]  # the copy is gone
 
 
 def test_a_json_graph_forged_with_its_checksum_is_checked_against_the_callers_tensors(tmp_path):

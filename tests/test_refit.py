@@ -212,14 +212,14 @@ def refit_blob(path) -> bytes:
 
 
 def test_refit_writes_the_weights_a_rebuild_embeds(tmp_path):
-    """The refit file's blob is the rebuilt library's weights.bin, byte for byte, and its
+    """The refit file's blob is the rebuilt library's embedded weights, byte for byte, and its
     header names the program and the blob's checksum."""
     from byoc.codegen.host import blob_checksum
     perturbed("mlp", tmp_path / "new.onnx")
     old = byoc.build(FIXTURES / "mlp.onnx", config="cpu", workdir=str(tmp_path / "old"))
     byoc.build(tmp_path / "new.onnx", config="cpu", workdir=str(tmp_path / "new"))
     result = byoc.refit(old.path, tmp_path / "new.onnx", output=tmp_path / "r.safetensors")
-    blob = (tmp_path / "new" / "weights.bin").read_bytes()
+    blob = byoc.runtime.embedded_weights(tmp_path / "new" / "model.so")
     assert refit_blob(result.path) == blob
     data = result.path.read_bytes()
     header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
@@ -254,7 +254,7 @@ def build_cuda_pair(tmp_path):
 def test_refit_of_a_cuda_library_without_a_gpu(tmp_path):
     inputs, old, new, result = build_cuda_pair(tmp_path)
     assert old.metadata["program_id"] == new.metadata["program_id"] == result.program_id
-    assert refit_blob(result.path) == (tmp_path / "new" / "weights.bin").read_bytes()
+    assert refit_blob(result.path) == byoc.runtime.embedded_weights(tmp_path / "new" / "model.so")
     assert old.metadata["build"]["config"]["target"] == "cuda -arch=sm_90"
 
 

@@ -3,8 +3,8 @@
 `render_host([HostVariant(plan, ...)], ...)` turns host plans (codegen/host_plan.py; one
 per program of the library: a static build has one) into the tables
 (templates/host/model.cc.j2) the static model runtime (byoc/runtime/: model_run.cc walks
-them) runs the model from; the weights, metadata and program tables are embedded by assembler
-files (render_blob_assembly), or the weights written as a .safetensors sidecar.
+them) runs the model from; the metadata and program tables are embedded by assembler files
+(render_blob_assembly), the weights appended after the link or written as a .safetensors sidecar.
 blob_checksum is the checksum the runtime recomputes over each embedded blob.
 """
 from __future__ import annotations
@@ -123,13 +123,13 @@ class HostVariant:
 
 def render_host(variants: list, *, cuda: bool, build_id: str, arch_number: int | None,
                 weights_embedded: bool, weights_bytes: int, weights_checksum: int = 0, padded_dims: list = (),
-                program_id: str = "",
-                weights_symbol: str = "byoc_weights_blob", metadata_symbol: str = "byoc_metadata_json") -> str:
+                program_id: str = "", metadata_symbol: str = "byoc_metadata_json") -> str:
     """The model's tables for the static runtime (byoc/runtime/model_runtime.cc): per
     HostVariant the caller's tensors, the extern functions and the program table, and the
-    ModelSpec over them and the weights. The metadata JSON, the weights and the program
-    tables are embedded by assembler files (render_blob_assembly) under `metadata_symbol`,
-    `weights_symbol` and each variant's program symbol. A stateful symbol SYMBOL has
+    ModelSpec over them and the weights. The metadata JSON and the program tables are
+    embedded by assembler files (render_blob_assembly) under `metadata_symbol` and each
+    variant's program symbol; embedded weights follow the ELF image in the library's file
+    (runtime/library_file.py: seal_library), where the runtime maps them. A stateful symbol SYMBOL has
     SYMBOL_init (makes its state at create) and SYMBOL_destroy (frees it), and every call
     passes the state first. `padded_dims` names the dims run() pads (ModelSpec::padded_dims;
     each variant's axis_dims and dims say which axes carry them and its sizes of them)."""
@@ -163,7 +163,7 @@ def render_host(variants: list, *, cuda: bool, build_id: str, arch_number: int |
     data = [variant_data(variant) for variant in variants]
     return render_template("host/model.cc.j2", {
         "build_id": build_id, "program_id": program_id, "metadata_symbol": metadata_symbol,
-        "weights": {"embedded": weights_embedded, "bytes": weights_bytes, "symbol": weights_symbol},
+        "weights": {"embedded": weights_embedded, "bytes": weights_bytes},
         "variants": data, "arch_number": arch_number or 0, "weights_checksum": weights_checksum,
         "padded_dims": [c_string_literal_body(name) for name in padded_dims],
         # each declared once (variants share kernels and entry points)

@@ -119,7 +119,7 @@ class WeightsBlob:
                 return self.offsets[key]
         offset = align(len(self.data))
         self.data.extend(b"\0" * (offset - len(self.data)))
-        self.data.extend(data.tobytes())
+        self.data += memoryview(data.reshape(-1).view(np.uint8))  # one copy (tobytes would make two)
         self.offsets[key] = offset
         if content is not None:
             self._by_content[content] = offset
@@ -215,7 +215,7 @@ def place_tensors(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
     plan = HostPlan(inputs=inputs, outputs=[(name, result.type) for name, result in zip(names, results)],
                     calls=calls, output_copies=placer.output_copies(), input_copies=input_copies,
                     # a blob the programs of a library share: its bytes once, when all are placed
-                    weights=bytes(placer.weights.data) if weights is None else b"",
+                    weights=placer.weights.data if weights is None else b"",  # not copied: the plan owns it now
                     constant_offsets=placer.weights.offsets,
                     arena_bytes=align(placer.arena_size), arena_offsets=placer.own_offsets,
                     extern_symbols=placer.symbols,

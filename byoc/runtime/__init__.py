@@ -27,9 +27,11 @@ from ..errors import RuntimeError as ByocRuntimeError
 from ..ir.types import numpy_dtype
 from .arrays import _DLTensor, _Prepared, _cupy, _dlpack_only, _dlpack_returner, _from_dlpack, _stream_handle
 from .library_file import (SEAL_BYTES, SEAL_MAGIC, _check_path, _checked_weights_path, _close_library,  # noqa: F401
-                           _open_library, _read_metadata, _resolved, metadata_of, seal_library, validate_metadata)
+                           _open_library, _read_metadata, _resolved, embedded_weights, metadata_of, seal_library,
+                           validate_metadata)
 
-__all__ = ["load", "Module", "metadata_of", "seal_library", "validate_metadata", "SEAL_BYTES", "SEAL_MAGIC",
+__all__ = ["load", "Module", "metadata_of", "seal_library", "embedded_weights", "validate_metadata", "SEAL_BYTES",
+           "SEAL_MAGIC",
            "ByocRuntimeError", "C_ABI_HEADER", "INCLUDE_DIR"]
 
 C_ABI_HEADER = Path(__file__).with_name("byoc_model.h")

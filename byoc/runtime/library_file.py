@@ -106,19 +106,65 @@ def validate_metadata(metadata, name: str = "library") -> None:
 SEAL_MAGIC = b"BYOCSEAL"
 SEAL_BYTES = len(SEAL_MAGIC) + 32  # the magic, then the SHA-256 of every byte before it
 
+# Embedded weights follow the ELF image, not inside it: linked in (.incbin), a model's
+# weights passed through the assembler, the object cache and the linker on every build (a
+# warm build of 1 GB of weights spent most of its time there), and past 2 GiB the code's
+# 32-bit references across them cannot be linked at all. The file is
+#   [ELF image][zeros to a WEIGHTS_ALIGNMENT boundary][weights][WEIGHTS_TRAILER][seal]
+# where the trailer is the magic, then the weights' offset and size (uint64, little-endian).
+# model_runtime.cc maps them from the file when the library is loaded (ELF loaders ignore
+# bytes after the ELF data). Aligned for mmap on any page size up to 64 KiB.
+WEIGHTS_MAGIC = b"BYOCWTS1"
+WEIGHTS_TRAILER_BYTES = len(WEIGHTS_MAGIC) + 16
+WEIGHTS_ALIGNMENT = 1 << 16
 
-def seal_library(path) -> None:
+
+def seal_library(path, weights=None) -> None:
     """Appends the seal that load() checks before the dynamic loader sees the file: the
     SHA-256 of the whole library (ELF loaders ignore bytes after the ELF data). A damaged
     dynamic section or symbol table would crash the loader itself; with the seal, any
-    changed byte is a clear error instead."""
+    changed byte is a clear error instead. With `weights` (a non-empty bytes-like), they are
+    appended first, after the ELF image, with their trailer (WEIGHTS_MAGIC above), and
+    hashed from memory as they are written rather than read back."""
     import hashlib
+    import struct
+    from concurrent.futures import ThreadPoolExecutor
     digest = hashlib.sha256()
     with open(path, "rb") as file:
         for block in iter(lambda: file.read(1 << 20), b""):
             digest.update(block)
+        size = file.tell()
     with open(path, "ab") as file:
+        if weights is not None and len(weights):
+            offset = -(-size // WEIGHTS_ALIGNMENT) * WEIGHTS_ALIGNMENT
+            blocks = (b"\0" * (offset - size), weights, WEIGHTS_MAGIC + struct.pack("<QQ", offset, len(weights)))
+            # hashed while written: hashlib and the file's write let go of the GIL
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                hashed = pool.submit(lambda: [digest.update(block) for block in blocks])
+                for block in blocks:
+                    file.write(block)
+                hashed.result()
         file.write(SEAL_MAGIC + digest.digest())
+
+
+def embedded_weights(path) -> bytes:
+    """The weights blob a library carries after its ELF image (b"" where it has none: a
+    sidecar library, or a model without weights), as seal_library appended it."""
+    import struct
+    with open(path, "rb") as file:
+        size = file.seek(0, os.SEEK_END)
+        if size < SEAL_BYTES + WEIGHTS_TRAILER_BYTES:
+            return b""
+        file.seek(size - SEAL_BYTES - WEIGHTS_TRAILER_BYTES)
+        trailer = file.read(WEIGHTS_TRAILER_BYTES)
+        if trailer[:len(WEIGHTS_MAGIC)] != WEIGHTS_MAGIC:
+            return b""
+        offset, length = struct.unpack("<QQ", trailer[len(WEIGHTS_MAGIC):])
+        if offset + length != size - SEAL_BYTES - WEIGHTS_TRAILER_BYTES:
+            raise ByocRuntimeError(f"{path}: its weights trailer says {length} bytes at offset {offset}, which do "
+                                   f"not end where the trailer begins; the file is corrupted: rebuild it")
+        file.seek(offset)
+        return file.read(length)
 
 
 def _check_seal(path: str, size: int) -> None:

@@ -3,7 +3,9 @@
 // (model_run.cc: run, the caller's tensors checked, the program's calls walked). Static C++, compiled once per flavor into
 // the object cache: BYOC_RUNTIME_CUDA=1 for cuda models, which also link
 // model_runtime_cuda.cc (device memory, the status word, CUDA graphs), 0 for cpu models.
+#include <dlfcn.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -25,6 +27,86 @@ namespace {
 // in memory (glibc keeps such a library loaded until its threads exit), so a process that
 // loads and closes many models would keep every one mapped.
 thread_local char last_error[2048] = "";
+
+// The embedded weights (ModelSpec::weights_appended) follow the library's ELF image in its
+// file, ended by a trailer (magic, offset, size) and the seal (byoc/runtime/library_file.py:
+// seal_library says why they are not linked in). They are mapped read-only when the library
+// is loaded, not at create: by then the file may be gone (load() of a second copy of a
+// library unlinks it once the loader has it). Plain data, no destructor (see last_error).
+struct AppendedWeights {
+  const unsigned char* data;
+  uint64_t bytes;
+  char error[640];
+};
+AppendedWeights appended_weights = {nullptr, 0, ""};
+const unsigned char kNoWeights[1] = {0};  // a model without weights still gets a pointer
+
+constexpr uint64_t kSealBytes = 8 + 32;      // "BYOCSEAL", SHA-256
+constexpr uint64_t kTrailerBytes = 8 + 16;   // "BYOCWTS1", offset, size (little-endian)
+
+uint64_t little_endian_u64(const unsigned char* bytes) {
+  uint64_t value = 0;
+  for (int i = 7; i >= 0; --i) value = (value << 8) | bytes[i];
+  return value;
+}
+
+void appended_weights_fail(const char* path, const std::string& why) {
+  std::snprintf(appended_weights.error, sizeof(appended_weights.error),
+                "cannot map the weights embedded in %s: %s", path, why.c_str());
+}
+
+__attribute__((constructor)) void map_appended_weights() {
+  const ModelSpec& model = byoc_model_spec;
+  if (!model.weights_appended || model.weights_bytes == 0) return;
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&map_appended_weights), &info) == 0 || info.dli_fname == nullptr) {
+    appended_weights_fail("the library", "the dynamic loader does not say which file it was loaded from");
+    return;
+  }
+  const char* path = info.dli_fname;
+  const int descriptor = open(path, O_RDONLY | O_CLOEXEC);
+  if (descriptor < 0) {
+    appended_weights_fail(path, std::strerror(errno));
+    return;
+  }
+  struct stat file_info;
+  unsigned char tail[kTrailerBytes + kSealBytes];
+  const bool readable = fstat(descriptor, &file_info) == 0 &&
+                        static_cast<uint64_t>(file_info.st_size) >= sizeof(tail) &&
+                        pread(descriptor, tail, sizeof(tail), file_info.st_size - sizeof(tail)) ==
+                            static_cast<ssize_t>(sizeof(tail));
+  if (!readable || std::memcmp(tail, "BYOCWTS1", 8) != 0 || std::memcmp(tail + kTrailerBytes, "BYOCSEAL", 8) != 0) {
+    close(descriptor);
+    appended_weights_fail(path, "the file does not end in byoc's weights trailer and seal: it was changed after the "
+                          "build (strip, patchelf, a copy cut short); rebuild it");
+    return;
+  }
+  const uint64_t offset = little_endian_u64(tail + 8), bytes = little_endian_u64(tail + 16);
+  const long page = sysconf(_SC_PAGESIZE);
+  if (bytes != model.weights_bytes || page <= 0 || offset % static_cast<uint64_t>(page) != 0 ||
+      offset + bytes + sizeof(tail) != static_cast<uint64_t>(file_info.st_size)) {
+    close(descriptor);
+    appended_weights_fail(path, "its weights trailer (" + std::to_string(bytes) + " bytes at offset " +
+                          std::to_string(offset) + ") does not match the library's " +
+                          std::to_string(model.weights_bytes) + " bytes of weights; the file is corrupted: rebuild it");
+    return;
+  }
+  void* mapped = mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, descriptor, static_cast<off_t>(offset));
+  close(descriptor);  // the mapping keeps the file's pages
+  if (mapped == MAP_FAILED) {
+    appended_weights_fail(path, std::string("mmap: ") + std::strerror(errno));
+    return;
+  }
+  appended_weights.data = static_cast<const unsigned char*>(mapped);
+  appended_weights.bytes = bytes;
+}
+
+__attribute__((destructor)) void unmap_appended_weights() {
+  if (appended_weights.data != nullptr) {
+    munmap(const_cast<unsigned char*>(appended_weights.data), appended_weights.bytes);
+    appended_weights.data = nullptr;
+  }
+}
 }  // namespace
 
 namespace byoc_runtime {
@@ -249,8 +331,14 @@ int host_weights_of(const char* weights_path, const unsigned char** host_weights
   if (weights_path != nullptr) {
     if (read_sidecar(weights_path, sidecar, &expected)) return 1;
     *host_weights = *sidecar;
-  } else if (spec.embedded_weights != nullptr) {
-    *host_weights = spec.embedded_weights;
+  } else if (spec.weights_appended) {
+    if (spec.weights_bytes == 0) {
+      *host_weights = kNoWeights;
+    } else if (appended_weights.data == nullptr) {
+      return fail(appended_weights.error[0] ? appended_weights.error : "the library's embedded weights are not mapped");
+    } else {
+      *host_weights = appended_weights.data;
+    }
   } else {
     return fail("this model keeps its weights in a .safetensors sidecar; pass its path");
   }

@@ -157,7 +157,9 @@ struct ModelSpec {
   // file of this program, written by this build or by `byoc refit`, carries it.
   const char* program_id;
   int32_t arch_number;   // cuda: the sm the kernels were compiled for (several: the highest)
-  const unsigned char* embedded_weights;  // nullptr: a .safetensors sidecar holds them
+  // true: the weights follow the ELF image in the library's file (model_runtime.cc maps
+  // them at load); false: a .safetensors sidecar holds them
+  bool weights_appended;
   uint64_t weights_bytes;
   uint64_t weights_checksum;  // byoc_blob_checksum of the weights
   int32_t num_variants;  // at least 1

@@ -48,9 +48,6 @@ class CompileUnit:
     flags: list
     output: str  # object file name, relative to <workdir>/obj
     dependencies: list = field(default_factory=list)  # files whose bytes also key the cache
-    # the sha256 of the dependencies' bytes where the builder has it already (the weights,
-    # hashed once for the build id): the cache key takes it instead of reading them again
-    dependencies_digest: str = ""
     # units with the same non-empty key, language and flags may compile as one translation
     # unit when the cache has none of them (unity.py): for sources written to be concatenated
     # and, for cuda and cxx, to be linked from another's group object (weak definitions)
@@ -147,10 +144,6 @@ def _cache_key(unit: CompileUnit, command: list, workdir: Path, memo: dict | Non
     extra_key = cache.package_versions(search_dirs)
     # a cubin unit's second step assembles embed_cubin.S: its bytes key the object as a header's do
     embedding = (EMBED_CUBIN,) if unit.language == "cubin" else ()
-    if unit.dependencies_digest:
-        return cache.object_key(unit.source, keyed_command, version, embedding,
-                                extra_key=f"{extra_key}\ndependencies {unit.dependencies_digest}",
-                                search_dirs=search_dirs, memo=memo)
     return cache.object_key(unit.source, keyed_command, version, [*unit.dependencies, *embedding],
                             extra_key=extra_key, search_dirs=search_dirs, memo=memo)
 

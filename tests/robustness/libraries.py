@@ -96,8 +96,9 @@ def _layout(path: Path, workdir: Path | None) -> dict:
         if start >= 0 and data.count(checksum) == 1:
             layout["program"] = (start, len(table))
             layout["program_checksum_at"] = data.find(checksum)
-    if workdir is not None and (workdir / "weights.bin").exists():
-        weights = (workdir / "weights.bin").read_bytes()
+    if path is not None:
+        from byoc.runtime import embedded_weights
+        weights = embedded_weights(path)
         start = data.find(weights[:4096]) if weights else -1
         if start >= 0:
             layout["weights"] = (start, len(weights))
