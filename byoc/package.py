@@ -9,7 +9,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,16 +142,10 @@ def link(programs: list, context, padding: dict | None = None) -> Library:
     first = programs[0]
     parts = library_parts(programs, context, padding)
     weights, units = parts.weights, list(parts.units)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        # The runtime's checksum of the weights and their sha256 are two passes over them
-        # (220 MB for a BERT-base): NumPy and hashlib let go of the GIL, so they overlap.
-        weights_checksum = pool.submit(blob_checksum, weights)
-        content = hashlib.sha256()
-        content.update(parts.program_id.encode())
-        weights_digest = hashlib.sha256(weights).hexdigest()
-        content.update(weights_digest.encode())
-        weights_checksum = weights_checksum.result()
-    build_id = content.hexdigest()[:16]
+    # The runtime's checksum of the weights (one pass over them, 1 GB for a LLaMA-style
+    # decoder) is what the build id takes of them: another hash would be another pass.
+    weights_checksum = blob_checksum(weights)
+    build_id = hashlib.sha256(f"{parts.program_id}\0{len(weights)}\0{weights_checksum}".encode()).hexdigest()[:16]
     metadata = library_metadata(first.mod, first.context, build_id, weights_bytes=len(weights),
                                 program_id=parts.program_id)
     if len(programs) > 1:

@@ -104,7 +104,7 @@ def validate_metadata(metadata, name: str = "library") -> None:
 
 
 SEAL_MAGIC = b"BYOCSEAL"
-SEAL_BYTES = len(SEAL_MAGIC) + 32  # the magic, then the SHA-256 of every byte before it
+SEAL_BYTES = len(SEAL_MAGIC) + 32  # the magic, then the SHA-256 of the bytes before it (less the weights)
 
 # Embedded weights follow the ELF image, not inside it: linked in (.incbin), a model's
 # weights passed through the assembler, the object cache and the linker on every build (a
@@ -114,61 +114,87 @@ SEAL_BYTES = len(SEAL_MAGIC) + 32  # the magic, then the SHA-256 of every byte b
 # where the trailer is the magic, then the weights' offset and size (uint64, little-endian).
 # model_runtime.cc maps them from the file when the library is loaded (ELF loaders ignore
 # bytes after the ELF data). Aligned for mmap on any page size up to 64 KiB.
+#
+# The seal covers every byte but the weights': what the dynamic loader reads and the
+# trailer that says where the weights are. The weights are the runtime's to check (their
+# checksum, compiled into the library, at create: a changed weight is refused there with
+# its own message), so a build and every load spare a hash over them (a second of a 1 GB
+# model's warm build).
 WEIGHTS_MAGIC = b"BYOCWTS1"
 WEIGHTS_TRAILER_BYTES = len(WEIGHTS_MAGIC) + 16
 WEIGHTS_ALIGNMENT = 1 << 16
 
 
-def seal_library(path, weights=None) -> None:
-    """Appends the seal that load() checks before the dynamic loader sees the file: the
-    SHA-256 of the whole library (ELF loaders ignore bytes after the ELF data). A damaged
-    dynamic section or symbol table would crash the loader itself; with the seal, any
-    changed byte is a clear error instead. With `weights` (a non-empty bytes-like), they are
-    appended first, after the ELF image, with their trailer (WEIGHTS_MAGIC above), and
-    hashed from memory as they are written rather than read back."""
-    import hashlib
+def _weights_region(file, end: int):
+    """(offset, length) of the weights whose trailer ends at `end` in `file`, or None where
+    no trailer ends there (a library without appended weights, or one cut short)."""
     import struct
-    from concurrent.futures import ThreadPoolExecutor
+    if end < WEIGHTS_TRAILER_BYTES:
+        return None
+    file.seek(end - WEIGHTS_TRAILER_BYTES)
+    trailer = file.read(WEIGHTS_TRAILER_BYTES)
+    if len(trailer) != WEIGHTS_TRAILER_BYTES or trailer[:len(WEIGHTS_MAGIC)] != WEIGHTS_MAGIC:
+        return None
+    offset, length = struct.unpack("<QQ", trailer[len(WEIGHTS_MAGIC):])
+    if offset % WEIGHTS_ALIGNMENT or offset + length != end - WEIGHTS_TRAILER_BYTES:
+        return None
+    return offset, length
+
+
+def _sealed_digest(file, end: int) -> bytes:
+    """The SHA-256 the seal holds for the first `end` bytes of `file`: all of them, less the
+    appended weights where a trailer ends at `end`."""
+    import hashlib
+    region = _weights_region(file, end)
+    ranges = [(0, end)] if region is None else [(0, region[0]), (end - WEIGHTS_TRAILER_BYTES, end)]
     digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
+    for first, last in ranges:
+        file.seek(first)
+        left = last - first
+        while left:
+            block = file.read(min(left, 1 << 20))
+            if not block:
+                break
             digest.update(block)
-        size = file.tell()
-    with open(path, "ab") as file:
-        if weights is not None and len(weights):
+            left -= len(block)
+    return digest.digest()
+
+
+def seal_library(path, weights=None) -> None:
+    """Appends the seal that load() checks before the dynamic loader sees the file (ELF
+    loaders ignore bytes after the ELF data). A damaged dynamic section or symbol table
+    would crash the loader itself; with the seal, any changed byte of them is a clear error
+    instead. With `weights` (a non-empty bytes-like), they are appended first, after the ELF
+    image, with their trailer (WEIGHTS_MAGIC above). A file that ends in a trailer already
+    (sealed again after an edit) is sealed as the build sealed it."""
+    import struct
+    if weights is not None and len(weights):
+        with open(path, "ab") as file:
+            size = file.tell()
             offset = -(-size // WEIGHTS_ALIGNMENT) * WEIGHTS_ALIGNMENT
-            blocks = (b"\0" * (offset - size), weights, WEIGHTS_MAGIC + struct.pack("<QQ", offset, len(weights)))
-            # hashed while written: hashlib and the file's write let go of the GIL
-            with ThreadPoolExecutor(max_workers=1) as pool:
-                hashed = pool.submit(lambda: [digest.update(block) for block in blocks])
-                for block in blocks:
-                    file.write(block)
-                hashed.result()
-        file.write(SEAL_MAGIC + digest.digest())
+            file.write(b"\0" * (offset - size))
+            file.write(weights)
+            file.write(WEIGHTS_MAGIC + struct.pack("<QQ", offset, len(weights)))
+    with open(path, "rb") as file:
+        end = file.seek(0, os.SEEK_END)
+        digest = _sealed_digest(file, end)
+    with open(path, "ab") as file:
+        file.write(SEAL_MAGIC + digest)
 
 
 def embedded_weights(path) -> bytes:
     """The weights blob a library carries after its ELF image (b"" where it has none: a
     sidecar library, or a model without weights), as seal_library appended it."""
-    import struct
     with open(path, "rb") as file:
         size = file.seek(0, os.SEEK_END)
-        if size < SEAL_BYTES + WEIGHTS_TRAILER_BYTES:
+        region = _weights_region(file, size - SEAL_BYTES) if size >= SEAL_BYTES else None
+        if region is None:
             return b""
-        file.seek(size - SEAL_BYTES - WEIGHTS_TRAILER_BYTES)
-        trailer = file.read(WEIGHTS_TRAILER_BYTES)
-        if trailer[:len(WEIGHTS_MAGIC)] != WEIGHTS_MAGIC:
-            return b""
-        offset, length = struct.unpack("<QQ", trailer[len(WEIGHTS_MAGIC):])
-        if offset + length != size - SEAL_BYTES - WEIGHTS_TRAILER_BYTES:
-            raise ByocRuntimeError(f"{path}: its weights trailer says {length} bytes at offset {offset}, which do "
-                                   f"not end where the trailer begins; the file is corrupted: rebuild it")
-        file.seek(offset)
-        return file.read(length)
+        file.seek(region[0])
+        return file.read(region[1])
 
 
 def _check_seal(path: str, size: int) -> None:
-    import hashlib
     with open(path, "rb") as file:
         if size < SEAL_BYTES:
             raise ByocRuntimeError(f"cannot load {path}: not a byoc library (too short for its seal)")
@@ -178,15 +204,7 @@ def _check_seal(path: str, size: int) -> None:
             raise ByocRuntimeError(f"cannot load {path}: not a byoc library, or one changed after the build "
                                    f"(strip, patchelf, a copy cut short): it does not end in byoc's seal; "
                                    f"rebuild it")
-        file.seek(0)
-        digest, left = hashlib.sha256(), size - SEAL_BYTES
-        while left:
-            block = file.read(min(left, 1 << 20))
-            if not block:
-                break
-            digest.update(block)
-            left -= len(block)
-        if left or digest.digest() != trailer[len(SEAL_MAGIC):]:
+        if _sealed_digest(file, size - SEAL_BYTES) != trailer[len(SEAL_MAGIC):]:
             raise ByocRuntimeError(f"cannot load {path}: its bytes do not match the seal written at the build: the "
                                    f"file is corrupted or was changed after the build; rebuild it")
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import random
 import struct
+from pathlib import Path
 
 import numpy as np
 
@@ -63,13 +64,18 @@ def damage(data: bytearray, kind: str, args: dict) -> bytes:
 
 
 def _resealed(data: bytes) -> bytes:
-    """`data` with byoc's seal recomputed (the old one, if it is still at the end, dropped)."""
-    import hashlib
+    """`data` with byoc's seal recomputed (the old one, if it is still at the end, dropped),
+    as byoc.runtime.seal_library writes it."""
+    import tempfile
 
-    from byoc.runtime.library_file import SEAL_BYTES, SEAL_MAGIC
+    from byoc.runtime.library_file import SEAL_BYTES, SEAL_MAGIC, seal_library
     if len(data) >= SEAL_BYTES and data[-SEAL_BYTES:-SEAL_BYTES + len(SEAL_MAGIC)] == SEAL_MAGIC:
         data = data[:-SEAL_BYTES]
-    return bytes(data) + SEAL_MAGIC + hashlib.sha256(data).digest()
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "resealed.so"
+        path.write_bytes(bytes(data))
+        seal_library(path)
+        return path.read_bytes()
 
 
 def _forged(data: bytearray, args: dict) -> bytes:
