@@ -394,6 +394,10 @@ int byoc_cudnn_conv_create(const ByocCudnnConv* shape, void** state) {
     check(cudnnCreate(&conv->handle), "cudnnCreate");
     conv->graph = build_graph(conv->shape, conv->handle);
     conv->plan = choose_plan(conv->shape, conv->graph, conv->handle);
+    if (conv->plan.workspace > 0) {
+      check_cuda(cudaMalloc(&conv->workspace, static_cast<size_t>(conv->plan.workspace)),
+                 "allocating the conv's workspace");
+    }
     *state = conv.release();
     return 0;
   } catch (const std::exception& error) {
@@ -426,7 +430,10 @@ int byoc_cudnn_conv_run(void* state, const void* data, const void* weight, const
                   " bytes, as the plan was built for");
     }
   }
-  if (workspace_bytes < static_cast<size_t>(conv.plan.workspace)) {
+  // the conv's own workspace (Conv::workspace says why); the caller's where it has none
+  if (conv.plan.workspace > 0 && conv.workspace != nullptr) {
+    workspace = conv.workspace;
+  } else if (workspace_bytes < static_cast<size_t>(conv.plan.workspace)) {
     return fail(describe(c) + ": the workspace of " + std::to_string(workspace_bytes) + " bytes is smaller than the " +
                 std::to_string(conv.plan.workspace) + " its plan needs");
   }
