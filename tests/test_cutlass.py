@@ -410,8 +410,11 @@ def test_tuning_database_file_of_the_wrong_kind_is_a_clear_build_error(content, 
 @needs_nvcc
 def test_profiler_renders_and_compiles(tmp_path):
     """The tuner's profiler: every problem's candidates timed in one process, each checked
-    against the problem's first; its entry points call the kernels as a model's do."""
+    against the problem's first; its entry points call the kernels as a model's do. Its
+    driver is static (nvcc, once into the object cache); the table of problems and
+    candidates that a build generates is plain C++."""
     from byoc.backends.cutlass.kernels import INCLUDE_DIR, GemmKernel, GemmProblem, kernel_unit, partition_call
+    from byoc.backends.cutlass.tuning import PROFILER_MAIN
     from byoc.codegen.templates import render_template
     from byoc.toolchain import CompileUnit, compile_units
     problems = [GemmProblem(64, 64, 64, 1, "float16", True), GemmProblem(128, 64, 64, 1, "float16", True, None, True)]
@@ -427,15 +430,17 @@ def test_profiler_renders_and_compiles(tmp_path):
         data.append({"key": problem.key, "candidates": calls, "sizes": [4096, 4096, 64 if problem.has_bias else 0, 0],
                      "out_size": problem.m * 64, "slots": [0, 1, 2] if problem.has_bias else [0, 1],
                      "bfloat16": False, "workspace_bytes": 1 << 20, "fill_base": "0x3000u", "fill_mask": "0x03FFu"})
-    source = tmp_path / "profiler.cu"
-    source.write_text(render_template("cutlass/profiler.cu.j2", {"kernels": sorted(entries), "problems": data,
-                                                                 "iterations": 20, "problem_seconds": 120}))
+    source = tmp_path / "profiler_table.cc"
+    source.write_text(render_template("cutlass/profiler_table.cc.j2", {"kernels": sorted(entries), "problems": data,
+                                                                       "iterations": 20, "problem_seconds": 120}))
     text = source.read_text()
-    assert "disagrees with the reference kernel" in text and text.count("static int candidate_") == 4
-    assert "alarm(120);" in text  # a hung candidate ends the profiler after that long
-    objects = compile_units([CompileUnit(source, "cuda", ["-arch=sm_90", "-O2", f"-I{INCLUDE_DIR}"], "profiler.o")],
-                            tmp_path)
-    assert objects[0].stat().st_size > 0
+    assert text.count("static int candidate_") == 4
+    assert "problems, 2, 20, 120};" in text  # a hung candidate ends the profiler after 120 s
+    assert "disagrees with the reference kernel" in PROFILER_MAIN.read_text()
+    objects = compile_units([CompileUnit(PROFILER_MAIN, "cuda", ["-arch=sm_90", "-O2", f"-I{INCLUDE_DIR}"],
+                                         "profiler_main.o"),
+                             CompileUnit(source, "cxx", ["-O1", f"-I{INCLUDE_DIR}"], "profiler_table.o")], tmp_path)
+    assert all(path.stat().st_size > 0 for path in objects)
 
 
 def _model(kind, m, n, k, dtype="float16", batch=()):
@@ -1315,7 +1320,7 @@ def test_tuning_leaves_out_candidates_that_do_not_compile(tmp_path, monkeypatch)
         warnings.simplefilter("always")
         results = tuning._profile([problem], 90, tmp_path, ["-arch=sm_90", "-O0"], jobs=2)
     assert any("did not compile" in str(w.message) and issubclass(w.category, byoc.ByocWarning) for w in caught)
-    profiler = (tmp_path / "profiler.cu").read_text()
+    profiler = (tmp_path / "profiler_table.cc").read_text()
     assert "good_kernel" in profiler and "bad_kernel" not in profiler
     assert (tmp_path / "profiler").is_file()  # linked with the candidate that compiled
     assert problem in results
@@ -1337,7 +1342,7 @@ def test_tuning_compiles_each_candidate_once_and_the_build_after_it_none(tmp_pat
     tuning._profile(problems, 90, tmp_path / "tuning", ["-arch=sm_90", "-O0"], jobs=2)
     units = sorted(p.name for p in (tmp_path / "tuning").glob("byoc_*.cu"))
     assert len(units) == 2 and units[0].startswith("byoc_a_kernel_") and units[1].startswith("byoc_b_kernel_")
-    profiler = (tmp_path / "tuning" / "profiler.cu").read_text()
+    profiler = (tmp_path / "tuning" / "profiler_table.cc").read_text()
     assert all(f"candidate_{index}_{number}" in profiler for index in range(3) for number in range(2))
     assert "static const int64_t sizes[] = {192, 64, 64, 1};" in profiler
     assert (tmp_path / "tuning" / "profiler").is_file()

@@ -1,4 +1,4 @@
-"""Running the cutlass tuning profiler (templates/cutlass/profiler.cu.j2, built by tuning.py):
+"""Running the cutlass tuning profiler (profiler/profiler_main.cu with its table, built by tuning.py):
 problems in order, one JSON line each, on every visible GPU of one model at once (one profiler
 process per GPU over a contiguous share of the problems), a candidate that faults costing its
 problem only, and the build's progress told a line per problem."""

@@ -3,8 +3,8 @@ winner in a tuning database, fall back to the documented heuristic otherwise.
 
 Tuning problems (GEMMs or convs: both are measured the same way, each against the candidates
 of its family, kernels.usable_candidates) = compile every candidate kernel once (one ninja
-edge each, through the object cache), link them with one generated profiler
-(templates/cutlass/profiler.cu.j2), run it once for all the problems, keep each problem's
+edge each, through the object cache), link them into one profiler
+(profiler/profiler_main.cu and its table), run it once for all the problems, keep each problem's
 fastest. With the cutlass target's `tuned_epilogue: auto` (the default), a problem whose
 candidates' proxy units (below) are compiled already, in the kernel library that `byoc
 kernels build` fills once per machine (byoc/kernel_library.py) or in the object cache, has
@@ -54,6 +54,9 @@ from .kernels import (INCLUDE_DIR, NO_FILTER, PDL_FLAG, CandidateFilter, default
 
 from .profiler_runs import (PROBLEM_SECONDS, profiler_shares, profiling_gpus, run_profiler,  # noqa: F401
                             same_model_gpus, timing_now, tuning_reporter, tuning_summary)
+
+# The profiler's static driver (its table is generated per build: templates/cutlass/profiler_table.cc.j2)
+PROFILER_MAIN = Path(__file__).parent / "profiler" / "profiler_main.cu"
 
 FORMAT = "byoc-cutlass-tuning"
 MAX_DATABASE_BYTES = 256 << 20  # thousands of problems take a few MB
@@ -468,7 +471,7 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
     where it failed or disagreed with the problem's first candidate}: every candidate's
     kernel unit compiled once (kernels.kernel_unit; with `proxy`, of the problem's epilogue
     proxy, or for the problems in `proxied`: timed_problem), one profiler for all the problems
-    (templates/cutlass/profiler.cu.j2), run once, on every visible GPU of one model at once
+    (profiler/profiler_main.cu and its table), run once, on every visible GPU of one model at once
     (at most `gpu_limit`; 0: all)."""
     from byoc.toolchain import CompileUnit, compile_units
 
@@ -529,15 +532,21 @@ def _profile(problems: list, sm: int, workdir: Path, compile_flags: list, jobs,
     if not timed:
         return results
     linked = sorted({call["kernel"] for _, data in timed for call in data["candidates"]})
-    profiler = workdir / "profiler.cu"
-    profiler.write_text(render_template("cutlass/profiler.cu.j2", {
+    # The profiler: its static driver (nvcc, compiled once into the object cache) and this
+    # build's table of problems and candidates (plain C++: a second, where the whole
+    # profiler as one generated .cu took nvcc several)
+    table = workdir / "profiler_table.cc"
+    table.write_text(render_template("cutlass/profiler_table.cc.j2", {
         "kernels": linked, "problems": [data for _, data in timed], "iterations": 20,
         "problem_seconds": PROBLEM_SECONDS}))
     flags = [flag for flag in compile_flags if flag != PDL_FLAG] + [f"-I{INCLUDE_DIR}"]
-    compile_units([CompileUnit(source=profiler, language="cuda", flags=flags, output="profiler.o")], workdir, jobs=jobs)
+    compile_units([CompileUnit(source=PROFILER_MAIN, language="cuda", flags=flags, output="profiler_main.o"),
+                   CompileUnit(source=table, language="cxx", flags=["-O1", f"-I{INCLUDE_DIR}"],
+                               output="profiler_table.o")], workdir, jobs=jobs)
     from byoc.toolchain.locate import find_nvcc
     executable = workdir / "profiler"
-    command = [str(find_nvcc()), "-o", str(executable), str(workdir / "obj" / "profiler.o")] + \
+    command = [str(find_nvcc()), "-o", str(executable), str(workdir / "obj" / "profiler_main.o"),
+               str(workdir / "obj" / "profiler_table.o")] + \
         [str(workdir / "obj" / name) for entry in linked for name in kernel_units[entry].objects] + ["-lcudart"]
     link = subprocess.run(command, capture_output=True, text=True)
     if link.returncode != 0:
