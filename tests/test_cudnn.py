@@ -369,25 +369,29 @@ def test_every_pattern_matches_a_float32_reference_on_the_gpu(dtype, conv, tmp_p
     assert np.max(np.abs(got - want)) <= tolerance * scale, np.max(np.abs(got - want))
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not gpu_present(), reason="no GPU visible")
-@pytest.mark.parametrize("precision", ["float16", "float32"])
-def test_resnet_small_through_cudnn_matches_onnxruntime_and_keeps_its_plans(precision, tmp_path, monkeypatch):
+def _runs_match_onnxruntime(library, path, runs=5):
+    """The first run executes the calls, the second captures CUDA graphs, the rest replay
+    them: each on new inputs, so a replay that reads what an earlier run left is seen."""
     import cupy
     import onnxruntime
-    monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "cache"))
-    path = os.path.join(FIXTURES, "resnet_small.onnx")
-    library = byoc.build(path, config={**CUDNN_CONFIG, "precision": precision}, workdir=str(tmp_path / "w"))
-    assert library.report.to_json()["backends"]["cudnn"]["ops_covered"]["conv2d"] == 15
     session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
     module = library.load()
-    # the first run executes the calls, the second captures CUDA graphs, the rest replay them:
-    # each on new inputs, so a replay that reads what an earlier run left is seen
-    for seed in range(5):
+    for seed in range(runs):
         x = np.random.default_rng(seed).standard_normal((2, 3, 32, 32)).astype(np.float32)
         want = session.run(None, {"input": x})[0]
         got = cupy.asnumpy(module.run(input=cupy.asarray(x)))
         np.testing.assert_allclose(got, want, atol=5e-2, rtol=5e-2, err_msg=f"run {seed + 1}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_present(), reason="no GPU visible")
+@pytest.mark.parametrize("precision", ["float16", "float32"])
+def test_resnet_small_through_cudnn_matches_onnxruntime_and_keeps_its_plans(precision, tmp_path, monkeypatch):
+    monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "cache"))
+    path = os.path.join(FIXTURES, "resnet_small.onnx")
+    library = byoc.build(path, config={**CUDNN_CONFIG, "precision": precision}, workdir=str(tmp_path / "w"))
+    assert library.report.to_json()["backends"]["cudnn"]["ops_covered"]["conv2d"] == 15
+    _runs_match_onnxruntime(library, path)
     from byoc.costs import CostStore
     entries = CostStore(tmp_path / "cache" / "costs" / "costs.json").entries
     plans = [entry for device in entries.values() for key, entry in device.items() if key.startswith("cudnn.conv:")]
@@ -404,8 +408,6 @@ def test_a_measured_partition_costs_cudnn_candidates_by_their_plans_without_buil
     """partition: measured with cudnn among the backends: every cudnn candidate's cost is its
     convs' plans (timed in one process, kept in the cost store as plans), none is built as a
     library of its own; the chosen cover runs and matches onnxruntime."""
-    import cupy
-    import onnxruntime
     from byoc.costs import CostStore
     monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "cache"))
     path = os.path.join(FIXTURES, "resnet_small.onnx")
@@ -416,15 +418,7 @@ def test_a_measured_partition_costs_cudnn_candidates_by_their_plans_without_buil
     assert any(key.startswith("cudnn.conv:") for key, _ in entries)
     assert not [key for key, entry in entries if entry.get("backend") == "cudnn" and not key.startswith("cudnn.conv:")]
     assert library.report.to_json()["backends"]["cudnn"]["ops_covered"].get("conv2d", 0) >= 1
-    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-    module = library.load()
-    # the first run executes the calls, the second captures CUDA graphs, the rest replay them:
-    # each on new inputs, so a replay that reads what an earlier run left is seen
-    for seed in range(5):
-        x = np.random.default_rng(seed).standard_normal((2, 3, 32, 32)).astype(np.float32)
-        want = session.run(None, {"input": x})[0]
-        got = cupy.asnumpy(module.run(input=cupy.asarray(x)))
-        np.testing.assert_allclose(got, want, atol=5e-2, rtol=5e-2, err_msg=f"run {seed + 1}")
+    _runs_match_onnxruntime(library, path)
 
 
 def test_the_shipped_measured_config_offers_cudnn_among_the_candidates():
