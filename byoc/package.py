@@ -1,8 +1,9 @@
 """Packaging: the final modules of a library's programs (one, or one per shape bucket)
 into one sealed model.so. The host code (codegen/host.py: the model's tables and program
-table per program) and the static model runtime, the weights, metadata and program
-tables embedded with .incbin, every backend's compile units: all through build.ninja and
-the object cache (toolchain/), then one link that exports only the C ABI."""
+table per program) and the static model runtime, the metadata and program tables embedded
+with .incbin, every backend's compile units: all through build.ninja and the object cache
+(toolchain/), then one link that exports only the C ABI; embedded weights are appended
+after the link, before the seal (runtime/library_file.py: seal_library)."""
 from __future__ import annotations
 
 import dataclasses
@@ -330,7 +331,8 @@ def compile_and_link(context, units: list, link_libraries: list, build_id: str =
         libraries = cuda_link_flags(libraries)
     output = workdir / "model.so"
     link_shared(objects, output, link_flags, libraries, workdir=workdir)
-    # load() checks every byte against the seal before the dynamic loader maps the file
+    # load() checks the file against the seal (every byte but the weights, which create()
+    # checks) before the dynamic loader maps it
     seal_library(output, weights=appended_weights)
     return output, compiled
 

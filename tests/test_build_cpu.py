@@ -264,6 +264,17 @@ def test_embedded_weights_follow_the_elf_image_and_a_damaged_trailer_is_refused_
         byoc.runtime.seal_library(path)
         with pytest.raises(byoc.RuntimeError, match="cannot map the weights embedded in .*" + message):
             byoc.load(path)
+    # a trailer that has the weights begin inside the ELF image: the seal leaves none of the
+    # image out (the whole file is hashed), and create refuses the trailer
+    edited = bytearray(data[:-byoc.runtime.SEAL_BYTES])
+    trailer_at = len(edited) - WEIGHTS_TRAILER_BYTES
+    edited[trailer_at + 8:trailer_at + 24] = struct.pack("<QQ", 0, trailer_at)
+    path = tmp_path / "trailer_inside.so"
+    path.write_bytes(bytes(edited))
+    byoc.runtime.seal_library(path)
+    assert byoc.runtime.embedded_weights(path) == b""
+    with pytest.raises(byoc.RuntimeError, match=r"weights trailer \(\d+ bytes at offset 0\) does not match"):
+        byoc.load(path)
 
 
 def test_a_library_loaded_from_a_private_copy_maps_its_own_weights(tmp_path):

@@ -459,7 +459,7 @@ def _generated_library(tmp_path, programs, padded_dims=()):
         program = program_table(plan)
         units.append(embedded(f"program{number}", f"byoc_program_table_{number}", program))
         variants.append(HostVariant(plan, program, program_symbol=f"byoc_program_table_{number}", **options))
-    units += [embedded("metadata", "byoc_metadata_json", b"{}"), embedded("weights", "byoc_weights_blob", b"")]
+    units += [embedded("metadata", "byoc_metadata_json", b"{}")]
     host = render_host(variants, cuda=False, build_id="0123456789abcdef", arch_number=None, weights_embedded=True,
                        weights_bytes=0, weights_checksum=blob_checksum(b""), padded_dims=padded_dims)
     (tmp_path / "host.cc").write_text(host)

@@ -193,7 +193,7 @@ def render_host(variants: list, *, cuda: bool, build_id: str, arch_number: int |
 
 
 def render_blob_assembly(blob_path_literal: str, symbol: str, what: str) -> str:
-    """An assembler file that embeds a file (the weights blob, the metadata JSON) with
+    """An assembler file that embeds a file (the metadata JSON, a program table) with
     .incbin (fast for any size, unlike a C array), NUL-terminated. The symbol is hidden so
     that two models loaded in one process do not see each other's."""
     return render_template("host/blob.S.j2", {"symbol": symbol, "path": blob_path_literal, "what": what})

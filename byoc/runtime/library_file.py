@@ -127,7 +127,9 @@ WEIGHTS_ALIGNMENT = 1 << 16
 
 def _weights_region(file, end: int):
     """(offset, length) of the weights whose trailer ends at `end` in `file`, or None where
-    no trailer ends there (a library without appended weights, or one cut short)."""
+    no trailer ends there (a library without appended weights, or one cut short) or where
+    it would have them begin inside the ELF image (what the dynamic loader reads is never
+    left out of the seal)."""
     import struct
     if end < WEIGHTS_TRAILER_BYTES:
         return None
@@ -136,9 +138,40 @@ def _weights_region(file, end: int):
     if len(trailer) != WEIGHTS_TRAILER_BYTES or trailer[:len(WEIGHTS_MAGIC)] != WEIGHTS_MAGIC:
         return None
     offset, length = struct.unpack("<QQ", trailer[len(WEIGHTS_MAGIC):])
-    if offset % WEIGHTS_ALIGNMENT or offset + length != end - WEIGHTS_TRAILER_BYTES:
+    if offset % WEIGHTS_ALIGNMENT or offset + length != end - WEIGHTS_TRAILER_BYTES or offset < _elf_image_end(file):
         return None
     return offset, length
+
+
+def _elf_image_end(file) -> int:
+    """Where the ELF image of `file` ends: the furthest of its header tables, the file bytes
+    of its loaded segments and of its sections (2**64 where it is no 64-bit ELF file, so
+    that no weights region is taken from one)."""
+    import struct
+    never = 1 << 64
+    file.seek(0)
+    header = file.read(64)
+    if len(header) < 64 or header[:4] != b"\x7fELF" or header[4] != 2:
+        return never
+    endian = "<" if header[5] == 1 else ">"
+    (_type, _machine, _version, _entry, e_phoff, e_shoff, _flags, _ehsize, e_phentsize, e_phnum,
+     e_shentsize, e_shnum, _shstrndx) = struct.unpack(endian + "HHIQQQIHHHHHH", header[16:64])
+    end = max(64, e_phoff + e_phnum * e_phentsize, e_shoff + e_shnum * e_shentsize)
+    if e_phentsize == 56:
+        file.seek(e_phoff)
+        table = file.read(e_phnum * 56)
+        for index in range(len(table) // 56):
+            p_type, _, p_offset, _, _, p_filesz, _, _ = struct.unpack_from(endian + "IIQQQQQQ", table, index * 56)
+            if p_type == 1:
+                end = max(end, p_offset + p_filesz)
+    if e_shentsize == 64:
+        file.seek(e_shoff)
+        table = file.read(e_shnum * 64)
+        for index in range(len(table) // 64):
+            _, sh_type, _, _, sh_offset, sh_size, *_ = struct.unpack_from(endian + "IIQQQQIIQQ", table, index * 64)
+            if sh_type != 8:  # SHT_NOBITS takes no file bytes
+                end = max(end, sh_offset + sh_size)
+    return end
 
 
 def _sealed_digest(file, end: int) -> bytes:

@@ -3,12 +3,13 @@
 // (model_run.cc: run, the caller's tensors checked, the program's calls walked). Static C++, compiled once per flavor into
 // the object cache: BYOC_RUNTIME_CUDA=1 for cuda models, which also link
 // model_runtime_cuda.cc (device memory, the status word, CUDA graphs), 0 for cpu models.
-#include <dlfcn.h>
 #include <fcntl.h>
+#include <link.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -40,6 +41,29 @@ struct AppendedWeights {
 };
 AppendedWeights appended_weights = {nullptr, 0, ""};
 const unsigned char kNoWeights[1] = {0};  // a model without weights still gets a pointer
+// Models not yet destroyed: the library's destructor unmaps the weights only when none is
+// left (at process exit a thread may still be running one, as it could read .rodata).
+std::atomic<int> live_models{0};
+
+// The file this library was loaded from: the loaded object whose segments hold this code
+// (dl_iterate_phdr is libc's on every glibc; dladdr needs libdl before 2.34).
+struct LoadedFrom {
+  uintptr_t address;
+  const char* path;
+};
+
+int find_loaded_from(struct dl_phdr_info* info, size_t, void* data) {
+  LoadedFrom* self = static_cast<LoadedFrom*>(data);
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    const ElfW(Phdr)& header = info->dlpi_phdr[i];
+    const uintptr_t start = info->dlpi_addr + header.p_vaddr;
+    if (header.p_type == PT_LOAD && self->address >= start && self->address < start + header.p_memsz) {
+      self->path = info->dlpi_name;
+      return 1;
+    }
+  }
+  return 0;
+}
 
 constexpr uint64_t kSealBytes = 8 + 32;      // "BYOCSEAL", SHA-256
 constexpr uint64_t kTrailerBytes = 8 + 16;   // "BYOCWTS1", offset, size (little-endian)
@@ -58,12 +82,13 @@ void appended_weights_fail(const char* path, const std::string& why) {
 __attribute__((constructor)) void map_appended_weights() {
   const ModelSpec& model = byoc_model_spec;
   if (!model.weights_appended || model.weights_bytes == 0) return;
-  Dl_info info;
-  if (dladdr(reinterpret_cast<void*>(&map_appended_weights), &info) == 0 || info.dli_fname == nullptr) {
+  LoadedFrom self = {reinterpret_cast<uintptr_t>(&map_appended_weights), nullptr};
+  dl_iterate_phdr(find_loaded_from, &self);
+  if (self.path == nullptr || self.path[0] == '\0') {
     appended_weights_fail("the library", "the dynamic loader does not say which file it was loaded from");
     return;
   }
-  const char* path = info.dli_fname;
+  const char* path = self.path;
   const int descriptor = open(path, O_RDONLY | O_CLOEXEC);
   if (descriptor < 0) {
     appended_weights_fail(path, std::strerror(errno));
@@ -92,9 +117,10 @@ __attribute__((constructor)) void map_appended_weights() {
     return;
   }
   void* mapped = mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, descriptor, static_cast<off_t>(offset));
+  const int mapping_error = errno;
   close(descriptor);  // the mapping keeps the file's pages
   if (mapped == MAP_FAILED) {
-    appended_weights_fail(path, std::string("mmap: ") + std::strerror(errno));
+    appended_weights_fail(path, std::string("mmap: ") + std::strerror(mapping_error));
     return;
   }
   appended_weights.data = static_cast<const unsigned char*>(mapped);
@@ -102,7 +128,7 @@ __attribute__((constructor)) void map_appended_weights() {
 }
 
 __attribute__((destructor)) void unmap_appended_weights() {
-  if (appended_weights.data != nullptr) {
+  if (appended_weights.data != nullptr && live_models.load() == 0) {
     munmap(const_cast<unsigned char*>(appended_weights.data), appended_weights.bytes);
     appended_weights.data = nullptr;
   }
@@ -317,6 +343,7 @@ BYOC_EXPORT void byoc_model_destroy(byoc_model* model) {
   if (model->capture_stream) cudaStreamDestroy(model->capture_stream);
 #endif
   delete model;
+  live_models.fetch_sub(1);
 }
 
 namespace {
@@ -373,6 +400,7 @@ BYOC_EXPORT int byoc_model_create_on_device(byoc_model** out, const char* weight
 #endif
   byoc_model* model = new (std::nothrow) byoc_model();
   if (model == nullptr) return fail("out of host memory");
+  live_models.fetch_add(1);
 #if BYOC_RUNTIME_CUDA
   model->device = model_device;
   model->arch = model_arch;

@@ -417,6 +417,13 @@ int byoc_cudnn_conv_run(void* state, const void* data, const void* weight, const
                         void* output, void* workspace, size_t workspace_bytes, void* stream) {
   Conv& conv = *static_cast<Conv*>(state);
   const ByocCudnnConv& c = conv.shape;
+  // the conv's own workspace (Conv::workspace says why); the caller's where it has none
+  if (conv.plan.workspace > 0 && conv.workspace != nullptr) {
+    workspace = conv.workspace;
+  } else if (workspace_bytes < static_cast<size_t>(conv.plan.workspace)) {
+    return fail(describe(c) + ": the workspace of " + std::to_string(workspace_bytes) + " bytes is smaller than the " +
+                std::to_string(conv.plan.workspace) + " its plan needs");
+  }
   void* const pointers[6] = {const_cast<void*>(data), const_cast<void*>(weight),
                              c.has_bias ? const_cast<void*>(bias) : nullptr,
                              c.has_residual ? const_cast<void*>(residual) : nullptr, output, workspace};
@@ -429,13 +436,6 @@ int byoc_cudnn_conv_run(void* state, const void* data, const void* weight, const
       return fail(describe(c) + ": the " + kNames[i] + " pointer is not aligned to " + std::to_string(kAlignment) +
                   " bytes, as the plan was built for");
     }
-  }
-  // the conv's own workspace (Conv::workspace says why); the caller's where it has none
-  if (conv.plan.workspace > 0 && conv.workspace != nullptr) {
-    workspace = conv.workspace;
-  } else if (workspace_bytes < static_cast<size_t>(conv.plan.workspace)) {
-    return fail(describe(c) + ": the workspace of " + std::to_string(workspace_bytes) + " bytes is smaller than the " +
-                std::to_string(conv.plan.workspace) + " its plan needs");
   }
   try {
     execute(conv, pointers, conv.plan.workspace > 0 ? workspace : nullptr, static_cast<cudaStream_t>(stream));
