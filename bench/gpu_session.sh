@@ -15,6 +15,7 @@
 #   bench/gpu_session.sh suite [CASES...]  the same, built side by side first, then timed one by one
 #   bench/gpu_session.sh buckets [CASES...]  shape buckets against static libraries (bench/shape_buckets.py)
 #   bench/gpu_session.sh corpus [NAME[:EXPORTER] ...]  the model corpus at full size against onnxruntime (bench/corpus_gpu.py)
+#   bench/gpu_session.sh replay [ARGS...]  every run of a built model against onnxruntime (bench/replay_check.py)
 #   bench/gpu_session.sh setup    only the set-up (then export PYTHONPATH=$PWD and CUTLASS_PATH as below)
 set -u
 cd "$(dirname "$0")/.."
@@ -205,6 +206,10 @@ case "$stage" in
       --torch-modes "${TORCH_MODES:-eager,default,reduce-overhead,max-autotune-no-cudagraphs}" \
       --torch-precision "${TORCH_PRECISION:-float16}" \
       --budget-s "${BUDGET_S:-540}" --build-log "$OUT/build_progress.log" "${merge[@]}" --cases "$@" 2>&1 | tee "$OUT/real_models.log" | tail -n 40 ;;
+  replay)
+    # every run of a built model against onnxruntime, with and without CUDA graphs, e.g.
+    #   bash bench/gpu_session.sh replay --case resnet50:32 --config default
+    PYTHONUNBUFFERED=1 python3 bench/replay_check.py "$@" 2>&1 | tee "$OUT/replay_check.log" | grep -v Warning ;;
   measured)
     # partition: measured against the priority order (#43), e.g.
     #   bash bench/gpu_session.sh measured resnext50_32x4d:32 convnext_tiny:32
