@@ -29,20 +29,24 @@ def kernels_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("-q", "--quiet", action="store_true", help="build: no progress lines")
 
 
+# The one path each action takes besides its options: export's -o, import's ARCHIVE; the rest none.
+PATH_ARGUMENTS = {"export": ("output", "writes the library to -o OUT.tar.gz (and takes no ARCHIVE)"),
+                  "import": ("archive", "needs the ARCHIVE.tar.gz to unpack (and takes no -o)")}
+
+
 def kernels_command(args: argparse.Namespace) -> int:
     from .. import kernel_library
+    wanted, usage = PATH_ARGUMENTS.get(args.action, (None, "takes no ARCHIVE or -o"))
+    if [name for name in ("archive", "output") if getattr(args, name)] != ([wanted] if wanted else []):
+        raise UsageError(f"byoc kernels {args.action} {usage}")
     if args.action == "show":
         print(kernel_library.describe())
         return EXIT_OK
     if args.action == "export":
-        if not args.output or args.archive:
-            raise UsageError("byoc kernels export writes the library to -o OUT.tar.gz (and takes no ARCHIVE)")
         done = kernel_library.export_library(args.output)
         print(f"{done['archive']}: {done['objects']} objects, {done['bytes'] / 2**20:.1f} MiB")
         return EXIT_OK
     if args.action == "import":
-        if not args.archive or args.output:
-            raise UsageError("byoc kernels import needs the ARCHIVE.tar.gz to unpack (and takes no -o)")
         done = kernel_library.import_library(args.archive)
         print(f"kernel library {done['where']}: {done['added']} objects added, {done['already_there']} already there")
         try:  # an archive from a machine set up otherwise (other paths or versions) serves nothing here
@@ -51,8 +55,6 @@ def kernels_command(args: argparse.Namespace) -> int:
         except Exception as error:  # noqa: BLE001 - no CUTLASS or nvcc here: nothing to look up
             print(f"  (what a {args.config} build here would find: unknown, {type(error).__name__}: {error})")
         return EXIT_OK
-    if args.archive or args.output:
-        raise UsageError(f"byoc kernels {args.action} takes no ARCHIVE or -o")
     if args.action == "clear":
         removed = kernel_library.clear_library()
         print(f"kernel library {kernel_library.library_dir()}: {removed} objects deleted")
