@@ -138,40 +138,59 @@ def _weights_region(file, end: int):
     if len(trailer) != WEIGHTS_TRAILER_BYTES or trailer[:len(WEIGHTS_MAGIC)] != WEIGHTS_MAGIC:
         return None
     offset, length = struct.unpack("<QQ", trailer[len(WEIGHTS_MAGIC):])
-    if offset % WEIGHTS_ALIGNMENT or offset + length != end - WEIGHTS_TRAILER_BYTES or offset < _elf_image_end(file):
+    if offset % WEIGHTS_ALIGNMENT or offset + length != end - WEIGHTS_TRAILER_BYTES or offset < _image_end(file):
         return None
     return offset, length
 
 
-def _elf_image_end(file) -> int:
-    """Where the ELF image of `file` ends: the furthest of its header tables, the file bytes
-    of its loaded segments and of its sections (2**64 where it is no 64-bit ELF file, so
-    that no weights region is taken from one)."""
-    import struct
-    never = 1 << 64
-    file.seek(0)
-    header = file.read(64)
-    if len(header) < 64 or header[:4] != b"\x7fELF" or header[4] != 2:
-        return never
-    endian = "<" if header[5] == 1 else ">"
-    (_type, _machine, _version, _entry, e_phoff, e_shoff, _flags, _ehsize, e_phentsize, e_phnum,
-     e_shentsize, e_shnum, _shstrndx) = struct.unpack(endian + "HHIQQQIHHHHHH", header[16:64])
-    end = max(64, e_phoff + e_phnum * e_phentsize, e_shoff + e_shnum * e_shentsize)
-    if e_phentsize == 56:
-        file.seek(e_phoff)
-        table = file.read(e_phnum * 56)
-        for index in range(len(table) // 56):
-            p_type, _, p_offset, _, _, p_filesz, _, _ = struct.unpack_from(endian + "IIQQQQQQ", table, index * 56)
-            if p_type == 1:
-                end = max(end, p_offset + p_filesz)
-    if e_shentsize == 64:
-        file.seek(e_shoff)
-        table = file.read(e_shnum * 64)
-        for index in range(len(table) // 64):
-            _, sh_type, _, _, sh_offset, sh_size, *_ = struct.unpack_from(endian + "IIQQQQIIQQ", table, index * 64)
-            if sh_type != 8:  # SHT_NOBITS takes no file bytes
-                end = max(end, sh_offset + sh_size)
-    return end
+class _ElfLayout:
+    """What of a 64-bit ELF file says where its bytes are: its type, its program and section
+    header tables (offset, count, entry size), and the file bytes (index, offset, size) of
+    its loaded segments and of its sections that have any."""
+
+    def __init__(self, file):
+        import struct
+        file.seek(0)
+        header = file.read(64)
+        endian = "<" if header[5] == 1 else ">"
+        (self.type, _machine, _version, _entry, phoff, shoff, _flags, _ehsize, phentsize, phnum,
+         shentsize, shnum, _shstrndx) = struct.unpack(endian + "HHIQQQIHHHHHH", header[16:64])
+        self.program_headers, self.section_headers = (phoff, phnum, phentsize), (shoff, shnum, shentsize)
+        self.segments, self.sections = [], []
+        size = file.seek(0, os.SEEK_END)  # a table past the end is read as none (the checks say so)
+        if phentsize == 56 and phoff + phnum * 56 <= size:
+            file.seek(phoff)
+            table = file.read(phnum * 56)
+            for index in range(len(table) // 56):
+                p_type, _, offset, _, _, size, _, _ = struct.unpack_from(endian + "IIQQQQQQ", table, index * 56)
+                if p_type == 1:  # PT_LOAD: mapped from the file
+                    self.segments.append((index, offset, size))
+        if shentsize == 64 and shoff + shnum * 64 <= size:
+            file.seek(shoff)
+            table = file.read(shnum * 64)
+            for index in range(len(table) // 64):
+                _, sh_type, _, _, offset, size, *_ = struct.unpack_from(endian + "IIQQQQIIQQ", table, index * 64)
+                if sh_type != 8:  # SHT_NOBITS takes no file bytes
+                    self.sections.append((index, offset, size))
+
+    @staticmethod
+    def of(file):
+        """The layout of `file`, or None where it is no 64-bit ELF file."""
+        file.seek(0)
+        header = file.read(64)
+        return _ElfLayout(file) if len(header) == 64 and header[:4] == b"\x7fELF" and header[4] == 2 else None
+
+    def end(self) -> int:
+        """Where the ELF image ends: the furthest of its header tables, segments and sections."""
+        tables = [offset + count * entry for offset, count, entry in (self.program_headers, self.section_headers)]
+        return max([64, *tables, *(offset + size for _, offset, size in self.segments + self.sections)])
+
+
+def _image_end(file) -> int:
+    """_ElfLayout.end of `file` (2**64 where it is no 64-bit ELF file: no weights region is
+    taken from one)."""
+    layout = _ElfLayout.of(file)
+    return layout.end() if layout is not None else 1 << 64
 
 
 def _sealed_digest(file, end: int) -> bytes:
@@ -247,7 +266,6 @@ def _check_library_file(path: str) -> None:
     FIFO or device would block or be read forever, and a truncated file maps pages past its
     end, which fault (SIGBUS) when the loader touches them."""
     import stat as stat_module
-    import struct
     try:
         info = os.stat(path)
     except (OSError, ValueError) as error:
@@ -268,32 +286,22 @@ def _check_library_file(path: str) -> None:
                                        f"expected a .so built by byoc")
             if header[4] != 2 or header[5] != (1 if sys.byteorder == "little" else 2):
                 raise corrupt("its ELF class or byte order is not this machine's (64-bit, native)")
-            endian = "<" if header[5] == 1 else ">"
-            (e_type, _machine, _version, _entry, e_phoff, e_shoff, _flags, _ehsize, e_phentsize, e_phnum,
-             e_shentsize, e_shnum, _shstrndx) = struct.unpack(endian + "HHIQQQIHHHHHH", header[16:64])
-            if e_type != 3:
-                raise ByocRuntimeError(f"cannot load {path}: ELF type {e_type} is not a shared object (3)")
+            layout = _ElfLayout(file)
+            if layout.type != 3:
+                raise ByocRuntimeError(f"cannot load {path}: ELF type {layout.type} is not a shared object (3)")
+            e_phoff, e_phnum, e_phentsize = layout.program_headers
+            e_shoff, e_shnum, e_shentsize = layout.section_headers
             if e_phentsize != 56 or e_phnum == 0 or e_phoff + e_phnum * 56 > size:
                 raise corrupt(f"its program headers ({e_phnum} at offset {e_phoff}) lie outside its {size} bytes")
             if e_shnum and (e_shentsize != 64 or e_shoff + e_shnum * 64 > size):
                 raise corrupt(f"its section headers ({e_shnum} at offset {e_shoff}) lie outside its {size} bytes")
-            file.seek(e_phoff)
-            table = file.read(e_phnum * 56)
-            for index in range(e_phnum):
-                p_type, _flags, p_offset, _vaddr, _paddr, p_filesz, _memsz, _align = struct.unpack_from(
-                    endian + "IIQQQQQQ", table, index * 56)
-                if p_type == 1 and p_offset + p_filesz > size:  # PT_LOAD: mapped from the file
-                    raise corrupt(f"segment {index} needs bytes {p_offset}..{p_offset + p_filesz} of the file, "
+            for index, offset, length in layout.segments:
+                if offset + length > size:
+                    raise corrupt(f"segment {index} needs bytes {offset}..{offset + length} of the file, "
                                   f"which has {size}")
-            if e_shnum:
-                file.seek(e_shoff)
-                table = file.read(e_shnum * 64)
-                for index in range(e_shnum):
-                    (_name, sh_type, _flags, _addr, sh_offset, sh_size, *_rest) = struct.unpack_from(
-                        endian + "IIQQQQIIQQ", table, index * 64)
-                    if sh_type != 8 and sh_offset + sh_size > size:  # SHT_NOBITS takes no file bytes
-                        raise corrupt(f"section {index} needs bytes {sh_offset}..{sh_offset + sh_size}, "
-                                      f"beyond its {size}")
+            for index, offset, length in layout.sections:
+                if offset + length > size:
+                    raise corrupt(f"section {index} needs bytes {offset}..{offset + length}, beyond its {size}")
         _check_seal(path, size)
     except OSError as error:
         raise ByocRuntimeError(f"cannot load {path}: {error}") from None
