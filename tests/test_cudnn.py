@@ -175,12 +175,14 @@ def test_known_cost_is_the_stored_plans_of_the_visible_gpu(tmp_path, monkeypatch
     target.device = Target("cuda -arch=sm_90")
     assert codegen.known_cost(functions, target) is None  # nothing stored yet
     asked = []
-    monkeypatch.setattr(plans, "measure", lambda convs, target: asked.append(len(convs)) or [[(7, 12.5), (3, 20.0)]])
+    monkeypatch.setattr(plans, "measure",
+                        lambda convs, target: asked.append(len(convs)) or [([(7, 12.5), (3, 20.0)], [(9, 1)])])
     codegen.learn_costs([functions, functions], target)  # the same conv twice: timed once
     assert asked == [1]
     assert codegen.known_cost(functions, target) == pytest.approx(12.5)
     (entry,) = [e for device in CostStore().entries.values() for e in device.values()]
     assert entry["engine"] == 7 and entry["timed"] == {"7": 12.5, "3": 20.0}
+    assert entry["refused"] == {"9": plans.REFUSALS[1]}  # the plan its check refused, and why
     codegen.learn_costs([functions], target)  # stored: nothing measured again
     assert asked == [1]
     heuristic = Target("cudnn", plan="heuristic")
@@ -213,8 +215,13 @@ def test_a_conv_no_cudnn_plan_runs_on_the_visible_gpu_fails_the_build_not_the_lo
         codegen.codegen(functions, target)
     assert "the heuristic's plan" in (tmp_path / "cudnn_entries.cc").read_text()
     assert not CostStore().entries
-    monkeypatch.setattr(plans, "measure", lambda convs, target: [[] for _ in convs])
+    monkeypatch.setattr(plans, "measure", lambda convs, target: [([], []) for _ in convs])
     with pytest.raises(BuildError, match=r"conv2d float16 3x13x11x24 \* 40x5x3x24 .*no cuDNN plan ran on this GPU"):
+        codegen.codegen(functions, target)
+    # every plan ran and its check refused it: the reason is in the error
+    monkeypatch.setattr(plans, "PLAN_FORMAT", plans.PLAN_FORMAT + 100)  # keys the store has not seen
+    monkeypatch.setattr(plans, "measure", lambda convs, target: [([], [(4, 1)]) for _ in convs])
+    with pytest.raises(BuildError, match=r"no cuDNN plan ran that passed its check .*engine 4: its output depends"):
         codegen.codegen(functions, target)
 
 
@@ -222,7 +229,7 @@ FAKE_TIMING = r"""
 #include <cstdint>
 #include <cstdlib>
 // The timing child's library with byoc_cudnn.h's timing entry points, no cuDNN: the conv
-// with 1 output channel has two plans, with 2 none runs, with 3 preparing its plans fails,
+// with 1 output channel has two plans (and one its check refused), with 2 none runs, with 3 preparing its plans fails,
 // with 4 the process dies in the timing.
 extern "C" {
 struct Shape { int32_t dtype; int64_t batch, height, width, channels, out_channels; };
@@ -234,10 +241,12 @@ int byoc_cudnn_conv_prepare_plans(const Shape* shape, int, void** prepared) {
   return 0;
 }
 void byoc_cudnn_conv_release_plans(void* prepared) { delete static_cast<int64_t*>(prepared); }
-int byoc_cudnn_conv_time_prepared(void* prepared, int, int64_t* engines, double* us, int* count) {
+int byoc_cudnn_conv_time_prepared(void* prepared, int, int64_t* engines, double* us, int32_t* verdicts, int* count) {
   *count = 0;
   switch (*static_cast<int64_t*>(prepared)) {
-    case 1: engines[0] = 7; us[0] = 12.5; engines[1] = 3; us[1] = 20.0; *count = 2; return 0;
+    case 1:  // two plans timed, and one (the fastest) its check refused
+      engines[0] = 7; us[0] = 12.5; verdicts[0] = 0; engines[1] = 3; us[1] = 20.0; verdicts[1] = 0;
+      engines[2] = 9; us[2] = 0.0; verdicts[2] = 1; *count = 3; return 0;
     case 2: return 0;
     default: std::abort();
   }
@@ -276,6 +285,7 @@ def test_the_timing_child_keeps_what_it_timed_and_stores_no_failure_of_its_own(t
     entries = list(CostStore().entries["cuda:NVIDIA H100 80GB HBM3"].values())
     assert len(entries) == 2  # conv 1's plans and conv 2's "no plan ran"; nothing of 3, 4, 5
     assert sorted(entry.get("failed", "") for entry in entries) == ["", "no cuDNN plan ran"]
+    assert [entry.get("refused") for entry in entries if "engine" in entry] == [{"9": plans.REFUSALS[1]}]
     assert plans.failed_plans(convs, target) == [None, "no cuDNN plan ran", None, None, None]
 
 

@@ -60,7 +60,10 @@ class ConvShape(ctypes.Structure):
 
 # The engine's graph and its timing as the stored plans were made: a change to either
 # (engine/cudnn_conv.cc) bumps it, and plans timed before are timed again.
-PLAN_FORMAT = 2
+PLAN_FORMAT = 3  # 3: plans checked before their timing (refused ones are no candidates)
+# why a plan's check refused it (byoc_cudnn.h's ByocCudnnPlanVerdict)
+REFUSALS = {1: "its output depends on what the output or workspace held before the run",
+            2: "its output differs from the other plans'", 3: "NaN or infinity from finite operands"}
 
 
 def plan_key(conv: dict, version: str) -> str:
@@ -163,17 +166,22 @@ def choose_engines(convs: list, target) -> list:
         progress = getattr(target, "progress", None)
         if progress is not None:
             progress.stage(f"timing cuDNN plans of {len(missing)} convs on {device[5:]}")
-        for key, timings in zip(missing, measure(list(missing.values()), target)):
-            if timings is None:
+        for key, measured in zip(missing, measure(list(missing.values()), target)):
+            if measured is None:
                 continue  # the timing process failed (warned): nothing learned, nothing stored
+            timings, refused = measured
+            refusals = {str(engine): REFUSALS.get(verdict, f"verdict {verdict}") for engine, verdict in refused}
             if timings:
                 engine, us = min(timings, key=lambda timing: timing[1])
                 store.record(device, key, us, "cudnn", f"conv2d plan: engine {engine} of {len(timings)} timed",
                              details={**provenance(target.device, "cudnn"), "engine": engine,
-                                      "timed": {str(e): round(t, 3) for e, t in timings}})
+                                      "timed": {str(e): round(t, 3) for e, t in timings},
+                                      **({"refused": refusals} if refusals else {})})
             else:
-                store.record_failed(device, key, "no cuDNN plan ran", "cudnn", "conv2d plan",
-                                    provenance(target.device, "cudnn"))
+                reason = "no cuDNN plan ran" + (f" that passed its check ({len(refusals)} refused: "
+                                               f"{'; '.join(f'engine {e}: {r}' for e, r in refusals.items())})"
+                                               if refusals else "")
+                store.record_failed(device, key, reason, "cudnn", "conv2d plan", provenance(target.device, "cudnn"))
         store.save()
     return stored_engines(convs, target, where)
 
@@ -191,8 +199,9 @@ def probe_library(target) -> Path:
 
 
 def measure(convs: list, target) -> list:
-    """Each conv's [(engine, microseconds)] timed in a child process; [] for a conv none of
-    whose plans ran; None for a conv the child did not time (it failed there, or earlier:
+    """Each conv's ([(engine, microseconds)], [(engine, verdict)]) timed in a child process:
+    the plans that passed their check, timed, and those it refused (REFUSALS); no timings
+    for a conv none of whose plans ran; None for a conv the child did not time (it failed there, or earlier:
     crashed, timed out), warned: the build takes the heuristic's plan for it and stores
     nothing, so the next build tries again. The child writes a line per conv as it goes, so
     what it timed before failing is kept."""
@@ -219,8 +228,10 @@ def measure(convs: list, target) -> list:
         timings = [None] * len(convs)
         for line in answer.read_text().splitlines() if answer.is_file() else []:
             try:
-                index, timed = json.loads(line)
-                timings[index] = None if timed is None else [(int(engine), float(us)) for engine, us in timed]
+                index, timed, refused = json.loads(line)
+                timings[index] = None if timed is None else \
+                    ([(int(engine), float(us)) for engine, us in timed],
+                     [(int(engine), int(verdict)) for engine, verdict in refused])
             except (ValueError, TypeError, IndexError):
                 break  # a line cut short by a crash: the ones before it stand
         if done is None or done.returncode != 0 or None in timings:
@@ -250,7 +261,8 @@ def _time_in_this_process(library: str, request: str, answer: str) -> None:
     engine.byoc_cudnn_conv_prepare_plans.argtypes = [ctypes.POINTER(ConvShape), ctypes.c_int,
                                                      ctypes.POINTER(ctypes.c_void_p)]
     engine.byoc_cudnn_conv_time_prepared.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int64),
-                                                     ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_int)]
+                                                     ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_int32),
+                                                     ctypes.POINTER(ctypes.c_int)]
     engine.byoc_cudnn_conv_release_plans.argtypes = [ctypes.c_void_p]
     engine.byoc_cudnn_last_error.restype = ctypes.c_char_p
 
@@ -264,14 +276,19 @@ def _time_in_this_process(library: str, request: str, answer: str) -> None:
         return (prepared, None) if status == 0 else (None, last_error())
 
     def timed(prepared) -> tuple:
-        engines, times, count = (ctypes.c_int64 * MAX_PLANS)(), (ctypes.c_double * MAX_PLANS)(), ctypes.c_int(0)
+        """(([(engine, us)] of the plans that passed their check, [(engine, verdict)] of the
+        others), None), or (None, why the timing failed)."""
+        engines, times = (ctypes.c_int64 * MAX_PLANS)(), (ctypes.c_double * MAX_PLANS)()
+        verdicts, count = (ctypes.c_int32 * MAX_PLANS)(), ctypes.c_int(0)
         try:
-            status = engine.byoc_cudnn_conv_time_prepared(prepared, RUNS, engines, times, ctypes.byref(count))
+            status = engine.byoc_cudnn_conv_time_prepared(prepared, RUNS, engines, times, verdicts, ctypes.byref(count))
         finally:
             engine.byoc_cudnn_conv_release_plans(prepared)
         if status != 0:
             return None, last_error()
-        return [(engines[i], times[i]) for i in range(count.value)], None
+        plans = range(count.value)
+        return ([(engines[i], times[i]) for i in plans if verdicts[i] == 0],
+                [(engines[i], verdicts[i]) for i in plans if verdicts[i] != 0]), None
 
     convs = json.loads(Path(request).read_text())
     # BYOC_CUDNN_PLAN_THREADS: another count, to measure what the threads gain (bench/cudnn_plan_timing.py)
@@ -285,12 +302,13 @@ def _time_in_this_process(library: str, request: str, answer: str) -> None:
         for first in range(0, len(convs), threads):
             chunk = list(pool.map(prepare, convs[first:first + threads]))
             for index, (prepared, error) in enumerate(chunk, start=first):
-                timings = None
+                measured = None
                 if error is None:
-                    timings, error = timed(prepared)
+                    measured, error = timed(prepared)
                 if error is not None:  # not "no plan ran": the timing itself failed, and says why
                     print(f"cudnn plans: {error}", file=sys.stderr)
-                out.write(json.dumps([index, timings]) + "\n")
+                timings, refused = measured if measured is not None else (None, [])
+                out.write(json.dumps([index, timings, refused]) + "\n")
                 out.flush()
 
 

@@ -58,17 +58,25 @@ BYOC_CUDNN_API int64_t byoc_cudnn_conv_engine(const void* state);
 BYOC_CUDNN_API int byoc_cudnn_conv_run(void* state, const void* data, const void* weight, const void* bias,
                                        const void* residual, void* output, void* workspace, size_t workspace_bytes,
                                        void* stream);
+// What the check before a plan's timing found (cudnn_plan_timing.cc says how it checks).
+enum ByocCudnnPlanVerdict {
+  BYOC_CUDNN_PLAN_AGREES = 0,          // a candidate
+  BYOC_CUDNN_PLAN_READS_LEFTOVERS = 1,  // its output depends on what output or workspace held
+  BYOC_CUDNN_PLAN_DISAGREES = 2,        // its output differs from the other plans'
+  BYOC_CUDNN_PLAN_NOT_FINITE = 3,       // NaN or infinity from finite operands
+};
+
 // The build's measurement of plans (backends/cudnn/plans.py), in two steps so that the
 // slow one runs side by side: prepare builds the conv's graph and the heuristics' first
 // plans that build within workspace_limit (at most max_plans), with a cuDNN handle of its
-// own (safe in several threads at once); time_prepared times them on scratch operands of
-// the conv's shapes, taken in turn through more memory than L2 holds: engines[i] ran in
-// microseconds[i] (a launch's share of at least `runs` back to back, the median of three
-// rounds), *count of them; run it with nothing else on the GPU. release frees what
-// prepare made.
+// own (safe in several threads at once); time_prepared checks and times them on scratch
+// operands of the conv's shapes, taken in turn through more memory than L2 holds:
+// engines[i] got verdicts[i] and, where it is a candidate, ran in microseconds[i] (a
+// launch's share of at least `runs` back to back, the median of three rounds), *count of
+// them; run it with nothing else on the GPU. release frees what prepare made.
 BYOC_CUDNN_API int byoc_cudnn_conv_prepare_plans(const ByocCudnnConv* conv, int max_plans, void** prepared);
 BYOC_CUDNN_API int byoc_cudnn_conv_time_prepared(void* prepared, int runs, int64_t* engines, double* microseconds,
-                                                 int* count);
+                                                 int32_t* verdicts, int* count);
 BYOC_CUDNN_API void byoc_cudnn_conv_release_plans(void* prepared);
 // The last error of this thread.
 BYOC_CUDNN_API const char* byoc_cudnn_last_error(void);
