@@ -15,8 +15,8 @@ from .codegen import codegen, known_cost, learn_costs
 from .patterns import pattern_table
 
 register_target_kind("cudnn", {
-    "workspace_limit": AttrSchema(int, 32 << 20, None, "cuDNN workspace a conv's plan may use (bytes; each conv "
-                                  "holds its plan's own from create)",
+    "workspace_limit": AttrSchema(int, 32 << 20, None, "cuDNN workspace a conv's plan may use (bytes; the convs "
+                                  "share the model's workspace, one at a time)",
                                   check=at_least(0)),
     "plan": AttrSchema(str, "auto", ("auto", "heuristic"), "each conv's execution plan: auto: the fastest of "
                        "cuDNN's engines, timed at build time where a GPU of the target's arch is visible (kept in "

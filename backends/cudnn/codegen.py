@@ -123,9 +123,7 @@ def codegen(functions: dict, target) -> list:
     source = workdir / "cudnn_entries.cc"
     source.write_text(render_template("cudnn/entries.cc.j2", {"convs": convs}))
     units.append(CompileUnit(source, "cxx", device.cxx_flags() + [f"-I{ENGINE_DIR}"], "cudnn_entries.o"))
-    # no share of the model's workspace: each conv allocates its plan's own at create
-    # (engine/cudnn_conv_internal.h: Conv::workspace says why)
     return [Artifact(backend="cudnn", kind="source", symbols=list(functions), compile_units=units,
-                     workspace_bytes={conv["symbol"]: 0 for conv in convs}, link_libraries=["cudnn"],
+                     workspace_bytes={conv["symbol"]: limit for conv in convs}, link_libraries=["cudnn"],
                      stateful_symbols=list(functions),
                      kernels={conv["symbol"]: f"cudnn {conv['summary']}" for conv in convs})]

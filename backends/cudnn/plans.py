@@ -62,7 +62,7 @@ class ConvShape(ctypes.Structure):
 # (engine/cudnn_conv.cc) bumps it, and plans timed before are timed again.
 PLAN_FORMAT = 3  # 3: plans checked before their timing (refused ones are no candidates)
 # why a plan's check refused it (byoc_cudnn.h's ByocCudnnPlanVerdict)
-REFUSALS = {1: "its output depends on what the output or workspace held before the run",
+REFUSALS = {1: "its output depends on what the output or workspace held, or on its runs before",
             2: "its output differs from the other plans'", 3: "NaN or infinity from finite operands"}
 
 

@@ -48,13 +48,11 @@ struct ByocCudnnConv {
 // null and byoc_cudnn_last_error() says why.
 BYOC_CUDNN_API int byoc_cudnn_conv_create(const ByocCudnnConv* conv, void** state);
 BYOC_CUDNN_API void byoc_cudnn_conv_destroy(void* state);
-// The workspace its plan needs (at most the conv's workspace_limit); create() allocates it
-// for the conv alone.
+// The workspace run() needs (at most the conv's workspace_limit).
 BYOC_CUDNN_API size_t byoc_cudnn_conv_workspace(const void* state);
 // The global index of the engine create() chose.
 BYOC_CUDNN_API int64_t byoc_cudnn_conv_engine(const void* state);
-// One conv on `stream`; bias and residual are null where the conv has none. It runs in its
-// own workspace; `workspace` (of `workspace_bytes`) serves only a conv without one.
+// One conv on `stream`; bias and residual are null where the conv has none.
 BYOC_CUDNN_API int byoc_cudnn_conv_run(void* state, const void* data, const void* weight, const void* bias,
                                        const void* residual, void* output, void* workspace, size_t workspace_bytes,
                                        void* stream);

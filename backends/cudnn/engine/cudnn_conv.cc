@@ -345,10 +345,17 @@ Plan choose_plan(const ByocCudnnConv& c, const Graph& g, cudnnHandle_t handle) {
                 (g_heuristics_note.empty() ? std::string() : "; " + g_heuristics_note) + ")");
 }
 
+// Packs a conv keeps at most: more sets of pointers than its call sites come from the
+// model's inputs and outputs, which a caller may place anywhere at every run.
+constexpr size_t kMaxPacks = 32;
+
 void execute(Conv& conv, void* const pointers[6], void* workspace, cudaStream_t stream) {
   std::array<void*, 6> key{};
   std::copy(pointers, pointers + 6, key.begin());
-  if (!conv.pack || key != conv.pack_pointers) {
+  key[5] = workspace;
+  auto found = std::find_if(conv.packs.begin(), conv.packs.end(),
+                            [&](const std::pair<std::array<void*, 6>, Owned>& entry) { return entry.first == key; });
+  if (found == conv.packs.end()) {
     int64_t uids[5];
     void* data[5];
     int64_t n = 0;
@@ -364,11 +371,12 @@ void execute(Conv& conv, void* const pointers[6], void* workspace, cudaStream_t 
         .set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, data, "variant pack pointers")
         .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace, "variant pack workspace");
     pack->finalize("the variant pack");
-    conv.pack = std::move(pack);
-    conv.pack_pointers = key;
+    if (conv.packs.size() >= kMaxPacks) conv.packs.erase(conv.packs.begin());  // the oldest
+    conv.packs.emplace_back(key, std::move(pack));
+    found = conv.packs.end() - 1;
   }
   check(cudnnSetStream(conv.handle, stream), "cudnnSetStream");
-  check(cudnnBackendExecute(conv.handle, conv.plan.plan->get(), conv.pack->get()), "cudnnBackendExecute");
+  check(cudnnBackendExecute(conv.handle, conv.plan.plan->get(), found->second->get()), "cudnnBackendExecute");
 }
 
 int fail(const std::string& message) {
@@ -394,10 +402,6 @@ int byoc_cudnn_conv_create(const ByocCudnnConv* shape, void** state) {
     check(cudnnCreate(&conv->handle), "cudnnCreate");
     conv->graph = build_graph(conv->shape, conv->handle);
     conv->plan = choose_plan(conv->shape, conv->graph, conv->handle);
-    if (conv->plan.workspace > 0) {
-      check_cuda(cudaMalloc(&conv->workspace, static_cast<size_t>(conv->plan.workspace)),
-                 "allocating the conv's workspace");
-    }
     *state = conv.release();
     return 0;
   } catch (const std::exception& error) {
@@ -417,10 +421,7 @@ int byoc_cudnn_conv_run(void* state, const void* data, const void* weight, const
                         void* output, void* workspace, size_t workspace_bytes, void* stream) {
   Conv& conv = *static_cast<Conv*>(state);
   const ByocCudnnConv& c = conv.shape;
-  // the conv's own workspace (Conv::workspace says why); the caller's where it has none
-  if (conv.plan.workspace > 0 && conv.workspace != nullptr) {
-    workspace = conv.workspace;
-  } else if (workspace_bytes < static_cast<size_t>(conv.plan.workspace)) {
+  if (workspace_bytes < static_cast<size_t>(conv.plan.workspace)) {
     return fail(describe(c) + ": the workspace of " + std::to_string(workspace_bytes) + " bytes is smaller than the " +
                 std::to_string(conv.plan.workspace) + " its plan needs");
   }

@@ -13,6 +13,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "byoc_cudnn.h"
@@ -83,23 +84,17 @@ struct Conv {
   cudnnHandle_t handle = nullptr;
   Graph graph;
   Plan plan;
-  // the variant pack of the last run's pointers: rebuilt only when they change
-  Owned pack;
-  std::array<void*, 6> pack_pointers{};
-  // The plan's workspace, this conv's alone (allocated at create, byoc_cudnn_conv_create):
-  // an execution may leave what later ones of the same plan and pack read in it (engines
-  // that set up parameters or index tables once), and a CUDA graph replays only the later
-  // ones. In the model's shared workspace every other call would overwrite that between
-  // runs: ResNet-50 in float32 was right on its first run and 18% off on its replays.
-  void* workspace = nullptr;
-
+  // A variant pack per set of pointers the conv ran on (data, weight, bias, residual,
+  // output, workspace), kept: one symbol serves every call site of its conv shape in the
+  // model (ResNet-50 calls some three to six times a run, each on other buffers), and each
+  // site's pack is made once, not again at every call.
+  std::vector<std::pair<std::array<void*, 6>, Owned>> packs;
   ~Conv() {
-    pack.reset();
+    packs.clear();
     plan.plan.reset();
     graph.graph.reset();
     graph.parts.clear();
     if (handle != nullptr) cudnnDestroy(handle);
-    if (workspace != nullptr) cudaFree(workspace);
   }
 };
 

@@ -5,11 +5,11 @@
 //
 // The check before a plan's timing: three runs on the same operands, the first into an
 // output and workspace of zeros, the second into ones filled with NaNs and a byte pattern,
-// the third into what the second left. A plan whose later runs differ from its first reads
-// what its output or workspace held (cuDNN promises neither's contents), and a model's later
-// runs, where both hold what earlier calls left, would go wrong: ResNet-50 b32 in float32
-// on an H200 took such an engine as fastest for a conv and was 16% off from its second run
-// on. A plan whose first run differs from the first plan that passed is refused as well.
+// the third into what the second left; then, as a model runs a conv at several call sites,
+// one on other operands and one on the first again. A plan whose later runs differ from its
+// first depends on what its output or workspace held or on the runs before (cuDNN promises
+// none of that): a model would be right on its first run and wrong on later ones, so the
+// plan is refused. So is a plan whose output differs from the first plan that passed.
 #include "cudnn_conv_internal.h"
 
 #include <cudnn.h>
@@ -232,14 +232,20 @@ int byoc_cudnn_conv_time_prepared(void* prepared, int runs, int64_t* engines, do
       std::vector<double> times;
       int32_t verdict = BYOC_CUDNN_PLAN_AGREES;
       try {
-        conv.pack.reset();
+        conv.packs.clear();
         const std::vector<uint8_t> first = checked_run(conv, operand_sets[0], 0, output_bytes, workspace_bytes, stream);
         const std::vector<uint8_t> poisoned =
             checked_run(conv, operand_sets[0], 0xff, output_bytes, workspace_bytes, stream);
         const std::vector<uint8_t> again = checked_run(conv, operand_sets[0], -1, output_bytes, workspace_bytes, stream);
+        bool same = agree(first, poisoned, c.dtype) && agree(first, again, c.dtype);
+        if (sets > 1) {  // as a model runs it: another call site's buffers in between
+          checked_run(conv, operand_sets[1], -1, output_bytes, workspace_bytes, stream);
+          same = same && agree(first, checked_run(conv, operand_sets[0], -1, output_bytes, workspace_bytes, stream),
+                               c.dtype);
+        }
         if (largest_difference(first, first, c.dtype) == INFINITY) {
           verdict = BYOC_CUDNN_PLAN_NOT_FINITE;
-        } else if (!agree(first, poisoned, c.dtype) || !agree(first, again, c.dtype)) {
+        } else if (!same) {
           verdict = BYOC_CUDNN_PLAN_READS_LEFTOVERS;
         } else if (reference_index < 0) {
           reference = first;
@@ -257,10 +263,11 @@ int byoc_cudnn_conv_time_prepared(void* prepared, int runs, int64_t* engines, do
           ++*count;
           continue;
         }
+        conv.packs.clear();
         for (auto& set : operand_sets) {
-          conv.pack.reset();
           execute(conv, set.data(), workspace, stream);  // also the warm-up
-          packs.push_back(std::move(conv.pack));
+          packs.push_back(std::move(conv.packs.back().second));
+          conv.packs.pop_back();
         }
         check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
         check(cudnnSetStream(conv.handle, stream), "cudnnSetStream");
@@ -303,7 +310,7 @@ int byoc_cudnn_conv_time_prepared(void* prepared, int runs, int64_t* engines, do
   } catch (const std::exception& error) {
     status = fail(describe(c) + ": " + error.what());
   }
-  conv.pack.reset();
+  conv.packs.clear();
   conv.plan = Plan();
   plans.plans.clear();  // timed once: the plans' memory goes back now
   if (stream != nullptr) cudaStreamSynchronize(stream);
