@@ -299,10 +299,12 @@ def embedded_units(context, weights: bytes, metadata: str, build_id: str, tables
     for path, symbol, what, data in files:
         path.write_bytes(data)
         assembly = path.with_suffix(".S")
-        # .incbin finds the file through the assembler's include path, so the source
-        # (and its cache key) does not depend on where the build happens.
+        # .incbin finds the file through the assembler's include path, the build directory
+        # the commands run in, named relatively: the source and its flags (the cache key)
+        # do not depend on where the build happens, and a directory whose name has a comma
+        # is not split by -Wa's commas.
         assembly.write_text(render_blob_assembly(path.name, symbol, what))
-        units.append(CompileUnit(source=assembly, language="asm", flags=[f"-Wa,-I,{workdir}"],
+        units.append(CompileUnit(source=assembly, language="asm", flags=["-Wa,-I,."],
                                  output=f"{path.stem}.o", dependencies=[path]))
     return units, sidecar
 
@@ -322,7 +324,8 @@ def compile_and_link(context, units: list, link_libraries: list, build_id: str =
                             progress=context.progress.compile_line)
     version_script = workdir / "exports.map"
     version_script.write_text("{\n  global: byoc_model_*; byoc_last_error;\n  local: *;\n};\n")
-    link_flags = [f"-Wl,--version-script={version_script}", "-Wl,--no-undefined"]
+    # named from the build directory the link runs in: -Wl splits its argument at commas
+    link_flags = [f"-Wl,--version-script={version_script.name}", "-Wl,--no-undefined"]
     if build_id:
         link_flags.append(f"-Wl,--build-id=0x{build_id}")
     libraries = list(link_libraries)

@@ -516,6 +516,14 @@ def _tiny(op="relu"):
     return byoc.ir.parse(TINY.replace("OP", op))
 
 
+@pytest.mark.parametrize("name", ["a,b", "a b", "a'b"])
+def test_a_workdir_whose_name_has_a_comma_a_space_or_a_quote_builds(tmp_path, name):
+    """The build's commands name its directory only relatively (they run in it): -Wa and -Wl
+    split their arguments at commas, and the shell at spaces and quotes."""
+    library = byoc.build(_tiny(), config="cpu", workdir=str(tmp_path / name / "w"))
+    np.testing.assert_array_equal(library.load().run(np.array([-1, 2, -3, 4], np.float32)), [0, 2, 0, 4])
+
+
 def test_a_workdir_in_use_by_another_build_is_refused(tmp_path):
     import fcntl
     workdir = tmp_path / "w"
