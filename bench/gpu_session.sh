@@ -210,6 +210,28 @@ case "$stage" in
     # every run of a built model against onnxruntime, with and without CUDA graphs, e.g.
     #   bash bench/gpu_session.sh replay --case resnet50:32 --config default
     PYTHONUNBUFFERED=1 python3 bench/replay_check.py "$@" 2>&1 | tee "$OUT/replay_check.log" | grep -v Warning ;;
+  replay_probe)
+    # ResNet-50 b32's later runs under `default` (bench/results/resnet50_default_later_runs_h200.md):
+    # one cudnn-only library, then the same library run under each condition, and a build
+    # with PDL off; every step bounded, so that a hang costs its step only
+    case="${1:-resnet50:32}"
+    common=(--case "$case" --backends cudnn --graphs off --runs 3)
+    probe() {  # TITLE SECONDS COMMAND...
+      local title="$1" seconds="$2"; shift 2
+      echo "$(date +%T) $title"
+      PYTHONUNBUFFERED=1 timeout "$seconds" "$@" 2>&1 | grep -v -i warn | grep -E "\]|=========" | grep -v exported \
+        | cut -c1-240 | tee -a "$OUT/replay_probe.log"
+    }
+    probe "build" 150 python3 bench/replay_check.py "${common[@]}" --workdir /tmp/rp
+    library=$(grep -o "built [^ ]*model.so" "$OUT/replay_probe.log" | head -n 1 | cut -d' ' -f2)
+    [ -z "$library" ] && { echo "no library built"; exit 1; }
+    run=(python3 bench/replay_check.py "${common[@]}" --workdir /tmp/rp --library "$library")
+    probe "CUDA_LAUNCH_BLOCKING=1" 60 env CUDA_LAUNCH_BLOCKING=1 "${run[@]}"
+    probe "a fresh instance for every run" 60 "${run[@]}" --instances 4
+    probe "memcheck, no padding" 120 compute-sanitizer --tool memcheck --print-limit 8 "${run[@]}"
+    probe "racecheck" 150 compute-sanitizer --tool racecheck --print-limit 8 "${run[@]}"
+    probe "PDL off (a build of its own)" 150 python3 bench/replay_check.py "${common[@]}" --workdir /tmp/rp-nopdl \
+      --target "cuda -arch=sm_90 -pdl=0" ;;
   measured)
     # partition: measured against the priority order (#43), e.g.
     #   bash bench/gpu_session.sh measured resnext50_32x4d:32 convnext_tiny:32

@@ -39,6 +39,7 @@ def main():
                         help="comma-separated backends instead of the config's (to find the one at fault; "
                              "'none': builtin alone)")
     parser.add_argument("--graphs", choices=("both", "on", "off"), default="both")
+    parser.add_argument("--target", default=None, help="the config's target instead, e.g. 'cuda -arch=sm_90 -pdl=0'")
     parser.add_argument("--library", default=None,
                         help="run this library (built by an earlier call with the same --case and --workdir) "
                              "instead of building: e.g. under compute-sanitizer, which would slow a build's "
@@ -80,7 +81,7 @@ def main():
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     log("exported", onnx_path)
     failed = False
-    overrides = {}
+    overrides = {"target": args.target} if args.target else {}
     if args.backends:  # names, or a config's backends list as JSON ('[{"cudnn": {"plan": "heuristic"}}]')
         overrides["backends"] = [] if args.backends == "none" else \
             json.loads(args.backends) if args.backends.startswith("[") else args.backends.split(",")
