@@ -34,6 +34,18 @@ def prepare_for_partition(mod, target, build_device: str):
     return convert_conv_layout(mod, dtypes=("float32", "float16", "bfloat16"))
 
 
+def not_in_auto(config) -> str | None:
+    """`backends: auto` (the default config) leaves cudnn out of float32 builds for now:
+    ResNet-50 b32 in float32 on an H200 was right on its first run and 13-19% off on every
+    later one with cuDNN's convs, with any engine, workspace or none, with CUDA graphs or
+    without (bench/results/resnet50_default_later_runs_h200.md); the cause is not found yet.
+    A config that lists cudnn still gets it; float16 and bfloat16 builds are not affected."""
+    if config.precision == "float32":
+        return ("float32 convs through cuDNN gave wrong answers after the first run (ResNet-50 b32, "
+                "bench/results/resnet50_default_later_runs_h200.md); list cudnn in backends to use it anyway")
+    return None
+
+
 def unavailable() -> str | None:
     """What this machine lacks to build cudnn functions (cuDNN 9's headers and library)."""
     from byoc.toolchain.locate import missing_nvidia_library
@@ -42,4 +54,4 @@ def unavailable() -> str | None:
 
 register_backend("cudnn", flavor="csource", patterns=pattern_table(), codegen=codegen, device="cuda",
                  one_composite_per_function=True, pre_partition=prepare_for_partition, known_cost=known_cost,
-                 learn_costs=learn_costs, unavailable=unavailable)
+                 learn_costs=learn_costs, unavailable=unavailable, not_in_auto=not_in_auto)
