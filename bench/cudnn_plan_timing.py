@@ -83,7 +83,7 @@ def main():
                                        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")})
             seconds = time.perf_counter() - started
             lines = [json.loads(line) for line in answer.read_text().splitlines()] if answer.is_file() else []
-            best = {index: min(timed, key=lambda t: t[1]) if timed else None for index, timed in lines}
+            best = {index: min(timed, key=lambda t: t[1]) if timed else None for index, timed, *_ in lines}
             results[threads] = {"seconds": round(seconds, 2), "best": best, "returncode": done.returncode}
             log(f"{threads} threads: {len(convs)} convs in {seconds:.1f} s (exit {done.returncode}) "
                 f"{done.stderr.strip()[-300:]}")

@@ -216,6 +216,7 @@ case "$stage" in
     # with PDL off; every step bounded, so that a hang costs its step only
     case="${1:-resnet50:32}"
     common=(--case "$case" --backends cudnn --graphs off --runs 3)
+    : >"$OUT/replay_probe.log"  # this call's lines only (the library path is read from it)
     probe() {  # TITLE SECONDS COMMAND...
       local title="$1" seconds="$2"; shift 2
       echo "$(date +%T) $title"

@@ -41,7 +41,8 @@ def main():
     parser.add_argument("--graphs", choices=("both", "on", "off"), default="both")
     parser.add_argument("--target", default=None, help="the config's target instead, e.g. 'cuda -arch=sm_90 -pdl=0'")
     parser.add_argument("--library", default=None,
-                        help="run this library (built by an earlier call with the same --case and --workdir) "
+                        help="run this library (built by an earlier call with the same --case, --output and "
+                             "--workdir) "
                              "instead of building: e.g. under compute-sanitizer, which would slow a build's "
                              "timing to a crawl")
     parser.add_argument("--output", default=None,
@@ -85,9 +86,12 @@ def main():
     if args.backends:  # names, or a config's backends list as JSON ('[{"cudnn": {"plan": "heuristic"}}]')
         overrides["backends"] = [] if args.backends == "none" else \
             json.loads(args.backends) if args.backends.startswith("[") else args.backends.split(",")
-    for graphs in {"both": (True, False), "on": (True,), "off": (False,)}[args.graphs]:
+    # a given library runs once, as it was built
+    modes = (None,) if args.library else {"both": (True, False), "on": (True,), "off": (False,)}[args.graphs]
+    for graphs in modes:
         if args.library:
             path = args.library
+            graphs = byoc.runtime.metadata_of(path).get("cuda_graph")
             log(f"loading {args.library}")
         else:
             config = load_config(args.config, overrides=overrides)

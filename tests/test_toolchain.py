@@ -658,7 +658,9 @@ def test_builds_side_by_side_compile_a_unit_they_share_once(tmp_path, monkeypatc
 def test_a_compiler_launcher_runs_every_compile_and_keys_nothing(tmp_path, monkeypatch, cache):
     """$BYOC_COMPILER_LAUNCHER (sccache, ccache, ...) goes in front of every compile command
     in build.ninja and runs it; objects it made are keyed as without it, so a build without
-    the launcher takes them from byoc's cache. One that is not on PATH is a clear error."""
+    the launcher takes them from byoc's cache. One that is not on PATH is a clear error.
+    Assembler units (the metadata and program tables, by .incbin) compile without it: a
+    launcher's cache does not key the files they include."""
     launcher = tmp_path / "count-launches"
     launches = tmp_path / "launches.txt"
     launcher.write_text(f'#!/bin/sh\necho "$@" >> {launches}\nexec "$@"\n')
@@ -669,6 +671,14 @@ def test_a_compiler_launcher_runs_every_compile_and_keys_nothing(tmp_path, monke
     assert ctypes.CDLL(str(library)).twice() == 84
     assert len(launches.read_text().splitlines()) == 2
     assert (work / "build.ninja").read_text().count(f"cmd = {launcher} ") == 2
+    blob = tmp_path / "blob"
+    blob.mkdir()
+    (blob / "data.bin").write_bytes(b"byoc")
+    (blob / "data.S").write_text('.section .rodata\n.globl blob_data\nblob_data:\n.incbin "data.bin"\n')
+    compile_units([CompileUnit(blob / "data.S", "asm", ["-Wa,-I,."], "data.o", dependencies=[blob / "data.bin"])],
+                  blob)
+    assert len(launches.read_text().splitlines()) == 2  # not launched
+    assert f"cmd = {launcher} " not in (blob / "build.ninja").read_text()
     monkeypatch.delenv("BYOC_COMPILER_LAUNCHER")
     stats = {}
     other = tmp_path / "without"

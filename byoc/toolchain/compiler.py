@@ -216,8 +216,11 @@ def compile_units(units: list, workdir, jobs: int | None = None,
         source = ninja_path(workdir, unit.source)
         command = _command(unit, source, output)
         then = _embed_command(output) if unit.language == "cubin" else []
-        # the launcher (ccache, sccache) runs the same command: not part of the object's key
-        edges_of[output] = NinjaEdge(_RULE_OF_LANGUAGE[unit.language], output, [source], launcher + command, then)
+        # the launcher (ccache, sccache) runs the same command: not part of the object's key.
+        # Not for assembler units: their .incbin files are what differs between models, and a
+        # launcher's cache does not key them (sccache), so it could hand one model another's.
+        launched = [] if unit.language == "asm" else launcher
+        edges_of[output] = NinjaEdge(_RULE_OF_LANGUAGE[unit.language], output, [source], launched + command, then)
         output_of[id(unit)] = output
         keys[output] = _cache_key(unit, command + then, workdir, files_read, relative_source=source)
         sources[output] = unit.source.resolve()

@@ -9,7 +9,7 @@
 // one on other operands and one on the first again. A plan whose later runs differ from its
 // first depends on what its output or workspace held or on the runs before (cuDNN promises
 // none of that): a model would be right on its first run and wrong on later ones, so the
-// plan is refused. So is a plan whose output differs from the first plan that passed.
+// plan is refused. So is a plan whose output differs from those of most plans that passed.
 #include "cudnn_conv_internal.h"
 
 #include <cudnn.h>
@@ -224,13 +224,18 @@ int byoc_cudnn_conv_time_prepared(void* prepared, int runs, int64_t* engines, do
     }
     check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     const int launches = std::max(runs, sets);
-    std::vector<uint8_t> reference;  // the first run of the first plan that passed its own check
-    int reference_index = -1, agreeing = 0, disagreeing = 0;
+    // Plans that passed their own check, in groups whose first runs agree: each group's
+    // first member's output, its size, and each reported plan's group (-1: refused).
+    std::vector<std::vector<uint8_t>> representatives;
+    std::vector<int> group_sizes;
+    std::vector<int> group_of(plans.plans.size(), -1);
     for (Plan& plan : plans.plans) {
       conv.plan = std::move(plan);
       std::vector<Owned> packs;  // one variant pack per operand set, made before the timing
       std::vector<double> times;
       int32_t verdict = BYOC_CUDNN_PLAN_AGREES;
+      int group = -1;
+      bool new_group = false;
       try {
         conv.packs.clear();
         const std::vector<uint8_t> first = checked_run(conv, operand_sets[0], 0, output_bytes, workspace_bytes, stream);
@@ -247,14 +252,16 @@ int byoc_cudnn_conv_time_prepared(void* prepared, int runs, int64_t* engines, do
           verdict = BYOC_CUDNN_PLAN_NOT_FINITE;
         } else if (!same) {
           verdict = BYOC_CUDNN_PLAN_READS_LEFTOVERS;
-        } else if (reference_index < 0) {
-          reference = first;
-          reference_index = *count;
-        } else if (agree(reference, first, c.dtype)) {
-          ++agreeing;
         } else {
-          verdict = BYOC_CUDNN_PLAN_DISAGREES;
-          ++disagreeing;
+          for (size_t g = 0; g < representatives.size() && group < 0; ++g) {
+            if (agree(representatives[g], first, c.dtype)) group = static_cast<int>(g);
+          }
+          if (group < 0) {
+            representatives.push_back(first);
+            group_sizes.push_back(0);
+            group = static_cast<int>(representatives.size()) - 1;
+            new_group = true;
+          }
         }
         if (verdict == BYOC_CUDNN_PLAN_READS_LEFTOVERS || verdict == BYOC_CUDNN_PLAN_NOT_FINITE) {
           engines[*count] = conv.plan.engine;  // refused: not timed
@@ -284,6 +291,10 @@ int byoc_cudnn_conv_time_prepared(void* prepared, int runs, int64_t* engines, do
           times.push_back(1000.0 * ms / launches);
         }
       } catch (const Failure&) {
+        if (new_group) {  // the group it began has no reported member
+          representatives.pop_back();
+          group_sizes.pop_back();
+        }
         // A plan that builds and does not run is not a candidate, unless it broke the
         // context (a sticky error: every later call would fail too): then the timing
         // fails, and the build stores nothing of it.
@@ -294,18 +305,21 @@ int byoc_cudnn_conv_time_prepared(void* prepared, int runs, int64_t* engines, do
         continue;
       }
       std::sort(times.begin(), times.end());
+      ++group_sizes[group];
+      group_of[*count] = group;
       engines[*count] = conv.plan.engine;
       microseconds[*count] = times[1];
       verdicts[*count] = verdict;
       ++*count;
     }
-    // every other plan that passed its own check disagrees with the reference: the
-    // reference is the odd one out
-    if (reference_index >= 0 && agreeing == 0 && disagreeing >= 2) {
+    // The candidates are the largest group (the earliest on a tie: the heuristic ranks its
+    // plans); a plan of any other group computes something else.
+    if (!group_sizes.empty()) {
+      const int largest = static_cast<int>(std::max_element(group_sizes.begin(), group_sizes.end()) -
+                                           group_sizes.begin());
       for (int i = 0; i < *count; ++i) {
-        if (verdicts[i] == BYOC_CUDNN_PLAN_DISAGREES) verdicts[i] = BYOC_CUDNN_PLAN_AGREES;
+        if (group_of[i] >= 0 && group_of[i] != largest) verdicts[i] = BYOC_CUDNN_PLAN_DISAGREES;
       }
-      verdicts[reference_index] = BYOC_CUDNN_PLAN_DISAGREES;
     }
   } catch (const std::exception& error) {
     status = fail(describe(c) + ": " + error.what());
