@@ -45,11 +45,10 @@ def model_convs(name: str, batch: int, workdir: Path) -> tuple:
     target = byoc.target.Target("cudnn")
     target.device = byoc.target.Target("cuda -arch=sm_90")
     target.workdir = str(workdir)
-    limit = int(target.attrs["workspace_limit"])
     convs = {}
     for symbol, func in partitioned.functions.items():
         if isinstance(func, Function) and func.attrs.get("Compiler") == "cudnn":
-            conv = conv_description(symbol, func, limit)
+            conv = conv_description(symbol, func, target)
             convs.setdefault(plans.plan_key(conv, "any"), conv)
     return list(convs.values()), target
 

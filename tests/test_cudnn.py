@@ -154,6 +154,11 @@ def test_the_entry_points_describe_each_conv_as_data(tmp_path, monkeypatch):
     assert artifact.link_libraries == ["cudnn"] and artifact.stateful_symbols == list(functions)
     assert "96x7x7x1 groups 96" in source and "+ bias + residual -> silu" in source
     assert "{ 3, 3, 3, 3 }" in source and "the heuristic's plan, chosen at create" in source
+    assert source.count(f"{1 << 25},\n    0}};") == len(functions)  # workspace limit, then tf32 off
+    exact_or_not = Target("cudnn", tf32="true")
+    exact_or_not.device, exact_or_not.workdir = target.device, str(tmp_path)
+    cudnn_codegen.codegen(functions, exact_or_not)
+    assert (tmp_path / "cudnn_entries.cc").read_text().count(f"{1 << 25},\n    1}};") == len(functions)
 
 
 def test_known_cost_is_the_stored_plans_of_the_visible_gpu(tmp_path, monkeypatch):
@@ -277,7 +282,7 @@ def test_the_timing_child_keeps_what_it_timed_and_stores_no_failure_of_its_own(t
     target.device = Target("cuda -arch=sm_90")
     base = dict(dtype=1, batch=1, height=8, width=8, channels=8, kernel_h=3, kernel_w=3, groups=1, out_h=8, out_w=8,
                 strides=[1, 1], pads=[1, 1, 1, 1], dilations=[1, 1], has_bias=0, has_residual=0, activation=0,
-                engine=-1, workspace_limit=1 << 20)
+                engine=-1, workspace_limit=1 << 20, tf32=0)
     convs = [dict(base, out_channels=k) for k in (1, 2, 3, 4, 5)]
     with pytest.warns(byoc.errors.ByocWarning, match=r"failed for 3 of 5 convs"):
         chosen = plans.choose_engines(convs, target)

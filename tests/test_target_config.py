@@ -300,16 +300,17 @@ def test_backends_auto_is_the_tuned_backends_on_a_gpu_and_none_on_the_cpu(monkey
 
 
 def test_tf32_reaches_the_backends_that_have_it():
-    """The config's tf32 is the cublaslt Target's unless the backend's own options say."""
+    """The config's tf32 is the cublaslt and cudnn Targets' unless the backend's own options say."""
     import dataclasses
 
     from byoc.backend import get_backend
     from byoc.pipeline import BuildContext
-    for name in ("builtin", "cutlass", "cublaslt"):
+    for name in ("builtin", "cutlass", "cublaslt", "cudnn"):
         get_backend(name)  # their target kinds registered, as a build's partition does first
-    cfg = load_config({"target": "cuda -arch=sm_90", "backends": ["cutlass", "cublaslt"], "tf32": True})
+    cfg = load_config({"target": "cuda -arch=sm_90", "backends": ["cutlass", "cudnn", "cublaslt"], "tf32": True})
     context = BuildContext(config=cfg, target=Target("cuda -arch=sm_90"), workdir=None)
     assert context.backend_targets["cublaslt"].attrs["tf32"] is True
+    assert context.backend_targets["cudnn"].attrs["tf32"] is True
     assert "tf32" not in context.backend_targets["cutlass"].attrs
     own = dataclasses.replace(cfg, backends=[("cublaslt", {"tf32": False})])
     assert BuildContext(config=own, target=Target("cuda -arch=sm_90"), workdir=None) \

@@ -18,6 +18,8 @@ register_target_kind("cudnn", {
     "workspace_limit": AttrSchema(int, 32 << 20, None, "cuDNN workspace a conv's plan may use (bytes; the convs "
                                   "share the model's workspace, one at a time)",
                                   check=at_least(0)),
+    "tf32": AttrSchema(bool, False, None, "float32 convs may run on cuDNN's engines on TF32 tensor cores (the "
+                       "config's tf32 key sets it); off, those engines are left out and float32 stays exact"),
     "plan": AttrSchema(str, "auto", ("auto", "heuristic"), "each conv's execution plan: auto: the fastest of "
                        "cuDNN's engines, timed at build time where a GPU of the target's arch is visible (kept in "
                        "the cost store), else the heuristic's; heuristic: the heuristic's first plan that builds, "

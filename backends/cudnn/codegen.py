@@ -15,9 +15,10 @@ DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
 ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4, "sigmoid": 5}
 
 
-def conv_description(symbol: str, func, workspace_limit: int) -> dict:
-    """The ByocCudnnConv of one partition (byoc_cudnn.h's fields), with where its operands
-    are among the partition's parameters."""
+def conv_description(symbol: str, func, target) -> dict:
+    """The ByocCudnnConv of one partition (byoc_cudnn.h's fields; the workspace limit and
+    tf32 from the cudnn `target`), with where its operands are among the partition's
+    parameters."""
     chain = op_chain.read_conv_epilogue(func, "cudnn")
     attrs = chain.attrs
     if attrs["data_layout"] != "NHWC":
@@ -38,7 +39,7 @@ def conv_description(symbol: str, func, workspace_limit: int) -> dict:
         "pads": list(attrs["pads"]), "dilations": list(attrs["dilations"]),
         "has_bias": int(chain.has_bias), "has_residual": int(chain.has_residual),
         "activation": ACTIVATION_CODES[chain.activation], "engine": -1,
-        "workspace_limit": workspace_limit,
+        "workspace_limit": int(target.attrs["workspace_limit"]), "tf32": int(bool(target.attrs["tf32"])),
         "data": indices["data"], "weight": indices["weight"],
         "bias": f"args[{indices['bias']}]" if chain.has_bias else "nullptr",
         "residual": f"args[{indices['residual']}]" if chain.has_residual else "nullptr",
@@ -63,8 +64,7 @@ def known_cost(functions: dict, target) -> float | None:
     stored (its candidate is then built and timed)."""
     from .plans import stored_engines
     try:
-        limit = int(target.attrs["workspace_limit"])
-        convs = [conv_description(symbol, func, limit) for symbol, func in functions.items()]
+        convs = [conv_description(symbol, func, target) for symbol, func in functions.items()]
     except BuildError:
         return None
     choices = stored_engines(convs, target)
@@ -77,12 +77,11 @@ def learn_costs(candidates: list, target) -> None:
     """Times the plans of every conv of these candidates not yet in the cost store, all in
     one process (plans.choose_engines): known_cost then reads them."""
     from .plans import choose_engines
-    limit = int(target.attrs["workspace_limit"])
     convs = []
     for functions in candidates:
         for symbol, func in functions.items():
             try:
-                convs.append(conv_description(symbol, func, limit))
+                convs.append(conv_description(symbol, func, target))
             except BuildError:
                 continue
     choose_engines(convs, target)
@@ -107,8 +106,7 @@ def codegen(functions: dict, target) -> list:
     device = target.device
     if device is None or device.kind != "cuda":
         raise BuildError("the cudnn backend needs a cuda device target")
-    limit = int(target.attrs["workspace_limit"])
-    convs = [conv_description(symbol, func, limit) for symbol, func in functions.items()]
+    convs = [conv_description(symbol, func, target) for symbol, func in functions.items()]
     units = engine_units(target)  # first: it names the package cuDNN comes from where it is missing
     chosen = choose_engines(convs, target)
     for conv, reason in zip(convs, failed_plans(convs, target)):
@@ -124,6 +122,7 @@ def codegen(functions: dict, target) -> list:
     source.write_text(render_template("cudnn/entries.cc.j2", {"convs": convs}))
     units.append(CompileUnit(source, "cxx", device.cxx_flags() + [f"-I{ENGINE_DIR}"], "cudnn_entries.o"))
     return [Artifact(backend="cudnn", kind="source", symbols=list(functions), compile_units=units,
-                     workspace_bytes={conv["symbol"]: limit for conv in convs}, link_libraries=["cudnn"],
+                     workspace_bytes={conv["symbol"]: conv["workspace_limit"] for conv in convs},
+                     link_libraries=["cudnn"],
                      stateful_symbols=list(functions),
                      kernels={conv["symbol"]: f"cudnn {conv['summary']}" for conv in convs})]

@@ -33,7 +33,7 @@ from byoc.errors import BuildError
 # the fields of byoc_cudnn.h's ByocCudnnConv, in order
 _SHAPE_FIELDS = ("dtype", "batch", "height", "width", "channels", "out_channels", "kernel_h", "kernel_w", "groups",
                  "out_h", "out_w", "strides", "pads", "dilations", "has_bias", "has_residual", "activation",
-                 "engine", "workspace_limit")
+                 "engine", "workspace_limit", "tf32")
 MAX_PLANS = 12  # engines timed per conv: the heuristic's order puts the likely winners first
 RUNS = 20
 
@@ -44,7 +44,7 @@ class ConvShape(ctypes.Structure):
                                              "kernel_w", "groups", "out_h", "out_w")] + \
         [("strides", ctypes.c_int64 * 2), ("pads", ctypes.c_int64 * 4), ("dilations", ctypes.c_int64 * 2),
          ("has_bias", ctypes.c_int32), ("has_residual", ctypes.c_int32), ("activation", ctypes.c_int32),
-         ("engine", ctypes.c_int64), ("workspace_limit", ctypes.c_int64)]
+         ("engine", ctypes.c_int64), ("workspace_limit", ctypes.c_int64), ("tf32", ctypes.c_int32)]
 
     @classmethod
     def of(cls, conv: dict) -> "ConvShape":

@@ -42,6 +42,9 @@ struct ByocCudnnConv {
   // the heuristic's first plan that builds within workspace_limit
   int64_t engine;
   int64_t workspace_limit;  // bytes
+  // float32 only: 1 lets cuDNN's engines on tensor cores (TF32) run the conv, 0 leaves them
+  // out (exact float32; the config's tf32 key)
+  int32_t tf32;
 };
 
 // Builds the graph and its plan on the current device. 0 on success; otherwise *state is

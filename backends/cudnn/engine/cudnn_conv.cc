@@ -247,9 +247,21 @@ std::vector<Config> heuristic_configs(const Graph& g, cudnnBackendHeurMode_t mod
                                  &n, &engine_handle) == CUDNN_STATUS_SUCCESS) {
       cudnnBackendGetAttribute(engine_handle, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n,
                                &config.engine);
+      cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+      int64_t noted = 0;
+      if (cudnnBackendGetAttribute(engine_handle, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                                   CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &noted, notes) == CUDNN_STATUS_SUCCESS) {
+        for (int64_t i = 0; i < std::min<int64_t>(noted, CUDNN_NUMERICAL_NOTE_TYPE_COUNT); ++i) {
+          config.tensor_core = config.tensor_core || notes[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE;
+        }
+      }
     }
   }
   return configs;
+}
+
+bool allowed(const Config& config, const ByocCudnnConv& c) {
+  return !(c.dtype == BYOC_CUDNN_FLOAT32 && c.tf32 == 0 && config.tensor_core);
 }
 
 // The fallback list's configurations whose engines `named` does not hold already.
@@ -317,7 +329,7 @@ std::string describe(const ByocCudnnConv& c) {
 // builds within the workspace limit; no plan where none does.
 Plan first_plan(const std::vector<Config>& configs, int64_t engine, const ByocCudnnConv& c, cudnnHandle_t handle) {
   for (const Config& config : configs) {
-    if (engine >= 0 && config.engine != engine) continue;
+    if ((engine >= 0 && config.engine != engine) || !allowed(config, c)) continue;
     Plan plan = make_plan(config, handle, c.workspace_limit);
     if (plan.plan) return plan;
   }
@@ -342,6 +354,7 @@ Plan choose_plan(const ByocCudnnConv& c, const Graph& g, cudnnHandle_t handle) {
   throw Failure("cuDNN " + std::to_string(cudnnGetVersion()) + " has no engine for " + describe(c) +
                 " on this GPU within a workspace of " + std::to_string(c.workspace_limit) + " bytes (" +
                 std::to_string(mode_a.size() + fallback.size()) + " configurations proposed" +
+                (c.dtype == BYOC_CUDNN_FLOAT32 && c.tf32 == 0 ? ", those on tensor cores left out: tf32 is off" : "") +
                 (g_heuristics_note.empty() ? std::string() : "; " + g_heuristics_note) + ")");
 }
 

@@ -71,6 +71,7 @@ struct Graph {
 struct Config {
   Owned config;
   int64_t engine = -1;
+  bool tensor_core = false;  // cuDNN notes that the engine runs on tensor cores (TF32 for float32)
 };
 
 struct Plan {
@@ -113,6 +114,9 @@ Graph build_graph(const ByocCudnnConv& c, cudnnHandle_t handle);
 // Every configuration the heuristics propose, mode A's first, then the fallback list's
 // engines mode A did not name.
 std::vector<Config> all_configs(const Graph& g);
+// Whether the conv may run on `config`: not an engine on tensor cores for a float32 conv
+// whose tf32 is off.
+bool allowed(const Config& config, const ByocCudnnConv& c);
 // The plan of `config`, or no plan where it does not build or needs more workspace.
 Plan make_plan(const Config& config, cudnnHandle_t handle, int64_t workspace_limit);
 // The conv in words, for messages.

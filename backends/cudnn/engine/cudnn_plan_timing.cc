@@ -156,6 +156,7 @@ int byoc_cudnn_conv_prepare_plans(const ByocCudnnConv* shape, int max_plans, voi
     conv.graph = build_graph(conv.shape, conv.handle);
     for (const Config& config : all_configs(conv.graph)) {
       if (static_cast<int>(plans->plans.size()) >= max_plans) break;
+      if (!allowed(config, conv.shape)) continue;
       Plan plan = make_plan(config, conv.handle, conv.shape.workspace_limit);
       if (plan.plan) plans->plans.push_back(std::move(plan));
     }
