@@ -230,9 +230,11 @@ case "$stage" in
     probe "CUDA_LAUNCH_BLOCKING=1" 60 env CUDA_LAUNCH_BLOCKING=1 "${run[@]}"
     probe "a fresh instance for every run" 60 "${run[@]}" --instances 4
     probe "memcheck, no padding" 120 compute-sanitizer --tool memcheck --print-limit 8 "${run[@]}"
-    probe "racecheck" 150 compute-sanitizer --tool racecheck --print-limit 8 "${run[@]}"
     probe "PDL off (a build of its own)" 150 python3 bench/replay_check.py "${common[@]}" --workdir /tmp/rp-nopdl \
-      --target "cuda -arch=sm_90 -pdl=0" ;;
+      --target "cuda -arch=sm_90 -pdl=0"
+    probe "no TF32 engines (a build of its own)" 150 python3 bench/replay_check.py \
+      --case "$case" --backends '[{"cudnn": {"tf32": false}}]' --graphs off --runs 3 --workdir /tmp/rp-exact
+    probe "racecheck" 150 compute-sanitizer --tool racecheck --print-limit 8 "${run[@]}" ;;
   measured)
     # partition: measured against the priority order (#43), e.g.
     #   bash bench/gpu_session.sh measured resnext50_32x4d:32 convnext_tiny:32
