@@ -232,6 +232,8 @@ case "$stage" in
     probe "memcheck, no padding" 120 compute-sanitizer --tool memcheck --print-limit 8 "${run[@]}"
     probe "PDL off (a build of its own)" 150 python3 bench/replay_check.py "${common[@]}" --workdir /tmp/rp-nopdl \
       --target "cuda -arch=sm_90 -pdl=0"
+    probe "a plan and handle per conv call (a build of its own)" 150 python3 bench/replay_check.py \
+      --case "$case" --backends '[{"cudnn": {"share_functions": false}}]' --graphs off --runs 3 --workdir /tmp/rp-unshared
     probe "no TF32 engines (a build of its own)" 150 python3 bench/replay_check.py \
       --case "$case" --backends '[{"cudnn": {"tf32": false}}]' --graphs off --runs 3 --workdir /tmp/rp-exact
     probe "racecheck" 150 compute-sanitizer --tool racecheck --print-limit 8 "${run[@]}" ;;

@@ -294,6 +294,22 @@ def test_the_timing_child_keeps_what_it_timed_and_stores_no_failure_of_its_own(t
     assert plans.failed_plans(convs, target) == [None, "no cuDNN plan ran", None, None, None]
 
 
+def test_share_functions_false_gives_each_conv_call_its_own_function():
+    """cudnn's share_functions: false (a diagnosis option) keeps each conv call's function,
+    and so its plan and handle, its own; by default equal convs share one."""
+    from byoc.pipeline import lower
+    config = {"target": "cuda -arch=sm_90", "backends": ["cudnn"], "precision": "float16"}
+
+    def cudnn_calls(backends):
+        mod = lower(os.path.join(FIXTURES, "resnet_small.onnx"), {**config, "backends": backends}, until="partition")
+        calls = [b.value.op.name for b in mod["main"].bindings
+                 if hasattr(b.value, "op") and str(getattr(b.value.op, "name", "")).startswith("cudnn_")]
+        return len(calls), len(set(calls))
+    calls, functions = cudnn_calls(["cudnn"])
+    assert calls == 15 and functions < calls
+    assert cudnn_calls([{"cudnn": {"share_functions": False}}]) == (15, 15)
+
+
 def test_a_float32_nchw_model_goes_nhwc_for_cudnn_and_computes_the_same():
     """cuDNN runs float32 convs: in a cuda build with cudnn, float32 NCHW conv chains go NHWC
     too (ConvertConvLayout), the result unchanged, so that cudnn's patterns take them."""

@@ -372,6 +372,33 @@ def @{symbol}(%p: Tensor[(4, 8), float32]) -> Tensor[(4, 8), float32] [Compiler=
     assert [n for n in outline_compiler_functions(parse(INLINED.replace("EXTRA", extra))).functions if n != "main"] == symbols
 
 
+def test_outline_keeps_an_unshared_backends_equal_functions_one_per_call():
+    """A backend listed as unshared (its target's share_functions: false, where it keeps
+    state per function) gets a global per call, the second named with _2."""
+    result = outline_compiler_functions(parse(INLINED.replace("EXTRA", "")), unshared=["test"])
+    symbols = [name for name in result.functions if name != "main"]
+    assert len(symbols) == 2 and symbols[1] == symbols[0] + "_2"
+    first, second = symbols
+    expected = parse(f"""
+def @main(%x: Tensor[(4, 8), float32]) -> Tensor[(4, 8), float32] {{
+  %y = @{first}(%x)
+  %z = @{second}(%y)
+  return %z
+}}
+
+def @{first}(%p: Tensor[(4, 8), float32]) -> Tensor[(4, 8), float32] [Compiler="test", global_symbol="{first}"] {{
+  %r = relu(%p)
+  return %r
+}}
+
+def @{second}(%q: Tensor[(4, 8), float32]) -> Tensor[(4, 8), float32] [Compiler="test", global_symbol="{second}"] {{
+  %s = relu(%q)
+  return %s
+}}""")
+    assert_structural_equal(result, expected)
+    assert len(outline_compiler_functions(parse(INLINED.replace("EXTRA", "")), unshared=["other"]).functions) == 2
+
+
 def test_equal_partitions_with_different_constants_share_one_global():
     text = """
 def @main(%x: Tensor[(2, 4), float32]) -> Tensor[(2, 4), float32] {

@@ -20,6 +20,9 @@ register_target_kind("cudnn", {
                                   check=at_least(0)),
     "tf32": AttrSchema(bool, False, None, "float32 convs may run on cuDNN's engines on TF32 tensor cores (the "
                        "config's tf32 key sets it); off, those engines are left out and float32 stays exact"),
+    "share_functions": AttrSchema(bool, True, None, "convs of one shape share one function, and so one plan and "
+                                  "cuDNN handle per model; false: each call its own (more plans to build at "
+                                  "create; to tell whether sharing is what makes ResNet-50's later runs wrong)"),
     "plan": AttrSchema(str, "auto", ("auto", "heuristic"), "each conv's execution plan: auto: the fastest of "
                        "cuDNN's engines, timed at build time where a GPU of the target's arch is visible (kept in "
                        "the cost store), else the heuristic's; heuristic: the heuristic's first plan that builds, "

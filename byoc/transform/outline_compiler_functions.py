@@ -106,11 +106,12 @@ class _SymbolCache:
         """What identifies the code: attributes that do not change it are left out."""
         return function.with_attrs(Inline=None, global_symbol=None)
 
-    def symbol_for(self, function: Function) -> str:
+    def symbol_for(self, function: Function, share: bool = True) -> str:
+        """The global of `function`: an equal one's where there is one and `share`, else new."""
         backend = _sanitize(str(function.attrs["Compiler"]))
         key_function = self._key(function)
         digest = structural_hash(key_function)
-        for existing, symbol in self.by_hash.get(digest, []):
+        for existing, symbol in self.by_hash.get(digest, []) if share else ():
             if structural_equal(existing, key_function):
                 return symbol
         base = f"{backend}_{digest & (2 ** 48 - 1):012x}{self.symbol_suffix}"
@@ -123,20 +124,22 @@ class _SymbolCache:
         return symbol
 
 
-def outline_compiler_functions(mod: IRModule, symbol_suffix: str = "") -> IRModule:
+def outline_compiler_functions(mod: IRModule, symbol_suffix: str = "", unshared=()) -> IRModule:
     """`symbol_suffix` ends every new symbol (`_b1`: the programs of one library's shape
-    buckets define their functions under names of their own)."""
+    buckets define their functions under names of their own). The functions of the backends
+    in `unshared` are not shared: each call gets a global of its own (`_2`, `_3`, ... after
+    the first), so a backend that keeps state per function keeps it per call."""
     mod = mod.copy()
     cache = _SymbolCache(mod, symbol_suffix)
     for name in list(mod.functions):
         function = mod[name]
         if function.is_extern or "Compiler" in function.attrs:
             continue
-        mod[name] = _outline_in(function, cache)
+        mod[name] = _outline_in(function, cache, frozenset(unshared))
     return mod
 
 
-def _outline_in(function: Function, cache: _SymbolCache) -> Function:
+def _outline_in(function: Function, cache: _SymbolCache, unshared: frozenset = frozenset()) -> Function:
     local = {}  # var of an inline Compiler function -> that function
     bindings = []
     changed = False
@@ -147,7 +150,7 @@ def _outline_in(function: Function, cache: _SymbolCache) -> Function:
                 local[binding.var] = value
                 changed = True
                 continue
-            inner = _outline_in(value, cache) if value.bindings else value
+            inner = _outline_in(value, cache, unshared) if value.bindings else value
             if inner is not value:
                 changed = True
             bindings.append(Binding(binding.var, inner))
@@ -156,7 +159,7 @@ def _outline_in(function: Function, cache: _SymbolCache) -> Function:
                                         isinstance(value.op, Function) and "Compiler" in value.op.attrs):
             target = local[value.op] if isinstance(value.op, Var) else value.op
             lifted_function, lifted = _lift_constants(target)
-            symbol = cache.symbol_for(lifted_function)
+            symbol = cache.symbol_for(lifted_function, share=str(target.attrs["Compiler"]) not in unshared)
             callee = GlobalVar(symbol, lifted_function.type)
             bindings.append(Binding(binding.var, Call(callee, list(value.args) + lifted, type_=value.type)))
             changed = True

@@ -17,10 +17,11 @@ from .merge_composite_functions import merge_composite_functions
 from .outline_compiler_functions import outline_compiler_functions
 
 
-def partition_for(mod: IRModule, backend_names: list, finalize=None,
-                  symbol_suffix: str = "", claims_first=(), cost_of=None) -> tuple[IRModule, PartitionReport]:
+def partition_for(mod: IRModule, backend_names: list, finalize=None, symbol_suffix: str = "", claims_first=(),
+                  cost_of=None, unshared=()) -> tuple[IRModule, PartitionReport]:
     """`cost_of` (partition: measured; see MeasuredPartition): the backends' matches are
-    chosen by cost, not taken in priority order, unless no cover can be chosen."""
+    chosen by cost, not taken in priority order, unless no cover can be chosen. `unshared`:
+    backends whose equal functions stay one per call (OutlineCompilerFunctions)."""
     report = PartitionReport()
     for claim in claims_first:
         mod = claim(mod, report)
@@ -29,7 +30,7 @@ def partition_for(mod: IRModule, backend_names: list, finalize=None,
     mod = merge_composite_functions(mod)
     if finalize is not None:
         mod = finalize(mod)
-    mod = outline_compiler_functions(mod, symbol_suffix)
+    mod = outline_compiler_functions(mod, symbol_suffix, unshared)
     mod = dead_code_elimination(mod)
     report.count_functions(mod)
     _count_builtin_ops(mod, report)
