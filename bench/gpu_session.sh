@@ -227,16 +227,17 @@ case "$stage" in
     library=$(grep -o "built [^ ]*model.so" "$OUT/replay_probe.log" | head -n 1 | cut -d' ' -f2)
     [ -z "$library" ] && { echo "no library built"; exit 1; }
     run=(python3 bench/replay_check.py "${common[@]}" --workdir /tmp/rp --library "$library")
+    sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     probe "CUDA_LAUNCH_BLOCKING=1" 60 env CUDA_LAUNCH_BLOCKING=1 "${run[@]}"
     probe "a fresh instance for every run" 60 "${run[@]}" --instances 4
-    probe "memcheck, no padding" 120 compute-sanitizer --tool memcheck --print-limit 8 "${run[@]}"
+    probe "memcheck, no padding" 120 "$sanitizer" --tool memcheck --print-limit 8 "${run[@]}"
     probe "PDL off (a build of its own)" 150 python3 bench/replay_check.py "${common[@]}" --workdir /tmp/rp-nopdl \
       --target "cuda -arch=sm_90 -pdl=0"
     probe "a plan and handle per conv call (a build of its own)" 150 python3 bench/replay_check.py \
       --case "$case" --backends '[{"cudnn": {"share_functions": false}}]' --graphs off --runs 3 --workdir /tmp/rp-unshared
     probe "no TF32 engines (a build of its own)" 150 python3 bench/replay_check.py \
       --case "$case" --backends '[{"cudnn": {"tf32": false}}]' --graphs off --runs 3 --workdir /tmp/rp-exact
-    probe "racecheck" 150 compute-sanitizer --tool racecheck --print-limit 8 "${run[@]}" ;;
+    probe "racecheck" 150 "$sanitizer" --tool racecheck --print-limit 8 "${run[@]}" ;;
   measured)
     # partition: measured against the priority order (#43), e.g.
     #   bash bench/gpu_session.sh measured resnext50_32x4d:32 convnext_tiny:32
