@@ -310,6 +310,20 @@ def test_share_functions_false_gives_each_conv_call_its_own_function():
     assert cudnn_calls([{"cudnn": {"share_functions": False}}]) == (15, 15)
 
 
+def test_a_plans_key_has_tf32_only_where_it_changes_the_plans():
+    """tf32 chooses among float32 convs' engines only: float16 keys leave it out (one timing
+    serves both settings), float32 keys differ by it."""
+    import importlib
+    plans = importlib.import_module("byoc.backends.cudnn.plans")
+    conv = dict(dtype=1, batch=1, height=8, width=8, channels=8, out_channels=8, kernel_h=3, kernel_w=3, groups=1,
+                out_h=8, out_w=8, strides=[1, 1], pads=[1, 1, 1, 1], dilations=[1, 1], has_bias=0, has_residual=0,
+                activation=0, engine=-1, workspace_limit=1 << 20, tf32=0)
+    assert plans.plan_key(conv, "9") == plans.plan_key({**conv, "tf32": 1}, "9") and "tf32" not in plans.plan_key(
+        conv, "9")
+    single = {**conv, "dtype": 0}
+    assert plans.plan_key(single, "9") != plans.plan_key({**single, "tf32": 1}, "9")
+
+
 def test_a_float32_nchw_model_goes_nhwc_for_cudnn_and_computes_the_same():
     """cuDNN runs float32 convs: in a cuda build with cudnn, float32 NCHW conv chains go NHWC
     too (ConvertConvLayout), the result unchanged, so that cudnn's patterns take them."""

@@ -151,10 +151,11 @@ def test_target_attribute_tables_are_the_schemas():
     """docs/configuration.md's table of each target kind lists exactly its attributes."""
     import byoc.backends.builtin  # noqa: F401 - importing a backend registers its target kind
     import byoc.backends.cublaslt  # noqa: F401
+    import byoc.backends.cudnn  # noqa: F401
     import byoc.backends.cutlass  # noqa: F401
     from byoc.target import TARGET_KINDS
     text = (REPOSITORY / "docs" / "configuration.md").read_text()
-    for kind in ("cuda", "cpu", "cutlass", "cublaslt", "builtin"):
+    for kind in ("cuda", "cpu", "cutlass", "cudnn", "cublaslt", "builtin"):
         match = re.search(rf"^### Target `{kind}` \((\d+)\)\n\n(.*?)(?:\n\n|\Z)", text, re.MULTILINE | re.DOTALL)
         assert match, f"docs/configuration.md has no section '### Target `{kind}` (N)'"
         listed = re.findall(r"^\| `(\w+)` \|", match.group(2), re.MULTILINE)

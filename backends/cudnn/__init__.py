@@ -19,7 +19,8 @@ register_target_kind("cudnn", {
                                   "share the model's workspace, one at a time)",
                                   check=at_least(0)),
     "tf32": AttrSchema(bool, False, None, "float32 convs may run on cuDNN's engines on TF32 tensor cores (the "
-                       "config's tf32 key sets it); off, those engines are left out and float32 stays exact"),
+                       "config's tf32 key sets it); off, those engines and those that narrow their inputs are "
+                       "left out and float32 stays exact"),
     "share_functions": AttrSchema(bool, True, None, "convs of one shape share one function, and so one plan and "
                                   "cuDNN handle per model; false: each call its own (more plans to build at "
                                   "create; to tell whether sharing is what makes ResNet-50's later runs wrong)"),

@@ -69,7 +69,8 @@ REFUSALS = {1: "its output depends on what the output or workspace held, or on i
 def plan_key(conv: dict, version: str) -> str:
     """The store's key of a conv's plan: the plans' format, cuDNN's version and every field
     a plan depends on."""
-    fields = {name: conv[name] for name in _SHAPE_FIELDS if name != "engine"}
+    # tf32 only where it changes the plans (float32, dtype 0): a float16 conv's are the same
+    fields = {name: conv[name] for name in _SHAPE_FIELDS if name != "engine" and (name != "tf32" or conv["dtype"] == 0)}
     return f"cudnn.conv:v{PLAN_FORMAT}:{version}:" + json.dumps(fields, sort_keys=True, separators=(",", ":"))
 
 

@@ -253,6 +253,7 @@ std::vector<Config> heuristic_configs(const Graph& g, cudnnBackendHeurMode_t mod
                                    CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &noted, notes) == CUDNN_STATUS_SUCCESS) {
         for (int64_t i = 0; i < std::min<int64_t>(noted, CUDNN_NUMERICAL_NOTE_TYPE_COUNT); ++i) {
           config.tensor_core = config.tensor_core || notes[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE;
+          config.down_converts = config.down_converts || notes[i] == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS;
         }
       }
     }
@@ -261,7 +262,7 @@ std::vector<Config> heuristic_configs(const Graph& g, cudnnBackendHeurMode_t mod
 }
 
 bool allowed(const Config& config, const ByocCudnnConv& c) {
-  return !(c.dtype == BYOC_CUDNN_FLOAT32 && c.tf32 == 0 && config.tensor_core);
+  return !(c.dtype == BYOC_CUDNN_FLOAT32 && c.tf32 == 0 && (config.tensor_core || config.down_converts));
 }
 
 // The fallback list's configurations whose engines `named` does not hold already.
@@ -354,7 +355,7 @@ Plan choose_plan(const ByocCudnnConv& c, const Graph& g, cudnnHandle_t handle) {
   throw Failure("cuDNN " + std::to_string(cudnnGetVersion()) + " has no engine for " + describe(c) +
                 " on this GPU within a workspace of " + std::to_string(c.workspace_limit) + " bytes (" +
                 std::to_string(mode_a.size() + fallback.size()) + " configurations proposed" +
-                (c.dtype == BYOC_CUDNN_FLOAT32 && c.tf32 == 0 ? ", those on tensor cores left out: tf32 is off" : "") +
+                (c.dtype == BYOC_CUDNN_FLOAT32 && c.tf32 == 0 ? ", those on tensor cores or narrowing their inputs left out: tf32 is off" : "") +
                 (g_heuristics_note.empty() ? std::string() : "; " + g_heuristics_note) + ")");
 }
 

@@ -72,6 +72,7 @@ struct Config {
   Owned config;
   int64_t engine = -1;
   bool tensor_core = false;  // cuDNN notes that the engine runs on tensor cores (TF32 for float32)
+  bool down_converts = false;  // cuDNN notes that it converts its inputs to a narrower type
 };
 
 struct Plan {
@@ -114,8 +115,8 @@ Graph build_graph(const ByocCudnnConv& c, cudnnHandle_t handle);
 // Every configuration the heuristics propose, mode A's first, then the fallback list's
 // engines mode A did not name.
 std::vector<Config> all_configs(const Graph& g);
-// Whether the conv may run on `config`: not an engine on tensor cores for a float32 conv
-// whose tf32 is off.
+// Whether the conv may run on `config`: for a float32 conv whose tf32 is off, not an engine
+// on tensor cores nor one that narrows its inputs (torch's filter for exact float32).
 bool allowed(const Config& config, const ByocCudnnConv& c);
 // The plan of `config`, or no plan where it does not build or needs more workspace.
 Plan make_plan(const Config& config, cudnnHandle_t handle, int64_t workspace_limit);
