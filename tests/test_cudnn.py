@@ -430,6 +430,40 @@ def _runs_match_onnxruntime(library, path, runs=5):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_present(), reason="no GPU visible")
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_runs_queued_behind_a_busy_gpu_each_answer_their_own_inputs(cuda_graph, tmp_path, monkeypatch):
+    """Eight runs enqueued while the GPU is still busy (a large matmul ahead of them on the
+    stream), each on its own inputs into its own output, then checked: a call that read
+    host-side state a later call of the same function rewrites before the GPU reaches it
+    (one plan per conv shape, several call sites) would answer another run's inputs. ResNet-50
+    b32's float32 cuDNN convs were right on run 1 only (bench/results/
+    resnet50_default_later_runs_h200.md); this is the same situation at the fixture's size."""
+    import cupy
+    import onnxruntime
+    monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "cache"))
+    path = os.path.join(FIXTURES, "resnet_small.onnx")
+    library = byoc.build(path, config={**CUDNN_CONFIG, "precision": "float32", "tf32": True, "cuda_graph": cuda_graph},
+                         workdir=str(tmp_path / "w"))
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    module = library.load()
+    inputs = [np.random.default_rng(seed).standard_normal((2, 3, 32, 32)).astype(np.float32) for seed in range(8)]
+    wants = [session.run(None, {"input": x})[0] for x in inputs]
+    for _ in range(2):  # the direct run and the capture, one at a time
+        module.run(input=cupy.asarray(inputs[0]))
+    cupy.cuda.Device().synchronize()
+    feeds = [cupy.asarray(x) for x in inputs]
+    outs = [cupy.empty(want.shape, cupy.float32) for want in wants]
+    busy = cupy.ones((8192, 8192), cupy.float32)
+    busy = busy @ busy  # tens of milliseconds of GPU work ahead of every run below
+    for feed, out in zip(feeds, outs):
+        module.run(input=feed, out=[out])
+    cupy.cuda.Device().synchronize()
+    for index, (out, want) in enumerate(zip(outs, wants)):
+        np.testing.assert_allclose(cupy.asnumpy(out), want, atol=5e-2, rtol=5e-2, err_msg=f"queued run {index}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_present(), reason="no GPU visible")
 @pytest.mark.parametrize("precision", ["float16", "float32"])
 def test_resnet_small_through_cudnn_matches_onnxruntime_and_keeps_its_plans(precision, tmp_path, monkeypatch):
     monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "cache"))
