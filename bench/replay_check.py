@@ -84,8 +84,11 @@ def main():
     failed = False
     overrides = {"target": args.target} if args.target else {}
     if args.backends:  # names, or a config's backends list as JSON ('[{"cudnn": {"plan": "heuristic"}}]')
-        overrides["backends"] = [] if args.backends == "none" else \
-            json.loads(args.backends) if args.backends.startswith("[") else args.backends.split(",")
+        try:
+            overrides["backends"] = [] if args.backends == "none" else \
+                json.loads(args.backends) if args.backends.startswith("[") else args.backends.split(",")
+        except json.JSONDecodeError as error:
+            parser.error(f"--backends {args.backends!r}: not a JSON list ({error})")
     # a given library runs once, as it was built
     modes = (None,) if args.library else {"both": (True, False), "on": (True,), "off": (False,)}[args.graphs]
     for graphs in modes:
