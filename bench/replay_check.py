@@ -2,14 +2,17 @@
 the calls, the second captures CUDA graphs, the rest replay them, and out= runs write a
 caller's buffer. A library whose later runs go wrong (ResNet-50 b32 under `default` on an
 H200, 2026-11-28: right on run 1, 1.4e-1 to 1.9e-1 off after, with CUDA graphs and without)
-shows it here run by run. The options narrow it down: --backends (which backend), --output
-(up to which tensor), --library (an earlier build, e.g. under compute-sanitizer),
---instances (state of one model instance or shared).
+shows it here run by run (that one was a cuDNN kernel launched early, now fenced:
+bench/results/resnet50_default_later_runs_h200.md). The options narrow it down: --backends
+(which backend), --output (up to which tensor), --library (an earlier build, e.g. under
+compute-sanitizer), --instances (state of one model instance or shared), --stream (the
+caller's stream or one of each run's own).
 
     python3 bench/replay_check.py --case resnet50:32 --config default
     python3 bench/replay_check.py --case resnet50:32 --backends cudnn --graphs off --output layer3
 """
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -52,6 +55,8 @@ def main():
                         help="model instances of the library, all alive, run i on instance i mod N: a wrong "
                              "run on a fresh instance means state shared across instances (a library's), not one "
                              "instance's")
+    parser.add_argument("--stream", choices=("current", "new"), default="current",
+                        help="new: every run (its inputs and outputs too) on a torch stream of its own")
     args = parser.parse_args()
     import onnxruntime as ort
 
@@ -108,6 +113,8 @@ def main():
         # first run's inputs again (a run that changed the weights or other state is seen)
         for index, run in enumerate(list(range(args.runs)) + [0]):
             module = modules[index % len(modules)]
+            context = torch.cuda.stream(torch.cuda.Stream()) if args.stream == "new" else contextlib.nullcontext()
+            context.__enter__()
             inputs = inputs_of(int(batch), False, torch.Generator().manual_seed(run))
             want = session.run(None, {k: v.numpy() for k, v in inputs.items()})[0]
             wants.append(want)
@@ -119,6 +126,7 @@ def main():
                 got = module.run(**feeds)
             previous = got
             got = got.float().cpu().numpy()
+            context.__exit__(None, None, None)
             errors.append(float(np.abs(got - want).max() / np.abs(want).max()))
             if len(wants) > 1:  # against the run before's answer: an output that did not change
                 stale.append(float(np.abs(got - wants[-2]).max() / np.abs(wants[-2]).max()))

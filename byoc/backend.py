@@ -74,10 +74,6 @@ class Backend:
     # package to install), None where it has everything; `backends: auto` (config.py)
     # leaves out a backend that lacks something, and says so
     unavailable: Callable | None = None
-    # (config) -> str or None: why `backends: auto` leaves this backend out of the build of
-    # this config although the machine has it (the cudnn backend: float32 builds, whose
-    # later runs went wrong on ResNet-50), None where it takes part
-    not_in_auto: Callable | None = None
     # (target, workdir, dtypes, epilogues) -> list[CompileUnit]: the units a kernel library
     # holds for this backend (byoc/kernel_library.py: compiled once per machine, found
     # behind the object cache), their sources written under workdir (the cutlass backend:
@@ -137,7 +133,7 @@ def register_backend(name: str, flavor: str, patterns: list, codegen: Callable, 
                      takes_the_rest: Callable | None = None, outline_op: Callable | None = None,
                      claims_first: Callable | None = None, known_cost: Callable | None = None,
                      learn_costs: Callable | None = None, unavailable: Callable | None = None,
-                     kernel_library: Callable | None = None, not_in_auto: Callable | None = None) -> Backend:
+                     kernel_library: Callable | None = None) -> Backend:
     from .ir.op import OP_REGISTRY, get_op
     from .pattern import ops_named
     if flavor not in FLAVORS:
@@ -156,8 +152,7 @@ def register_backend(name: str, flavor: str, patterns: list, codegen: Callable, 
             raise ConfigError(f"backend {name!r}: float32_statistics names unknown op {op_name!r}")
     backend = Backend(name, flavor, list(patterns), codegen, device, memory_scope, one_composite_per_function,
                       capturable, frozenset(float32_statistics), pre_partition, takes_the_rest, outline_op,
-                      claims_first, known_cost, learn_costs, unavailable, kernel_library=kernel_library,
-                      not_in_auto=not_in_auto)
+                      claims_first, known_cost, learn_costs, unavailable, kernel_library)
     BACKENDS[name] = backend
     return backend
 

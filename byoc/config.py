@@ -269,8 +269,7 @@ def load_config(spec="default", overrides: dict | None = None, known_backends=No
 
 def for_device(config: BuildConfig, device) -> tuple:
     """(config with `backends: auto` made the list for `device`, a note for each backend it
-    left out): on a cuda device AUTO_CUDA_BACKENDS that this machine can build and that take
-    part in this config's build (a backend's not_in_auto), in order; on
+    left out): on a cuda device AUTO_CUDA_BACKENDS that this machine can build, in order; on
     the cpu none (the built-in backend takes every op). A config with a list is as it was."""
     import dataclasses
     if not config.backends_auto:
@@ -279,13 +278,10 @@ def for_device(config: BuildConfig, device) -> tuple:
     if device.kind == "cuda":
         from .backend import get_backend
         for name in AUTO_CUDA_BACKENDS:
-            backend = get_backend(name)
-            lacking = backend.unavailable() if backend.unavailable is not None else None
-            declined = backend.not_in_auto(config) if backend.not_in_auto is not None else None
+            unavailable = get_backend(name).unavailable
+            lacking = unavailable() if unavailable is not None else None
             if lacking:
                 notes.append(f"backends: auto leaves out {name}: this machine lacks {lacking}")
-            elif declined:
-                notes.append(f"backends: auto leaves out {name}: {declined}")
             else:
                 chosen.append((name, {}))
     return dataclasses.replace(config, backends=chosen, backends_auto=False), notes

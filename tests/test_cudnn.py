@@ -324,14 +324,22 @@ def test_a_plans_key_has_tf32_only_where_it_changes_the_plans():
     assert plans.plan_key(single, "9") != plans.plan_key({**single, "tf32": 1}, "9")
 
 
-def test_a_float32_nchw_model_goes_nhwc_for_cudnn_and_computes_the_same():
-    """cuDNN runs float32 convs: in a cuda build with cudnn, float32 NCHW conv chains go NHWC
-    too (ConvertConvLayout), the result unchanged, so that cudnn's patterns take them."""
+def test_a_float32_nchw_model_goes_nhwc_for_cudnn_with_tf32_and_computes_the_same():
+    """cuDNN runs float32 convs on TF32 tensor cores: in a cuda build with cudnn and tf32 on,
+    float32 NCHW conv chains go NHWC too (ConvertConvLayout), the result unchanged, so that
+    cudnn's patterns take them; with tf32 off they stay NCHW, refused with the reason."""
     from byoc import pipeline
     from byoc.backend import get_backend
     from byoc.target import Target
     mod = pipeline.lower(os.path.join(FIXTURES, "resnet_small.onnx"), "cpu", until="simplify")
-    target = Target("cudnn")
+    cudnn = get_backend("cudnn")  # registers the cudnn target kind
+    exact = Target("cudnn")
+    exact.device = Target("cuda -arch=sm_90")
+    kept = cudnn.pre_partition(mod, exact, "cuda")
+    _, report = _partition(kept)
+    assert report.to_json()["backends"]["cudnn"]["ops_covered"] == {}
+    assert "float32 ones only with tf32 on" in report.to_text()
+    target = Target("cudnn -tf32=1")
     target.device = Target("cuda -arch=sm_90")
     converted = get_backend("cudnn").pre_partition(mod, target, "cuda")
     convs = [b.value for b in converted["main"].bindings if getattr(b.value.op, "name", None) == "conv2d"]
@@ -391,7 +399,7 @@ def test_every_pattern_matches_a_float32_reference_on_the_gpu(dtype, conv, tmp_p
     import cupy
     monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "cache"))
     mod, out_shape = _conv_model(dtype, **conv)
-    library = byoc.build(mod, config=CUDNN_CONFIG, workdir=str(tmp_path / "w"))
+    library = byoc.build(mod, config={**CUDNN_CONFIG, "tf32": dtype == "float32"}, workdir=str(tmp_path / "w"))
     cudnn = library.report.to_json()["backends"]["cudnn"]
     assert cudnn["ops_covered"]["conv2d"] == 1
     expected_pattern = "conv2d" + "_bias" * conv.get("bias", True) + "_residual" * conv.get("residual", False) + \
@@ -435,9 +443,7 @@ def test_runs_queued_behind_a_busy_gpu_each_answer_their_own_inputs(cuda_graph, 
     """Eight runs enqueued while the GPU is still busy (a large matmul ahead of them on the
     stream), each on its own inputs into its own output, then checked: a call that read
     host-side state a later call of the same function rewrites before the GPU reaches it
-    (one plan per conv shape, several call sites) would answer another run's inputs. ResNet-50
-    b32's float32 cuDNN convs were right on run 1 only (bench/results/
-    resnet50_default_later_runs_h200.md); this is the same situation at the fixture's size."""
+    (one plan per conv shape, several call sites) would answer another run's inputs."""
     import cupy
     import onnxruntime
     monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "cache"))
@@ -462,13 +468,81 @@ def test_runs_queued_behind_a_busy_gpu_each_answer_their_own_inputs(cuda_graph, 
         np.testing.assert_allclose(cupy.asnumpy(out), want, atol=5e-2, rtol=5e-2, err_msg=f"queued run {index}")
 
 
+def _bottleneck_onnx(path, batch=32, channels=1024, width=512, out_channels=2048, size=14, seed=0):
+    """A ResNet bottleneck that halves its input (torchvision's: the stride in the 3x3 conv
+    and in the 1x1 downsample), as an NCHW float32 ONNX model; the default sizes are
+    ResNet-50's first layer4 block."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(seed)
+    initializers, nodes = [], []
+
+    def conv(name, source, cin, cout, kernel, stride):
+        weight = (rng.standard_normal((cout, cin, kernel, kernel)) / np.sqrt(cin * kernel * kernel)).astype(np.float32)
+        initializers.append(numpy_helper.from_array(weight, f"{name}.weight"))
+        initializers.append(numpy_helper.from_array((rng.standard_normal(cout) * 0.1).astype(np.float32),
+                                                      f"{name}.bias"))
+        pad = kernel // 2
+        nodes.append(helper.make_node("Conv", [source, f"{name}.weight", f"{name}.bias"], [name], kernel_shape=[kernel] * 2,
+                                      strides=[stride] * 2, pads=[pad] * 4))
+        return name
+
+    def relu(source):
+        nodes.append(helper.make_node("Relu", [source], [f"{source}.relu"]))
+        return f"{source}.relu"
+    y = relu(conv("conv1", "x", channels, width, 1, 1))
+    y = relu(conv("conv2", y, width, width, 3, 2))
+    y = conv("conv3", y, width, out_channels, 1, 1)
+    shortcut = conv("downsample", "x", channels, out_channels, 1, 2)
+    nodes.append(helper.make_node("Add", [y, shortcut], ["sum"]))
+    nodes.append(helper.make_node("Relu", ["sum"], ["y"]))
+    half = (size + 1) // 2
+    graph = helper.make_graph(nodes, "bottleneck", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                  [batch, channels, size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, out_channels, half, half])],
+                              initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # what onnxruntime reads (the onnx package writes a newer one by default)
+    onnx.save(model, str(path))
+    return (batch, channels, size, size)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_present(), reason="no GPU visible")
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_a_conv_after_a_small_strided_conv_reads_its_finished_output_on_every_run(cuda_graph, tmp_path, monkeypatch):
+    """ResNet-50 layer4's first block in float32 through cuDNN, run eight times on new inputs
+    after its kernels are loaded: cuDNN launches the residual 1x1 conv as a programmatic
+    dependent of the stride-2 conv before it, whose grid leaves SMs free, and that conv read
+    its operands before they were written (13-19% off on every run but the first, which module
+    loading serialized) until each conv was fenced by a memset (engine/cudnn_conv.cc fence)."""
+    import cupy
+    import onnxruntime
+    monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "bottleneck.onnx"
+    shape = _bottleneck_onnx(path)
+    library = byoc.build(str(path), config={**CUDNN_CONFIG, "precision": "float32", "tf32": True,
+                                            "cuda_graph": cuda_graph}, workdir=str(tmp_path / "w"))
+    assert library.report.to_json()["backends"]["cudnn"]["ops_covered"]["conv2d"] == 4
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    module = library.load()
+    for seed in range(10):  # two to load the kernels (and capture), then eight
+        x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+        got = cupy.asnumpy(module.run(x=cupy.asarray(x)))
+        if seed >= 2:
+            want = session.run(None, {"x": x})[0]
+            error = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+            assert error < 1e-2, f"run {seed + 1}: {error:.1e} off onnxruntime's answer"
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_present(), reason="no GPU visible")
 @pytest.mark.parametrize("precision", ["float16", "float32"])
 def test_resnet_small_through_cudnn_matches_onnxruntime_and_keeps_its_plans(precision, tmp_path, monkeypatch):
     monkeypatch.setenv("BYOC_CACHE_DIR", str(tmp_path / "cache"))
     path = os.path.join(FIXTURES, "resnet_small.onnx")
-    library = byoc.build(path, config={**CUDNN_CONFIG, "precision": precision}, workdir=str(tmp_path / "w"))
+    config = {**CUDNN_CONFIG, "precision": precision, "tf32": True}
+    library = byoc.build(path, config=config, workdir=str(tmp_path / "w"))
     assert library.report.to_json()["backends"]["cudnn"]["ops_covered"]["conv2d"] == 15
     _runs_match_onnxruntime(library, path)
     from byoc.costs import CostStore
@@ -476,7 +550,7 @@ def test_resnet_small_through_cudnn_matches_onnxruntime_and_keeps_its_plans(prec
     plans = [entry for device in entries.values() for key, entry in device.items() if key.startswith("cudnn.conv:")]
     assert len(plans) == 12 and all(isinstance(entry.get("engine"), int) for entry in plans), plans
     # a second build measures nothing: every plan comes from the store
-    again = byoc.build(path, config={**CUDNN_CONFIG, "precision": precision}, workdir=str(tmp_path / "w2"))
+    again = byoc.build(path, config=config, workdir=str(tmp_path / "w2"))
     assert "timing cuDNN plans" not in "\n".join(getattr(again, "log", []) or [])
     assert (tmp_path / "w2" / "cudnn_entries.cc").read_text().count("when the build timed it") == 12
 

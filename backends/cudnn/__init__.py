@@ -19,11 +19,11 @@ register_target_kind("cudnn", {
                                   "share the model's workspace, one at a time)",
                                   check=at_least(0)),
     "tf32": AttrSchema(bool, False, None, "float32 convs may run on cuDNN's engines on TF32 tensor cores (the "
-                       "config's tf32 key sets it); off, those engines and those that narrow their inputs are "
-                       "left out and float32 stays exact"),
+                       "config's tf32 key sets it); off, float32 NCHW convs are left to the other backends, and a float32 "
+                       "NHWC conv takes neither those engines nor those that narrow their inputs"),
     "share_functions": AttrSchema(bool, True, None, "convs of one shape share one function, and so one plan and "
-                                  "cuDNN handle per model; false: each call its own (more plans to build at "
-                                  "create; to tell whether sharing is what makes ResNet-50's later runs wrong)"),
+                                  "cuDNN handle per model; false: each call its own (more plans and "
+                                  "handles to build at create)"),
     "plan": AttrSchema(str, "auto", ("auto", "heuristic"), "each conv's execution plan: auto: the fastest of "
                        "cuDNN's engines, timed at build time where a GPU of the target's arch is visible (kept in "
                        "the cost store), else the heuristic's; heuristic: the heuristic's first plan that builds, "
@@ -33,23 +33,14 @@ register_target_kind("cudnn", {
 
 def prepare_for_partition(mod, target, build_device: str):
     """The cudnn backend runs NHWC convs: conv chains go NHWC once (ConvertConvLayout), in a
-    cuda build, float32 ones too (cuDNN runs those, with TF32 where it times faster)."""
+    cuda build; float32 ones only with the target's tf32 on. Without TF32 tensor cores,
+    cuDNN 9 has no engine for many fused float32 convs (ResNet-50's on an H200: the build
+    failed naming one), so with tf32 off float32 convs stay NCHW, for the other backends."""
     if build_device != "cuda":
         return mod
     from byoc.transform.convert_conv_layout import convert_conv_layout
-    return convert_conv_layout(mod, dtypes=("float32", "float16", "bfloat16"))
-
-
-def not_in_auto(config) -> str | None:
-    """`backends: auto` (the default config) leaves cudnn out of float32 builds for now:
-    ResNet-50 b32 in float32 on an H200 was right on its first run and 13-19% off on every
-    later one with cuDNN's convs, with any engine, workspace or none, with CUDA graphs or
-    without (bench/results/resnet50_default_later_runs_h200.md); the cause is not found yet.
-    A config that lists cudnn still gets it; float16 and bfloat16 builds are not affected."""
-    if config.precision == "float32":
-        return ("float32 convs through cuDNN gave wrong answers after the first run (ResNet-50 b32, "
-                "bench/results/resnet50_default_later_runs_h200.md); list cudnn in backends to use it anyway")
-    return None
+    dtypes = ("float32", "float16", "bfloat16") if target.attrs["tf32"] else ("float16", "bfloat16")
+    return convert_conv_layout(mod, dtypes=dtypes)
 
 
 def unavailable() -> str | None:
@@ -60,4 +51,4 @@ def unavailable() -> str | None:
 
 register_backend("cudnn", flavor="csource", patterns=pattern_table(), codegen=codegen, device="cuda",
                  one_composite_per_function=True, pre_partition=prepare_for_partition, known_cost=known_cost,
-                 learn_costs=learn_costs, unavailable=unavailable, not_in_auto=not_in_auto)
+                 learn_costs=learn_costs, unavailable=unavailable)

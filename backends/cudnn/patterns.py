@@ -27,7 +27,8 @@ def check_conv2d(match) -> str | None:
     if dtype not in DTYPES:
         return f"dtype {dtype} (cuDNN's graph here takes {', '.join(DTYPES)})"
     if attrs["data_layout"] != "NHWC":
-        return f"data_layout {attrs['data_layout']} (the cudnn backend takes NHWC; ConvertConvLayout rewrites NCHW chains)"
+        return (f"data_layout {attrs['data_layout']} (the cudnn backend takes NHWC; ConvertConvLayout rewrites NCHW "
+                f"chains, float32 ones only with tf32 on)")
     for name, tensor in (("data", data), ("weight", weight), ("output", out)):
         if math.prod(tensor.type.shape) > MAX_ELEMENTS:
             return f"the {name} has {math.prod(tensor.type.shape)} elements (cuDNN indexes at most {MAX_ELEMENTS})"

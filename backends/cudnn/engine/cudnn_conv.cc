@@ -363,6 +363,25 @@ Plan choose_plan(const ByocCudnnConv& c, const Graph& g, cudnnHandle_t handle) {
 // model's inputs and outputs, which a caller may place anywhere at every run.
 constexpr size_t kMaxPacks = 32;
 
+void open_conv(Conv& conv) {
+  check(cudnnCreate(&conv.handle), "cudnnCreate");
+  check_cuda(cudaMalloc(&conv.fence_word, sizeof(uint32_t)), "cudaMalloc of the fence word");
+}
+
+// cuDNN 9 launches some of its Hopper conv kernels as programmatic dependents of the kernel
+// before them on the stream, and at least one reads an operand before that kernel has
+// finished writing it. ResNet-50 b32 in float32 on an H200: the 1x1 conv with a residual
+// after layer4's stride-2 convs (engine 4 after engine 51 there; grids smaller than the GPU,
+// so the dependent finds free SMs while the other still writes) was 13-19% off on every run
+// whose kernels were already loaded (bench/results/resnet50_default_later_runs_h200.md).
+// A stream synchronize before each 7x7 conv made it right, and so did a memset before each
+// conv; an event recorded, or recorded and waited on, did not. A memset is not a kernel, so
+// no kernel after it starts before everything before it is done: the fence costs one small
+// memset per conv (a memset node in a CUDA graph) and lets no engine start early but over it.
+void fence(Conv& conv, cudaStream_t stream) {
+  check_cuda(cudaMemsetAsync(conv.fence_word, 0, sizeof(uint32_t), stream), "the fence before the conv");
+}
+
 void execute(Conv& conv, void* const pointers[6], void* workspace, cudaStream_t stream) {
   std::array<void*, 6> key{};
   std::copy(pointers, pointers + 6, key.begin());
@@ -389,6 +408,7 @@ void execute(Conv& conv, void* const pointers[6], void* workspace, cudaStream_t 
     conv.packs.emplace_back(key, std::move(pack));
     found = conv.packs.end() - 1;
   }
+  fence(conv, stream);
   check(cudnnSetStream(conv.handle, stream), "cudnnSetStream");
   check(cudnnBackendExecute(conv.handle, conv.plan.plan->get(), found->second->get()), "cudnnBackendExecute");
 }
@@ -413,7 +433,7 @@ int byoc_cudnn_conv_create(const ByocCudnnConv* shape, void** state) {
   try {
     std::unique_ptr<Conv> conv(new Conv);
     conv->shape = *shape;
-    check(cudnnCreate(&conv->handle), "cudnnCreate");
+    open_conv(*conv);
     conv->graph = build_graph(conv->shape, conv->handle);
     conv->plan = choose_plan(conv->shape, conv->graph, conv->handle);
     *state = conv.release();

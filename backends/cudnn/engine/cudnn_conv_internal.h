@@ -91,7 +91,10 @@ struct Conv {
   // model (ResNet-50 calls some three to six times a run, each on other buffers), and each
   // site's pack is made once, not again at every call.
   std::vector<std::pair<std::array<void*, 6>, Owned>> packs;
+  // Four bytes of device memory that fence() sets before every execution (see there).
+  void* fence_word = nullptr;
   ~Conv() {
+    if (fence_word != nullptr) cudaFree(fence_word);
     packs.clear();
     plan.plan.reset();
     graph.graph.reset();
@@ -122,8 +125,12 @@ bool allowed(const Config& config, const ByocCudnnConv& c);
 Plan make_plan(const Config& config, cudnnHandle_t handle, int64_t workspace_limit);
 // The conv in words, for messages.
 std::string describe(const ByocCudnnConv& c);
+// A conv's handle and its fence word, made before its graph and plans.
+void open_conv(Conv& conv);
+// Orders the conv's next execution after all earlier work on `stream` has completed.
+void fence(Conv& conv, cudaStream_t stream);
 // One execution of the conv's plan on these pointers (data, weight, bias, residual, output,
-// workspace); builds its variant pack when they changed.
+// workspace), fenced; builds its variant pack when they changed.
 void execute(Conv& conv, void* const pointers[6], void* workspace, cudaStream_t stream);
 // Records `message` as this thread's last error; returns 1.
 int fail(const std::string& message);

@@ -161,7 +161,7 @@ int byoc_cudnn_conv_prepare_plans(const ByocCudnnConv* shape, int max_plans, voi
     std::unique_ptr<PreparedPlans> plans(new PreparedPlans);
     Conv& conv = plans->conv;
     conv.shape = *shape;
-    check(cudnnCreate(&conv.handle), "cudnnCreate");
+    open_conv(conv);
     conv.graph = build_graph(conv.shape, conv.handle);
     for (const Config& config : all_configs(conv.graph)) {
       if (static_cast<int>(plans->plans.size()) >= max_plans) break;
@@ -290,7 +290,8 @@ int byoc_cudnn_conv_time_prepared(void* prepared, int runs, int64_t* engines, do
         check(cudnnSetStream(conv.handle, stream), "cudnnSetStream");
         for (int round = 0; round < 3; ++round) {
           check_cuda(cudaEventRecord(start, stream), "cudaEventRecord");
-          for (int i = 0; i < launches; ++i) {
+          for (int i = 0; i < launches; ++i) {  // fenced as at run time
+            fence(conv, stream);
             check(cudnnBackendExecute(conv.handle, conv.plan.plan->get(), packs[i % sets]->get()),
                   "cudnnBackendExecute");
           }
