@@ -68,9 +68,9 @@ class Library:
         self.check_current()
         try:
             destination.parent.mkdir(parents=True, exist_ok=True)
-            _replace_with_copy(self.path, destination, mode=0o755)
+            _replace_with_link(self.path, destination, mode=0o755)
             if self.sidecar is not None:
-                _replace_with_copy(self.sidecar, destination.with_suffix(".safetensors"))
+                _replace_with_link(self.sidecar, destination.with_suffix(".safetensors"))
         except OSError as error:
             raise BuildError(f"export_library: cannot write {str(destination)!r}: {error.strerror or error}") from None
         return destination
@@ -82,13 +82,21 @@ class Library:
         return load(self.path, self.sidecar, device)
 
 
-def _replace_with_copy(source, destination: Path, mode: int | None = None):
-    """Copy `source` over `destination` as a new file (written beside it, then renamed): a
+def _replace_with_link(source, destination: Path, mode: int | None = None):
+    """Put `source` at `destination` as a new file there (made beside it, then renamed): a
     process that has the old library loaded keeps its mapping intact, where writing into
-    the mapped file in place could crash it."""
+    the mapped file in place could crash it. A hard link where both lie on one file system,
+    else a copy: a library with its weights is as large as they are (a 1 GB decoder's was
+    written twice, once by the build and once here). A build never rewrites its files in
+    place (package.py makes model.so and the sidecar new files), so the export keeps what
+    it got when the work directory is built again or removed."""
     temporary = destination.with_name(f".{destination.name}.{os.getpid()}.tmp")
     try:
-        shutil.copyfile(source, temporary)
+        temporary.unlink(missing_ok=True)
+        try:
+            os.link(source, temporary)
+        except OSError:  # another file system, or one without hard links
+            shutil.copyfile(source, temporary)
         if mode is not None:
             os.chmod(temporary, mode)
         os.replace(temporary, destination)

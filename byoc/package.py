@@ -294,6 +294,7 @@ def embedded_units(context, weights: bytes, metadata: str, build_id: str, tables
     sidecar = None
     if context.config.params == "sidecar":
         sidecar = workdir / "model.safetensors"
+        sidecar.unlink(missing_ok=True)  # a new file, as compile_and_link's model.so
         write_safetensors(sidecar, weights, build_id, program_id, weights_checksum)
     units = []
     for path, symbol, what, data in files:
@@ -333,6 +334,9 @@ def compile_and_link(context, units: list, link_libraries: list, build_id: str =
         from .toolchain.locate import cuda_link_flags
         libraries = cuda_link_flags(libraries)
     output = workdir / "model.so"
+    # a new file, never the last build's rewritten: an export may share that one's inode
+    # (library.py _replace_with_link)
+    output.unlink(missing_ok=True)
     link_shared(objects, output, link_flags, libraries, workdir=workdir)
     # load() checks the file against the seal (every byte but the weights, which create()
     # checks) before the dynamic loader maps it

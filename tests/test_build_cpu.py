@@ -1,6 +1,7 @@
 """Whole models built into a .so for the cpu target, run from a fresh process after the
 build directory is gone, against onnxruntime; run-time input checks; hostile names."""
 import json
+import os
 import re
 import struct
 import shutil
@@ -182,6 +183,10 @@ def test_sidecar_weights(tmp_path):
     library = byoc.build(FIXTURES / "mlp.onnx", config="cpu", workdir=str(tmp_path / "w"), params="sidecar")
     deployed = library.export_library(tmp_path / "deploy" / "mlp.so")
     assert deployed.with_suffix(".safetensors").exists()
+    sidecar_bytes = deployed.with_suffix(".safetensors").read_bytes()
+    # a rebuild into the same workdir (another model: other weights) leaves the export as it was
+    byoc.build(_tiny("relu"), config="cpu", workdir=str(tmp_path / "w"), params="sidecar")
+    assert deployed.with_suffix(".safetensors").read_bytes() == sidecar_bytes
     embedded = byoc.build(FIXTURES / "mlp.onnx", config="cpu", workdir=str(tmp_path / "e"))
     weights_bytes = library.metadata["weights"]["bytes"]
     assert weights_bytes > 300_000 and library.metadata["weights"]["location"] == "sidecar"
@@ -630,7 +635,10 @@ def test_a_library_rebuilt_or_exported_again_at_the_same_path_loads_the_new_code
     np.testing.assert_array_equal(relu.load().run(x), np.maximum(x, 0))
     exported = relu.export_library(tmp_path / "model.so")
     np.testing.assert_array_equal(load(exported).run(x), np.maximum(x, 0))
+    assert os.stat(exported).st_ino == os.stat(relu.path).st_ino  # one file system: a link, not a copy
+    exported_bytes = exported.read_bytes()
     negative = byoc.build(_tiny("negative"), config="cpu", workdir=workdir)
+    assert exported.read_bytes() == exported_bytes  # the rebuild wrote a new file, not into the export
     np.testing.assert_array_equal(negative.load().run(x), -x)
     negative.export_library(tmp_path / "model.so")
     np.testing.assert_array_equal(load(exported).run(x), -x)
