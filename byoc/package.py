@@ -69,7 +69,7 @@ def library_parts(programs: list, context, padding: dict | None = None) -> Libra
     """The parts of the library of `programs` (see LibraryParts); writes only the sources
     the backends already wrote."""
     first = programs[0]
-    weights = first.host.plan.weights if len(programs) == 1 else bytes(first.context.weights.data)
+    weights = first.host.plan.weights if len(programs) == 1 else first.context.weights
     units, unit_backends = program_units(programs)
     link_libraries = []
     for program in programs:

@@ -45,39 +45,66 @@ def _splitmix_finalize_inplace(x, scratch):
             np.multiply(x, np.uint64(multiplier), out=x)
 
 
-def blob_checksum(data: bytes) -> int:
+def blob_checksum(data) -> int:
     """The checksum the model runtime recomputes at create (byoc_blob_checksum in
     byoc/runtime/model_runtime.cc) for the weights, the program table and JSON graphs it
     embeds: each 8-byte little-endian word (the last zero-padded) mixed with its position,
     summed mod 2**64, and the sum mixed with the length. Order-independent sums let NumPy
     do it in chunks, in place, no copies: chunks of 2 MB, so that the dozen passes over each
     stay in the CPU's cache (twice as fast as 32 MB chunks on a BERT-base's 220 MB), and
-    large blobs in shares on several threads (NumPy lets go of the GIL)."""
+    large blobs in shares on several threads (NumPy lets go of the GIL).
+
+    `data` is bytes-like, or a blob in pieces (codegen/host_plan.py WeightsBlob: `pieces`,
+    (offset, bytes) at 8-byte aligned offsets, and `size`, zeros elsewhere), summed piece by
+    piece as if it were one buffer."""
     import os
-    whole = len(data) // 8 * 8
-    tail = bytes(data[whole:])
-    words = np.frombuffer(memoryview(data)[:whole], dtype="<u8")
-    threads = max(1, min(8, os.cpu_count() or 1, len(words) // (4 << 20)))  # a share: at least 32 MB
-    if threads == 1:
-        total = _mixed_sum(words, 0, len(words))
+    if hasattr(data, "pieces"):
+        pieces, size = data.pieces, len(data)
+    else:
+        pieces, size = [(0, memoryview(data).cast("B"))], len(data)
+    # the shares: (words, first, last, the blob's word index of words[0])
+    shares, covered, tails = [], [], []
+    for offset, piece in pieces:
+        if offset % 8:
+            raise ValueError(f"blob_checksum: a piece at offset {offset}, not a multiple of 8")
+        whole = len(piece) // 8 * 8
+        words = np.frombuffer(piece[:whole], dtype="<u8")
+        base = offset // 8
+        parts = max(1, min(8, len(words) // (4 << 20)))  # a share: at least 32 MB
+        shares += [(words, len(words) * k // parts, len(words) * (k + 1) // parts, base) for k in range(parts)]
+        if whole < len(piece):  # the piece's last word, zero-padded (the zeros after it are the blob's)
+            tails.append((base + len(words), bytes(piece[whole:])))
+        covered.append((base, base + -(-len(piece) // 8)))
+    threads = max(1, min(8, os.cpu_count() or 1, len(shares)))
+    if threads == 1 or sum(last - first for _, first, last, _ in shares) < (4 << 20):
+        sums = [_mixed_sum(*share) for share in shares]
     else:
         from concurrent.futures import ThreadPoolExecutor
-        bounds = [len(words) * share // threads for share in range(threads + 1)]
         with ThreadPoolExecutor(max_workers=threads) as pool:
-            parts = list(pool.map(lambda share: _mixed_sum(words, bounds[share], bounds[share + 1]), range(threads)))
-        with np.errstate(over="ignore"):
-            total = np.uint64(0)
-            for part in parts:
-                total = total + part
+            sums = list(pool.map(lambda share: _mixed_sum(*share), shares))
     with np.errstate(over="ignore"):
-        if tail:  # the last word, zero-padded, at its position
+        total = np.uint64(0)
+        for part in sums:
+            total = total + part
+        for index, tail in tails:
             last = np.frombuffer(tail + b"\0" * (8 - len(tail)), dtype="<u8")
-            total = total + _splitmix_finalize(last ^ (np.uint64(len(words)) * _CHECKSUM_GOLDEN))[0]
-        return int(_splitmix_finalize(np.uint64(total) ^ (np.uint64(len(data)) * _CHECKSUM_GOLDEN)))
+            total = total + _splitmix_finalize(last ^ (np.uint64(index) * _CHECKSUM_GOLDEN))[0]
+        # the zero words between pieces (a few per piece: the alignment)
+        end, gaps = 0, []
+        for first, last in covered:
+            if first > end:
+                gaps.append(np.arange(end, first, dtype=np.uint64))
+            end = max(end, last)
+        if -(-size // 8) > end:
+            gaps.append(np.arange(end, -(-size // 8), dtype=np.uint64))
+        if gaps:
+            total = total + _splitmix_finalize(np.concatenate(gaps) * _CHECKSUM_GOLDEN).sum(dtype=np.uint64)
+        return int(_splitmix_finalize(np.uint64(total) ^ (np.uint64(size) * _CHECKSUM_GOLDEN)))
 
 
-def _mixed_sum(words, first: int, last: int):
-    """blob_checksum's sum over words first..last-1, each mixed with its position (uint64)."""
+def _mixed_sum(words, first: int, last: int, base: int = 0):
+    """blob_checksum's sum over words first..last-1, each mixed with its position in the blob
+    (base + its index in `words`; uint64)."""
     chunk_words = 1 << 18
     total = np.uint64(0)
     offsets = np.arange(min(chunk_words, max(last - first, 0)), dtype=np.uint64)
@@ -87,7 +114,7 @@ def _mixed_sum(words, first: int, last: int):
         for start in range(first, last, chunk_words):
             count = min(chunk_words, last - start)
             position, chunk = mixed[:count], words[start:start + count]
-            np.add(offsets[:count], np.uint64(start), out=position)
+            np.add(offsets[:count], np.uint64(start + base), out=position)
             np.multiply(position, _CHECKSUM_GOLDEN, out=position)
             np.bitwise_xor(position, chunk, out=position)
             _splitmix_finalize_inplace(position, scratch[:count])
@@ -212,4 +239,12 @@ def write_safetensors(path, blob: bytes, build_id: str, program_id: str, checksu
     with open(path, "wb") as file:
         file.write(len(text).to_bytes(8, "little"))
         file.write(text)
+        write_blob(file, blob)
+
+
+def write_blob(file, blob) -> None:
+    """`blob` into `file`: bytes-like, or a blob in pieces (WeightsBlob) written piece by piece."""
+    if hasattr(blob, "write_to"):
+        blob.write_to(file)
+    else:
         file.write(blob)

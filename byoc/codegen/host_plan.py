@@ -72,7 +72,7 @@ class HostPlan:
     calls: list  # dict(symbol, args, results, label): args and results are Refs
     output_copies: list  # dict(output, source: Ref, bytes)
     input_copies: list  # dict(input, destination: Ref, bytes): static_io only
-    weights: bytes
+    weights: object  # a WeightsBlob (or bytes): what len(), blob_checksum and write_blob take
     constant_offsets: dict = field(default_factory=dict)
     arena_bytes: int = 0
     arena_offsets: dict = field(default_factory=dict)
@@ -94,16 +94,39 @@ class HostPlan:
 
 
 class WeightsBlob:
-    """The weights blob the plans place constants in: each constant once, 256-byte aligned.
-    One blob can serve the plans of several programs (a library's shape buckets, each
-    imported on its own): a constant equal to one placed before, in dtype, shape and bytes,
-    takes that one's offset."""
+    """The weights blob the plans place constants in: each constant once, 256-byte aligned,
+    zeros between. One blob can serve the plans of several programs (a library's shape
+    buckets, each imported on its own): a constant equal to one placed before, in dtype,
+    shape and bytes, takes that one's offset.
+
+    The blob is never assembled in memory: it keeps each constant's bytes where they are
+    (`pieces`) and is written piece by piece (write_blob), its checksum summed piece by
+    piece (codegen/host.py blob_checksum). A 1 GB decoder's weights were copied into one
+    bytearray first, 0.4 s and 1 GB more memory on the way to the file."""
 
     def __init__(self, share_equal: bool = False):
-        self.data = bytearray()
+        self.pieces: list = []  # (offset, memoryview of one constant's bytes), in offset order
+        self.size = 0
         self.share_equal = share_equal
         self.offsets: dict = {}  # id(Constant) -> offset
         self._by_content: dict = {}  # (dtype, shape, digest) -> offset
+
+    def __len__(self) -> int:
+        return self.size
+
+    def write_to(self, file) -> None:
+        """The blob's bytes into `file` (at its position), pieces and the zeros between."""
+        end = 0
+        for offset, piece in self.pieces:
+            file.write(b"\0" * (offset - end))
+            file.write(piece)
+            end = offset + piece.nbytes
+
+    def __bytes__(self) -> bytes:
+        import io
+        buffer = io.BytesIO()
+        self.write_to(buffer)
+        return buffer.getvalue()
 
     def place(self, constant: Constant) -> int:
         key = id(constant)
@@ -117,9 +140,10 @@ class WeightsBlob:
             if content in self._by_content:
                 self.offsets[key] = self._by_content[content]
                 return self.offsets[key]
-        offset = align(len(self.data))
-        self.data.extend(b"\0" * (offset - len(self.data)))
-        self.data += memoryview(data.reshape(-1).view(np.uint8))  # one copy (tobytes would make two)
+        offset = align(self.size)
+        piece = memoryview(data.reshape(-1).view(np.uint8))  # holds `data`: no copy
+        self.pieces.append((offset, piece))
+        self.size = offset + piece.nbytes
         self.offsets[key] = offset
         if content is not None:
             self._by_content[content] = offset
@@ -197,7 +221,9 @@ def place_tensors(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
     main = mod["main"]
     results = list(main.result.fields) if isinstance(main.result, Tuple) else [main.result]
     names = output_names or ([f"output_{i}" for i in range(len(results))] if len(results) > 1 else ["output"])
-    placer = _Placer(main, results, device, frozenset(view_symbols), weights or WeightsBlob())
+    # not `weights or ...`: an empty blob is falsy, and the programs' shared one starts empty
+    blob = weights if weights is not None else WeightsBlob()
+    placer = _Placer(main, results, device, frozenset(view_symbols), blob)
     inputs = placer.place_inputs()
     calls = []
     for position, binding in enumerate(main.bindings):
@@ -215,7 +241,7 @@ def place_tensors(mod: IRModule, workspace_bytes: dict[str, int] | None = None,
     plan = HostPlan(inputs=inputs, outputs=[(name, result.type) for name, result in zip(names, results)],
                     calls=calls, output_copies=placer.output_copies(), input_copies=input_copies,
                     # a blob the programs of a library share: its bytes once, when all are placed
-                    weights=placer.weights.data if weights is None else b"",  # not copied: the plan owns it now
+                    weights=placer.weights if weights is None else b"",  # the plan owns it now
                     constant_offsets=placer.weights.offsets,
                     arena_bytes=align(placer.arena_size), arena_offsets=placer.own_offsets,
                     extern_symbols=placer.symbols,

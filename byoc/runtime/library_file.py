@@ -225,7 +225,10 @@ def seal_library(path, weights=None) -> None:
             size = file.tell()
             offset = -(-size // WEIGHTS_ALIGNMENT) * WEIGHTS_ALIGNMENT
             file.write(b"\0" * (offset - size))
-            file.write(weights)
+            if hasattr(weights, "write_to"):  # a blob in pieces (codegen/host_plan.py WeightsBlob)
+                weights.write_to(file)
+            else:
+                file.write(weights)
             file.write(WEIGHTS_MAGIC + struct.pack("<QQ", offset, len(weights)))
     with open(path, "rb") as file:
         end = file.seek(0, os.SEEK_END)
