@@ -236,6 +236,46 @@ def test_json_engine_state_belongs_to_each_instance(tmp_path):
     assert np.max(np.abs(third.run(**inputs) - want)) <= 1e-3 * np.max(np.abs(want))
 
 
+def _checksum_of_whole_words(data: bytes) -> int:
+    """blob_checksum written out word by word, as byoc_blob_checksum in the runtime is."""
+    mask = (1 << 64) - 1
+    golden = 0x9E3779B97F4A7C15
+
+    def mix(x):
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+        return x ^ (x >> 31)
+    padded = data + b"\0" * (-len(data) % 8)
+    total = sum(mix(int.from_bytes(padded[i:i + 8], "little") ^ ((i // 8 * golden) & mask))
+                for i in range(0, len(padded), 8)) & mask
+    return mix(total ^ ((len(data) * golden) & mask))
+
+
+@pytest.mark.parametrize("sizes", [[3], [8, 1], [13, 7, 1000, 5], [300, (33 << 20) + 5, 9]])
+def test_the_weights_blob_is_summed_and_written_piece_by_piece_as_the_bytes_it_stands_for(sizes):
+    """The weights blob keeps each constant where it is (pieces at 256-byte offsets, zeros
+    between): its checksum and the bytes it writes are those of the assembled blob, which
+    the runtime checks at create."""
+    import io
+    from byoc.codegen.host import blob_checksum
+    from byoc.codegen.host_plan import WeightsBlob
+    from byoc.ir.expr import Constant
+    rng = np.random.default_rng(len(sizes))
+    blob = WeightsBlob()
+    constants = [Constant(rng.integers(0, 256, n, dtype=np.uint8), "uint8") for n in sizes]  # alive: placed by id
+    offsets = [blob.place(constant) for constant in constants]
+    assert all(offset % 256 == 0 for offset in offsets) and len(blob) == offsets[-1] + sizes[-1]
+    written = io.BytesIO()
+    blob.write_to(written)
+    whole = written.getvalue()
+    assert len(whole) == len(blob) and whole == bytes(blob)
+    for (offset, piece), n in zip(blob.pieces, sizes):
+        assert whole[offset:offset + n] == piece.tobytes()
+    assert blob_checksum(blob) == blob_checksum(whole)
+    if len(whole) < 1 << 20:  # the word-by-word sum is slow in Python
+        assert blob_checksum(whole) == _checksum_of_whole_words(whole)
+
+
 def test_corrupted_embedded_blobs_are_refused_at_create(tmp_path):
     """A byte changed in the embedded weights, JSON graph or program table after the build
     is found by the checksum at create, not run as another model (the seal, which load()
