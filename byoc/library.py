@@ -95,10 +95,15 @@ def _replace_with_link(source, destination: Path, mode: int | None = None):
         temporary.unlink(missing_ok=True)
         try:
             os.link(source, temporary)
-        except OSError:  # another file system, or one without hard links
+            # a link shares the work directory file's mode: change it only where it differs,
+            # and copy where that is not allowed (a file another user owns)
+            if mode is not None and os.stat(temporary).st_mode & 0o7777 != mode:
+                os.chmod(temporary, mode)
+        except OSError:  # another file system, one without hard links, or a mode not ours to set
+            temporary.unlink(missing_ok=True)
             shutil.copyfile(source, temporary)
-        if mode is not None:
-            os.chmod(temporary, mode)
+            if mode is not None:
+                os.chmod(temporary, mode)
         os.replace(temporary, destination)
     finally:
         if temporary.exists():

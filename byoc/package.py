@@ -69,7 +69,9 @@ def library_parts(programs: list, context, padding: dict | None = None) -> Libra
     """The parts of the library of `programs` (see LibraryParts); writes only the sources
     the backends already wrote."""
     first = programs[0]
-    weights = first.host.plan.weights if len(programs) == 1 else first.context.weights
+    # the programs' shared blob where there is one (shape buckets, archs: one program for one
+    # arch other than the target's too), else the one program's own
+    weights = first.context.weights if first.context.weights is not None else first.host.plan.weights
     units, unit_backends = program_units(programs)
     link_libraries = []
     for program in programs:

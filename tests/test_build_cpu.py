@@ -276,6 +276,19 @@ def test_the_weights_blob_is_summed_and_written_piece_by_piece_as_the_bytes_it_s
         assert blob_checksum(whole) == _checksum_of_whole_words(whole)
 
 
+def test_a_shared_weights_blob_places_equal_constants_once_and_takes_empty_ones():
+    """Shape buckets share one blob that places a constant equal to an earlier one (dtype,
+    shape, bytes) at that one's offset; an empty constant of several dims places too."""
+    from byoc.codegen.host_plan import WeightsBlob
+    from byoc.ir.expr import Constant
+    blob = WeightsBlob(share_equal=True)
+    values = np.arange(12, dtype=np.float32).reshape(3, 4)
+    constants = [Constant(values, "float32"), Constant(values.copy(), "float32"),
+                 Constant(values.reshape(4, 3).copy(), "float32"), Constant(np.zeros((0, 3), np.float32), "float32")]
+    first, same, reshaped, empty = (blob.place(constant) for constant in constants)
+    assert same == first and reshaped != first and len(blob.pieces) == 3
+
+
 def test_corrupted_embedded_blobs_are_refused_at_create(tmp_path):
     """A byte changed in the embedded weights, JSON graph or program table after the build
     is found by the checksum at create, not run as another model (the seal, which load()

@@ -72,6 +72,17 @@ def test_a_library_for_two_archs_holds_a_variant_of_each(tmp_path):
 
 
 @pytest.mark.nvcc
+def test_a_library_for_one_arch_other_than_the_targets_carries_its_weights(tmp_path):
+    """arch [sm_80] under an sm_90 target: one program, placed in the blob the programs of a
+    library share; the library carries that blob (it once carried the program's own, empty)."""
+    from byoc.runtime.library_file import embedded_weights
+    library = byoc.build(FIXTURES / "mlp.onnx", config={**MULTI, "arch": ["sm_80"]}, workdir=str(tmp_path / "w"))
+    assert [variant["arch"] for variant in library.metadata.get("variants", [{"arch": "sm_80"}])] == ["sm_80"]
+    weights = embedded_weights(library.path)
+    assert len(weights) == library.metadata["weights"]["bytes"] > 100_000  # the mlp's, in float16
+
+
+@pytest.mark.nvcc
 def test_cutlass_kernels_of_each_arch_compile_and_link_into_one_library(tmp_path):
     """CUTLASS's sm80 (multistage) kernels for the sm_80 program with their PTX, its sm90a
     (TMA, wgmma) kernels for the sm_90 one, one library."""

@@ -60,7 +60,7 @@ class ConvShape(ctypes.Structure):
 
 # The engine's graph and its timing as the stored plans were made: a change to either
 # (engine/cudnn_conv.cc) bumps it, and plans timed before are timed again.
-PLAN_FORMAT = 3  # 3: plans checked before their timing (refused ones are no candidates)
+PLAN_FORMAT = 4  # 3: plans checked before their timing (refused ones are no candidates); 4: timed fenced
 # why a plan's check refused it (byoc_cudnn.h's ByocCudnnPlanVerdict)
 REFUSALS = {1: "its output depends on what the output or workspace held, or on its runs before",
             2: "its output differs from the other plans'", 3: "NaN or infinity from finite operands"}

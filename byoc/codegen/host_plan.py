@@ -136,7 +136,8 @@ class WeightsBlob:
         content = None
         if self.share_equal:
             import hashlib
-            content = (str(data.dtype), data.shape, hashlib.blake2b(memoryview(data).cast("B"), digest_size=20).digest())
+            digest = hashlib.blake2b(data.reshape(-1).view(np.uint8), digest_size=20).digest()
+            content = (str(data.dtype), data.shape, digest)
             if content in self._by_content:
                 self.offsets[key] = self._by_content[content]
                 return self.offsets[key]
