@@ -208,3 +208,24 @@ def codegen_target(target):
 def current_target():
     """The Target of the backend whose codegen is running."""
     return _current_target.get()
+
+
+_partition_targets = contextvars.ContextVar("byoc_partition_targets", default=None)
+
+
+@contextlib.contextmanager
+def partition_targets(targets: dict):
+    """While a build partitions: each backend's Target by name, for partition_target."""
+    token = _partition_targets.set(dict(targets))
+    try:
+        yield
+    finally:
+        _partition_targets.reset(token)
+
+
+def partition_target(name: str):
+    """The Target of backend `name` in the build being partitioned, whose attributes a
+    pattern check may read (cudnn: float32 convs only with tf32); None outside a build
+    (a module partitioned by hand), where a check takes what the backend could take."""
+    targets = _partition_targets.get()
+    return None if targets is None else targets.get(name)

@@ -133,12 +133,14 @@ def partition(mod, context):
     claims = [b.claims_first for b in [*backends, get_backend(FALLBACK)] if b.claims_first is not None]
     # Slices instead of splits before any backend looks: patterns see one op per piece.
     from .costs import candidate_costs
-    cost_of = candidate_costs(context) if context.config.partition == "measured" else None
     # a backend target's share_functions: false keeps each call's function (and state) its own
     unshared = [name for name in names if context.backend_targets[name].attrs.get("share_functions", True) is False]
-    mod, report = partition_for(lower_split(mod), names, finalize=get_backend(FALLBACK).takes_the_rest,
-                                symbol_suffix=context.symbol_suffix, claims_first=claims, cost_of=cost_of,
-                                unshared=unshared)
+    from .backend import partition_targets
+    with partition_targets(context.backend_targets):  # what the patterns' checks may read
+        cost_of = candidate_costs(context) if context.config.partition == "measured" else None
+        mod, report = partition_for(lower_split(mod), names, finalize=get_backend(FALLBACK).takes_the_rest,
+                                    symbol_suffix=context.symbol_suffix, claims_first=claims, cost_of=cost_of,
+                                    unshared=unshared)
     from .pipeline import DUMP_DATA_BYTES
     context.write("partition_report.json", json.dumps(report.to_json(), indent=2, sort_keys=True))
     context.write("partition_report.txt", report.to_text())

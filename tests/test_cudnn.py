@@ -324,6 +324,24 @@ def test_a_plans_key_has_tf32_only_where_it_changes_the_plans():
     assert plans.plan_key(single, "9") != plans.plan_key({**single, "tf32": 1}, "9")
 
 
+def test_a_float32_conv_is_cudnns_only_with_its_targets_tf32():
+    """In a build, the patterns see their backend's Target (partition_target): with tf32 off
+    cudnn refuses a float32 conv, saying why, and the built-in backend takes it; outside a
+    build (no target) the check takes what cuDNN could."""
+    from byoc.backend import get_backend, partition_targets
+    from byoc.target import Target
+    get_backend("cudnn")  # registers the cudnn target kind
+    mod, _ = _conv_model("float32", activation="relu")
+    for attrs, taken in (("", False), (" -tf32=1", True)):
+        with partition_targets({"cudnn": Target("cudnn" + attrs)}):
+            _, report = _partition(mod)
+        covered = report.to_json()["backends"]["cudnn"]["ops_covered"]
+        assert (covered.get("conv2d") == 1) is taken, covered
+        assert ("float32 with tf32 off" in report.to_text()) is not taken
+    _, report = _partition(mod)
+    assert report.to_json()["backends"]["cudnn"]["ops_covered"]["conv2d"] == 1
+
+
 def test_a_float32_nchw_model_goes_nhwc_for_cudnn_with_tf32_and_computes_the_same():
     """cuDNN runs float32 convs on TF32 tensor cores: in a cuda build with cudnn and tf32 on,
     float32 NCHW conv chains go NHWC too (ConvertConvLayout), the result unchanged, so that

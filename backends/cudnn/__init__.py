@@ -19,8 +19,8 @@ register_target_kind("cudnn", {
                                   "share the model's workspace, one at a time)",
                                   check=at_least(0)),
     "tf32": AttrSchema(bool, False, None, "float32 convs may run on cuDNN's engines on TF32 tensor cores (the "
-                       "config's tf32 key sets it); off, float32 NCHW convs are left to the other backends, and a float32 "
-                       "NHWC conv takes neither those engines nor those that narrow their inputs"),
+                       "config's tf32 key sets it); off, cudnn leaves float32 convs to the other backends (cuDNN 9 has "
+                       "no exact engine for many fused ones)"),
     "share_functions": AttrSchema(bool, True, None, "convs of one shape share one function, and so one plan and "
                                   "cuDNN handle per model; false: each call its own (more plans and "
                                   "handles to build at create)"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from byoc.backend import PatternEntry
+from byoc.backend import PatternEntry, partition_target
 from byoc.pattern.epilogues import conv2d_epilogue_patterns, conv_epilogue_flaw
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -26,6 +26,10 @@ def check_conv2d(match) -> str | None:
     dtype = out.type.dtype
     if dtype not in DTYPES:
         return f"dtype {dtype} (cuDNN's graph here takes {', '.join(DTYPES)})"
+    target = partition_target("cudnn")
+    if dtype == "float32" and target is not None and not target.attrs["tf32"]:
+        return ("float32 with tf32 off (without TF32 tensor cores cuDNN 9 has no engine for many fused float32 "
+                "convs; tf32: true lets cudnn take them)")
     if attrs["data_layout"] != "NHWC":
         return (f"data_layout {attrs['data_layout']} (the cudnn backend takes NHWC; ConvertConvLayout rewrites NCHW "
                 f"chains, float32 ones only with tf32 on)")
