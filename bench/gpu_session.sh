@@ -211,9 +211,11 @@ case "$stage" in
     #   bash bench/gpu_session.sh replay --case resnet50:32 --config default
     PYTHONUNBUFFERED=1 python3 bench/replay_check.py "$@" 2>&1 | tee "$OUT/replay_check.log" | grep -v Warning ;;
   replay_probe)
-    # ResNet-50 b32's later runs under `default` (bench/results/resnet50_default_later_runs_h200.md):
-    # one cudnn-only library, then the same library run under each condition, and a build
-    # with PDL off; every step bounded, so that a hang costs its step only
+    # A library right on its first run and wrong on later ones (ResNet-50 b32 under `default`
+    # was, until cuDNN's convs were fenced: bench/results/resnet50_default_later_runs_h200.md):
+    # one cudnn-only library, then the same library run under each condition, and builds
+    # with PDL off, a function per call site and without TF32; every step bounded, so that a
+    # hang costs its step only. CUDA_MODULE_LOADING=EAGER before a probe makes its run 1 count.
     case="${1:-resnet50:32}"
     common=(--case "$case" --backends cudnn --graphs off --runs 3)
     : >"$OUT/replay_probe.log"  # this call's lines only (the library path is read from it)
