@@ -106,6 +106,24 @@ def test_library_depends_only_on_c_runtime(built_models):
     assert needed and all(n.startswith(allowed) for n in needed), needed
 
 
+def test_a_section_past_the_end_of_the_file_is_named_before_the_loader_maps_it(tmp_path):
+    """load() reads the library's section headers (all of them: a segment's size once hid
+    them) and names a section whose bytes lie past the end of the file."""
+    from byoc.runtime.library_file import _ElfLayout
+    library = byoc.build(_tiny("relu"), config="cpu", workdir=str(tmp_path / "w"))
+    with open(library.path, "rb") as file:
+        layout = _ElfLayout(file)
+    shoff, shnum, _ = layout.section_headers
+    assert shnum > 10 and len(layout.sections) >= shnum - 2  # NULL is one; .bss takes no bytes
+    index, _, _ = layout.sections[-1]
+    data = bytearray(library.path.read_bytes())
+    struct.pack_into("<Q", data, shoff + index * 64 + 32, len(data))  # sh_size: the whole file
+    damaged = tmp_path / "damaged.so"
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(byoc.RuntimeError, match=f"section {index} needs bytes .* beyond its {len(data)}"):
+        load(damaged)
+
+
 def test_needed_libraries_are_read_from_the_dynamic_section(built_models):
     """What load() preloads is read from the library's own DT_NEEDED entries (readelf's
     list); a library that needs an NVIDIA library found nowhere is refused naming it and

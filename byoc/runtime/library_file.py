@@ -157,21 +157,21 @@ class _ElfLayout:
          shentsize, shnum, _shstrndx) = struct.unpack(endian + "HHIQQQIHHHHHH", header[16:64])
         self.program_headers, self.section_headers = (phoff, phnum, phentsize), (shoff, shnum, shentsize)
         self.segments, self.sections = [], []
-        size = file.seek(0, os.SEEK_END)  # a table past the end is read as none (the checks say so)
-        if phentsize == 56 and phoff + phnum * 56 <= size:
+        file_size = file.seek(0, os.SEEK_END)  # a table past the end is read as none (the checks say so)
+        if phentsize == 56 and phoff + phnum * 56 <= file_size:
             file.seek(phoff)
             table = file.read(phnum * 56)
             for index in range(len(table) // 56):
-                p_type, _, offset, _, _, size, _, _ = struct.unpack_from(endian + "IIQQQQQQ", table, index * 56)
+                p_type, _, offset, _, _, file_bytes, _, _ = struct.unpack_from(endian + "IIQQQQQQ", table, index * 56)
                 if p_type == 1:  # PT_LOAD: mapped from the file
-                    self.segments.append((index, offset, size))
-        if shentsize == 64 and shoff + shnum * 64 <= size:
+                    self.segments.append((index, offset, file_bytes))
+        if shentsize == 64 and shoff + shnum * 64 <= file_size:
             file.seek(shoff)
             table = file.read(shnum * 64)
             for index in range(len(table) // 64):
-                _, sh_type, _, _, offset, size, *_ = struct.unpack_from(endian + "IIQQQQIIQQ", table, index * 64)
+                _, sh_type, _, _, offset, file_bytes, *_ = struct.unpack_from(endian + "IIQQQQIIQQ", table, index * 64)
                 if sh_type != 8:  # SHT_NOBITS takes no file bytes
-                    self.sections.append((index, offset, size))
+                    self.sections.append((index, offset, file_bytes))
 
     @staticmethod
     def of(file):
