@@ -501,8 +501,8 @@ def _bottleneck_onnx(path, batch=32, channels=1024, width=512, out_channels=2048
         initializers.append(numpy_helper.from_array((rng.standard_normal(cout) * 0.1).astype(np.float32),
                                                       f"{name}.bias"))
         pad = kernel // 2
-        nodes.append(helper.make_node("Conv", [source, f"{name}.weight", f"{name}.bias"], [name], kernel_shape=[kernel] * 2,
-                                      strides=[stride] * 2, pads=[pad] * 4))
+        nodes.append(helper.make_node("Conv", [source, f"{name}.weight", f"{name}.bias"], [name],
+                                      kernel_shape=[kernel] * 2, strides=[stride] * 2, pads=[pad] * 4))
         return name
 
     def relu(source):
@@ -515,10 +515,9 @@ def _bottleneck_onnx(path, batch=32, channels=1024, width=512, out_channels=2048
     nodes.append(helper.make_node("Add", [y, shortcut], ["sum"]))
     nodes.append(helper.make_node("Relu", ["sum"], ["y"]))
     half = (size + 1) // 2
-    graph = helper.make_graph(nodes, "bottleneck", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                                                  [batch, channels, size, size])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, out_channels, half, half])],
-                              initializers)
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, channels, size, size])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, out_channels, half, half])]
+    graph = helper.make_graph(nodes, "bottleneck", inputs, outputs, initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8  # what onnxruntime reads (the onnx package writes a newer one by default)
     onnx.save(model, str(path))
