@@ -57,7 +57,6 @@ def blob_checksum(data) -> int:
     `data` is bytes-like, or a blob in pieces (codegen/host_plan.py WeightsBlob: `pieces`,
     (offset, bytes) at 8-byte aligned offsets, and `size`, zeros elsewhere), summed piece by
     piece as if it were one buffer."""
-    import os
     if hasattr(data, "pieces"):
         pieces, size = data.pieces, len(data)
     else:
@@ -75,13 +74,8 @@ def blob_checksum(data) -> int:
         if whole < len(piece):  # the piece's last word, zero-padded (the zeros after it are the blob's)
             tails.append((base + len(words), bytes(piece[whole:])))
         covered.append((base, base + -(-len(piece) // 8)))
-    threads = max(1, min(8, os.cpu_count() or 1, len(shares)))
-    if threads == 1 or sum(last - first for _, first, last, _ in shares) < (4 << 20):
-        sums = [_mixed_sum(*share) for share in shares]
-    else:
-        from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(max_workers=threads) as pool:
-            sums = list(pool.map(lambda share: _mixed_sum(*share), shares))
+    from ..threads import map_on_threads
+    sums = map_on_threads(lambda share: _mixed_sum(*share), shares)
     with np.errstate(over="ignore"):
         total = np.uint64(0)
         for part in sums:

@@ -29,9 +29,6 @@ adds stay per member, after the slice). Unused bindings are left to dead_code_el
 """
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 
 from ..ir.expr import Binding, Call, Constant, Function, Var, is_op_call
@@ -116,12 +113,9 @@ def _side_by_side(groups: list) -> list:
     """Each group's weights side by side, one Constant each. On several threads (NumPy's
     copies let go of the GIL): the groups of a 1 GB decoder are 16 copies of 30-70 MB, a
     strided copy each, and its warm build waits for them."""
-    def concatenate(weights):
-        return Constant(np.concatenate([np.asarray(w.data) for w in weights], axis=1), weights[0].type.dtype)
-    if len(groups) < 2:
-        return [concatenate(weights) for weights in groups]
-    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        return list(pool.map(concatenate, groups))
+    from ..threads import map_on_threads
+    return map_on_threads(lambda weights: Constant(np.concatenate([np.asarray(w.data) for w in weights], axis=1),
+                                                   weights[0].type.dtype), groups)
 
 
 def _plan(bindings, members, uses, combined_weight: Constant) -> dict:

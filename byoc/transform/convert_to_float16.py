@@ -38,7 +38,6 @@ attributes; extern declarations. It removes nothing: run dead_code_elimination a
 """
 from __future__ import annotations
 
-import os
 from typing import Callable
 
 import ml_dtypes
@@ -135,12 +134,9 @@ class _ConstantConverter:
     def convert_all(self, constants: list, dtype: str):
         """Convert `constants` now, on several threads (NumPy's casts let go of the GIL):
         a BERT-base's matmul weights are 110M values, 0.5 s on one core."""
-        from concurrent.futures import ThreadPoolExecutor
+        from ..threads import map_on_threads
         todo = [constant for constant in constants if (id(constant), dtype) not in self.cache]
-        if len(todo) < 2:
-            return
-        with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-            converted = list(pool.map(lambda constant: _saturating_convert(constant.data, dtype), todo))
+        converted = map_on_threads(lambda constant: _saturating_convert(constant.data, dtype), todo)
         for constant, data in zip(todo, converted):
             self.cache[(id(constant), dtype)] = (constant, Constant(data, dtype))
 
