@@ -131,13 +131,13 @@ def partition(mod, context):
     # Blocks that one backend runs as one kernel and no other offers (the built-in
     # backend's squeeze-and-excitation), claimed before the priority order applies.
     claims = [b.claims_first for b in [*backends, get_backend(FALLBACK)] if b.claims_first is not None]
-    # Slices instead of splits before any backend looks: patterns see one op per piece.
+    from .backend import partition_targets
     from .costs import candidate_costs
     # a backend target's share_functions: false keeps each call's function (and state) its own
     unshared = [name for name in names if context.backend_targets[name].attrs.get("share_functions", True) is False]
-    from .backend import partition_targets
     with partition_targets(context.backend_targets):  # what the patterns' checks may read
         cost_of = candidate_costs(context) if context.config.partition == "measured" else None
+        # slices instead of splits before any backend looks: patterns see one op per piece
         mod, report = partition_for(lower_split(mod), names, finalize=get_backend(FALLBACK).takes_the_rest,
                                     symbol_suffix=context.symbol_suffix, claims_first=claims, cost_of=cost_of,
                                     unshared=unshared)
