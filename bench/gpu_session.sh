@@ -56,12 +56,17 @@ case "$stage" in
         ids+=("$f")
       fi
     done
+    # On a host of several GPUs each one-test process gets one of them in turn (whole files
+    # see every GPU: their multi-GPU tests need them); TEST_JOBS processes at a time.
     mkdir -p /tmp/byoc-test-logs
+    gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
     index=0
     for id in "${ids[@]}"; do
       index=$((index + 1))
-      (echo "== $id"; python3 -m pytest -q -m gpu -p no:cacheprovider "$id" 2>&1) >"/tmp/byoc-test-logs/$(basename "${id%%::*}" .py).$index.log" &
-      while [ "$(jobs -rp | wc -l)" -ge 12 ]; do sleep 1; done
+      visible=()
+      [[ "$id" == *::* && "$gpus" -gt 1 ]] && visible=(env CUDA_VISIBLE_DEVICES=$((index % gpus)))
+      (echo "== $id"; "${visible[@]}" python3 -m pytest -q -m gpu -p no:cacheprovider "$id" 2>&1) >"/tmp/byoc-test-logs/$(basename "${id%%::*}" .py).$index.log" &
+      while [ "$(jobs -rp | wc -l)" -ge "${TEST_JOBS:-12}" ]; do sleep 1; done
     done
     wait
     copy_logs
