@@ -260,18 +260,18 @@ def test_large_matmul_weights_are_converted_up_front_once_and_saturated(monkeypa
     mod = builder.module()
     up_front, lazily = [], []
     convert_all = module._ConstantConverter.convert_all
-    saturating_convert = module._saturating_convert
+    saturating_convert_all = module._saturating_convert_all
     state = {"walking": False}
 
-    def counted_convert(data, dtype):
-        (lazily if state["walking"] else up_front).append(data.shape)
-        return saturating_convert(data, dtype)
+    def counted_convert(arrays, dtype):
+        (lazily if state["walking"] else up_front).extend(array.shape for array in arrays)
+        return saturating_convert_all(arrays, dtype)
 
     def convert_all_then_walk(self, constants, dtype):
         convert_all(self, constants, dtype)
         state["walking"] = True
 
-    monkeypatch.setattr(module, "_saturating_convert", counted_convert)
+    monkeypatch.setattr(module, "_saturating_convert_all", counted_convert)
     monkeypatch.setattr(module._ConstantConverter, "convert_all", convert_all_then_walk)
     result = convert_to_float16(mod)
     assert state["walking"] and sorted(up_front) == [(512, 1024), (1024, 512)] and lazily == []
@@ -288,6 +288,49 @@ def test_large_matmul_weights_are_converted_up_front_once_and_saturated(monkeypa
     assert up_front == [] and lazily == []
     assert all(arg.type.dtype == "float32" for b in kept["main"].bindings if isinstance(b.value, Call)
                and b.value.op.name == "matmul" for arg in b.value.args if isinstance(arg, Constant))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_weights_are_converted_piece_by_piece_each_piece_saturated_on_its_own(monkeypatch, dtype):
+    """Weights are converted in pieces shared by the threads; whether a piece can overflow is
+    read from its float32 range. Pieces with a value beyond the range, an infinity or a NaN
+    (and only those) take the careful path; every value ends as converting the whole weight
+    at once would make it, for a non-contiguous weight and an empty one too."""
+    import importlib
+    import ml_dtypes
+    module = importlib.import_module("byoc.transform.convert_to_float16")
+    monkeypatch.setattr(module, "CONVERT_PIECE_VALUES", 1000)
+    target = np.float16 if dtype == "float16" else ml_dtypes.bfloat16
+    largest = float(ml_dtypes.finfo(target).max)
+    rng = np.random.default_rng(1)
+    weight = rng.standard_normal((37, 211)).astype(np.float32)  # 7807 values: 8 pieces, the last short
+    weight.flat[5] = largest * 4 if dtype == "float16" else np.float32(3.4e38)  # piece 0: rounds to inf unclamped
+    weight.flat[2500] = np.nan  # piece 2
+    weight.flat[7806] = -np.inf  # the last piece
+    weight.flat[4000] = -1e30  # piece 4
+    strided = rng.standard_normal((64, 90)).astype(np.float32)[:, ::3]  # not contiguous
+    empty = np.zeros((0, 16), np.float32)
+    careful = []
+    piece = module._saturating_convert_piece
+
+    def counted(source, output, largest):
+        if not (-largest <= source.min() and source.max() <= largest):
+            careful.append(source.size)
+        return piece(source, output, largest)
+
+    monkeypatch.setattr(module, "_saturating_convert_piece", counted)
+    converted = module._saturating_convert_all([weight, strided, empty], dtype)
+
+    def reference(data):
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.where(np.isfinite(data), np.clip(data, -largest, largest), data).astype(target)
+
+    np.testing.assert_array_equal(converted[0].view(np.uint16), reference(weight).view(np.uint16))
+    assert converted[0].flat[5] == largest and np.isnan(converted[0].flat[2500]) and np.isneginf(converted[0].flat[7806])
+    np.testing.assert_array_equal(converted[1], strided.astype(target))
+    assert converted[0].dtype == converted[1].dtype == target and converted[1].shape == (64, 30)
+    assert converted[2].shape == (0, 16) and converted[2].dtype == target
+    assert len(careful) == (4 if dtype == "float16" else 3)  # bfloat16's range holds -1e30
 
 
 def test_calls_tuples_and_local_functions_keep_float32_interfaces():

@@ -132,18 +132,18 @@ class _ConstantConverter:
         self.cache: dict[tuple[int, str], tuple[Constant, Constant]] = {}
 
     def convert_all(self, constants: list, dtype: str):
-        """Convert `constants` now, on several threads (NumPy's casts let go of the GIL):
-        a BERT-base's matmul weights are 110M values, 0.5 s on one core."""
-        from ..threads import map_on_threads
-        todo = [constant for constant in constants if (id(constant), dtype) not in self.cache]
-        converted = map_on_threads(lambda constant: _saturating_convert(constant.data, dtype), todo)
+        """Convert `constants` now, all at once (_saturating_convert_all: in pieces, on
+        several threads): a BERT-base's matmul weights are 110M values, 0.5 s on one core."""
+        todo = list({id(constant): constant for constant in constants
+                     if (id(constant), dtype) not in self.cache}.values())
+        converted = _saturating_convert_all([constant.data for constant in todo], dtype)
         for constant, data in zip(todo, converted):
             self.cache[(id(constant), dtype)] = (constant, Constant(data, dtype))
 
     def convert(self, constant: Constant, dtype: str) -> Constant:
         key = (id(constant), dtype)
         if key not in self.cache:
-            self.cache[key] = (constant, Constant(_saturating_convert(constant.data, dtype), dtype))
+            self.cache[key] = (constant, Constant(_saturating_convert_all([constant.data], dtype)[0], dtype))
         return self.cache[key][1]
 
 
@@ -169,17 +169,39 @@ def _weights_of_converted_ops(mod: IRModule, ops, min_bytes: int = 1 << 20) -> l
     return list(found.values())
 
 
-def _saturating_convert(data: np.ndarray, dtype: str) -> np.ndarray:
-    """`data` in `dtype`, finite values beyond its range clamped to its largest finite
-    value (infinities and NaNs stay as they are)."""
+# Values per piece of a conversion: pieces, not whole weights, are what the threads share,
+# so that one large weight (a decoder's 262 MB embedding) does not keep one core busy while
+# the others idle. 16 MB of float32: large beside a thread's overhead, small beside a weight.
+CONVERT_PIECE_VALUES = 1 << 22
+
+
+def _saturating_convert_all(arrays: list, dtype: str) -> list:
+    """Each of `arrays` (float32) in `dtype`, finite values beyond its range clamped to its
+    largest finite value (infinities and NaNs stay as they are), converted in pieces of at
+    most CONVERT_PIECE_VALUES values on several threads (NumPy's casts let go of the GIL)."""
+    from ..threads import map_on_threads
     target = numpy_dtype(dtype)
-    with np.errstate(over="ignore", invalid="ignore"):
-        converted = data.astype(target)
-    if np.isfinite(converted).all():  # nothing overflowed: the usual case, one pass over the weights
-        return converted
     largest = float(ml_dtypes.finfo(target).max)
-    clamped = np.where(np.isfinite(data), np.clip(data, -largest, largest), data)
-    return clamped.astype(target)
+    sources = [np.ascontiguousarray(array).reshape(-1) for array in arrays]
+    outputs = [np.empty(np.shape(array), target) for array in arrays]
+    pieces = [(source[start:start + CONVERT_PIECE_VALUES], output.reshape(-1)[start:start + CONVERT_PIECE_VALUES])
+              for source, output in zip(sources, outputs) for start in range(0, source.size, CONVERT_PIECE_VALUES)]
+    map_on_threads(lambda piece: _saturating_convert_piece(*piece, largest), pieces)
+    return outputs
+
+
+def _saturating_convert_piece(source: np.ndarray, output: np.ndarray, largest: float):
+    """`source` converted into `output` (one piece of _saturating_convert_all)."""
+    # The range of the float32 source decides whether anything can overflow: two reductions
+    # at memory speed, where testing the converted values for infinities (the usual case:
+    # none) cost half as much again as the conversion itself. A NaN makes both comparisons
+    # false, so a piece with one takes the careful path, which keeps it.
+    if -largest <= source.min() and source.max() <= largest:
+        np.copyto(output, source, casting="unsafe")
+        return
+    with np.errstate(over="ignore", invalid="ignore"):
+        clamped = np.where(np.isfinite(source), np.clip(source, -largest, largest), source)
+        np.copyto(output, clamped, casting="unsafe")
 
 
 # ---------------------------------------------------------------- values
