@@ -149,16 +149,44 @@ def test_auto_times_every_candidate_the_library_holds_on_its_proxy(empty_cache, 
     kernels, proxy, held = tuning.tuning_plan(problem, 90, allowed, [], tmp_path, "auto")
     assert (kernels, proxy, held) == (chosen, False, 0)
     # the library holds every proxy unit: each candidate is timed, on the proxy, none compiled
-    monkeypatch.setattr(tuning, "_compiled", lambda kernels, timed, flags, workdir, runtime=False:
+    monkeypatch.setattr(tuning, "_compiled", lambda kernels, timed, flags, workdir, runtime=False, memo=None:
                         [timed.epilogue_name == "bias"] * len(kernels))
     kernels, proxy, held = tuning.tuning_plan(problem, 90, allowed, [], tmp_path, "auto")
     assert (kernels, proxy, held) == (every, True, len(every))
     assert tuning.tuning_plan(problem, 90, allowed, [], tmp_path, "own")[:2] == (chosen, False)
     assert tuning.tuning_plan(problem, 90, allowed, [], tmp_path, "proxy")[:2] == (chosen, True)
     # fewer held than the target's count: as without the library
-    monkeypatch.setattr(tuning, "_compiled", lambda kernels, timed, flags, workdir, runtime=False:
+    monkeypatch.setattr(tuning, "_compiled", lambda kernels, timed, flags, workdir, runtime=False, memo=None:
                         [index < 3 for index in range(len(kernels))])
     assert tuning.tuning_plan(problem, 90, allowed, [], tmp_path, "auto")[:2] == (chosen, False)
+
+
+def test_planning_asks_the_cache_once_per_unit_across_the_problems_of_a_build(empty_cache, monkeypatch, tmp_path):
+    """Problems of one dtype and layout time the same proxy units: with the memo a build keeps
+    across its problems, each unit is written and keyed once (ResNet-50's 24 problems ask about
+    128 units instead of 1,192), and the answers are the same as without it."""
+    import byoc.toolchain.compiler as compiler
+    asked = []
+    unit_cached = compiler.unit_cached
+
+    def counted(units, workdir):
+        asked.extend(unit.output for unit in units)
+        return unit_cached(units, workdir)
+
+    monkeypatch.setattr(compiler, "unit_cached", counted)
+    allowed = tuning.CandidateFilter(per_problem=5)
+    problems = [GemmProblem(128, 768, 768, 1, "float16", True, "gelu", True),
+                GemmProblem(512, 3072, 768, 1, "float16", True, "relu", True),
+                GemmProblem(128, 768, 3072, 1, "float16", True, None, True, True)]
+    alone = [tuning.tuning_plan(problem, 90, allowed, [], tmp_path, "auto") for problem in problems]
+    asked_alone = len(asked)
+    asked.clear()
+    memo = {}
+    shared = [tuning.tuning_plan(problem, 90, allowed, [], tmp_path, "auto", False, memo) for problem in problems]
+    assert shared == alone
+    assert len(asked) == len(set(asked)) < asked_alone
+    # every candidate of the three, on its proxy and on each one's own epilogue, asked about once
+    assert len(memo) * 2 == len(asked)
 
 
 def test_a_build_with_the_library_times_the_proxy_and_records_it(empty_cache, monkeypatch, tmp_path):
@@ -176,7 +204,8 @@ def test_a_build_with_the_library_times_the_proxy_and_records_it(empty_cache, mo
             results[p] = {k.name(p): 10.0 - (i == 3) for i, k in enumerate(kernels)}
         return results
     monkeypatch.setattr(tuning, "_profile", fake_profile)
-    monkeypatch.setattr(tuning, "_compiled", lambda kernels, timed, flags, workdir, runtime=False: [True] * len(kernels))
+    monkeypatch.setattr(tuning, "_compiled",
+                        lambda kernels, timed, flags, workdir, runtime=False, memo=None: [True] * len(kernels))
     database = tuning.TuningDatabase(tmp_path / "db.json")
     chosen = tuning.choose_kernels([problem], 90, database, profile=True, workdir=tmp_path / "w", compile_flags=[],
                                    allowed=tuning.CandidateFilter(per_problem=5))

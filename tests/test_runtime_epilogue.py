@@ -88,7 +88,7 @@ def test_the_runtime_library_is_every_unit_tuning_and_the_build_ask_for(tmp_path
 def test_tuning_with_runtime_epilogues_times_the_objects_the_build_links(monkeypatch, tmp_path):
     problem = gemm("gelu")
     allowed = tuning.CandidateFilter(per_problem=5)
-    monkeypatch.setattr(tuning, "_compiled", lambda kernels, timed, flags, workdir, runtime=False:
+    monkeypatch.setattr(tuning, "_compiled", lambda kernels, timed, flags, workdir, runtime=False, memo=None:
                         [runtime and timed == problem] * len(kernels))
     kernels, proxy, held = tuning.tuning_plan(problem, 90, allowed, FLAGS, tmp_path, "auto", runtime_epilogue=True)
     assert kernels == usable_candidates(90, problem) and proxy is False and held == len(kernels)
@@ -209,7 +209,7 @@ def test_an_activation_without_a_runtime_code_is_refused_and_stems_keep_their_pr
     # tuned as without runtime_epilogue (on its proxy where the library holds those)
     stem = ConvProblem(32, 224, 224, 4, 64, 7, 7, 112, 112, (2, 2), (3, 3, 3, 3), (1, 1), "float16", "relu", True)
     assert all(runtime_problem(kernel, stem) is None for kernel in usable_candidates(90, stem))
-    monkeypatch.setattr(tuning, "_compiled", lambda kernels, timed, flags, workdir, runtime=False:
+    monkeypatch.setattr(tuning, "_compiled", lambda kernels, timed, flags, workdir, runtime=False, memo=None:
                         [timed.epilogue_name == "bias" and not runtime] * len(kernels))
     kernels, proxy, _ = tuning.tuning_plan(stem, 90, tuning.CandidateFilter(), FLAGS, tmp_path, "auto",
                                            runtime_epilogue=True)

@@ -464,7 +464,8 @@ def test_the_database_keeps_the_fastest_time_beside_a_consolidated_pick(cache, m
     own = choose_kernels([a, b], 90, TuningDatabase(tmp_path / "own.json"), profile=True, workdir=tmp_path / "o",
                          compile_flags=[], tolerance=0.02)
     assert own[a] == fast and own[b] == close  # nothing held: each its fastest
-    monkeypatch.setattr(tuning, "_compiled", lambda kernels, timed, flags, workdir, runtime=False: [True] * len(kernels))
+    monkeypatch.setattr(tuning, "_compiled",
+                        lambda kernels, timed, flags, workdir, runtime=False, memo=None: [True] * len(kernels))
     database = TuningDatabase(tmp_path / "db.json")
     chosen = choose_kernels([a, b], 90, database, profile=True, workdir=tmp_path / "w", compile_flags=[],
                             tolerance=0.02)

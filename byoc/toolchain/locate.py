@@ -67,9 +67,17 @@ def find_nvcc() -> Path:
 
 
 def find_cxx() -> str:
-    for name in (os.environ.get("CXX"), "g++", "c++"):
-        if name and shutil.which(name):
-            return shutil.which(name)
+    # every compile unit's command and cache key asks (a tuning build keys hundreds of units):
+    # looked up once for each value of the variables that decide it
+    return _find_cxx(os.environ.get("CXX"), os.environ.get("PATH"))
+
+
+@functools.lru_cache(maxsize=8)
+def _find_cxx(cxx: str | None, path: str | None) -> str:
+    for name in (cxx, "g++", "c++"):
+        found = name and shutil.which(name, path=path)
+        if found:
+            return found
     raise BuildError("no C++ compiler found: put g++ or c++ on PATH, or set CXX")
 
 
