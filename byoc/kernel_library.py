@@ -6,7 +6,8 @@ build of ResNet-50 spent 177 of its 192 s there). A CUTLASS 3.x kernel does not 
 problem sizes: compiled once with its epilogue proxy (bias or none), it can be timed on
 every problem of its dtype and layout, in every later build. `byoc kernels build` compiles
 what each backend of a config hands it (Backend.kernel_library: the cutlass backend's every
-candidate, fp16 by default) into <cache root>/kernels ($BYOC_KERNEL_LIBRARY), keyed as the
+candidate, fp16 by default; the built-in backend's CUDA shim, which does not depend on the
+model either, for several dtype sets) into <cache root>/kernels ($BYOC_KERNEL_LIBRARY), keyed as the
 object cache keys objects, and the object cache looks there after itself
 (toolchain/cache.py). Tuning then times every candidate the library holds and compiles only
 the winners, with their own epilogues, as part of the build.

@@ -82,7 +82,7 @@ class BuildContext:
         """Backend name -> its Target: the config's options for it, with the config's tuning
         section (profile, tuning_db) where its Target has those attributes (the backend's own
         options win). Each compiles for this build's device target, into its work directory."""
-        from .backend import FALLBACK
+        from .backend import FALLBACK, get_backend
         from .target import TARGET_KINDS, Target
         targets = {}
         for name, options in self.config.backends:
@@ -93,7 +93,9 @@ class BuildContext:
                 tuning["tf32"] = str(self.config.tf32).lower()
             options = {**tuning, **(options or {})}
             targets[name] = Target(name, **options) if options else Target(name)
-        targets.setdefault(FALLBACK, Target(FALLBACK))
+        if FALLBACK not in targets:  # a config that lists no backend: its package registers its target kind
+            get_backend(FALLBACK)
+            targets[FALLBACK] = Target(FALLBACK)
         for target in targets.values():
             target.device = self.target
             target.workdir = self.workdir

@@ -58,15 +58,59 @@ def test_objects_come_from_the_kernel_library_behind_an_empty_object_cache(empty
 @pytest.fixture
 def small_library(monkeypatch, tmp_path):
     """The cutlass backend's library hook replaced by two small C++ units and one that does
-    not compile (what `byoc kernels build` does with them is the subject, not CUTLASS)."""
+    not compile (what `byoc kernels build` does with them is the subject, not CUTLASS), and
+    the built-in backend's (the CUDA shim) by none."""
     from byoc.backend import get_backend
     backend = get_backend("cutlass")
+    monkeypatch.setattr(get_backend("builtin"), "kernel_library", None)
 
     def units(target, workdir, dtypes, epilogues):
         assert target.device.kind == "cuda" and dtypes == ("float16",) and epilogues == "proxy"
         return [small_unit(workdir, "one"), small_unit(workdir, "two", "int byoc_two() { return 2; }\n"),
                 small_unit(workdir, "broken", "int byoc_broken( { return; }\n")]
     monkeypatch.setattr(backend, "kernel_library", units)
+
+
+def test_the_library_holds_the_cuda_shim_and_builds_link_the_smallest_held_family_with_their_dtypes(
+        empty_cache, tmp_path, monkeypatch):
+    """The built-in backend's share of the library: every CUDA shim family for every dtype and
+    for the float dtype sets of LIBRARY_SHIM_DTYPES (none for a cpu target), each its own
+    object. A build takes a family as compiled for its own dtypes where that is cached; else
+    the held one with the fewest dtypes that include its own; with none, it compiles its own."""
+    from byoc.backend import get_backend
+    from byoc.backends import builtin
+    from byoc.target import Target, resolve_device_target
+    import byoc.toolchain.compiler as compiler
+    device = resolve_device_target("cuda -arch=sm_90")
+    target = Target("builtin")
+    target.device = device
+    held_units = get_backend("builtin").kernel_library(target, tmp_path, ("float16",), "proxy")
+    sources = sorted(path.name for path in (Path(builtin.__file__).parent / "shim" / "cuda").glob("*.cu"))
+    assert len(held_units) == len(sources) * len(builtin.LIBRARY_SHIM_DTYPES)
+    assert len({unit.output for unit in held_units}) == len(held_units)
+    assert sorted(Path(u.source).name for u in held_units if not any("SHIM_DTYPES" in f for f in u.flags)) == sources
+    target.device = resolve_device_target("cpu")
+    assert get_backend("builtin").kernel_library(target, tmp_path, ("float16",), "proxy") == []
+
+    def chosen_masks(used, held_masks):
+        """The dtype mask of each family a build of dtypes `used` links when the cache holds
+        the families compiled for `held_masks` (None: every dtype)."""
+        def mask_of(unit):
+            flag = next((f for f in unit.flags if "BYOC_SHIM_DTYPES" in f), None)
+            return None if flag is None else int(flag.split("=")[1], 16)
+        monkeypatch.setattr(compiler, "unit_cached", lambda units, workdir: [mask_of(u) in held_masks for u in units])
+        own = builtin.shim_compile_units(device, {"byoc_shim_conv2d"}, used)
+        chosen = builtin.library_shim_units(own, used, device, tmp_path)
+        assert [Path(u.source).name for u in chosen] == [Path(u.source).name for u in own]
+        return {mask_of(u) for u in chosen}
+
+    float16, float32, int64 = "BYOC_FLOAT16", "BYOC_FLOAT32", "BYOC_INT64"
+    assert chosen_masks({float16}, {0x2, 0x3, None}) == {0x2}  # its own, cached
+    assert chosen_masks({float16}, {0x3, None}) == {0x3}  # float16 and float32: fewer than every dtype
+    assert chosen_masks({float16}, {None, 0x1}) == {None}
+    assert chosen_masks({float16}, {0x1}) == {0x2}  # none with its dtypes: its own, compiled
+    assert chosen_masks({float16, int64}, {0x2, 0x3, None}) == {None}
+    assert chosen_masks({float16, float32}, {0x2, 0x1}) == {0x3}
 
 
 def test_byoc_kernels_build_show_and_clear(empty_cache, small_library, capsys):
@@ -255,12 +299,16 @@ def test_a_library_exported_on_one_machine_is_imported_on_another(empty_cache, s
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_present(), reason="no GPU visible")
-def test_a_build_with_the_library_tunes_on_the_gpu_without_compiling_a_candidate(empty_cache, tmp_path, caplog):
+def test_a_build_with_the_library_tunes_on_the_gpu_without_compiling_a_candidate(empty_cache, tmp_path, caplog,
+                                                                                   monkeypatch):
     """The library for a target of two tiles, then a model whose GEMMs no database knows,
     tuned on the GPU: every candidate comes from the library (tuning compiles none), the
     winners are compiled with their own epilogues, and the library's outputs match the
-    float32 reference."""
+    float32 reference. (The CUDA shim's share of the library is left out: not the subject.)"""
     import logging
+
+    from byoc.backend import get_backend
+    monkeypatch.setattr(get_backend("builtin"), "kernel_library", None)
 
     import cupy
     import numpy as np

@@ -99,12 +99,54 @@ def shim_compile_units(device_target, called: set | None = None, dtypes: set | N
     mask = [] if dtypes is None else shim_dtype_flags(dtypes)
     if device_target.kind == "cuda":
         flags = device_target.nvcc_flags() + [f"-I{SHIM_DIR}"] + [f"-I{d}" for d in cuda_include_dirs()] + mask
+        # a family for some dtypes is another object than for others (the kernel library
+        # holds several: library_shim_units), and one build's units need distinct outputs
         suffix = device_target.attrs["arch"]
-        return [CompileUnit(s, "cuda", flags, f"shim_{suffix}_{s.stem}.o")
+        tag = "" if dtypes is None else f"_dtypes{shim_dtype_mask(dtypes):x}"
+        return [CompileUnit(s, "cuda", flags, f"shim_{suffix}_{s.stem}{tag}.o")
                 for s in shim_sources(SHIM_DIR / "cuda", called)]
     from byoc.runtime import INCLUDE_DIR
     flags = device_target.cxx_flags() + [f"-I{SHIM_DIR}", f"-I{INCLUDE_DIR}"] + mask
     return [CompileUnit(s, "cxx", flags, f"shim_cpu_{s.stem}.o") for s in shim_sources(SHIM_DIR / "cpu", called)]
+
+
+# The dtype sets the kernel library compiles the CUDA shim for: every dtype, and the float
+# dtypes whose families models most often need alone or beside float32 (a float16 CNN's
+# convolutions: float16 only), whose objects are a third of every dtype's (conv.cu: 2 MB
+# against 6 MB). A build links the smallest of these that has its dtypes.
+LIBRARY_SHIM_DTYPES = (frozenset({"BYOC_FLOAT16"}), frozenset({"BYOC_FLOAT32"}), frozenset({"BYOC_BFLOAT16"}),
+                       frozenset({"BYOC_FLOAT16", "BYOC_FLOAT32"}), frozenset({"BYOC_BFLOAT16", "BYOC_FLOAT32"}), None)
+
+
+def shim_library_units(target, workdir, dtypes=None, epilogues=None) -> list:
+    """The built-in backend's share of the kernel library (byoc/kernel_library.py): every
+    family of the CUDA shim, for each of LIBRARY_SHIM_DTYPES. The shim does not depend on
+    the model, yet a cold build compiled the families it calls, and once the CUTLASS kernels
+    came from the library those were its slowest units (EfficientNet-B0's convolutions). A
+    build takes these objects in place of compiling its own (library_shim_units). `dtypes`
+    and `epilogues` choose CUTLASS kernels, not these."""
+    device = getattr(target, "device", None)
+    if device is None or device.kind != "cuda":
+        return []
+    return [unit for dtype_set in LIBRARY_SHIM_DTYPES for unit in shim_compile_units(device, None, dtype_set)]
+
+
+def library_shim_units(units: list, used: set, device_target, workdir) -> list:
+    """`units` (the shim families a model calls, compiled for the dtypes `used` it names):
+    each as it is where the object cache holds it, else the family for the fewest of
+    LIBRARY_SHIM_DTYPES that include `used` which the cache or the kernel library holds
+    (the same functions: the dtypes the model does not name are never called; the object
+    larger), else as it is (compiled)."""
+    from byoc.toolchain.compiler import unit_cached
+    wider = [shim_compile_units(device_target, None, dtype_set) for dtype_set in
+             sorted((d for d in LIBRARY_SHIM_DTYPES if d is None or d >= used), key=lambda d: 99 if d is None else len(d))]
+    candidates = units + [unit for family in wider for unit in family]
+    held = dict(zip(map(id, candidates), unit_cached(candidates, workdir)))
+    chosen = []
+    for unit in units:
+        alternatives = [other for family in wider for other in family if other.source == unit.source]
+        chosen.append(next((other for other in [unit] + alternatives if held[id(other)]), unit))
+    return chosen
 
 
 def shim_calls(source_text: str) -> set:
@@ -183,7 +225,9 @@ def codegen(functions: dict, target) -> list:
         from byoc.runtime import INCLUDE_DIR
         flags = device.cxx_flags() + [f"-I{SHIM_DIR}", f"-I{INCLUDE_DIR}"]
     units = [CompileUnit(source, "cuda" if kind == "cuda" else "cxx", flags, "builtin.o")]
-    units += shim_compile_units(device, shim_calls(generated.source), shim_dtypes(generated.source))
+    used = shim_dtypes(generated.source)
+    shim = shim_compile_units(device, shim_calls(generated.source), used)
+    units += library_shim_units(shim, used, device, target.workdir) if kind == "cuda" else shim
     # cuBLASLt only where a shim family that calls it is compiled in (the CUDA matmuls): a
     # library of elementwise ops, norms and convolutions needs nothing from it
     libraries = ["cublasLt"] if any(Path(unit.source).name in CUBLASLT_SHIM_SOURCES for unit in units
@@ -199,4 +243,4 @@ register_backend("builtin", flavor="shim", patterns=[], codegen=codegen, device=
                  one_composite_per_function=True,
                  float32_statistics=("softmax", "log_softmax", "layer_norm", "rms_norm"),
                  takes_the_rest=partition_builtin, outline_op=outline_op,
-                 claims_first=claim_squeeze_excitation)
+                 claims_first=claim_squeeze_excitation, kernel_library=shim_library_units)
