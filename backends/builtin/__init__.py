@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from byoc.backend import Artifact, register_backend
+from byoc.errors import BuildError
 from byoc.target import AttrSchema, at_least, register_target_kind
 
 from .codegen import generate
@@ -141,7 +142,10 @@ def library_shim_units(units: list, used: set, device_target, workdir) -> list:
     wider = [shim_compile_units(device_target, None, dtype_set) for dtype_set in
              sorted((d for d in LIBRARY_SHIM_DTYPES if d is None or d >= used), key=lambda d: 99 if d is None else len(d))]
     candidates = units + [unit for family in wider for unit in family]
-    held = dict(zip(map(id, candidates), unit_cached(candidates, workdir)))
+    try:
+        held = dict(zip(map(id, candidates), unit_cached(candidates, workdir)))
+    except BuildError:  # no nvcc to key them with: the compile says so, after the other backends' checks
+        return units
     chosen = []
     for unit in units:
         alternatives = [other for family in wider for other in family if other.source == unit.source]
