@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import operator
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -217,21 +218,34 @@ def program_units(programs: list) -> tuple:
     return units, unit_backends
 
 
+# The built-in shim's dtype selection (backends/builtin: BYOC_SHIM_DTYPES, a bit per dtype;
+# absent: every dtype)
+_SHIM_DTYPES_FLAG = "-DBYOC_SHIM_DTYPES="
+
+
 def fat_unit(first, second):
     """One cuda unit of byoc's (not a program's generated source) that two programs of a
     library for several archs compile for their archs, as one object with the code of both
     (each -gencode of either), or None where they differ otherwise. Without BYOC_PDL: the
-    object's host code launches for every arch, and only sm_90 and later take PDL."""
+    object's host code launches for every arch, and only sm_90 and later take PDL. Shim
+    families compiled for different dtypes (one program's family from the kernel library,
+    the other's its own) are one object for the dtypes of both."""
     def split(unit):
         gencodes = [f for f in unit.flags if str(f).startswith("-gencode=")]
-        return gencodes, [f for f in unit.flags if not str(f).startswith("-gencode=") and f != "-DBYOC_PDL"]
+        dtypes = [f for f in unit.flags if str(f).startswith(_SHIM_DTYPES_FLAG)]
+        rest = [f for f in unit.flags if not str(f).startswith(("-gencode=", _SHIM_DTYPES_FLAG)) and f != "-DBYOC_PDL"]
+        return gencodes, dtypes, rest
     if first.language != "cuda" or second.language != "cuda" or first.source != second.source or \
             list(map(str, first.dependencies)) != list(map(str, second.dependencies)):
         return None
-    (first_codes, first_rest), (second_codes, second_rest) = split(first), split(second)
+    (first_codes, first_dtypes, first_rest), (second_codes, second_dtypes, second_rest) = split(first), split(second)
     if first_rest != second_rest or not first_codes or not second_codes:
         return None
-    return dataclasses.replace(first, flags=list(dict.fromkeys(first_codes + second_codes)) + first_rest)
+    dtypes = []
+    if first_dtypes and second_dtypes:  # both for some dtypes: for those of either
+        masks = [int(str(flag)[len(_SHIM_DTYPES_FLAG):], 0) for flag in first_dtypes + second_dtypes]
+        dtypes = [f"{_SHIM_DTYPES_FLAG}{functools.reduce(operator.or_, masks):#x}"]
+    return dataclasses.replace(first, flags=list(dict.fromkeys(first_codes + second_codes)) + first_rest + dtypes)
 
 
 def render_host_source(programs: list, context, build_id: str, tables: list, weights_bytes: int,

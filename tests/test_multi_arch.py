@@ -51,8 +51,14 @@ def test_byocs_sources_compiled_for_two_archs_are_one_object_with_both():
     assert merged.output == "shim_sm_80_linalg.o" and "-DBYOC_PDL" not in merged.flags
     assert merged.flags == ["-gencode=arch=compute_80,code=[sm_80,compute_80]",
                             "-gencode=arch=compute_90,code=[sm_90,compute_90]"] + flags
+    # for other dtypes (one program's shim family from the kernel library): one object for the dtypes of both
     other = CompileUnit("shim/linalg.cu", "cuda", sm90.flags[:1] + ["-O3", "-DBYOC_SHIM_DTYPES=0x6"], "x.o")
-    assert fat_unit(sm80, other) is None  # compiled another way, not only for another arch
+    assert fat_unit(sm80, other).flags[-2:] == ["-O3", "-DBYOC_SHIM_DTYPES=0x6"]
+    every = CompileUnit("shim/linalg.cu", "cuda", sm90.flags[:1] + ["-O3"], "x.o")
+    assert fat_unit(sm80, every).flags == merged.flags[:2] + ["-O3"]  # every dtype
+    optimized_otherwise = CompileUnit("shim/linalg.cu", "cuda", sm90.flags[:1] + ["-O2", "-DBYOC_SHIM_DTYPES=0x2"],
+                                      "z.o")
+    assert fat_unit(sm80, optimized_otherwise) is None  # compiled another way, not only for another arch
     assert fat_unit(sm80, CompileUnit("shim/gather.cu", "cuda", sm90.flags, "y.o")) is None
 
 
