@@ -139,8 +139,9 @@ def library_shim_units(units: list, used: set, device_target, workdir) -> list:
     (the same functions: the dtypes the model does not name are never called; the object
     larger), else as it is (compiled)."""
     from byoc.toolchain.compiler import unit_cached
-    wider = [shim_compile_units(device_target, None, dtype_set) for dtype_set in
-             sorted((d for d in LIBRARY_SHIM_DTYPES if d is None or d >= used), key=lambda d: 99 if d is None else len(d))]
+    fewest_first = sorted((dtype_set for dtype_set in LIBRARY_SHIM_DTYPES if dtype_set is None or dtype_set >= used),
+                          key=lambda dtype_set: len(shim_dtype_numbers()) if dtype_set is None else len(dtype_set))
+    wider = [shim_compile_units(device_target, None, dtype_set) for dtype_set in fewest_first]
     candidates = units + [unit for family in wider for unit in family]
     try:
         held = dict(zip(map(id, candidates), unit_cached(candidates, workdir)))

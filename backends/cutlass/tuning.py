@@ -324,9 +324,9 @@ def choose_kernels(problems: list, sm: int, database: TuningDatabase, *, profile
                 default_kernel(sm, problem, allowed)
     if to_tune:
         mode = tuned_epilogue or ("proxy" if proxy_epilogue else "auto")
-        held = {}  # a candidate unit's entry -> whether it is compiled: problems share most units
+        compiled_units = {}  # a candidate unit's entry -> whether it is compiled: problems share most units
         plans = {problem: tuning_plan(problem, sm, allowed, compile_flags, workdir / "tuning", mode,
-                                      runtime_epilogue, held)
+                                      runtime_epilogue, compiled_units)
                  for problem in to_tune}
         count = sum(len(kernels) for kernels, _, _ in plans.values())
         held = sum(held for _, _, held in plans.values())
