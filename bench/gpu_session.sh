@@ -21,7 +21,7 @@ set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/byoc-out}"
 mkdir -p "$OUT"
-for package in jinja2 pyyaml ninja ml_dtypes; do  # one at a time: one that cannot install must not stop the rest
+for package in jinja2 pyyaml ninja ml_dtypes timm; do  # one at a time: one that cannot install must not stop the rest
   python3 -c "import ${package/pyyaml/yaml}" 2>/dev/null || pip install --no-index --find-links .whl "$package" >>"$OUT/pip.log" 2>&1
 done
 # CUTLASS's headers straight from the wheel (byoc finds them through CUTLASS_PATH).
@@ -307,9 +307,12 @@ case "$stage" in
   corpus)
     # Corpus architectures at full size, each exported by both torch exporters, built for
     # cuda_sm90 (no tuning measurements) and run against onnxruntime; BUDGET_S (default 480)
-    # stops starting cases. Pass BYOC_GIT_COMMIT=<the local HEAD>.
+    # stops starting cases. Pass BYOC_GIT_COMMIT=<the local HEAD>. SPEED=1 times each case
+    # against torch too ($OUT/corpus_speed.md; the children take the host's GPUs in turn, e.g.
+    # JOBS=8 on four GPUs: two cases a GPU, one of them timing at a time), e.g.
+    #   SPEED=1 JOBS=8 MERGE_FROM=/nonexistent bash bench/gpu_session.sh corpus phi:dynamo densenet:dynamo
     PYTHONUNBUFFERED=1 python3 bench/corpus_gpu.py --out "$OUT" --budget-s "${BUDGET_S:-480}" --jobs "${JOBS:-4}" \
-      --merge-from bench/results/corpus_gpu.json \
+      --merge-from "${MERGE_FROM:-bench/results/corpus_gpu.json}" ${SPEED:+--speed} \
       ${@:+--cases "$@"} 2>&1 | grep -v Warning | tee "$OUT/corpus_gpu.log" | tail -n 40 ;;
   release)
     # The model cases the open issues need, with the kernels `gemm` tuned (bench/results/
