@@ -115,6 +115,29 @@ def @main(%k: Tensor[(1, 2, 3, 5, 4), float32]) -> Tensor[(1, 6, 4, 5), float32]
     np.testing.assert_array_equal(byoc.interpret(after, k=k), byoc.interpret(before, k=k))
 
 
+def test_rotary_halves_flattened_for_the_transpose_are_reshaped_first():
+    """K after rotary embeddings as RotateHalfAsView leaves it, [B, H, S, 2, D/2], flattened
+    to [B*H, S, D] for the 3-D transpose (torch's exporter's scaled_dot_product_attention of
+    Falcon and ModernBERT): reshape to [B, H, S, D], then transpose the last two axes."""
+    before = parse("""
+def @main(%k: Tensor[(2, 1, 5, 2, 2), float32]) -> Tensor[(2, 1, 4, 5), float32] {
+  %k3 = reshape(%k, shape=[-1, 5, 4])
+  %kt3 = transpose(%k3, axes=[0, 2, 1])
+  %kt = reshape(%kt3, shape=[2, 1, 4, 5])
+  return %kt
+}""")
+    expected = parse("""
+def @main(%k: Tensor[(2, 1, 5, 2, 2), float32]) -> Tensor[(2, 1, 4, 5), float32] {
+  %kt_unflattened = reshape(%k, shape=[2, 1, 5, 4])
+  %kt = transpose(%kt_unflattened, axes=[0, 1, 3, 2])
+  return %kt
+}""")
+    after = dead_code_elimination(unflatten_batch_transpose(before))
+    assert_structural_equal(after, expected)
+    k = np.random.default_rng(1).standard_normal((2, 1, 5, 2, 2)).astype(np.float32)
+    np.testing.assert_array_equal(byoc.interpret(after, k=k), byoc.interpret(before, k=k))
+
+
 def test_reshapes_that_move_more_than_the_leading_axes_stay():
     moved = parse("""
 def @main(%k: Tensor[(2, 3, 5, 4), float32]) -> Tensor[(3, 2, 5, 4), float32] {

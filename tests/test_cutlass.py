@@ -1551,7 +1551,12 @@ def _attention_model(batch, seq_q, seq_k, heads, head_dim, *, fused_qkv=True, ma
     scaled by the square root of `scale`, K^T as a 3-D transpose between reshapes, the
     probabilities guarded: where(isnan(p), 0, p)). key_form "llama": as transformers' LLaMA
     writes it, rotary embeddings (rotate_half) applied to Q's and K's heads, and K's and
-    V's `kv_heads` heads repeated to `heads` (repeat_kv: expand_dims, broadcast_to, reshape)."""
+    V's `kv_heads` heads repeated to `heads` (repeat_kv: expand_dims, broadcast_to, reshape).
+    key_form "mqa_sdpa": as torch's exporter writes scaled_dot_product_attention of Falcon
+    and ModernBERT: rotary embeddings on Q's and K's heads (`kv_heads` of them: one is
+    multi-query attention, its head broadcast by both matmuls, no repeat_kv), K^T a 3-D
+    transpose between reshapes of the rotated heads, one scale of the scores, the
+    probabilities guarded."""
     hidden = heads * head_dim
     kv_heads = kv_heads or heads
     kv_hidden = kv_heads * head_dim
@@ -1584,7 +1589,12 @@ def _attention_model(batch, seq_q, seq_k, heads, head_dim, *, fused_qkv=True, ma
             return fb.call("reshape", x, shape=[batch, heads, seq, head_dim])
 
         q_heads = heads_of(q, seq_q)
-        if key_form == "llama":
+        if key_form == "mqa_sdpa":
+            q_heads = rotary(q_heads, seq_q)
+            flat = fb.call("reshape", rotary(heads_of(k, seq_k, kv_heads), seq_k), shape=[-1, seq_k, head_dim])
+            k_t = fb.call("reshape", fb.call("transpose", flat, axes=[0, 2, 1]),
+                          shape=[batch, kv_heads, head_dim, seq_k])
+        elif key_form == "llama":
             q_heads = rotary(q_heads, seq_q)
             k_t = fb.call("transpose", repeated(rotary(heads_of(k, seq_k, kv_heads), seq_k), seq_k), axes=[0, 1, 3, 2])
         elif key_form == "sdpa":
@@ -1603,10 +1613,11 @@ def _attention_model(batch, seq_q, seq_k, heads, head_dim, *, fused_qkv=True, ma
         if mask is not None:
             scores = fb.call("add", scores, fb.call("cast", fb.param("mask", mask, "float32"), dtype=dtype))
         probabilities = fb.call("softmax", scores, axis=-1)
-        if key_form == "sdpa":
+        if key_form in ("sdpa", "mqa_sdpa"):
             is_nan = fb.call("not_equal", probabilities, probabilities)
             probabilities = fb.call("where", is_nan, np.array(0.0, dtype), probabilities)
-        v_heads = repeated(heads_of(v, seq_k, kv_heads), seq_k) if key_form == "llama" else heads_of(v, seq_k)
+        v_heads = repeated(heads_of(v, seq_k, kv_heads), seq_k) if key_form == "llama" else \
+            heads_of(v, seq_k, kv_heads) if key_form == "mqa_sdpa" else heads_of(v, seq_k)
         context = fb.call("matmul", probabilities, v_heads)
         context = fb.call("transpose", context, axes=[0, 2, 1, 3])
         if merge_heads:
@@ -1712,6 +1723,28 @@ def test_grouped_query_attention_with_rotary_heads_is_one_kernel_reading_shared_
                  "p.k_row_stride = 64;", "p.head_stride_k = 2048;", "p.k_batch_stride = 4096;",
                  "p.v_row_stride = 768;", "p.head_stride_v = 64;", "config.gridDim = dim3(1, 8, 1);"):
         assert line in text, line
+
+
+@pytest.mark.parametrize("kv_heads, kernel", [(1, "byoc_flash_attention_sm80_f16_64x64_d64_mask_zero_empty_rows_gqa8"),
+                                              (8, "byoc_flash_attention_sm80_f16_64x64_d64_mask_zero_empty_rows")])
+def test_attention_as_torch_exports_it_with_rotary_keys_and_one_shared_head_is_one_kernel(kv_heads, kernel, tmp_path):
+    """Falcon (multi-query: one key/value head that both matmuls broadcast to every query
+    head) and ModernBERT (8 heads) as torch's exporter writes their scaled_dot_product_attention:
+    K^T flattens the rotated heads, which RotateHalfAsView leaves as [B, H, S, 2, D/2] halves.
+    UnflattenBatchTranspose reshapes the halves back to heads and the pattern reads them in
+    place; the shared head is read by every query head (a group of 8), not repeated."""
+    mod = _attention_model(1, 40, 40, 8, 64, fused_qkv=False, mask=(1, 1, 40, 40), key_form="mqa_sdpa",
+                           kv_heads=kv_heads, scale=("multiply", 0.125))
+    codegen, mod, report = _partitioned_attention(mod, tmp_path)
+    assert report.to_json()["backends"]["cutlass"]["patterns"] == {"attention": 1}, report.to_text()
+    _, artifacts = codegen.codegen(mod)
+    (cutlass,) = [a for a in artifacts if a.backend == "cutlass"]
+    assert list(cutlass.kernels.values()) == [kernel]
+    (source,) = tmp_path.glob("cutlass_*.cu")
+    text = source.read_text()
+    strides = ("p.k_row_stride = 64;", "p.head_stride_k = 2560;", f"p.k_batch_stride = {kv_heads * 2560};")
+    for line in strides + (f"p.kv_group = {8 // kv_heads};",):
+        assert line in text, (line, text[text.index("p.k_row_stride") - 400:text.index("p.k_row_stride") + 400])
 
 
 @pytest.mark.parametrize("case, kwargs, reason", [
@@ -1871,6 +1904,12 @@ def test_attention_kernel_compiles(sm, tile, kernel, tmp_path):
                                                     scale=("multiply", 0.125)), ""),
     ("llama_gqa_rotary_d128_separate", (1, 64, 72, 4, 128), dict(fused_qkv=False, mask=(1, 1, 64, 72),
                                                                   key_form="llama", kv_heads=1), "flash:32x64"),
+    # as torch's exporter writes Falcon's multi-query attention (one key/value head the
+    # matmuls broadcast) and ModernBERT's: rotated K flattened for a 3-D transpose, guarded
+    ("falcon_mqa_sdpa", (2, 100, 100, 8, 64), dict(fused_qkv=False, mask=(2, 1, 100, 100), key_form="mqa_sdpa",
+                                                   kv_heads=1, scale=("multiply", 0.125)), ""),
+    ("modernbert_sdpa_rotary", (1, 72, 72, 4, 64), dict(fused_qkv=False, mask=(1, 1, 72, 72), key_form="mqa_sdpa",
+                                                        kv_heads=4, scale=("multiply", 0.125)), ""),
     # grouped-query at head dim 40 (no flash kernel): the attention over the heads repeat_kv
     # materialized (the pattern's next match once the shared-heads one is refused)
     ("llama_gqa_d40_repeated", (2, 33, 40, 4, 40), dict(fused_qkv=False, mask=(2, 1, 33, 40), key_form="llama",
@@ -1901,7 +1940,8 @@ def test_attention_matches_float32_reference(case, shape, kwargs, tile, tmp_path
     module = library.load()
     rng = np.random.default_rng(1)
     inputs = {p.name_hint: rng.standard_normal(p.type.shape).astype(np.float32) for p in mod["main"].params}
-    if case.startswith("sdpa"):  # a boolean mask as torch makes it additive: 0 or -inf; some rows all -inf
+    if case.startswith("sdpa") or "mqa_sdpa" in str(kwargs.get("key_form")):
+        # a boolean mask as torch makes it additive: 0 or -inf; some rows all -inf
         inputs["mask"] = np.where(rng.random(inputs["mask"].shape) < 0.8, 0.0, -np.inf).astype(np.float32)
         inputs["mask"][0, :, 3, :] = -np.inf
         inputs["mask"][-1, :, -1, :] = -np.inf
@@ -1913,7 +1953,7 @@ def test_attention_matches_float32_reference(case, shape, kwargs, tile, tmp_path
         reference = byoc.interpret(mod, **inputs)  # the same graph in float32
     assert np.isfinite(reference).all() and np.isfinite(got).all(), case
     assert np.max(np.abs(got - reference)) <= 1e-2 * np.max(np.abs(reference)), case
-    if case.startswith("sdpa"):
+    if case.startswith("sdpa") or kwargs.get("key_form") == "mqa_sdpa":
         assert "_zero_empty_rows" in "".join(p.read_text() for p in (tmp_path / "w").glob("cutlass_*.cu"))
         assert not got[0, 3].any() and not got[-1, -1].any()  # the rows masked whole
 

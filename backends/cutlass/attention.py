@@ -243,6 +243,12 @@ def read_attention(root, producer) -> Attention:
     (batch, seq_q, heads, head_dim), q_operand, _ = q
     (k_batch, seq_k, k_heads, k_dim), k_operand, k_group = k
     (v_batch, v_seq, v_heads, head_dim_v), v_operand, v_group = v
+    # one key/value head broadcast by the matmuls to every query head (multi-query
+    # attention as scaled_dot_product_attention exports it: no repeat_kv): a group of all
+    if k_heads == 1 and k_group == 1:
+        k_group = heads
+    if v_heads == 1 and v_group == 1:
+        v_group = heads
     if (k_batch, k_heads * k_group, k_dim) != (batch, heads, head_dim) or \
             (v_batch, v_seq, v_heads * v_group) != (batch, seq_k, heads) or k_group != v_group:
         raise NotAttention(f"Q {q[0]}, K {k[0]} repeated {k_group} times and V {v[0]} repeated {v_group} times "
@@ -307,14 +313,43 @@ def _heads(expr, producer, role, repeats=True):
     value from outside the chain (read in place), or (where `repeats`) either of those
     with each head repeated G times (grouped-query attention; G is 1 otherwise)."""
     made = producer(expr)
-    if made is None and len(expr.type.shape) == 4:
+    leaf = _same_order_leaf(expr, producer)
+    if leaf is not None and len(expr.type.shape) == 4 and not (repeats and _repeat_kv(expr, producer)):
+        # heads from outside, or their elements in the same order under another shape (K
+        # after rotary embeddings is [B, H, S, 2, D/2]; one head moved by a transpose)
         batch, heads, seq, dim = expr.type.shape
-        return (batch, seq, heads, dim), Operand(expr, 0, dim, seq * dim, heads * seq * dim), 1
+        return (batch, seq, heads, dim), Operand(leaf, 0, dim, seq * dim, heads * seq * dim), 1
     if repeats and made is not None and made[0] == "reshape":
         return _repeated_heads(expr, made[1][0], producer, role)
     if made is None or made[0] != "transpose" or _axes(made[2], 4) != HEAD_SPLIT:
         raise NotAttention(f"{role} is not split into heads by transpose [0, 2, 1, 3]")
     return (*_reshaped_source(made[1][0], producer, role), 1)
+
+
+def _same_order_leaf(expr, producer):
+    """The leaf (a value from outside the chain) whose elements `expr` holds in the same
+    order, through reshapes and transposes that move only axes of size 1; else None."""
+    while True:
+        made = producer(expr)
+        if made is None:
+            return expr
+        if made[0] == "reshape":
+            expr = made[1][0]
+            continue
+        if made[0] == "transpose":
+            shape = made[1][0].type.shape
+            moved = [axis for axis in range(len(shape)) if shape[axis] != 1]
+            order = [axis for axis in _axes(made[2], len(shape)) if shape[axis] != 1]
+            if order == moved:  # the axes of more than one element keep their order
+                expr = made[1][0]
+                continue
+        return None
+
+
+def _repeat_kv(expr, producer) -> bool:
+    """Whether expr is repeat_kv's reshape of broadcast heads (_repeated_heads reads it)."""
+    made = producer(expr)
+    return made is not None and made[0] == "reshape" and (producer(made[1][0]) or ("",))[0] == "broadcast_to"
 
 
 def _repeated_heads(expr, repeated, producer, role):

@@ -10,11 +10,11 @@ transpose between two reshapes); the fused attention pattern reads K^T as a tran
 K's heads, and the two reshapes would be two more copies where no kernel fuses them.
 
 Rewrites, in every function with a body, reshape(transpose(reshape(x, [N, a, b]), [0, 2, 1]),
-[*lead, b, a]) where x is [*lead, a, b] and N = prod(lead), the inner reshape and the
-transpose each read only by the next; the outer reshape becomes the 4-D (or n-D)
-transpose. Where x's leading axes are others with the same product (grouped-query
-attention's repeated heads, [B, Hkv, G, S, D] against [B, H]), x is reshaped to
-[*lead, a, b] first, as repeat_kv writes it for the eager attention:
+[*lead, b, a]) where N = prod(lead), the inner reshape and the transpose each read only by
+the next; the outer reshape becomes the 4-D (or n-D) transpose. Where x is not
+[*lead, a, b] (grouped-query attention's repeated heads, [B, Hkv, G, S, D] against [B, H];
+rotary embeddings' halves, [B, H, S, 2, D/2]), x is reshaped to [*lead, a, b] first (the
+same elements in the same order), as repeat_kv writes it for the eager attention:
 
     %k3 = reshape(%k5, shape=[-1, S, D])               (%k5: [B, Hkv, G, S, D])
     %kt3 = transpose(%k3, axes=[0, 2, 1])     ->      %k = reshape(%k5, shape=[B, H, S, D])
@@ -73,14 +73,13 @@ def _unflattened_source(binding, index: int, bindings: BindingIndex):
     flattened = single_reader_producer(transposed[1].args[0], transposed[0], "reshape")
     if flattened is None:
         return None
-    source = flattened[1].args[0]
-    shape = tuple(source.type.shape)
-    if len(shape) < 3:
+    # reshape(x, [N, a, b]) is reshape(x, [*lead, a, b]) merged: row-major order is the
+    # same whatever x's own shape (rotary embeddings leave K as [B, H, S, 2, D/2] halves)
+    flat_shape = tuple(flattened[1].type.shape)
+    if len(flat_shape) != 3:
         return None
-    *lead, rows, columns = shape
-    if tuple(flattened[1].type.shape) != (math.prod(lead), rows, columns):
-        return None
+    count, rows, columns = flat_shape
     *out_lead, out_columns, out_rows = binding.var.type.shape
-    if (out_columns, out_rows) != (columns, rows) or math.prod(out_lead) != math.prod(lead) or not out_lead:
+    if (out_columns, out_rows) != (columns, rows) or math.prod(out_lead) != count or not out_lead:
         return None
-    return source
+    return flattened[1].args[0]
