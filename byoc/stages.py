@@ -29,7 +29,7 @@ def import_model(mod, context):
 def simplify(mod, context):
     """FoldConstant, FoldBatchNorm, RecognizeGelu, SinkReshapes, HoistScalarFactors and the rest; float16 if asked.
 
-    In order: FoldConstant, FoldBatchNorm, RecognizeGelu, RecognizeSiLU, RecognizeRMSNorm, SimplifyIdentityGather,
+    In order: FoldConstant, FoldBatchNorm, BatchNormAsScaleShift, RecognizeGelu, RecognizeSiLU, RecognizeRMSNorm, SimplifyIdentityGather,
     UnbindStackedHeads, RotateHalfAsView, SinkReshapes,
     HoistScalarFactors, UnflattenBatchTranspose, FoldScaleIntoMatmul, CombineLogitAddends,
     ConvertToFloat16 (precision float16 or bfloat16), CombineParallelMatmul."""
@@ -37,6 +37,7 @@ def simplify(mod, context):
     from .transform import convert_to_float16, dead_code_elimination, fold_constant, simplify_identity_gather
     from .transform.combine_logit_addends import combine_logit_addends
     from .transform.combine_parallel_matmul import combine_parallel_matmul
+    from .transform.batch_norm_as_scale_shift import batch_norm_as_scale_shift
     from .transform.fold_batch_norm import fold_batch_norm
     from .transform.fold_scale_into_matmul import fold_scale_into_matmul
     from .transform.hoist_scalar_factors import hoist_scalar_factors
@@ -53,7 +54,7 @@ def simplify(mod, context):
     def fold(mod):
         return fold_constant(mod, size_limit_bytes=MAX_FOLDED_BYTES)
     mod = dead_code_elimination(recognize_rms_norm(recognize_silu(recognize_gelu(
-        dead_code_elimination(fold_batch_norm(fold(mod)))))))
+        batch_norm_as_scale_shift(dead_code_elimination(fold_batch_norm(fold(mod))))))))
     # after FoldConstant (the indices are constants then), before SinkReshapes (which
     # merges the reshape it leaves with its neighbours); after RecognizeGelu: a GEMM's
     # activation reads its reshape only once recognized

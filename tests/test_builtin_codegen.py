@@ -361,6 +361,13 @@ def shim_cases() -> list[Case]:
         add(f"reshape_{dtype}", "reshape", [((2, 3, 4), dtype, ())], {"shape": [6, -1]})
         add(f"transpose_{dtype}", "transpose", [((2, 3, 4, 5), dtype, ())], {"axes": [0, 2, 3, 1]})
         add(f"concat_{dtype}", "concat", [((2, 3), dtype, ()), ((2, 5), dtype, ()), ((2, 1), dtype, ())], {"axis": 1})
+    # one byoc_shim_concat for every part: NHWC channels in 16-byte words, rows of 3 bytes
+    # (one-byte words), the outermost axis (one row), and more parts than one launch takes
+    add("concat_channels_float16", "concat", [((2, 3, 3, 16), "float16", ()), ((2, 3, 3, 8), "float16", ()),
+                                              ((2, 3, 3, 24), "float16", ())], {"axis": 3})
+    add("concat_odd_rows_uint8", "concat", [((4, 3), "uint8", ()), ((4, 1), "uint8", ())], {"axis": 1})
+    add("concat_outermost", "concat", [((2, 3), "float32", ()), ((1, 3), "float32", ())], {"axis": 0})
+    add("concat_70_parts", "concat", [((2, 1 + index % 3, 2), "float16", ()) for index in range(70)], {"axis": 1})
     add("squeeze", "squeeze", [((2, 1, 3, 1), "float32", ())], {"axes": [1]})
     add("expand_dims", "expand_dims", [((2, 3), "bfloat16", ())], {"axes": [0, 3]})
     add("transpose_reverse", "transpose", [((3, 4, 5), "float64", ())])

@@ -75,3 +75,42 @@ def @main(%x: Tensor[(1, 2, 1, 1), float32]) -> Tuple[Tensor[(1, 2, 1, 1), float
 }
 """)
     assert_structural_equal(fold_batch_norm(before), before)
+
+
+def test_a_batch_norm_with_nothing_to_fold_into_becomes_a_scale_and_shift():
+    """DenseNet's pre-activation: batch_norm -> relu on the concat of earlier features (no
+    conv before the norm). BatchNormAsScaleShift writes it as the multiply and add it
+    computes, channel vectors shaped to broadcast on its axis; a norm whose parameter is a
+    run-time input stays."""
+    from byoc.ir import parse
+    from byoc.transform.batch_norm_as_scale_shift import batch_norm_as_scale_shift
+    before = parse("""
+def @main(%a: Tensor[(1, 2, 3, 3), float32], %b: Tensor[(1, 1, 3, 3), float32], %g: Tensor[(3,), float32]) -> Tuple[Tensor[(1, 3, 3, 3), float32], Tensor[(1, 3, 3, 3), float32]] {
+  %cat = concat(%a, %b, axis=1)
+  %norm = batch_norm(%cat, const([2.0, 1.0, 0.5], float32), const([0.0, 1.0, -1.0], float32), const([1.0, 0.0, 2.0], float32), const([3.0, 0.0, 15.0], float32), epsilon=1.0)
+  %act = relu(%norm)
+  %kept = batch_norm(%cat, %g, const([0.0, 1.0, -1.0], float32), const([1.0, 0.0, 2.0], float32), const([3.0, 0.0, 15.0], float32), epsilon=1.0)
+  return (%act, %kept)
+}""")
+    expected = parse("""
+def @main(%a: Tensor[(1, 2, 3, 3), float32], %b: Tensor[(1, 1, 3, 3), float32], %g: Tensor[(3,), float32]) -> Tuple[Tensor[(1, 3, 3, 3), float32], Tensor[(1, 3, 3, 3), float32]] {
+  %cat = concat(%a, %b, axis=1)
+  %norm_scaled = multiply(%cat, const([[[1.0]], [[1.0]], [[0.125]]], float32))
+  %norm = add(%norm_scaled, const([[[-1.0]], [[1.0]], [[-1.25]]], float32))
+  %act = relu(%norm)
+  %kept = batch_norm(%cat, %g, const([0.0, 1.0, -1.0], float32), const([1.0, 0.0, 2.0], float32), const([3.0, 0.0, 15.0], float32), epsilon=1.0)
+  return (%act, %kept)
+}""")
+    after = batch_norm_as_scale_shift(before)
+    assert_structural_equal(after, expected)
+    rng = np.random.default_rng(2)
+    inputs = {"a": rng.standard_normal((1, 2, 3, 3)).astype(np.float32),
+              "b": rng.standard_normal((1, 1, 3, 3)).astype(np.float32), "g": rng.random(3).astype(np.float32)}
+    for got, want in zip(byoc.interpret(after, **inputs), byoc.interpret(before, **inputs)):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    last_axis = parse("""
+def @main(%x: Tensor[(2, 4, 3), float32]) -> Tensor[(2, 4, 3), float32] {
+  %norm = batch_norm(%x, const([2.0, 1.0, 0.5], float32), const([0.0, 1.0, -1.0], float32), const([1.0, 0.0, 2.0], float32), const([3.0, 0.0, 15.0], float32), epsilon=1.0, axis=-1)
+  return %norm
+}""")
+    assert "const([1.0, 1.0, 0.125], float32)" in batch_norm_as_scale_shift(last_axis).script()

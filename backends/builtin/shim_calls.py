@@ -43,6 +43,12 @@ class ShimCalls:
         self.arrays.append({"name": name, "elements": [int_literal(v) for v in values]})
         return name
 
+    def pointers(self, expressions) -> str:
+        """The name of a local array of the data pointers `expressions` (a concat's parts)."""
+        name = f"pointers{sum(step['kind'] == 'pointers' for step in self.steps)}"
+        self.steps.append({"kind": "pointers", "name": name, "elements": [str(e) for e in expressions]})
+        return name
+
     def scratch(self, nbytes: int) -> str:
         """A pointer expression to a fresh, aligned region of the workspace."""
         offset = self.workspace_bytes
@@ -228,16 +234,15 @@ def _emit_broadcast_to(calls: ShimCalls, ctx: OpContext) -> None:
 
 
 def _emit_concat(calls: ShimCalls, ctx: OpContext) -> None:
+    """One byoc_shim_concat for every part: each is rows of its extent along the axis times
+    the dims after it, the rows being the dims before the axis."""
     out = ctx.out_type
     axis = ctx.attrs["axis"] % out.ndim
-    out_strides = _dense_strides(out.shape)
-    position = 0
-    for index, source in enumerate(ctx.inputs):
-        part = ctx.arg_type(index)
-        destination = _offset(ctx.output, position * out_strides[axis] * element_size(out.dtype), const=False)
-        _copy_strided(calls, source, destination, out.dtype, part.shape, _dense_strides(part.shape),
-                      out_strides=out_strides)
-        position += part.shape[axis]
+    rows = math.prod(out.shape[:axis])
+    row_bytes = [math.prod(ctx.arg_type(index).shape[axis:]) * element_size(out.dtype)
+                 for index in range(len(ctx.inputs))]
+    calls.call("byoc_shim_concat", calls.pointers(ctx.inputs), len(ctx.inputs), calls.array(row_bytes), rows,
+               ctx.output)
 
 
 def _emit_tile(calls: ShimCalls, ctx: OpContext) -> None:

@@ -371,6 +371,29 @@ inline int check_copy_strided(const char* function, const void* in, const void* 
   return check_pointer(function, "out", out);
 }
 
+// byoc_shim_concat's arguments; the data pointers only where a part (or the output) is
+// not empty.
+inline int check_concat(const char* function, const void* const* ins, int parts, const int64_t* row_bytes,
+                        int64_t rows, const void* out) {
+  if (parts < 0 || rows < 0) {
+    return fail(kInvalidArgument, function, "parts = %d and rows = %lld; expected both >= 0", parts,
+                static_cast<long long>(rows));
+  }
+  if (parts == 0 || rows == 0) return 0;
+  BYOC_CHECK(check_pointer(function, "ins", ins));
+  BYOC_CHECK(check_pointer(function, "row_bytes", row_bytes));
+  int64_t total = 0;
+  for (int i = 0; i < parts; ++i) {
+    if (row_bytes[i] < 0) {
+      return fail(kInvalidArgument, function, "row_bytes[%d] is %lld; expected >= 0", i,
+                  static_cast<long long>(row_bytes[i]));
+    }
+    if (row_bytes[i] > 0) BYOC_CHECK(check_pointer(function, "ins[i]", ins[i]));
+    total += row_bytes[i];
+  }
+  return total == 0 ? 0 : check_pointer(function, "out", out);
+}
+
 // byoc_shim_tile's arguments; fills out_shape (ndim entries: in_shape times repeats). The
 // data pointers only when the output is not empty.
 inline int check_tile(const char* function, const void* in, const void* out, int elem_size, int ndim,

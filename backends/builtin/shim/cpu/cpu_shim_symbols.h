@@ -11,6 +11,7 @@
 #define byoc_shim_conv2d byoc_cpu_shim_conv2d
 #define byoc_shim_conv2d_workspace byoc_cpu_shim_conv2d_workspace
 #define byoc_shim_copy_strided byoc_cpu_shim_copy_strided
+#define byoc_shim_concat byoc_cpu_shim_concat
 #define byoc_shim_cumsum byoc_cpu_shim_cumsum
 #define byoc_shim_gather byoc_cpu_shim_gather
 #define byoc_shim_gather_elements byoc_cpu_shim_gather_elements

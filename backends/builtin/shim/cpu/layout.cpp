@@ -112,6 +112,26 @@ extern "C" int byoc_shim_copy_strided(const void* in, void* out, int elem_size, 
   return 0;
 }
 
+extern "C" int byoc_shim_concat(const void* const* ins, int parts, const int64_t* row_bytes, int64_t rows,
+                                void* out, void* stream) {
+  (void)stream;
+  static const char kFunction[] = "byoc_shim_concat";
+  BYOC_CHECK(check_concat(kFunction, ins, parts, row_bytes, rows, out));
+  int64_t out_row = 0;
+  for (int i = 0; i < parts; ++i) out_row += row_bytes[i];
+  if (rows == 0 || out_row == 0) return 0;
+  unsigned char* destination = static_cast<unsigned char*>(out);
+  for (int64_t row = 0; row < rows; ++row) {
+    for (int i = 0; i < parts; ++i) {
+      if (row_bytes[i] == 0) continue;
+      std::memcpy(destination, static_cast<const unsigned char*>(ins[i]) + row * row_bytes[i],
+                  static_cast<size_t>(row_bytes[i]));
+      destination += row_bytes[i];
+    }
+  }
+  return 0;
+}
+
 extern "C" int byoc_shim_tile(const void* in, void* out, int elem_size, int ndim, const int64_t* in_shape,
                               const int64_t* repeats, void* stream) {
   (void)stream;

@@ -170,6 +170,64 @@ int run_copy(const char* function, const void* in, void* out, int elem_size, Cop
   });
 }
 
+// ================================================================= concat
+
+// Parts one launch concatenates (more are launched in groups of this many): by value, the
+// kernel's parameters stay well inside the 4 KB they may take.
+constexpr int kMaxConcatParts = 64;
+
+template <class Index>
+struct ConcatParams {
+  const void* in[kMaxConcatParts];
+  Index width[kMaxConcatParts];   // a part's row, in words
+  Index column[kMaxConcatParts];  // where it starts in an output row, in words
+  Index out_width;                // an output row, in words
+  Index rows;
+};
+
+// blockIdx.y picks the part (uniform in the block: its parameters are one constant-bank
+// read each); the blocks of x stride over that part's rows x width words.
+template <class Word, class Index>
+__global__ void concat_kernel(Word* __restrict__ out, ConcatParams<Index> p) {
+  byoc_pdl::begin_after_previous();
+  const int part = blockIdx.y;
+  const Word* __restrict__ in = static_cast<const Word*>(p.in[part]);
+  const Index width = p.width[part];
+  const Index total = width * p.rows;
+  for (Index linear = blockIdx.x * blockDim.x + threadIdx.x; linear < total;
+       linear += static_cast<Index>(gridDim.x) * blockDim.x) {
+    const Index row = linear / width;
+    out[row * p.out_width + p.column[part] + (linear - row * width)] = in[linear];
+  }
+}
+
+template <class Word, class Index>
+int launch_concat(const char* function, const void* const* ins, int parts, const int64_t* row_bytes, int64_t rows,
+                  int64_t out_row_bytes, void* out, cudaStream_t stream) {
+  const int64_t word = sizeof(Word);
+  int64_t column = 0;
+  for (int first = 0; first < parts; first += kMaxConcatParts) {
+    const int count = parts - first < kMaxConcatParts ? parts - first : kMaxConcatParts;
+    ConcatParams<Index> params{};
+    params.out_width = static_cast<Index>(out_row_bytes / word);
+    params.rows = static_cast<Index>(rows);
+    int64_t widest = 0;
+    for (int i = 0; i < count; ++i) {
+      params.in[i] = ins[first + i];
+      params.width[i] = static_cast<Index>(row_bytes[first + i] / word);
+      params.column[i] = static_cast<Index>(column / word);
+      column += row_bytes[first + i];
+      if (row_bytes[first + i] > widest) widest = row_bytes[first + i];
+    }
+    if (widest == 0) continue;
+    const dim3 grid(blocks_for(widest / word * rows), static_cast<unsigned int>(count));
+    byoc_pdl::launch_after_previous(concat_kernel<Word, Index>, grid, dim3(kThreads), 0, stream,
+                                    static_cast<Word*>(out), params);
+    BYOC_CHECK(check_launch(function));
+  }
+  return 0;
+}
+
 // ================================================================= trilu
 
 template <class Element, class Index>
@@ -309,6 +367,29 @@ extern "C" int byoc_shim_copy_strided(const void* in, void* out, int elem_size, 
     dense_strides(shape, ndim, problem.out_strides);
   }
   return run_copy(kFunction, in, out, elem_size, problem, as_stream(stream));
+}
+
+extern "C" int byoc_shim_concat(const void* const* ins, int parts, const int64_t* row_bytes, int64_t rows,
+                                void* out, void* stream) {
+  static const char kFunction[] = "byoc_shim_concat";
+  BYOC_CHECK(check_concat(kFunction, ins, parts, row_bytes, rows, out));
+  int64_t out_row_bytes = 0;
+  for (int i = 0; i < parts; ++i) out_row_bytes += row_bytes[i];
+  if (rows == 0 || out_row_bytes == 0) return 0;
+  // The widest word (up to 16 bytes) that divides every row and keeps every pointer aligned.
+  int word = common_alignment(static_cast<size_t>(out_row_bytes), out);
+  for (int i = 0; i < parts; ++i) {
+    if (row_bytes[i] == 0) continue;
+    const int fits = common_alignment(static_cast<size_t>(row_bytes[i]), ins[i]);
+    if (fits < word) word = fits;
+  }
+  const bool small = rows * (out_row_bytes / word) < kIndex32Limit;
+  cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
+  return visit_blob(word, [&](auto blob) {
+    using Word = decltype(blob);
+    return small ? launch_concat<Word, int32_t>(kFunction, ins, parts, row_bytes, rows, out_row_bytes, out, cuda_stream)
+                 : launch_concat<Word, int64_t>(kFunction, ins, parts, row_bytes, rows, out_row_bytes, out, cuda_stream);
+  });
 }
 
 extern "C" int byoc_shim_tile(const void* in, void* out, int elem_size, int ndim, const int64_t* in_shape,
