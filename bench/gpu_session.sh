@@ -312,7 +312,7 @@ case "$stage" in
     # JOBS=8 on four GPUs: two cases a GPU, one of them timing at a time), e.g.
     #   SPEED=1 JOBS=8 MERGE_FROM=/nonexistent bash bench/gpu_session.sh corpus phi:dynamo densenet:dynamo
     PYTHONUNBUFFERED=1 python3 bench/corpus_gpu.py --out "$OUT" --budget-s "${BUDGET_S:-480}" --jobs "${JOBS:-4}" \
-      --merge-from "${MERGE_FROM:-bench/results/corpus_gpu.json}" ${SPEED:+--speed} \
+      --merge-from "${MERGE_FROM:-bench/results/corpus_gpu.json}" ${SPEED:+--speed} ${GPUS:+--gpus "$GPUS"} \
       ${@:+--cases "$@"} 2>&1 | grep -v Warning | tee "$OUT/corpus_gpu.log" | tail -n 40 ;;
   release)
     # The model cases the open issues need, with the kernels `gemm` tuned (bench/results/
