@@ -41,6 +41,8 @@ case "$stage" in
     # test_build_cuda.py, test_cudnn.py: run one after another they outlast a 10-minute device
     # command), one per file for the rest; at most 12 at a time, and one log per file (the
     # device returns 8 files). A command cut off by `timeout` still brings back the logs.
+    # Keep test_builtin_codegen.py whole: split, its 550 GPU tests each compiled the CUDA
+    # shim at once (48 processes on a 64-core host: 290 s a test, 48 done in 560 s).
     copy_logs() {
       for f in "${files[@]}"; do
         name=$(basename "${f%%::*}" .py)
