@@ -24,6 +24,7 @@ I64P = ctypes.POINTER(ctypes.c_int64)
 # Function name -> argument types, in byoc_shim.h's order (the trailing stream included).
 SIGNATURES = {
     "byoc_shim_copy_strided": [PTR, PTR, INT, INT, I64P, I64, I64P, I64P, PTR],
+    "byoc_shim_concat": [ctypes.POINTER(PTR), INT, I64P, I64, PTR, PTR],
     "byoc_shim_tile": [PTR, PTR, INT, INT, I64P, I64P, PTR],
     "byoc_shim_gather": [PTR, PTR, PTR, INT, INT, I64, I64, I64, I64, PTR],
     "byoc_shim_gather_elements": [PTR, PTR, PTR, INT, INT, INT, I64P, I64P, INT, PTR],

@@ -165,6 +165,21 @@ def test_copy_strided_concat_with_out_strides(shim):
     assert_same_bits(out, expected)
 
 
+def test_concat_of_parts_in_bytes_and_its_errors(shim):
+    """byoc_shim_concat: parts of rows of any byte width (an empty one among them) land side
+    by side in each output row; negative sizes and missing pointers are errors."""
+    parts = [random((3, 4, 2), "float16"), random((3, 0, 2), "float16"), random((3, 1, 2), "float16")]
+    expected = np.concatenate(parts, axis=1)
+    out = np.empty_like(expected)
+    pointers = (ctypes.c_void_p * 3)(*[ptr(part) for part in parts])
+    shim.check(shim.concat(pointers, 3, int64s([p.shape[1] * 2 * 2 for p in parts]), 3, ptr(out)))
+    assert out.tobytes() == expected.tobytes()
+    shim.check(shim.concat(pointers, 3, int64s([16, 0, 4]), 0, None))  # no rows: nothing to read
+    shim.expect_error(shim.concat(pointers, 3, int64s([16, -1, 4]), 3, ptr(out)), "concat", "row_bytes[1] is -1")
+    shim.expect_error(shim.concat(pointers, 2, None, 3, ptr(out)), "concat", "row_bytes")
+    shim.expect_error(shim.concat(pointers, 3, int64s([16, 0, 4]), 3, None), "concat", "out")
+
+
 def test_copy_strided_scalar_odd_element_size_and_empty(shim):
     x = np.frombuffer(bytes(range(36)), dtype="V3").reshape(3, 4)  # 3-byte elements
     expected = np.ascontiguousarray(x.T)

@@ -234,8 +234,8 @@ def _emit_broadcast_to(calls: ShimCalls, ctx: OpContext) -> None:
 
 
 def _emit_concat(calls: ShimCalls, ctx: OpContext) -> None:
-    """One byoc_shim_concat for every part: each is rows of its extent along the axis times
-    the dims after it, the rows being the dims before the axis."""
+    """One byoc_shim_concat call for all the parts: each is rows of its extent along the
+    axis times the dims after it, the rows being the dims before the axis."""
     out = ctx.out_type
     axis = ctx.attrs["axis"] % out.ndim
     rows = math.prod(out.shape[:axis])

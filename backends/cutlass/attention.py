@@ -310,11 +310,13 @@ def _computes_scores(expr, producer) -> bool:
 def _heads(expr, producer, role, repeats=True):
     """The heads [B, H, S, D] that `expr` is -> ((B, S, H, D), Operand, G): a head split
     transpose(reshape(source, [B, S, H, D]), [0, 2, 1, 3]) of a projection, a [B, H, S, D]
-    value from outside the chain (read in place), or (where `repeats`) either of those
-    with each head repeated G times (grouped-query attention; G is 1 otherwise)."""
+    value from outside the chain read in place (also through reshapes and unit-axis
+    transposes that keep its element order: _same_order_leaf), or (where `repeats`) either
+    of those with each head repeated G times (grouped-query attention; G is 1 otherwise;
+    read_attention makes one head that the matmuls broadcast a group of every query head)."""
     made = producer(expr)
     leaf = _same_order_leaf(expr, producer)
-    if leaf is not None and len(expr.type.shape) == 4 and not (repeats and _repeat_kv(expr, producer)):
+    if leaf is not None and len(expr.type.shape) == 4:
         # heads from outside, or their elements in the same order under another shape (K
         # after rotary embeddings is [B, H, S, 2, D/2]; one head moved by a transpose)
         batch, heads, seq, dim = expr.type.shape
@@ -344,12 +346,6 @@ def _same_order_leaf(expr, producer):
                 expr = made[1][0]
                 continue
         return None
-
-
-def _repeat_kv(expr, producer) -> bool:
-    """Whether expr is repeat_kv's reshape of broadcast heads (_repeated_heads reads it)."""
-    made = producer(expr)
-    return made is not None and made[0] == "reshape" and (producer(made[1][0]) or ("",))[0] == "broadcast_to"
 
 
 def _repeated_heads(expr, repeated, producer, role):

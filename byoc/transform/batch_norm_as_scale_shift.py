@@ -17,6 +17,10 @@ batch_norm -> relu (DenseNet's every layer: the norm reads the concat of the fea
 before it) is then one elementwise kernel, not a norm kernel and a relu kernel; as the
 ops it becomes, it also moves with ConvertConvLayout's NHWC regions like a conv bias.
 
+The norm kernel computed x - mean in float32; the shift t = beta - mean * s is rounded to
+the model's dtype instead (under float16: |mean * s| * 2^-11 at most, as TVM's
+SimplifyInference does; the pass runs before ConvertToFloat16, on float32 constants).
+
 Leaves alone: batch norms whose parameters are computed at run time (or arrive as
 inputs: the ONNX conformance cases' norms), which the built-in backend runs as they are.
 This is TVM's SimplifyInference for batch_norm.

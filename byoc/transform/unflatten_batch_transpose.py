@@ -20,8 +20,9 @@ same elements in the same order), as repeat_kv writes it for the eager attention
     %kt3 = transpose(%k3, axes=[0, 2, 1])     ->      %k = reshape(%k5, shape=[B, H, S, D])
     %kt = reshape(%kt3, shape=[B, H, D, S])           %kt = transpose(%k, axes=[0, 1, 3, 2])
 
-Leaves alone: reshapes that move anything but the leading axes, other permutations,
-intermediate values read elsewhere.
+Leaves alone: an outer reshape whose last two axes are not the transpose's (b, a) or
+whose leading axes hold other than N elements, other permutations, intermediate values
+read elsewhere.
 """
 from __future__ import annotations
 

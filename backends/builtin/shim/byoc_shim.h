@@ -57,7 +57,7 @@ int byoc_shim_copy_strided(const void* in, void* out, int elem_size, int ndim,
 /* concat of `parts` dense inputs along one axis, in bytes: input i is `rows` rows of
  * row_bytes[i] bytes (its extent along the axis times every dim after it, times the element
  * size), the output `rows` rows of sum(row_bytes) bytes, input i at byte column
- * sum(row_bytes[:i]) of each. One launch for every part on the GPU (a DenseNet layer
+ * sum(row_bytes[:i]) of each. On the GPU one launch copies up to 64 parts (a DenseNet layer
  * concatenates up to 32 feature maps; a strided copy each was a launch each). */
 int byoc_shim_concat(const void* const* ins, int parts, const int64_t* row_bytes, int64_t rows, void* out,
                      void* stream);

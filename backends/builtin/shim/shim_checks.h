@@ -379,9 +379,18 @@ inline int check_concat(const char* function, const void* const* ins, int parts,
     return fail(kInvalidArgument, function, "parts = %d and rows = %lld; expected both >= 0", parts,
                 static_cast<long long>(rows));
   }
-  if (parts == 0 || rows == 0) return 0;
+  if (parts == 0) return 0;
+  BYOC_CHECK(check_pointer(function, "row_bytes", row_bytes));  // read even when rows is 0
+  if (rows == 0) {
+    for (int i = 0; i < parts; ++i) {
+      if (row_bytes[i] < 0) {
+        return fail(kInvalidArgument, function, "row_bytes[%d] is %lld; expected >= 0", i,
+                    static_cast<long long>(row_bytes[i]));
+      }
+    }
+    return 0;
+  }
   BYOC_CHECK(check_pointer(function, "ins", ins));
-  BYOC_CHECK(check_pointer(function, "row_bytes", row_bytes));
   int64_t total = 0;
   for (int i = 0; i < parts; ++i) {
     if (row_bytes[i] < 0) {
