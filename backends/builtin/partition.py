@@ -69,6 +69,7 @@ from ...ir.expr import Binding, Call, Constant, Expr, Function, Tuple, Var, vars
 from ...ir.module import IRModule
 from ...ir.op import Op
 from ...ir.types import TensorType
+from ...ops.layout import transpose_keeps_order
 from ...transform.lower_split import lower_split_in
 
 COMPILER = "builtin"
@@ -142,13 +143,10 @@ def _unit_transposes_as_reshapes(main: Function) -> Function:
     bindings, changed = [], False
     for binding in main.bindings:
         value = binding.value
-        if _is_op_call(value) and value.op.name == "transpose":
-            shape = value.args[0].type.shape
-            axes = value.attrs.get("axes") or list(reversed(range(len(shape))))
-            moved = [axis for axis in axes if shape[axis] != 1]
-            if moved == sorted(moved):
-                value = Call("reshape", [value.args[0]], {"shape": [int(d) for d in value.type.shape]})
-                changed = True
+        if _is_op_call(value) and value.op.name == "transpose" and \
+                transpose_keeps_order(value.args[0].type.shape, value.attrs.get("axes")):
+            value = Call("reshape", [value.args[0]], {"shape": [int(d) for d in value.type.shape]})
+            changed = True
         bindings.append(Binding(binding.var, value) if value is not binding.value else binding)
     return Function(main.params, bindings, main.result, main.ret_type, main.attrs) if changed else main
 

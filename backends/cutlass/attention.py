@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from byoc.ir.expr import Constant
+from byoc.ops.layout import transpose_keeps_order
 
 # The kernel's vector loads are 16 bytes: every pointer offset and stride (in elements of
 # a 16-bit type) must be a multiple of 8.
@@ -338,13 +339,9 @@ def _same_order_leaf(expr, producer):
         if made[0] == "reshape":
             expr = made[1][0]
             continue
-        if made[0] == "transpose":
-            shape = made[1][0].type.shape
-            moved = [axis for axis in range(len(shape)) if shape[axis] != 1]
-            order = [axis for axis in _axes(made[2], len(shape)) if shape[axis] != 1]
-            if order == moved:  # the axes of more than one element keep their order
-                expr = made[1][0]
-                continue
+        if made[0] == "transpose" and transpose_keeps_order(made[1][0].type.shape, made[2].get("axes")):
+            expr = made[1][0]
+            continue
         return None
 
 

@@ -100,6 +100,14 @@ def _transpose_axes(op_name: str, axes, ndim: int) -> tuple[int, ...]:
     return tuple(axes)
 
 
+def transpose_keeps_order(shape, axes) -> bool:
+    """Whether transpose(x of `shape`, `axes`) moves only axes of size 1: the axes of more
+    than one element keep their order, so the result holds x's elements in x's order (a
+    reshape of x, run as a view)."""
+    moved = [axis for axis in _transpose_axes("transpose", axes, len(shape)) if shape[axis] != 1]
+    return moved == sorted(moved)
+
+
 def _infer_transpose(arg_types, attrs) -> TensorType:
     x = tensor(arg_types[0], "transpose: input x")
     axes = _transpose_axes("transpose", attrs["axes"], x.ndim)
